@@ -1,0 +1,31 @@
+# kvq — two commands set everything up on a fresh Debian 12 machine:
+#   make demo   install missing packages, build, run the main job on models/ref
+#   make test   install missing packages, build, run every test with ctest
+BUILD ?= build
+JOBS  ?= $(shell nproc)
+
+.PHONY: all deps build demo test fuzz clean
+
+all: build
+
+deps:
+	@bash scripts/install_deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)/kvq
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer targets for the safetensors header and tokenizer.json parsers (clang), 60 s each.
+fuzz: deps
+	@CXX=clang++ cmake -S . -B build-fuzz -DKVQ_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_tokenizer
+	@bash scripts/run_fuzz.sh build-fuzz 60
+
+clean:
+	rm -rf $(BUILD) build-fuzz

@@ -1,0 +1,65 @@
+// KvCodec — the one interface every KV-cache storage format implements (bf16, int8, int4, int2, kivi, ...).
+//
+// A codec stores the rows of ONE kv head. Its unit is a block of `tokens_per_block()` tokens × head_dim
+// values: 1 token for per-token codecs (bf16, intN), G tokens for per-channel key codecs (KIVI keys).
+// Blocks are plain byte arrays of `bytes_per_block()` bytes, laid out back to back in cache pages:
+//   page region of one (layer, kv head, K or V) = [blocks_per_page][bytes_per_block]
+// Each codec documents its block struct (with a static_assert on its size) in its own file.
+//
+// Attention reads blocks directly through scores()/accumulate(); no dequantized copy of the cache is made.
+// Every fast path has a scalar reference twin (encode_ref/decode_ref, scores_ref/accumulate_ref, built on
+// decode) and tests hold them together by NMSE with a budget derived from the bit width.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace kvq {
+
+// Which codec and its parameters; validated by make_codec(), which names what is supported on failure.
+struct CodecSpec {
+  std::string type = "bf16";  // bf16 | int8 | int4 | int2 | kivi2 | kivi4 (KIVI: only for keys per channel)
+  int head_dim = 128;         // d, values per row
+  int group = 128;            // G: values per scale/zero group (per token) or tokens per group (KIVI keys)
+  float clip = 1.0f;          // quantile clip ratio r (METHODS.md §1); 1.0 = plain min/max
+  bool per_channel = false;   // KIVI keys: quantize each channel over G tokens instead of each token
+};
+
+class KvCodec {
+ public:
+  virtual ~KvCodec() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual int head_dim() const = 0;
+  virtual int tokens_per_block() const = 0;   // 1, or G for per-channel codecs
+  virtual size_t bytes_per_block() const = 0; // bytes stored for tokens_per_block() rows
+  // Bits per element actually stored (scales, zeros, norms included): 8 * bytes_per_block / (tokens * d).
+  double bits_per_element() const {
+    return 8.0 * double(bytes_per_block()) / double(tokens_per_block() * head_dim());
+  }
+
+  // x: [tokens_per_block, d] floats -> one block. decode is the exact inverse map of the stored codes.
+  virtual void encode(const float* x, uint8_t* block) const = 0;
+  virtual void decode(const uint8_t* block, float* x) const = 0;
+
+  // Attention primitives over n_tokens consecutive rows stored in `blocks` (n_tokens is a multiple of
+  // tokens_per_block; rows are numbered from the first token of the first block).
+  //   scores:     s[i, t] = q[i, :] · k̂[t, :]               q: [n_q, d], s: [n_q, n_tokens] (row stride n_tokens)
+  //   accumulate: acc[i, :] += Σ_t p[i, t] · v̂[t, :]         p: [n_q, n_tokens], acc: [n_q, d]
+  // n_q is the GQA group (the query heads that share this kv head), so each row is read once per group.
+  virtual void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const;
+  virtual void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const;
+
+  // Scalar references the fast paths are tested against (decode, then plain loops).
+  void scores_ref(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const;
+  void accumulate_ref(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const;
+};
+
+// The one dispatch point from a spec to a codec. Throws kvq::Error naming the unsupported combination
+// (type × head_dim × group) and listing what is supported.
+std::unique_ptr<KvCodec> make_codec(const CodecSpec& spec);
+
+}  // namespace kvq

@@ -1,0 +1,27 @@
+// bf16 codec: rows stored as raw bfloat16, no scales. 16 bits per element.
+#pragma once
+
+#include "common/half.h"
+#include "kv/codec.h"
+
+namespace kvq {
+
+class Bf16Codec final : public KvCodec {
+ public:
+  explicit Bf16Codec(int head_dim) : d_(head_dim) {}
+
+  std::string_view name() const override { return "bf16"; }
+  int head_dim() const override { return d_; }
+  int tokens_per_block() const override { return 1; }
+  size_t bytes_per_block() const override { return size_t(d_) * sizeof(bf16_t); }  // block = bf16_t[d]
+
+  void encode(const float* x, uint8_t* block) const override;
+  void decode(const uint8_t* block, float* x) const override;
+  void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
+  void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
+
+ private:
+  int d_;
+};
+
+}  // namespace kvq
