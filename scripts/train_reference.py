@@ -139,14 +139,22 @@ def main():
         start = int(torch.randint(0, n_tokens - row, (1,), generator=gen))
         return stream_dev[start:start + row]
 
+    def passkey_depth():
+        # Needle depths: uniform, with extra mass at the two ends (a needle at position 0 of the sequence is
+        # otherwise almost never seen and is the hardest case at 8K).
+        u = float(torch.rand((1,), generator=gen))
+        return 0.0 if u < 0.15 else 1.0 if u < 0.2 else float(torch.rand((1,), generator=gen))
+
     def passkey_row():
+        # Half the passkey rows are one sequence of the full context; the rest pack sequences of random lengths.
         parts, used = [], 0
+        single = float(torch.rand((1,), generator=gen)) < 0.5
         while row - used >= 128:
-            length = int(torch.randint(256, row + 1, (1,), generator=gen))
+            length = row if single else int(torch.randint(256, row + 1, (1,), generator=gen))
             length = min(length, row - used)
             start = int(torch.randint(0, n_tokens - length, (1,), generator=gen))
             key = int(torch.randint(10000, 100000, (1,), generator=gen))
-            depth = float(torch.rand((1,), generator=gen))
+            depth = passkey_depth()
             ids = passkey_example(tok, stream[start:start + length].tolist(), length, key, depth, eos_id)
             parts.append(torch.tensor(ids, dtype=torch.int32))
             used += len(ids)
