@@ -326,8 +326,13 @@ OwnedTensor OwnedTensor::from_f32(std::string name, DType dtype, std::vector<int
   return t;
 }
 
-std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,
-                                           const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// Validates the tensors and returns the padded header text (without the 8-byte length) and the order in which
+// the tensors' bytes follow it: largest element size first keeps every tensor aligned to its element size
+// without gaps.
+std::string layout_safetensors(const std::vector<OwnedTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata, std::vector<size_t>* order) {
   std::set<std::string_view> names;
   for (const OwnedTensor& t : tensors) {
     KVQ_CHECK(!t.name.empty() && t.name != "__metadata__", "cannot write a tensor named '{}'", t.name);
@@ -339,16 +344,15 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tenso
               "tensor '{}': shape needs {} bytes of {} but {} given", t.name, size_t(numel) * dtype_size(t.dtype),
               dtype_name(t.dtype), t.bytes.size());
   }
-  // Largest element size first keeps every tensor aligned to its element size without gaps.
-  std::vector<size_t> order(tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  order->resize(tensors.size());
+  for (size_t i = 0; i < order->size(); ++i) (*order)[i] = i;
+  std::stable_sort(order->begin(), order->end(), [&](size_t a, size_t b) {
     return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype);
   });
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
-  for (size_t i : order) {
+  for (size_t i : *order) {
     const OwnedTensor& t = tensors[i];
     header[t.name] = {{"dtype", dtype_name(t.dtype)},
                       {"shape", t.shape},
@@ -357,9 +361,26 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tenso
   }
   std::string text = header.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  return text;
+}
 
-  std::vector<uint8_t> out(8 + text.size() + offset);
-  for (int i = 0; i < 8; ++i) out[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+std::array<uint8_t, 8> le_u64(uint64_t v) {
+  std::array<uint8_t, 8> out;
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = uint8_t(v >> (8 * i));
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  std::vector<size_t> order;
+  const std::string text = layout_safetensors(tensors, metadata, &order);
+  size_t total = 8 + text.size();
+  for (const OwnedTensor& t : tensors) total += t.bytes.size();
+  std::vector<uint8_t> out(total);
+  const auto len = le_u64(text.size());
+  std::memcpy(out.data(), len.data(), 8);
   std::memcpy(out.data() + 8, text.data(), text.size());
   uint8_t* dst = out.data() + 8 + text.size();
   for (size_t i : order) {
@@ -371,14 +392,23 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tenso
 
 void write_safetensors(const std::string& path, const std::vector<OwnedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  const std::vector<uint8_t> bytes = serialize_safetensors(tensors, metadata);
+  std::vector<size_t> order;
+  const std::string text = layout_safetensors(tensors, metadata, &order);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)), path);
-    out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    const auto len = le_u64(text.size());
+    out.write(reinterpret_cast<const char*>(len.data()), 8);
+    out.write(text.data(), std::streamsize(text.size()));
+    for (size_t i : order) {
+      out.write(reinterpret_cast<const char*>(tensors[i].bytes.data()), std::streamsize(tensors[i].bytes.size()));
+    }
     out.close();
-    if (!out) throw Error(fmt::format("cannot write '{}' ({} bytes)", tmp, bytes.size()), path);
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("cannot write '{}'", tmp), path);
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;

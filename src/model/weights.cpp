@@ -17,13 +17,36 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Runs fn(i) for i in [0, n) on n_threads threads (the caller's included), items taken in order from a shared
+// counter; the first exception stops the remaining items and is rethrown.
+template <class Fn>
+void parallel_for(size_t n, int n_threads, Fn&& fn) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto worker = [&] {
+    try {
+      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      next = n;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 1; t < std::min<int>(n_threads, int(std::max<size_t>(n, 1))); ++t) threads.emplace_back(worker);
+  worker();
+  for (std::thread& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
 // One tensor to convert: where it comes from and where it goes.
 struct LoadJob {
   TensorRef src;            // tensor in the mapping
-  std::vector<float>* dst;  // destination, resized to numel before the threads start
+  std::vector<float>* dst;  // destination, sized in run()
 };
 
-// Collects the tensors of a model, checking presence, dtype and shape before any conversion.
+// Collects the tensors of a model, checking presence, dtype and shape before any allocation or conversion.
 class LoadPlan {
  public:
   explicit LoadPlan(const Checkpoint& ckpt) : ckpt_(ckpt) {}
@@ -41,46 +64,37 @@ class LoadPlan {
                               shape_str(ref.info->shape), shape_str(shape)),
                   ckpt_.dir());
     }
-    dst->assign(size_t(ref.info->numel()), 0.0f);
-    n_params_ += dst->size();
+    n_params_ += size_t(ref.info->numel());
     jobs_.push_back({ref, dst});
   }
 
-  // Converts every tensor, splitting large ones into chunks so threads stay balanced.
+  // Allocates the destinations (largest first: first-touch page faults dominate, so they are spread over the
+  // threads too), then converts in chunks of kChunk elements so threads stay balanced.
   void run(int n_threads) {
-    constexpr size_t kChunk = size_t(1) << 20;  // elements per work item
+    if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<const LoadJob*> by_size;
+    for (const LoadJob& job : jobs_) by_size.push_back(&job);
+    std::stable_sort(by_size.begin(), by_size.end(), [](const LoadJob* a, const LoadJob* b) {
+      return a->src.info->numel() > b->src.info->numel();
+    });
+    parallel_for(by_size.size(), n_threads, [&](size_t i) {
+      by_size[i]->dst->assign(size_t(by_size[i]->src.info->numel()), 0.0f);
+    });
+
+    constexpr size_t kChunk = size_t(1) << 20;
     struct Item {
       const LoadJob* job;
-      size_t first, count;
+      size_t first, count;  // element range of the tensor
     };
     std::vector<Item> items;
     for (const LoadJob& job : jobs_) {
       const size_t n = job.dst->size();
       for (size_t first = 0; first < n; first += kChunk) items.push_back({&job, first, std::min(kChunk, n - first)});
     }
-    if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    n_threads = std::min<int>(n_threads, int(std::max<size_t>(1, items.size())));
-
-    std::atomic<size_t> next{0};
-    std::exception_ptr error;
-    std::mutex error_mu;
-    auto worker = [&] {
-      try {
-        for (size_t i; (i = next.fetch_add(1)) < items.size();) {
-          const Item& it = items[i];
-          to_f32(it.job->src, it.first, it.count, it.job->dst->data() + it.first);
-        }
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (!error) error = std::current_exception();
-        next = items.size();
-      }
-    };
-    std::vector<std::thread> threads;
-    for (int t = 1; t < n_threads; ++t) threads.emplace_back(worker);
-    worker();
-    for (std::thread& t : threads) t.join();
-    if (error) std::rethrow_exception(error);
+    parallel_for(items.size(), n_threads, [&](size_t i) {
+      const Item& it = items[i];
+      to_f32(it.job->src, it.first, it.count, it.job->dst->data() + it.first);
+    });
   }
 
   size_t n_params() const { return n_params_; }
