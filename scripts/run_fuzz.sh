@@ -54,7 +54,8 @@ for target in "${TARGETS[@]}"; do
   [[ -f "$ROOT/fuzz/$name.dict" ]] && dict=(-dict="$ROOT/fuzz/$name.dict")
   if "$target" "${dict[@]}" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
       -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" >"$log" 2>&1; then
-    grep -E "^stat::number_of_executed_units|^stat::new_units_added|^#[0-9]+ +DONE" "$log" | sed "s/^/  $name: /" || true
+    grep -E "^stat::number_of_executed_units|^stat::new_units_added|^#[0-9]+ +DONE" "$log" |
+      sed "s/^/  $name: /" || true
   else
     echo "run_fuzz: $name FAILED; see $log and $artifacts/" >&2
     tail -n 30 "$log" >&2

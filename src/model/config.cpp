@@ -108,7 +108,9 @@ RopeConfig parse_rope(const json& j, std::string_view where) {
     rope.theta = top_theta.value_or(10000.0);  // the transformers default for all three families
     if (const json* s = field(j, "rope_scaling")) parse_rope_scaling(*s, "rope_scaling", rope, where);
   }
-  if (!(rope.theta > 0) || !std::isfinite(rope.theta)) config_fail(where, fmt::format("rope_theta {} must be > 0", rope.theta));
+  if (!(rope.theta > 0) || !std::isfinite(rope.theta)) {
+    config_fail(where, fmt::format("rope_theta {} must be > 0", rope.theta));
+  }
   return rope;
 }
 
@@ -185,7 +187,9 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
 
   // Features these families can switch on that kvq does not implement: refuse rather than run a different model.
   const std::string act = opt_string(j, "hidden_act", where);
-  if (!act.empty() && act != "silu") config_fail(where, fmt::format("unsupported hidden_act '{}' (supported: silu)", act));
+  if (!act.empty() && act != "silu") {
+    config_fail(where, fmt::format("unsupported hidden_act '{}' (supported: silu)", act));
+  }
   if (opt_bool(j, "use_sliding_window", false, where)) config_fail(where, "use_sliding_window=true is not supported");
   if (opt_bool(j, "mlp_bias", false, where)) config_fail(where, "mlp_bias=true is not supported");
   if (c.arch != Arch::Qwen2 && opt_bool(j, "attention_bias", false, where)) {

@@ -77,7 +77,9 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
 
 TensorInfo parse_tensor_entry(const std::string& name, const json& entry, size_t data_size, std::string_view where) {
   if (name.empty()) header_fail(where, name, "empty tensor name");
-  if (!entry.is_object()) header_fail(where, name, fmt::format("entry must be a JSON object, got {}", entry.type_name()));
+  if (!entry.is_object()) {
+    header_fail(where, name, fmt::format("entry must be a JSON object, got {}", entry.type_name()));
+  }
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
     if (!entry.contains(field)) header_fail(where, name, fmt::format("missing field '{}'", field));
   }
@@ -160,7 +162,9 @@ int64_t TensorInfo::numel() const {
 }
 
 SafeTensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, std::string_view where) {
-  if (size < 8) header_fail(where, "", fmt::format("file is truncated: {} bytes, too short for the 8-byte header length", size));
+  if (size < 8) {
+    header_fail(where, "", fmt::format("file is truncated: {} bytes, too short for the 8-byte header length", size));
+  }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];
   if (header_len > kMaxSafeTensorsHeaderBytes) {
@@ -519,7 +523,8 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     std::string shape;
     for (int64_t d : ref.info->shape) shape += fmt::format("{},", d);
     hash_field(h, shape);
-    hash_field(h, std::string_view(reinterpret_cast<const char*>(ref.data), std::min<size_t>(256, ref.info->nbytes())));
+    const size_t sample = std::min<size_t>(256, ref.info->nbytes());
+    hash_field(h, std::string_view(reinterpret_cast<const char*>(ref.data), sample));
   }
   ck.fingerprint_ = h.hex_digest();
   return ck;

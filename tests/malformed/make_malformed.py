@@ -106,7 +106,8 @@ def main():
     header_file("empty.safetensors", None, raw_header=b"", length=0, expect="header is not valid JSON")
     header_file("bad_json.safetensors", None, bytes(16), raw_header=b'{"a": {"dtype": "F32", "shape": [2, 2]',
                 expect="header is not valid JSON")
-    header_file("bad_utf8.safetensors", None, bytes(16), raw_header=b'{"\xff\xfe": 1}', expect="header is not valid JSON")
+    header_file("bad_utf8.safetensors", None, bytes(16), raw_header=b'{"\xff\xfe": 1}',
+                expect="header is not valid JSON")
     header_file("header_not_object.safetensors", [1, 2, 3], expect="header must be a JSON object")
     header_file("entry_not_object.safetensors", {"a": 5}, expect="tensor 'a': entry must be a JSON object")
     header_file("missing_offsets.safetensors", {"a": {"dtype": "F32", "shape": [2, 2]}}, bytes(16),
