@@ -23,6 +23,7 @@ test: build
 
 # libFuzzer targets for the safetensors header and tokenizer.json parsers (clang), 60 s each.
 fuzz: deps
+	@bash scripts/run_fuzz.sh --install-deps
 	@CXX=clang++ cmake -S . -B build-fuzz -DKVQ_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_tokenizer
 	@bash scripts/run_fuzz.sh build-fuzz 60

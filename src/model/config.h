@@ -1,0 +1,56 @@
+// ModelConfig: a Hugging Face config.json for the decoder-only families kvq runs (Qwen3, Qwen2, Llama 3),
+// validated once; everything downstream reads sizes from here.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace kvq {
+
+enum class Arch { Qwen3, Qwen2, Llama };
+
+std::string_view arch_name(Arch arch);  // the model_type spelling: "qwen3", "qwen2", "llama"
+
+struct RopeConfig {
+  double theta = 10000.0;             // base of the inverse frequencies
+  std::string type = "default";       // "default" or "llama3"
+  double factor = 1.0;                // llama3: wavelengths above low_freq_wavelen are divided by this
+  double low_freq_factor = 1.0;       // llama3: low_freq_wavelen = original_max_position / low_freq_factor
+  double high_freq_factor = 1.0;      // llama3: high_freq_wavelen = original_max_position / high_freq_factor
+  int original_max_position = 0;      // llama3: the pre-extension context length (8192 for Llama 3.1)
+};
+
+struct ModelConfig {
+  Arch arch = Arch::Qwen3;          // model family
+  std::string model_type;           // config.json "model_type"
+  int vocab_size = 0;               // rows of embed / lm_head
+  int hidden_size = 0;              // residual width
+  int intermediate_size = 0;        // MLP width
+  int n_layers = 0;                 // decoder layers
+  int n_heads = 0;                  // query heads
+  int n_kv_heads = 0;               // key/value heads (GQA); divides n_heads
+  int head_dim = 0;                 // per-head width d (even)
+  int max_ctx = 0;                  // max_position_embeddings
+  float rms_eps = 1e-6f;            // RMSNorm epsilon
+  RopeConfig rope;                  // rotary embedding parameters
+  bool tie_embeddings = false;      // lm_head shares embed's weights (no lm_head.weight tensor)
+  bool qk_norm = false;             // per-head RMSNorm on q and k before RoPE (Qwen3)
+  bool qkv_bias = false;            // q/k/v projections carry a bias (Qwen2)
+  std::vector<int> eos_token_ids;   // end-of-sequence ids (may be empty)
+  int bos_token_id = -1;            // -1 when the config has none
+  std::string torch_dtype;          // "bfloat16", "float32", ... ("" when absent)
+
+  // Reads and parses path (config.json); throws kvq::Error naming the file and the field.
+  static ModelConfig load(const std::string& path);
+  // Parses a config.json object; where names it in error messages.
+  static ModelConfig parse(const nlohmann::json& j, std::string_view where);
+
+  // head_dim / 2 RoPE inverse frequencies (fp32), llama3 scaling applied as in transformers'
+  // _compute_llama3_parameters.
+  std::vector<float> rope_inv_freq() const;
+};
+
+}  // namespace kvq
