@@ -1,0 +1,66 @@
+// Byte-level BPE model (Hugging Face `tokenizers` models.BPE, no dropout, no byte fallback): turns one
+// pre-token (raw bytes) into token ids by repeatedly merging the adjacent pair of lowest merge rank, the
+// leftmost pair first among equal ranks — exactly HF's BPE::merge_word without dropout.
+//
+// Everything here works on raw bytes: vocab strings of the byte-level alphabet ("Ġthe") are mapped back to
+// their bytes (" the") at load time, so no per-call byte -> unicode mapping is needed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace kvq {
+
+class BpeModel {
+ public:
+  struct Merge {
+    int32_t rank;    // position in the merges list (lower merges first)
+    int32_t new_id;  // id of the merged token
+  };
+
+  // token_ids: raw-byte token -> id for every vocab token written in the byte-level alphabet; it must
+  // contain all 256 single-byte tokens. merges: (left id, right id) -> Merge. ignore_merges: a pre-token
+  // that is itself a vocab token is emitted as that token without merging (Llama 3).
+  BpeModel(std::unordered_map<std::string, int32_t> token_ids,
+           std::unordered_map<uint64_t, Merge> merges, bool ignore_merges);
+  BpeModel(const BpeModel&) = delete;
+  BpeModel& operator=(const BpeModel&) = delete;
+
+  static uint64_t pair_key(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+  }
+
+  // Appends the ids of one pre-token (raw bytes, non-empty) to out. Thread-safe; results are cached.
+  void encode(std::string_view piece, std::vector<int32_t>& out) const;
+
+  // Fast path without the cache: a min-heap of candidate pairs over a linked list of symbols, O(n log n).
+  void encode_uncached(std::string_view piece, std::vector<int32_t>& out) const;
+  // Scalar reference twin: rescan every adjacent pair for the lowest rank after each merge, O(n^2).
+  std::vector<int32_t> encode_ref(std::string_view piece) const;
+
+  size_t cache_size() const;
+
+  static constexpr size_t kCacheMaxEntries = 1 << 16;  // cleared when full
+  static constexpr size_t kCacheMaxPieceBytes = 256;   // longer pre-tokens are not cached
+
+ private:
+  const Merge* find_merge(int32_t left, int32_t right) const {
+    auto it = merges_.find(pair_key(left, right));
+    return it == merges_.end() ? nullptr : &it->second;
+  }
+
+  std::unordered_map<std::string, int32_t> token_ids_;  // raw-byte token -> id (byte-level vocab entries)
+  std::unordered_map<uint64_t, Merge> merges_;           // pair_key(left, right) -> rank and merged id
+  std::array<int32_t, 256> byte_ids_{};                   // (256,) id of each single-byte token
+  bool ignore_merges_ = false;                            // emit whole-vocab pre-tokens directly
+
+  mutable std::shared_mutex cache_mutex_;                                 // guards cache_
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;  // pre-token bytes -> ids
+};
+
+}  // namespace kvq
