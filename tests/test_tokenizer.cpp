@@ -222,7 +222,7 @@ TEST(TokenizerRoundTrip, InvalidUtf8IsEncodedBytewiseAndRoundTrips) {
   EXPECT_EQ(t.encode("hello\xFFhello"), (Ids{kHello, B('\xFF'), kHello}));
 }
 
-TEST(TokenizerRoundTrip, RandomTextRoundTripsAndFastBpeMatchesReference) {
+TEST(TokenizerRoundTrip, RandomTextRoundTripsAndBothFastBpePathsMatchReference) {
   const Tokenizer t = load_fixture("basic.json");
   std::mt19937 rng(7);
   const std::vector<std::string> alphabet = {"a", "h", "e", "l", "o", " ", "\n", "w", "r", "d", "\xC3\xA9",
@@ -248,11 +248,14 @@ TEST(TokenizerRoundTrip, RandomTextRoundTripsAndFastBpeMatchesReference) {
   const BpeModel bpe(vocab, merges, false);
   for (int iter = 0; iter < 2000; ++iter) {
     std::string s;
-    const int n = 1 + rng() % 24;
+    const int n = 1 + rng() % (2 * BpeModel::kSmallPiece);  // both the stack-array and the heap path
     for (int i = 0; i < n; ++i) s += (rng() % 2) ? 'a' : 'b';
-    Ids fast;
+    const Ids ref = bpe.encode_ref(s);
+    Ids fast, heap;
     bpe.encode_uncached(s, fast);
-    ASSERT_EQ(fast, bpe.encode_ref(s)) << s;
+    bpe.encode_heap(s, heap);
+    ASSERT_EQ(fast, ref) << s;
+    ASSERT_EQ(heap, ref) << s;
   }
 }
 

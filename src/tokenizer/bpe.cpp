@@ -1,5 +1,6 @@
 #include "tokenizer/bpe.h"
 
+#include <bit>
 #include <limits>
 #include <mutex>
 #include <queue>
@@ -10,7 +11,16 @@ namespace kvq {
 
 BpeModel::BpeModel(std::unordered_map<std::string, int32_t> token_ids,
                    std::unordered_map<uint64_t, Merge> merges, bool ignore_merges)
-    : token_ids_(std::move(token_ids)), merges_(std::move(merges)), ignore_merges_(ignore_merges) {
+    : token_ids_(std::move(token_ids)), ignore_merges_(ignore_merges) {
+  size_t n_slots = 2;
+  while (n_slots < 2 * merges.size()) n_slots *= 2;
+  merge_slots_.assign(n_slots, Slot{});
+  merge_shift_ = 64 - std::countr_zero(n_slots);
+  for (const auto& [key, m] : merges) {
+    size_t i = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;
+    while (merge_slots_[i].key != kEmpty) i = (i + 1) & (n_slots - 1);
+    merge_slots_[i] = {key, m};
+  }
   for (int b = 0; b < 256; ++b) {
     auto it = token_ids_.find(std::string(1, static_cast<char>(b)));
     KVQ_CHECK(it != token_ids_.end(), "byte-level BPE vocab lacks the token for byte 0x{:02x}", b);
@@ -57,6 +67,43 @@ void BpeModel::encode_uncached(std::string_view piece, std::vector<int32_t>& out
       return;
     }
   }
+  const int n = static_cast<int>(piece.size());
+  if (n > kSmallPiece) {
+    encode_heap(piece, out);
+    return;
+  }
+  // Small pieces: ids[0..len) and rank[i] of the pair (ids[i], ids[i+1]); merge the lowest, leftmost first.
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  int32_t ids[kSmallPiece], rank[kSmallPiece], merged[kSmallPiece];
+  auto set_pair = [&](int i) {
+    const Merge* m = find_merge(ids[i], ids[i + 1]);
+    rank[i] = m ? m->rank : kNone;
+    merged[i] = m ? m->new_id : -1;
+  };
+  for (int i = 0; i < n; ++i) ids[i] = byte_ids_[static_cast<uint8_t>(piece[i])];
+  for (int i = 0; i + 1 < n; ++i) set_pair(i);
+  int len = n;
+  for (;;) {
+    int best = -1;
+    int32_t best_rank = kNone;
+    for (int i = 0; i + 1 < len; ++i)
+      if (rank[i] < best_rank) best_rank = rank[i], best = i;
+    if (best < 0) break;
+    ids[best] = merged[best];
+    for (int i = best + 1; i + 1 < len; ++i) {  // drop ids[best + 1] and the pair it started
+      ids[i] = ids[i + 1];
+      rank[i] = rank[i + 1];
+      merged[i] = merged[i + 1];
+    }
+    --len;
+    if (best > 0) set_pair(best - 1);
+    if (best + 1 < len) set_pair(best);
+  }
+  out.insert(out.end(), ids, ids + len);
+}
+
+void BpeModel::encode_heap(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.empty()) return;
   const int n = static_cast<int>(piece.size());
   // Symbols form a doubly linked list over positions 0..n-1; a merged-away symbol has id -1.
   struct Sym {

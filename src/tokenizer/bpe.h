@@ -38,8 +38,10 @@ class BpeModel {
   // Appends the ids of one pre-token (raw bytes, non-empty) to out. Thread-safe; results are cached.
   void encode(std::string_view piece, std::vector<int32_t>& out) const;
 
-  // Fast path without the cache: a min-heap of candidate pairs over a linked list of symbols, O(n log n).
+  // Fast path without the cache: pieces up to kSmallPiece bytes rescan a rank array held on the stack;
+  // longer ones use a min-heap of candidate pairs over a linked list of symbols, O(n log n).
   void encode_uncached(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_heap(std::string_view piece, std::vector<int32_t>& out) const;  // the heap path, any length
   // Scalar reference twin: rescan every adjacent pair for the lowest rank after each merge, O(n^2).
   std::vector<int32_t> encode_ref(std::string_view piece) const;
 
@@ -47,15 +49,28 @@ class BpeModel {
 
   static constexpr size_t kCacheMaxEntries = 1 << 16;  // cleared when full
   static constexpr size_t kCacheMaxPieceBytes = 256;   // longer pre-tokens are not cached
+  static constexpr int kSmallPiece = 48;                // pieces up to this many bytes take the array path
 
  private:
+  // Open-addressing hash table of the merges (linear probing, power-of-two size, load <= 1/2).
+  struct Slot {
+    uint64_t key = kEmpty;  // pair_key(left, right), kEmpty when unused
+    Merge merge{};
+  };
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+
   const Merge* find_merge(int32_t left, int32_t right) const {
-    auto it = merges_.find(pair_key(left, right));
-    return it == merges_.end() ? nullptr : &it->second;
+    const uint64_t key = pair_key(left, right);
+    for (size_t i = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;; i = (i + 1) & (merge_slots_.size() - 1)) {
+      const Slot& s = merge_slots_[i];
+      if (s.key == key) return &s.merge;
+      if (s.key == kEmpty) return nullptr;
+    }
   }
 
   std::unordered_map<std::string, int32_t> token_ids_;  // raw-byte token -> id (byte-level vocab entries)
-  std::unordered_map<uint64_t, Merge> merges_;           // pair_key(left, right) -> rank and merged id
+  std::vector<Slot> merge_slots_;                        // pair_key(left, right) -> rank and merged id
+  int merge_shift_ = 63;                                   // 64 - log2(merge_slots_.size())
   std::array<int32_t, 256> byte_ids_{};                   // (256,) id of each single-byte token
   bool ignore_merges_ = false;                            // emit whole-vocab pre-tokens directly
 
