@@ -161,6 +161,21 @@ TEST(TokenizerPreTokenizer, Gpt2ByteLevelRegexSplitsNewlinesApart) {
   EXPECT_EQ(t.encode("I'm"), (Ids{B('I'), B('\''), B('m')}));
 }
 
+TEST(TokenizerPreTokenizer, ByteLevelPrefixSpaceGoesOnEveryIncomingPiece) {
+  std::ifstream in(fixture("gpt2.json"));
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  const Tokenizer t = Tokenizer::parse(j.dump(), "gpt2.json with add_prefix_space");
+  EXPECT_EQ(t.encode("hello world"), (Ids{B(' '), kHello, kGWorld}));  // " hello" has no merge "Ġ hello"
+  EXPECT_EQ(t.encode(" world"), (Ids{kGWorld}));                      // already starts with a space
+  // Inside a Sequence, HF's ByteLevel prepends the space to each piece the Split step produced.
+  std::ifstream in2(fixture("basic.json"));
+  nlohmann::json k = nlohmann::json::parse(in2);
+  k["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+  const Tokenizer u = Tokenizer::parse(k.dump(), "basic.json with add_prefix_space");
+  EXPECT_EQ(u.encode("hello world!"), (Ids{B(' '), kHello, kGWorld, B(' '), B('!')}));
+}
+
 TEST(TokenizerPreTokenizer, SplitRemovedDropsTheMatches) {
   std::ifstream in(fixture("basic.json"));
   nlohmann::json j = nlohmann::json::parse(in);

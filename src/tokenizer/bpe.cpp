@@ -15,6 +15,7 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> token_ids,
   size_t n_slots = 2;
   while (n_slots < 2 * merges.size()) n_slots *= 2;
   merge_slots_.assign(n_slots, Slot{});
+  cache_.reserve(kCacheMaxEntries);
   merge_shift_ = 64 - std::countr_zero(n_slots);
   for (const auto& [key, m] : merges) {
     size_t i = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;
@@ -39,11 +40,9 @@ void BpeModel::encode(std::string_view piece, std::vector<int32_t>& out) const {
     return;
   }
   const bool cacheable = piece.size() <= kCacheMaxPieceBytes;
-  std::string key;
   if (cacheable) {
-    key.assign(piece);
     std::shared_lock lock(cache_mutex_);
-    auto it = cache_.find(key);
+    auto it = cache_.find(piece);
     if (it != cache_.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
@@ -54,7 +53,7 @@ void BpeModel::encode(std::string_view piece, std::vector<int32_t>& out) const {
   if (cacheable) {
     std::unique_lock lock(cache_mutex_);
     if (cache_.size() >= kCacheMaxEntries) cache_.clear();
-    cache_.emplace(std::move(key), std::vector<int32_t>(out.begin() + first, out.end()));
+    cache_.emplace(std::string(piece), std::vector<int32_t>(out.begin() + first, out.end()));
   }
 }
 

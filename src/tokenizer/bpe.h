@@ -74,8 +74,12 @@ class BpeModel {
   std::array<int32_t, 256> byte_ids_{};                   // (256,) id of each single-byte token
   bool ignore_merges_ = false;                            // emit whole-vocab pre-tokens directly
 
-  mutable std::shared_mutex cache_mutex_;                                 // guards cache_
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;  // pre-token bytes -> ids
+  struct PieceHash {  // lets the cache be probed with a string_view, without building a std::string
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  mutable std::shared_mutex cache_mutex_;  // guards cache_
+  mutable std::unordered_map<std::string, std::vector<int32_t>, PieceHash, std::equal_to<>> cache_;  // bytes -> ids
 };
 
 }  // namespace kvq
