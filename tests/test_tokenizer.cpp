@@ -220,6 +220,41 @@ TEST(TokenizerErrors, UnsupportedOrBrokenComponentsAreNamed) {
   EXPECT_NE(error_of([] { Tokenizer::parse("[1, 2]", "inline"); }).find("JSON object"), std::string::npos);
 }
 
+TEST(TokenizerErrors, InconsistentOrUnsupportedSettingsAreNamed) {
+  std::ifstream in(fixture("basic.json"));
+  const nlohmann::json base = nlohmann::json::parse(in);
+  const auto msg = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = base;
+    edit(j);
+    return error_of([&] { Tokenizer::parse(j.dump(), "edited basic.json"); });
+  };
+  const auto has = [](const std::string& m, const char* s) { return m.find(s) != std::string::npos; };
+  std::string m = msg([](auto& j) { j["model"]["vocab"]["hello"] = -4; });
+  EXPECT_TRUE(has(m, "vocab token \"hello\": id must be an integer")) << m;
+  m = msg([](auto& j) { j["model"]["vocab"]["hello"] = 261; });
+  EXPECT_TRUE(has(m, "used by two tokens")) << m;
+  m = msg([](auto& j) { j["added_tokens"][1]["id"] = 7; });
+  EXPECT_TRUE(has(m, "\"<|im_start|>\" has id 7 but the vocab gives it id 1")) << m;
+  m = msg([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; });
+  EXPECT_TRUE(has(m, "invert")) << m;
+  m = msg([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithPrevious"; });
+  EXPECT_TRUE(has(m, "behavior \"MergedWithPrevious\"")) << m;
+  m = msg([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; });
+  EXPECT_TRUE(has(m, "does not compile")) << m;
+  m = msg([](auto& j) { j["pre_tokenizer"]["pretokenizers"].erase(1); });
+  EXPECT_TRUE(has(m, "exactly one ByteLevel")) << m;
+  m = msg([](auto& j) { j["post_processor"] = {{"type", "BertProcessing"}}; });
+  EXPECT_TRUE(has(m, "post_processor \"BertProcessing\"")) << m;
+  m = msg([](auto& j) { j["truncation"] = {{"max_length", 8}}; });
+  EXPECT_TRUE(has(m, "\"truncation\" is set")) << m;
+  m = msg([](auto& j) { j["model"]["vocab"].erase("\xC4\xA0"); });  // the token of byte ' ' ("Ġ")
+  EXPECT_TRUE(has(m, "\"\xC4\xA0\", which is not in the vocab")) << m;  // merge "Ġ w" names it first
+  m = msg([](auto& j) {
+    j["model"]["vocab"].erase("\xC4\x81");  // the token of byte 0x01, which no merge uses
+  });
+  EXPECT_TRUE(has(m, "lacks the token for byte 0x01")) << m;
+}
+
 TEST(TokenizerErrors, UnknownIdsAreRejectedOnDecode) {
   const Tokenizer t = load_fixture("basic.json");
   EXPECT_NE(error_of([&] { decode(t, {kHello, 272}); }).find("272"), std::string::npos);

@@ -65,8 +65,8 @@ struct Parser {
     return *it;
   }
   int32_t id_value(const json& j, std::string_view what) const {
-    check(j.is_number_integer() && j.get<int64_t>() >= 0 && j.get<int64_t>() < kMaxId,
-          fmt::format("{}: id must be an integer in [0, {})", what, kMaxId));
+    if (!(j.is_number_integer() && j.get<int64_t>() >= 0 && j.get<int64_t>() < kMaxId))
+      fail(fmt::format("{}: id must be an integer in [0, {}), got {}", what, kMaxId, j.dump()));
     return static_cast<int32_t>(j.get<int64_t>());
   }
   static constexpr int64_t kMaxId = 1 << 24;  // 16M ids: far above any real vocab, bounds the id tables
@@ -194,7 +194,7 @@ void parse_model(const Parser& p, const json& m, TokenizerImpl& t) {
   std::unordered_map<std::string, int32_t> byte_ids;  // raw bytes -> id
   std::string raw;
   for (const auto& [tok, jid] : vocab.items()) {
-    const int32_t id = p.id_value(jid, fmt::format("vocab token \"{}\"", tok));
+    const int32_t id = p.id_value(jid, "vocab token \"" + tok + "\"");
     if (static_cast<size_t>(id) < t.id_known.size() && t.id_known[id])
       p.fail(fmt::format("vocab id {} is used by two tokens (one is \"{}\")", id, tok));
     t.vocab.emplace(tok, id);
