@@ -89,8 +89,8 @@ void BpeModel::encode_uncached(std::string_view piece, std::vector<int32_t>& out
       if (rank[i] < best_rank) best_rank = rank[i], best = i;
     if (best < 0) break;
     ids[best] = merged[best];
-    for (int i = best + 1; i + 1 < len; ++i) {  // drop ids[best + 1] and the pair it started
-      ids[i] = ids[i + 1];
+    for (int i = best + 1; i + 1 < len; ++i) ids[i] = ids[i + 1];  // drop ids[best + 1] ...
+    for (int i = best + 1; i + 2 < len; ++i) {                        // ... and the pair it started
       rank[i] = rank[i + 1];
       merged[i] = merged[i + 1];
     }
