@@ -2,7 +2,7 @@
 # Installs the Debian packages kvq builds against, only those missing. Idempotent; needs root for apt-get.
 set -euo pipefail
 PKGS=(cmake g++ make pkg-config libeigen3-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev libcli11-dev
-      libcpp-httplib-dev libfmt-dev libgtest-dev libbenchmark-dev)
+      libcpp-httplib-dev libfmt-dev libgtest-dev libbenchmark-dev libicu-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
