@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "kv/codec_bf16.h"
+#include "kv/codec_f32.h"
 
 namespace kvq {
 
@@ -46,7 +47,8 @@ std::unique_ptr<KvCodec> make_codec(const CodecSpec& spec) {
   KVQ_CHECK(spec.head_dim > 0 && spec.head_dim % 32 == 0 && spec.head_dim <= 256,
             "KV cache: head_dim {} is not supported (supported: multiples of 32 up to 256)", spec.head_dim);
   if (spec.type == "bf16") return std::make_unique<Bf16Codec>(spec.head_dim);
-  KVQ_FAIL("KV cache type '{}' is not supported (supported: bf16)", spec.type);
+  if (spec.type == "f32") return std::make_unique<F32Codec>(spec.head_dim);
+  KVQ_FAIL("KV cache type '{}' is not supported (supported: f32, bf16)", spec.type);
 }
 
 }  // namespace kvq

@@ -1,0 +1,168 @@
+#include "attention/attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace kvq {
+
+namespace {
+
+constexpr int kTileRows = 64;     // query rows (queries × GQA group) per work item
+constexpr int kPieceTokens = 128; // cached rows scored at once
+
+// A piece of one run: rows [pos0, pos0 + n) read through one codec pair.
+struct Piece {
+  KvCache::RunKind kind;
+  int pos0, n;
+  const uint8_t* k;
+  const uint8_t* v;
+};
+
+void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std::vector<Piece>& out) {
+  out.clear();
+  for (const auto& run : runs) {
+    const bool quant = run.kind == KvCache::RunKind::Quant;
+    const KvCodec& kc = quant ? cache.k_codec() : cache.window_codec();
+    const KvCodec& vc = quant ? cache.v_codec() : cache.window_codec();
+    // Quantized pieces must start on codec blocks; kPieceTokens is a multiple of every supported block.
+    const int step = quant ? std::max(kPieceTokens, cache.block_tokens()) : kPieceTokens;
+    for (int off = 0; off < run.n; off += step) {
+      const int n = std::min(step, run.n - off);
+      out.push_back({run.kind, run.pos0 + off, n,
+                     run.k + size_t(off / kc.tokens_per_block()) * kc.bytes_per_block(),
+                     run.v + size_t(off / vc.tokens_per_block()) * vc.bytes_per_block()});
+    }
+  }
+}
+
+// Positions [lo, hi) of a piece of this kind that the query at position t reads (decode-faithful view).
+inline void valid_range(const KvCache& cache, KvCache::RunKind kind, int t, int& lo, int& hi) {
+  if (kind == KvCache::RunKind::Sink) {
+    lo = 0, hi = t + 1;
+  } else if (kind == KvCache::RunKind::Quant) {
+    lo = cache.config().sink, hi = cache.quant_end(t);
+  } else {
+    lo = cache.quant_end(t), hi = t + 1;
+  }
+}
+
+// Attend rows of one tile over some pieces; state accumulates (online softmax).
+void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, const float* q_rows, int rows,
+                   int group, int t_first, SoftmaxState& st, std::vector<float>& s) {
+  const int d = cache.head_dim();
+  s.resize(size_t(rows) * kPieceTokens * 2);
+  for (int pi = 0; pi < n_pieces; ++pi) {
+    const Piece& pc = pieces[pi];
+    const bool quant = pc.kind == KvCache::RunKind::Quant;
+    const KvCodec& kc = quant ? cache.k_codec() : cache.window_codec();
+    const KvCodec& vc = quant ? cache.v_codec() : cache.window_codec();
+    // Skip pieces no row of the tile reads (e.g. recent rows past every query's window).
+    bool any = false;
+    for (int r = 0; r < rows && !any; r += group) {
+      int lo, hi;
+      valid_range(cache, pc.kind, t_first + r / group, lo, hi);
+      any = std::max(lo, pc.pos0) < std::min(hi, pc.pos0 + pc.n);
+    }
+    if (!any) continue;
+    const int n = pc.n;
+    kc.scores(q_rows, rows, pc.k, n, s.data());
+    for (int r = 0; r < rows; ++r) {
+      int lo, hi;
+      valid_range(cache, pc.kind, t_first + r / group, lo, hi);
+      lo = std::clamp(lo - pc.pos0, 0, n);
+      hi = std::clamp(hi - pc.pos0, lo, n);
+      float* sr = s.data() + size_t(r) * n;
+      float mx = -INFINITY;
+      for (int i = lo; i < hi; ++i) mx = std::max(mx, sr[i]);
+      if (hi <= lo || !(mx > -INFINITY)) {
+        std::fill(sr, sr + n, 0.f);
+        continue;
+      }
+      const float m_new = std::max(st.m[size_t(r)], mx);
+      const float corr = std::exp(st.m[size_t(r)] - m_new);  // exp(-inf) = 0 on the first piece
+      float sum = 0.f;
+      for (int i = 0; i < lo; ++i) sr[i] = 0.f;
+      for (int i = lo; i < hi; ++i) sum += (sr[i] = std::exp(sr[i] - m_new));
+      for (int i = hi; i < n; ++i) sr[i] = 0.f;
+      st.l[size_t(r)] = st.l[size_t(r)] * corr + sum;
+      st.m[size_t(r)] = m_new;
+      if (corr != 1.f) {
+        float* a = st.acc.data() + size_t(r) * d;
+        for (int c = 0; c < d; ++c) a[c] *= corr;
+      }
+    }
+    vc.accumulate(s.data(), rows, pc.v, n, st.acc.data());
+  }
+}
+
+}  // namespace
+
+void SoftmaxState::reset(int rows, int d) {
+  m.assign(size_t(rows), -INFINITY);
+  l.assign(size_t(rows), 0.f);
+  acc.assign(size_t(rows) * d, 0.f);
+}
+
+void SoftmaxState::merge(const SoftmaxState& o, int d) {
+  for (size_t r = 0; r < m.size(); ++r) {
+    if (!(o.m[r] > -INFINITY)) continue;
+    const float mx = std::max(m[r], o.m[r]);
+    const float a = std::exp(m[r] - mx), b = std::exp(o.m[r] - mx);
+    l[r] = l[r] * a + o.l[r] * b;
+    m[r] = mx;
+    for (int c = 0; c < d; ++c) acc[r * d + c] = acc[r * d + c] * a + o.acc[r * d + c] * b;
+  }
+}
+
+void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, const float* q, float* out,
+                     const AttentionShape& shape, ThreadPool& pool) {
+  const int d = shape.head_dim, n_kv = shape.n_kv_heads, hq = shape.n_heads;
+  KVQ_CHECK(d == cache.head_dim() && n_kv == cache.n_kv_heads() && hq % n_kv == 0,
+            "attention: shape (heads {}, kv heads {}, d {}) does not match the cache (kv heads {}, d {})", hq, n_kv,
+            d, cache.n_kv_heads(), cache.head_dim());
+  const int g = hq / n_kv;
+  const int tile_q = std::max(1, kTileRows / g);  // queries per tile
+  const int n_tiles = (n + tile_q - 1) / tile_q;
+  const int base_items = n_tiles * n_kv;
+  const int splits = base_items >= 2 * pool.size() ? 1 : (2 * pool.size() + base_items - 1) / base_items;
+
+  std::vector<SoftmaxState> states(size_t(base_items) * splits);
+  pool.parallel_for(int64_t(base_items) * splits, [&](int64_t item, int) {
+    const int split = int(item % splits);
+    const int tile = int(item / splits / n_kv), h = int(item / splits % n_kv);
+    const int i0 = tile * tile_q, nq = std::min(tile_q, n - i0);
+    const int rows = nq * g, t_first = pos0 + i0, t_last = t_first + nq - 1;
+    thread_local std::vector<KvCache::Run> runs;
+    thread_local std::vector<Piece> pieces;
+    thread_local std::vector<float> q_rows, scratch;
+    cache.runs(seq, layer, h, t_first, t_last, runs);
+    cut_pieces(cache, runs, pieces);
+    q_rows.resize(size_t(rows) * d);
+    for (int i = 0; i < nq; ++i)
+      for (int j = 0; j < g; ++j)
+        std::copy_n(q + (size_t(i0 + i) * hq + h * g + j) * d, d, q_rows.data() + (size_t(i) * g + j) * d);
+    const int np = int(pieces.size());
+    const int p_begin = int(int64_t(np) * split / splits), p_end = int(int64_t(np) * (split + 1) / splits);
+    SoftmaxState& st = states[size_t(item)];
+    st.reset(rows, d);
+    attend_pieces(cache, pieces.data() + p_begin, p_end - p_begin, q_rows.data(), rows, g, t_first, st, scratch);
+  });
+
+  for (int item = 0; item < base_items; ++item) {
+    SoftmaxState& st = states[size_t(item) * splits];
+    for (int sp = 1; sp < splits; ++sp) st.merge(states[size_t(item) * splits + sp], d);
+    const int tile = item / n_kv, h = item % n_kv;
+    const int i0 = tile * tile_q, nq = std::min(tile_q, n - i0);
+    for (int i = 0; i < nq; ++i)
+      for (int j = 0; j < g; ++j) {
+        const size_t r = size_t(i) * g + j;
+        const float inv = 1.f / st.l[r];
+        float* o = out + (size_t(i0 + i) * hq + h * g + j) * d;
+        for (int c = 0; c < d; ++c) o[c] = st.acc[r * d + c] * inv;
+      }
+  }
+}
+
+}  // namespace kvq

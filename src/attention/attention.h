@@ -1,0 +1,38 @@
+// Decode-faithful attention over the paged mixed-precision KV cache (CPU).
+//
+// For a chunk of queries at positions [pos0, pos0 + n) of one sequence and one layer, every query t attends to
+// positions 0..t through the cache as decode would hold it at step t (kv/cache.h): BF16 sinks, the quantized
+// region read through the codecs, and the BF16 recent window. Segments are merged exactly with log-sum-exp.
+//
+// Work is split into items (query tile × kv head × KV split). A tile holds the queries of every query head of
+// the GQA group, so each cached row is read once per tile for the whole group. Decode (one query) splits the
+// KV runs across threads and merges the partial softmax states exactly.
+#pragma once
+
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "kv/cache.h"
+
+namespace kvq {
+
+struct AttentionShape {
+  int n_heads;     // query heads
+  int n_kv_heads;  // kv heads; query head j uses kv head j / (n_heads / n_kv_heads)
+  int head_dim;    // d
+};
+
+// q:   [n, n_heads, d] queries, already scaled by 1/sqrt(d) and transformed like the cached keys
+// out: [n, n_heads, d] attention outputs (before any value un-rotation)
+void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, const float* q, float* out,
+                     const AttentionShape& shape, ThreadPool& pool);
+
+// Online-softmax state of a set of query rows over some keys: running max m, sum l and weighted sum acc.
+struct SoftmaxState {
+  std::vector<float> m, l, acc;  // [rows], [rows], [rows, d]
+  void reset(int rows, int d);
+  // Fold another state over disjoint keys into this one (exact log-sum-exp merge).
+  void merge(const SoftmaxState& other, int d);
+};
+
+}  // namespace kvq

@@ -1,0 +1,118 @@
+// Paged KV cache with BF16 sink / recent windows and a quantized (codec) region.
+//
+// Positions of one sequence, for a query at position t (METHODS.md §2, decode-faithful):
+//   [0, S0)                 sinks, BF16, always
+//   [S0, qe(t))             quantized region, read through the K / V codecs from pages
+//   [max(S0, qe(t)), t]     recent window, BF16, from a ring buffer
+// with qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B and B = block_tokens() (1 for per-token codecs, G for
+// KIVI keys): a block is demoted — quantized into the paged region — once its last token has left the window.
+// A prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every
+// query of the chunk reads exactly what decode would hold at its step.
+//
+// Storage:
+//   pages  [n_pages][n_layers][n_kv_heads] { K blocks [P / Bk][bytes_k] | V blocks [P / Bv][bytes_v] }
+//          page p of a sequence covers quantized positions [S0 + p P, S0 + (p + 1) P); P = page_tokens
+//   sinks  per sequence [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
+//   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
+// Keys and values are stored exactly as given: centring and rotation happen before append().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "kv/codec.h"
+
+namespace kvq {
+
+struct CacheConfig {
+  CodecSpec k{};              // key codec (type, group, clip)
+  CodecSpec v{};              // value codec
+  int sink = 64;              // S0: first tokens kept in BF16
+  int recent = 256;           // W: most recent tokens kept in BF16
+  int page_tokens = 128;      // P: tokens per page of the quantized region
+  int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
+  std::string window = "bf16";  // codec of the sink and recent windows: bf16 (METHODS §2), f32, or int8 (KV4-RL)
+  std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
+};
+
+// Bytes stored per token per layer for a context of n tokens, counted from the structures actually stored.
+struct CacheFootprint {
+  double bytes_per_token_per_layer;  // all layers' sinks + windows + quantized region, averaged over n tokens
+  double bits_per_element;           // effective bits per cached K/V element at n tokens (METHODS §6)
+  double quant_bits_per_element;     // b_q: the quantized region alone (scales, zeros included)
+};
+
+class KvCache {
+ public:
+  KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs = 1);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const CacheConfig& config() const { return cfg_; }
+  const KvCodec& k_codec() const { return *k_codec_; }
+  const KvCodec& v_codec() const { return *v_codec_; }
+  const KvCodec& window_codec() const { return *window_; }
+  int n_layers() const { return n_layers_; }
+  int n_kv_heads() const { return n_kv_; }
+  int head_dim() const { return d_; }
+  int max_ctx() const { return max_ctx_; }
+  int block_tokens() const { return block_tokens_; }
+
+  // Sequences: ids in [0, max_seqs). A new sequence holds no tokens and no pages.
+  int new_sequence();
+  void free_sequence(int seq);
+  int length(int seq) const;  // tokens committed
+
+  // Reserve room for positions [length, length + n_new) of seq (pages for what will be demoted). Throws
+  // kvq::Error on context overflow (beyond max_ctx), a chunk larger than max_chunk, or an exhausted pool.
+  void reserve(int seq, int n_new);
+  // Store keys / values of one layer for positions [pos0, pos0 + n), k and v: [n, n_kv_heads, d], then demote
+  // what leaves the recent window by pos0 + n. Call for every layer, then commit().
+  void append(int seq, int layer, int pos0, int n, const float* k, const float* v);
+  void commit(int seq, int n);
+
+  // qe(t): end of the quantized region as seen by a query at position t (see the header comment).
+  int quant_end(int t) const;
+
+  // A contiguous run of cached rows of one (layer, kv head), all in one storage.
+  enum class RunKind : uint8_t { Sink, Quant, Recent };
+  struct Run {
+    RunKind kind;
+    int pos0;            // position of the first row
+    int n;               // rows
+    const uint8_t* k;    // K blocks (codec k_codec() for Quant, window_codec() otherwise)
+    const uint8_t* v;    // V blocks
+  };
+  // Runs covering everything queries in [t_first, t_last] may read (the union of their views), in position order.
+  void runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const;
+
+  CacheFootprint footprint(int n_tokens) const;
+  size_t bytes_allocated() const;  // pages + sinks + rings, all sequences
+  int token_capacity() const;      // tokens the pool holds across all sequences at max_ctx each
+
+ private:
+  struct Sequence;
+  uint8_t* page_ptr(int page) const { return pool_.get() + size_t(page) * page_bytes_; }
+  size_t head_offset(int layer, int kv_head) const { return (size_t(layer) * n_kv_ + kv_head) * head_bytes_; }
+  uint8_t* sink_row(Sequence& s, int layer, int kv, int head, int pos) const;
+  uint8_t* ring_row(Sequence& s, int layer, int kv, int head, int pos) const;
+  void demote(Sequence& s, int layer, int from, int to);
+
+  CacheConfig cfg_;
+  int n_layers_, n_kv_, d_, max_ctx_, max_seqs_;
+  std::unique_ptr<KvCodec> k_codec_, v_codec_, window_;
+  int block_tokens_;      // B: demotion granularity, lcm of the codecs' tokens_per_block
+  int ring_tokens_;       // ring slots per (layer, K/V, head)
+  size_t k_region_, v_region_, head_bytes_, page_bytes_;  // bytes of one page's K / V blocks of one head, etc.
+  size_t window_row_;     // bytes of one window row
+  int pages_per_seq_;     // pages a sequence needs at max_ctx
+  std::unique_ptr<uint8_t[]> pool_;
+  std::vector<int> free_pages_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+};
+
+}  // namespace kvq

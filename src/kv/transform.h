@@ -1,0 +1,28 @@
+// Per-layer transforms between the model and the KV cache (METHODS.md §3-4), all exact in full precision:
+//   keys     k <- (k - mu_{l,h}) R_K         cached; queries q <- q R_K once per step (scores unchanged)
+//   values   v <- v R_V                      cached; attention outputs o <- o R_V^T once per step
+// Key centering happens before rotation and applies to EVERY cached key (sink and recent windows included).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvq {
+
+struct KvTransform {
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  std::vector<float> key_mean;  // [n_layers, n_kv_heads, d] post-RoPE key means; empty = no centering
+  std::vector<float> r_k;       // [n_layers, n_kv_heads, d, d] row-major key rotations; empty = identity
+  std::vector<float> r_v;       // [n_layers, n_kv_heads, d, d] value rotations; empty = identity
+  std::string name = "none";    // what produced it: none, hadamard, oscar, optr, ... (for logs and reports)
+
+  bool identity() const { return key_mean.empty() && r_k.empty() && r_v.empty(); }
+
+  // In place, rows laid out [n, heads, d]; query head j belongs to kv head j / (n_heads / n_kv_heads).
+  void keys(int layer, int n, float* k) const;
+  void values(int layer, int n, float* v) const;
+  void queries(int layer, int n, int n_heads, float* q) const;
+  void outputs(int layer, int n, int n_heads, float* o) const;
+};
+
+}  // namespace kvq

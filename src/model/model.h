@@ -1,0 +1,72 @@
+// The decoder-only transformer (Qwen3, Qwen2, Llama 3) on CPU: fp32 weights and activations, OpenBLAS GEMMs,
+// chunked prefill and decode through the paged KV cache.
+//
+// Per layer:  h = RMSNorm(x);  q, k, v = h W_q/k/v (+ bias);  QK-norm (Qwen3);  RoPE;  append k, v to the cache;
+//             x += Attention(q, cache) W_o;  x += W_down(SiLU(W_gate h') * W_up h'),  h' = RMSNorm(x)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+#include "common/thread_pool.h"
+#include "kv/cache.h"
+#include "kv/transform.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace kvq {
+
+class Model {
+ public:
+  // Loads config.json and the safetensors weights of a Hugging Face checkpoint directory. n_threads <= 0: all cores.
+  static std::unique_ptr<Model> load(const std::string& dir, int n_threads);
+
+  const ModelConfig& config() const { return cfg_; }
+  const Weights& weights() const { return w_; }
+  const std::string& dir() const { return dir_; }
+  const std::string& fingerprint() const { return fingerprint_; }  // sha256 of config + tensor headers
+  ThreadPool& pool() { return pool_; }
+  double load_seconds() const { return load_seconds_; }
+
+  // The per-layer key/value transforms applied before the cache (centering, rotations); identity by default.
+  void set_kv_transform(std::shared_ptr<const KvTransform> t) { transform_ = std::move(t); }
+  const KvTransform* kv_transform() const { return transform_.get(); }
+
+  // Runs ids[0..n) at positions [cache.length(seq), + n) and appends their keys and values to the cache.
+  // logits: [n, vocab] when all_logits, else [vocab] for the last token. n <= cache.config().max_chunk.
+  void forward(KvCache& cache, int seq, const int32_t* ids, int n, float* logits, bool all_logits);
+
+  // Observers for calibration / evaluation: called per layer with post-RoPE q [n, n_heads, d], k, v
+  // [n, n_kv_heads, d] (before the KV transform) and the positions. Null by default.
+  struct LayerTap {
+    virtual ~LayerTap() = default;
+    virtual void on_qkv(int layer, int pos0, int n, const float* q, const float* k, const float* v) = 0;
+  };
+  void set_tap(LayerTap* tap) { tap_ = tap; }
+
+ private:
+  Model(std::string dir, int n_threads);
+  void attention_block(KvCache& cache, int seq, int layer, int pos0, int n);
+  void mlp_block(int layer, int n);
+
+  std::string dir_;
+  ModelConfig cfg_;
+  Weights w_;
+  std::string fingerprint_;
+  ThreadPool pool_;
+  double load_seconds_ = 0;
+  std::vector<float> inv_freq_;  // [d / 2] RoPE inverse frequencies
+  std::shared_ptr<const KvTransform> transform_;
+  LayerTap* tap_ = nullptr;
+
+  // Activations of the current chunk (n rows).
+  std::vector<float> x_, h_;        // [n, hidden] residual stream, normed input
+  std::vector<float> q_, k_, v_;    // [n, n_heads * d], [n, n_kv * d], [n, n_kv * d]
+  std::vector<float> att_;          // [n, n_heads * d]
+  std::vector<float> gate_, up_;    // [n, intermediate]
+};
+
+}  // namespace kvq
