@@ -1,0 +1,75 @@
+// kvq info: architecture, sizes, and the KV-cache accounting (bytes stored per token, effective bits).
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "common/error.h"
+
+namespace kvq::cli {
+
+namespace {
+
+struct InfoOptions {
+  ModelOptions model;
+  CacheOptions cache;
+  int ctx = 0;
+  bool json = false;
+};
+
+void run(const InfoOptions& o) {
+  const Checkpoint ckpt = Checkpoint::open(o.model.dir);
+  const ModelConfig c = ModelConfig::load(ckpt.config_path());
+  const int ctx = o.ctx > 0 ? o.ctx : c.max_ctx;
+  KVQ_CHECK(ctx <= c.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, c.max_ctx);
+  size_t n_params = 0;
+  for (const auto& name : ckpt.names()) n_params += size_t(ckpt.get(name).info->numel());
+  const CacheConfig cc = o.cache.config();
+  KvCache cache(cc, c.n_layers, c.n_kv_heads, c.head_dim, ctx);
+  const CacheFootprint f = cache.footprint(ctx);
+  const double bf16_per_token = 2.0 * c.n_kv_heads * c.head_dim * 2.0 * c.n_layers;
+  const double per_token = f.bytes_per_token_per_layer * c.n_layers;
+  if (o.json) {
+    nlohmann::json j = {{"architecture", arch_name(c.arch)}, {"parameters", n_params}, {"layers", c.n_layers},
+                        {"hidden", c.hidden_size}, {"heads", c.n_heads}, {"kv_heads", c.n_kv_heads},
+                        {"head_dim", c.head_dim}, {"vocab", c.vocab_size}, {"max_ctx", c.max_ctx},
+                        {"fingerprint", ckpt.fingerprint()}, {"cache", cc.describe()}, {"ctx", ctx},
+                        {"kv_bytes_per_token_bf16", bf16_per_token}, {"kv_bytes_per_token", per_token},
+                        {"kv_bytes_per_token_per_layer", f.bytes_per_token_per_layer},
+                        {"kv_bits_quantized", f.quant_bits_per_element}, {"kv_bits_effective", f.bits_per_element},
+                        {"kv_bytes_at_ctx", per_token * ctx}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("model        %s\n", o.model.dir.c_str());
+  std::printf("architecture %s (%s), %zu parameters\n", std::string(arch_name(c.arch)).c_str(),
+              c.model_type.c_str(), n_params);
+  std::printf("layers       %d, hidden %d, intermediate %d, vocab %d\n", c.n_layers, c.hidden_size,
+              c.intermediate_size, c.vocab_size);
+  std::printf("attention    %d query heads, %d kv heads, head_dim %d%s%s\n", c.n_heads, c.n_kv_heads, c.head_dim,
+              c.qk_norm ? ", QK-norm" : "", c.qkv_bias ? ", qkv bias" : "");
+  std::printf("rope         theta %g, %s; max context %d\n", c.rope.theta, c.rope.type.c_str(), c.max_ctx);
+  std::printf("fingerprint  %s\n", ckpt.fingerprint().c_str());
+  std::printf("KV cache     %s\n", cc.describe().c_str());
+  std::printf("  bf16 cache           %.0f bytes/token (%.0f per layer)\n", bf16_per_token,
+              bf16_per_token / c.n_layers);
+  std::printf("  this cache at %-6d %.1f bytes/token (%.2f per layer), %.1f MiB for the whole context\n", ctx,
+              per_token, f.bytes_per_token_per_layer, per_token * ctx / (1 << 20));
+  std::printf("  bits/element         %.3f quantized region, %.3f effective at %d tokens (windows included)\n",
+              f.quant_bits_per_element, f.bits_per_element, ctx);
+}
+
+}  // namespace
+
+void add_info(CLI::App& app) {
+  auto o = std::make_shared<InfoOptions>();
+  CLI::App* cmd = app.add_subcommand("info", "model architecture and KV-cache accounting");
+  add_model_options(cmd, o->model);
+  add_cache_options(cmd, o->cache);
+  cmd->add_option("-c,--ctx-size", o->ctx, "context for the effective-bits accounting (0: the model's maximum)");
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace kvq::cli

@@ -1,0 +1,85 @@
+// kvq ppl: perplexity of a text file over non-overlapping windows, decode-faithful through the KV cache.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "common/error.h"
+#include "eval/perplexity.h"
+
+namespace kvq::cli {
+
+namespace {
+
+struct PplOptions {
+  ModelOptions model;
+  CacheOptions cache;
+  std::string file;
+  int ctx = 2048;
+  int chunks = 0;
+  bool json = false;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KVQ_CHECK(f, "cannot open text file '{}'", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void run(const PplOptions& o) {
+  const std::string text = read_text(o.file);
+  Loaded l = load(o.model);
+  Model& m = *l.model;
+  const int ctx = resolve_ctx(m, o.ctx);
+  const std::vector<int32_t> ids = l.tokenizer->encode(text);
+  const CacheConfig cc = o.cache.config();
+  {
+    KvCache probe(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, ctx);
+    log_cache(probe, "ppl:");
+  }
+  const PerplexityResult r = perplexity(m, cc, ids, ctx, o.chunks, [](int done, int total, double ppl) {
+    std::fprintf(stderr, "\rkvq: window %d/%d  ppl %.4f", done, total, ppl);
+    if (done == total) std::fputc('\n', stderr);
+  });
+  KvCache sizes(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, ctx);
+  const CacheFootprint f = sizes.footprint(ctx);
+  if (o.json) {
+    nlohmann::json j = {{"ppl", r.ppl()},
+                        {"nll", r.nll()},
+                        {"tokens", r.tokens_scored},
+                        {"ctx", ctx},
+                        {"windows", r.window_nll.size()},
+                        {"file", o.file},
+                        {"cache", cc.describe()},
+                        {"kv_bits_effective", f.bits_per_element},
+                        {"kv_bits_quantized", f.quant_bits_per_element},
+                        {"seconds", r.seconds},
+                        {"tokens_per_second", double(r.window_nll.size()) * ctx / r.seconds}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("ppl %.4f  nll %.5f  over %lld tokens in %zu windows of %d  (%s, %.2f bits/element)  %.1f s\n",
+                r.ppl(), r.nll(), (long long)r.tokens_scored, r.window_nll.size(), ctx, cc.describe().c_str(),
+                f.bits_per_element, r.seconds);
+  }
+}
+
+}  // namespace
+
+void add_ppl(CLI::App& app) {
+  auto o = std::make_shared<PplOptions>();
+  CLI::App* cmd = app.add_subcommand("ppl", "perplexity of a text file (non-overlapping windows)");
+  add_model_options(cmd, o->model);
+  add_cache_options(cmd, o->cache);
+  cmd->add_option("-f,--file", o->file, "text file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-c,--ctx-size", o->ctx, "window length in tokens (0: the model's maximum)");
+  cmd->add_option("--chunks", o->chunks, "windows to score at most (0: all)")->check(CLI::Range(0, 1 << 30));
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace kvq::cli

@@ -1,0 +1,96 @@
+#include "cli/options.h"
+
+#include <cstdio>
+
+#include "common/error.h"
+
+namespace kvq::cli {
+
+namespace {
+
+CodecSpec codec_spec(const std::string& type, int group, float clip, bool is_key) {
+  CodecSpec s;
+  s.type = type;
+  s.group = group;
+  s.clip = clip;
+  if (type.rfind("kivi", 0) == 0) {  // KIVI: keys per channel over token groups, plain min/max
+    s.per_channel = is_key;
+    s.clip = 1.0f;
+  }
+  return s;
+}
+
+}  // namespace
+
+CacheConfig CacheOptions::config() const {
+  CacheConfig c;
+  const std::string& tk = type_both.empty() ? type_k : type_both;
+  const std::string& tv = type_both.empty() ? type_v : type_both;
+  c.k = codec_spec(tk, group, clip_k, true);
+  c.v = codec_spec(tv, group, clip_v, false);
+  c.sink = sink;
+  c.recent = recent;
+  c.page_tokens = page;
+  c.max_chunk = chunk;
+  if (tk == "f32" && tv == "f32") c.window = "f32";  // a lossless cache keeps its windows lossless too
+  return c;
+}
+
+void add_model_options(CLI::App* cmd, ModelOptions& o) {
+  cmd->add_option("-m,--model", o.dir, "Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("-t,--threads", o.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+}
+
+void add_cache_options(CLI::App* cmd, CacheOptions& o) {
+  const std::string types = "f32|bf16|int8|int4|int2|kivi2|kivi4";
+  cmd->add_option("--cache-type-k", o.type_k, "key cache type (" + types + "; alias -ctk)");
+  cmd->add_option("--cache-type-v", o.type_v, "value cache type (" + types + "; alias -ctv)");
+  cmd->add_option("--kv-cache-dtype", o.type_both, "cache type for keys and values");
+  cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32)");
+  cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio")->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--kv-clip-v", o.clip_v, "value quantile clip ratio")->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--kv-sink", o.sink, "first tokens kept in BF16 (attention sinks)")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-recent", o.recent, "most recent tokens kept in BF16")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-page", o.page, "tokens per cache page")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
+}
+
+Loaded load(const ModelOptions& o) {
+  Loaded l;
+  l.model = Model::load(o.dir, o.threads);
+  l.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(o.dir + "/tokenizer.json"));
+  std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
+               std::string(arch_name(l.model->config().arch)).c_str(), l.model->weights().n_params,
+               l.model->pool().size(), l.model->load_seconds());
+  return l;
+}
+
+int resolve_ctx(const Model& m, int ctx) {
+  KVQ_CHECK(ctx >= 0, "context {} must be positive", ctx);
+  if (ctx == 0) return m.config().max_ctx;
+  KVQ_CHECK(ctx <= m.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
+            m.config().max_ctx);
+  return ctx;
+}
+
+std::vector<std::string> expand_aliases(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-ctk") a = "--cache-type-k";
+    else if (a == "-ctv") a = "--cache-type-v";
+    args.push_back(a);
+  }
+  return args;
+}
+
+void log_cache(const KvCache& cache, const char* what) {
+  const CacheFootprint f = cache.footprint(cache.max_ctx());
+  std::fprintf(stderr, "kvq: %s KV cache %s: %.1f MiB for %d tokens, %.2f effective bits/element at %d\n", what,
+               cache.config().describe().c_str(), double(cache.bytes_allocated()) / (1 << 20),
+               cache.token_capacity(), f.bits_per_element, cache.max_ctx());
+}
+
+}  // namespace kvq::cli
