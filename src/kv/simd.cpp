@@ -1,0 +1,51 @@
+#include "kv/simd.h"
+
+#include "common/error.h"
+
+namespace kvq {
+
+const char* simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar: return "scalar";
+    case SimdLevel::kAvx2: return "avx2";
+    case SimdLevel::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+bool simd_level_supported(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar: return true;
+#if defined(__x86_64__) || defined(__i386__)
+    case SimdLevel::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case SimdLevel::kAvx512:
+      return simd_level_supported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq");
+#else
+    default: return false;
+#endif
+  }
+  return false;
+}
+
+SimdLevel best_simd_level() {
+  static const SimdLevel best = simd_level_supported(SimdLevel::kAvx512) ? SimdLevel::kAvx512
+                                : simd_level_supported(SimdLevel::kAvx2) ? SimdLevel::kAvx2
+                                                                         : SimdLevel::kScalar;
+  return best;
+}
+
+RowKernels row_kernels(RowFormat format, SimdLevel level) {
+  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
+            simd_level_name(level), simd_level_name(best_simd_level()));
+  switch (level) {
+    case SimdLevel::kAvx512: return row_kernels_avx512(format);
+    case SimdLevel::kAvx2: return row_kernels_avx2(format);
+    case SimdLevel::kScalar: break;
+  }
+  return row_kernels_scalar(format);
+}
+
+}  // namespace kvq
