@@ -9,6 +9,7 @@ const char* simd_level_name(SimdLevel level) {
     case SimdLevel::kScalar: return "scalar";
     case SimdLevel::kAvx2: return "avx2";
     case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kAvx512Vnni: return "avx512vnni";
   }
   return "?";
 }
@@ -23,6 +24,8 @@ bool simd_level_supported(SimdLevel level) {
       return simd_level_supported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512dq");
+    case SimdLevel::kAvx512Vnni:
+      return simd_level_supported(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512vnni");
 #else
     default: return false;
 #endif
@@ -31,7 +34,8 @@ bool simd_level_supported(SimdLevel level) {
 }
 
 SimdLevel best_simd_level() {
-  static const SimdLevel best = simd_level_supported(SimdLevel::kAvx512) ? SimdLevel::kAvx512
+  static const SimdLevel best = simd_level_supported(SimdLevel::kAvx512Vnni) ? SimdLevel::kAvx512Vnni
+                                : simd_level_supported(SimdLevel::kAvx512) ? SimdLevel::kAvx512
                                 : simd_level_supported(SimdLevel::kAvx2) ? SimdLevel::kAvx2
                                                                          : SimdLevel::kScalar;
   return best;
@@ -41,6 +45,7 @@ RowKernels row_kernels(RowFormat format, SimdLevel level) {
   KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
             simd_level_name(level), simd_level_name(best_simd_level()));
   switch (level) {
+    case SimdLevel::kAvx512Vnni: return row_kernels_avx512_vnni(format);
     case SimdLevel::kAvx512: return row_kernels_avx512(format);
     case SimdLevel::kAvx2: return row_kernels_avx2(format);
     case SimdLevel::kScalar: break;

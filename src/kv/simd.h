@@ -16,7 +16,9 @@
 
 namespace kvq {
 
-enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Vnni: the int formats use integer dot products (vpdpwssd) with q / weights rounded to int16
+// (relative error ~2^-16 of the largest element per group or tile); bf16 uses the kAvx512 float kernels.
+enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 
 const char* simd_level_name(SimdLevel level);
 bool simd_level_supported(SimdLevel level);  // this CPU can run it
@@ -53,6 +55,7 @@ RowKernels row_kernels(RowFormat format, SimdLevel level);
 RowKernels row_kernels_scalar(RowFormat format);
 RowKernels row_kernels_avx2(RowFormat format);
 RowKernels row_kernels_avx512(RowFormat format);
+RowKernels row_kernels_avx512_vnni(RowFormat format);
 
 }  // namespace kvq
 

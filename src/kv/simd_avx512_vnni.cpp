@@ -1,0 +1,253 @@
+// AVX-512 VNNI row kernels for the int formats (int2 / int4 / int8): integer dot products with vpdpwssd.
+// The float operand is quantized to int16 first (q per query and group, scaled to ±32767; the weights
+// w = p·scale per query, group and 32-token tile likewise), the unsigned codes are widened to int16, and
+// vpdpwssd does 32 multiply-adds per instruction into int32 lanes; scale and zero are applied once per
+// group (scores) or once per tile (accumulate). The result differs from the float kernels only by the
+// int16 rounding of q / w (relative 2^-16 of the largest element of the group / tile).
+// bf16 rows at this level use the plain AVX-512 float kernels.
+// Compiled for its target by the pragma below; called only when simd_level_supported(kAvx512Vnni).
+#include <cmath>
+#include <cstring>
+
+#include <immintrin.h>
+
+#include "common/half.h"
+#include "kv/layout.h"
+#include "kv/simd.h"
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12: _mm512_undefined_* operands
+
+namespace kvq {
+namespace {
+
+#include "kv/simd_kernels_impl.h"  // tile sizes and helpers (its float templates are not instantiated here)
+
+constexpr int kQ16Stride = 256;  // int16 query row stride (d <= 256)
+
+// 32 codes of one packed unit as int16, in value order.
+template <RowFormat Fmt>
+inline __m512i unit_i16(const uint8_t* p) {
+  if constexpr (Fmt == RowFormat::kInt2) {
+    int64_t x;
+    std::memcpy(&x, p, 8);
+    __m256i v = _mm256_srlv_epi64(_mm256_set1_epi64x(x), _mm256_setr_epi64x(0, 2, 4, 6));
+    return _mm512_cvtepu8_epi16(_mm256_and_si256(v, _mm256_set1_epi8(3)));
+  } else if constexpr (Fmt == RowFormat::kInt4) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(x, m)),
+                                              _mm_and_si128(_mm_srli_epi16(x, 4), m), 1);
+    return _mm512_cvtepu8_epi16(v);
+  } else {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+inline float hsum(__m512 v) {
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Quantize n floats to int16 with step max|x| / 32767 (step 1 for an all-zero input); returns the step.
+inline float quantize_i16(const float* x, int n, int stride, int16_t* out, int out_stride) {
+  float m = 0.f;
+  for (int k = 0; k < n; ++k) m = std::fmax(m, std::fabs(x[k * stride]));
+  const float step = m > 0.f ? m / 32767.f : 1.f, inv = 1.f / step;
+  for (int k = 0; k < n; ++k) {
+    float v = std::nearbyint(x[k * stride] * inv);
+    v = v > 32767.f ? 32767.f : v < -32767.f ? -32767.f : v;
+    out[k * out_stride] = int16_t(v);
+  }
+  return step;
+}
+
+template <RowFormat Fmt, int QB>
+void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, const float (*qstep)[kMaxGroups],
+                      const float (*qsum)[kMaxGroups], float* s, size_t s_stride) {
+  constexpr int kUB = fmt_unit_bytes<Fmt>();
+  const int d = r.d, upg = r.group / 32, ng = d / r.group;
+  for (int t = t0; t < t0 + nt; ++t) {
+    const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+    const uint8_t* codes = row + r.codes_offset;
+    __m512 tot[QB];
+    float zterm[QB];
+    for (int i = 0; i < QB; ++i) tot[i] = _mm512_setzero_ps(), zterm[i] = 0.f;
+    for (int g = 0; g < ng; ++g) {
+      __m512i acc[QB];
+      for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_si512();
+      for (int u = g * upg; u < (g + 1) * upg; ++u) {
+        const __m512i x = unit_i16<Fmt>(codes + u * kUB);
+        for (int i = 0; i < QB; ++i)
+          acc[i] = _mm512_dpwssd_epi32(acc[i], x, _mm512_loadu_si512(q16 + i * kQ16Stride + u * 32));
+      }
+      float sc = 1.f, zr = 0.f;
+      if (r.grouped) {
+        const layout::GroupParams gp = row_params(row, g);
+        sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
+      }
+      for (int i = 0; i < QB; ++i) {
+        tot[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), _mm512_set1_ps(sc * qstep[i][g]), tot[i]);
+        zterm[i] += sc * zr * qsum[i][g];
+      }
+    }
+    for (int i = 0; i < QB; ++i) s[i * s_stride + t] = hsum(tot[i]) - zterm[i];
+  }
+}
+
+template <RowFormat Fmt>
+void scores_vnni(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+  const int d = r.d, ng = d / r.group;
+  alignas(64) int16_t q16[kChunkQ * kQ16Stride];
+  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+    float qsum[kChunkQ][kMaxGroups] = {}, qstep[kChunkQ][kMaxGroups];
+    for (int i = 0; i < nc; ++i)
+      for (int g = 0; g < ng; ++g) {
+        const float* qg = q + size_t(c0 + i) * d + g * r.group;
+        qstep[i][g] = quantize_i16(qg, r.group, 1, q16 + i * kQ16Stride + g * r.group, 1);
+        for (int c = 0; c < r.group; ++c) qsum[i][g] += qg[c];
+      }
+    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      for (int i0 = 0; i0 < nc;) {
+        const int qb = pick_block(nc - i0, 8);
+        const int16_t* qi = q16 + i0 * kQ16Stride;
+        float* si = s + size_t(c0 + i0) * s_stride;
+        switch (qb) {
+          case 8: scores_block_i16<Fmt, 8>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
+          case 4: scores_block_i16<Fmt, 4>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
+          case 2: scores_block_i16<Fmt, 2>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
+          default: scores_block_i16<Fmt, 1>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
+        }
+        i0 += qb;
+      }
+    }
+  }
+}
+
+// acc[i, :] += wstep[g][i] · Σ_t w16[t][g][i] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane:
+// w32[pair][g][i] packs the int16 weights of tokens 2·pair (low half) and 2·pair + 1 (high half).
+template <RowFormat Fmt, int QB>
+void accumulate_block_i16(const RowsView& r, int t0, int nt, const uint32_t (*w32)[kMaxGroups][kChunkQ],
+                          const float (*wstep)[kChunkQ], float* acc) {
+  constexpr int kUB = fmt_unit_bytes<Fmt>();
+  const int d = r.d, upg = r.group / 32;
+  // unpacklo/hi_epi16 of two tokens' codes put channels {0-3, 8-11, 16-19, 24-27} in `lo` and
+  // {4-7, 12-15, 20-23, 28-31} in `hi`; these indices restore channel order (0-15, then 16-31).
+  const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i idx1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int u = 0; u < d / 32; ++u) {
+    const int g = u / upg;
+    __m512i lo[QB], hi[QB];
+    for (int i = 0; i < QB; ++i) lo[i] = _mm512_setzero_si512(), hi[i] = _mm512_setzero_si512();
+    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
+    for (int pr = 0; 2 * pr < nt; ++pr) {
+      const __m512i a = unit_i16<Fmt>(codes + size_t(2 * pr) * r.row_stride);
+      const __m512i b =
+          2 * pr + 1 < nt ? unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride) : _mm512_setzero_si512();
+      const __m512i il = _mm512_unpacklo_epi16(a, b), ih = _mm512_unpackhi_epi16(a, b);
+      for (int i = 0; i < QB; ++i) {
+        const __m512i wv = _mm512_set1_epi32(int(w32[pr][g][i]));
+        lo[i] = _mm512_dpwssd_epi32(lo[i], il, wv);
+        hi[i] = _mm512_dpwssd_epi32(hi[i], ih, wv);
+      }
+    }
+    for (int i = 0; i < QB; ++i) {
+      const __m512 f = _mm512_set1_ps(wstep[g][i]);
+      float* out = acc + i * d + u * 32;
+      const __m512 c0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo[i], idx0, hi[i]));
+      const __m512 c1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo[i], idx1, hi[i]));
+      _mm512_storeu_ps(out, _mm512_fmadd_ps(c0, f, _mm512_loadu_ps(out)));
+      _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(c1, f, _mm512_loadu_ps(out + 16)));
+    }
+  }
+}
+
+template <RowFormat Fmt>
+void accumulate_vnni(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+  const int d = r.d, ng = d / r.group;
+  static_assert(kTileRows % 2 == 0 && kTileRows * 255 * 32767.0 < 2147483647.0, "int32 lanes must not overflow");
+  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+    double zsum[kChunkQ][kMaxGroups] = {};
+    float w[kTileRows][kMaxGroups][kChunkQ], wstep[kMaxGroups][kChunkQ], zr[kTileRows][kMaxGroups];
+    int16_t w16[kTileRows][kMaxGroups][kChunkQ] = {};
+    uint32_t w32[kTileRows / 2][kMaxGroups][kChunkQ];
+    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      for (int t = 0; t < nt; ++t) {
+        const uint8_t* row = r.rows + size_t(t0 + t) * r.row_stride;
+        for (int g = 0; g < ng; ++g) {
+          float sc = 1.f;
+          zr[t][g] = 0.f;
+          if (r.grouped) {
+            const layout::GroupParams gp = row_params(row, g);
+            sc = _cvtsh_ss(gp.scale), zr[t][g] = _cvtsh_ss(gp.zero);
+          }
+          for (int i = 0; i < nc; ++i) w[t][g][i] = p[size_t(c0 + i) * p_stride + t0 + t] * sc;
+        }
+      }
+      for (int g = 0; g < ng; ++g)
+        for (int i = 0; i < nc; ++i) {
+          const int stride = kMaxGroups * kChunkQ;
+          wstep[g][i] = quantize_i16(&w[0][g][i], nt, stride, &w16[0][g][i], stride);
+          if (r.grouped)  // the zero term with the same (quantized) weights the codes get
+            for (int t = 0; t < nt; ++t) zsum[i][g] += double(w16[t][g][i]) * wstep[g][i] * zr[t][g];
+        }
+      for (int pr = 0; 2 * pr < nt; ++pr)
+        for (int g = 0; g < ng; ++g)
+          for (int i = 0; i < nc; ++i) {
+            const uint16_t a = uint16_t(w16[2 * pr][g][i]);
+            const uint16_t b = 2 * pr + 1 < nt ? uint16_t(w16[2 * pr + 1][g][i]) : uint16_t(0);
+            w32[pr][g][i] = uint32_t(a) | (uint32_t(b) << 16);
+          }
+      for (int i0 = 0; i0 < nc;) {
+        const int qb = pick_block(nc - i0, 8);
+        float* ai = acc + size_t(c0 + i0) * d;
+        const uint32_t(*wi)[kMaxGroups][kChunkQ] =
+            reinterpret_cast<const uint32_t(*)[kMaxGroups][kChunkQ]>(&w32[0][0][i0]);
+        const float(*si)[kChunkQ] = reinterpret_cast<const float(*)[kChunkQ]>(&wstep[0][i0]);
+        switch (qb) {
+          case 8: accumulate_block_i16<Fmt, 8>(r, t0, nt, wi, si, ai); break;
+          case 4: accumulate_block_i16<Fmt, 4>(r, t0, nt, wi, si, ai); break;
+          case 2: accumulate_block_i16<Fmt, 2>(r, t0, nt, wi, si, ai); break;
+          default: accumulate_block_i16<Fmt, 1>(r, t0, nt, wi, si, ai); break;
+        }
+        i0 += qb;
+      }
+    }
+    if (r.grouped)
+      for (int i = 0; i < nc; ++i)
+        for (int c = 0; c < d; ++c) acc[size_t(c0 + i) * d + c] -= float(zsum[i][c / r.group]);
+  }
+}
+
+}  // namespace
+
+RowKernels row_kernels_avx512_vnni(RowFormat format) {
+  switch (format) {
+    case RowFormat::kInt2: return {scores_vnni<RowFormat::kInt2>, accumulate_vnni<RowFormat::kInt2>};
+    case RowFormat::kInt4: return {scores_vnni<RowFormat::kInt4>, accumulate_vnni<RowFormat::kInt4>};
+    case RowFormat::kInt8: return {scores_vnni<RowFormat::kInt8>, accumulate_vnni<RowFormat::kInt8>};
+    case RowFormat::kBf16: break;
+  }
+  return row_kernels_avx512(format);
+}
+
+}  // namespace kvq
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#else
+#include "common/error.h"
+namespace kvq {
+RowKernels row_kernels_avx512_vnni(RowFormat) { KVQ_FAIL("AVX-512 VNNI kernels are not built for this architecture"); }
+}  // namespace kvq
+#endif
