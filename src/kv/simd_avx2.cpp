@@ -31,6 +31,13 @@ struct VAvx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  static void hsum4(const F* v, float* out) {
+    const __m256 t0 = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
+    const __m256 t1 = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
+    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  }
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight_bytes)); }
   template <RowFormat Fmt>

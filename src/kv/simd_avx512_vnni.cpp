@@ -55,10 +55,22 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline void hsum4(const __m512* v, float* out) {
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
 // Quantize n floats to int16 with step max|x| / 32767 (step 1 for an all-zero input); returns the step.
 inline float quantize_i16(const float* x, int n, int stride, int16_t* out, int out_stride) {
   float m = 0.f;
-  for (int k = 0; k < n; ++k) m = std::fmax(m, std::fabs(x[k * stride]));
+  for (int k = 0; k < n; ++k) {
+    const float a = std::fabs(x[k * stride]);
+    m = a > m ? a : m;
+  }
   const float step = m > 0.f ? m / 32767.f : 1.f, inv = 1.f / step;
   for (int k = 0; k < n; ++k) {
     float v = std::nearbyint(x[k * stride] * inv);
@@ -78,12 +90,15 @@ void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, con
     const uint8_t* codes = row + r.codes_offset;
     __m512 tot[QB];
     float zterm[QB];
+    KVQ_UNROLL
     for (int i = 0; i < QB; ++i) tot[i] = _mm512_setzero_ps(), zterm[i] = 0.f;
     for (int g = 0; g < ng; ++g) {
       __m512i acc[QB];
+      KVQ_UNROLL
       for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_si512();
       for (int u = g * upg; u < (g + 1) * upg; ++u) {
         const __m512i x = unit_i16<Fmt>(codes + u * kUB);
+        KVQ_UNROLL
         for (int i = 0; i < QB; ++i)
           acc[i] = _mm512_dpwssd_epi32(acc[i], x, _mm512_loadu_si512(q16 + i * kQ16Stride + u * 32));
       }
@@ -92,12 +107,23 @@ void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, con
         const layout::GroupParams gp = row_params(row, g);
         sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
       }
+      KVQ_UNROLL
       for (int i = 0; i < QB; ++i) {
         tot[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), _mm512_set1_ps(sc * qstep[i][g]), tot[i]);
         zterm[i] += sc * zr * qsum[i][g];
       }
     }
-    for (int i = 0; i < QB; ++i) s[i * s_stride + t] = hsum(tot[i]) - zterm[i];
+    if constexpr (QB >= 4) {
+      KVQ_UNROLL
+      for (int i = 0; i < QB; i += 4) {
+        float sum4[4];
+        hsum4(&tot[i], sum4);
+        for (int j = 0; j < 4; ++j) s[(i + j) * s_stride + t] = sum4[j] - zterm[i + j];
+      }
+    } else {
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) s[i * s_stride + t] = hsum(tot[i]) - zterm[i];
+    }
   }
 }
 
@@ -146,6 +172,7 @@ void accumulate_block_i16(const RowsView& r, int t0, int nt, const uint32_t (*w3
   for (int u = 0; u < d / 32; ++u) {
     const int g = u / upg;
     __m512i lo[QB], hi[QB];
+    KVQ_UNROLL
     for (int i = 0; i < QB; ++i) lo[i] = _mm512_setzero_si512(), hi[i] = _mm512_setzero_si512();
     const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
     for (int pr = 0; 2 * pr < nt; ++pr) {
@@ -153,12 +180,14 @@ void accumulate_block_i16(const RowsView& r, int t0, int nt, const uint32_t (*w3
       const __m512i b =
           2 * pr + 1 < nt ? unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride) : _mm512_setzero_si512();
       const __m512i il = _mm512_unpacklo_epi16(a, b), ih = _mm512_unpackhi_epi16(a, b);
+      KVQ_UNROLL
       for (int i = 0; i < QB; ++i) {
         const __m512i wv = _mm512_set1_epi32(int(w32[pr][g][i]));
         lo[i] = _mm512_dpwssd_epi32(lo[i], il, wv);
         hi[i] = _mm512_dpwssd_epi32(hi[i], ih, wv);
       }
     }
+    KVQ_UNROLL
     for (int i = 0; i < QB; ++i) {
       const __m512 f = _mm512_set1_ps(wstep[g][i]);
       float* out = acc + i * d + u * 32;

@@ -5,8 +5,12 @@
 //
 // V provides: F (vector of kW floats), kW, kMaxQBScores, kMaxQBAcc (query-block sizes that fit the
 // registers), zero(), loadu(const float*), storeu(float*, F), bcast(float), fma(a, b, c) = a·b + c,
-// add(a, b), hsum(F), half(uint16_t fp16 bits) -> float, and unit<Fmt>(const uint8_t* unit, F out[32 / kW])
+// add(a, b), hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, and unit<Fmt>(const uint8_t* unit, F out[32 / kW])
 // that turns one packed unit of 32 values (layout.h) into floats in value order.
+
+// Fixed-trip loops over the query block and the vectors of a unit must be unrolled so that their arrays
+// of vectors live in registers (-O2 does not unroll by itself).
+#define KVQ_UNROLL _Pragma("GCC unroll 16")
 
 constexpr int kTileRows = 32;   // rows per tile: a tile's rows stay in L1 while every query block reads them
 constexpr int kChunkQ = 16;     // queries per chunk (fixed-size stack buffers); n_q > 16 re-reads rows
@@ -40,29 +44,45 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
     const uint8_t* codes = row + r.codes_offset;
     F tot[QB];
     float zterm[QB];
+    KVQ_UNROLL
     for (int i = 0; i < QB; ++i) tot[i] = V::zero(), zterm[i] = 0.f;
     for (int g = 0; g < ng; ++g) {
       F acc[QB];
+      KVQ_UNROLL
       for (int i = 0; i < QB; ++i) acc[i] = V::zero();
       for (int u = g * upg; u < (g + 1) * upg; ++u) {
         F x[kU];
         V::template unit<Fmt>(codes + u * kUB, x);
+        KVQ_UNROLL
         for (int i = 0; i < QB; ++i)
+          KVQ_UNROLL
           for (int k = 0; k < kU; ++k) acc[i] = V::fma(x[k], V::loadu(q + i * d + u * 32 + k * V::kW), acc[i]);
       }
       if (r.grouped) {
         const layout::GroupParams gp = row_params(row, g);
         const float sc = V::half(gp.scale), zr = V::half(gp.zero);
         const F scv = V::bcast(sc);
+        KVQ_UNROLL
         for (int i = 0; i < QB; ++i) {
           tot[i] = V::fma(acc[i], scv, tot[i]);
           zterm[i] += sc * zr * qsum[i][g];
         }
       } else {
+        KVQ_UNROLL
         for (int i = 0; i < QB; ++i) tot[i] = V::add(tot[i], acc[i]);
       }
     }
-    for (int i = 0; i < QB; ++i) s[i * s_stride + t] = V::hsum(tot[i]) - zterm[i];
+    if constexpr (QB >= 4) {  // 4 horizontal sums at once (a transposed reduction)
+      KVQ_UNROLL
+      for (int i = 0; i < QB; i += 4) {
+        float sum4[4];
+        V::hsum4(&tot[i], sum4);
+        for (int j = 0; j < 4; ++j) s[(i + j) * s_stride + t] = sum4[j] - zterm[i + j];
+      }
+    } else {
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) s[i * s_stride + t] = V::hsum(tot[i]) - zterm[i];
+    }
   }
 }
 
@@ -103,18 +123,24 @@ void accumulate_block(const RowsView& r, int t0, int nt, const float (*w)[kMaxGr
   for (int u = 0; u < d / 32; ++u) {
     const int g = u / upg;
     F a[QB][kU];
+    KVQ_UNROLL
     for (int i = 0; i < QB; ++i)
+      KVQ_UNROLL
       for (int k = 0; k < kU; ++k) a[i][k] = V::loadu(acc + i * d + u * 32 + k * V::kW);
     const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
     for (int t = 0; t < nt; ++t, codes += r.row_stride) {
       F x[kU];
       V::template unit<Fmt>(codes, x);
+      KVQ_UNROLL
       for (int i = 0; i < QB; ++i) {
         const F wv = V::bcast(w[t][g][i]);
+        KVQ_UNROLL
         for (int k = 0; k < kU; ++k) a[i][k] = V::fma(x[k], wv, a[i][k]);
       }
     }
+    KVQ_UNROLL
     for (int i = 0; i < QB; ++i)
+      KVQ_UNROLL
       for (int k = 0; k < kU; ++k) V::storeu(acc + i * d + u * 32 + k * V::kW, a[i][k]);
   }
 }

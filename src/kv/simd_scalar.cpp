@@ -18,6 +18,9 @@ struct VScalar {
   static F fma(F a, F b, F c) { return a * b + c; }
   static F add(F a, F b) { return a + b; }
   static float hsum(F v) { return v; }
+  static void hsum4(const F* v, float* out) {
+    for (int j = 0; j < 4; ++j) out[j] = v[j];
+  }
   static float half(uint16_t h) { return fp16_to_f32(h); }
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
