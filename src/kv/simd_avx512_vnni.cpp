@@ -158,11 +158,11 @@ void scores_vnni(const RowsView& r, const float* q, int n_q, float* s, size_t s_
   }
 }
 
-// acc[i, :] += wstep[g][i] · Σ_t w16[t][g][i] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane:
-// w32[pair][g][i] packs the int16 weights of tokens 2·pair (low half) and 2·pair + 1 (high half).
+// acc[i, :] += wstep[i][g] · Σ_t w16[i][g][t] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane:
+// read as uint32, w16[i][g][2·pr .. 2·pr + 1] packs the int16 weights of tokens 2·pr (low) and 2·pr + 1 (high).
 template <RowFormat Fmt, int QB>
-void accumulate_block_i16(const RowsView& r, int t0, int nt, const uint32_t (*w32)[kMaxGroups][kChunkQ],
-                          const float (*wstep)[kChunkQ], float* acc) {
+void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16)[kMaxGroups][kTileRows],
+                          const float (*wstep)[kMaxGroups], float* acc) {
   constexpr int kUB = fmt_unit_bytes<Fmt>();
   const int d = r.d, upg = r.group / 32;
   // unpacklo/hi_epi16 of two tokens' codes put channels {0-3, 8-11, 16-19, 24-27} in `lo` and
@@ -182,14 +182,16 @@ void accumulate_block_i16(const RowsView& r, int t0, int nt, const uint32_t (*w3
       const __m512i il = _mm512_unpacklo_epi16(a, b), ih = _mm512_unpackhi_epi16(a, b);
       KVQ_UNROLL
       for (int i = 0; i < QB; ++i) {
-        const __m512i wv = _mm512_set1_epi32(int(w32[pr][g][i]));
+        int32_t pair;
+        std::memcpy(&pair, &w16[i][g][2 * pr], 4);
+        const __m512i wv = _mm512_set1_epi32(pair);
         lo[i] = _mm512_dpwssd_epi32(lo[i], il, wv);
         hi[i] = _mm512_dpwssd_epi32(hi[i], ih, wv);
       }
     }
     KVQ_UNROLL
     for (int i = 0; i < QB; ++i) {
-      const __m512 f = _mm512_set1_ps(wstep[g][i]);
+      const __m512 f = _mm512_set1_ps(wstep[i][g]);
       float* out = acc + i * d + u * 32;
       const __m512 c0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo[i], idx0, hi[i]));
       const __m512 c1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo[i], idx1, hi[i]));
@@ -202,52 +204,58 @@ void accumulate_block_i16(const RowsView& r, int t0, int nt, const uint32_t (*w3
 template <RowFormat Fmt>
 void accumulate_vnni(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
   const int d = r.d, ng = d / r.group;
-  static_assert(kTileRows % 2 == 0 && kTileRows * 255 * 32767.0 < 2147483647.0, "int32 lanes must not overflow");
+  static_assert(kTileRows == 32, "one tile = two vectors of 16 weights");
+  static_assert(kTileRows * 255 * 32767.0 < 2147483647.0, "int32 lanes must not overflow within a tile");
+  alignas(64) float sc[kMaxGroups][kTileRows], zr[kMaxGroups][kTileRows];  // per group and token of the tile
+  alignas(64) int16_t w16[kChunkQ][kMaxGroups][kTileRows];
+  float wstep[kChunkQ][kMaxGroups];
   for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
     const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
     double zsum[kChunkQ][kMaxGroups] = {};
-    float w[kTileRows][kMaxGroups][kChunkQ], wstep[kMaxGroups][kChunkQ], zr[kTileRows][kMaxGroups];
-    int16_t w16[kTileRows][kMaxGroups][kChunkQ] = {};
-    uint32_t w32[kTileRows / 2][kMaxGroups][kChunkQ];
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      for (int t = 0; t < nt; ++t) {
+      for (int t = 0; t < kTileRows; ++t) {
         const uint8_t* row = r.rows + size_t(t0 + t) * r.row_stride;
         for (int g = 0; g < ng; ++g) {
-          float sc = 1.f;
-          zr[t][g] = 0.f;
-          if (r.grouped) {
+          sc[g][t] = 1.f, zr[g][t] = 0.f;
+          if (t >= nt) {
+            sc[g][t] = 0.f;
+          } else if (r.grouped) {
             const layout::GroupParams gp = row_params(row, g);
-            sc = _cvtsh_ss(gp.scale), zr[t][g] = _cvtsh_ss(gp.zero);
+            sc[g][t] = _cvtsh_ss(gp.scale), zr[g][t] = _cvtsh_ss(gp.zero);
           }
-          for (int i = 0; i < nc; ++i) w[t][g][i] = p[size_t(c0 + i) * p_stride + t0 + t] * sc;
         }
       }
-      for (int g = 0; g < ng; ++g)
-        for (int i = 0; i < nc; ++i) {
-          const int stride = kMaxGroups * kChunkQ;
-          wstep[g][i] = quantize_i16(&w[0][g][i], nt, stride, &w16[0][g][i], stride);
-          if (r.grouped)  // the zero term with the same (quantized) weights the codes get
-            for (int t = 0; t < nt; ++t) zsum[i][g] += double(w16[t][g][i]) * wstep[g][i] * zr[t][g];
-        }
-      for (int pr = 0; 2 * pr < nt; ++pr)
-        for (int g = 0; g < ng; ++g)
-          for (int i = 0; i < nc; ++i) {
-            const uint16_t a = uint16_t(w16[2 * pr][g][i]);
-            const uint16_t b = 2 * pr + 1 < nt ? uint16_t(w16[2 * pr + 1][g][i]) : uint16_t(0);
-            w32[pr][g][i] = uint32_t(a) | (uint32_t(b) << 16);
+      const __mmask16 m0 = nt >= 16 ? __mmask16(0xffff) : __mmask16((1u << nt) - 1);
+      const __mmask16 m1 = nt >= 32 ? __mmask16(0xffff) : nt <= 16 ? __mmask16(0) : __mmask16((1u << (nt - 16)) - 1);
+      for (int i = 0; i < nc; ++i) {
+        const float* pi = p + size_t(c0 + i) * p_stride + t0;
+        const __m512 p0 = _mm512_maskz_loadu_ps(m0, pi), p1 = _mm512_maskz_loadu_ps(m1, pi + 16);
+        for (int g = 0; g < ng; ++g) {
+          // w = p·scale for the tile's tokens, rounded to int16 with step max|w| / 32767
+          const __m512 w0 = _mm512_mul_ps(p0, _mm512_load_ps(sc[g])), w1 = _mm512_mul_ps(p1, _mm512_load_ps(sc[g] + 16));
+          const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(w0), _mm512_abs_ps(w1)));
+          const float step = m > 0.f ? m / 32767.f : 1.f;
+          const __m512 inv = _mm512_set1_ps(1.f / step);
+          const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(w0, inv)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(w1, inv));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(&w16[i][g][0]), _mm512_cvtsepi32_epi16(i0));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(&w16[i][g][16]), _mm512_cvtsepi32_epi16(i1));
+          wstep[i][g] = step;
+          if (r.grouped) {  // the zero term with the same (rounded) weights the codes get
+            const __m512 z = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_load_ps(zr[g]),
+                                             _mm512_mul_ps(_mm512_cvtepi32_ps(i1), _mm512_load_ps(zr[g] + 16)));
+            zsum[i][g] += double(_mm512_reduce_add_ps(z)) * step;
           }
+        }
+      }
       for (int i0 = 0; i0 < nc;) {
         const int qb = pick_block(nc - i0, 8);
         float* ai = acc + size_t(c0 + i0) * d;
-        const uint32_t(*wi)[kMaxGroups][kChunkQ] =
-            reinterpret_cast<const uint32_t(*)[kMaxGroups][kChunkQ]>(&w32[0][0][i0]);
-        const float(*si)[kChunkQ] = reinterpret_cast<const float(*)[kChunkQ]>(&wstep[0][i0]);
         switch (qb) {
-          case 8: accumulate_block_i16<Fmt, 8>(r, t0, nt, wi, si, ai); break;
-          case 4: accumulate_block_i16<Fmt, 4>(r, t0, nt, wi, si, ai); break;
-          case 2: accumulate_block_i16<Fmt, 2>(r, t0, nt, wi, si, ai); break;
-          default: accumulate_block_i16<Fmt, 1>(r, t0, nt, wi, si, ai); break;
+          case 8: accumulate_block_i16<Fmt, 8>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
+          case 4: accumulate_block_i16<Fmt, 4>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
+          case 2: accumulate_block_i16<Fmt, 2>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
+          default: accumulate_block_i16<Fmt, 1>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
         }
         i0 += qb;
       }
