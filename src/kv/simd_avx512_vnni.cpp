@@ -47,23 +47,6 @@ inline __m512i unit_i16(const uint8_t* p) {
   }
 }
 
-inline float hsum(__m512 v) {
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline void hsum4(const __m512* v, float* out) {
-    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
-    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
-    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-}
-
 // Quantize n floats to int16 with step max|x| / 32767 (step 1 for an all-zero input); returns the step.
 inline float quantize_i16(const float* x, int n, int stride, int16_t* out, int out_stride) {
   float m = 0.f;
@@ -80,22 +63,39 @@ inline float quantize_i16(const float* x, int n, int stride, int16_t* out, int o
   return step;
 }
 
+// Horizontal sums of 4 int32 vectors: [Σa, Σb, Σc, Σd]. (|lane| <= 255 · 32767 · 8, so no overflow.)
+inline __m128i hsum4_epi32(const __m512i* v) {
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// Scores of rows [t0, t0+nt) for QB queries (QB = 1, 2 or a multiple of 4). Integer sums per group,
+// reduced four queries at a time, then s = Σ_g scale_g·qstep_g·isum_g - Σ_g scale_g·zero_g·Σq_g.
 template <RowFormat Fmt, int QB>
 void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, const float (*qstep)[kMaxGroups],
                       const float (*qsum)[kMaxGroups], float* s, size_t s_stride) {
-  constexpr int kUB = fmt_unit_bytes<Fmt>();
+  constexpr int kUB = fmt_unit_bytes<Fmt>(), kQ4 = QB >= 4 ? QB / 4 : 1;
   const int d = r.d, upg = r.group / 32, ng = d / r.group;
+  __m128 qstep4[kQ4][kMaxGroups], qsum4[kQ4][kMaxGroups];  // queries 4j .. 4j+3 (missing ones 0)
+  for (int j = 0; j < kQ4; ++j)
+    for (int g = 0; g < ng; ++g) {
+      float a[4] = {}, b[4] = {};
+      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) a[k] = qstep[4 * j + k][g], b[k] = qsum[4 * j + k][g];
+      qstep4[j][g] = _mm_loadu_ps(a), qsum4[j][g] = _mm_loadu_ps(b);
+    }
   for (int t = t0; t < t0 + nt; ++t) {
     const uint8_t* row = r.rows + size_t(t) * r.row_stride;
     const uint8_t* codes = row + r.codes_offset;
-    __m512 tot[QB];
-    float zterm[QB];
+    __m128 tot4[kQ4], zt4[kQ4];
     KVQ_UNROLL
-    for (int i = 0; i < QB; ++i) tot[i] = _mm512_setzero_ps(), zterm[i] = 0.f;
+    for (int j = 0; j < kQ4; ++j) tot4[j] = _mm_setzero_ps(), zt4[j] = _mm_setzero_ps();
     for (int g = 0; g < ng; ++g) {
-      __m512i acc[QB];
+      __m512i acc[kQ4 * 4];
       KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_si512();
+      for (int i = 0; i < kQ4 * 4; ++i) acc[i] = _mm512_setzero_si512();
       for (int u = g * upg; u < (g + 1) * upg; ++u) {
         const __m512i x = unit_i16<Fmt>(codes + u * kUB);
         KVQ_UNROLL
@@ -107,22 +107,19 @@ void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, con
         const layout::GroupParams gp = row_params(row, g);
         sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
       }
+      const __m128 scv = _mm_set1_ps(sc), szv = _mm_set1_ps(sc * zr);
       KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) {
-        tot[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), _mm512_set1_ps(sc * qstep[i][g]), tot[i]);
-        zterm[i] += sc * zr * qsum[i][g];
+      for (int j = 0; j < kQ4; ++j) {
+        const __m128i h = hsum4_epi32(&acc[4 * j]);
+        tot4[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(h), _mm_mul_ps(scv, qstep4[j][g]), tot4[j]);
+        zt4[j] = _mm_fmadd_ps(szv, qsum4[j][g], zt4[j]);
       }
     }
-    if constexpr (QB >= 4) {
-      KVQ_UNROLL
-      for (int i = 0; i < QB; i += 4) {
-        float sum4[4];
-        hsum4(&tot[i], sum4);
-        for (int j = 0; j < 4; ++j) s[(i + j) * s_stride + t] = sum4[j] - zterm[i + j];
-      }
-    } else {
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) s[i * s_stride + t] = hsum(tot[i]) - zterm[i];
+    KVQ_UNROLL
+    for (int j = 0; j < kQ4; ++j) {
+      float out[4];
+      _mm_storeu_ps(out, _mm_sub_ps(tot4[j], zt4[j]));
+      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) s[(4 * j + k) * s_stride + t] = out[k];
     }
   }
 }
