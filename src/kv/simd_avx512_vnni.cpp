@@ -89,6 +89,7 @@ void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, con
   for (int t = t0; t < t0 + nt; ++t) {
     const uint8_t* row = r.rows + size_t(t) * r.row_stride;
     const uint8_t* codes = row + r.codes_offset;
+    prefetch_row(r, t + kPrefetchRows);
     __m128 tot4[kQ4], zt4[kQ4];
     KVQ_UNROLL
     for (int j = 0; j < kQ4; ++j) tot4[j] = _mm_setzero_ps(), zt4[j] = _mm_setzero_ps();
@@ -173,6 +174,8 @@ void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16
     for (int i = 0; i < QB; ++i) lo[i] = _mm512_setzero_si512(), hi[i] = _mm512_setzero_si512();
     const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
     for (int pr = 0; 2 * pr < nt; ++pr) {
+      prefetch_unit(r, t0 + 2 * pr + kPrefetchTiles * kTileRows, u * kUB);
+      prefetch_unit(r, t0 + 2 * pr + 1 + kPrefetchTiles * kTileRows, u * kUB);
       const __m512i a = unit_i16<Fmt>(codes + size_t(2 * pr) * r.row_stride);
       const __m512i b =
           2 * pr + 1 < nt ? unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride) : _mm512_setzero_si512();

@@ -27,6 +27,25 @@ inline layout::GroupParams row_params(const uint8_t* row, int g) {
   return gp;
 }
 
+// Software prefetch of row t (if it exists) kPrefetchRows ahead: the rows stream from DRAM and the
+// hardware prefetcher alone leaves the bf16 kernels waiting on memory.
+constexpr int kPrefetchRows = 16;
+inline void prefetch_row(const RowsView& r, int t) {
+  if (t >= r.n_rows) return;
+  const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+  for (size_t b = 0; b < r.row_stride; b += 64) __builtin_prefetch(row + b);
+}
+
+// The same for one unit of row t, kPrefetchTiles tiles ahead (accumulate walks a tile unit by unit:
+// spreading the prefetches over those passes keeps few of them in flight at once).
+constexpr int kPrefetchTiles = 2;
+inline void prefetch_unit(const RowsView& r, int t, int unit_offset) {
+  if (t >= r.n_rows) return;
+  const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+  if (unit_offset == 0) __builtin_prefetch(row);
+  __builtin_prefetch(row + r.codes_offset + unit_offset);
+}
+
 inline int pick_block(int remaining, int max_qb) {
   const int m = remaining < max_qb ? remaining : max_qb;
   return m >= 8 ? 8 : m >= 4 ? 4 : m >= 2 ? 2 : 1;
@@ -42,6 +61,7 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
   for (int t = t0; t < t0 + nt; ++t) {
     const uint8_t* row = r.rows + size_t(t) * r.row_stride;
     const uint8_t* codes = row + r.codes_offset;
+    prefetch_row(r, t + kPrefetchRows);
     F tot[QB];
     float zterm[QB];
     KVQ_UNROLL
@@ -129,6 +149,7 @@ void accumulate_block(const RowsView& r, int t0, int nt, const float (*w)[kMaxGr
       for (int k = 0; k < kU; ++k) a[i][k] = V::loadu(acc + i * d + u * 32 + k * V::kW);
     const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
     for (int t = 0; t < nt; ++t, codes += r.row_stride) {
+      prefetch_unit(r, t0 + t + kPrefetchTiles * kTileRows, u * kUB);
       F x[kU];
       V::template unit<Fmt>(codes, x);
       KVQ_UNROLL
