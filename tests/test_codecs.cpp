@@ -321,8 +321,8 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
   const int d = s.head_dim;
   const auto ref_codec = make_codec_at(s, SimdLevel::kScalar);
   const int tpb = ref_codec->tokens_per_block();
-  std::vector<int> token_counts = {1, 63, 64, 65, 257, 1000};
-  if (tpb > 1) token_counts = {tpb, 2 * tpb, 3 * tpb, 9 * tpb};
+  std::vector<int> token_counts = {0, 1, 63, 64, 65, 257, 1000};
+  if (tpb > 1) token_counts = {0, tpb, 2 * tpb, 3 * tpb, 9 * tpb};
   const int max_tokens = token_counts.back();
   const std::vector<float> x = sample(Dist::kOutliers, size_t(max_tokens) * d, 21);
   float max_abs = 0.f;
@@ -335,7 +335,7 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
     const auto codec = make_codec_at(s, level);
     // float levels: rounding order only (observed < 1e-6); VNNI: q / weights rounded to int16 (observed < 4e-6)
     const double rel_tol = level == SimdLevel::kAvx512Vnni && s.type != "bf16" ? 1e-5 : 2e-6;
-    for (int n_q : {1, 2, 3, 4, 5, 8}) {
+    for (int n_q : {1, 2, 3, 4, 5, 8, 17}) {  // 17: more than one chunk of 16 queries
       const std::vector<float> q = sample(Dist::kGaussian, size_t(n_q) * d, 100 + n_q);
       for (int n_tokens : token_counts) {
         SCOPED_TRACE(std::string(simd_level_name(level)) + " n_q " + std::to_string(n_q) + " n_tokens " +

@@ -86,6 +86,7 @@ void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, con
       for (int k = 0; k < 4 && 4 * j + k < QB; ++k) a[k] = qstep[4 * j + k][g], b[k] = qsum[4 * j + k][g];
       qstep4[j][g] = _mm_loadu_ps(a), qsum4[j][g] = _mm_loadu_ps(b);
     }
+  float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (4K aliasing)
   for (int t = t0; t < t0 + nt; ++t) {
     const uint8_t* row = r.rows + size_t(t) * r.row_stride;
     const uint8_t* codes = row + r.codes_offset;
@@ -120,9 +121,10 @@ void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, con
     for (int j = 0; j < kQ4; ++j) {
       float out[4];
       _mm_storeu_ps(out, _mm_sub_ps(tot4[j], zt4[j]));
-      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) s[(4 * j + k) * s_stride + t] = out[k];
+      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) buf[4 * j + k][t - t0] = out[k];
     }
   }
+  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
 }
 
 template <RowFormat Fmt>

@@ -58,6 +58,8 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
   using F = typename V::F;
   constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>();
   const int d = r.d, upg = r.group / 32, ng = d / r.group;
+  float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (stores to QB rows
+                             // n_tokens·4 bytes apart would alias in the 4K store-forwarding check)
   for (int t = t0; t < t0 + nt; ++t) {
     const uint8_t* row = r.rows + size_t(t) * r.row_stride;
     const uint8_t* codes = row + r.codes_offset;
@@ -97,13 +99,14 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
       for (int i = 0; i < QB; i += 4) {
         float sum4[4];
         V::hsum4(&tot[i], sum4);
-        for (int j = 0; j < 4; ++j) s[(i + j) * s_stride + t] = sum4[j] - zterm[i + j];
+        for (int j = 0; j < 4; ++j) buf[i + j][t - t0] = sum4[j] - zterm[i + j];
       }
     } else {
       KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) s[i * s_stride + t] = V::hsum(tot[i]) - zterm[i];
+      for (int i = 0; i < QB; ++i) buf[i][t - t0] = V::hsum(tot[i]) - zterm[i];
     }
   }
+  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
 }
 
 template <class V, RowFormat Fmt>
