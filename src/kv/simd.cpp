@@ -1,8 +1,22 @@
 #include "kv/simd.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "common/error.h"
 
 namespace kvq {
+
+namespace {
+#if defined(__x86_64__) || defined(__i386__)
+// F16C (CPUID.1:ECX bit 29); clang's __builtin_cpu_supports has no "f16c".
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+#endif
+}  // namespace
 
 const char* simd_level_name(SimdLevel level) {
   switch (level) {
@@ -19,7 +33,7 @@ bool simd_level_supported(SimdLevel level) {
     case SimdLevel::kScalar: return true;
 #if defined(__x86_64__) || defined(__i386__)
     case SimdLevel::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case SimdLevel::kAvx512:
       return simd_level_supported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

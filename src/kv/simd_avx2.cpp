@@ -10,8 +10,12 @@
 #include "kv/simd.h"
 
 #if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace kvq {
 namespace {
@@ -79,7 +83,11 @@ RowKernels row_kernels_avx2(RowFormat format) { return row_kernels_for<VAvx2>(fo
 
 }  // namespace kvq
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #else
 #include "common/error.h"
 namespace kvq {

@@ -10,11 +10,17 @@
 #include "kv/simd.h"
 
 #if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
 // GCC 12 flags the _mm512_undefined_* passthrough operands of the conversion intrinsics (false positive).
+#if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace kvq {
 namespace {
@@ -80,8 +86,12 @@ RowKernels row_kernels_avx512(RowFormat format) { return row_kernels_for<VAvx512
 
 }  // namespace kvq
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif
 #else
 #include "common/error.h"
 namespace kvq {
