@@ -1,14 +1,16 @@
-// bf16 codec: rows stored as raw bfloat16, no scales. 16 bits per element.
+// bf16 codec: rows stored as raw bfloat16, no scales (layout::Bf16Row). 16 bits per element.
 #pragma once
 
 #include "common/half.h"
 #include "kv/codec.h"
+#include "kv/simd.h"
 
 namespace kvq {
 
 class Bf16Codec final : public KvCodec {
  public:
-  explicit Bf16Codec(int head_dim) : d_(head_dim) {}
+  // level: which row kernels scores()/accumulate() run (tests force each level).
+  explicit Bf16Codec(int head_dim, SimdLevel level = best_simd_level());
 
   std::string_view name() const override { return "bf16"; }
   int head_dim() const override { return d_; }
@@ -21,7 +23,10 @@ class Bf16Codec final : public KvCodec {
   void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
 
  private:
-  int d_;
+  RowsView rows(const uint8_t* blocks, int n_tokens) const;
+
+  int d_;  // values per row
+  RowKernels kernels_;
 };
 
 }  // namespace kvq

@@ -1,0 +1,94 @@
+// Micro-benchmark of the codecs' decode-attention primitives: scores (over K blocks) + accumulate (over
+// V blocks) for one kv head, d = 128, a GQA group of n_q = 4 queries, 32K tokens, on one core.
+// The K/V regions are cycled through `copies` distinct buffers (> last-level cache for every codec) so
+// the blocks stream from DRAM as they would in a real multi-layer cache.
+// Prints per run: block bytes read, GB/s of block bytes, ns per token (scores + accumulate, all n_q).
+//   build/kvq_bench_codecs [--benchmark_filter=int2]
+#include <random>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "kv/codec.h"
+#include "kv/simd.h"
+
+namespace {
+
+constexpr int kD = 128, kTokens = 32768, kNq = 4;
+
+struct Case {
+  kvq::CodecSpec spec;
+  kvq::SimdLevel level;
+};
+
+void BM_ScoresAccumulate(benchmark::State& state, Case c) {
+  if (!kvq::simd_level_supported(c.level)) {
+    state.SkipWithError("SIMD level not supported on this CPU");
+    return;
+  }
+  const auto codec = kvq::make_codec_at(c.spec, c.level);
+  const size_t bytes = size_t(kTokens / codec->tokens_per_block()) * codec->bytes_per_block();
+  // enough copies that K+V of all copies exceed 256 MiB (at least 2)
+  const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / (2 * bytes) + 1));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> rows(size_t(codec->tokens_per_block()) * kD);
+  std::vector<uint8_t> one(bytes);
+  for (size_t b = 0; b < bytes / codec->bytes_per_block(); ++b) {
+    for (auto& v : rows) v = normal(rng);
+    codec->encode(rows.data(), &one[b * codec->bytes_per_block()]);
+  }
+  std::vector<std::vector<uint8_t>> k(size_t(copies), one), v(size_t(copies), one);
+  std::vector<float> q(size_t(kNq) * kD), s(size_t(kNq) * kTokens), acc(size_t(kNq) * kD, 0.f);
+  for (auto& x : q) x = normal(rng);
+  int i = 0;
+  for (auto _ : state) {
+    codec->scores(q.data(), kNq, k[size_t(i)].data(), kTokens, s.data());
+    // s stands in for the softmax weights (values do not change the cost)
+    codec->accumulate(s.data(), kNq, v[size_t(i)].data(), kTokens, acc.data());
+    benchmark::DoNotOptimize(acc.data());
+    i = (i + 1) % copies;
+  }
+  const double it = double(state.iterations());
+  state.counters["block_bytes_read"] = double(2 * bytes);
+  state.counters["GB/s"] = benchmark::Counter(it * 2 * double(bytes), benchmark::Counter::kIsRate);
+  state.counters["ns/token"] = benchmark::Counter(it * kTokens * 1e-9, benchmark::Counter::kIsRate |
+                                                                           benchmark::Counter::kInvert);
+  state.SetLabel(std::string(codec->name()) + " G" + std::to_string(c.spec.group) + " " +
+                 kvq::simd_level_name(c.level) + " copies " + std::to_string(copies));
+}
+
+kvq::CodecSpec spec(const char* type, int group, bool per_channel = false) {
+  kvq::CodecSpec s;
+  s.type = type;
+  s.head_dim = kD;
+  s.group = group;
+  s.per_channel = per_channel;
+  return s;
+}
+
+void register_all() {
+  using L = kvq::SimdLevel;
+  const struct {
+    const char* name;
+    kvq::CodecSpec spec;
+  } specs[] = {{"bf16", spec("bf16", 128)},          {"int8_G128", spec("int8", 128)},
+               {"int4_G128", spec("int4", 128)},     {"int2_G128", spec("int2", 128)},
+               {"int2_G32", spec("int2", 32)},       {"kivi2_keys_G128", spec("kivi2", 128, true)}};
+  for (const auto& sp : specs)
+    for (L level : {L::kAvx512Vnni, L::kAvx512, L::kAvx2, L::kScalar})
+      benchmark::RegisterBenchmark((std::string(sp.name) + "/" + kvq::simd_level_name(level)).c_str(),
+                                   BM_ScoresAccumulate, Case{sp.spec, level})
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,68 @@
+// Row kernels of the KV codecs: dot products and weighted sums read straight from packed rows
+// (layout.h), one implementation per instruction-set level, chosen at run time.
+//
+// The project is compiled without -mavx flags: the AVX2+FMA and AVX-512 kernels are compiled under
+// `#pragma GCC target` in their own files (simd_avx2.cpp, simd_avx512.cpp) and only called after
+// __builtin_cpu_supports said yes. Tests and benchmarks force a level through row_kernels(fmt, level).
+//
+// Math (per row t, group g with fp16 scale s and zero z, x̂ = (code - z)·s):
+//   scores:     q·x̂ = Σ_g s_g·(q_g·code_g) - Σ_g s_g·z_g·Σq_g      (Σq_g precomputed per query and group)
+//   accumulate: acc += Σ_t w_t,g·code_t - Σ_t w_t,g·z_t,g           (w = p·s; the zero term subtracted once)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace kvq {
+
+// kAvx512Vnni: the int formats use integer dot products (vpdpwssd) with q / weights rounded to int16
+// (relative error ~2^-16 of the largest element per group or tile); bf16 uses the kAvx512 float kernels.
+enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+
+const char* simd_level_name(SimdLevel level);
+bool simd_level_supported(SimdLevel level);  // this CPU can run it
+SimdLevel best_simd_level();                  // the highest supported level
+
+// How the values of one row are stored.
+enum class RowFormat : int { kBf16 = 0, kInt2 = 1, kInt4 = 2, kInt8 = 3 };
+
+// n_rows rows of d values, row t at rows + t·row_stride.
+struct RowsView {
+  const uint8_t* rows = nullptr;  // first row
+  size_t row_stride = 0;          // bytes between consecutive rows
+  int codes_offset = 0;           // bytes from a row's start to its values / packed codes
+  int d = 0;                      // values per row (multiple of 32, <= 256)
+  int group = 0;                  // values per GroupParams group (grouped rows); d otherwise
+  bool grouped = false;           // rows start with GroupParams[d / group] (int rows); false: plain values
+  int n_rows = 0;                 // rows to read
+};
+
+// s[i·s_stride + t] = q[i, :] · x̂_t       q: [n_q, d] contiguous
+using ScoresFn = void (*)(const RowsView& rows, const float* q, int n_q, float* s, size_t s_stride);
+// acc[i, :] += Σ_t p[i·p_stride + t] · x̂_t   acc: [n_q, d] contiguous
+using AccumulateFn = void (*)(const RowsView& rows, const float* p, size_t p_stride, int n_q, float* acc);
+
+struct RowKernels {
+  ScoresFn scores;
+  AccumulateFn accumulate;
+};
+
+// The kernels of one format at one level. Throws kvq::Error if this CPU does not support the level.
+RowKernels row_kernels(RowFormat format, SimdLevel level);
+
+// Per-level tables (one per file); used only by row_kernels.
+RowKernels row_kernels_scalar(RowFormat format);
+RowKernels row_kernels_avx2(RowFormat format);
+RowKernels row_kernels_avx512(RowFormat format);
+RowKernels row_kernels_avx512_vnni(RowFormat format);
+
+}  // namespace kvq
+
+namespace kvq {
+struct CodecSpec;
+class KvCodec;
+// make_codec (codec.h) with the codec's scores()/accumulate() forced to `level` (tests, benchmarks).
+// Throws kvq::Error if the CPU does not support the level or the spec is not supported.
+std::unique_ptr<KvCodec> make_codec_at(const CodecSpec& spec, SimdLevel level);
+}  // namespace kvq

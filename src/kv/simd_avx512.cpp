@@ -1,0 +1,100 @@
+// AVX-512 (F/BW/VL/DQ) + FMA + F16C row kernels (16 floats per vector). Compiled for that target by the
+// pragma below, called only when simd_level_supported(kAvx512). Every header is included BEFORE the
+// pragma so that no inline function shared with other files is compiled for AVX-512.
+#include <cstring>
+
+#include <immintrin.h>
+
+#include "common/half.h"
+#include "kv/layout.h"
+#include "kv/simd.h"
+
+#if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+// GCC 12 flags the _mm512_undefined_* passthrough operands of the conversion intrinsics (false positive).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace kvq {
+namespace {
+
+struct VAvx512 {
+  using F = __m512;
+  static constexpr int kW = 16, kMaxQBScores = 8, kMaxQBAcc = 8;  // 32 zmm registers
+  static F zero() { return _mm512_setzero_ps(); }
+  static F loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F bcast(float x) { return _mm512_set1_ps(x); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static float hsum(F v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static void hsum4(const F* v, float* out) {
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
+  static float half(uint16_t h) { return _cvtsh_ss(h); }
+  static F u8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sixteen_bytes)); }
+  template <RowFormat Fmt>
+  static void unit(const uint8_t* p, F* out) {
+    if constexpr (Fmt == RowFormat::kBf16) {
+      for (int k = 0; k < 2; ++k) {
+        const __m512i w =
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
+        out[k] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      }
+    } else if constexpr (Fmt == RowFormat::kInt2) {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      __m256i v = _mm256_srlv_epi64(_mm256_set1_epi64x(x), _mm256_setr_epi64x(0, 2, 4, 6));
+      v = _mm256_and_si256(v, _mm256_set1_epi8(3));  // 64-bit lane k = values 8k .. 8k+7
+      out[0] = u8_to_f(_mm256_castsi256_si128(v));
+      out[1] = u8_to_f(_mm256_extracti128_si256(v, 1));
+    } else if constexpr (Fmt == RowFormat::kInt4) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i m = _mm_set1_epi8(0x0f);
+      out[0] = u8_to_f(_mm_and_si128(x, m));
+      out[1] = u8_to_f(_mm_and_si128(_mm_srli_epi16(x, 4), m));
+    } else {
+      out[0] = u8_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      out[1] = u8_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    }
+  }
+};
+
+#include "kv/simd_kernels_impl.h"
+
+}  // namespace
+
+RowKernels row_kernels_avx512(RowFormat format) { return row_kernels_for<VAvx512>(format); }
+
+}  // namespace kvq
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+#else
+#include "common/error.h"
+namespace kvq {
+RowKernels row_kernels_avx512(RowFormat) { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
+}  // namespace kvq
+#endif

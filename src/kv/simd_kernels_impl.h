@@ -1,0 +1,225 @@
+// The row kernels written once over a vector-traits type V; included by simd_scalar.cpp, simd_avx2.cpp
+// and simd_avx512.cpp INSIDE `namespace kvq { namespace {` after each file defines its V (and, for the
+// SIMD files, after `#pragma GCC target`), so every level gets its own internal-linkage instantiations.
+// No #includes here: everything it needs (simd.h, layout.h, <cstring>) is included by the file before.
+//
+// V provides: F (vector of kW floats), kW, kMaxQBScores, kMaxQBAcc (query-block sizes that fit the
+// registers), zero(), loadu(const float*), storeu(float*, F), bcast(float), fma(a, b, c) = a·b + c,
+// add(a, b), hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, and unit<Fmt>(const uint8_t* unit, F out[32 / kW])
+// that turns one packed unit of 32 values (layout.h) into floats in value order.
+
+// Fixed-trip loops over the query block and the vectors of a unit must be unrolled so that their arrays
+// of vectors live in registers (-O2 does not unroll by itself).
+#define KVQ_UNROLL _Pragma("GCC unroll 16")
+
+constexpr int kTileRows = 32;   // rows per tile: a tile's rows stay in L1 while every query block reads them
+constexpr int kChunkQ = 16;     // queries per chunk (fixed-size stack buffers); n_q > 16 re-reads rows
+constexpr int kMaxGroups = 8;   // d <= 256, group >= 32
+
+template <RowFormat Fmt>
+constexpr int fmt_unit_bytes() {
+  return Fmt == RowFormat::kBf16 ? 64 : Fmt == RowFormat::kInt2 ? 8 : Fmt == RowFormat::kInt4 ? 16 : 32;
+}
+
+inline layout::GroupParams row_params(const uint8_t* row, int g) {
+  layout::GroupParams gp;
+  std::memcpy(&gp, row + 4 * g, 4);
+  return gp;
+}
+
+// Software prefetch of row t (if it exists) kPrefetchRows ahead: the rows stream from DRAM and the
+// hardware prefetcher alone leaves the bf16 kernels waiting on memory.
+constexpr int kPrefetchRows = 16;
+inline void prefetch_row(const RowsView& r, int t) {
+  if (t >= r.n_rows) return;
+  const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+  for (size_t b = 0; b < r.row_stride; b += 64) __builtin_prefetch(row + b);
+}
+
+// The same for one unit of row t, kPrefetchTiles tiles ahead (accumulate walks a tile unit by unit:
+// spreading the prefetches over those passes keeps few of them in flight at once).
+constexpr int kPrefetchTiles = 2;
+inline void prefetch_unit(const RowsView& r, int t, int unit_offset) {
+  if (t >= r.n_rows) return;
+  const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+  if (unit_offset == 0) __builtin_prefetch(row);
+  __builtin_prefetch(row + r.codes_offset + unit_offset);
+}
+
+inline int pick_block(int remaining, int max_qb) {
+  const int m = remaining < max_qb ? remaining : max_qb;
+  return m >= 8 ? 8 : m >= 4 ? 4 : m >= 2 ? 2 : 1;
+}
+
+// Scores of rows [t0, t0+nt) for QB queries. qsum[i][g] = Σ of query i over group g (grouped rows only).
+template <class V, RowFormat Fmt, int QB>
+void scores_block(const RowsView& r, int t0, int nt, const float* q, const float (*qsum)[kMaxGroups], float* s,
+                  size_t s_stride) {
+  using F = typename V::F;
+  constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>();
+  const int d = r.d, upg = r.group / 32, ng = d / r.group;
+  float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (stores to QB rows
+                             // n_tokens·4 bytes apart would alias in the 4K store-forwarding check)
+  for (int t = t0; t < t0 + nt; ++t) {
+    const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+    const uint8_t* codes = row + r.codes_offset;
+    prefetch_row(r, t + kPrefetchRows);
+    F tot[QB];
+    float zterm[QB];
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) tot[i] = V::zero(), zterm[i] = 0.f;
+    for (int g = 0; g < ng; ++g) {
+      F acc[QB];
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) acc[i] = V::zero();
+      for (int u = g * upg; u < (g + 1) * upg; ++u) {
+        F x[kU];
+        V::template unit<Fmt>(codes + u * kUB, x);
+        KVQ_UNROLL
+        for (int i = 0; i < QB; ++i)
+          KVQ_UNROLL
+          for (int k = 0; k < kU; ++k) acc[i] = V::fma(x[k], V::loadu(q + i * d + u * 32 + k * V::kW), acc[i]);
+      }
+      if (r.grouped) {
+        const layout::GroupParams gp = row_params(row, g);
+        const float sc = V::half(gp.scale), zr = V::half(gp.zero);
+        const F scv = V::bcast(sc);
+        KVQ_UNROLL
+        for (int i = 0; i < QB; ++i) {
+          tot[i] = V::fma(acc[i], scv, tot[i]);
+          zterm[i] += sc * zr * qsum[i][g];
+        }
+      } else {
+        KVQ_UNROLL
+        for (int i = 0; i < QB; ++i) tot[i] = V::add(tot[i], acc[i]);
+      }
+    }
+    if constexpr (QB >= 4) {  // 4 horizontal sums at once (a transposed reduction)
+      KVQ_UNROLL
+      for (int i = 0; i < QB; i += 4) {
+        float sum4[4];
+        V::hsum4(&tot[i], sum4);
+        for (int j = 0; j < 4; ++j) buf[i + j][t - t0] = sum4[j] - zterm[i + j];
+      }
+    } else {
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) buf[i][t - t0] = V::hsum(tot[i]) - zterm[i];
+    }
+  }
+  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
+}
+
+template <class V, RowFormat Fmt>
+void scores_impl(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+  const int d = r.d, ng = d / r.group;
+  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+    float qsum[kChunkQ][kMaxGroups] = {};
+    if (r.grouped)
+      for (int i = 0; i < nc; ++i)
+        for (int g = 0; g < ng; ++g)
+          for (int c = g * r.group; c < (g + 1) * r.group; ++c) qsum[i][g] += q[size_t(c0 + i) * d + c];
+    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      for (int i0 = 0; i0 < nc;) {
+        const int qb = pick_block(nc - i0, V::kMaxQBScores);
+        const float* qi = q + size_t(c0 + i0) * d;
+        float* si = s + size_t(c0 + i0) * s_stride;
+        switch (qb) {
+          case 8: scores_block<V, Fmt, 8>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
+          case 4: scores_block<V, Fmt, 4>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
+          case 2: scores_block<V, Fmt, 2>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
+          default: scores_block<V, Fmt, 1>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
+        }
+        i0 += qb;
+      }
+    }
+  }
+}
+
+// acc[i, :] += Σ_t w[t][g][i] · code_t for rows [t0, t0+nt); w = p·scale per row, group and query.
+template <class V, RowFormat Fmt, int QB>
+void accumulate_block(const RowsView& r, int t0, int nt, const float (*w)[kMaxGroups][kChunkQ], float* acc) {
+  using F = typename V::F;
+  constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>();
+  const int d = r.d, upg = r.group / 32;
+  for (int u = 0; u < d / 32; ++u) {
+    const int g = u / upg;
+    F a[QB][kU];
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i)
+      KVQ_UNROLL
+      for (int k = 0; k < kU; ++k) a[i][k] = V::loadu(acc + i * d + u * 32 + k * V::kW);
+    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
+    for (int t = 0; t < nt; ++t, codes += r.row_stride) {
+      prefetch_unit(r, t0 + t + kPrefetchTiles * kTileRows, u * kUB);
+      F x[kU];
+      V::template unit<Fmt>(codes, x);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) {
+        const F wv = V::bcast(w[t][g][i]);
+        KVQ_UNROLL
+        for (int k = 0; k < kU; ++k) a[i][k] = V::fma(x[k], wv, a[i][k]);
+      }
+    }
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i)
+      KVQ_UNROLL
+      for (int k = 0; k < kU; ++k) V::storeu(acc + i * d + u * 32 + k * V::kW, a[i][k]);
+  }
+}
+
+template <class V, RowFormat Fmt>
+void accumulate_impl(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+  const int d = r.d, ng = d / r.group;
+  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+    double zsum[kChunkQ][kMaxGroups] = {};
+    float w[kTileRows][kMaxGroups][kChunkQ];
+    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      for (int t = 0; t < nt; ++t) {
+        const uint8_t* row = r.rows + size_t(t0 + t) * r.row_stride;
+        for (int g = 0; g < ng; ++g) {
+          float sc = 1.f, zr = 0.f;
+          if (r.grouped) {
+            const layout::GroupParams gp = row_params(row, g);
+            sc = V::half(gp.scale), zr = V::half(gp.zero);
+          }
+          for (int i = 0; i < nc; ++i) {
+            const float ww = p[size_t(c0 + i) * p_stride + t0 + t] * sc;
+            w[t][g][i] = ww;
+            zsum[i][g] += double(ww) * zr;
+          }
+        }
+      }
+      for (int i0 = 0; i0 < nc;) {
+        const int qb = pick_block(nc - i0, V::kMaxQBAcc);
+        float* ai = acc + size_t(c0 + i0) * d;
+        // w[t][g] + i0: the block reads its queries' weights at [t][g][0..qb)
+        const float(*wi)[kMaxGroups][kChunkQ] = reinterpret_cast<const float(*)[kMaxGroups][kChunkQ]>(&w[0][0][i0]);
+        switch (qb) {
+          case 8: accumulate_block<V, Fmt, 8>(r, t0, nt, wi, ai); break;
+          case 4: accumulate_block<V, Fmt, 4>(r, t0, nt, wi, ai); break;
+          case 2: accumulate_block<V, Fmt, 2>(r, t0, nt, wi, ai); break;
+          default: accumulate_block<V, Fmt, 1>(r, t0, nt, wi, ai); break;
+        }
+        i0 += qb;
+      }
+    }
+    if (r.grouped)
+      for (int i = 0; i < nc; ++i)
+        for (int c = 0; c < d; ++c) acc[size_t(c0 + i) * d + c] -= float(zsum[i][c / r.group]);
+  }
+}
+
+template <class V>
+RowKernels row_kernels_for(RowFormat format) {
+  switch (format) {
+    case RowFormat::kBf16: return {scores_impl<V, RowFormat::kBf16>, accumulate_impl<V, RowFormat::kBf16>};
+    case RowFormat::kInt2: return {scores_impl<V, RowFormat::kInt2>, accumulate_impl<V, RowFormat::kInt2>};
+    case RowFormat::kInt4: return {scores_impl<V, RowFormat::kInt4>, accumulate_impl<V, RowFormat::kInt4>};
+    case RowFormat::kInt8: return {scores_impl<V, RowFormat::kInt8>, accumulate_impl<V, RowFormat::kInt8>};
+  }
+  return {nullptr, nullptr};
+}

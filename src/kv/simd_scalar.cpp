@@ -1,0 +1,46 @@
+// Portable row kernels (no intrinsics): the same algorithm as the SIMD levels with one float per "vector".
+#include <cstring>
+
+#include "common/half.h"
+#include "kv/layout.h"
+#include "kv/simd.h"
+
+namespace kvq {
+namespace {
+
+struct VScalar {
+  using F = float;
+  static constexpr int kW = 1, kMaxQBScores = 8, kMaxQBAcc = 8;
+  static F zero() { return 0.f; }
+  static F loadu(const float* p) { return *p; }
+  static void storeu(float* p, F v) { *p = v; }
+  static F bcast(float x) { return x; }
+  static F fma(F a, F b, F c) { return a * b + c; }
+  static F add(F a, F b) { return a + b; }
+  static float hsum(F v) { return v; }
+  static void hsum4(const F* v, float* out) {
+    for (int j = 0; j < 4; ++j) out[j] = v[j];
+  }
+  static float half(uint16_t h) { return fp16_to_f32(h); }
+  template <RowFormat Fmt>
+  static void unit(const uint8_t* p, F* out) {
+    if constexpr (Fmt == RowFormat::kBf16) {
+      for (int v = 0; v < 32; ++v) {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * v, 2);
+        out[v] = bf16_to_f32(b);
+      }
+    } else {
+      constexpr int bits = Fmt == RowFormat::kInt2 ? 2 : Fmt == RowFormat::kInt4 ? 4 : 8;
+      for (int v = 0; v < 32; ++v) out[v] = float(layout::unpack_code(p, v, bits));
+    }
+  }
+};
+
+#include "kv/simd_kernels_impl.h"
+
+}  // namespace
+
+RowKernels row_kernels_scalar(RowFormat format) { return row_kernels_for<VScalar>(format); }
+
+}  // namespace kvq
