@@ -23,5 +23,32 @@ expect_error() {  # expect_error "description" args...
 expect_error "no subcommand"
 expect_error "unknown subcommand" frobnicate
 expect_error "unknown flag" --no-such-flag
+M=models/ref
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+printf 'short text' > "$T/short.txt"
+expect_error "run: unknown flag" run -m $M -p hi --frobnicate 3
+expect_error "run: missing model dir" run -m /nonexistent/model -p hi
+expect_error "run: missing prompt" run -m $M
+expect_error "run: unknown cache type" run -m $M -p hi -n 1 -ctk int3
+expect_error "run: group not dividing head_dim" run -m $M -p hi -n 1 -ctk int2 --kv-group 48
+expect_error "run: context larger than the model's" run -m $M -p hi -n 1 -c 100000
+expect_error "run: prompt + tokens overflow the context" run -m $M -p "hello world" -n 100 -c 16
+expect_error "run: bad temperature" run -m $M -p hi -n 1 --temp -1
+expect_error "run: bad clip" run -m $M -p hi -n 1 --kv-clip-k 1.5
+expect_error "run: not a number" run -m $M -p hi -n many
+expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
+expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512
+expect_error "ppl: ctx beyond the model" ppl -m $M -f data/eval/linux.txt -c 9000
+expect_error "info: unknown cache type" info -m $M -ctv fp8
+expect_error "bench: unknown bench" bench nothing -m $M
+mkdir -p "$T/badmodel" && cp $M/config.json "$T/badmodel/"
+expect_error "model dir without weights" run -m "$T/badmodel" -p hi
+cp $M/config.json $M/model.safetensors.index.json "$T/badmodel/" && head -c 1000 $M/model-00001-of-00003.safetensors > "$T/badmodel/model-00001-of-00003.safetensors"
+expect_error "truncated shard" run -m "$T/badmodel" -p hi
+mkdir -p "$T/badcfg" && echo '{"model_type": "gpt_neox"}' > "$T/badcfg/config.json"
+expect_error "unknown architecture" info -m "$T/badcfg"
+mkdir -p "$T/badtok" && cp $M/config.json $M/*.safetensors* "$T/badtok/" && echo '{"model": {"type": "Unigram"}}' > "$T/badtok/tokenizer.json"
+expect_error "unsupported tokenizer" run -m "$T/badtok" -p hi
 echo "$((n - fail)) passed, $fail failed"
 [[ $fail -eq 0 ]]

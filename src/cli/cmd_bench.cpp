@@ -26,13 +26,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void bench_decode(const BenchDecodeOptions& o) {
-  auto model = Model::load(o.model.dir, o.model.threads);
+  KVQ_CHECK(o.ctx >= 1, "--ctx-size must be >= 1");
+  const Plan p = plan(o.model, o.cache, o.ctx + o.n_decode);
+  auto model = load_model(o.model);
   Model& m = *model;
   const ModelConfig& c = m.config();
-  KVQ_CHECK(o.ctx >= 1, "--ctx-size must be >= 1");
-  KVQ_CHECK(o.ctx + o.n_decode <= c.max_ctx, "context overflow: {} + {} decode tokens exceed the model's {} tokens",
-            o.ctx, o.n_decode, c.max_ctx);
-  KvCache cache(o.cache.config(), c.n_layers, c.n_kv_heads, c.head_dim, o.ctx + o.n_decode);
+  KvCache cache(p.cache, c.n_layers, c.n_kv_heads, c.head_dim, p.ctx);
   log_cache(cache, "bench:");
   std::mt19937 rng(1234);
   std::vector<int32_t> ids(size_t(o.ctx));

@@ -19,13 +19,13 @@ struct InfoOptions {
 };
 
 void run(const InfoOptions& o) {
+  const Plan p = plan(o.model, o.cache, o.ctx);
+  const ModelConfig& c = p.model;
+  const int ctx = p.ctx;
+  const CacheConfig& cc = p.cache;
   const Checkpoint ckpt = Checkpoint::open(o.model.dir);
-  const ModelConfig c = ModelConfig::load(ckpt.config_path());
-  const int ctx = o.ctx > 0 ? o.ctx : c.max_ctx;
-  KVQ_CHECK(ctx <= c.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, c.max_ctx);
   size_t n_params = 0;
   for (const auto& name : ckpt.names()) n_params += size_t(ckpt.get(name).info->numel());
-  const CacheConfig cc = o.cache.config();
   KvCache cache(cc, c.n_layers, c.n_kv_heads, c.head_dim, ctx);
   const CacheFootprint f = cache.footprint(ctx);
   const double bf16_per_token = 2.0 * c.n_kv_heads * c.head_dim * 2.0 * c.n_layers;

@@ -32,12 +32,13 @@ std::string read_text(const std::string& path) {
 }
 
 void run(const PplOptions& o) {
-  const std::string text = read_text(o.file);
-  Loaded l = load(o.model);
-  Model& m = *l.model;
-  const int ctx = resolve_ctx(m, o.ctx);
-  const std::vector<int32_t> ids = l.tokenizer->encode(text);
-  const CacheConfig cc = o.cache.config();
+  const Plan p = plan(o.model, o.cache, o.ctx);
+  const int ctx = p.ctx;
+  const CacheConfig& cc = p.cache;
+  const std::vector<int32_t> ids = load_tokenizer(o.model).encode(read_text(o.file));
+  KVQ_CHECK(ids.size() >= size_t(ctx), "'{}' has {} tokens, fewer than one window of {}", o.file, ids.size(), ctx);
+  auto model = load_model(o.model);
+  Model& m = *model;
   {
     KvCache probe(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, ctx);
     log_cache(probe, "ppl:");

@@ -26,15 +26,16 @@ void run(const RunOptions& o) {
   SamplerConfig sc = o.sampler;
   sc.seed = o.seed >= 0 ? uint64_t(o.seed) : std::random_device{}();
   sc.validate();
-  Loaded l = load(o.model);
-  Model& m = *l.model;
-  const int ctx = resolve_ctx(m, o.ctx);
-  std::vector<int32_t> ids = l.tokenizer->encode(o.prompt);
+  const Plan p = plan(o.model, o.cache, o.ctx);
+  const Tokenizer tok = load_tokenizer(o.model);
+  std::vector<int32_t> ids = tok.encode(o.prompt);
   KVQ_CHECK(!ids.empty(), "the prompt is empty");
-  KVQ_CHECK(int(ids.size()) + o.n_predict <= ctx,
+  KVQ_CHECK(int(ids.size()) + o.n_predict <= p.ctx,
             "context overflow: prompt of {} tokens + {} to generate exceed the context of {} tokens", ids.size(),
-            o.n_predict, ctx);
-  KvCache cache(o.cache.config(), m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, ctx);
+            o.n_predict, p.ctx);
+  auto model = load_model(o.model);
+  Model& m = *model;
+  KvCache cache(p.cache, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, p.ctx);
   log_cache(cache, "run:");
   std::fprintf(stderr, "kvq: sampling temp %.2f top-k %d top-p %.2f seed %llu\n", sc.temperature, sc.top_k,
                sc.top_p, (unsigned long long)sc.seed);
@@ -51,7 +52,7 @@ void run(const RunOptions& o) {
   }
   const auto t1 = std::chrono::steady_clock::now();
   Sampler sampler(sc);
-  StreamDecoder stream(*l.tokenizer);
+  StreamDecoder stream(tok);
   const auto& eos = m.config().eos_token_ids;
   int generated = 0;
   for (; generated < o.n_predict; ++generated) {

@@ -17,6 +17,19 @@ int main(int argc, char** argv) {
   kvq::cli::add_info(app);
   kvq::cli::add_bench(app);
   std::vector<std::string> args = kvq::cli::expand_aliases(argc, argv);
+  std::string commands;
+  for (const CLI::App* sub : app.get_subcommands({})) commands += (commands.empty() ? "" : ", ") + sub->get_name();
+  if (args.empty()) {
+    std::fprintf(stderr, "kvq: error: no command given (usage: kvq COMMAND [options]; commands: %s)\n",
+                 commands.c_str());
+    return 2;
+  }
+  const std::string& first = args.front();
+  const bool is_global = first == "-h" || first == "--help" || first == "--help-all" || first == "--version";
+  if (!is_global && app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == first; }).empty()) {
+    std::fprintf(stderr, "kvq: error: unknown command '%s' (commands: %s)\n", first.c_str(), commands.c_str());
+    return 2;
+  }
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
     app.parse(args);

@@ -8,11 +8,18 @@ namespace kvq::cli {
 
 namespace {
 
+// Default quantile clip (METHODS §1): 0.96 for keys and 0.92 for values at 2 bits, where clipping the few largest
+// values buys resolution for the rest; none (1.0) at 4 and 8 bits, where it would only add error.
+float default_clip(const std::string& type, bool is_key) {
+  if (type == "int2") return is_key ? 0.96f : 0.92f;
+  return 1.0f;
+}
+
 CodecSpec codec_spec(const std::string& type, int group, float clip, bool is_key) {
   CodecSpec s;
   s.type = type;
   s.group = group;
-  s.clip = clip;
+  s.clip = clip > 0 ? clip : default_clip(type, is_key);
   if (type.rfind("kivi", 0) == 0) {  // KIVI: keys per channel over token groups, plain min/max
     s.per_channel = is_key;
     s.clip = 1.0f;
@@ -49,30 +56,36 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("--cache-type-v", o.type_v, "value cache type (" + types + "; alias -ctv)");
   cmd->add_option("--kv-cache-dtype", o.type_both, "cache type for keys and values");
   cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32)");
-  cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio")->check(CLI::Range(0.01, 1.0));
-  cmd->add_option("--kv-clip-v", o.clip_v, "value quantile clip ratio")->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio (default 0.96 for int2, else 1)")
+      ->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--kv-clip-v", o.clip_v, "value quantile clip ratio (default 0.92 for int2, else 1)")
+      ->check(CLI::Range(0.01, 1.0));
   cmd->add_option("--kv-sink", o.sink, "first tokens kept in BF16 (attention sinks)")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-recent", o.recent, "most recent tokens kept in BF16")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-page", o.page, "tokens per cache page")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
 }
 
-Loaded load(const ModelOptions& o) {
-  Loaded l;
-  l.model = Model::load(o.dir, o.threads);
-  l.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(o.dir + "/tokenizer.json"));
-  std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
-               std::string(arch_name(l.model->config().arch)).c_str(), l.model->weights().n_params,
-               l.model->pool().size(), l.model->load_seconds());
-  return l;
+Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request) {
+  Plan p;
+  p.model = ModelConfig::load(m.dir + "/config.json");
+  KVQ_CHECK(ctx_request >= 0, "context {} must be positive", ctx_request);
+  KVQ_CHECK(ctx_request <= p.model.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx_request,
+            p.model.max_ctx);
+  p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
+  p.cache = c.config();
+  KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
+  return p;
 }
 
-int resolve_ctx(const Model& m, int ctx) {
-  KVQ_CHECK(ctx >= 0, "context {} must be positive", ctx);
-  if (ctx == 0) return m.config().max_ctx;
-  KVQ_CHECK(ctx <= m.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
-            m.config().max_ctx);
-  return ctx;
+Tokenizer load_tokenizer(const ModelOptions& o) { return Tokenizer::load(o.dir + "/tokenizer.json"); }
+
+std::unique_ptr<Model> load_model(const ModelOptions& o) {
+  auto m = Model::load(o.dir, o.threads);
+  std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
+               std::string(arch_name(m->config().arch)).c_str(), m->weights().n_params, m->pool().size(),
+               m->load_seconds());
+  return m;
 }
 
 std::vector<std::string> expand_aliases(int argc, char** argv) {

@@ -22,7 +22,7 @@ struct CacheOptions {
   std::string type_k = "bf16", type_v = "bf16";  // -ctk / -ctv
   std::string type_both;                         // --kv-cache-dtype (sets both)
   int group = 128;                               // --kv-group
-  float clip_k = 0.96f, clip_v = 0.92f;          // --kv-clip-k / --kv-clip-v
+  float clip_k = -1, clip_v = -1;                // --kv-clip-k / --kv-clip-v (-1: the type's default)
   int sink = 64, recent = 256;                   // --kv-sink / --kv-recent
   int page = 128;                                // --kv-page
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
@@ -32,14 +32,17 @@ struct CacheOptions {
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
 
-struct Loaded {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
+// What a command will run, validated before any weights are read: config.json, the context length (ctx_request,
+// or the model's maximum when 0) and the KV-cache configuration (codecs, group, page size).
+struct Plan {
+  ModelConfig model;
+  int ctx = 0;
+  CacheConfig cache;
 };
-Loaded load(const ModelOptions& o);
+Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request);
 
-// Context length to use: ctx if > 0 (checked against the model's maximum), else the model's maximum.
-int resolve_ctx(const Model& m, int ctx);
+Tokenizer load_tokenizer(const ModelOptions& o);
+std::unique_ptr<Model> load_model(const ModelOptions& o);  // logs one line: parameters, threads, load time
 
 // Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long names for CLI11.
 std::vector<std::string> expand_aliases(int argc, char** argv);

@@ -26,7 +26,7 @@ PerplexityResult perplexity(Model& model, const CacheConfig& cache_cfg, const st
   KVQ_CHECK(ctx >= 2, "perplexity: context {} is too short (need >= 2)", ctx);
   KVQ_CHECK(ctx <= mc.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, mc.max_ctx);
   const int available = int(ids.size() / size_t(ctx));
-  KVQ_CHECK(available >= 1, "perplexity: the text has {} tokens, fewer than one window of {}", ids.size(), ctx);
+  KVQ_CHECK(available >= 1, "the text has {} tokens, fewer than one window of {}", ids.size(), ctx);
   const int n_windows = windows > 0 ? std::min(windows, available) : available;
   const int V = mc.vocab_size, chunk = cache_cfg.max_chunk;
 

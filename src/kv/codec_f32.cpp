@@ -1,7 +1,5 @@
 #include "kv/codec_f32.h"
 
-#include <cblas.h>
-
 #include <cstring>
 
 namespace kvq {
@@ -10,15 +8,27 @@ void F32Codec::encode(const float* x, uint8_t* block) const { std::memcpy(block,
 
 void F32Codec::decode(const uint8_t* block, float* x) const { std::memcpy(x, block, bytes_per_block()); }
 
-// s[n_q, n] = q[n_q, d] · K[n, d]^T and acc[n_q, d] += p[n_q, n] · V[n, d]: plain GEMMs on the stored rows.
+// s[n_q, n] = q[n_q, d] · K[n, d]^T and acc[n_q, d] += p[n_q, n] · V[n, d], row by row (vectorised by the compiler;
+// this is the lossless reference cache, not a fast path).
 void F32Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_q, n_tokens, d_, 1.f, q, d_,
-              reinterpret_cast<const float*>(blocks), d_, 0.f, s, n_tokens);
+  const float* k = reinterpret_cast<const float*>(blocks);
+  for (int t = 0; t < n_tokens; ++t, k += d_)
+    for (int i = 0; i < n_q; ++i) {
+      const float* qi = q + size_t(i) * d_;
+      float dot = 0.f;
+      for (int c = 0; c < d_; ++c) dot += qi[c] * k[c];
+      s[size_t(i) * n_tokens + t] = dot;
+    }
 }
 
 void F32Codec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n_q, d_, n_tokens, 1.f, p, n_tokens,
-              reinterpret_cast<const float*>(blocks), d_, 1.f, acc, d_);
+  const float* v = reinterpret_cast<const float*>(blocks);
+  for (int t = 0; t < n_tokens; ++t, v += d_)
+    for (int i = 0; i < n_q; ++i) {
+      const float w = p[size_t(i) * n_tokens + t];
+      float* ai = acc + size_t(i) * d_;
+      for (int c = 0; c < d_; ++c) ai[c] += w * v[c];
+    }
 }
 
 }  // namespace kvq
