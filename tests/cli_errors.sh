@@ -50,5 +50,9 @@ mkdir -p "$T/badcfg" && echo '{"model_type": "gpt_neox"}' > "$T/badcfg/config.js
 expect_error "unknown architecture" info -m "$T/badcfg"
 mkdir -p "$T/badtok" && cp $M/config.json $M/*.safetensors* "$T/badtok/" && echo '{"model": {"type": "Unigram"}}' > "$T/badtok/tokenizer.json"
 expect_error "unsupported tokenizer" run -m "$T/badtok" -p hi
+expect_error "rotation file missing" ppl -m $M -f data/eval/linux.txt --rotation /nonexistent.safetensors
+expect_error "rotation file of the wrong kind" ppl -m $M -f data/eval/linux.txt --rotation tests/golden/golden.safetensors
+head -c 100 tests/golden/golden.safetensors > "$T/trunc.safetensors"
+expect_error "truncated rotation file" ppl -m $M -f data/eval/linux.txt --rotation "$T/trunc.safetensors"
 echo "$((n - fail)) passed, $fail failed"
 [[ $fail -eq 0 ]]

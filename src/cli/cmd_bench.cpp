@@ -28,7 +28,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void bench_decode(const BenchDecodeOptions& o) {
   KVQ_CHECK(o.ctx >= 1, "--ctx-size must be >= 1");
   const Plan p = plan(o.model, o.cache, o.ctx + o.n_decode);
-  auto model = load_model(o.model);
+  auto model = load_model(o.model, p);
   Model& m = *model;
   const ModelConfig& c = m.config();
   KvCache cache(p.cache, c.n_layers, c.n_kv_heads, c.head_dim, p.ctx);

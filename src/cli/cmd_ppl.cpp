@@ -37,7 +37,7 @@ void run(const PplOptions& o) {
   const CacheConfig& cc = p.cache;
   const std::vector<int32_t> ids = load_tokenizer(o.model).encode(read_text(o.file));
   KVQ_CHECK(ids.size() >= size_t(ctx), "'{}' has {} tokens, fewer than one window of {}", o.file, ids.size(), ctx);
-  auto model = load_model(o.model);
+  auto model = load_model(o.model, p);
   Model& m = *model;
   {
     KvCache probe(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, ctx);

@@ -33,7 +33,7 @@ void run(const RunOptions& o) {
   KVQ_CHECK(int(ids.size()) + o.n_predict <= p.ctx,
             "context overflow: prompt of {} tokens + {} to generate exceed the context of {} tokens", ids.size(),
             o.n_predict, p.ctx);
-  auto model = load_model(o.model);
+  auto model = load_model(o.model, p);
   Model& m = *model;
   KvCache cache(p.cache, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, p.ctx);
   log_cache(cache, "run:");

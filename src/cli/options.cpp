@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "common/error.h"
+#include "rotation/hadamard.h"
+#include "rotation/rotation_file.h"
 
 namespace kvq::cli {
 
@@ -64,6 +66,8 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("--kv-recent", o.recent, "most recent tokens kept in BF16")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-page", o.page, "tokens per cache page")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "
+                  "kvq calibrate");
 }
 
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request) {
@@ -75,13 +79,25 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request) {
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
   KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
+  const ModelConfig& mc = p.model;
+  if (c.rotation == "hadamard") {
+    KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
+              mc.head_dim);
+    p.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
+  } else if (c.rotation != "none") {
+    RotationFile f = load_rotation_file(c.rotation);
+    check_rotation_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim, p.cache);
+    p.transform = std::make_shared<KvTransform>(std::move(f.transform));
+  }
+  p.cache.rotation = p.transform ? p.transform->name : "none";
   return p;
 }
 
 Tokenizer load_tokenizer(const ModelOptions& o) { return Tokenizer::load(o.dir + "/tokenizer.json"); }
 
-std::unique_ptr<Model> load_model(const ModelOptions& o) {
+std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p) {
   auto m = Model::load(o.dir, o.threads);
+  m->set_kv_transform(p.transform);
   std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
                std::string(arch_name(m->config().arch)).c_str(), m->weights().n_params, m->pool().size(),
                m->load_seconds());

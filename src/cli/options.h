@@ -26,6 +26,7 @@ struct CacheOptions {
   int sink = 64, recent = 256;                   // --kv-sink / --kv-recent
   int page = 128;                                // --kv-page
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
+  std::string rotation = "none";                 // --rotation: none | hadamard | FILE
   CacheConfig config() const;                    // validated later by KvCache / make_codec
 };
 
@@ -38,11 +39,13 @@ struct Plan {
   ModelConfig model;
   int ctx = 0;
   CacheConfig cache;
+  std::shared_ptr<const KvTransform> transform;  // null: none
 };
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request);
 
 Tokenizer load_tokenizer(const ModelOptions& o);
-std::unique_ptr<Model> load_model(const ModelOptions& o);  // logs one line: parameters, threads, load time
+// Loads the weights (logs one line: parameters, threads, load time) and installs the plan's KV transform.
+std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
 
 // Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long names for CLI11.
 std::vector<std::string> expand_aliases(int argc, char** argv);

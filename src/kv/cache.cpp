@@ -21,7 +21,8 @@ std::string CacheConfig::describe() const {
     if (c.type == "bf16" || c.type == "f32") return c.type;
     return fmt::format("{}/g{}/r{:g}", c.type, c.group, c.clip);
   };
-  return fmt::format("k={} v={} sink={} recent={} window={}", one(k), one(v), sink, recent, window);
+  return fmt::format("k={} v={} sink={} recent={} window={} rotation={}", one(k), one(v), sink, recent, window,
+                     rotation);
 }
 
 KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs)

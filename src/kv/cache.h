@@ -35,6 +35,7 @@ struct CacheConfig {
   int page_tokens = 128;      // P: tokens per page of the quantized region
   int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
   std::string window = "bf16";  // codec of the sink and recent windows: bf16 (METHODS §2), f32, or int8 (KV4-RL)
+  std::string rotation = "none";  // label of the key/value transform applied before the cache (reports only)
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 

@@ -1,0 +1,40 @@
+// Rotation files: the calibrated key/value rotations and key means of one model, as a safetensors file.
+//
+// Tensors (float32), per layer i:
+//   layers.{i}.r_k       [n_kv_heads, d, d] per-head key rotation, or [d, d] shared by the layer's heads
+//   layers.{i}.r_v       [n_kv_heads, d, d] or [d, d] value rotation
+//   layers.{i}.key_mean  [n_kv_heads, d] post-RoPE key mean (optional: absent = no centering)
+// Metadata "__metadata__": {"kvq_rotation": JSON} with method, base, objective, calibration settings (bits, group,
+// clips, windows, lambda, steps, lr), calibration data sha256 and token count, the model fingerprint, kvq version.
+// Rotations are row-vector convention: a cached key is (k - mu) R_K, a query q R_K; values v R_V, outputs o R_V^T.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "kv/cache.h"
+#include "kv/transform.h"
+
+namespace kvq {
+
+struct RotationFile {
+  KvTransform transform;  // [n_layers, n_kv_heads, d, d] matrices, identity where absent
+  nlohmann::json meta;    // the "kvq_rotation" metadata object
+};
+
+// Writes t and meta (meta gains n_layers, n_kv_heads, head_dim, kvq_version).
+void save_rotation_file(const std::string& path, const KvTransform& t, nlohmann::json meta);
+
+// Reads and validates a rotation file: structure, shapes, orthogonality (|R R^T - I| < 1e-3), finite values.
+RotationFile load_rotation_file(const std::string& path);
+
+// Refuses (kvq::Error naming the field) a file calibrated for another model, or — for methods whose rotations
+// depend on the cache grid (OptR) — for other cache settings (bits, group, clips, windows).
+void check_rotation_fits(const RotationFile& f, const std::string& model_fingerprint, int n_layers, int n_kv_heads,
+                         int head_dim, const CacheConfig& cache);
+
+// The data-free QuaRot transform: R_K = R_V = H_d / sqrt(d) for every layer and head (no centering).
+KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim);
+
+}  // namespace kvq

@@ -1,0 +1,141 @@
+// Rotation files: save/load round trip, validation, and refusal of files made for another model or cache grid.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "rotation/rotation_file.h"
+
+using namespace kvq;
+
+namespace {
+
+// A random orthogonal d×d matrix (Gram–Schmidt of a Gaussian matrix), row-major.
+std::vector<float> random_orthogonal(int d, std::mt19937& rng) {
+  std::normal_distribution<double> g;
+  std::vector<double> m(size_t(d) * d);
+  for (auto& x : m) x = g(rng);
+  for (int i = 0; i < d; ++i) {
+    double* ri = m.data() + size_t(i) * d;
+    for (int j = 0; j < i; ++j) {
+      const double* rj = m.data() + size_t(j) * d;
+      double dot = 0;
+      for (int c = 0; c < d; ++c) dot += ri[c] * rj[c];
+      for (int c = 0; c < d; ++c) ri[c] -= dot * rj[c];
+    }
+    double n = 0;
+    for (int c = 0; c < d; ++c) n += ri[c] * ri[c];
+    for (int c = 0; c < d; ++c) ri[c] /= std::sqrt(n);
+  }
+  return std::vector<float>(m.begin(), m.end());
+}
+
+KvTransform random_transform(int L, int H, int d, unsigned seed) {
+  std::mt19937 rng(seed);
+  KvTransform t;
+  t.n_layers = L, t.n_kv_heads = H, t.head_dim = d, t.name = "optr";
+  for (int m = 0; m < L * H; ++m) {
+    auto rk = random_orthogonal(d, rng), rv = random_orthogonal(d, rng);
+    t.r_k.insert(t.r_k.end(), rk.begin(), rk.end());
+    t.r_v.insert(t.r_v.end(), rv.begin(), rv.end());
+  }
+  std::normal_distribution<float> g;
+  t.key_mean.resize(size_t(L) * H * d);
+  for (auto& x : t.key_mean) x = g(rng);
+  return t;
+}
+
+std::string tmp_path(const char* name) {
+  return (std::filesystem::temp_directory_path() / (std::string("kvq_test_") + name)).string();
+}
+
+CacheConfig int2_cache() {
+  CacheConfig c;
+  c.k = {.type = "int2", .head_dim = 32, .group = 32, .clip = 0.96f};
+  c.v = {.type = "int2", .head_dim = 32, .group = 32, .clip = 0.92f};
+  c.sink = 64, c.recent = 256;
+  return c;
+}
+
+nlohmann::json optr_meta() {
+  return {{"method", "optr"}, {"model_fingerprint", "abc123"},
+          {"cache", {{"type_k", "int2"}, {"type_v", "int2"}, {"group", 32}, {"clip_k", 0.96}, {"clip_v", 0.92},
+                     {"sink", 64}, {"recent", 256}}}};
+}
+
+}  // namespace
+
+TEST(RotationFile, SaveLoadRoundTripsMatricesMeansAndMetadata) {
+  const KvTransform t = random_transform(3, 2, 32, 7);
+  const std::string path = tmp_path("roundtrip.safetensors");
+  save_rotation_file(path, t, optr_meta());
+  const RotationFile f = load_rotation_file(path);
+  EXPECT_EQ(f.transform.r_k, t.r_k);
+  EXPECT_EQ(f.transform.r_v, t.r_v);
+  EXPECT_EQ(f.transform.key_mean, t.key_mean);
+  EXPECT_EQ(f.transform.name, "optr");
+  EXPECT_EQ(f.meta["n_layers"], 3);
+  EXPECT_NO_THROW(check_rotation_fits(f, "abc123", 3, 2, 32, int2_cache()));
+  std::filesystem::remove(path);
+}
+
+TEST(RotationFile, RefusesAnotherModelOrCacheGrid) {
+  const std::string path = tmp_path("mismatch.safetensors");
+  save_rotation_file(path, random_transform(2, 2, 32, 3), optr_meta());
+  const RotationFile f = load_rotation_file(path);
+  auto message = [&](const std::string& fp, int L, const CacheConfig& c) {
+    try {
+      check_rotation_fits(f, fp, L, 2, 32, c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("zzz999", 2, int2_cache()).find("another model"), std::string::npos);
+  EXPECT_NE(message("abc123", 4, int2_cache()).find("4 × 2 × 32"), std::string::npos);
+  CacheConfig other = int2_cache();
+  other.recent = 128;
+  EXPECT_NE(message("abc123", 2, other).find("--kv-recent"), std::string::npos);
+  other = int2_cache();
+  other.k.type = "int4";
+  EXPECT_NE(message("abc123", 2, other).find("cache type k"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST(RotationFile, RefusesNonOrthogonalMatricesAndForeignFiles) {
+  KvTransform t = random_transform(1, 1, 32, 5);
+  t.r_v[3] += 0.1f;
+  const std::string path = tmp_path("nonortho.safetensors");
+  save_rotation_file(path, t, {{"method", "optr"}});
+  try {
+    load_rotation_file(path);
+    FAIL() << "accepted a non-orthogonal R_V";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not orthogonal"), std::string::npos) << e.what();
+  }
+  const std::string golden = std::string(KVQ_SOURCE_DIR) + "/tests/golden/golden.safetensors";
+  try {
+    load_rotation_file(golden);
+    FAIL() << "accepted a file that is not a rotation file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a kvq rotation file"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(RotationFile, HadamardTransformIsOrthogonalAndSymmetric) {
+  const KvTransform t = hadamard_transform(2, 2, 128);
+  ASSERT_EQ(t.r_k.size(), size_t(2 * 2 * 128 * 128));
+  const float* h = t.r_k.data();
+  for (int i = 0; i < 128; ++i)
+    for (int j = 0; j < 128; ++j) {
+      double dot = 0;
+      for (int c = 0; c < 128; ++c) dot += double(h[i * 128 + c]) * h[j * 128 + c];
+      ASSERT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-6);
+      ASSERT_EQ(h[i * 128 + j], h[j * 128 + i]);
+    }
+  EXPECT_EQ(t.r_v, t.r_k);
+}
