@@ -1,0 +1,46 @@
+#include "rotation/hadamard.h"
+
+#include <bit>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace kvq {
+
+bool is_power_of_two(int d) { return d > 0 && (d & (d - 1)) == 0; }
+
+static void check_dim(int d, const char* who) {
+  KVQ_CHECK(is_power_of_two(d) && d <= (1 << 14), "{}: d = {} is not a power of two in [1, 16384]", who, d);
+}
+
+Eigen::MatrixXd hadamard_matrix(int d) {
+  check_dim(d, "hadamard_matrix");
+  const double s = 1.0 / std::sqrt(double(d));
+  Eigen::MatrixXd h(d, d);
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < d; ++j) h(i, j) = (std::popcount(unsigned(i & j)) & 1) ? -s : s;
+  return h;
+}
+
+template <class T>
+static void fwht_impl(T* x, int n_rows, int d) {
+  check_dim(d, "fwht_rows");
+  KVQ_CHECK(n_rows >= 0, "fwht_rows: n_rows = {}", n_rows);
+  const T s = T(1) / std::sqrt(T(d));
+  for (int r = 0; r < n_rows; ++r) {
+    T* row = x + size_t(r) * size_t(d);
+    for (int h = 1; h < d; h *= 2)
+      for (int i = 0; i < d; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          const T a = row[j], b = row[j + h];
+          row[j] = a + b;
+          row[j + h] = a - b;
+        }
+    for (int j = 0; j < d; ++j) row[j] *= s;
+  }
+}
+
+void fwht_rows(float* x, int n_rows, int d) { fwht_impl(x, n_rows, d); }
+void fwht_rows(double* x, int n_rows, int d) { fwht_impl(x, n_rows, d); }
+
+}  // namespace kvq

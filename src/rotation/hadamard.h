@@ -1,0 +1,20 @@
+// The normalised Sylvester Walsh–Hadamard rotation H_d / sqrt(d) (METHODS §4, QuaRot; also the middle factor
+// of OSCAR's R = U·H·P). d must be a power of two. Sylvester order: H_1 = [1], H_2d = [[H, H], [H, -H]], so
+// entry (i, j) is (-1)^popcount(i & j) / sqrt(d). The matrix is symmetric and orthogonal (its own inverse).
+#pragma once
+
+#include <Eigen/Dense>
+
+namespace kvq {
+
+bool is_power_of_two(int d);
+
+// Explicit d×d matrix H_d / sqrt(d) (the reference; d a power of two, 1 <= d <= 2^14).
+Eigen::MatrixXd hadamard_matrix(int d);
+
+// In-place fast Walsh–Hadamard transform of n_rows contiguous rows of length d, O(d log d) per row:
+// each row x becomes x · H_d / sqrt(d) (== H_d x / sqrt(d), H being symmetric). Equals the matrix product.
+void fwht_rows(float* x, int n_rows, int d);
+void fwht_rows(double* x, int n_rows, int d);
+
+}  // namespace kvq
