@@ -41,17 +41,18 @@ void ste_quant_forward(const RowMat<T>& x, const SteQuantSpec& spec, RowMat<T>& 
       const size_t gidx = size_t(r) * n_groups + gi;
       st.i_min[gidx] = c0 + q.i_min;
       st.i_max[gidx] = c0 + q.i_max;
-      const T lo = std::clamp(x(r, c0 + q.i_min), -thr, thr), hi = std::clamp(x(r, c0 + q.i_max), -thr, thr);
-      const T s = (hi - lo) / levels;
+      // The clip decision is the quantizer's own (on the float value), so T = double agrees with T = float.
       for (int i = 0; i < G; ++i) {
         const int c = c0 + i;
-        const T xv = x(r, c);
-        const T xc = std::clamp(xv, -thr, thr);
+        st.pass[size_t(r) * cols + c] = std::fabs(buf[size_t(i)]) <= q.thr ? 1 : 0;
+        st.clip_value(r, c) = st.pass[size_t(r) * cols + c] ? x(r, c) : std::clamp(x(r, c), -thr, thr);
+      }
+      const T s = (st.clip_value(r, c0 + q.i_max) - st.clip_value(r, c0 + q.i_min)) / levels;
+      for (int i = 0; i < G; ++i) {
+        const int c = c0 + i;
         const T xq = T(dequant_value(codes[size_t(i)], q.scale, q.zero));
         xhat(r, c) = xq;
-        st.pass[size_t(r) * cols + c] = std::fabs(xv) <= thr ? 1 : 0;
-        st.clip_value(r, c) = xc;
-        st.resid(r, c) = s > T(0) ? (xq - xc) / s : T(0);
+        st.resid(r, c) = s > T(0) ? (xq - st.clip_value(r, c)) / s : T(0);
       }
     }
 }

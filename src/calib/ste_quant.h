@@ -6,7 +6,7 @@
 // scale/zero are differentiated normally. With x_c = clamp(x, −thr, thr), lo = x_c[i_min], hi = x_c[i_max],
 // s = (hi − lo)/L (L = 2^b − 1), z = −lo/s and code = x_c/s + z + r (r the rounding residual, held fixed):
 //     x̂ = (code − z)·s = x_c + r·s.
-// Hence, with m_i = [|x_i| <= thr] (clamp passes x_i) and upstream gradient g = ∂L/∂x̂:
+// Hence, with m_i = [|x_i| <= thr] (clamp passes x_i; decided on the float value the quantizer saw) and upstream gradient g = ∂L/∂x̂:
 //     ∂L/∂x_i = m_i·g_i + m_i·[i == i_max]·c − m_i·[i == i_min]·c,   c = Σ_j g_j r_j / L.
 // r is taken from the real forward, r = (x̂ − x_c)/s with the float s (so the fp16 rounding of the stored
 // scale/zero is inside r); groups with s == 0 get r = 0 (pure pass-through).
@@ -37,7 +37,7 @@ struct SteState {
   SteQuantSpec spec;
   int rows = 0, cols = 0;
   RowMat<T> resid;             // (rows, cols) rounding residual r = (x̂ − x_c)/s, 0 where s == 0
-  RowMat<T> clip_value;        // (rows, cols) x_c where the clamp is active (mask 0), unused where mask 1
+  RowMat<T> clip_value;        // (rows, cols) x_c at the recorded point (the frozen ±thr where mask is 0)
   std::vector<uint8_t> pass;   // (rows * cols) m_i = 1 when |x_i| <= thr (clamp passes x_i)
   std::vector<int32_t> i_min;  // (rows * n_groups) column (within the row) that set min(x_c)
   std::vector<int32_t> i_max;  // (rows * n_groups) column (within the row) that set max(x_c)
