@@ -3,6 +3,7 @@
 #include <cmath>
 #include <complex>
 
+#include "calib/gemm.h"
 #include "common/error.h"
 
 namespace kvq {
@@ -86,7 +87,7 @@ SkewExpm::SkewExpm(const Eigen::MatrixXd& x) {
   mu_ = es.eigenvalues();
   Eigen::VectorXcd e(d);
   for (Eigen::Index i = 0; i < d; ++i) e(i) = std::polar(1.0, -mu_(i));  // exp(-i mu)
-  exp_ = (u_ * e.asDiagonal() * u_.adjoint()).real();
+  exp_ = zgemm(u_ * e.asDiagonal(), false, u_, true).real();
 }
 
 Eigen::MatrixXd SkewExpm::adjoint(const Eigen::MatrixXd& g) const {
@@ -95,14 +96,14 @@ Eigen::MatrixXd SkewExpm::adjoint(const Eigen::MatrixXd& g) const {
   if (zero_) return g;
   // Xᵀ = -X has eigenvalues +i·mu on the same eigenvectors. L(Xᵀ, G) = U (Φ ∘ (Uᴴ G U)) Uᴴ with the divided
   // differences Φ_jk = (e^{iμj} − e^{iμk}) / (i(μj − μk)) = e^{i(μj+μk)/2} · sinc((μj − μk)/2).
-  Eigen::MatrixXcd m = u_.adjoint() * g.cast<std::complex<double>>() * u_;
+  Eigen::MatrixXcd m = zgemm(u_, true, zgemm(g.cast<std::complex<double>>(), false, u_, false), false);
   for (Eigen::Index k = 0; k < d; ++k)
     for (Eigen::Index j = 0; j < d; ++j) {
       const double h = 0.5 * (mu_(j) - mu_(k));
       const double sinc = std::fabs(h) < 1e-8 ? 1.0 - h * h / 6.0 : std::sin(h) / h;
       m(j, k) *= sinc * std::polar(1.0, 0.5 * (mu_(j) + mu_(k)));
     }
-  return (u_ * m * u_.adjoint()).real();
+  return zgemm(zgemm(u_, false, m, false), false, u_, true).real();
 }
 
 }  // namespace kvq

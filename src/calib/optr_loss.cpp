@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "calib/gemm.h"
 #include "common/error.h"
 
 namespace kvq {
@@ -64,10 +65,10 @@ struct RotQuant {
 };
 
 template <class T>
-void rot_quant_forward(const Eigen::Ref<const RowMat<T>>& xm, const SqMat<T>& r, const SteQuantSpec& spec,
-                       SteState<T>* frozen, bool replay, RotQuant<T>& out) {
+void rot_quant_forward(ConstRowRef<T> xm, const RowMat<T>& r, const SteQuantSpec& spec, SteState<T>* frozen,
+                       bool replay, RotQuant<T>& out) {
   RowMat<T> y(xm.rows(), xm.cols());
-  y.noalias() = xm * r;
+  gemm<T>(T(1), xm, false, r, false, T(0), y);
   if (replay) {
     out.st = *frozen;
     ste_quant_surrogate(y, out.st, out.yhat);
@@ -76,19 +77,17 @@ void rot_quant_forward(const Eigen::Ref<const RowMat<T>>& xm, const SqMat<T>& r,
     if (frozen) *frozen = out.st;
   }
   out.xhat.resize(xm.rows(), xm.cols());
-  out.xhat.noalias() = out.yhat * r.transpose();
+  gemm<T>(T(1), out.yhat, false, r, true, T(0), out.xhat);
 }
 
 // ∂L/∂R from ∂L/∂X̂_M:  dR = dX̂ᵀ Ŷ + X_Mᵀ · STE_backward(dX̂ R).
 template <class T>
-SqMat<T> rot_quant_backward(const Eigen::Ref<const RowMat<T>>& xm, const SqMat<T>& r, const RotQuant<T>& f,
-                            const RowMat<T>& dxhat) {
-  SqMat<T> dr(r.rows(), r.cols());
-  dr.noalias() = dxhat.transpose() * f.yhat;
-  RowMat<T> dyhat(dxhat.rows(), dxhat.cols()), dy;
-  dyhat.noalias() = dxhat * r;
+SqMat<T> rot_quant_backward(ConstRowRef<T> xm, const RowMat<T>& r, const RotQuant<T>& f, const RowMat<T>& dxhat) {
+  RowMat<T> dr(r.rows(), r.cols()), dyhat(dxhat.rows(), dxhat.cols()), dy;
+  gemm<T>(T(1), dxhat, true, f.yhat, false, T(0), dr);
+  gemm<T>(T(1), dxhat, false, r, false, T(0), dyhat);
   ste_quant_backward(f.st, dyhat, dy);
-  dr.noalias() += xm.transpose() * dy;
+  gemm<T>(T(1), xm, true, dy, false, T(1), dr);
   return dr;
 }
 
@@ -97,7 +96,7 @@ template <class T>
 void quantized_probs(const OptrChunk<T>& c, const OptrLossConfig& cfg, QuantRange qr, const RowMat<T>& khat_m,
                      RowMat<T>& p_q, RowMat<T>* logp_q) {
   RowMat<T> s = c.s_fp;
-  if (qr.count > 0) s.middleCols(qr.begin, qr.count).noalias() = T(cfg.softmax_scale) * c.q * khat_m.transpose();
+  if (qr.count > 0) gemm<T>(T(cfg.softmax_scale), c.q, false, khat_m, true, T(0), s.middleCols(qr.begin, qr.count));
   causal_softmax(s, c.n_q, p_q, logp_q);
 }
 
@@ -130,6 +129,8 @@ OptrChunk<T> optr_make_chunk(RowMat<T> q, RowMat<T> k, RowMat<T> v, const std::v
   c.s_fp.resize(c.q.rows(), n);
   c.s_fp.noalias() = T(cfg.softmax_scale) * c.q * c.k.transpose();
   causal_softmax(c.s_fp, c.n_q, c.p_fp, &c.logp_fp);
+  c.y_fp.resize(c.q.rows(), d);
+  gemm<T>(T(1), c.p_fp, false, c.v, false, T(0), c.y_fp);
   return c;
 }
 
@@ -138,7 +139,7 @@ void optr_fix_keys(OptrChunk<T>& c, const OptrLossConfig& cfg, const SqMat<T>& r
   const QuantRange qr = quant_range(int(c.k.rows()), cfg);
   RotQuant<T> kq;
   if (qr.count > 0)
-    rot_quant_forward<T>(c.k.middleRows(qr.begin, qr.count), r_k, SteQuantSpec{cfg.bits, cfg.group, cfg.clip_k},
+    rot_quant_forward<T>(c.k.middleRows(qr.begin, qr.count), RowMat<T>(r_k), SteQuantSpec{cfg.bits, cfg.group, cfg.clip_k},
                          nullptr, false, kq);
   quantized_probs<T>(c, cfg, qr, kq.xhat, c.p_q_fixed, nullptr);
   c.fixed_r_k = r_k;
@@ -163,16 +164,17 @@ double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective
   if (qr.count == 0) return 0.0;  // nothing quantized: every objective is exactly 0
   const auto km = c.k.middleRows(qr.begin, qr.count);
   const auto vm = c.v.middleRows(qr.begin, qr.count);
+  const RowMat<T> rk(r_k), rv(r_v);
 
   // Value phase with cached fixed keys: no key forward needed.
   const bool cached_pq = obj == Obj::kValuePhase && c.p_q_fixed.size() > 0 && !replay && c.fixed_r_k.rows() == d &&
                          c.fixed_r_k == r_k;
   RotQuant<T> kq, vq;
   if (!cached_pq)
-    rot_quant_forward<T>(km, r_k, SteQuantSpec{cfg.bits, cfg.group, cfg.clip_k}, frozen ? &frozen->k : nullptr,
+    rot_quant_forward<T>(km, rk, SteQuantSpec{cfg.bits, cfg.group, cfg.clip_k}, frozen ? &frozen->k : nullptr,
                          replay, kq);
   if (uses_v)
-    rot_quant_forward<T>(vm, r_v, SteQuantSpec{cfg.bits, cfg.group, cfg.clip_v}, frozen ? &frozen->v : nullptr,
+    rot_quant_forward<T>(vm, rv, SteQuantSpec{cfg.bits, cfg.group, cfg.clip_v}, frozen ? &frozen->v : nullptr,
                          replay, vq);
 
   if (obj == Obj::kRecon) {
@@ -180,8 +182,8 @@ double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective
     const RowMat<T> dk = kq.xhat - km, dv = vq.xhat - vm;
     const double loss = norm * (double(dk.squaredNorm()) + double(dv.squaredNorm()));
     if (grads) {
-      grads->r_k = rot_quant_backward<T>(km, r_k, kq, RowMat<T>(T(2 * norm) * dk));
-      grads->r_v = rot_quant_backward<T>(vm, r_v, vq, RowMat<T>(T(2 * norm) * dv));
+      grads->r_k = rot_quant_backward<T>(km, rk, kq, RowMat<T>(T(2 * norm) * dk));
+      grads->r_v = rot_quant_backward<T>(vm, rv, vq, RowMat<T>(T(2 * norm) * dv));
     }
     return loss;
   }
@@ -192,12 +194,17 @@ double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective
   const RowMat<T>& pq = cached_pq ? c.p_q_fixed : p_q;
 
   // O (g·n_q, d): the pre-W_O output error the objective measures.
-  RowMat<T> o = RowMat<T>::Zero(g * n_q, d);
+  RowMat<T> o(g * n_q, d);
   RowMat<T> dvm;
-  if (uses_k) o.noalias() += (pq - c.p_fp) * c.v;
+  if (uses_k) {
+    o = -c.y_fp;
+    gemm<T>(T(1), pq, false, c.v, false, T(1), o);  // (p_q − p_fp) V = p_q V − y_fp
+  } else {
+    o.setZero();
+  }
   if (uses_v) {
     dvm = vq.xhat - vm;
-    o.noalias() += pq.middleCols(qr.begin, qr.count) * dvm;
+    gemm<T>(T(1), pq.middleCols(qr.begin, qr.count), false, dvm, false, T(1), o);
   }
   const bool pre_wo = obj == Obj::kPreWo;
   const double out_weight = key_phase ? cfg.lambda_k : 1.0;
@@ -216,20 +223,20 @@ double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective
   const RowMat<T> d_o = T(2 * coef) * om;  // ∂L/∂O (M_j symmetric)
   if (uses_v) {
     RowMat<T> dvhat(qr.count, d);
-    dvhat.noalias() = pq.middleCols(qr.begin, qr.count).transpose() * d_o;
-    grads->r_v = rot_quant_backward<T>(vm, r_v, vq, dvhat);
+    gemm<T>(T(1), pq.middleCols(qr.begin, qr.count), true, d_o, false, T(0), dvhat);
+    grads->r_v = rot_quant_backward<T>(vm, rv, vq, dvhat);
   }
   if (uses_k) {
     // ∂L/∂p_q = dO V̂ᵀ (V̂ = V outside the quantized rows), then the softmax backward, plus the KL term.
     RowMat<T> dp(g * n_q, n);
-    dp.noalias() = d_o * c.v.transpose();
-    if (uses_v) dp.middleCols(qr.begin, qr.count).noalias() += d_o * dvm.transpose();
+    gemm<T>(T(1), d_o, false, c.v, true, T(0), dp);
+    if (uses_v) gemm<T>(T(1), d_o, false, dvm, true, T(1), dp.middleCols(qr.begin, qr.count));
     const Eigen::Matrix<T, Eigen::Dynamic, 1> rowdot = dp.cwiseProduct(pq).rowwise().sum();
     RowMat<T> ds = pq.cwiseProduct(dp - rowdot.replicate(1, n));
     if (key_phase) ds += T(1.0 / (double(g) * n_q)) * (pq - c.p_fp);
     RowMat<T> dkhat(qr.count, d);
-    dkhat.noalias() = T(cfg.softmax_scale) * ds.middleCols(qr.begin, qr.count).transpose() * c.q;
-    grads->r_k = rot_quant_backward<T>(km, r_k, kq, dkhat);
+    gemm<T>(T(cfg.softmax_scale), ds.middleCols(qr.begin, qr.count), true, c.q, false, T(0), dkhat);
+    grads->r_k = rot_quant_backward<T>(km, rk, kq, dkhat);
   }
   return loss;
 }

@@ -54,6 +54,7 @@ struct OptrChunk {
   RowMat<T> s_fp;            // (g·n_q, n) exact scaled scores
   RowMat<T> p_fp;            // (g·n_q, n) exact probabilities (0 where causally masked)
   RowMat<T> logp_fp;         // (g·n_q, n) their logs (0 where masked)
+  RowMat<T> y_fp;            // (g·n_q, d) exact attention outputs p_fp V
   SqMat<T> fixed_r_k;        // (d, d) key rotation that p_q_fixed was computed with (empty: none)
   RowMat<T> p_q_fixed;       // (g·n_q, n) value phase: p_q with keys fixed at fixed_r_k
 };
