@@ -45,6 +45,11 @@ void gemm<float>(float alpha, ConstRowRef<float> a, bool ta, ConstRowRef<float> 
               int(a.outerStride()), b.data(), int(b.outerStride()), beta, c.data(), int(c.outerStride()));
 }
 
+BlasSingleThreadScope::BlasSingleThreadScope() : previous_(openblas_get_num_threads()) {
+  openblas_set_num_threads(1);
+}
+BlasSingleThreadScope::~BlasSingleThreadScope() { openblas_set_num_threads(previous_); }
+
 Eigen::MatrixXcd zgemm(const Eigen::MatrixXcd& a, bool adj_a, const Eigen::MatrixXcd& b, bool adj_b) {
   const Eigen::Index m = adj_a ? a.cols() : a.rows(), k = adj_a ? a.rows() : a.cols();
   const Eigen::Index kb = adj_b ? b.cols() : b.rows(), n = adj_b ? b.rows() : b.cols();

@@ -26,6 +26,20 @@ void gemm<float>(float, ConstRowRef<float>, bool, ConstRowRef<float>, bool, floa
 template <>
 void gemm<double>(double, ConstRowRef<double>, bool, ConstRowRef<double>, bool, double, RowRef<double>);
 
+// While alive, OpenBLAS runs single-threaded (calibration parallelises across heads, one BLAS thread per worker;
+// OpenBLAS's own pool contends with the workers); the previous thread count is restored on destruction. This is
+// process-wide OpenBLAS state: do not overlap it with other BLAS users that want threads.
+class BlasSingleThreadScope {
+ public:
+  BlasSingleThreadScope();
+  ~BlasSingleThreadScope();
+  BlasSingleThreadScope(const BlasSingleThreadScope&) = delete;
+  BlasSingleThreadScope& operator=(const BlasSingleThreadScope&) = delete;
+
+ private:
+  int previous_;  // OpenBLAS thread count before the scope
+};
+
 // op(A) · op(B) for column-major complex matrices (op = conjugate transpose when the flag is set), OpenBLAS zgemm.
 Eigen::MatrixXcd zgemm(const Eigen::MatrixXcd& a, bool adj_a, const Eigen::MatrixXcd& b, bool adj_b);
 

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "calib/gemm.h"
 #include "common/error.h"
 
 namespace kvq {
@@ -139,6 +140,7 @@ std::vector<OptrHeadResult> optr_calibrate_layer(std::vector<OptrHeadInput>& hea
     check_optr_loss_config(cfg.loss, int(heads[i].r0_k.rows()));
   }
   std::vector<OptrHeadResult> out(heads.size());
+  const BlasSingleThreadScope blas_single;  // parallelism is across heads
   std::atomic<size_t> next{0};
   std::exception_ptr error;
   std::mutex error_mu;

@@ -5,7 +5,8 @@
 // Modes: two-phase (the published OptR: key phase with values exact, then value phase with keys fixed at the key
 // phase's result), or one joint phase over A_K and A_V on the joint / pre-wo / recon objective (kvq's additions).
 // Heads are independent (per-head losses summed for a step = independent per-head problems), so they run in
-// parallel on n_threads std::threads, one head per thread at a time.
+// parallel on n_threads std::threads, one head per thread at a time, with OpenBLAS single-threaded meanwhile
+// (BlasSingleThreadScope in calib/gemm.h).
 #pragma once
 
 #include <vector>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "common/error.h"
 #include "kv/group_quant.h"
@@ -35,8 +36,14 @@ void ste_quant_forward(const RowMat<T>& x, const SteQuantSpec& spec, RowMat<T>& 
   for (int r = 0; r < rows; ++r)
     for (int gi = 0; gi < n_groups; ++gi) {
       const int c0 = gi * G;
-      for (int i = 0; i < G; ++i) buf[size_t(i)] = float(x(r, c0 + i));
-      const GroupQuant q = quantize_group(buf.data(), G, spec.bits, spec.clip, codes.data());
+      const float* src = nullptr;  // the group as the cache quantizer sees it (float)
+      if constexpr (std::is_same_v<T, float>) {
+        src = &x(r, c0);  // row-major: the group is contiguous
+      } else {
+        for (int i = 0; i < G; ++i) buf[size_t(i)] = float(x(r, c0 + i));
+        src = buf.data();
+      }
+      const GroupQuant q = quantize_group(src, G, spec.bits, spec.clip, codes.data());
       const T thr = T(q.thr);
       const size_t gidx = size_t(r) * n_groups + gi;
       st.i_min[gidx] = c0 + q.i_min;
@@ -44,7 +51,7 @@ void ste_quant_forward(const RowMat<T>& x, const SteQuantSpec& spec, RowMat<T>& 
       // The clip decision is the quantizer's own (on the float value), so T = double agrees with T = float.
       for (int i = 0; i < G; ++i) {
         const int c = c0 + i;
-        st.pass[size_t(r) * cols + c] = std::fabs(buf[size_t(i)]) <= q.thr ? 1 : 0;
+        st.pass[size_t(r) * cols + c] = std::fabs(src[i]) <= q.thr ? 1 : 0;
         st.clip_value(r, c) = st.pass[size_t(r) * cols + c] ? x(r, c) : std::clamp(x(r, c), -thr, thr);
       }
       const T s = (st.clip_value(r, c0 + q.i_max) - st.clip_value(r, c0 + q.i_min)) / levels;
