@@ -26,9 +26,9 @@ OptrChunk<float> synthetic_chunk(const Shape& s, const OptrLossConfig& cfg, unsi
   std::normal_distribution<float> nd;
   std::vector<float> k_scale(size_t(s.d), 1.f), v_scale(size_t(s.d), 1.f);
   for (int c = 0; c < 3; ++c) k_scale[hrng() % s.d] = 10.f, v_scale[hrng() % s.d] = 8.f;  // outlier channels
-  std::vector<SqMat<float>> w_o;
+  std::vector<ColMat<float>> w_o;
   for (int j = 0; j < s.g; ++j) {
-    SqMat<float> w(s.hidden, s.d);
+    ColMat<float> w(s.hidden, s.d);
     for (int i = 0; i < w.size(); ++i) w.data()[i] = nd(hrng) / std::sqrt(float(s.d));
     w_o.push_back(w);
   }

@@ -19,7 +19,7 @@ namespace {
 struct Problem {
   OptrLossConfig cfg;
   OptrChunk<double> chunk;
-  std::vector<SqMat<double>> w_o;  // g × (hidden, d)
+  std::vector<ColMat<double>> w_o;  // g × (hidden, d)
   Eigen::MatrixXd r0_k, r0_v, a_k, a_v;
 };
 
@@ -46,9 +46,9 @@ Problem make_problem(unsigned seed, int window, int d = 32, int n = 96, int g = 
   for (int i = 0; i < v.size(); ++i) v.data()[i] = nd(rng);
   k.col(3) *= 6.0;  // outlier channels
   v.col(7) *= 5.0;
-  std::vector<SqMat<double>> w_o;
+  std::vector<ColMat<double>> w_o;
   for (int j = 0; j < g; ++j) {
-    SqMat<double> w(hidden, d);
+    ColMat<double> w(hidden, d);
     for (int i = 0; i < w.size(); ++i) w.data()[i] = nd(rng) / std::sqrt(double(d));
     w_o.push_back(w);
   }
@@ -150,7 +150,7 @@ TEST(CalibOptrLoss, ValuePhaseWithCachedFixedKeysEqualsRecomputed) {
   const Eigen::MatrixXd rk = rot(p.r0_k, p.a_k), rv = rot(p.r0_v, p.a_v);
   OptrGrads<double> g1, g2;
   const double l1 = optr_loss(p.chunk, p.cfg, OptrObjective::kValuePhase, rk, rv, &g1);
-  optr_fix_keys(p.chunk, p.cfg, SqMat<double>(rk));
+  optr_fix_keys(p.chunk, p.cfg, ColMat<double>(rk));
   const double l2 = optr_loss(p.chunk, p.cfg, OptrObjective::kValuePhase, rk, rv, &g2);
   EXPECT_NEAR(l1, l2, 1e-14 * l1);
   EXPECT_LT((g1.r_v - g2.r_v).cwiseAbs().maxCoeff(), 1e-12 * g1.r_v.cwiseAbs().maxCoeff());
@@ -219,7 +219,7 @@ TEST(CalibOptrLoss, LossesEqualScalarReferenceWithExplicitWo) {
 TEST(CalibOptrLoss, FloatPathAgreesWithDouble) {
   Problem p = make_problem(18, 16);
   const Eigen::MatrixXd rk = rot(p.r0_k, p.a_k), rv = rot(p.r0_v, p.a_v);
-  std::vector<SqMat<float>> wo;
+  std::vector<ColMat<float>> wo;
   for (const auto& w : p.w_o) wo.push_back(w.cast<float>());
   const OptrChunk<float> cf =
       optr_make_chunk<float>(p.chunk.q.cast<float>(), p.chunk.k.cast<float>(), p.chunk.v.cast<float>(), wo, p.cfg);
@@ -227,7 +227,7 @@ TEST(CalibOptrLoss, FloatPathAgreesWithDouble) {
     OptrGrads<double> gd;
     OptrGrads<float> gf;
     const double ld = optr_loss(p.chunk, p.cfg, obj, rk, rv, &gd);
-    const double lf = optr_loss(cf, p.cfg, obj, SqMat<float>(rk.cast<float>()), SqMat<float>(rv.cast<float>()), &gf);
+    const double lf = optr_loss(cf, p.cfg, obj, ColMat<float>(rk.cast<float>()), ColMat<float>(rv.cast<float>()), &gf);
     EXPECT_NEAR(lf, ld, 1e-4 * ld) << optr_objective_name(obj);
     EXPECT_LE((gf.r_k.cast<double>() - gd.r_k).norm(), 1e-3 * gd.r_k.norm()) << optr_objective_name(obj);
     EXPECT_LE((gf.r_v.cast<double>() - gd.r_v).norm(), 1e-3 * gd.r_v.norm()) << optr_objective_name(obj);
@@ -238,10 +238,10 @@ TEST(CalibOptrLoss, RejectsBadShapesAndConfig) {
   Problem p = make_problem(19, 16);
   OptrLossConfig bad = p.cfg;
   bad.softmax_scale = 0;
-  std::vector<SqMat<double>> wo(2, SqMat<double>::Zero(48, 32));
+  std::vector<ColMat<double>> wo(2, ColMat<double>::Zero(48, 32));
   EXPECT_THROW(optr_make_chunk<double>(p.chunk.q, p.chunk.k, p.chunk.v, wo, bad), Error);
   EXPECT_THROW(optr_make_chunk<double>(p.chunk.q, p.chunk.k, RowMat<double>::Zero(95, 32), wo, p.cfg), Error);
-  std::vector<SqMat<double>> wo3(3, SqMat<double>::Zero(48, 32));
+  std::vector<ColMat<double>> wo3(3, ColMat<double>::Zero(48, 32));
   EXPECT_THROW(optr_make_chunk<double>(p.chunk.q, p.chunk.k, p.chunk.v, wo3, p.cfg), Error);  // 16 rows, g = 3
   const Eigen::MatrixXd id = Eigen::MatrixXd::Identity(16, 16);
   EXPECT_THROW(optr_loss(p.chunk, p.cfg, OptrObjective::kJoint, id, id, nullptr), Error);

@@ -36,7 +36,7 @@ namespace {
 
 // Mean loss over chunks, with the mean gradients when g != nullptr.
 double mean_loss(const std::vector<OptrChunk<float>>& chunks, const OptrLossConfig& lc, OptrObjective obj,
-                 const SqMat<float>& r_k, const SqMat<float>& r_v, OptrGrads<float>* g) {
+                 const ColMat<float>& r_k, const ColMat<float>& r_v, OptrGrads<float>* g) {
   double loss = 0;
   OptrGrads<float> one;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -70,7 +70,7 @@ OptrPhaseResult run_phase(OptrHeadInput& h, const OptrConfig& cfg, OptrObjective
     const SkewExpm e_k(skew_part(a_k)), e_v(skew_part(a_v));
     const Eigen::MatrixXd cur_k = learn_k ? Eigen::MatrixXd(h.r0_k * e_k.exp()) : r_k;
     const Eigen::MatrixXd cur_v = learn_v ? Eigen::MatrixXd(h.r0_v * e_v.exp()) : r_v;
-    const SqMat<float> fk = cur_k.cast<float>(), fv = cur_v.cast<float>();
+    const ColMat<float> fk = cur_k.cast<float>(), fv = cur_v.cast<float>();
     if (t % cfg.eval_every == 0 || t == cfg.steps) {
       const double held = mean_loss(h.heldout, cfg.loss, obj, fk, fv, nullptr);
       KVQ_CHECK(std::isfinite(held), "OptR: non-finite held-out loss at step {}", t);
@@ -116,7 +116,7 @@ OptrHeadResult calibrate_head(OptrHeadInput& h, const OptrConfig& cfg) {
   OptrHeadResult out;
   if (cfg.mode == OptrMode::kTwoPhase) {
     out.key = run_phase(h, cfg, OptrObjective::kKeyPhase, true, false, r_k, r_v);
-    const SqMat<float> fk = r_k.cast<float>();
+    const ColMat<float> fk = r_k.cast<float>();
     for (auto* set : {&h.calib, &h.heldout})
       for (auto& c : *set) optr_fix_keys(c, cfg.loss, fk);
     out.value = run_phase(h, cfg, OptrObjective::kValuePhase, false, true, r_k, r_v);

@@ -82,7 +82,7 @@ void rot_quant_forward(ConstRowRef<T> xm, const RowMat<T>& r, const SteQuantSpec
 
 // ∂L/∂R from ∂L/∂X̂_M:  dR = dX̂ᵀ Ŷ + X_Mᵀ · STE_backward(dX̂ R).
 template <class T>
-SqMat<T> rot_quant_backward(ConstRowRef<T> xm, const RowMat<T>& r, const RotQuant<T>& f, const RowMat<T>& dxhat) {
+ColMat<T> rot_quant_backward(ConstRowRef<T> xm, const RowMat<T>& r, const RotQuant<T>& f, const RowMat<T>& dxhat) {
   RowMat<T> dr(r.rows(), r.cols()), dyhat(dxhat.rows(), dxhat.cols()), dy;
   gemm<T>(T(1), dxhat, true, f.yhat, false, T(0), dr);
   gemm<T>(T(1), dxhat, false, r, false, T(0), dyhat);
@@ -103,7 +103,7 @@ void quantized_probs(const OptrChunk<T>& c, const OptrLossConfig& cfg, QuantRang
 }  // namespace
 
 template <class T>
-OptrChunk<T> optr_make_chunk(RowMat<T> q, RowMat<T> k, RowMat<T> v, const std::vector<SqMat<T>>& w_o,
+OptrChunk<T> optr_make_chunk(RowMat<T> q, RowMat<T> k, RowMat<T> v, const std::vector<ColMat<T>>& w_o,
                              const OptrLossConfig& cfg) {
   const int d = int(k.cols()), n = int(k.rows()), g = int(w_o.size());
   check_optr_loss_config(cfg, d);
@@ -135,7 +135,7 @@ OptrChunk<T> optr_make_chunk(RowMat<T> q, RowMat<T> k, RowMat<T> v, const std::v
 }
 
 template <class T>
-void optr_fix_keys(OptrChunk<T>& c, const OptrLossConfig& cfg, const SqMat<T>& r_k) {
+void optr_fix_keys(OptrChunk<T>& c, const OptrLossConfig& cfg, const ColMat<T>& r_k) {
   const QuantRange qr = quant_range(int(c.k.rows()), cfg);
   RotQuant<T> kq;
   if (qr.count > 0)
@@ -146,8 +146,8 @@ void optr_fix_keys(OptrChunk<T>& c, const OptrLossConfig& cfg, const SqMat<T>& r
 }
 
 template <class T>
-double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective obj, const SqMat<T>& r_k,
-                 const SqMat<T>& r_v, std::type_identity_t<OptrGrads<T>>* grads,
+double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective obj, const ColMat<T>& r_k,
+                 const ColMat<T>& r_v, std::type_identity_t<OptrGrads<T>>* grads,
                  std::type_identity_t<OptrFrozen<T>>* frozen) {
   using Obj = OptrObjective;
   const int n = int(c.k.rows()), d = int(c.k.cols()), g = c.g, n_q = c.n_q;
@@ -246,11 +246,11 @@ Eigen::MatrixXd optr_grad_a(const SkewExpm& e, const Eigen::MatrixXd& r0, const 
 }
 
 #define KVQ_OPTR_INSTANTIATE(T)                                                                                   \
-  template OptrChunk<T> optr_make_chunk<T>(RowMat<T>, RowMat<T>, RowMat<T>, const std::vector<SqMat<T>>&,          \
+  template OptrChunk<T> optr_make_chunk<T>(RowMat<T>, RowMat<T>, RowMat<T>, const std::vector<ColMat<T>>&,          \
                                            const OptrLossConfig&);                                               \
-  template void optr_fix_keys<T>(OptrChunk<T>&, const OptrLossConfig&, const SqMat<T>&);                         \
-  template double optr_loss<T>(const OptrChunk<T>&, const OptrLossConfig&, OptrObjective, const SqMat<T>&,        \
-                               const SqMat<T>&, OptrGrads<T>*, OptrFrozen<T>*);
+  template void optr_fix_keys<T>(OptrChunk<T>&, const OptrLossConfig&, const ColMat<T>&);                         \
+  template double optr_loss<T>(const OptrChunk<T>&, const OptrLossConfig&, OptrObjective, const ColMat<T>&,        \
+                               const ColMat<T>&, OptrGrads<T>*, OptrFrozen<T>*);
 KVQ_OPTR_INSTANTIATE(float)
 KVQ_OPTR_INSTANTIATE(double)
 #undef KVQ_OPTR_INSTANTIATE

@@ -25,7 +25,7 @@
 namespace kvq {
 
 template <class T>
-using SqMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+using ColMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;  // column-major (Eigen default)
 
 enum class OptrObjective { kKeyPhase, kValuePhase, kJoint, kPreWo, kRecon };
 const char* optr_objective_name(OptrObjective o);
@@ -50,23 +50,23 @@ struct OptrChunk {
   RowMat<T> q;               // (g·n_q, d) post-RoPE queries, row j·n_q + i = head j at position n − n_q + i
   RowMat<T> k;               // (n, d) centred post-RoPE keys
   RowMat<T> v;               // (n, d) values
-  std::vector<SqMat<T>> wo_gram;  // g × (d, d) M_j = W_O^jᵀ W_O^j
+  std::vector<ColMat<T>> wo_gram;  // g × (d, d) M_j = W_O^jᵀ W_O^j
   RowMat<T> s_fp;            // (g·n_q, n) exact scaled scores
   RowMat<T> p_fp;            // (g·n_q, n) exact probabilities (0 where causally masked)
   RowMat<T> logp_fp;         // (g·n_q, n) their logs (0 where masked)
   RowMat<T> y_fp;            // (g·n_q, d) exact attention outputs p_fp V
-  SqMat<T> fixed_r_k;        // (d, d) key rotation that p_q_fixed was computed with (empty: none)
+  ColMat<T> fixed_r_k;        // (d, d) key rotation that p_q_fixed was computed with (empty: none)
   RowMat<T> p_q_fixed;       // (g·n_q, n) value phase: p_q with keys fixed at fixed_r_k
 };
 
 // Builds a chunk. q: (g·n_q, d) as above; k, v: (n, d); w_o: g × (hidden, d) column slices of W_O per query head.
 template <class T>
-OptrChunk<T> optr_make_chunk(RowMat<T> q, RowMat<T> k, RowMat<T> v, const std::vector<SqMat<T>>& w_o,
+OptrChunk<T> optr_make_chunk(RowMat<T> q, RowMat<T> k, RowMat<T> v, const std::vector<ColMat<T>>& w_o,
                              const OptrLossConfig& cfg);
 
 // Caches p_q for keys quantized at r_k (the value phase reuses it while r_k is unchanged).
 template <class T>
-void optr_fix_keys(OptrChunk<T>& c, const OptrLossConfig& cfg, const SqMat<T>& r_k);
+void optr_fix_keys(OptrChunk<T>& c, const OptrLossConfig& cfg, const ColMat<T>& r_k);
 
 // Frozen STE states (tests): with replay == false the forward records the states here; with replay == true it
 // evaluates the frozen-state surrogate of ste_quant.h instead of the real quantizer.
@@ -78,14 +78,14 @@ struct OptrFrozen {
 
 template <class T>
 struct OptrGrads {
-  SqMat<T> r_k;  // (d, d) ∂L/∂R_K (zero when the objective does not depend on R_K)
-  SqMat<T> r_v;  // (d, d) ∂L/∂R_V (zero when the objective does not depend on R_V)
+  ColMat<T> r_k;  // (d, d) ∂L/∂R_K (zero when the objective does not depend on R_K)
+  ColMat<T> r_v;  // (d, d) ∂L/∂R_V (zero when the objective does not depend on R_V)
 };
 
 // Loss of one objective at rotations (r_k, r_v); gradients when grads != nullptr.
 template <class T>
-double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective obj, const SqMat<T>& r_k,
-                 const SqMat<T>& r_v, std::type_identity_t<OptrGrads<T>>* grads,
+double optr_loss(const OptrChunk<T>& c, const OptrLossConfig& cfg, OptrObjective obj, const ColMat<T>& r_k,
+                 const ColMat<T>& r_v, std::type_identity_t<OptrGrads<T>>* grads,
                  std::type_identity_t<OptrFrozen<T>>* frozen = nullptr);
 
 // ∂L/∂A for R = R0·expm(A − Aᵀ), from ∂L/∂R and the SkewExpm of X = A − Aᵀ: skew_grad(L(Xᵀ, R0ᵀ ∂L/∂R)).
