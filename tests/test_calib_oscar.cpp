@@ -94,6 +94,30 @@ TEST(CalibOscar, ValueCovarianceUsesQueryWeightedKeys) {
   EXPECT_NEAR(r.c_v(1, 1), 3.7, 1e-12);
 }
 
+TEST(CalibOscar, TwoPassApiEqualsOnePass) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  const auto rnd = [&](int r, int c) {
+    RowMat<float> m(r, c);
+    for (int i = 0; i < m.size(); ++i) m.data()[i] = nd(rng);
+    return m;
+  };
+  const int d = 8, n_kv = 2, chunks = 3;
+  std::vector<RowMat<float>> qs, ks, vs;
+  for (int i = 0; i < n_kv * chunks; ++i) qs.push_back(rnd(40, d)), ks.push_back(rnd(20, d)), vs.push_back(rnd(20, d));
+  OscarAccumulator one(n_kv, d), two(n_kv, d);
+  for (int i = 0; i < n_kv * chunks; ++i) one.add(i % n_kv, qs[size_t(i)], ks[size_t(i)], vs[size_t(i)]);
+  for (int i = 0; i < n_kv * chunks; ++i) two.add_queries(i % n_kv, qs[size_t(i)]);
+  EXPECT_THROW(two.build(), Error);  // pass 2 missing
+  for (int i = 0; i < n_kv * chunks; ++i) two.add_keys_values(i % n_kv, ks[size_t(i)], vs[size_t(i)]);
+  EXPECT_THROW(two.add_queries(0, qs[0]), Error);  // C_Q is frozen once pass 2 starts
+  EXPECT_THROW(two.add(0, qs[0], ks[0], vs[0]), Error);
+  const OscarRotations a = one.build(), b = two.build();
+  EXPECT_LT((a.c_k - b.c_k).cwiseAbs().maxCoeff(), 1e-12);
+  EXPECT_LT((a.c_v - b.c_v).cwiseAbs().maxCoeff(), 1e-12);
+  EXPECT_LT((a.value.r - b.value.r).cwiseAbs().maxCoeff(), 1e-9);
+}
+
 TEST(CalibOscar, RejectsBadInput) {
   EXPECT_THROW(OscarAccumulator(1, 96), Error);
   OscarAccumulator acc(2, 4);

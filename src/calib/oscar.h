@@ -6,8 +6,11 @@
 // Each C is symmetrised and eigendecomposed, C = U Λ Uᵀ (ascending eigenvalues), and R = U · H · P with H the
 // normalised Sylvester Hadamard matrix and P = I[:, perm], perm[bitrev(i)] = (indices of Λ sorted descending)[i].
 //
-// Streaming: add() chunk by chunk; C_Q^h is summed on the fly, but the value weights need the FINAL C_Q^h, so
-// the keys and values are kept (float, 2·n·d·4 bytes per head) until build().
+// Streaming, two ways (not to be mixed in one accumulator):
+//  - one pass, add(q, k, v) per chunk: C_Q^h is summed on the fly, but the value weights need the FINAL C_Q^h,
+//    so keys and values are kept (float, 2·n·d·4 bytes per head) until build();
+//  - two passes, O(d²) memory: add_queries(q) for every chunk, then add_keys_values(k, v) for every chunk
+//    (weights use the complete C_Q^h; no add_queries after the first add_keys_values of any head).
 #pragma once
 
 #include <vector>
@@ -41,6 +44,9 @@ class OscarAccumulator {
   // One calibration chunk of kv head `head`: q (rows = g·n of its query heads, any order; g·n may differ from n),
   // k, v (n, d) post-RoPE keys (as the cache holds them) and values of the same tokens.
   void add(int head, const RowMat<float>& q, const RowMat<float>& k, const RowMat<float>& v);
+  // Two-pass API: pass 1 (queries), then pass 2 (keys and values of the same tokens as one another).
+  void add_queries(int head, const RowMat<float>& q);
+  void add_keys_values(int head, const RowMat<float>& k, const RowMat<float>& v);
   // Computes C_K, C_V and both rotations. Every head needs at least one query and one token.
   OscarRotations build() const;
 
@@ -50,6 +56,13 @@ class OscarAccumulator {
   std::vector<long long> n_q_rows_;                 // n_kv: query rows summed
   std::vector<std::vector<RowMat<float>>> keys_;    // n_kv × chunks × (n, d)
   std::vector<std::vector<RowMat<float>>> values_;  // n_kv × chunks × (n, d)
+  std::vector<Eigen::MatrixXd> wvv_;                // n_kv × (d, d) two-pass Σ_t w_t v_t v_tᵀ
+  std::vector<double> w_sum_;                       // n_kv: two-pass Σ_t w_t
+  enum class Mode { kEmpty, kOnePass, kQueries, kValues } mode_ = Mode::kEmpty;  // which API is in use
+
+  void check_add(int head, const RowMat<float>& x, const char* what) const;
+  static void accumulate_values(const Eigen::MatrixXd& cq, const RowMat<float>& k, const RowMat<float>& v,
+                                Eigen::MatrixXd& wvv, double& w_sum);
 };
 
 }  // namespace kvq
