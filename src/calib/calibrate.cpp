@@ -230,9 +230,9 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
   const int per_layer = cfg.calib_chunks + cfg.heldout_chunks;
   for (int l = 0; l < L; ++l) {
     const LayerWeights& lw = model.weights().layers[size_t(l)];
-    std::vector<OptrHeadInput> heads(size_t(H));
+    std::vector<OptrHeadInput> heads(static_cast<size_t>(H));
     for (int h = 0; h < H; ++h) {
-      std::vector<ColMat<float>> wo(size_t(g));
+      std::vector<ColMat<float>> wo(static_cast<size_t>(g));
       for (int j = 0; j < g; ++j) {  // W_O^j: columns [(h g + j) d, +d) of W_O [hidden, n_heads d]
         wo[size_t(j)].resize(mc.hidden_size, d);
         for (int r = 0; r < mc.hidden_size; ++r)

@@ -1,0 +1,133 @@
+// kvq calibrate: build a rotation file (QuaRot, OSCAR, OptR) for a model from calibration text.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "calib/calibrate.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "common/error.h"
+#include "common/sha256.h"
+#include "rotation/rotation_file.h"
+
+namespace kvq::cli {
+
+namespace {
+
+struct CalibrateOptions {
+  ModelOptions model;
+  CacheOptions cache;
+  CalibrateConfig calib;
+  std::string data, out, center = "auto";
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KVQ_CHECK(f, "cannot open calibration data '{}'", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void run(CalibrateOptions o) {
+  KVQ_CHECK(o.center == "auto" || o.center == "on" || o.center == "off", "--center-keys must be auto, on or off");
+  o.calib.center_keys = o.center == "auto" ? -1 : o.center == "on";
+  KVQ_CHECK(o.cache.rotation == "none", "calibrate builds a rotation: --rotation must not be given");
+  const Plan p = plan(o.model, o.cache, 0);
+  o.calib.cache = p.cache;
+  o.calib.validate(p.model);
+  const std::string text = read_file(o.data);
+  const std::vector<int32_t> ids = load_tokenizer(o.model).encode(text);
+  KVQ_CHECK(int(ids.size()) >= o.calib.chunk, "'{}' has {} tokens, fewer than one calibration chunk of {}", o.data,
+            ids.size(), o.calib.chunk);
+  auto model = load_model(o.model, p);
+
+  // Progress bar with an ETA from the current stage's own pace.
+  std::string stage_name;
+  auto stage_start = std::chrono::steady_clock::now();
+  auto progress = [&](const char* stage, int done, int total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (stage_name != stage) stage_name = stage, stage_start = now;
+    const double el = std::chrono::duration<double>(now - stage_start).count();
+    const int width = 30, filled = width * done / total;
+    std::fprintf(stderr, "\rkvq: %-8s [%s%s] %d/%d  %.0f s, ETA %.0f s ", stage,
+                 std::string(size_t(filled), '#').c_str(), std::string(size_t(width - filled), '.').c_str(), done,
+                 total, el, el / done * (total - done));
+    if (done == total) std::fputc('\n', stderr);
+  };
+  CalibrateReport rep;
+  KvTransform t = calibrate(*model, ids, o.calib, &rep, progress);
+
+  const CalibrateConfig& c = o.calib;
+  nlohmann::json meta = {{"method", t.name},
+                         {"base", c.method == "optr" ? c.base : ""},
+                         {"objective", c.method == "optr" ? c.objective : ""},
+                         {"center_keys", !t.key_mean.empty()},
+                         {"model_fingerprint", model->fingerprint()},
+                         {"calib_data", o.data},
+                         {"calib_sha256", sha256_hex(text)},
+                         {"calib_tokens", rep.tokens_used},
+                         {"chunk", c.chunk},
+                         {"capture_seconds", rep.capture_seconds},
+                         {"optimise_seconds", rep.optimise_seconds}};
+  if (c.method == "optr") {
+    meta["lambda_k"] = c.lambda_k;
+    meta["steps"] = c.steps;
+    meta["lr"] = c.lr;
+    meta["n_queries"] = c.n_queries;
+    meta["cache"] = {{"type_k", c.cache.k.type}, {"type_v", c.cache.v.type}, {"group", c.cache.k.group},
+                     {"clip_k", c.cache.k.clip}, {"clip_v", c.cache.v.clip}, {"sink", c.cache.sink},
+                     {"recent", c.cache.recent}};
+    nlohmann::json heads = nlohmann::json::array();
+    int key_kept = 0, value_kept = 0;
+    double kb = 0, ka = 0, vb = 0, va = 0;
+    for (const auto& h : rep.heads) {
+      heads.push_back({{"layer", h.layer}, {"head", h.head}, {"key_before", h.key_before},
+                       {"key_after", h.key_after}, {"key_kept", h.key_kept}, {"value_before", h.value_before},
+                       {"value_after", h.value_after}, {"value_kept", h.value_kept}});
+      key_kept += h.key_kept, value_kept += h.value_kept;
+      kb += h.key_before, ka += h.key_after, vb += h.value_before, va += h.value_after;
+    }
+    meta["heads"] = heads;
+    const double n = double(std::max<size_t>(1, rep.heads.size()));
+    std::fprintf(stderr,
+                 "kvq: optr kept the learned key rotation on %d/%zu heads (mean held-out loss %.5g -> %.5g) and the "
+                 "value rotation on %d/%zu (%.5g -> %.5g)\n",
+                 key_kept, rep.heads.size(), kb / n, ka / n, value_kept, rep.heads.size(), vb / n, va / n);
+  }
+  save_rotation_file(o.out, t, meta);
+  std::printf("wrote %s: %s rotations for %d layers x %d kv heads from %d calibration tokens (capture %.1f s, "
+              "optimise %.1f s)\n",
+              o.out.c_str(), t.name.c_str(), t.n_layers, t.n_kv_heads, rep.tokens_used, rep.capture_seconds,
+              rep.optimise_seconds);
+}
+
+}  // namespace
+
+void add_calibrate(CLI::App& app) {
+  auto o = std::make_shared<CalibrateOptions>();
+  o->cache.type_k = o->cache.type_v = "int2";
+  CLI::App* cmd = app.add_subcommand("calibrate", "build key/value rotations (quarot, oscar, optr) for a model");
+  add_model_options(cmd, o->model);
+  add_cache_options(cmd, o->cache);
+  cmd->add_option("--data", o->data, "calibration text file (keep it disjoint from evaluation data)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-o,--output", o->out, "rotation file to write (safetensors)")->required();
+  cmd->add_option("--method", o->calib.method, "quarot | oscar | optr");
+  cmd->add_option("--base", o->calib.base, "optr base rotation: quarot | oscar");
+  cmd->add_option("--objective", o->calib.objective, "optr objective: post-wo | joint | pre-wo | recon");
+  cmd->add_option("--tokens", o->calib.tokens, "calibration token budget")->check(CLI::Range(2, 1 << 26));
+  cmd->add_option("--chunk", o->calib.chunk, "tokens per calibration chunk")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--queries", o->calib.n_queries, "optr: last query positions per chunk")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--steps", o->calib.steps, "optr: Adam steps per phase")->check(CLI::Range(0, 100000));
+  cmd->add_option("--lr", o->calib.lr, "optr: Adam learning rate");
+  cmd->add_option("--lambda-k", o->calib.lambda_k, "optr: weight of the key-induced post-W_O error");
+  cmd->add_option("--center-keys", o->center, "subtract per-head key means: auto (optr only) | on | off");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace kvq::cli
