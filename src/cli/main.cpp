@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kvq::cli::add_ppl(app);
   kvq::cli::add_info(app);
   kvq::cli::add_bench(app);
+  kvq::cli::add_eval(app);
   std::vector<std::string> args = kvq::cli::expand_aliases(argc, argv);
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
