@@ -63,6 +63,7 @@ KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFid
   e.domain = domain;
   e.ctx = ctx;
   e.windows = int(ws.size());
+  e.per_window = ws;
   for (const WindowFidelity& w : ws) {
     kl.push_back(w.kl_sum);
     agree.push_back(double(w.top1_agree));

@@ -75,6 +75,7 @@ struct KlEntry {
   int64_t tokens = 0;       // positions compared
   Interval kl;              // mean KL per token (nats), bootstrap 95% CI over windows
   Interval top1;            // top-1 agreement fraction, bootstrap 95% CI over windows
+  std::vector<WindowFidelity> per_window;  // the per-window sums (for paired comparisons across methods)
 };
 
 struct PasskeyEntry {

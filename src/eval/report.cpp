@@ -31,7 +31,8 @@ nlohmann::json report_json(const EvalReport& r) {
   j["cache"] = {{"description", r.cache.describe()}, {"k", codec_json(r.cache.k)},   {"v", codec_json(r.cache.v)},
                 {"sink", r.cache.sink},               {"recent", r.cache.recent},      {"window", r.cache.window},
                 {"page_tokens", r.cache.page_tokens}, {"chunk", r.cache.max_chunk},    {"footprint", fp},
-                {"transform", c.transform != nullptr}};
+                {"transform", c.transform != nullptr},
+                {"reference", bf16_reference_cache(r.cache).describe()}};
   j["config"] = {{"tasks", c.tasks},           {"ctx", c.ctx},
                  {"windows", c.windows},       {"passkey_trials", c.passkey_trials},
                  {"depths", c.depths},         {"bootstrap_resamples", c.bootstrap},
@@ -61,10 +62,19 @@ nlohmann::json report_json(const EvalReport& r) {
   }
   if (c.has("kl")) {
     json kl = json::object();
-    for (const KlEntry& e : r.kl)
-      kl[std::to_string(e.ctx)][e.domain] = {{"kl_mean", e.kl.estimate}, {"kl_ci95", interval_json(e.kl)},
-                                             {"top1", e.top1.estimate},  {"top1_ci95", interval_json(e.top1)},
-                                             {"windows", e.windows},     {"tokens", e.tokens}};
+    for (const KlEntry& e : r.kl) {
+      json kl_sum = json::array(), agree = json::array(), tokens = json::array();
+      for (const WindowFidelity& w : e.per_window) {
+        kl_sum.push_back(w.kl_sum);
+        agree.push_back(w.top1_agree);
+        tokens.push_back(w.tokens);
+      }
+      kl[std::to_string(e.ctx)][e.domain] = {{"kl_mean", e.kl.estimate},   {"kl_ci95", interval_json(e.kl)},
+                                             {"top1", e.top1.estimate},    {"top1_ci95", interval_json(e.top1)},
+                                             {"windows", e.windows},       {"tokens", e.tokens},
+                                             {"window_kl_sum", kl_sum},    {"window_top1_agree", agree},
+                                             {"window_tokens", tokens}};
+    }
     results["kl"] = kl;
   }
   if (c.has("passkey")) {
