@@ -118,6 +118,11 @@ TEST(EvalEndToEnd, Int2WithoutWindowsDegradesAndLockstepPplEqualsPerplexity) {
     EXPECT_GT(r.layers[0].sums.attn_local(l), 0.01) << l;
     EXPECT_TRUE(std::isfinite(r.layers[0].sums.hidden(l))) << l;
   }
+  // The ppl-only path (eval::perplexity, no lockstep) reports the same number.
+  c.tasks = {"ppl"};
+  const EvalReport only = evaluate(*f.model, f.tok, int2_cache(), domains, c);
+  EXPECT_EQ(only.ppl[0].window_nll[0], r.ppl[0].window_nll[0]);
+  EXPECT_EQ(only.ppl[0].ppl_bf16, 0.0);
   // Layer 0's input is the embedding in both runs, so its own and its free-running error coincide.
   EXPECT_EQ(r.layers[0].sums.attn_local(0), r.layers[0].sums.attn_e2e(0));
 }

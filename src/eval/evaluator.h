@@ -3,6 +3,12 @@
 //   kl       KL(p_bf16 ‖ p_method) per token and top-1 agreement against a BF16-cache run in lockstep
 //   passkey  needle retrieval accuracy over context lengths × depths × trials, Wilson 95% CIs
 //   layers   per-layer post-W_O attention-output error and hidden-state error (eval/layer_errors.h)
+// Definitions: ppl scores the ctx - 1 next tokens of each window; KL and top-1 compare the ctx next-token
+// distributions of each window (double precision, per token, then Σ over windows / Σ tokens); the BF16 reference
+// cache keeps the method's sink / recent / page / chunk settings, so a BF16 "method" gives KL == 0 exactly.
+// CIs: percentile bootstrap over windows (ratio of sums; degenerate with one window), seeded per stream by
+// mix_seed(seed, hash("ppl/<ctx>/<domain>")) etc.; passkey: Wilson intervals, prompts seeded by
+// mix_seed(seed, ctx) (the format is the training format; the random draws are kvq's own, not Python's).
 // Every ctx of the list is evaluated; ppl / kl / layers use the first `windows` non-overlapping windows of each
 // domain. The report holds every number plus what is needed to reproduce it (model fingerprint, data sha256,
 // cache description and bits, seeds, kvq version): report_json() is what the referee aggregates.
