@@ -122,3 +122,36 @@ TEST(EvalRng, UniformIntStaysInRangeAndIsSeedDeterministic) {
   EXPECT_NE(mix_seed(1, 2048), mix_seed(1, 4096));
   EXPECT_EQ(mix_seed(1, 2048), mix_seed(1, 2048));
 }
+
+TEST(EvalLayerErrors, ForcedRecorderCopiesTheReferenceInputAndSumsGiveRelativeErrors) {
+  // One layer, hidden 2, one token. Reference: input (1, 2), y = (3, 4), h = (0, 2).
+  LayerRecorder ref(1, 2), free(1, 2);
+  LayerRecorder forced(1, 2, &ref);
+  float x_ref[2] = {1, 2}, y_ref[2] = {3, 4}, h_ref[2] = {0, 2};
+  ref.on_layer_input(0, 0, 1, x_ref);
+  ref.on_attention_output(0, 0, 1, y_ref);
+  ref.on_layer_output(0, 0, 1, h_ref);
+  float x_forced[2] = {9, 9};  // the method's own input is replaced by the reference's
+  forced.on_layer_input(0, 0, 1, x_forced);
+  EXPECT_EQ(x_forced[0], 1.f);
+  EXPECT_EQ(x_forced[1], 2.f);
+  const float y_forced[2] = {3, 5}, h_forced[2] = {7, 7};
+  forced.on_attention_output(0, 0, 1, y_forced);
+  forced.on_layer_output(0, 0, 1, h_forced);
+  float x_free[2] = {1, 3};
+  const float y_free[2] = {6, 8}, h_free[2] = {0, 1};
+  free.on_layer_input(0, 0, 1, x_free);
+  EXPECT_EQ(x_free[1], 3.f);  // a recorder without a source leaves the input alone
+  free.on_attention_output(0, 0, 1, y_free);
+  free.on_layer_output(0, 0, 1, h_free);
+  LayerErrorSums s(1);
+  s.add(ref, forced, free, 1);
+  EXPECT_DOUBLE_EQ(s.attn_local(0), 1.0 / 5.0);  // ‖(0, 1)‖ / ‖(3, 4)‖
+  EXPECT_DOUBLE_EQ(s.attn_e2e(0), 1.0);           // ‖(3, 4)‖ / ‖(3, 4)‖
+  EXPECT_DOUBLE_EQ(s.hidden(0), 0.5);             // ‖(0, -1)‖ / ‖(0, 2)‖
+  LayerErrorSums twice(1);
+  twice.merge(s);
+  twice.merge(s);
+  EXPECT_EQ(twice.tokens, 2);
+  EXPECT_DOUBLE_EQ(twice.attn_local(0), 0.2);  // ratios of pooled sums are unchanged by duplication
+}

@@ -76,6 +76,15 @@ KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFid
   return e;
 }
 
+// Fills the ppl and its bootstrap CI over windows (each window scores ctx - 1 tokens).
+PplEntry ppl_entry(PplEntry e, const EvalConfig& c) {
+  std::vector<double> den(e.window_nll.size(), double(e.ctx - 1));
+  const std::string tag = "ppl/" + std::to_string(e.ctx) + "/" + e.domain;
+  e.ci = exp_interval(bootstrap_ratio(e.window_nll, den, c.bootstrap, mix_seed(c.seed, tag_hash(tag))).ci);
+  e.ppl = e.ci.estimate;
+  return e;
+}
+
 void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache, const std::vector<EvalDomain>& ds,
               const EvalConfig& c) {
   KVQ_CHECK(!c.tasks.empty(), "eval: no tasks (choose from ppl, kl, passkey, layers)");
@@ -219,6 +228,10 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
       r.footprint.push_back(sizes.footprint(ctx));
     }
     std::vector<WindowFidelity> pooled;
+    PplEntry ppl_all;  // every domain's windows pooled
+    ppl_all.domain = "all";
+    ppl_all.ctx = ctx;
+    double ref_nll_all = 0;
     LayerEntry layer_entry;
     layer_entry.ctx = ctx;
     for (const EvalDomain& d : domains) {
@@ -242,6 +255,7 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
           pe.tokens += w.nll_tokens;
         }
         pe.ppl_bf16 = ppl_from_nll(ref_nll, pe.tokens);
+        ref_nll_all += ref_nll;
       } else if (c.has("ppl")) {
         const PerplexityResult pr = perplexity(model, cache, d.ids, ctx, c.windows, [&](int w, int, double) {
           eta.report(stage + " ppl", done + double(w) * ctx);
@@ -251,13 +265,14 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
         pe.tokens = pr.tokens_scored;
       }
       if (c.has("ppl")) {
-        std::vector<double> den(pe.window_nll.size(), double(ctx - 1));
-        const std::string tag = "ppl/" + std::to_string(ctx) + "/" + d.name;
-        const BootstrapResult b = bootstrap_ratio(pe.window_nll, den, c.bootstrap, mix_seed(c.seed, tag_hash(tag)));
-        pe.ci = exp_interval(b.ci);
-        pe.ppl = pe.ci.estimate;
-        r.ppl.push_back(std::move(pe));
+        ppl_all.window_nll.insert(ppl_all.window_nll.end(), pe.window_nll.begin(), pe.window_nll.end());
+        ppl_all.tokens += pe.tokens;
+        r.ppl.push_back(ppl_entry(std::move(pe), c));
       }
+    }
+    if (c.has("ppl") && domains.size() > 1) {
+      if (lockstep) ppl_all.ppl_bf16 = ppl_from_nll(ref_nll_all, ppl_all.tokens);
+      r.ppl.push_back(ppl_entry(std::move(ppl_all), c));
     }
     if (c.has("kl") && domains.size() > 1) r.kl.push_back(kl_entry("all", ctx, pooled, c));
     if (c.has("layers")) r.layers.push_back(std::move(layer_entry));

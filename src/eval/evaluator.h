@@ -65,7 +65,7 @@ std::vector<std::string> parse_eval_tasks(const std::string& list);
 std::vector<int> parse_ctx_list(const std::string& list);
 
 struct PplEntry {
-  std::string domain;       // domain name
+  std::string domain;       // domain name, or "all" for the pooled windows of every domain
   int ctx = 0;              // window length
   std::vector<double> window_nll;  // summed NLL per window (method cache)
   int64_t tokens = 0;       // scored tokens
