@@ -86,14 +86,18 @@ TEST(EvalEndToEnd, Bf16AgainstBf16GivesZeroKlFullTop1AndFiniteNumbers) {
   }
   ASSERT_EQ(r.passkey.size(), 1u);
   EXPECT_EQ(r.passkey[0].result.trials, 6);
-  EXPECT_GE(r.passkey[0].accuracy.estimate, 0.0);
-  EXPECT_LE(r.passkey[0].accuracy.hi, 1.0);
+  // The reference model retrieves every BF16 needle at 2K-8K (model card); these 6 seeded prompts at 512 too.
+  EXPECT_EQ(r.passkey[0].result.correct, 6);
+  EXPECT_DOUBLE_EQ(r.passkey[0].accuracy.hi, 1.0);
+  EXPECT_LT(r.passkey[0].accuracy.lo, 1.0);
 
   const nlohmann::json j = report_json(r);
   EXPECT_EQ(j["model"]["fingerprint"], f.model->fingerprint());
   EXPECT_EQ(j["data"][0]["sha256"].get<std::string>().size(), 64u);
   EXPECT_EQ(j["results"]["kl"]["512"]["python"]["kl_mean"], 0.0);
   EXPECT_EQ(j["results"]["passkey"]["512"]["trials"], 6);
+  EXPECT_EQ(j["results"]["passkey"]["512"]["by_depth"]["0.5"]["trial_correct"].size(), 2u);
+  EXPECT_EQ(r.passkey[0].result.by_depth[2].keys.size(), 2u);
   EXPECT_EQ(j["cache"]["footprint"]["512"]["kv_bits_effective"], 16.0);
   EXPECT_TRUE(j["kvq"].contains("version"));
   EXPECT_EQ(j["seeds"]["seed"], 11);

@@ -104,7 +104,10 @@ PasskeyResult run_passkey(Model& model, const CacheConfig& cache_cfg, PasskeyGen
     for (int t = 0; t < trials; ++t) {
       const PasskeyPrompt p = gen.next(ctx, depth);
       const std::vector<int32_t> got = greedy_decode(model, cache, p.prompt, int(p.answer.size()));
-      cell.correct += got == p.answer ? 1 : 0;
+      const bool ok = got == p.answer;
+      cell.correct += ok ? 1 : 0;
+      cell.keys.push_back(p.key);
+      cell.correct_by_trial.push_back(ok ? 1 : 0);
       ++cell.trials;
       if (progress) progress(r.trials + cell.trials, total);
     }

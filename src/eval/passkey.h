@@ -70,6 +70,8 @@ struct PasskeyCell {
   double depth = 0;  // needle depth
   int correct = 0;   // exact matches
   int trials = 0;    // prompts scored
+  std::vector<int> keys;         // [trials] the pass key of each prompt (same seed: same prompts for every method)
+  std::vector<uint8_t> correct_by_trial;  // [trials] 1 if that prompt was answered exactly
 };
 
 struct PasskeyResult {

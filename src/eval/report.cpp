@@ -84,7 +84,8 @@ nlohmann::json report_json(const EvalReport& r) {
       for (size_t i = 0; i < p.result.by_depth.size(); ++i) {
         const PasskeyCell& cell = p.result.by_depth[i];
         by[depth_label(cell.depth)] = {{"accuracy", p.by_depth[i].estimate}, {"ci95", interval_json(p.by_depth[i])},
-                                       {"correct", cell.correct},            {"trials", cell.trials}};
+                                       {"correct", cell.correct},            {"trials", cell.trials},
+                                       {"keys", cell.keys},                  {"trial_correct", cell.correct_by_trial}};
       }
       pk[std::to_string(p.result.ctx)] = {{"accuracy", p.accuracy.estimate}, {"ci95", interval_json(p.accuracy)},
                                           {"correct", p.result.correct},      {"trials", p.result.trials},
