@@ -10,5 +10,6 @@ void add_ppl(CLI::App& app);
 void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_calibrate(CLI::App& app);
+void add_eval(CLI::App& app);
 
 }  // namespace kvq::cli

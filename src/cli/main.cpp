@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kvq::cli::add_info(app);
   kvq::cli::add_bench(app);
   kvq::cli::add_calibrate(app);
+  kvq::cli::add_eval(app);
   std::vector<std::string> args = kvq::cli::expand_aliases(argc, argv);
   std::string commands;
   for (const CLI::App* sub : app.get_subcommands({})) commands += (commands.empty() ? "" : ", ") + sub->get_name();

@@ -89,8 +89,10 @@ void Model::forward(KvCache& cache, int seq, const int32_t* ids, int n, float* l
     std::copy_n(w_.embed.data() + size_t(ids[i]) * H, H, x_.data() + size_t(i) * H);
   }
   for (int l = 0; l < c.n_layers; ++l) {
+    if (hook_) hook_->on_layer_input(l, pos0, n, x_.data());
     attention_block(cache, seq, l, pos0, n);
     mlp_block(l, n);
+    if (hook_) hook_->on_layer_output(l, pos0, n, x_.data());
   }
   cache.commit(seq, n);
 
@@ -134,6 +136,7 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
   if (transform_) transform_->outputs(l, n, hq, att_.data());
 
   linear(att_.data(), n, hq * d, lw.wo, H, h_.data());
+  if (hook_) hook_->on_attention_output(l, pos0, n, h_.data());
   for (size_t i = 0; i < size_t(n) * H; ++i) x_[i] += h_[i];
 }
 

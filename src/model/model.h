@@ -47,6 +47,18 @@ class Model {
   };
   void set_tap(LayerTap* tap) { tap_ = tap; }
 
+  // Residual-stream observer for evaluation (per-layer errors): per layer, the layer's input x [n, hidden] — the
+  // hook may overwrite it, e.g. to feed two caches the same layer input —, the post-W_O attention output y
+  // [n, hidden] (before the residual add) and the residual stream after the layer (after the MLP) [n, hidden].
+  // Null by default; when null it costs one pointer test per layer.
+  struct LayerHook {
+    virtual ~LayerHook() = default;
+    virtual void on_layer_input(int layer, int pos0, int n, float* x) = 0;
+    virtual void on_attention_output(int layer, int pos0, int n, const float* y) = 0;
+    virtual void on_layer_output(int layer, int pos0, int n, const float* x) = 0;
+  };
+  void set_hook(LayerHook* hook) { hook_ = hook; }
+
  private:
   Model(std::string dir, int n_threads);
   void attention_block(KvCache& cache, int seq, int layer, int pos0, int n);
@@ -61,6 +73,7 @@ class Model {
   std::vector<float> inv_freq_;  // [d / 2] RoPE inverse frequencies
   std::shared_ptr<const KvTransform> transform_;
   LayerTap* tap_ = nullptr;
+  LayerHook* hook_ = nullptr;
 
   // Activations of the current chunk (n rows).
   std::vector<float> x_, h_;        // [n, hidden] residual stream, normed input

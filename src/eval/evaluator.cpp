@@ -1,0 +1,303 @@
+#include "eval/evaluator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/sha256.h"
+#include "eval/metrics.h"
+#include "eval/rng.h"
+
+namespace kvq {
+
+namespace {
+
+const std::vector<std::string> kTasks = {"ppl", "kl", "passkey", "layers"};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KVQ_CHECK(f, "cannot open eval text '{}'", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// FNV-1a of a tag such as "kl/2048/linux", for per-stream bootstrap seeds.
+uint64_t tag_hash(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Wall-clock ETA over weighted work units (forwarded tokens).
+class EtaClock {
+ public:
+  EtaClock(double total, const EvalProgress& cb) : total_(std::max(1.0, total)), cb_(cb) {}
+  void report(const std::string& stage, double done_units) {
+    if (!cb_) return;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double frac = std::min(1.0, done_units / total_);
+    cb_(stage, frac, frac > 0 ? t * (1 - frac) / frac : -1);
+  }
+
+ private:
+  double total_;
+  const EvalProgress& cb_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+int windows_of(const EvalDomain& d, int ctx, int windows) {
+  const int available = int(d.ids.size() / size_t(ctx));
+  return windows > 0 ? std::min(windows, available) : available;
+}
+
+Interval exp_interval(const Interval& i) { return Interval{std::exp(i.estimate), std::exp(i.lo), std::exp(i.hi)}; }
+
+KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFidelity>& ws, const EvalConfig& c) {
+  std::vector<double> kl, agree, tokens;
+  KlEntry e;
+  e.domain = domain;
+  e.ctx = ctx;
+  e.windows = int(ws.size());
+  e.per_window = ws;
+  for (const WindowFidelity& w : ws) {
+    kl.push_back(w.kl_sum);
+    agree.push_back(double(w.top1_agree));
+    tokens.push_back(double(w.tokens));
+    e.tokens += w.tokens;
+  }
+  const std::string tag = "kl/" + std::to_string(ctx) + "/" + domain;
+  e.kl = bootstrap_ratio(kl, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag))).ci;
+  e.top1 = bootstrap_ratio(agree, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/top1"))).ci;
+  return e;
+}
+
+// Fills the ppl and its bootstrap CI over windows (each window scores ctx - 1 tokens).
+PplEntry ppl_entry(PplEntry e, const EvalConfig& c) {
+  std::vector<double> den(e.window_nll.size(), double(e.ctx - 1));
+  const std::string tag = "ppl/" + std::to_string(e.ctx) + "/" + e.domain;
+  e.ci = exp_interval(bootstrap_ratio(e.window_nll, den, c.bootstrap, mix_seed(c.seed, tag_hash(tag))).ci);
+  e.ppl = e.ci.estimate;
+  return e;
+}
+
+void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache, const std::vector<EvalDomain>& ds,
+              const EvalConfig& c) {
+  KVQ_CHECK(!c.tasks.empty(), "eval: no tasks (choose from ppl, kl, passkey, layers)");
+  for (const std::string& t : c.tasks)
+    KVQ_CHECK(std::find(kTasks.begin(), kTasks.end(), t) != kTasks.end(),
+              "unknown eval task '{}' (known: ppl, kl, passkey, layers)", t);
+  KVQ_CHECK(!c.ctx.empty(), "eval: no context lengths");
+  KVQ_CHECK(!ds.empty(), "eval: no eval data");
+  KVQ_CHECK(c.bootstrap >= 1, "eval: --bootstrap {} must be >= 1", c.bootstrap);
+  KVQ_CHECK(model.config().vocab_size >= tok.vocab_size(), "the tokenizer's {} ids exceed the model's vocabulary of {}",
+            tok.vocab_size(), model.config().vocab_size);
+  const bool windowed = c.has("ppl") || c.has("kl") || c.has("layers");
+  int64_t all_tokens = 0;
+  for (const EvalDomain& d : ds) all_tokens += int64_t(d.ids.size());
+  for (int ctx : c.ctx) {
+    KVQ_CHECK(ctx >= 2, "context {} is too short (need >= 2)", ctx);
+    KVQ_CHECK(ctx <= model.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
+              model.config().max_ctx);
+    if (windowed)
+      for (const EvalDomain& d : ds)
+        KVQ_CHECK(d.ids.size() >= size_t(ctx), "eval text '{}' has {} tokens, shorter than one window of {}", d.path,
+                  d.ids.size(), ctx);
+    if (c.has("passkey")) {
+      const PasskeyParts p = passkey_parts(tok, kPasskeyKeyMax);  // the longest key spelling is as long as any
+      const int fixed = int(p.needle.size() + p.question.size() + p.answer.size());
+      KVQ_CHECK(ctx >= 2 * fixed, "passkey context {} is too short: needle, question and answer take {} tokens "
+                "(use at least {})", ctx, fixed, 2 * fixed);
+      KVQ_CHECK(all_tokens > ctx, "the eval text has {} tokens, too few for a passkey haystack of {}", all_tokens, ctx);
+    }
+  }
+  if (c.has("passkey")) {
+    KVQ_CHECK(c.passkey_trials >= 1, "eval: --passkey-trials {} must be >= 1", c.passkey_trials);
+    KVQ_CHECK(!c.depths.empty(), "eval: no passkey depths");
+    for (double d : c.depths) KVQ_CHECK(d >= 0 && d <= 1, "passkey depth {} outside [0, 1]", d);
+  }
+  // The cache configuration is validated by constructing it once.
+  KvCache probe(cache, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, c.ctx.front());
+}
+
+}  // namespace
+
+bool EvalConfig::has(const std::string& task) const {
+  return std::find(tasks.begin(), tasks.end(), task) != tasks.end();
+}
+
+std::vector<double> EvalConfig::default_depths() {
+  std::vector<double> d;
+  for (int i = 0; i <= 10; ++i) d.push_back(i / 10.0);  // the same doubles as Python's i / 10
+  return d;
+}
+
+std::vector<std::string> parse_eval_tasks(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string t;
+  while (std::getline(ss, t, ',')) {
+    KVQ_CHECK(std::find(kTasks.begin(), kTasks.end(), t) != kTasks.end(),
+              "unknown eval task '{}' (known: ppl, kl, passkey, layers)", t);
+    KVQ_CHECK(std::find(out.begin(), out.end(), t) == out.end(), "eval task '{}' is listed twice", t);
+    out.push_back(t);
+  }
+  KVQ_CHECK(!out.empty() && list.back() != ',', "bad task list '{}' (e.g. ppl,kl,passkey,layers)", list);
+  return out;
+}
+
+std::vector<int> parse_ctx_list(const std::string& list) {
+  std::vector<int> out;
+  std::stringstream ss(list);
+  std::string t;
+  while (std::getline(ss, t, ',')) {
+    const bool digits = !t.empty() && t.size() <= 9 && std::all_of(t.begin(), t.end(), ::isdigit);
+    KVQ_CHECK(digits && std::stoi(t) > 0, "bad context list '{}': '{}' is not a positive integer (e.g. 2048,4096)",
+              list, t);
+    out.push_back(std::stoi(t));
+  }
+  KVQ_CHECK(!out.empty() && list.back() != ',', "bad context list '{}' (e.g. 2048,4096,8192)", list);
+  return out;
+}
+
+std::vector<std::string> list_eval_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  KVQ_CHECK(fs::is_directory(dir), "eval data directory '{}' does not exist", dir);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  KVQ_CHECK(!files.empty(), "eval data directory '{}' holds no .txt files", dir);
+  return files;
+}
+
+std::vector<EvalDomain> load_eval_domains(const std::string& dir, const Tokenizer& tok) {
+  namespace fs = std::filesystem;
+  std::vector<EvalDomain> out;
+  for (const std::string& f : list_eval_files(dir)) {
+    EvalDomain d;
+    d.path = f;
+    d.name = fs::path(f).stem().string();
+    const std::string text = read_file(f);
+    KVQ_CHECK(!text.empty(), "eval text '{}' is empty", f);
+    d.bytes = text.size();
+    d.sha256 = sha256_hex(text);
+    d.ids = tok.encode(text);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache, std::vector<EvalDomain> domains,
+                    const EvalConfig& c, const EvalProgress& progress) {
+  validate(model, tok, cache, domains, c);
+  const ModelConfig& mc = model.config();
+  const auto t0 = std::chrono::steady_clock::now();
+  EvalReport r;
+  r.config = c;
+  r.model_dir = model.dir();
+  r.model_fingerprint = model.fingerprint();
+  r.cache = cache;
+  const bool lockstep = c.has("kl") || c.has("layers");
+
+  // Work units: forwarded tokens (the forced layer pass counted like a full one).
+  double total = 0;
+  for (int ctx : c.ctx) {
+    for (const EvalDomain& d : domains) {
+      const double w = double(windows_of(d, ctx, c.windows)) * ctx;
+      if (lockstep) total += w * (c.has("layers") ? 3 : 2);
+      else if (c.has("ppl")) total += w;
+    }
+    if (c.has("passkey")) total += double(c.depths.size()) * c.passkey_trials * ctx;
+  }
+  EtaClock eta(total, progress);
+  double done = 0;
+
+  std::vector<int32_t> haystack;  // every domain's tokens in sorted domain order
+  if (c.has("passkey"))
+    for (const EvalDomain& d : domains) haystack.insert(haystack.end(), d.ids.begin(), d.ids.end());
+
+  model.set_kv_transform(c.transform);
+  for (int ctx : c.ctx) {
+    {
+      KvCache sizes(cache, mc.n_layers, mc.n_kv_heads, mc.head_dim, ctx);
+      r.footprint.push_back(sizes.footprint(ctx));
+    }
+    std::vector<WindowFidelity> pooled;
+    PplEntry ppl_all;  // every domain's windows pooled
+    ppl_all.domain = "all";
+    ppl_all.ctx = ctx;
+    double ref_nll_all = 0;
+    LayerEntry layer_entry;
+    layer_entry.ctx = ctx;
+    for (const EvalDomain& d : domains) {
+      const std::string stage = fmt::format("ctx {} {}", ctx, d.name);
+      PplEntry pe;
+      pe.domain = d.name;
+      pe.ctx = ctx;
+      if (lockstep) {
+        const double per_window = double(ctx) * (c.has("layers") ? 3 : 2);
+        const FidelityResult fr = lockstep_fidelity(
+            model, cache, d.ids, ctx, c.windows, c.has("layers"), c.transform,
+            [&](int w, int) { eta.report(stage + (c.has("layers") ? " kl+layers" : " kl"), done + w * per_window); });
+        done += double(fr.windows.size()) * per_window;
+        if (c.has("kl")) r.kl.push_back(kl_entry(d.name, ctx, fr.windows, c));
+        pooled.insert(pooled.end(), fr.windows.begin(), fr.windows.end());
+        if (c.has("layers")) layer_entry.sums.merge(fr.layers);
+        double ref_nll = 0;
+        for (const WindowFidelity& w : fr.windows) {
+          pe.window_nll.push_back(w.nll_method);  // identical to eval::perplexity's (tests/test_eval_end_to_end)
+          ref_nll += w.nll_ref;
+          pe.tokens += w.nll_tokens;
+        }
+        pe.ppl_bf16 = ppl_from_nll(ref_nll, pe.tokens);
+        ref_nll_all += ref_nll;
+      } else if (c.has("ppl")) {
+        const PerplexityResult pr = perplexity(model, cache, d.ids, ctx, c.windows, [&](int w, int, double) {
+          eta.report(stage + " ppl", done + double(w) * ctx);
+        });
+        done += double(pr.window_nll.size()) * ctx;
+        pe.window_nll = pr.window_nll;
+        pe.tokens = pr.tokens_scored;
+      }
+      if (c.has("ppl")) {
+        ppl_all.window_nll.insert(ppl_all.window_nll.end(), pe.window_nll.begin(), pe.window_nll.end());
+        ppl_all.tokens += pe.tokens;
+        r.ppl.push_back(ppl_entry(std::move(pe), c));
+      }
+    }
+    if (c.has("ppl") && domains.size() > 1) {
+      if (lockstep) ppl_all.ppl_bf16 = ppl_from_nll(ref_nll_all, ppl_all.tokens);
+      r.ppl.push_back(ppl_entry(std::move(ppl_all), c));
+    }
+    if (c.has("kl") && domains.size() > 1) r.kl.push_back(kl_entry("all", ctx, pooled, c));
+    if (c.has("layers")) r.layers.push_back(std::move(layer_entry));
+
+    if (c.has("passkey")) {
+      PasskeyEntry pk;
+      pk.seed = mix_seed(c.seed, uint64_t(ctx));
+      PasskeyGenerator gen(tok, haystack, pk.seed);
+      const std::string stage = fmt::format("ctx {} passkey", ctx);
+      pk.result = run_passkey(model, cache, gen, ctx, c.depths, c.passkey_trials,
+                              [&](int k, int) { eta.report(stage, done + double(k) * ctx); });
+      done += double(pk.result.trials) * ctx;
+      pk.accuracy = wilson_interval(pk.result.correct, pk.result.trials);
+      for (const PasskeyCell& cell : pk.result.by_depth) pk.by_depth.push_back(wilson_interval(cell.correct, cell.trials));
+      r.passkey.push_back(std::move(pk));
+    }
+  }
+  for (EvalDomain& d : domains) {
+    r.domain_tokens.push_back(int64_t(d.ids.size()));
+    d.ids.clear();
+    d.ids.shrink_to_fit();
+  }
+  r.domains = std::move(domains);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace kvq
