@@ -11,6 +11,7 @@
 
 #include "attention/attention.h"
 #include "attention/attention_ref.h"
+#include "attention/softmax_simd.h"
 #include "common/error.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
@@ -425,4 +426,35 @@ TEST(CachePerplexity, Bf16MatchesF32AndInt8MatchesBf16AndInt2WithoutWindowsDegra
   EXPECT_NEAR(bf16 / f32, 1.0, 0.002);
   EXPECT_NEAR(int8 / bf16, 1.0, 0.005);
   EXPECT_GT(int2 / bf16, 1.10);
+}
+
+// The vectorized exp of the online softmax: relative error <= 2e-7 (about 2 ulp; the Cephes polynomial's bound
+// plus the rounding of r = x - n·ln2 and of 2^n·p) against std::exp on [-87, 0], 0 below -87.3, and exact max.
+TEST(SoftmaxKernels, EveryLevelMatchesStdExpAndExactMax) {
+  std::vector<float> x;
+  for (int i = 0; i <= 20000; ++i) x.push_back(-87.f * float(i) / 20000.f);
+  for (float v : {-87.29f, -87.31f, -100.f, -1e30f, -INFINITY}) x.push_back(v);
+  for (int level = 0; level <= int(SimdLevel::kAvx512Vnni); ++level) {
+    if (!simd_level_supported(SimdLevel(level))) continue;
+    const SoftmaxKernels k = softmax_kernels(SimdLevel(level));
+    for (int n : {1, 7, 16, 17, 33, int(x.size())}) {
+      std::vector<float> y(x.begin(), x.begin() + n);
+      const float m_in = 0.5f;  // exp(x - m) with a non-zero max
+      const float sum = k.exp_sum(y.data(), n, m_in);
+      double ref_sum = 0;
+      for (int i = 0; i < n; ++i) {
+        const float xm = x[size_t(i)] - m_in;  // the float argument every level sees
+        const double e = std::exp(double(xm));
+        ref_sum += e;
+        if (xm < -87.3f)
+          EXPECT_LE(y[size_t(i)], 1.3e-38f) << "level " << level << " x " << x[size_t(i)];
+        else
+          EXPECT_NEAR(y[size_t(i)], e, 2e-7 * e) << "level " << level << " x " << x[size_t(i)];
+      }
+      // float summation of n terms: relative error <= n·2^-24 on top of the 2e-7 of each term
+      EXPECT_NEAR(sum, ref_sum, (2e-7 + n * 6e-8) * ref_sum) << "level " << level << " n " << n;
+      EXPECT_EQ(k.max(x.data() + 3, n), softmax_max_ref(x.data() + 3, n)) << "level " << level;
+    }
+    EXPECT_EQ(k.max(x.data(), 0), -INFINITY);
+  }
 }
