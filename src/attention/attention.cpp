@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/softmax_simd.h"
 #include "common/error.h"
 
 namespace kvq {
@@ -51,6 +52,7 @@ inline void valid_range(const KvCache& cache, KvCache::RunKind kind, int t, int&
 // Attend rows of one tile over some pieces; state accumulates (online softmax).
 void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, const float* q_rows, int rows,
                    int group, int t_first, SoftmaxState& st, std::vector<float>& s) {
+  static const SoftmaxKernels sk = softmax_kernels(best_simd_level());
   const int d = cache.head_dim();
   s.resize(size_t(rows) * kPieceTokens * 2);
   for (int pi = 0; pi < n_pieces; ++pi) {
@@ -74,18 +76,16 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
       lo = std::clamp(lo - pc.pos0, 0, n);
       hi = std::clamp(hi - pc.pos0, lo, n);
       float* sr = s.data() + size_t(r) * n;
-      float mx = -INFINITY;
-      for (int i = lo; i < hi; ++i) mx = std::max(mx, sr[i]);
-      if (hi <= lo || !(mx > -INFINITY)) {
+      const float mx = hi > lo ? sk.max(sr + lo, hi - lo) : -INFINITY;
+      if (!(mx > -INFINITY)) {
         std::fill(sr, sr + n, 0.f);
         continue;
       }
       const float m_new = std::max(st.m[size_t(r)], mx);
       const float corr = std::exp(st.m[size_t(r)] - m_new);  // exp(-inf) = 0 on the first piece
-      float sum = 0.f;
-      for (int i = 0; i < lo; ++i) sr[i] = 0.f;
-      for (int i = lo; i < hi; ++i) sum += (sr[i] = std::exp(sr[i] - m_new));
-      for (int i = hi; i < n; ++i) sr[i] = 0.f;
+      std::fill(sr, sr + lo, 0.f);
+      const float sum = sk.exp_sum(sr + lo, hi - lo, m_new);
+      std::fill(sr + hi, sr + n, 0.f);
       st.l[size_t(r)] = st.l[size_t(r)] * corr + sum;
       st.m[size_t(r)] = m_new;
       if (corr != 1.f) {
@@ -126,7 +126,10 @@ void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, 
   const int tile_q = std::max(1, kTileRows / g);  // queries per tile
   const int n_tiles = (n + tile_q - 1) / tile_q;
   const int base_items = n_tiles * n_kv;
-  const int splits = base_items >= 2 * pool.size() ? 1 : (2 * pool.size() + base_items - 1) / base_items;
+  // Enough items that the threads stay balanced when other processes share the cores (decode: 8 kv heads on 2
+  // threads -> 2 KV splits per head); each split costs one partial state and one merge.
+  const int want = 8 * pool.size();
+  const int splits = pool.size() == 1 || base_items >= want ? 1 : (want + base_items - 1) / base_items;
 
   std::vector<SoftmaxState> states(size_t(base_items) * splits);
   pool.parallel_for(int64_t(base_items) * splits, [&](int64_t item, int) {

@@ -1,13 +1,23 @@
 // kvq bench decode: prefill and decode speed of a model through the configured KV cache.
+// kvq bench attention: decode-step attention over a KvCache filled with random rows (no model), against the
+// bf16 cache of the same shapes, with bytes read, GB/s, the append cost and the machine's read bandwidth.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
+
+#include <time.h>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "attention/attention.h"
 #include "common/error.h"
+#include "common/thread_pool.h"
 
 namespace kvq::cli {
 
@@ -66,10 +76,202 @@ void bench_decode(const BenchDecodeOptions& o) {
   }
 }
 
+struct BenchAttentionOptions {
+  CacheOptions cache;
+  int ctx = 8192;         // tokens in the cache before the timed decode steps
+  int q_heads = 32;       // query heads
+  int kv_heads = 8;       // kv heads
+  int head_dim = 128;     // d
+  int batch = 1;          // sequences, one decode query each per step
+  int iters = 20;         // timed decode steps per configuration
+  int threads = 0;        // worker threads (0: all cores)
+  bool hot = false;       // keep the cache in the CPU caches between steps (default: evict it)
+  bool json = false;
+};
+
+// Streaming-read bandwidth (bytes/s) of the pool's threads over a buffer of `bytes`: best of a few passes.
+double read_bandwidth(ThreadPool& pool, size_t bytes) {
+  const size_t n = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  const int parts = pool.size() * 4;
+  pool.parallel_for(parts, [&](int64_t p, int) {  // first touch by the threads that read it
+    for (size_t i = n * size_t(p) / parts; i < n * size_t(p + 1) / parts; ++i) buf[i] = i;
+  });
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(parts, [&](int64_t p, int) {
+      uint64_t a[8] = {};
+      const size_t b = n * size_t(p) / parts, e = n * size_t(p + 1) / parts;
+      size_t i = b;
+      for (; i + 8 <= e; i += 8)
+        for (int k = 0; k < 8; ++k) a[k] += buf[i + size_t(k)];
+      for (; i < e; ++i) a[0] += buf[i];
+      sink += a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+    });
+    best = std::max(best, double(n * sizeof(uint64_t)) / seconds_since(t0));
+  }
+  return sink.load() == 1 ? 0 : best;  // (sink keeps the reads alive)
+}
+
+// Bytes a decode query at position t of seq reads from the cache of one layer: the quantized blocks and window
+// rows of its decode view, every kv head (counted from the runs the attention walks).
+double decode_bytes(const KvCache& cache, int seq, int t) {
+  const KvCodec &kc = cache.k_codec(), &vc = cache.v_codec(), &wc = cache.window_codec();
+  std::vector<KvCache::Run> runs;
+  double bytes = 0;
+  for (int h = 0; h < cache.n_kv_heads(); ++h) {
+    cache.runs(seq, 0, h, t, t, runs);
+    for (const auto& r : runs) {
+      if (r.kind == KvCache::RunKind::Quant)
+        bytes += double(r.n / kc.tokens_per_block()) * double(kc.bytes_per_block()) +
+                 double(r.n / vc.tokens_per_block()) * double(vc.bytes_per_block());
+      else
+        bytes += 2.0 * r.n * double(wc.bytes_per_block());
+    }
+  }
+  return bytes;
+}
+
+struct AttentionFigures {
+  double ms = 0, ms_min = 0;        // median / min wall time of one decode step (all sequences), ms
+  double cpu_ms = 0;                // median CPU time of one step summed over threads, ms
+  double bytes_read = 0;            // cache bytes one step reads (all sequences)
+  double append_ms = 0;             // append + demote of one token of one layer, ms (median over tokens)
+  std::string cache;                // describe() of the cache
+  double bits = 0;                  // effective bits per element at ctx
+};
+
+// CPU time of the whole process (all threads), seconds: unlike wall time, barely affected by other load.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+AttentionFigures bench_attention_one(const BenchAttentionOptions& o, const CacheConfig& cfg, ThreadPool& pool,
+                                     std::vector<uint8_t>& evict) {
+  const int d = o.head_dim, hk = o.kv_heads, hq = o.q_heads;
+  const int n_append = 64;  // tokens appended after the decode steps to time append + demote
+  CacheConfig c = cfg;
+  KvCache cache(c, 1, hk, d, o.ctx + n_append, o.batch);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int chunk = c.max_chunk;
+  std::vector<float> k(size_t(chunk) * hk * d), v(k.size());
+  std::vector<int> seqs;
+  for (int b = 0; b < o.batch; ++b) {
+    const int seq = cache.new_sequence();
+    seqs.push_back(seq);
+    for (int p = 0; p < o.ctx; p += chunk) {
+      const int n = std::min(chunk, o.ctx - p);
+      for (size_t i = 0; i < size_t(n) * hk * d; ++i) k[i] = nd(rng), v[i] = nd(rng);
+      cache.reserve(seq, n);
+      cache.append(seq, 0, p, n, k.data(), v.data());
+      cache.commit(seq, n);
+    }
+  }
+  const float scale = 1.f / std::sqrt(float(d));
+  std::vector<float> q(size_t(o.batch) * hq * d), out(q.size());
+  for (auto& x : q) x = nd(rng) * scale;
+  AttentionFigures f;
+  f.cache = cache.config().describe();
+  f.bits = cache.footprint(o.ctx).bits_per_element;
+  for (int seq : seqs) f.bytes_read += decode_bytes(cache, seq, o.ctx - 1);
+  const AttentionShape shape{hq, hk, d};
+  auto step = [&] {
+    for (int b = 0; b < o.batch; ++b)
+      cache_attention(cache, seqs[size_t(b)], 0, o.ctx - 1, 1, q.data() + size_t(b) * hq * d,
+                      out.data() + size_t(b) * hq * d, shape, pool);
+  };
+  step();  // warm-up
+  std::vector<double> ms, cpu;
+  uint64_t touch = 0;
+  for (int it = 0; it < o.iters; ++it) {
+    if (!o.hot)
+      for (size_t i = 0; i < evict.size(); i += 64) touch += evict[i];  // read 96 MB: push the cache out of L1-L3
+    const double c0 = process_cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(1e3 * seconds_since(t0));
+    cpu.push_back(1e3 * (process_cpu_seconds() - c0));
+  }
+  f.ms = median(ms);
+  f.cpu_ms = median(cpu);
+  if (touch == 1) std::fprintf(stderr, "\n");  // keeps the eviction reads alive
+  f.ms_min = *std::min_element(ms.begin(), ms.end());
+  // Append one token of one layer (window encode + demotion of what leaves the window), sequence 0.
+  std::vector<double> ams;
+  for (int i = 0; i < n_append; ++i) {
+    for (size_t j = 0; j < size_t(hk) * d; ++j) k[j] = nd(rng), v[j] = nd(rng);
+    const auto t0 = std::chrono::steady_clock::now();
+    cache.reserve(seqs[0], 1);
+    cache.append(seqs[0], 0, o.ctx + i, 1, k.data(), v.data());
+    cache.commit(seqs[0], 1);
+    ams.push_back(1e3 * seconds_since(t0));
+  }
+  // Mean: KIVI demotes a whole block every G tokens, so the cost per token is the average.
+  double sum = 0;
+  for (double a : ams) sum += a;
+  f.append_ms = sum / double(ams.size());
+  return f;
+}
+
+void bench_attention(const BenchAttentionOptions& o) {
+  KVQ_CHECK(o.ctx >= 1 && o.batch >= 1 && o.iters >= 1, "bench attention: --ctx {}, --batch {}, --iters {} must be >= 1",
+            o.ctx, o.batch, o.iters);
+  KVQ_CHECK(o.q_heads >= 1 && o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
+            "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
+  ThreadPool pool(o.threads);
+  const double bw = read_bandwidth(pool, size_t(512) << 20);
+  std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
+  CacheOptions bf = o.cache;
+  bf.type_both.clear();
+  bf.type_k = bf.type_v = "bf16";
+  const AttentionFigures base = bench_attention_one(o, bf.config(), pool, evict);
+  const AttentionFigures test = bench_attention_one(o, o.cache.config(), pool, evict);
+  double load[3] = {0, 0, 0};
+  if (FILE* fl = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(fl, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
+    std::fclose(fl);
+  }
+  if (!o.json)
+    std::printf("read bandwidth %.1f GB/s (%d threads, 512 MB streaming read) | load average %.2f %.2f %.2f | "
+                "ctx %d batch %d q-heads %d kv-heads %d d %d | %s\n",
+                bw / 1e9, pool.size(), load[0], load[1], load[2], o.ctx, o.batch, o.q_heads, o.kv_heads, o.head_dim,
+                o.hot ? "hot caches" : "caches evicted before each step");
+  for (const AttentionFigures* f : {&base, &test}) {
+    const double gbps = f->bytes_read / (f->ms * 1e-3) / 1e9;
+    const double speedup = base.ms / f->ms;
+    const double append_pct = 100.0 * f->append_ms / (f->ms / o.batch);
+    if (o.json) {
+      nlohmann::json j = {{"cache", f->cache}, {"ctx", o.ctx}, {"batch", o.batch}, {"threads", pool.size()},
+                          {"q_heads", o.q_heads}, {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
+                          {"iters", o.iters}, {"hot", o.hot}, {"ms", f->ms}, {"ms_min", f->ms_min}, {"cpu_ms", f->cpu_ms},
+                          {"bytes_read", f->bytes_read}, {"gbps", gbps}, {"speedup_vs_bf16", speedup},
+                          {"append_ms_per_token", f->append_ms}, {"append_pct_of_step", append_pct},
+                          {"kv_bits_effective", f->bits}, {"read_bandwidth_gbps", bw / 1e9},
+                          {"fraction_of_read_bandwidth", gbps * 1e9 / bw}, {"load_average", load[0]}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%-62s %8.3f ms/step (min %.3f, cpu %.3f) | %7.2f MB read | %6.2f GB/s (%3.0f%% of read bw) | "
+                  "speedup_vs_bf16 %.2fx | append %.4f ms/token/layer = %.1f%% of a step | %.2f bits/elem\n",
+                  f->cache.c_str(), f->ms, f->ms_min, f->cpu_ms, f->bytes_read / 1e6, gbps, 100.0 * gbps * 1e9 / bw, speedup,
+                  f->append_ms, append_pct, f->bits);
+    }
+  }
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks (decode)");
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks (decode, attention)");
   bench->require_subcommand(1);
   auto o = std::make_shared<BenchDecodeOptions>();
   CLI::App* dec = bench->add_subcommand("decode", "prefill and decode tokens/s of a model");
@@ -79,6 +281,20 @@ void add_bench(CLI::App& app) {
   dec->add_option("-n,--n-decode", o->n_decode, "tokens to decode")->check(CLI::Range(1, 1 << 20));
   dec->add_flag("--json", o->json, "print one JSON object");
   dec->callback([o] { bench_decode(*o); });
+
+  auto a = std::make_shared<BenchAttentionOptions>();
+  CLI::App* att = bench->add_subcommand("attention", "decode-step attention over a random-filled KV cache vs bf16");
+  add_cache_options(att, a->cache);
+  att->add_option("--ctx", a->ctx, "tokens in the cache")->check(CLI::Range(1, 1 << 24));
+  att->add_option("--q-heads", a->q_heads, "query heads")->check(CLI::Range(1, 1024));
+  att->add_option("--kv-heads", a->kv_heads, "kv heads")->check(CLI::Range(1, 1024));
+  att->add_option("--head-dim", a->head_dim, "head dimension d")->check(CLI::Range(1, 4096));
+  att->add_option("--batch", a->batch, "sequences (one decode query each per step)")->check(CLI::Range(1, 4096));
+  att->add_option("--iters", a->iters, "timed decode steps")->check(CLI::Range(1, 1 << 20));
+  att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
+  att->add_flag("--json", a->json, "print one JSON object per configuration");
+  att->callback([a] { bench_attention(*a); });
 }
 
 }  // namespace kvq::cli

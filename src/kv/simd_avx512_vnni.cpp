@@ -53,19 +53,23 @@ inline __m512i unit_i16(const uint8_t* p) {
   }
 }
 
-// Quantize n floats to int16 with step max|x| / 32767 (step 1 for an all-zero input); returns the step.
-inline float quantize_i16(const float* x, int n, int stride, int16_t* out, int out_stride) {
-  float m = 0.f;
-  for (int k = 0; k < n; ++k) {
-    const float a = std::fabs(x[k * stride]);
-    m = a > m ? a : m;
+// Quantize one group of n (a multiple of 16) floats to int16 with step max|x| / 32767 (step 1 for an all-zero
+// group), rounding x / step to nearest even (|x / step| <= 32767 by construction); sum gets Σx. Runs once per query and group per call,
+// i.e. per cache page in attention, so its cost matters next to the 128-row kernels.
+inline float quantize_group_i16(const float* x, int n, int16_t* out, float& sum) {
+  __m512 m = _mm512_setzero_ps(), s = _mm512_setzero_ps();
+  for (int k = 0; k < n; k += 16) {
+    const __m512 v = _mm512_loadu_ps(x + k);
+    m = _mm512_max_ps(m, _mm512_abs_ps(v));
+    s = _mm512_add_ps(s, v);
   }
-  const float step = m > 0.f ? m / 32767.f : 1.f, inv = 1.f / step;
-  for (int k = 0; k < n; ++k) {
-    float v = std::nearbyint(x[k * stride] * inv);
-    v = v > 32767.f ? 32767.f : v < -32767.f ? -32767.f : v;
-    out[k * out_stride] = int16_t(v);
-  }
+  const float mx = _mm512_reduce_max_ps(m);
+  sum = _mm512_reduce_add_ps(s);
+  const float step = mx > 0.f ? mx / 32767.f : 1.f;
+  const __m512 inv = _mm512_set1_ps(1.f / step);
+  for (int k = 0; k < n; k += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k),
+                        _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), inv))));
   return step;
 }
 
@@ -143,8 +147,7 @@ void scores_vnni(const RowsView& r, const float* q, int n_q, float* s, size_t s_
     for (int i = 0; i < nc; ++i)
       for (int g = 0; g < ng; ++g) {
         const float* qg = q + size_t(c0 + i) * d + g * r.group;
-        qstep[i][g] = quantize_i16(qg, r.group, 1, q16 + i * kQ16Stride + g * r.group, 1);
-        for (int c = 0; c < r.group; ++c) qsum[i][g] += qg[c];
+        qstep[i][g] = quantize_group_i16(qg, r.group, q16 + i * kQ16Stride + g * r.group, qsum[i][g]);
       }
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
@@ -268,9 +271,13 @@ void accumulate_vnni(const RowsView& r, const float* p, size_t p_stride, int n_q
         i0 += qb;
       }
     }
-    if (r.grouped)
+    if (r.grouped)  // vectorized: this runs once per call (per cache page in attention)
       for (int i = 0; i < nc; ++i)
-        for (int c = 0; c < d; ++c) acc[size_t(c0 + i) * d + c] -= float(zsum[i][c / r.group]);
+        for (int g = 0; g < ng; ++g) {
+          const __m512 z = _mm512_set1_ps(float(zsum[i][g]));
+          float* a = acc + size_t(c0 + i) * d + g * r.group;
+          for (int c = 0; c < r.group; c += 16) _mm512_storeu_ps(a + c, _mm512_sub_ps(_mm512_loadu_ps(a + c), z));
+        }
   }
 }
 

@@ -1,0 +1,101 @@
+#include "attention/attention_ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace kvq {
+
+ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
+    : cfg_(cfg), n_kv_(n_kv_heads), d_(head_dim) {
+  CodecSpec ks = cfg.k, vs = cfg.v;
+  ks.head_dim = vs.head_dim = head_dim;
+  k_codec_ = make_codec(ks);
+  v_codec_ = make_codec(vs);
+  window_ = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
+  block_ = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());
+}
+
+ReferenceKv::~ReferenceKv() = default;
+
+void ReferenceKv::append(int n, const float* k, const float* v) {
+  const size_t row = size_t(n_kv_) * d_, first = size_t(n_tokens_) * row;
+  n_tokens_ += n;
+  for (auto* buf : {&wk_, &wv_, &qk_, &qv_}) buf->resize(size_t(n_tokens_) * row);
+  std::vector<uint8_t> block(std::max(window_->bytes_per_block(),
+                                      std::max(k_codec_->bytes_per_block(), v_codec_->bytes_per_block())));
+  for (size_t i = 0; i < size_t(n) * n_kv_; ++i) {  // window round trips
+    window_->encode(k + i * d_, block.data());
+    window_->decode(block.data(), wk_.data() + first + i * d_);
+    window_->encode(v + i * d_, block.data());
+    window_->decode(block.data(), wv_.data() + first + i * d_);
+  }
+  // Quantized twins of every whole block after the sinks: the codec round trip of the window rows of the block.
+  const int S0 = cfg_.sink;
+  std::vector<float> in(size_t(block_) * d_), out(in.size());
+  while (S0 + n_quantized_ + block_ <= n_tokens_) {
+    const int b0 = S0 + n_quantized_;
+    for (int h = 0; h < n_kv_; ++h)
+      for (int kv = 0; kv < 2; ++kv) {
+        const KvCodec& codec = kv ? *v_codec_ : *k_codec_;
+        const std::vector<float>& src = kv ? wv_ : wk_;
+        std::vector<float>& dst = kv ? qv_ : qk_;
+        const int tpb = codec.tokens_per_block();
+        for (int t0 = b0; t0 < b0 + block_; t0 += tpb) {
+          for (int r = 0; r < tpb; ++r)
+            std::copy_n(src.data() + (size_t(t0 + r) * n_kv_ + h) * d_, d_, in.data() + size_t(r) * d_);
+          codec.encode(in.data(), block.data());
+          codec.decode(block.data(), out.data());
+          for (int r = 0; r < tpb; ++r)
+            std::copy_n(out.data() + size_t(r) * d_, d_, dst.data() + (size_t(t0 + r) * n_kv_ + h) * d_);
+        }
+      }
+    n_quantized_ += block_;
+  }
+}
+
+int ReferenceKv::quant_end(int t) const {
+  // The window holds the W most recent positions [t - W + 1, t]; a block leaves it when its last token does.
+  int qe = cfg_.sink;
+  while (qe + block_ - 1 <= t - cfg_.recent) qe += block_;
+  return qe;
+}
+
+const float* ReferenceKv::row(const std::vector<float>& window, const std::vector<float>& quant, int t, int pos,
+                              int h) const {
+  KVQ_CHECK(pos >= 0 && pos <= t && t < n_tokens_, "ReferenceKv: position {} for a query at {} of {} tokens", pos, t,
+            n_tokens_);
+  const bool quantized = pos >= cfg_.sink && pos < quant_end(t);
+  return (quantized ? quant : window).data() + (size_t(pos) * n_kv_ + h) * d_;
+}
+
+const float* ReferenceKv::key(int t, int pos, int h) const { return row(wk_, qk_, t, pos, h); }
+const float* ReferenceKv::value(int t, int pos, int h) const { return row(wv_, qv_, t, pos, h); }
+
+void ReferenceKv::attend(int t, const float* q, int n_heads, double* out) const {
+  const int g = n_heads / n_kv_;
+  std::vector<double> s(size_t(t) + 1);
+  for (int j = 0; j < n_heads; ++j) {
+    const int h = j / g;
+    double mx = -INFINITY;
+    for (int pos = 0; pos <= t; ++pos) {
+      const float* k = key(t, pos, h);
+      double dot = 0;
+      for (int c = 0; c < d_; ++c) dot += double(q[size_t(j) * d_ + c]) * k[c];
+      s[size_t(pos)] = dot;
+      mx = std::max(mx, dot);
+    }
+    double sum = 0;
+    for (double& x : s) sum += (x = std::exp(x - mx));
+    double* o = out + size_t(j) * d_;
+    std::fill(o, o + d_, 0.0);
+    for (int pos = 0; pos <= t; ++pos) {
+      const float* v = value(t, pos, h);
+      for (int c = 0; c < d_; ++c) o[c] += s[size_t(pos)] / sum * v[c];
+    }
+  }
+}
+
+}  // namespace kvq
