@@ -8,16 +8,16 @@ void F32Codec::encode(const float* x, uint8_t* block) const { std::memcpy(block,
 
 void F32Codec::decode(const uint8_t* block, float* x) const { std::memcpy(x, block, bytes_per_block()); }
 
-// s[n_q, n] = q[n_q, d] · K[n, d]^T and acc[n_q, d] += p[n_q, n] · V[n, d], row by row (vectorised by the compiler;
-// this is the lossless reference cache, not a fast path).
+// s[n_q, n] = q[n_q, d] · K[n, d]^T and acc[n_q, d] += p[n_q, n] · V[n, d], row by row with dot products
+// accumulated in double: this is the lossless reference cache, not a fast path.
 void F32Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   const float* k = reinterpret_cast<const float*>(blocks);
   for (int t = 0; t < n_tokens; ++t, k += d_)
     for (int i = 0; i < n_q; ++i) {
       const float* qi = q + size_t(i) * d_;
-      float dot = 0.f;
-      for (int c = 0; c < d_; ++c) dot += qi[c] * k[c];
-      s[size_t(i) * n_tokens + t] = dot;
+      double dot = 0.0;
+      for (int c = 0; c < d_; ++c) dot += double(qi[c]) * k[c];
+      s[size_t(i) * n_tokens + t] = float(dot);
     }
 }
 

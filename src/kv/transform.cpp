@@ -7,26 +7,27 @@ namespace kvq {
 namespace {
 
 // rows[i] <- rows[i] · R (transpose: rows[i] · R^T), R: [d, d] row-major, for n_rows rows of stride d.
+// Accumulates in double so that a rotation and its inverse round-trip to float precision.
 void rotate_rows(float* rows, int n_rows, const float* R, int d, bool transpose) {
-  std::vector<float> tmp(static_cast<size_t>(d));
+  std::vector<double> tmp(static_cast<size_t>(d));
   for (int i = 0; i < n_rows; ++i) {
     float* x = rows + size_t(i) * d;
-    std::fill(tmp.begin(), tmp.end(), 0.f);
+    std::fill(tmp.begin(), tmp.end(), 0.0);
     if (!transpose) {
       for (int a = 0; a < d; ++a) {
-        const float xa = x[a];
+        const double xa = x[a];
         const float* r = R + size_t(a) * d;
         for (int b = 0; b < d; ++b) tmp[size_t(b)] += xa * r[b];
       }
     } else {
       for (int b = 0; b < d; ++b) {
         const float* r = R + size_t(b) * d;
-        float s = 0.f;
-        for (int a = 0; a < d; ++a) s += x[a] * r[a];
+        double s = 0.0;
+        for (int a = 0; a < d; ++a) s += double(x[a]) * r[a];
         tmp[size_t(b)] = s;
       }
     }
-    std::copy(tmp.begin(), tmp.end(), x);
+    for (int c = 0; c < d; ++c) x[c] = float(tmp[size_t(c)]);
   }
 }
 
