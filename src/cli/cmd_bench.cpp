@@ -228,6 +228,9 @@ void bench_attention(const BenchAttentionOptions& o) {
             o.ctx, o.batch, o.iters);
   KVQ_CHECK(o.q_heads >= 1 && o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
             "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
+  KVQ_CHECK(o.cache.rotation == "none",
+            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
+  KvCache probe(o.cache.config(), 1, o.kv_heads, o.head_dim, 1);  // unsupported cache settings fail before work
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
