@@ -239,3 +239,48 @@ TEST(Referee, ParsesMethodAndWindowListsAndRejectsBadOnes) {
   EXPECT_THROW(parse_referee_windows("64/-1"), Error);
   EXPECT_THROW(parse_referee_windows("0/0,0/0"), Error);
 }
+
+TEST(Referee, CachesCalibratedRotationFilesAndReusesThemOnARerun) {
+  Dirs d;
+  RefereeConfig c = tiny(d);
+  c.methods = parse_referee_methods("int2+oscar");
+  c.calib_tokens = 512;
+  c.calib_chunk = 256;
+  const RefereeResult first = run_referee(c, quiet);
+  EXPECT_EQ(first.calibrations_run, 1);
+  EXPECT_EQ(first.calibrations_reused, 0);
+  const json& rot = first.results["runs"][0]["rotation"];
+  ASSERT_TRUE(rot["file"].is_string());
+  EXPECT_TRUE(fs::exists(rot["file"].get<std::string>()));
+  EXPECT_EQ(fs::path(rot["file"].get<std::string>()).parent_path(), d.out / "rotations");
+  EXPECT_EQ(rot["calib_sha256"], first.results["calibration_data"]["sha256"]);
+  EXPECT_FALSE(rot["reused"].get<bool>());
+  // another seed reruns the evaluation but not the calibration (same model, data and calibration settings)
+  c.seed = 9;
+  const RefereeResult second = run_referee(c, quiet);
+  EXPECT_EQ(second.runs_executed, 1);
+  EXPECT_EQ(second.calibrations_run, 0);
+  EXPECT_EQ(second.calibrations_reused, 1);
+  EXPECT_TRUE(second.results["runs"][0]["rotation"]["reused"].get<bool>());
+  EXPECT_EQ(second.results["runs"][0]["rotation"]["file"], rot["file"]);
+  // another calibration budget is another file name
+  c.calib_tokens = 768;
+  const RefereeResult third = run_referee(c, quiet);
+  EXPECT_EQ(third.calibrations_run, 1);
+  EXPECT_NE(third.results["runs"][0]["rotation"]["file"], rot["file"]);
+}
+
+TEST(Referee, RefusesATooSmallCalibrationBudgetBeforeAnyRun) {
+  Dirs d;
+  RefereeConfig c = tiny(d);
+  c.methods = parse_referee_methods("int2,optr(oscar)");
+  c.calib_tokens = 4096;
+  c.calib_chunk = 1024;  // optr needs 4 chunks of 1024 tokens; the calibration file has far fewer
+  try {
+    run_referee(c, quiet);
+    ADD_FAILURE() << "too little calibration data accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("calibration tokens"), std::string::npos) << e.message();
+  }
+  EXPECT_TRUE(fs::is_empty(d.out / "runs"));  // not even the int2 run was started
+}

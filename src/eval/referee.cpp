@@ -140,6 +140,8 @@ class Referee {
   void validate_inputs();
   void load_data();
   Model& model();
+  CalibrateConfig calib_config(const PlannedRun& r) const;
+  void check_calibrations(const std::vector<PlannedRun>& plan) const;
   Rotation rotation_for(const PlannedRun& r);
   json settings_for(const PlannedRun& r) const;
   json evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s, int left);
@@ -242,6 +244,36 @@ json Referee::settings_for(const PlannedRun& r) const {
   return s;
 }
 
+CalibrateConfig Referee::calib_config(const PlannedRun& r) const {
+  const RefereeMethod& m = r.method;
+  CalibrateConfig cc;
+  cc.method = m.rotation;
+  cc.base = m.rotation == "optr" ? m.base : "oscar";
+  cc.objective = m.rotation == "optr" ? m.objective : "post-wo";
+  cc.tokens = cfg_.calib_tokens;
+  cc.chunk = cfg_.calib_chunk;
+  cc.steps = cfg_.calib_steps;
+  // OptR is calibrated for the row's int2 grid and windows; OSCAR's statistics do not depend on them.
+  cc.cache = method_cache(m, m.rotation == "optr" ? r.windows : RefereeWindows{0, 0}, cfg_.group);
+  return cc;
+}
+
+// Every calibration the plan may need is checked before the first run: budget, chunk, windows and data length.
+void Referee::check_calibrations(const std::vector<PlannedRun>& plan) const {
+  const ModelConfig mc = ModelConfig::load(cfg_.model_dir + "/config.json");
+  for (const PlannedRun& r : plan) {
+    if (!r.method.needs_calibration()) continue;
+    const CalibrateConfig cc = calib_config(r);
+    cc.validate(mc);
+    const size_t need = size_t(cc.chunk) * size_t(cc.method == "optr" ? cc.calib_chunks + cc.heldout_chunks : 1);
+    const bool leak = r.leakage;
+    const size_t have = leak ? domains_[size_t(leak_domain_)].ids.size() : calib_ids_.size();
+    KVQ_CHECK(have >= need, "referee: {} needs {} calibration tokens ({} chunk(s) of {}), '{}' has {}", r.method.label,
+              need, need / size_t(cc.chunk), cc.chunk, leak ? domains_[size_t(leak_domain_)].path : cfg_.calib_data,
+              have);
+  }
+}
+
 Rotation Referee::rotation_for(const PlannedRun& r) {
   const RefereeMethod& m = r.method;
   Rotation rot;
@@ -253,15 +285,7 @@ Rotation Referee::rotation_for(const PlannedRun& r) {
     rot.transform = std::move(t);
     return rot;
   }
-  CalibrateConfig cc;
-  cc.method = m.rotation;
-  cc.base = m.rotation == "optr" ? m.base : "oscar";
-  cc.objective = m.rotation == "optr" ? m.objective : "post-wo";
-  cc.tokens = cfg_.calib_tokens;
-  cc.chunk = cfg_.calib_chunk;
-  cc.steps = cfg_.calib_steps;
-  // OptR is calibrated for the row's int2 grid and windows; OSCAR's statistics do not depend on them.
-  cc.cache = method_cache(m, m.rotation == "optr" ? r.windows : RefereeWindows{0, 0}, cfg_.group);
+  const CalibrateConfig cc = calib_config(r);
   const bool leak = r.leakage;
   const std::string data_file = leak ? domains_[size_t(leak_domain_)].path : cfg_.calib_data;
   const std::string data_sha = leak ? domains_[size_t(leak_domain_)].sha256 : calib_text_sha_;
@@ -436,6 +460,8 @@ RefereeResult Referee::run() {
                     slug(m.label) + "__" + std::to_string(w.sink) + "-" + std::to_string(w.recent) + "__leak-" +
                         slug(domains_[size_t(leak_domain_)].name)});
   }
+
+  check_calibrations(plan);
 
   double executed_seconds = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
