@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# `make demo`: the main job on the bundled reference model — what the cache stores, text from it, and how much
-# each KV-cache type costs in perplexity (decode-faithful, data/eval held-out text) at equal context.
+# `make demo`: the main job on the bundled reference model — what a 2-bit cache stores, text generated through it,
+# and the quick referee: the KV-cache methods side by side on the same eval data, seeds and windows
+# (ppl, KL and top-1 against BF16, passkey, per-layer errors, effective bits), ending with its summary table.
+# Calibration uses data/calib/linux.txt; the eval texts are data/eval/*.txt. data/calib/<domain>.txt and
+# data/eval/<domain>.txt come from different positions of the same source text (disjoint parts of one domain);
+# the referee checks disjointness by file identity (path and sha256) and records both hashes.
 set -euo pipefail
 KVQ=${1:-build/kvq}
 M=models/ref
-EVAL=data/eval/linux.txt
-CTX=${KVQ_DEMO_CTX:-2048}
-WINDOWS=${KVQ_DEMO_WINDOWS:-2}
+OUT=${KVQ_DEMO_OUT:-$(dirname "$KVQ")/referee-demo}
 
 echo "== kvq info: the reference model and a 2-bit cache at 8K context"
 "$KVQ" info -m $M -ctk int2 -ctv int2 -c 8192
@@ -14,21 +16,9 @@ echo
 echo "== kvq run: greedy continuation through a BF16 cache and through an INT2 cache (64 sink + 256 recent in BF16)"
 for t in bf16 int2; do
   printf -- "-- %s: " "$t"
-  "$KVQ" run -m $M -p "The kernel maps physical memory pages" -n 48 --temp 0 --kv-cache-dtype $t 2>/dev/null
+  "$KVQ" run -m $M -p "The kernel maps physical memory pages" -n 32 --temp 0 --kv-cache-dtype $t 2>/dev/null
 done
 echo
-echo "== kvq ppl: $EVAL, $WINDOWS windows of $CTX tokens, every query reading the cache as decode would"
-printf "%-34s %10s %12s\n" "cache" "ppl" "bits/elem"
-row() {  # row LABEL FLAGS...
-  local label=$1
-  shift
-  local line
-  line=$("$KVQ" ppl -m $M -f $EVAL -c "$CTX" --chunks "$WINDOWS" "$@" 2>/dev/null)
-  printf "%-34s %10s %12s\n" "$label" "$(awk '{print $2}' <<<"$line")" "$(grep -o '[0-9.]* bits/element' <<<"$line" | cut -d' ' -f1)"
-}
-row "bf16" --kv-cache-dtype bf16
-row "int8" --kv-cache-dtype int8
-row "int4" --kv-cache-dtype int4
-row "int2, no windows" --kv-cache-dtype int2 --kv-sink 0 --kv-recent 0
-row "int2, 64 sink + 256 recent" --kv-cache-dtype int2
-row "kivi2 (G=32), no windows" --kv-cache-dtype kivi2 --kv-group 32 --kv-sink 0 --kv-recent 0
+echo "== kvq referee --quick: 7 methods x windows {64/256, 0/0} at ctx 1024 on linux + python (reports in $OUT;"
+echo "   finished runs there are reused on a rerun: rm -rf $OUT to start over)"
+"$KVQ" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$OUT" --quick

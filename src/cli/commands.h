@@ -11,5 +11,6 @@ void add_info(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_eval(CLI::App& app);
+void add_referee(CLI::App& app);
 
 }  // namespace kvq::cli

@@ -1,0 +1,104 @@
+// kvq referee: every cache method × window setting on the same model, data, seeds and group, with calibration on
+// data disjoint from the eval data (METHODS.md §6-8). Writes OUT/results.json, report.md, report.html and prints
+// the summary table.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "eval/evaluator.h"
+#include "eval/referee.h"
+
+namespace kvq::cli {
+
+namespace {
+
+struct RefereeOptions {
+  RefereeConfig cfg;
+  std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths;
+  bool quick = false, no_leakage = false;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
+  return out;
+}
+
+void run(RefereeOptions o, const CLI::App* cmd) {
+  RefereeConfig& c = o.cfg;
+  auto given = [&](const char* flag) { return cmd->count(flag) > 0; };
+  if (o.quick) {  // the demo / CI subset; explicit flags still win
+    if (!given("--methods")) o.methods = "bf16,int8,int2,kivi2,int2+quarot,int2+oscar,optr(oscar)";
+    if (!given("--cache-windows")) o.windows = "64/256,0/0";
+    if (!given("--ctx")) o.ctx = "1024";
+    if (!given("--windows")) c.eval_windows = 1;
+    if (!given("--passkey-trials")) c.passkey_trials = 1;
+    if (!given("--calib-tokens")) c.calib_tokens = 4096;
+    if (!given("--calib-chunk")) c.calib_chunk = 1024;
+    if (!given("--calib-steps")) c.calib_steps = 20;
+    if (!given("--domains")) {
+      std::vector<std::string> stems;
+      for (const std::string& f : list_eval_files(c.eval_dir)) stems.push_back(std::filesystem::path(f).stem().string());
+      const bool both = std::count(stems.begin(), stems.end(), "linux") && std::count(stems.begin(), stems.end(),
+                                                                                      "python");
+      if (both) o.domains = "linux,python";
+      else for (size_t i = 0; i < stems.size() && i < 2; ++i) o.domains += (i ? "," : "") + stems[i];
+    }
+  }
+  c.quick = o.quick;
+  c.leakage = !o.no_leakage;
+  c.ctx = parse_ctx_list(o.ctx);
+  if (!o.methods.empty()) c.methods = parse_referee_methods(o.methods);
+  c.windows = parse_referee_windows(o.windows);
+  if (!o.domains.empty()) c.domains = split(o.domains);
+  for (const std::string& d : split(o.depths)) {
+    char* end = nullptr;
+    const double v = std::strtod(d.c_str(), &end);
+    KVQ_CHECK(!d.empty() && *end == '\0', "bad --depths '{}': '{}' is not a number", o.depths, d);
+    c.depths.push_back(v);
+  }
+  const RefereeResult r = run_referee(c);
+  std::printf("%s", referee_summary_table(r.results).c_str());
+  std::printf("runs: %d run now, %d resumed; calibrations: %d run, %d reused\nwrote %s/results.json, report.md, "
+              "report.html\n",
+              r.runs_executed, r.runs_resumed, r.calibrations_run, r.calibrations_reused, c.out_dir.c_str());
+}
+
+}  // namespace
+
+void add_referee(CLI::App& app) {
+  auto o = std::make_shared<RefereeOptions>();
+  CLI::App* cmd = app.add_subcommand("referee", "fair comparison of every KV-cache method × window setting "
+                                                "(results.json, report.md, report.html)");
+  RefereeConfig& c = o->cfg;
+  cmd->add_option("-m,--model", c.model_dir, "Hugging Face checkpoint directory")->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--calib-data", c.calib_data, "calibration text, disjoint from the eval data")->required();
+  cmd->add_option("--eval-data", c.eval_dir, "directory of eval texts; every DIR/*.txt is one domain")->required();
+  cmd->add_option("-o,--output", c.out_dir, "output directory (results, reports, runs/, rotations/)")->required();
+  cmd->add_option("--ctx", o->ctx, "comma-separated context lengths (layers at the first)");
+  cmd->add_flag("--quick", o->quick, "demo / CI subset: 7 methods, windows 64/256 and 0/0, ctx 1024, 1 window, "
+                "2 domains, 1 passkey trial per depth, small OptR budget");
+  cmd->add_option("--windows", c.eval_windows, "eval windows per domain and ctx (0: all)")->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--passkey-trials", c.passkey_trials, "passkey prompts per (ctx, depth)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--methods", o->methods, "comma-separated methods (default: all)");
+  cmd->add_option("--cache-windows", o->windows, "sink/recent BF16 window settings, e.g. 64/256,16/64,0/0");
+  cmd->add_option("--domains", o->domains, "eval domains to use (file stems; default: all)");
+  cmd->add_option("--depths", o->depths, "passkey needle depths (default 0,0.1,...,1)");
+  cmd->add_option("-t,--threads", c.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--seed", c.seed, "seed of the passkey prompts and the bootstrap");
+  cmd->add_option("--bootstrap", c.bootstrap, "bootstrap resamples")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--calib-tokens", c.calib_tokens, "calibration token budget")->check(CLI::Range(2, 1 << 26));
+  cmd->add_option("--calib-chunk", c.calib_chunk, "tokens per calibration chunk")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--calib-steps", c.calib_steps, "OptR Adam steps per phase")->check(CLI::Range(1, 100000));
+  cmd->add_flag("--no-leakage", o->no_leakage, "skip the same-text calibration (leakage) row");
+  cmd->callback([o, cmd] { run(*o, cmd); });
+}
+
+}  // namespace kvq::cli

@@ -1,0 +1,104 @@
+// kvq referee: the fair comparison of METHODS.md §7 — every cache method × every window setting on the same model,
+// eval data, seeds, group (128) and layer policy (none), with the fidelity metrics of §8 (kvq::evaluate) and the
+// honest effective bits of §6 at each stated context.
+//
+// Methods (labels; --methods takes them comma-separated):
+//   bf16, int8, int4, int2, kivi2                    plain caches, no rotation
+//   int2+quarot                                      data-free Hadamard rotation
+//   int2+oscar                                       OSCAR spectral rotations (calibrated, grid-independent)
+//   optr(quarot), optr(oscar)                        OptR, two-phase post-W_O objective
+//   optr-joint(oscar), optr-pre-wo(oscar), optr-recon(oscar)   kvq's joint objective and the two ablations
+// Window settings: sink/recent in BF16 (default 64/256, 16/64, 0/0). bf16 runs once: windows do not change it.
+// Calibration: on --calib-data only, refused when that file lies in --eval-data or has the sha256 of an eval file.
+// OptR is calibrated for the int2 grid and the windows of its row. Rotation files are cached in OUT/rotations/
+// under a name that hashes every setting (model fingerprint, calibration sha256, method, budget, grid, windows).
+// A leakage row: optr(oscar) at the first window setting calibrated on the largest evaluated domain's eval file.
+// Resume: OUT/runs/<key>.json per (method, windows) as soon as it finishes; a rerun skips runs whose json exists
+// and records the same settings.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kvq {
+
+struct RefereeMethod {
+  std::string label;           // "optr(oscar)"
+  std::string type;            // cache type of keys and values: bf16 | int8 | int4 | int2 | kivi2
+  std::string rotation;        // none | quarot | oscar | optr
+  std::string base;            // optr: quarot | oscar
+  std::string objective;       // optr: post-wo | joint | pre-wo | recon
+  bool needs_calibration() const { return rotation == "oscar" || rotation == "optr"; }
+};
+
+// Every method the referee knows, in report order.
+const std::vector<RefereeMethod>& referee_methods();
+// "bf16,int2+quarot" -> those methods; kvq::Error naming an unknown or repeated label.
+std::vector<RefereeMethod> parse_referee_methods(const std::string& list);
+
+struct RefereeWindows {
+  int sink = 64, recent = 256;  // S0 and W (tokens kept in BF16)
+  std::string label() const;    // "64/256"
+};
+// "64/256,0/0" -> windows; kvq::Error on anything but non-negative integer pairs or a repeat.
+std::vector<RefereeWindows> parse_referee_windows(const std::string& list);
+
+struct RefereeConfig {
+  std::string model_dir;               // -m
+  std::string calib_data;              // --calib-data: calibration text (disjoint from the eval data)
+  std::string eval_dir;                // --eval-data: DIR/*.txt, one domain each
+  std::string out_dir;                 // -o: results, reports, runs/, rotations/
+  std::vector<int> ctx = {2048};       // context lengths (effective bits, ppl/kl/passkey at each; layers at ctx[0])
+  std::vector<std::string> domains;    // eval domains to use (file stems); empty: all
+  std::vector<RefereeMethod> methods = referee_methods();
+  std::vector<RefereeWindows> windows = {{64, 256}, {16, 64}, {0, 0}};
+  int eval_windows = 0;                // windows per domain and ctx for ppl / kl / layers (0: all)
+  int passkey_trials = 10;             // prompts per (ctx, depth)
+  std::vector<double> depths;          // passkey depths (empty: 0, 0.1, ..., 1)
+  int bootstrap = 1000;                // bootstrap resamples
+  uint64_t seed = 0;                   // base seed of passkey prompts and bootstrap (every run the same)
+  int threads = 0;                     // worker threads (0: all cores)
+  int group = 128;                     // group size of every quantized cache
+  int calib_tokens = 32768, calib_chunk = 2048, calib_steps = 80;  // calibration budget (OSCAR uses tokens/chunk)
+  bool leakage = true;                 // add the same-domain calibration row
+  bool quick = false;                  // recorded in the results (the CLI sets the quick subset)
+};
+
+// One finished (method, windows) run: the `kvq eval --json` object plus the referee's fields.
+struct RefereeRun {
+  std::string key;            // file stem under OUT/runs/
+  nlohmann::json record;      // report_json + method, label, windows, rotation, calibration, settings
+  bool resumed = false;       // read back from an earlier invocation
+};
+
+struct RefereeResult {
+  nlohmann::json results;     // what OUT/results.json holds
+  std::vector<RefereeRun> runs;
+  int runs_executed = 0, runs_resumed = 0;
+  int calibrations_run = 0, calibrations_reused = 0;
+};
+
+// Progress lines (with ETA) go here; default: stderr.
+using RefereeLog = std::function<void(const std::string& line, bool transient)>;
+
+// Checks every input (disjoint calibration data first, before the model loads), runs or resumes every
+// (method, windows) and writes OUT/results.json, OUT/report.md and OUT/report.html.
+RefereeResult run_referee(const RefereeConfig& cfg, const RefereeLog& log = {});
+
+// Refuses (kvq::Error) calibration data inside eval_dir or byte-identical (sha256) to one of its .txt files.
+void check_calibration_disjoint(const std::string& calib_file, const std::string& eval_dir);
+
+// eval/referee_report.cpp
+// Schema check of results.json: required keys and types per run; returns the problems found (empty: valid).
+std::vector<std::string> referee_schema_errors(const nlohmann::json& results);
+std::string referee_markdown(const nlohmann::json& results);      // report.md
+std::string referee_summary_table(const nlohmann::json& results); // the table printed at the end
+
+// eval/report_html.cpp: one self-contained HTML file (inline SVG charts, no external assets).
+std::string referee_html(const nlohmann::json& results);
+
+}  // namespace kvq

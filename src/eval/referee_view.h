@@ -1,0 +1,28 @@
+// Small read-only accessors over the referee's run records (results.json "runs"), shared by report.md and the HTML.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace kvq {
+
+// "optr(oscar)", or "optr(oscar) [leak]" for the same-text calibration row.
+inline std::string run_label(const nlohmann::json& run) {
+  std::string s = run["method"]["label"].get<std::string>();
+  return run.value("leakage", false) ? s + " [leak]" : s;
+}
+
+// Effective bits per cached element at context ctx (a decimal string key of cache.footprint).
+inline double run_bits(const nlohmann::json& run, const std::string& ctx) {
+  return run["cache"]["footprint"][ctx]["kv_bits_effective"].get<double>();
+}
+
+// The pooled "all" domain when several domains were evaluated, else the only one.
+inline std::string pooled_domain(const nlohmann::json& run, const std::string& ctx) {
+  const nlohmann::json& p = run["results"]["ppl"][ctx];
+  if (p.contains("all")) return "all";
+  return p.begin().key();
+}
+
+}  // namespace kvq

@@ -1,0 +1,364 @@
+// report.html of the referee: one self-contained file (inline CSS and SVG, no scripts, no external assets).
+// Charts: ppl vs effective bits and KL vs effective bits (one labelled <circle class="point"> per run), passkey
+// heat maps per run (ctx × depth, one <rect class="cell"> per cell), per-layer error curves (one
+// <polyline class="curve"> per run and metric, grouped by window setting).
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "eval/referee.h"
+#include "eval/referee_view.h"
+
+namespace kvq {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"};
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+struct Point {
+  double x = 0, y = 0;
+  std::string label, key, method, windows, color;
+};
+
+struct Axis {
+  double lo = 0, hi = 1;
+  bool log = false;
+  double map(double v, double p0, double p1) const {  // value -> pixel between p0 (lo) and p1 (hi)
+    const double a = log ? std::log10(lo) : lo, b = log ? std::log10(hi) : hi;
+    const double t = ((log ? std::log10(v) : v) - a) / (b - a);
+    return p0 + t * (p1 - p0);
+  }
+  std::vector<double> ticks() const {
+    std::vector<double> t;
+    if (log) {
+      for (double e = std::floor(std::log10(lo)); e <= std::ceil(std::log10(hi)); ++e)
+        for (double m : {1.0, 2.0, 5.0}) {
+          const double v = m * std::pow(10.0, e);
+          if (v >= lo * 0.999 && v <= hi * 1.001) t.push_back(v);
+        }
+      if (t.size() < 3) {  // less than a decade: five geometric steps instead
+        t.clear();
+        for (int i = 0; i <= 4; ++i) t.push_back(lo * std::pow(hi / lo, i / 4.0));
+      }
+    } else {
+      for (int i = 0; i <= 5; ++i) t.push_back(lo + (hi - lo) * i / 5);
+    }
+    return t;
+  }
+};
+
+Axis make_axis(std::vector<double> v, bool log) {
+  Axis a;
+  a.log = log;
+  if (v.empty()) v = {1.0};
+  a.lo = *std::min_element(v.begin(), v.end());
+  a.hi = *std::max_element(v.begin(), v.end());
+  if (log) {
+    a.lo /= 1.25, a.hi *= 1.25;
+  } else {
+    const double pad = a.hi > a.lo ? 0.06 * (a.hi - a.lo) : std::max(1.0, std::abs(a.lo) * 0.1);
+    a.lo -= pad, a.hi += pad;
+  }
+  return a;
+}
+
+constexpr int kW = 760, kH = 440, kL = 80, kR = 20, kT = 40, kB = 56;
+
+std::string frame(const std::string& title, const std::string& xlabel, const std::string& ylabel, const Axis& x,
+                  const Axis& y) {
+  std::string s;
+  s += fmt::format("<text class=\"title\" x=\"{}\" y=\"22\" text-anchor=\"middle\">{}</text>\n", kW / 2, esc(title));
+  s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", kL, kT,
+                   kW - kL - kR, kH - kT - kB);
+  for (double v : x.ticks()) {
+    const double px = x.map(v, kL, kW - kR);
+    s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#eee\"/>"
+                     "<text class=\"tick\" x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4:.3g}</text>\n",
+                     px, kT, kH - kB, kH - kB + 16, v);
+  }
+  for (double v : y.ticks()) {
+    const double py = y.map(v, kH - kB, kT);
+    s += fmt::format("<line x1=\"{1}\" x2=\"{2}\" y1=\"{0:.1f}\" y2=\"{0:.1f}\" stroke=\"#eee\"/>"
+                     "<text class=\"tick\" x=\"{3}\" y=\"{0:.1f}\" text-anchor=\"end\" dy=\"4\">{4:.3g}</text>\n",
+                     py, kL, kW - kR, kL - 6, v);
+  }
+  s += fmt::format("<text class=\"axis\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", (kL + kW - kR) / 2,
+                   kH - 14, esc(xlabel));
+  s += fmt::format("<text class=\"axis\" transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
+                   (kT + kH - kB) / 2, esc(ylabel + (y.log ? " (log scale)" : "")));
+  return s;
+}
+
+std::string scatter_svg(const std::string& id, const std::string& title, const std::string& xlabel,
+                        const std::string& ylabel, const std::vector<Point>& pts) {
+  std::vector<double> xs, ys;
+  for (const Point& p : pts) xs.push_back(p.x), ys.push_back(p.y);
+  const Axis x = make_axis(xs, false), y = make_axis(ys, true);
+  std::string s = fmt::format("<svg id=\"{}\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" "
+                              "height=\"{}\" viewBox=\"0 0 {} {}\">\n", id, kW, kH, kW, kH);
+  s += frame(title, xlabel, ylabel, x, y);
+  for (const Point& p : pts) {
+    const double px = x.map(p.x, kL, kW - kR), py = y.map(p.y, kH - kB, kT);
+    s += fmt::format("<circle class=\"point\" data-key=\"{}\" data-method=\"{}\" data-windows=\"{}\" data-x=\"{:.6g}\" "
+                     "data-y=\"{:.6g}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"{}\"><title>{} ({}): x {:.4g}, "
+                     "y {:.4g}</title></circle>\n",
+                     esc(p.key), esc(p.method), esc(p.windows), p.x, p.y, px, py, p.color, esc(p.method),
+                     esc(p.windows), p.x, p.y);
+    const bool left = px > kW - kR - 130;  // keep labels of points near the right edge inside the chart
+    s += fmt::format("<text class=\"point-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"{}\">{}</text>\n",
+                     left ? px - 7 : px + 7, py - 5, left ? "end" : "start", esc(p.label));
+  }
+  return s + "</svg>\n";
+}
+
+struct Series {
+  std::string key, label, color;
+  std::vector<double> y;  // per layer
+};
+
+std::string lines_svg(const std::string& id, const std::string& title, const std::string& ylabel,
+                      const std::vector<Series>& series) {
+  std::vector<double> ys;
+  size_t n = 1;
+  for (const Series& s : series) {
+    n = std::max(n, s.y.size());
+    for (double v : s.y) ys.push_back(v);
+  }
+  const Axis x = make_axis({0.0, double(n - 1)}, false), y = make_axis(ys, true);
+  std::string s = fmt::format("<svg id=\"{}\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" "
+                              "height=\"{}\" viewBox=\"0 0 {} {}\">\n", id, kW, kH + 20 * int(series.size() / 3 + 1),
+                              kW, kH + 20 * int(series.size() / 3 + 1));
+  s += frame(title, "layer", ylabel, x, y);
+  for (size_t i = 0; i < series.size(); ++i) {
+    const Series& se = series[i];
+    std::string pts;
+    for (size_t l = 0; l < se.y.size(); ++l)
+      pts += fmt::format("{:.1f},{:.1f} ", x.map(double(l), kL, kW - kR), y.map(se.y[l], kH - kB, kT));
+    s += fmt::format("<polyline class=\"curve\" data-key=\"{}\" data-method=\"{}\" fill=\"none\" stroke=\"{}\" "
+                     "stroke-width=\"2\" points=\"{}\"><title>{}</title></polyline>\n",
+                     esc(se.key), esc(se.label), se.color, pts, esc(se.label));
+    const int lx = kL + int(i % 3) * 230, ly = kH + 4 + 20 * int(i / 3);
+    s += fmt::format("<line x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\"/>"
+                     "<text class=\"legend\" x=\"{}\" y=\"{}\">{}</text>\n",
+                     lx, lx + 18, ly, ly, se.color, lx + 24, ly + 4, esc(se.label));
+  }
+  return s + "</svg>\n";
+}
+
+// Red (0) to green (1) through yellow.
+std::string heat_color(double a) {
+  a = std::clamp(a, 0.0, 1.0);
+  const int r = a < 0.5 ? 220 : int(220 - (a - 0.5) * 2 * 170);
+  const int g = a < 0.5 ? int(60 + a * 2 * 160) : 220 - int((a - 0.5) * 2 * 40);
+  return fmt::format("#{:02x}{:02x}{:02x}", r, g, 60);
+}
+
+std::string heatmap_svg(const json& run, const std::vector<int>& ctx) {
+  const json& pk = run["results"]["passkey"];
+  std::vector<std::string> depths;
+  for (const auto& [d, cell] : pk[std::to_string(ctx.front())]["by_depth"].items()) depths.push_back(d);
+  std::sort(depths.begin(), depths.end(), [](const std::string& a, const std::string& b) {
+    return std::stod(a) < std::stod(b);
+  });
+  const int cw = 44, ch = 26, left = 64, top = 34;
+  const int w = left + cw * int(depths.size()) + 10, h = top + ch * int(ctx.size()) + 34;
+  const std::string label = run_label(run) + " " + run["windows"]["label"].get<std::string>();
+  std::string s = fmt::format("<svg class=\"heatmap\" data-key=\"{}\" data-method=\"{}\" xmlns=\"http://www.w3.org/2000/"
+                              "svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\">\n",
+                              esc(run["key"].get<std::string>()), esc(run_label(run)), w, h, w, h);
+  s += fmt::format("<text class=\"title\" x=\"4\" y=\"18\">{}</text>\n", esc(label));
+  for (size_t r = 0; r < ctx.size(); ++r) {
+    const std::string c = std::to_string(ctx[r]);
+    s += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 6,
+                     top + ch * int(r) + 17, c);
+    for (size_t k = 0; k < depths.size(); ++k) {
+      const json& cell = pk[c]["by_depth"][depths[k]];
+      const double acc = cell["accuracy"].get<double>();
+      const int x = left + cw * int(k), y = top + ch * int(r);
+      s += fmt::format("<rect class=\"cell\" data-ctx=\"{}\" data-depth=\"{}\" data-accuracy=\"{:.6g}\" x=\"{}\" "
+                       "y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"#fff\"><title>ctx {} depth {}: "
+                       "{}/{}</title></rect><text class=\"cell-text\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}/{}"
+                       "</text>\n",
+                       c, depths[k], acc, x, y, cw, ch, heat_color(acc), c, depths[k], cell["correct"].get<int>(),
+                       cell["trials"].get<int>(), x + cw / 2, y + 17, cell["correct"].get<int>(),
+                       cell["trials"].get<int>());
+    }
+  }
+  for (size_t k = 0; k < depths.size(); ++k)
+    s += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                     left + cw * int(k) + cw / 2, top + ch * int(ctx.size()) + 14, depths[k]);
+  s += fmt::format("<text class=\"axis\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">needle depth (rows: ctx)</text>\n",
+                   left + cw * int(depths.size()) / 2, h - 4);
+  return s + "</svg>\n";
+}
+
+}  // namespace
+
+std::string referee_html(const json& j) {
+  const std::vector<int> ctx = j["config"]["ctx"].get<std::vector<int>>();
+  const std::string c0 = std::to_string(ctx.front());
+  std::map<std::string, std::string> colors;
+  for (const json& m : j["config"]["methods"])
+    colors[m.get<std::string>()] = kPalette[colors.size() % (sizeof kPalette / sizeof kPalette[0])];
+  auto color = [&](const json& run) {
+    const std::string m = run["method"]["label"];
+    return run.value("leakage", false) ? std::string("#000000") : (colors.count(m) ? colors[m] : "#444444");
+  };
+
+  std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>kvq referee report</title>\n"
+                  "<style>\nbody{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}\n"
+                  "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;"
+                  "text-align:right}th{background:#f4f4f4}td:first-child,td:nth-child(2){text-align:left}\n"
+                  "svg .title{font-size:15px;font-weight:bold}svg .tick{font-size:11px;fill:#555}"
+                  "svg .axis{font-size:12px}svg .point-label{font-size:10px}svg .legend{font-size:11px}"
+                  "svg .cell-text{font-size:10px}\n.maps{display:flex;flex-wrap:wrap;gap:8px}\n"
+                  "code{font-size:12px}\n</style>\n</head>\n<body>\n<h1>kvq referee report</h1>\n<ul>\n";
+  h += fmt::format("<li>model <code>{}</code>, fingerprint <code>{}</code></li>\n",
+                   esc(j["model"]["dir"].get<std::string>()), esc(j["model"]["fingerprint"].get<std::string>()));
+  h += fmt::format("<li>kvq {} (git <code>{}</code>), {}; machine {} {}, CPU {}, {} threads</li>\n",
+                   esc(j["kvq"]["version"].get<std::string>()), esc(j["kvq"]["git"].get<std::string>()),
+                   esc(j["date"].get<std::string>()), esc(j["machine"].value("sysname", "")),
+                   esc(j["machine"].value("machine", "")), esc(j["machine"].value("cpu_model", "")),
+                   j["machine"].value("threads", 0));
+  h += fmt::format("<li>calibration data <code>{}</code> sha256 <code>{}</code></li>\n",
+                   esc(j["calibration_data"]["file"].get<std::string>()),
+                   esc(j["calibration_data"]["sha256"].get<std::string>()));
+  for (const json& d : j["eval_data"])
+    h += fmt::format("<li>eval {} <code>{}</code> sha256 <code>{}</code></li>\n", esc(d["domain"].get<std::string>()),
+                     esc(d["file"].get<std::string>()), esc(d["sha256"].get<std::string>()));
+  h += "</ul>\n";
+
+  // Summary table
+  h += fmt::format("<h2>Summary at ctx {}</h2>\n<table id=\"summary\">\n<tr><th>method</th><th>windows</th>", c0);
+  for (int c : ctx) h += fmt::format("<th>bits @{}</th>", c);
+  h += "<th>ppl</th><th>95% CI</th><th>KL</th><th>95% CI</th><th>top-1</th><th>passkey</th></tr>\n";
+  for (const json& r : j["runs"]) {
+    const std::string d = pooled_domain(r, c0);
+    const json& p = r["results"]["ppl"][c0][d];
+    const json& k = r["results"]["kl"][c0][d];
+    h += fmt::format("<tr data-key=\"{}\"><td>{}</td><td>{}</td>", esc(r["key"].get<std::string>()), esc(run_label(r)),
+                     esc(r["windows"]["label"].get<std::string>()));
+    for (int c : ctx) h += fmt::format("<td>{:.3f}</td>", run_bits(r, std::to_string(c)));
+    h += fmt::format("<td>{:.4f}</td><td>[{:.4f}, {:.4f}]</td><td>{:.5f}</td><td>[{:.5f}, {:.5f}]</td><td>{:.4f}</td>"
+                     "<td>{:.1f}%</td></tr>\n",
+                     p["ppl"].get<double>(), p["ci95"][0].get<double>(), p["ci95"][1].get<double>(),
+                     k["kl_mean"].get<double>(), k["kl_ci95"][0].get<double>(), k["kl_ci95"][1].get<double>(),
+                     k["top1"].get<double>(), 100 * r["results"]["passkey"][c0]["accuracy"].get<double>());
+  }
+  h += "</table>\n";
+
+  // Scatter charts at the first ctx over the pooled domain
+  std::vector<Point> ppl, kl;
+  double kl_min = 0;
+  for (const json& r : j["runs"]) {
+    const double v = r["results"]["kl"][c0][pooled_domain(r, c0)]["kl_mean"].get<double>();
+    if (v > 0 && (kl_min == 0 || v < kl_min)) kl_min = v;
+  }
+  const double kl_floor = kl_min > 0 ? kl_min / 10 : 1e-6;
+  for (const json& r : j["runs"]) {
+    const std::string d = pooled_domain(r, c0);
+    Point p;
+    p.x = run_bits(r, c0);
+    p.key = r["key"];
+    p.method = run_label(r);
+    p.windows = r["windows"]["label"];
+    p.label = p.method + " " + p.windows;
+    p.color = color(r);
+    p.y = r["results"]["ppl"][c0][d]["ppl"].get<double>();
+    ppl.push_back(p);
+    p.y = std::max(kl_floor, r["results"]["kl"][c0][d]["kl_mean"].get<double>());
+    kl.push_back(p);
+  }
+  const std::string over = ppl.empty() || pooled_domain(j["runs"][0], c0) == "all"
+                               ? "all domains pooled"
+                               : "domain " + pooled_domain(j["runs"][0], c0);
+  h += "<h2>Fidelity versus effective bits</h2>\n";
+  h += scatter_svg("ppl-vs-bits", fmt::format("perplexity vs effective bits (ctx {}, {})", c0, over),
+                   fmt::format("effective bits per cached element at N = {}", c0), "perplexity", ppl);
+  h += scatter_svg("kl-vs-bits", fmt::format("KL(p_bf16 || p_method) vs effective bits (ctx {}, {})", c0, over),
+                   fmt::format("effective bits per cached element at N = {}", c0), "KL per token (nats)", kl);
+  h += fmt::format("<p>One point per run, labelled method and sink/recent windows; the leakage row is black. "
+                   "A KL of 0 (the BF16 cache) is drawn at the axis floor {:.3g}.</p>\n", kl_floor);
+
+  // Passkey heat maps
+  h += "<h2>Passkey retrieval: context × needle depth, per run</h2>\n<div class=\"maps\">\n";
+  for (const json& r : j["runs"]) h += heatmap_svg(r, ctx);
+  h += "</div>\n";
+
+  // Per-layer error curves, one chart per metric and window setting
+  const std::string lc = std::to_string(j["config"].value("layers_ctx", ctx.front()));
+  h += fmt::format("<h2>Per-layer errors against BF16 at ctx {}</h2>\n", lc);
+  std::vector<std::string> wins;
+  for (const json& r : j["runs"]) {
+    const std::string w = r["windows"]["label"];
+    if (w != "any" && std::find(wins.begin(), wins.end(), w) == wins.end()) wins.push_back(w);
+  }
+  const std::pair<const char*, const char*> metrics[] = {
+      {"attn_out_rel_err", "relative post-W_O attention-output error ||dy||/||y|| (BF16 layer inputs)"},
+      {"hidden_rel_err", "relative hidden-state error after the layer"}};
+  for (const auto& [metric, what] : metrics)
+    for (const std::string& w : wins) {
+      std::vector<Series> series;
+      for (const json& r : j["runs"]) {
+        if (r["windows"]["label"] != w) continue;
+        Series s{r["key"], run_label(r), color(r), {}};
+        bool positive = true;
+        for (const json& row : r["results"]["layers"][lc]["per_layer"]) {
+          s.y.push_back(row[metric].get<double>());
+          positive = positive && s.y.back() > 0;
+        }
+        if (positive && !s.y.empty()) series.push_back(std::move(s));
+      }
+      if (series.empty()) continue;
+      std::string id = std::string("layers-") + metric + "-" + w;
+      std::replace(id.begin(), id.end(), '/', '-');
+      h += lines_svg(id, fmt::format("{} (windows {})", what, w), "relative error", series);
+    }
+  h += "<p>BF16 has zero error against itself and is not drawn.</p>\n";
+
+  // Leakage and notes
+  const json& lk = j["leakage"];
+  h += "<h2>Leakage: calibration on the eval text itself</h2>\n";
+  if (lk.is_null()) {
+    h += "<p>No leakage row in this run.</p>\n";
+  } else {
+    h += fmt::format("<p>{} at windows {}, ctx {}, domain {}: calibrated on <code>{}</code> (the eval file) versus the "
+                     "disjoint calibration data.</p>\n<table id=\"leakage\"><tr><th>calibration</th><th>ppl</th>"
+                     "<th>KL</th></tr>\n",
+                     esc(lk["method"].get<std::string>()), esc(lk["windows"].get<std::string>()), lk["ctx"].get<int>(),
+                     esc(lk["domain"].get<std::string>()), esc(lk["leak_calibration"].get<std::string>()));
+    for (const char* which : {"disjoint", "leak"}) {
+      const std::string p = which;
+      if (lk.contains(p + "_ppl_domain"))
+        h += fmt::format("<tr><td>{}</td><td>{:.4f}</td><td>{:.5f}</td></tr>\n",
+                         p == "leak" ? "same eval file (leak)" : "disjoint", lk[p + "_ppl_domain"].get<double>(),
+                         lk[p + "_kl_domain"].get<double>());
+    }
+    h += "</table>\n";
+  }
+  h += "<h2>Notes</h2>\n<ul>\n";
+  for (const json& n : j["notes"]) h += "<li>" + esc(n.get<std::string>()) + "</li>\n";
+  h += "</ul>\n</body>\n</html>\n";
+  return h;
+}
+
+}  // namespace kvq

@@ -1,0 +1,286 @@
+// kvq referee end to end on models/ref, tiny (bf16, int2, int2+quarot at windows 0/0, ctx 256, one window of one
+// small domain, one passkey trial at two depths): results.json passes the schema check and holds the expected
+// numbers, report.html draws one point per run in each scatter chart, the heat-map cells and the layer curves,
+// a second invocation resumes every run without touching its json, and non-disjoint calibration data is refused.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "eval/referee.h"
+
+using namespace kvq;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kSource = KVQ_SOURCE_DIR;
+
+std::string head_of(const std::string& path, size_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text(bytes, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(size_t(in.gcount()));
+  return text;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = hay.find(needle); pos != std::string::npos; pos = hay.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+struct Dirs {
+  fs::path root = fs::temp_directory_path() / ("kvq_test_referee_" + std::to_string(getpid()));
+  fs::path eval = root / "eval", out = root / "out", calib = root / "calib.txt";
+  Dirs() {
+    fs::remove_all(root);
+    fs::create_directories(eval);
+    std::ofstream(eval / "python.txt", std::ios::binary) << head_of(kSource + "/data/eval/python.txt", 6000);
+    std::ofstream(calib, std::ios::binary) << head_of(kSource + "/data/calib/python.txt", 3000);
+  }
+  ~Dirs() { fs::remove_all(root); }
+};
+
+RefereeConfig tiny(const Dirs& d) {
+  RefereeConfig c;
+  c.model_dir = kSource + "/models/ref";
+  c.calib_data = d.calib.string();
+  c.eval_dir = d.eval.string();
+  c.out_dir = d.out.string();
+  c.ctx = {256};
+  c.methods = parse_referee_methods("bf16,int2,int2+quarot");
+  c.windows = parse_referee_windows("0/0");
+  c.eval_windows = 1;
+  c.passkey_trials = 1;
+  c.depths = {0.0, 1.0};
+  c.bootstrap = 50;
+  c.seed = 5;
+  c.threads = 2;
+  c.leakage = false;
+  return c;
+}
+
+const RefereeLog quiet = [](const std::string&, bool) {};
+
+}  // namespace
+
+TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
+  Dirs d;
+  const RefereeConfig cfg = tiny(d);
+  const RefereeResult first = run_referee(cfg, quiet);
+  EXPECT_EQ(first.runs_executed, 3);
+  EXPECT_EQ(first.runs_resumed, 0);
+
+  // results.json on disk passes the schema and carries the provenance fields
+  const json j = json::parse(slurp(d.out / "results.json"));
+  const std::vector<std::string> problems = referee_schema_errors(j);
+  EXPECT_TRUE(problems.empty()) << (problems.empty() ? "" : problems.front());
+  EXPECT_EQ(j["counters"]["runs_executed"], 3);
+  EXPECT_EQ(j["model"]["fingerprint"].get<std::string>().size(), 64u);
+  EXPECT_EQ(j["calibration_data"]["sha256"].get<std::string>().size(), 64u);
+  EXPECT_FALSE(j["machine"]["cpu_model"].get<std::string>().empty());
+  ASSERT_EQ(j["runs"].size(), 3u);
+  EXPECT_EQ(j["runs"][0]["key"], "bf16");
+  EXPECT_EQ(j["runs"][0]["windows"]["label"], "any");
+  EXPECT_EQ(j["runs"][1]["key"], "int2__0-0");
+  EXPECT_EQ(j["runs"][2]["key"], "int2_quarot__0-0");
+  EXPECT_EQ(j["runs"][2]["rotation"]["name"], "quarot");
+  EXPECT_TRUE(j["runs"][2]["rotation"]["file"].is_null());  // data-free: nothing calibrated
+
+  // the numbers: BF16 KL is exactly 0 with top-1 1; int2 without windows degrades sharply (METHODS §2 sanity);
+  // effective bits: 16 for BF16, 2.25 for INT2 g128 with fp16 scale/zero and no windows (METHODS §6)
+  const json& bf16 = j["runs"][0]["results"];
+  const json& int2 = j["runs"][1]["results"];
+  EXPECT_EQ(bf16["kl"]["256"]["python"]["kl_mean"].get<double>(), 0.0);
+  EXPECT_EQ(bf16["kl"]["256"]["python"]["top1"].get<double>(), 1.0);
+  EXPECT_GT(int2["ppl"]["256"]["python"]["ppl"].get<double>(), 1.2 * bf16["ppl"]["256"]["python"]["ppl"].get<double>());
+  EXPECT_GT(int2["kl"]["256"]["python"]["kl_mean"].get<double>(), 0.05);
+  EXPECT_NEAR(j["runs"][0]["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(), 16.0, 1e-9);
+  EXPECT_NEAR(j["runs"][1]["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(), 2.25, 1e-9);
+  EXPECT_EQ(int2["passkey"]["256"]["trials"], 2);
+  EXPECT_EQ(int2["passkey"]["256"]["by_depth"].size(), 2u);
+
+  // report.html: self-contained, one labelled point per run in each of the two scatter charts, 3 runs × 1 ctx ×
+  // 2 depths heat-map cells, one curve per quantized run and layer metric (BF16 has zero error: not drawn)
+  const std::string html = slurp(d.out / "report.html");
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(count(html, "src=\""), 0u);
+  EXPECT_EQ(count(html, "href=\""), 0u);
+  EXPECT_EQ(count(html, "<svg id=\"ppl-vs-bits\""), 1u);
+  EXPECT_EQ(count(html, "<svg id=\"kl-vs-bits\""), 1u);
+  EXPECT_EQ(count(html, "<circle class=\"point\""), 6u);
+  for (const char* m : {"bf16", "int2", "int2+quarot"})
+    EXPECT_EQ(count(html, std::string("<circle class=\"point\" data-key=\"") + (std::string(m) == "bf16" ? "bf16" :
+                                      std::string(m) == "int2" ? "int2__0-0" : "int2_quarot__0-0") +
+                              "\" data-method=\"" + m + "\""), 2u) << m;
+  const size_t ppl_chart = html.find("<svg id=\"ppl-vs-bits\"");
+  const std::string ppl_svg = html.substr(ppl_chart, html.find("</svg>", ppl_chart) - ppl_chart);
+  EXPECT_NE(ppl_svg.find(">int2 0/0</text>"), std::string::npos);
+  EXPECT_NE(ppl_svg.find(">bf16 any</text>"), std::string::npos);
+  EXPECT_EQ(count(html, "<svg class=\"heatmap\""), 3u);
+  EXPECT_EQ(count(html, "<rect class=\"cell\""), 6u);
+  EXPECT_EQ(count(html, "data-ctx=\"256\" data-depth=\"0.0\""), 3u);
+  EXPECT_EQ(count(html, "data-ctx=\"256\" data-depth=\"1.0\""), 3u);
+  EXPECT_EQ(count(html, "<polyline class=\"curve\""), 4u);
+  EXPECT_EQ(count(html, "<polyline class=\"curve\" data-key=\"bf16\""), 0u);
+  // the scatter's y of the int2 point is its ppl from results.json
+  std::smatch m;
+  const std::regex int2_point("data-key=\"int2__0-0\" data-method=\"int2\" data-windows=\"0/0\" data-x=\"([0-9.e+-]+)\" "
+                              "data-y=\"([0-9.e+-]+)\"");
+  ASSERT_TRUE(std::regex_search(ppl_svg, m, int2_point));
+  EXPECT_NEAR(std::stod(m[1]), 2.25, 1e-4);
+  EXPECT_NEAR(std::stod(m[2]) / int2["ppl"]["256"]["python"]["ppl"].get<double>(), 1.0, 1e-5);
+
+  const std::string md = slurp(d.out / "report.md");
+  EXPECT_NE(md.find("## Effective bits"), std::string::npos);
+  EXPECT_NE(md.find("| int2+quarot | 0/0 |"), std::string::npos);
+
+  // resume: the same settings again do no work and leave every run json untouched
+  std::map<std::string, std::pair<std::string, fs::file_time_type>> before;
+  for (const auto& e : fs::directory_iterator(d.out / "runs"))
+    before[e.path().filename().string()] = {slurp(e.path()), fs::last_write_time(e.path())};
+  ASSERT_EQ(before.size(), 3u);
+  const RefereeResult second = run_referee(cfg, quiet);
+  EXPECT_EQ(second.runs_executed, 0);
+  EXPECT_EQ(second.runs_resumed, 3);
+  EXPECT_EQ(second.calibrations_run, 0);
+  for (const auto& [name, old] : before) {
+    EXPECT_EQ(slurp(d.out / "runs" / name), old.first) << name;
+    EXPECT_EQ(fs::last_write_time(d.out / "runs" / name), old.second) << name;
+  }
+  const json j2 = json::parse(slurp(d.out / "results.json"));
+  EXPECT_EQ(j2["counters"]["runs_resumed"], 3);
+  EXPECT_EQ(j2["runs"][1]["results"], j["runs"][1]["results"]);
+
+  // a changed setting (another seed) reruns instead of reusing stale numbers
+  RefereeConfig other = cfg;
+  other.methods = parse_referee_methods("int2");
+  other.seed = 6;
+  const RefereeResult third = run_referee(other, quiet);
+  EXPECT_EQ(third.runs_executed, 1);
+  EXPECT_EQ(third.runs_resumed, 0);
+}
+
+TEST(Referee, SchemaCheckNamesMissingAndMistypedFields) {
+  json j = {{"kvq", {{"version", "0"}, {"git", "x"}}}, {"runs", json::array({json::object()})}};
+  std::vector<std::string> e = referee_schema_errors(j);
+  auto mentions = [&](const std::string& what) {
+    return std::any_of(e.begin(), e.end(), [&](const std::string& s) { return s.find(what) != std::string::npos; });
+  };
+  EXPECT_TRUE(mentions("results.date: missing"));
+  EXPECT_TRUE(mentions("results.runs[0].key: missing"));
+  EXPECT_TRUE(mentions("results.runs[0].results: missing"));
+  j["date"] = 5;
+  e = referee_schema_errors(j);
+  EXPECT_TRUE(mentions("results.date: expected string, got number"));
+  EXPECT_FALSE(referee_schema_errors(json::array()).empty());
+}
+
+TEST(Referee, RefusesCalibrationDataInsideOrIdenticalToEvalData) {
+  Dirs d;
+  // inside the eval directory (any name)
+  const fs::path inside = d.eval / "sub" / "calib.txt";
+  fs::create_directories(inside.parent_path());
+  std::ofstream(inside) << "unrelated text";
+  EXPECT_THROW(check_calibration_disjoint(inside.string(), d.eval.string()), Error);
+  try {
+    check_calibration_disjoint(inside.string(), d.eval.string());
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("inside the eval data directory"), std::string::npos) << e.message();
+  }
+  // a byte-identical copy elsewhere
+  const fs::path copy = d.root / "copy.txt";
+  fs::copy_file(d.eval / "python.txt", copy);
+  try {
+    check_calibration_disjoint(copy.string(), d.eval.string());
+    ADD_FAILURE() << "identical calibration data accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("identical"), std::string::npos) << e.message();
+  }
+  // the referee refuses before any work: nothing written
+  RefereeConfig c = tiny(d);
+  c.calib_data = copy.string();
+  EXPECT_THROW(run_referee(c, quiet), Error);
+  EXPECT_FALSE(fs::exists(d.out));
+  // disjoint data (another part of the same domain) is accepted
+  EXPECT_NO_THROW(check_calibration_disjoint(d.calib.string(), d.eval.string()));
+}
+
+TEST(Referee, ParsesMethodAndWindowListsAndRejectsBadOnes) {
+  const auto ms = parse_referee_methods("int2+oscar,optr-joint(oscar)");
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms[0].rotation, "oscar");
+  EXPECT_EQ(ms[1].objective, "joint");
+  EXPECT_TRUE(ms[1].needs_calibration());
+  EXPECT_EQ(referee_methods().size(), 12u);
+  EXPECT_THROW(parse_referee_methods("int3"), Error);
+  EXPECT_THROW(parse_referee_methods("int2,int2"), Error);
+  EXPECT_THROW(parse_referee_methods(""), Error);
+  const auto ws = parse_referee_windows("64/256,0/0");
+  ASSERT_EQ(ws.size(), 2u);
+  EXPECT_EQ(ws[0].sink, 64);
+  EXPECT_EQ(ws[0].recent, 256);
+  EXPECT_EQ(ws[1].label(), "0/0");
+  EXPECT_THROW(parse_referee_windows("64"), Error);
+  EXPECT_THROW(parse_referee_windows("64/-1"), Error);
+  EXPECT_THROW(parse_referee_windows("0/0,0/0"), Error);
+}
+
+TEST(Referee, CachesCalibratedRotationFilesAndReusesThemOnARerun) {
+  Dirs d;
+  RefereeConfig c = tiny(d);
+  c.methods = parse_referee_methods("int2+oscar");
+  c.calib_tokens = 512;
+  c.calib_chunk = 256;
+  const RefereeResult first = run_referee(c, quiet);
+  EXPECT_EQ(first.calibrations_run, 1);
+  EXPECT_EQ(first.calibrations_reused, 0);
+  const json& rot = first.results["runs"][0]["rotation"];
+  ASSERT_TRUE(rot["file"].is_string());
+  EXPECT_TRUE(fs::exists(rot["file"].get<std::string>()));
+  EXPECT_EQ(fs::path(rot["file"].get<std::string>()).parent_path(), d.out / "rotations");
+  EXPECT_EQ(rot["calib_sha256"], first.results["calibration_data"]["sha256"]);
+  EXPECT_FALSE(rot["reused"].get<bool>());
+  // another seed reruns the evaluation but not the calibration (same model, data and calibration settings)
+  c.seed = 9;
+  const RefereeResult second = run_referee(c, quiet);
+  EXPECT_EQ(second.runs_executed, 1);
+  EXPECT_EQ(second.calibrations_run, 0);
+  EXPECT_EQ(second.calibrations_reused, 1);
+  EXPECT_TRUE(second.results["runs"][0]["rotation"]["reused"].get<bool>());
+  EXPECT_EQ(second.results["runs"][0]["rotation"]["file"], rot["file"]);
+  // another calibration budget is another file name
+  c.calib_tokens = 768;
+  const RefereeResult third = run_referee(c, quiet);
+  EXPECT_EQ(third.calibrations_run, 1);
+  EXPECT_NE(third.results["runs"][0]["rotation"]["file"], rot["file"]);
+}
+
+TEST(Referee, RefusesATooSmallCalibrationBudgetBeforeAnyRun) {
+  Dirs d;
+  RefereeConfig c = tiny(d);
+  c.methods = parse_referee_methods("int2,optr(oscar)");
+  c.calib_tokens = 4096;
+  c.calib_chunk = 1024;  // optr needs 4 chunks of 1024 tokens; the calibration file has far fewer
+  try {
+    run_referee(c, quiet);
+    ADD_FAILURE() << "too little calibration data accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("calibration tokens"), std::string::npos) << e.message();
+  }
+  EXPECT_TRUE(fs::is_empty(d.out / "runs"));  // not even the int2 run was started
+}
