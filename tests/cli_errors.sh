@@ -54,5 +54,14 @@ expect_error "rotation file missing" ppl -m $M -f data/eval/linux.txt --rotation
 expect_error "rotation file of the wrong kind" ppl -m $M -f data/eval/linux.txt --rotation tests/golden/golden.safetensors
 head -c 100 tests/golden/golden.safetensors > "$T/trunc.safetensors"
 expect_error "truncated rotation file" ppl -m $M -f data/eval/linux.txt --rotation "$T/trunc.safetensors"
+expect_error "calibrate: unknown method" calibrate -m $M --data data/calib/linux.txt --method spinquant -o "$T/r.safetensors"
+expect_error "calibrate: budget below one chunk" calibrate -m $M --data data/calib/linux.txt --tokens 100 -o "$T/r.safetensors"
+expect_error "calibrate: missing data file" calibrate -m $M --data /nonexistent.txt -o "$T/r.safetensors"
+expect_error "eval: unknown task" eval -m $M --tasks ppl,bleu
+expect_error "eval: bad ctx list" eval -m $M --ctx 2048,abc
+expect_error "eval: ctx beyond the model" eval -m $M --tasks ppl --ctx 16384
+expect_error "eval: missing data dir" eval -m $M --tasks ppl --data /nonexistent
+expect_error "referee: calibration data inside the eval set" referee -m $M --calib-data data/eval/linux.txt --eval-data data/eval -o "$T/ref" --quick
+expect_error "referee: unknown method" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --methods int2,int3
 echo "$((n - fail)) passed, $fail failed"
 [[ $fail -eq 0 ]]
