@@ -123,6 +123,44 @@ void CalibrateConfig::validate(const ModelConfig& m) const {
             tokens / chunk, chunk, calib_chunks + heldout_chunks, calib_chunks, heldout_chunks);
 }
 
+nlohmann::json calibration_metadata(const CalibrateConfig& c, const KvTransform& t, const CalibrateReport& rep,
+                                    const std::string& model_fingerprint, const std::string& data_file,
+                                    const std::string& data_sha256) {
+  const bool optr = c.method == "optr";
+  nlohmann::json meta = {{"method", t.name},
+                         {"base", optr ? c.base : ""},
+                         {"objective", optr ? c.objective : ""},
+                         {"center_keys", !t.key_mean.empty()},
+                         {"model_fingerprint", model_fingerprint},
+                         {"calib_data", data_file},
+                         {"calib_sha256", data_sha256},
+                         {"calib_tokens", rep.tokens_used},
+                         {"chunk", c.chunk},
+                         {"capture_seconds", rep.capture_seconds},
+                         {"optimise_seconds", rep.optimise_seconds}};
+  if (!optr) return meta;
+  meta["lambda_k"] = c.lambda_k;
+  meta["steps"] = c.steps;
+  meta["lr"] = c.lr;
+  meta["n_queries"] = c.n_queries;
+  meta["cache"] = {{"type_k", c.cache.k.type}, {"type_v", c.cache.v.type}, {"group", c.cache.k.group},
+                   {"clip_k", c.cache.k.clip}, {"clip_v", c.cache.v.clip}, {"sink", c.cache.sink},
+                   {"recent", c.cache.recent}};
+  nlohmann::json heads = nlohmann::json::array();
+  int key_kept = 0, value_kept = 0;
+  for (const CalibrateHeadReport& h : rep.heads) {
+    heads.push_back({{"layer", h.layer}, {"head", h.head}, {"key_before", h.key_before}, {"key_after", h.key_after},
+                     {"key_kept", h.key_kept}, {"value_before", h.value_before}, {"value_after", h.value_after},
+                     {"value_kept", h.value_kept}});
+    key_kept += h.key_kept, value_kept += h.value_kept;
+  }
+  meta["heads"] = heads;
+  meta["heads_total"] = rep.heads.size();
+  meta["heads_key_kept"] = key_kept;
+  meta["heads_value_kept"] = value_kept;
+  return meta;
+}
+
 KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const CalibrateConfig& cfg,
                       CalibrateReport* report, const CalibrateProgress& progress) {
   const ModelConfig& mc = model.config();

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <functional>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,13 @@ struct CalibrateReport {
 
 // progress(stage, done, total) — stage "capture" or "optimise".
 using CalibrateProgress = std::function<void(const char* stage, int done, int total)>;
+
+// The rotation-file metadata of a calibration (rotation/rotation_file.h): method, base, objective, calibration data
+// and budget, the model fingerprint, and for OptR its optimiser settings, the cache grid it was calibrated for
+// ("cache", which check_rotation_fits() compares) and the per-head held-out report ("heads", plus kept counts).
+nlohmann::json calibration_metadata(const CalibrateConfig& cfg, const KvTransform& t, const CalibrateReport& rep,
+                                    const std::string& model_fingerprint, const std::string& data_file,
+                                    const std::string& data_sha256);
 
 // Builds the transform for cfg from the calibration ids; the transform's name is the method label
 // (e.g. "optr(oscar)"). The model's KV transform must be unset (traces are taken without rotation).

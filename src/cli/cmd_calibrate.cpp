@@ -61,42 +61,16 @@ void run(CalibrateOptions o) {
   CalibrateReport rep;
   KvTransform t = calibrate(*model, ids, o.calib, &rep, progress);
 
-  const CalibrateConfig& c = o.calib;
-  nlohmann::json meta = {{"method", t.name},
-                         {"base", c.method == "optr" ? c.base : ""},
-                         {"objective", c.method == "optr" ? c.objective : ""},
-                         {"center_keys", !t.key_mean.empty()},
-                         {"model_fingerprint", model->fingerprint()},
-                         {"calib_data", o.data},
-                         {"calib_sha256", sha256_hex(text)},
-                         {"calib_tokens", rep.tokens_used},
-                         {"chunk", c.chunk},
-                         {"capture_seconds", rep.capture_seconds},
-                         {"optimise_seconds", rep.optimise_seconds}};
-  if (c.method == "optr") {
-    meta["lambda_k"] = c.lambda_k;
-    meta["steps"] = c.steps;
-    meta["lr"] = c.lr;
-    meta["n_queries"] = c.n_queries;
-    meta["cache"] = {{"type_k", c.cache.k.type}, {"type_v", c.cache.v.type}, {"group", c.cache.k.group},
-                     {"clip_k", c.cache.k.clip}, {"clip_v", c.cache.v.clip}, {"sink", c.cache.sink},
-                     {"recent", c.cache.recent}};
-    nlohmann::json heads = nlohmann::json::array();
-    int key_kept = 0, value_kept = 0;
+  const nlohmann::json meta = calibration_metadata(o.calib, t, rep, model->fingerprint(), o.data, sha256_hex(text));
+  if (o.calib.method == "optr") {
     double kb = 0, ka = 0, vb = 0, va = 0;
-    for (const auto& h : rep.heads) {
-      heads.push_back({{"layer", h.layer}, {"head", h.head}, {"key_before", h.key_before},
-                       {"key_after", h.key_after}, {"key_kept", h.key_kept}, {"value_before", h.value_before},
-                       {"value_after", h.value_after}, {"value_kept", h.value_kept}});
-      key_kept += h.key_kept, value_kept += h.value_kept;
-      kb += h.key_before, ka += h.key_after, vb += h.value_before, va += h.value_after;
-    }
-    meta["heads"] = heads;
+    for (const auto& h : rep.heads) kb += h.key_before, ka += h.key_after, vb += h.value_before, va += h.value_after;
     const double n = double(std::max<size_t>(1, rep.heads.size()));
     std::fprintf(stderr,
                  "kvq: optr kept the learned key rotation on %d/%zu heads (mean held-out loss %.5g -> %.5g) and the "
                  "value rotation on %d/%zu (%.5g -> %.5g)\n",
-                 key_kept, rep.heads.size(), kb / n, ka / n, value_kept, rep.heads.size(), vb / n, va / n);
+                 meta["heads_key_kept"].get<int>(), rep.heads.size(), kb / n, ka / n,
+                 meta["heads_value_kept"].get<int>(), rep.heads.size(), vb / n, va / n);
   }
   save_rotation_file(o.out, t, meta);
   std::printf("wrote %s: %s rotations for %d layers x %d kv heads from %d calibration tokens (capture %.1f s, "

@@ -326,25 +326,8 @@ Rotation Referee::rotation_for(const PlannedRun& r) {
       say(fmt::format("kvq: calibrate {} {} {}/{}", m.label, stage, done, total), true);
     });
     say(fmt::format("kvq: calibrated {} in {:.1f} s", m.label, rep.capture_seconds + rep.optimise_seconds));
-    json meta = {{"method", t.name}, {"base", cc.method == "optr" ? cc.base : ""},
-                 {"objective", cc.method == "optr" ? cc.objective : ""}, {"center_keys", !t.key_mean.empty()},
-                 {"model_fingerprint", fingerprint_}, {"calib_data", data_file}, {"calib_sha256", data_sha},
-                 {"calib_tokens", rep.tokens_used}, {"chunk", cc.chunk}, {"capture_seconds", rep.capture_seconds},
-                 {"optimise_seconds", rep.optimise_seconds}, {"referee_key", key}};
-    if (cc.method == "optr") {
-      meta["lambda_k"] = cc.lambda_k;
-      meta["steps"] = cc.steps;
-      meta["lr"] = cc.lr;
-      meta["n_queries"] = cc.n_queries;
-      meta["cache"] = {{"type_k", cc.cache.k.type}, {"type_v", cc.cache.v.type}, {"group", cc.cache.k.group},
-                       {"clip_k", cc.cache.k.clip}, {"clip_v", cc.cache.v.clip}, {"sink", cc.cache.sink},
-                       {"recent", cc.cache.recent}};
-      int kept_k = 0, kept_v = 0;
-      for (const CalibrateHeadReport& h : rep.heads) kept_k += h.key_kept, kept_v += h.value_kept;
-      meta["heads_total"] = rep.heads.size();
-      meta["heads_key_kept"] = kept_k;
-      meta["heads_value_kept"] = kept_v;
-    }
+    json meta = calibration_metadata(cc, t, rep, fingerprint_, data_file, data_sha);
+    meta["referee_key"] = key;
     save_rotation_file(rot.file, t, meta);
     rot.meta = meta;
     rot.seconds = rep.capture_seconds + rep.optimise_seconds;
