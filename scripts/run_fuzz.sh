@@ -7,17 +7,7 @@
 set -euo pipefail
 
 if [[ "${1:-}" == "--install-deps" ]]; then
-  PKGS=(clang libclang-rt-14-dev)
-  missing=()
-  for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    echo "kvq: installing missing fuzzing packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}"
-  fi
+  bash "$(dirname "$0")/install_deps.sh" clang libclang-rt-14-dev
   exit 0
 fi
 
