@@ -1,0 +1,81 @@
+// The paged KV cache in GPU memory and the decode attention over it (issue #7).
+//
+// Same semantics as the CPU KvCache (kv/cache.h): BF16 sink [0, S0) and recent windows, a quantized paged region
+// [S0, qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves the
+// recent window. Same block layouts: rows are kv/layout.h structs (Bf16Row, IntRow), byte for byte what the CPU
+// codecs store, so a page copied from the GPU decodes with the CPU codec.
+//
+// A step works on a batch of sequences: sequence b contributes tokens [pos0_b, pos0_b + n_b) with pos0_b its
+// current length, and their rows are concatenated (vLLM "varlen"): row r of k/v/q belongs to one (b, i).
+// Decode is n_b = 1 for every b; prefill is one sequence with n_b = chunk.
+//
+// The cache owns the per-layer transform (key means, R_K, R_V, kv/transform.h): append() centres and rotates keys
+// and rotates values before quantizing; attention() rotates queries and un-rotates outputs, so callers pass
+// plain post-RoPE q / k / v and get plain attention outputs, exactly like the CPU path with a KvTransform.
+//
+// All pointers named d_* are device pointers; all calls are asynchronous on the cache's stream unless noted.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kv/cache.h"
+#include "kv/transform.h"
+
+namespace kvq::cuda {
+
+// Codecs the GPU cache stores for keys and values: bf16, int8, int4, int2 (per-token groups G = 32/64/128 with
+// d = 128). KIVI is CPU-only; the constructor refuses it with one line naming what is supported.
+bool gpu_codec_supported(const CodecSpec& spec);
+
+class GpuKvCache {
+ public:
+  // Allocates the page pool and windows for max_seqs sequences of up to max_ctx tokens each.
+  GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs);
+  ~GpuKvCache();
+  GpuKvCache(const GpuKvCache&) = delete;
+  GpuKvCache& operator=(const GpuKvCache&) = delete;
+
+  const CacheConfig& config() const;
+  int n_layers() const;
+  int n_kv_heads() const;
+  int head_dim() const;
+  int max_ctx() const;
+  int max_seqs() const;
+
+  // Uploads the transform (identity() = none). Must match (n_layers, n_kv_heads, head_dim).
+  void set_transform(const KvTransform& t);
+
+  int new_sequence();
+  void free_sequence(int seq);
+  int length(int seq) const;
+
+  // Starts a step: seqs[b] appends n[b] tokens at its current length. Reserves pages (throws kvq::Error on
+  // context overflow or an exhausted pool, before any work) and uploads the step's descriptors.
+  void begin_step(const std::vector<int>& seqs, const std::vector<int>& n);
+  int step_rows() const;  // Σ n[b]: rows of the step's q / k / v / out
+
+  // One layer of the step. d_k, d_v: [rows, n_kv_heads, d] fp32 post-RoPE keys / values (not transformed);
+  // stores them (centre, rotate, quantize, pack; windows in bf16) and demotes what leaves the recent window.
+  void append(int layer, const float* d_k, const float* d_v);
+  // d_q: [rows, n_heads, d] fp32 post-RoPE queries; d_out: [rows, n_heads, d] fp32 attention outputs (before W_O).
+  // Each query at position t reads its decode-faithful view; split-KV with an exact LSE merge.
+  void attention(int layer, const float* d_q, int n_heads, float* d_out);
+  // Ends the step: lengths += n.
+  void commit_step();
+
+  // Same accounting as the CPU cache (counted from the structs stored).
+  CacheFootprint footprint(int n_tokens) const;
+  size_t bytes_allocated() const;
+  // Bytes one attention() call reads from the cache for the current step (K and V rows of every view, windows
+  // included), for the benchmark's GB/s figure.
+  size_t step_bytes_read(int layer) const;
+
+  void* stream() const;  // the cudaStream_t everything runs on
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvq::cuda
