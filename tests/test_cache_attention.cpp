@@ -12,6 +12,7 @@
 #include "attention/attention.h"
 #include "attention/attention_ref.h"
 #include "attention/softmax_simd.h"
+#include "kv/simd.h"
 #include "common/error.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
@@ -247,26 +248,37 @@ double attention_nmse(const CacheConfig& cfg, int n_tokens, const CacheConfig* o
 // rows (relative ~1e-7 each) and, on AVX-512 VNNI, queries / weights rounded to int16 (relative error <= 2^-16
 // of the group's largest element, ~1.5e-5, giving output NMSE ~(1.5e-5)^2 · O(10)). 1e-6 leaves margin for
 // both while the quantization error itself (int2 vs bf16 rows: NMSE ~1e-2) is four orders of magnitude larger.
+// Rows of int2 with one 128-value group (int2 and kivi2 values at G = 128) use int8 queries / weights on VNNI
+// (relative error 1/254 of the largest element): there the budget is a tenth of the quantization error the
+// same cache shows against exact f32 rows, i.e. the kernel's rounding stays small beside what int2 costs.
 TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengths) {
   const double kBudget = 1e-6;
+  const bool int8_operands = best_simd_level() == SimdLevel::kAvx512Vnni;
   for (const std::string type : {"bf16", "int8", "int4", "int2", "kivi2"}) {
     double worst = 0;
     for (int n_tokens : {1, 63, 64, 65, 257, 1000, 4097}) {
       const CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
-      const double e = attention_nmse(cfg, n_tokens);
-      EXPECT_LE(e, kBudget) << cfg.describe() << " n_tokens=" << n_tokens;
+      CacheConfig exact = cfg;
+      exact.k.type = exact.v.type = "f32";
+      exact.k.per_channel = exact.v.per_channel = false;
+      double quant_error = 0;
+      const double e = attention_nmse(cfg, n_tokens, &exact, &quant_error);
+      const bool relative = int8_operands && (type == "int2" || type == "kivi2");
+      const double budget = relative ? std::max(kBudget, 0.1 * quant_error) : kBudget;
+      EXPECT_LE(e, budget) << cfg.describe() << " n_tokens=" << n_tokens << " quantization NMSE " << quant_error;
       worst = std::max(worst, e);
     }
-    std::printf("fast vs reference attention, %s: worst NMSE %.3g (budget %.0e)\n", type.c_str(), worst, kBudget);
+    std::printf("fast vs reference attention, %s: worst NMSE %.3g\n", type.c_str(), worst);
   }
 }
 
 TEST(CacheAttention, Int2DiffersFromBf16ByFarMoreThanTheBudget) {
-  // The NMSE test above has teeth: against an all-bf16 reference the int2 cache is visibly different.
+  // The NMSE test above has teeth: against an all-bf16 reference the int2 cache is visibly different, by far
+  // more than the fast kernels' own rounding (int8 operands on VNNI: a tenth of it, see above).
   const CacheConfig cfg = config("int2", 128, 16, 64, 128, 512), bf = config("bf16", 128, 16, 64, 128, 512);
   double vs_bf16 = 0;
   const double e = attention_nmse(cfg, 1000, &bf, &vs_bf16);
-  EXPECT_LE(e, 1e-6);
+  EXPECT_LE(e, best_simd_level() == SimdLevel::kAvx512Vnni ? 0.1 * vs_bf16 : 1e-6) << "vs bf16 " << vs_bf16;
   EXPECT_GT(vs_bf16, 1e-3);
 }
 

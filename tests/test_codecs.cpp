@@ -315,7 +315,10 @@ TEST(Codecs, Bf16DecodeIsRoundToNearestEven) {
 // Both compute the same sum in a different order (the fast path folds scale and zero out of the inner
 // loop), so they agree to float rounding: |fast - ref| <= 2e-6 · B, where B bounds the sum of the
 // magnitudes of the terms: Σ_c |q_c| · 3·max|x| (|code·scale| <= range <= 2 max|x|, |zero·scale| <= max|x|).
-// The VNNI level also rounds q (scores) and p·scale (accumulate) to int16: 1e-5 · B.
+// The VNNI level also rounds q (scores) and p·scale (accumulate) to int16: 1e-5 · B. For int2 rows of one
+// 128-value group it rounds them to int8 (step = max|operand| / 127, so each rounded element is off by at most
+// max / 254): the bound adds (max_c |q_c| / 254) · Σ_c |x̂_tc| for scores and (max_t |w_t| / 254) · Σ_t |code_tc −
+// zero_t| for accumulate (w = p · scale), the exact worst case of that rounding.
 TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
   const CodecSpec s = GetParam();
   const int d = s.head_dim;
@@ -328,6 +331,19 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
   float max_abs = 0.f;
   for (float v : x) max_abs = std::max(max_abs, std::fabs(v));
   const std::vector<uint8_t> blocks = encode_all(*ref_codec, x, max_tokens / tpb);
+  // x̂ and, for the int8 path's bound, |code − zero| = |x̂| / scale per token and channel.
+  std::vector<float> xh(size_t(max_tokens) * d), code_minus_zero(size_t(max_tokens) * d, 0.f);
+  for (int b = 0; b < max_tokens / tpb; ++b)
+    ref_codec->decode(blocks.data() + size_t(b) * ref_codec->bytes_per_block(), xh.data() + size_t(b) * tpb * d);
+  const bool int8_path = (s.type == "int2" || s.type == "kivi2") && !s.per_channel && s.group == d && d == 128;
+  if (int8_path)
+    for (int t = 0; t < max_tokens; ++t) {
+      layout::GroupParams gp;
+      std::memcpy(&gp, blocks.data() + size_t(t) * ref_codec->bytes_per_block(), sizeof gp);
+      const float sc = fp16_to_f32(gp.scale);
+      for (int c = 0; c < d; ++c)
+        code_minus_zero[size_t(t) * d + c] = sc > 0.f ? std::fabs(xh[size_t(t) * d + c]) / sc : 0.f;
+    }
   int checked_levels = 0;
   for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni}) {
     if (!simd_level_supported(level)) continue;
@@ -343,13 +359,17 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
         std::vector<float> s_ref(size_t(n_q) * n_tokens), s_fast(size_t(n_q) * n_tokens, NAN);
         codec->scores_ref(q.data(), n_q, blocks.data(), n_tokens, s_ref.data());
         codec->scores(q.data(), n_q, blocks.data(), n_tokens, s_fast.data());
-                for (int i = 0; i < n_q; ++i) {
-          double qa = 0;
-          for (int c = 0; c < d; ++c) qa += std::fabs(q[size_t(i) * d + c]);
+                const bool int8_here = int8_path && level == SimdLevel::kAvx512Vnni;
+        for (int i = 0; i < n_q; ++i) {
+          double qa = 0, qmax = 0;
+          for (int c = 0; c < d; ++c) qa += std::fabs(q[size_t(i) * d + c]), qmax = std::max(qmax, double(std::fabs(q[size_t(i) * d + c])));
           const double bound = qa * 3.0 * max_abs;
           for (int t = 0; t < n_tokens; ++t) {
+            double xa = 0;
+            for (int c = 0; c < d; ++c) xa += std::fabs(xh[size_t(t) * d + c]);
+            const double tol = rel_tol * bound + (int8_here ? qmax / 254.0 * xa : 0.0);
             const size_t k = size_t(i) * n_tokens + t;
-            ASSERT_NEAR(s_fast[k], s_ref[k], rel_tol * bound) << "query " << i << " token " << t;
+            ASSERT_NEAR(s_fast[k], s_ref[k], tol) << "query " << i << " token " << t;
           }
         }
         const std::vector<float> p = uniform(size_t(n_q) * n_tokens, 7 + n_tokens, 0.f, 1.f);
@@ -358,12 +378,23 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
         codec->accumulate_ref(p.data(), n_q, blocks.data(), n_tokens, acc_ref.data());
         codec->accumulate(p.data(), n_q, blocks.data(), n_tokens, acc_fast.data());
         for (int i = 0; i < n_q; ++i) {
-          double pa = 0;
-          for (int t = 0; t < n_tokens; ++t) pa += std::fabs(p[size_t(i) * n_tokens + t]);
+          double pa = 0, wmax = 0;
+          for (int t = 0; t < n_tokens; ++t) {
+            pa += std::fabs(p[size_t(i) * n_tokens + t]);
+            if (int8_here) {
+              layout::GroupParams gp;
+              std::memcpy(&gp, blocks.data() + size_t(t) * ref_codec->bytes_per_block(), sizeof gp);
+              wmax = std::max(wmax, double(std::fabs(p[size_t(i) * n_tokens + t] * fp16_to_f32(gp.scale))));
+            }
+          }
           const double bound = pa * 3.0 * max_abs + 10.0;
           for (int c = 0; c < d; ++c) {
+            double cz = 0;
+            if (int8_here)
+              for (int t = 0; t < n_tokens; ++t) cz += code_minus_zero[size_t(t) * d + c];
+            const double tol = rel_tol * bound + wmax / 254.0 * cz;
             const size_t k = size_t(i) * d + c;
-            ASSERT_NEAR(acc_fast[k], acc_ref[k], rel_tol * bound) << "query " << i << " channel " << c;
+            ASSERT_NEAR(acc_fast[k], acc_ref[k], tol) << "query " << i << " channel " << c;
           }
         }
       }

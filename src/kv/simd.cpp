@@ -39,7 +39,8 @@ bool simd_level_supported(SimdLevel level) {
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512dq");
     case SimdLevel::kAvx512Vnni:
-      return simd_level_supported(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512vnni");
+      return simd_level_supported(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx512vbmi");
 #else
     default: return false;
 #endif

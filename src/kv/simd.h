@@ -16,8 +16,9 @@
 
 namespace kvq {
 
-// kAvx512Vnni: the int formats use integer dot products (vpdpwssd) with q / weights rounded to int16
-// (relative error ~2^-16 of the largest element per group or tile); bf16 uses the kAvx512 float kernels.
+// kAvx512Vnni (needs VNNI and VBMI): the int formats use integer dot products (vpdpwssd) with q / weights rounded
+// to int16 (relative error ~2^-16 of the largest element per group or tile), except int2 rows of one 128-value
+// group, which round them to int8 (vpdpbusd, 1/254); bf16 uses the kAvx512 float kernels.
 enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 
 const char* simd_level_name(SimdLevel level);
