@@ -49,6 +49,18 @@ inline void valid_range(const KvCache& cache, KvCache::RunKind kind, int t, int&
   }
 }
 
+// Asks for the next piece's K and V blocks (into L2) while the current one is computed: the rows stream from
+// DRAM, and a piece starts a new page region the hardware prefetchers have not seen yet.
+inline void prefetch_piece(const Piece& pc, const KvCache& cache) {
+  const bool quant = pc.kind == KvCache::RunKind::Quant;
+  const KvCodec& kc = quant ? cache.k_codec() : cache.window_codec();
+  const KvCodec& vc = quant ? cache.v_codec() : cache.window_codec();
+  const size_t kb = size_t(pc.n) / kc.tokens_per_block() * kc.bytes_per_block();
+  const size_t vb = size_t(pc.n) / vc.tokens_per_block() * vc.bytes_per_block();
+  for (size_t b = 0; b < kb; b += 64) __builtin_prefetch(pc.k + b, 0, 2);
+  for (size_t b = 0; b < vb; b += 64) __builtin_prefetch(pc.v + b, 0, 2);
+}
+
 // Attend rows of one tile over some pieces; state accumulates (online softmax).
 void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, const float* q_rows, int rows,
                    int group, int t_first, SoftmaxState& st, std::vector<float>& s) {
@@ -68,6 +80,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
       any = std::max(lo, pc.pos0) < std::min(hi, pc.pos0 + pc.n);
     }
     if (!any) continue;
+    static const bool kNoPf = getenv("KVQ_NOPF"); if (!kNoPf && pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1], cache);
     const int n = pc.n;
     kc.scores(q_rows, rows, pc.k, n, s.data());
     for (int r = 0; r < rows; ++r) {
