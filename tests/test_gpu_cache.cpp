@@ -145,7 +145,7 @@ struct Twin {
       const auto q = random_rows(rng, rows, kHeads, data, 0.7f);
       Dev<float> dk(k), dv(v), dq(q), dout(q.size());
       gpu.append(l, dk.get(), dv.get());
-      gpu.attention(l, dq.get(), kHeads, dout.get());
+      if (compare) gpu.attention(l, dq.get(), kHeads, dout.get());
       cuda::sync("test step");
       std::vector<float> got(q.size()), want(q.size());
       dout.buf.download(got.data(), got.size() * sizeof(float));
@@ -161,9 +161,10 @@ struct Twin {
         tf.values(l, nb, vb.data());
         tf.queries(l, nb, kHeads, qb.data());
         cpu.append(s, l, pos0, nb, kb.data(), vb.data());
-        cache_attention(cpu, s, l, pos0, nb, qb.data(), want.data() + size_t(r0) * kHeads * kD,
+        if (compare)
+          cache_attention(cpu, s, l, pos0, nb, qb.data(), want.data() + size_t(r0) * kHeads * kD,
                         AttentionShape{kHeads, kKv, kD}, pool);
-        tf.outputs(l, nb, kHeads, want.data() + size_t(r0) * kHeads * kD);
+        if (compare) tf.outputs(l, nb, kHeads, want.data() + size_t(r0) * kHeads * kD);
         r0 += nb;
       }
       if (compare) {
@@ -339,7 +340,7 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
     for (int group : {128, 32}) {
       const CacheConfig cfg = config(type, group, 16, 64);
       const auto fast = decode_once(cfg, 3001, 0, false), ref = decode_once(cfg, 3001, 0, true);
-      EXPECT_LT(nmse(fast, ref), 1e-11) << type << "/g" << group;
+      EXPECT_LT(nmse(fast, ref), 1e-9) << type << "/g" << group;  // scale / zero folded out of the fast sums
     }
 }
 

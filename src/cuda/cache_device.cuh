@@ -114,13 +114,44 @@ __device__ __forceinline__ void row_values4(const void* row, int bits, int group
   const uint16_t* params = reinterpret_cast<const uint16_t*>(r);
   const int gi = c0 / group;  // the 4 values share a group (G is a multiple of 32)
   const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
-  const uint8_t* codes = r + layout::int_row_params_bytes(kHeadDim, group);
-  const int mask = (1 << bits) - 1;
+  // Values c0 .. c0 + 3 sit in 4 consecutive bytes of their unit at the same shift (layout.h): one aligned word.
+  const int ub = layout::unit_bytes(bits), vv = c0 % layout::kUnitValues;
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group) +
+                                                        (c0 / layout::kUnitValues) * ub + vv % ub);
+  const int shift = bits * (vv / ub), mask = (1 << bits) - 1;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = c0 + i;
-    const int code = (codes[layout::code_byte(c, bits)] >> layout::code_shift(c, bits)) & mask;
-    out[i] = (float(code) - zero) * scale;
+  for (int i = 0; i < 4; ++i) out[i] = (float((w >> (8 * i + shift)) & mask) - zero) * scale;
+}
+
+// Scores of one stored int row (layout::IntRow, BITS) against the g queries qs[h][:]: s[h] += q_h · k̂. Per unit of
+// 32 values: Σ code · q accumulated, then scale · (Σ code q - zero · Σ q) with qsum[h][unit] = Σ q over the unit.
+template <int BITS>
+__device__ __forceinline__ void score_int_row(const uint8_t* r, int group, const float (*qs)[kHeadDim],
+                                              const float (*qsum)[kHeadDim / 32], int g, float* s) {
+  constexpr int ub = layout::unit_bytes(BITS), words = ub / 4, mask = (1 << BITS) - 1;
+  const uint16_t* params = reinterpret_cast<const uint16_t*>(r);
+  const uint32_t* codes = reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group));
+#pragma unroll
+  for (int u = 0; u < kHeadDim / 32; ++u) {
+    uint32_t w[words];
+#pragma unroll
+    for (int i = 0; i < words; ++i) w[i] = codes[u * words + i];
+    const int gi = u * 32 / group;
+    const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
+    float acc[kMaxGroupHeads];
+#pragma unroll
+    for (int h = 0; h < kMaxGroupHeads; ++h) acc[h] = 0.f;
+#pragma unroll
+    for (int v = 0; v < 32; ++v) {
+      const int jj = v % ub, k = v / ub;
+      const float code = float((w[jj / 4] >> (8 * (jj % 4) + BITS * k)) & mask);
+#pragma unroll
+      for (int h = 0; h < kMaxGroupHeads; ++h)
+        if (h < g) acc[h] = fmaf(qs[h][u * 32 + v], code, acc[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxGroupHeads; ++h)
+      if (h < g) s[h] = fmaf(scale, acc[h] - zero * qsum[h][u], s[h]);
   }
 }
 

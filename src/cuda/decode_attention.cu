@@ -1,15 +1,16 @@
 // Decode-faithful attention over the GPU cache, one layer, every row of a step (decode: one row per sequence;
-// prefill: one row per chunk token), in four launches:
+// prefill: one row per chunk token), in three launches:
 //   1. prepare_queries: q <- (q · scale) R_K per (row, head)            (double accumulation, like the CPU)
 //   2. attention: grid (row, kv head, KV split); the view of the row's query at t, positions [0, t], split into
 //      ranges of split_tokens positions; each position is a sink row, a quantized row or a recent row (view_row);
 //      each K / V row is read ONCE for the whole GQA group (g query heads). Online softmax; writes the split's
-//      unnormalised partial (m, l, acc) per head.
-//   3. (same grid) or the reference twin (decode_attention_ref.cu) — chosen by the caller.
-//   4. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T.
+//      unnormalised partial (m, l, acc) per head. The reference twin (decode_attention_ref.cu) has the same
+//      grid and output and replaces this kernel when asked.
+//   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T.
 //
 // The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
-// row channel by channel against the group's queries in shared memory, broadcast reads). Values: lane = 4
+// row against the group's queries in shared memory, broadcast reads; int2 / int4 keys: per 32-value unit the
+// codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the inner loop). Values: lane = 4
 // channels, the tile's probabilities are broadcast by shuffles, each V row is read by the warp in one sweep.
 #include <cuda_runtime.h>
 
@@ -64,8 +65,15 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   __shared__ float qs[kMaxGroupHeads][kD];
   __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
   __shared__ float w_m[kWarps][kMaxGroupHeads], w_l[kWarps][kMaxGroupHeads];
+  __shared__ float qsum[kMaxGroupHeads][kD / 32];  // Σ q over each 32-value unit (scale / zero folding)
   for (int i = threadIdx.x; i < g * kD; i += blockDim.x)
     qs[i / kD][i % kD] = a.q_work[(int64_t(row) * a.n_heads + head * g) * kD + i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < g * (kD / 32); i += blockDim.x) {
+    float sum = 0.f;
+    for (int v = 0; v < 32; ++v) sum += qs[i / (kD / 32)][(i % (kD / 32)) * 32 + v];
+    qsum[i / (kD / 32)][i % (kD / 32)] = sum;
+  }
   __syncthreads();
 
   float m[kMaxGroupHeads], l[kMaxGroupHeads], acc[kMaxGroupHeads][4];
@@ -84,7 +92,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     if (valid) {
       const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
       const int bits = kr.quant ? geo.k_bits : kBf16Bits;
-      for (int c0 = 0; c0 < kD; c0 += 4) {
+      const uint8_t* kp = static_cast<const uint8_t*>(kr.ptr);
+      if (bits == 2) {
+        dev::score_int_row<2>(kp, geo.k_group, qs, qsum, g, s);
+      } else if (bits == 4) {
+        dev::score_int_row<4>(kp, geo.k_group, qs, qsum, g, s);
+      } else {
+        for (int c0 = 0; c0 < kD; c0 += 4) {
         float kv4[4];
         dev::row_values4(kr.ptr, bits, geo.k_group, c0, kv4);
 #pragma unroll
@@ -92,6 +106,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
           if (h < g)
 #pragma unroll
             for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
+        }
       }
     }
     float pr[kMaxGroupHeads];
@@ -108,6 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
       for (int i = 0; i < 4; ++i) acc[h][i] *= corr;
     }
     const int n_valid = min(32, end - tile);
+#pragma unroll 4
     for (int j = 0; j < n_valid; ++j) {
       const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, tile + j, qe);
       float v4[4];

@@ -117,6 +117,8 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   // The CPU cache validates everything else (sizes, page size, windows) with the same messages and does the
   // footprint accounting; with max_ctx 1 it holds no pages.
   m.accounting = std::make_unique<KvCache>(cfg, n_layers, n_kv_heads, head_dim, 1, 1);
+  KVQ_CHECK(cfg.page_tokens % 8 == 0, "GPU KV cache: page size {} must be a multiple of 8 (aligned row loads)",
+            cfg.page_tokens);
   KVQ_CHECK(max_ctx > 0 && max_seqs > 0, "GPU KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
   require_device();
 
