@@ -296,8 +296,8 @@ TEST(GpuCache, MixedKeyValueCodecsMatchTheCpuCache) {
 
 // Fills a GPU cache with one int2 sequence of `len` tokens (random rows) and returns its attention outputs for
 // one decode step under the given split size and kernel.
-std::vector<float> decode_once(const CacheConfig& cfg, int len, int split_tokens, bool reference) {
-  constexpr int kKv = 8, kHeads = 32;  // the benchmark's GQA shape
+std::vector<float> decode_once(const CacheConfig& cfg, int len, int split_tokens, bool reference, int kHeads = 32) {
+  constexpr int kKv = 8;  // with 32 query heads: the benchmark's GQA shape
   cuda::GpuKvCache c(cfg, 1, kKv, kD, len + 1, 1);
   const int s = c.new_sequence();
   std::mt19937 rng(77);
@@ -341,6 +341,17 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
       const CacheConfig cfg = config(type, group, 16, 64);
       const auto fast = decode_once(cfg, 3001, 0, false), ref = decode_once(cfg, 3001, 0, true);
       EXPECT_LT(nmse(fast, ref), 1e-9) << type << "/g" << group;  // scale / zero folded out of the fast sums
+    }
+}
+
+// The fast kernel's instances: GQA groups 1, 2, 4 (compile-time) and the generic one (3, 8).
+TEST(GpuCache, FastAttentionMatchesReferenceTwinForEveryGqaGroup) {
+  REQUIRE_GPU();
+  for (const char* type : {"int2", "bf16"})
+    for (int heads : {8, 16, 24, 32, 64}) {
+      const CacheConfig cfg = config(type, 128, 64, 256);
+      const auto fast = decode_once(cfg, 1500, 0, false, heads), ref = decode_once(cfg, 1500, 0, true, heads);
+      EXPECT_LT(nmse(fast, ref), 1e-9) << type << " g " << heads / 8;
     }
 }
 

@@ -123,9 +123,9 @@ __device__ __forceinline__ void row_values4(const void* row, int bits, int group
   for (int i = 0; i < 4; ++i) out[i] = (float((w >> (8 * i + shift)) & mask) - zero) * scale;
 }
 
-// Scores of one stored int row (layout::IntRow, BITS) against the g queries qs[h][:]: s[h] += q_h · k̂. Per unit of
+// Scores of one stored int row (layout::IntRow, BITS) against the g <= GQ queries qs[h][:]: s[h] += q_h · k̂. Per unit of
 // 32 values: Σ code · q accumulated, then scale · (Σ code q - zero · Σ q) with qsum[h][unit] = Σ q over the unit.
-template <int BITS>
+template <int BITS, int GQ>
 __device__ __forceinline__ void score_int_row(const uint8_t* r, int group, const float (*qs)[kHeadDim],
                                               const float (*qsum)[kHeadDim / 32], int g, float* s) {
   constexpr int ub = layout::unit_bytes(BITS), words = ub / 4, mask = (1 << BITS) - 1;
@@ -138,19 +138,19 @@ __device__ __forceinline__ void score_int_row(const uint8_t* r, int group, const
     for (int i = 0; i < words; ++i) w[i] = codes[u * words + i];
     const int gi = u * 32 / group;
     const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
-    float acc[kMaxGroupHeads];
+    float acc[GQ];
 #pragma unroll
-    for (int h = 0; h < kMaxGroupHeads; ++h) acc[h] = 0.f;
+    for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
 #pragma unroll
     for (int v = 0; v < 32; ++v) {
       const int jj = v % ub, k = v / ub;
       const float code = float((w[jj / 4] >> (8 * (jj % 4) + BITS * k)) & mask);
 #pragma unroll
-      for (int h = 0; h < kMaxGroupHeads; ++h)
+      for (int h = 0; h < GQ; ++h)
         if (h < g) acc[h] = fmaf(qs[h][u * 32 + v], code, acc[h]);
     }
 #pragma unroll
-    for (int h = 0; h < kMaxGroupHeads; ++h)
+    for (int h = 0; h < GQ; ++h)
       if (h < g) s[h] = fmaf(scale, acc[h] - zero * qsum[h][u], s[h]);
   }
 }

@@ -53,10 +53,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// GQ: register arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and
+// GQ = kMaxGroupHeads (any g <= 8 at run time).
+template <int GQ>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = a.n_heads / geo.n_kv;
+  const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
   const int t = rd.pos, qe = dev::quant_end(geo, t);
   const int begin = split * a.split_tokens;
@@ -76,9 +79,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   }
   __syncthreads();
 
-  float m[kMaxGroupHeads], l[kMaxGroupHeads], acc[kMaxGroupHeads][4];
+  float m[GQ], l[GQ], acc[GQ][4];
 #pragma unroll
-  for (int h = 0; h < kMaxGroupHeads; ++h) {
+  for (int h = 0; h < GQ; ++h) {
     m[h] = -INFINITY, l[h] = 0.f;
     acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
   }
@@ -86,32 +89,32 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   for (int tile = begin + warp * 32; tile < end; tile += kWarps * 32) {
     const int p = tile + lane;
     const bool valid = p < end;
-    float s[kMaxGroupHeads];
+    float s[GQ];
 #pragma unroll
-    for (int h = 0; h < kMaxGroupHeads; ++h) s[h] = 0.f;
+    for (int h = 0; h < GQ; ++h) s[h] = 0.f;
     if (valid) {
       const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
       const int bits = kr.quant ? geo.k_bits : kBf16Bits;
       const uint8_t* kp = static_cast<const uint8_t*>(kr.ptr);
       if (bits == 2) {
-        dev::score_int_row<2>(kp, geo.k_group, qs, qsum, g, s);
+        dev::score_int_row<2, GQ>(kp, geo.k_group, qs, qsum, g, s);
       } else if (bits == 4) {
-        dev::score_int_row<4>(kp, geo.k_group, qs, qsum, g, s);
+        dev::score_int_row<4, GQ>(kp, geo.k_group, qs, qsum, g, s);
       } else {
         for (int c0 = 0; c0 < kD; c0 += 4) {
         float kv4[4];
         dev::row_values4(kr.ptr, bits, geo.k_group, c0, kv4);
 #pragma unroll
-        for (int h = 0; h < kMaxGroupHeads; ++h)
+        for (int h = 0; h < GQ; ++h)
           if (h < g)
 #pragma unroll
             for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
         }
       }
     }
-    float pr[kMaxGroupHeads];
+    float pr[GQ];
 #pragma unroll
-    for (int h = 0; h < kMaxGroupHeads; ++h) {
+    for (int h = 0; h < GQ; ++h) {
       if (h >= g) continue;
       const float tmax = warp_max(valid ? s[h] : -INFINITY);  // finite: the tile holds >= 1 valid position
       const float m_new = fmaxf(m[h], tmax);
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
       float v4[4];
       dev::row_values4(vr.ptr, vr.quant ? geo.v_bits : kBf16Bits, geo.v_group, 4 * lane, v4);
 #pragma unroll
-      for (int h = 0; h < kMaxGroupHeads; ++h) {
+      for (int h = 0; h < GQ; ++h) {
         if (h >= g) continue;
         const float pj = __shfl_sync(0xffffffffu, pr[h], j);
 #pragma unroll
@@ -140,7 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
 
   // Merge the warps' states, then write this split's partial per head.
 #pragma unroll
-  for (int h = 0; h < kMaxGroupHeads; ++h) {
+  for (int h = 0; h < GQ; ++h) {
     if (h >= g) continue;
     if (lane == 0) w_m[warp][h] = m[h], w_l[warp][h] = l[h];
 #pragma unroll
@@ -211,7 +214,13 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a, const Tra
   if (reference) {
     e = launch_attention_ref(g, a, stream);
   } else {
-    attention_kernel<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), kWarps * 32, 0, st>>>(g, a);
+    const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits));
+    switch (a.n_heads / g.n_kv) {
+      case 1: attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+      case 2: attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+      case 4: attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+      default: attention_kernel<kMaxGroupHeads><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+    }
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) return e;
