@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_cuda.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "attention/attention.h"
@@ -87,7 +88,22 @@ struct BenchAttentionOptions {
   int threads = 0;        // worker threads (0: all cores)
   bool hot = false;       // keep the cache in the CPU caches between steps (default: evict it)
   bool json = false;
+  std::string device = "cpu";   // cpu | cuda
+  std::vector<int> ctx_list;    // --ctx values (cuda: a grid; cpu: one value)
+  std::vector<int> batch_list;  // --batch values
 };
+
+// --device cuda: the grid of shapes (defaults: batch {1, 8, 32, 64} x ctx {4K, 16K, 64K, 128K}).
+void bench_attention_device(const BenchAttentionOptions& o) {
+  KVQ_CHECK(o.cache.rotation == "none",
+            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
+  GpuAttentionBench g;
+  g.cache = o.cache.config();
+  g.batches = o.batch_list.empty() ? std::vector<int>{1, 8, 32, 64} : o.batch_list;
+  g.ctxs = o.ctx_list.empty() ? std::vector<int>{4096, 16384, 65536, 131072} : o.ctx_list;
+  g.q_heads = o.q_heads, g.kv_heads = o.kv_heads, g.head_dim = o.head_dim, g.iters = o.iters, g.json = o.json;
+  bench_attention_cuda(g);
+}
 
 // Streaming-read bandwidth (bytes/s) of the pool's threads over a buffer of `bytes`: best of a few passes.
 double read_bandwidth(ThreadPool& pool, size_t bytes) {
@@ -288,16 +304,29 @@ void add_bench(CLI::App& app) {
   auto a = std::make_shared<BenchAttentionOptions>();
   CLI::App* att = bench->add_subcommand("attention", "decode-step attention over a random-filled KV cache vs bf16");
   add_cache_options(att, a->cache);
-  att->add_option("--ctx", a->ctx, "tokens in the cache")->check(CLI::Range(1, 1 << 24));
+  att->add_option("--ctx", a->ctx_list, "tokens in the cache (--device cuda: a list, e.g. 4096,65536)")
+      ->check(CLI::Range(1, 1 << 24))
+      ->delimiter(',');
   att->add_option("--q-heads", a->q_heads, "query heads")->check(CLI::Range(1, 1024));
   att->add_option("--kv-heads", a->kv_heads, "kv heads")->check(CLI::Range(1, 1024));
   att->add_option("--head-dim", a->head_dim, "head dimension d")->check(CLI::Range(1, 4096));
-  att->add_option("--batch", a->batch, "sequences (one decode query each per step)")->check(CLI::Range(1, 4096));
+  att->add_option("--batch", a->batch_list, "sequences, one decode query each per step (--device cuda: a list)")
+      ->check(CLI::Range(1, 4096))
+      ->delimiter(',');
+  att->add_option("--device", a->device, "cpu, or cuda (GPU cache and kernels; shape grid, JSON array)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   att->add_option("--iters", a->iters, "timed decode steps")->check(CLI::Range(1, 1 << 20));
   att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
-  att->add_flag("--json", a->json, "print one JSON object per configuration");
-  att->callback([a] { bench_attention(*a); });
+  att->add_flag("--json", a->json, "print one JSON object per configuration (--device cuda: one JSON array)");
+  att->callback([a] {
+    if (a->device == "cuda") return bench_attention_device(*a);
+    KVQ_CHECK(a->ctx_list.size() <= 1 && a->batch_list.size() <= 1,
+              "bench attention: lists of --ctx / --batch need --device cuda (the CPU bench runs one shape)");
+    if (!a->ctx_list.empty()) a->ctx = a->ctx_list[0];
+    if (!a->batch_list.empty()) a->batch = a->batch_list[0];
+    bench_attention(*a);
+  });
 }
 
 }  // namespace kvq::cli

@@ -16,6 +16,7 @@
 // All pointers named d_* are device pointers; all calls are asynchronous on the cache's stream unless noted.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -60,6 +61,7 @@ class GpuKvCache {
   void append(int layer, const float* d_k, const float* d_v);
   // d_q: [rows, n_heads, d] fp32 post-RoPE queries; d_out: [rows, n_heads, d] fp32 attention outputs (before W_O).
   // Each query at position t reads its decode-faithful view; split-KV with an exact LSE merge.
+  // The softmax scale 1/sqrt(d) is applied here (q is NOT pre-scaled, unlike kvq::cache_attention's input).
   void attention(int layer, const float* d_q, int n_heads, float* d_out);
   // Ends the step: lengths += n.
   void commit_step();
@@ -72,6 +74,20 @@ class GpuKvCache {
   size_t step_bytes_read(int layer) const;
 
   void* stream() const;  // the cudaStream_t everything runs on
+
+  // --- Testing and benchmarking knobs (defaults are what production uses).
+  // Positions per KV split of attention(): 0 = automatic (enough blocks to fill the GPU); otherwise a multiple of
+  // 128 (rounded up). The split-KV merge is exact, so results do not depend on it beyond float rounding.
+  void set_split_tokens(int n);
+  // Run the simple reference twin of the attention kernel instead of the fast path.
+  void set_reference_attention(bool on);
+  // Synchronously downloads the stored rows of positions [pos0, pos0 + n) of (seq, layer, kv_head), K
+  // (values = false) or V, as a query at position length(seq) - 1 reads them: bf16 rows (2 d bytes) for sinks and
+  // the recent window, codec rows (layout::IntRow, or bf16 for a bf16 codec) for the quantized region; rows
+  // concatenated in position order. For comparing bytes with the CPU cache.
+  std::vector<uint8_t> download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const;
+  // End of the quantized region for a query at position t (kv/cache.h's qe(t)).
+  int quant_end(int t) const;
 
  private:
   struct Impl;

@@ -1,0 +1,150 @@
+// kvq bench attention --device cuda: per shape (batch, ctx) the median time of one decode-step attention call of
+// the GPU cache (query rotation, attention over the decode-faithful view of every sequence, split-KV merge),
+// the bytes it reads, TB/s, the fraction of a read-bandwidth probe measured in the same run, and the speedup
+// over the bf16 cache of the same shape. Caches are filled on the GPU with random rows in large chunks.
+#include "cli/bench_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+#ifdef KVQ_HAVE_CUDA
+#include "cuda/bench_support.h"
+#include "cuda/gpu_cache.h"
+#include "cuda/runtime.h"
+#include "kv/codec.h"
+#endif
+
+namespace kvq::cli {
+
+#ifndef KVQ_HAVE_CUDA
+
+void bench_attention_cuda(const GpuAttentionBench&) {
+  KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
+}
+
+#else
+
+namespace {
+
+constexpr int kFillRows = 65536;  // rows appended per fill step (all sequences together)
+
+struct ShapeResult {
+  double us = 0;          // median microseconds of one decode-step attention call
+  double bytes_read = 0;  // cache bytes that call reads
+};
+
+size_t row_bytes(const CodecSpec& s) {
+  CodecSpec c = s;
+  c.head_dim = 128;
+  return make_codec(c)->bytes_per_block();
+}
+
+// Device bytes a cache of this shape needs (pool, windows, fill buffers), to skip shapes that do not fit.
+double bytes_needed(const GpuAttentionBench& o, const CacheConfig& cfg, int batch, int ctx, int chunk) {
+  const double P = cfg.page_tokens;
+  const double pages = std::ceil(std::max(0, ctx + 1 - cfg.sink) / P);
+  const double rows = double(batch) * pages * P * o.kv_heads;
+  const double pool = rows * double(row_bytes(cfg.k) + row_bytes(cfg.v));
+  const double windows = double(batch) * 2 * o.kv_heads * (cfg.sink + cfg.recent + 1 + chunk) * 256.0;
+  const double fill = 2.0 * double(chunk) * batch * o.kv_heads * o.head_dim * 4;
+  return pool + windows + fill + (64 << 20);
+}
+
+std::optional<ShapeResult> run_shape(const GpuAttentionBench& o, CacheConfig cfg, int batch, int ctx) {
+  const int chunk = std::max(1, std::min({2048, ctx, kFillRows / batch}));
+  cfg.max_chunk = chunk;
+  const double need = bytes_needed(o, cfg, batch, ctx, chunk);
+  const double avail = 0.92 * double(cuda::free_device_memory());
+  if (need > avail) {
+    std::fprintf(stderr, "note: skipping batch %d ctx %d k=%s v=%s: needs %.1f GB, %.1f GB free\n", batch, ctx,
+                 cfg.k.type.c_str(), cfg.v.type.c_str(), need / 1e9, avail / 1e9);
+    return std::nullopt;
+  }
+  cuda::GpuKvCache cache(cfg, 1, o.kv_heads, o.head_dim, ctx + 1, batch);
+  std::vector<int> seqs;
+  for (int b = 0; b < batch; ++b) seqs.push_back(cache.new_sequence());
+  const size_t row_floats = size_t(o.kv_heads) * o.head_dim;
+  cuda::DeviceBuffer k(size_t(chunk) * batch * row_floats * 4), v(k.bytes());
+  cuda::DeviceBuffer q(size_t(batch) * o.q_heads * o.head_dim * 4), out(q.bytes());
+  uint64_t seed = 1;
+  for (int p = 0; p < ctx; p += chunk) {
+    const int n = std::min(chunk, ctx - p);
+    const size_t floats = size_t(n) * batch * row_floats;
+    cuda::fill_normal(k.as<float>(), floats, seed++, 1.f, cache.stream());
+    cuda::fill_normal(v.as<float>(), floats, seed++, 1.f, cache.stream());
+    cache.begin_step(seqs, std::vector<int>(size_t(batch), n));
+    cache.append(0, k.as<float>(), v.as<float>());
+    cache.commit_step();
+  }
+  // The timed step: one decode token per sequence (appended once), attention timed repeatedly.
+  cuda::fill_normal(k.as<float>(), size_t(batch) * row_floats, seed++, 1.f, cache.stream());
+  cuda::fill_normal(v.as<float>(), size_t(batch) * row_floats, seed++, 1.f, cache.stream());
+  cuda::fill_normal(q.as<float>(), size_t(batch) * o.q_heads * o.head_dim, seed++, 1.f, cache.stream());
+  cache.begin_step(seqs, std::vector<int>(size_t(batch), 1));
+  cache.append(0, k.as<float>(), v.as<float>());
+  ShapeResult r;
+  r.us = 1e3 * cuda::median_step_ms([&] { cache.attention(0, q.as<float>(), o.q_heads, out.as<float>()); }, 3,
+                                    o.iters, cache.stream());
+  r.bytes_read = double(cache.step_bytes_read(0));
+  cache.commit_step();
+  cuda::sync("bench attention");
+  return r;
+}
+
+}  // namespace
+
+void bench_attention_cuda(const GpuAttentionBench& o) {
+  KVQ_CHECK(o.head_dim == 128, "bench attention --device cuda: --head-dim {} is not supported (the GPU cache has d = 128)",
+            o.head_dim);
+  KVQ_CHECK(o.q_heads % o.kv_heads == 0 && o.q_heads / o.kv_heads <= 8,
+            "bench attention --device cuda: --q-heads {} over --kv-heads {} (GQA group 1 .. 8 supported)", o.q_heads,
+            o.kv_heads);
+  KVQ_CHECK(!o.batches.empty() && !o.ctxs.empty(), "bench attention: empty --batch or --ctx list");
+  for (int b : o.batches) KVQ_CHECK(b >= 1, "bench attention: --batch {} must be >= 1", b);
+  for (int c : o.ctxs) KVQ_CHECK(c >= 1, "bench attention: --ctx {} must be >= 1", c);
+  cuda::require_device();
+  { cuda::GpuKvCache probe(o.cache, 1, o.kv_heads, o.head_dim, 1, 1); }  // unsupported settings fail before work
+  const double probe_bw = cuda::read_bandwidth_probe(std::min<size_t>(size_t(2) << 30, cuda::free_device_memory() / 4));
+  CacheConfig bf = o.cache;
+  bf.k.type = bf.v.type = "bf16";
+  bf.k.clip = bf.v.clip = 1.f;
+  const bool test_is_bf16 = o.cache.k.type == "bf16" && o.cache.v.type == "bf16";
+  if (!o.json)
+    std::printf("%s | read probe %.2f TB/s | q-heads %d kv-heads %d d %d | k=%s v=%s | median of %d steps\n"
+                "%6s %7s %10s %12s %7s %7s %8s\n",
+                cuda::device_description().c_str(), probe_bw / 1e12, o.q_heads, o.kv_heads, o.head_dim,
+                o.cache.k.type.c_str(), o.cache.v.type.c_str(), o.iters, "batch", "ctx", "us", "MB read", "TB/s",
+                "%probe", "vs bf16");
+  nlohmann::json records = nlohmann::json::array();
+  for (int batch : o.batches)
+    for (int ctx : o.ctxs) {
+      const std::optional<ShapeResult> base = run_shape(o, bf, batch, ctx);
+      const std::optional<ShapeResult> test = test_is_bf16 ? base : run_shape(o, o.cache, batch, ctx);
+      if (!test) continue;
+      const double tbps = test->bytes_read / (test->us * 1e-6) / 1e12;
+      const double pct = 100.0 * tbps * 1e12 / probe_bw;
+      const double speedup = base ? base->us / test->us : NAN;
+      if (o.json) {
+        nlohmann::json j = {{"batch", batch}, {"ctx", ctx}, {"type_k", o.cache.k.type}, {"type_v", o.cache.v.type},
+                            {"us", test->us}, {"bytes_read", test->bytes_read}, {"tbps", tbps}, {"pct_probe", pct},
+                            {"probe_tbps", probe_bw / 1e12}};
+        j["speedup_vs_bf16"] = base ? nlohmann::json(speedup) : nlohmann::json(nullptr);
+        records.push_back(j);
+      } else {
+        std::printf("%6d %7d %10.1f %12.2f %7.3f %6.1f%% %7.2fx\n", batch, ctx, test->us, test->bytes_read / 1e6, tbps,
+                    pct, speedup);
+        std::fflush(stdout);
+      }
+    }
+  if (o.json) std::printf("%s\n", records.dump(1).c_str());
+}
+
+#endif  // KVQ_HAVE_CUDA
+
+}  // namespace kvq::cli

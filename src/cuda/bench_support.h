@@ -1,0 +1,21 @@
+// Host helpers for GPU benchmarks (kvq bench attention --device cuda): event timing, the read-bandwidth probe,
+// device memory and random fills. Plain C++ header; throws kvq::Error on CUDA failures.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace kvq::cuda {
+
+// Runs `step` (which enqueues work on `stream`) `warmup` times untimed, then `iters` times each between two CUDA
+// events; returns the median milliseconds.
+double median_step_ms(const std::function<void()>& step, int warmup, int iters, void* stream);
+// Streaming read bandwidth of the device (bytes / s): 16-byte loads over a buffer of `bytes`, median of passes.
+double read_bandwidth_probe(size_t bytes);
+// Free and total device memory, bytes.
+size_t free_device_memory(size_t* total = nullptr);
+// d[0, n) <- scale * N(0, 1), deterministic in (seed, index), on `stream`.
+void fill_normal(float* d, size_t n, uint64_t seed, float scale, void* stream);
+
+}  // namespace kvq::cuda

@@ -1,0 +1,158 @@
+// Device-side helpers shared by the cache kernels: the bit-exact twins of common/half.h, the decode-faithful
+// view (qe(t)) and the address of a cached row, and the decoding of stored rows (kv/layout.h formats).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/gpu_kernels.h"
+#include "kv/layout.h"
+
+namespace kvq::cuda::dev {
+
+// --- common/half.h, bit for bit (round to nearest even, same overflow and subnormal handling).
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+__device__ __forceinline__ float fp16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400u)) {
+        mant <<= 1;
+        --exp;
+      }
+      u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  return __uint_as_float(u);
+}
+
+__device__ __forceinline__ uint16_t f32_to_fp16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  const uint32_t sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);
+  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
+  if (abs < 0x38800000u) return uint16_t(sign | uint32_t(rintf(__fmul_rn(__uint_as_float(abs), 16777216.0f))));
+  uint32_t v = abs - 0x38000000u;
+  v += 0xfffu + ((v >> 13) & 1u);
+  return uint16_t(sign | (v >> 13));
+}
+
+// --- The decode-faithful view of a query at position t (kv/cache.h, block_tokens = 1 for per-token codecs).
+__device__ __forceinline__ int quant_end(const CacheGeometry& g, int t) {
+  const int span = t + 1 - g.recent - g.sink;
+  return g.sink + (span > 0 ? span : 0);
+}
+
+__device__ __forceinline__ const uint16_t* sink_row(const CacheGeometry& g, int seq, int layer, int kv, int head,
+                                                    int pos) {
+  return g.sinks + ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.sink + pos) * kHeadDim;
+}
+__device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
+  return g.ring +
+         ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
+             kHeadDim;
+}
+// Stored (quantized-region) row of position pos >= S0.
+__device__ __forceinline__ uint8_t* page_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
+  const int q = pos - g.sink;
+  const int page = g.page_table[int64_t(seq) * g.pages_per_seq + q / g.page_tokens];
+  uint8_t* h = g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
+  return kv ? h + g.k_region + int64_t(q % g.page_tokens) * g.v_row : h + int64_t(q % g.page_tokens) * g.k_row;
+}
+
+// Where row `pos` of the view of a query at t lives: a bf16 row (sink / recent) or a codec row (quantized).
+struct RowRef {
+  const void* ptr;
+  bool quant;
+};
+__device__ __forceinline__ RowRef view_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos,
+                                           int qe) {
+  if (pos < g.sink) return {sink_row(g, seq, layer, kv, head, pos), false};
+  if (pos < qe) return {page_row(g, seq, layer, kv, head, pos), true};
+  return {ring_row(g, seq, layer, kv, head, pos), false};
+}
+
+// Value c of a stored row: bf16 (bits == kBf16Bits) or layout::IntRow with group G.
+__device__ __forceinline__ float row_value(const void* row, int bits, int group, int c) {
+  if (bits == kBf16Bits) return bf16_to_f32(static_cast<const uint16_t*>(row)[c]);
+  const uint8_t* r = static_cast<const uint8_t*>(row);
+  const uint16_t* params = reinterpret_cast<const uint16_t*>(r);  // rows are 4-byte aligned (sizes are multiples of 4)
+  const int gi = c / group;
+  const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
+  const uint8_t* codes = r + layout::int_row_params_bytes(kHeadDim, group);
+  const int code = (codes[layout::code_byte(c, bits)] >> layout::code_shift(c, bits)) & ((1 << bits) - 1);
+  return (float(code) - zero) * scale;
+}
+
+// Four consecutive values c0 .. c0 + 3 (c0 a multiple of 4) of a stored row.
+__device__ __forceinline__ void row_values4(const void* row, int bits, int group, int c0, float out[4]) {
+  if (bits == kBf16Bits) {
+    const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(row) + c0);  // 8-byte aligned
+    out[0] = __uint_as_float(w.x << 16);
+    out[1] = __uint_as_float(w.x & 0xffff0000u);
+    out[2] = __uint_as_float(w.y << 16);
+    out[3] = __uint_as_float(w.y & 0xffff0000u);
+    return;
+  }
+  const uint8_t* r = static_cast<const uint8_t*>(row);
+  const uint16_t* params = reinterpret_cast<const uint16_t*>(r);
+  const int gi = c0 / group;  // the 4 values share a group (G is a multiple of 32)
+  const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
+  // Values c0 .. c0 + 3 sit in 4 consecutive bytes of their unit at the same shift (layout.h): one aligned word.
+  const int ub = layout::unit_bytes(bits), vv = c0 % layout::kUnitValues;
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group) +
+                                                        (c0 / layout::kUnitValues) * ub + vv % ub);
+  const int shift = bits * (vv / ub), mask = (1 << bits) - 1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = (float((w >> (8 * i + shift)) & mask) - zero) * scale;
+}
+
+// Scores of one stored int row (layout::IntRow, BITS) against the g <= GQ queries qs[h][:]: s[h] += q_h · k̂. Per unit of
+// 32 values: Σ code · q accumulated, then scale · (Σ code q - zero · Σ q) with qsum[h][unit] = Σ q over the unit.
+template <int BITS, int GQ>
+__device__ __forceinline__ void score_int_row(const uint8_t* r, int group, const float (*qs)[kHeadDim],
+                                              const float (*qsum)[kHeadDim / 32], int g, float* s) {
+  constexpr int ub = layout::unit_bytes(BITS), words = ub / 4, mask = (1 << BITS) - 1;
+  const uint16_t* params = reinterpret_cast<const uint16_t*>(r);
+  const uint32_t* codes = reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group));
+#pragma unroll
+  for (int u = 0; u < kHeadDim / 32; ++u) {
+    uint32_t w[words];
+#pragma unroll
+    for (int i = 0; i < words; ++i) w[i] = codes[u * words + i];
+    const int gi = u * 32 / group;
+    const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
+    float acc[GQ];
+#pragma unroll
+    for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
+#pragma unroll
+    for (int v = 0; v < 32; ++v) {
+      const int jj = v % ub, k = v / ub;
+      const float code = float((w[jj / 4] >> (8 * (jj % 4) + BITS * k)) & mask);
+#pragma unroll
+      for (int h = 0; h < GQ; ++h)
+        if (h < g) acc[h] = fmaf(qs[h][u * 32 + v], code, acc[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < GQ; ++h)
+      if (h < g) s[h] = fmaf(scale, acc[h] - zero * qsum[h][u], s[h]);
+  }
+}
+
+}  // namespace kvq::cuda::dev

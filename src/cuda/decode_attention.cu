@@ -1,0 +1,231 @@
+// Decode-faithful attention over the GPU cache, one layer, every row of a step (decode: one row per sequence;
+// prefill: one row per chunk token), in three launches:
+//   1. prepare_queries: q <- (q · scale) R_K per (row, head)            (double accumulation, like the CPU)
+//   2. attention: grid (row, kv head, KV split); the view of the row's query at t, positions [0, t], split into
+//      ranges of split_tokens positions; each position is a sink row, a quantized row or a recent row (view_row);
+//      each K / V row is read ONCE for the whole GQA group (g query heads). Online softmax; writes the split's
+//      unnormalised partial (m, l, acc) per head. The reference twin (decode_attention_ref.cu) has the same
+//      grid and output and replaces this kernel when asked.
+//   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T.
+//
+// The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
+// row against the group's queries in shared memory, broadcast reads; int2 / int4 keys: per 32-value unit the
+// codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the inner loop). Values: lane = 4
+// channels, the tile's probabilities are broadcast by shuffles, each V row is read by the warp in one sweep.
+#include <cuda_runtime.h>
+
+#include "cuda/cache_device.cuh"
+
+namespace kvq::cuda {
+
+int launch_attention_ref(const CacheGeometry& g, const AttentionLaunch& a, void* stream);  // decode_attention_ref.cu
+
+namespace {
+
+constexpr int kD = kHeadDim;
+constexpr int kWarps = 4;
+
+__global__ void prepare_queries_kernel(const float* q, int n_heads, int n_kv, int layer, float scale, const float* r_k,
+                                       float* q_out) {
+  const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
+  const int64_t off = (int64_t(row) * n_heads + j) * kD;
+  const float x = __fmul_rn(q[off + c], scale);
+  if (!r_k) {
+    q_out[off + c] = x;
+    return;
+  }
+  __shared__ float xs[kD];
+  xs[c] = x;
+  __syncthreads();
+  const int g = n_heads / n_kv;
+  const float* R = r_k + (int64_t(layer) * n_kv + j / g) * kD * kD;
+  double acc = 0.0;
+  for (int a = 0; a < kD; ++a) acc = __dadd_rn(acc, __dmul_rn(double(xs[a]), double(R[a * kD + c])));
+  q_out[off + c] = float(acc);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// GQ: register arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and
+// GQ = kMaxGroupHeads (any g <= 8 at run time).
+template <int GQ>
+__global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a) {
+  const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
+  const RowDesc rd = a.rows[row];
+  const int t = rd.pos, qe = dev::quant_end(geo, t);
+  const int begin = split * a.split_tokens;
+  const int end = min(t + 1, begin + a.split_tokens);
+
+  __shared__ float qs[kMaxGroupHeads][kD];
+  __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
+  __shared__ float w_m[kWarps][kMaxGroupHeads], w_l[kWarps][kMaxGroupHeads];
+  __shared__ float qsum[kMaxGroupHeads][kD / 32];  // Σ q over each 32-value unit (scale / zero folding)
+  for (int i = threadIdx.x; i < g * kD; i += blockDim.x)
+    qs[i / kD][i % kD] = a.q_work[(int64_t(row) * a.n_heads + head * g) * kD + i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < g * (kD / 32); i += blockDim.x) {
+    float sum = 0.f;
+    for (int v = 0; v < 32; ++v) sum += qs[i / (kD / 32)][(i % (kD / 32)) * 32 + v];
+    qsum[i / (kD / 32)][i % (kD / 32)] = sum;
+  }
+  __syncthreads();
+
+  float m[GQ], l[GQ], acc[GQ][4];
+#pragma unroll
+  for (int h = 0; h < GQ; ++h) {
+    m[h] = -INFINITY, l[h] = 0.f;
+    acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
+  }
+
+  for (int tile = begin + warp * 32; tile < end; tile += kWarps * 32) {
+    const int p = tile + lane;
+    const bool valid = p < end;
+    float s[GQ];
+#pragma unroll
+    for (int h = 0; h < GQ; ++h) s[h] = 0.f;
+    if (valid) {
+      const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
+      const int bits = kr.quant ? geo.k_bits : kBf16Bits;
+      const uint8_t* kp = static_cast<const uint8_t*>(kr.ptr);
+      if (bits == 2) {
+        dev::score_int_row<2, GQ>(kp, geo.k_group, qs, qsum, g, s);
+      } else if (bits == 4) {
+        dev::score_int_row<4, GQ>(kp, geo.k_group, qs, qsum, g, s);
+      } else {
+        for (int c0 = 0; c0 < kD; c0 += 4) {
+        float kv4[4];
+        dev::row_values4(kr.ptr, bits, geo.k_group, c0, kv4);
+#pragma unroll
+        for (int h = 0; h < GQ; ++h)
+          if (h < g)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
+        }
+      }
+    }
+    float pr[GQ];
+#pragma unroll
+    for (int h = 0; h < GQ; ++h) {
+      if (h >= g) continue;
+      const float tmax = warp_max(valid ? s[h] : -INFINITY);  // finite: the tile holds >= 1 valid position
+      const float m_new = fmaxf(m[h], tmax);
+      const float corr = expf(m[h] - m_new);  // 0 on the first tile
+      pr[h] = valid ? expf(s[h] - m_new) : 0.f;
+      l[h] = l[h] * corr + warp_sum(pr[h]);
+      m[h] = m_new;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[h][i] *= corr;
+    }
+    const int n_valid = min(32, end - tile);
+#pragma unroll 4
+    for (int j = 0; j < n_valid; ++j) {
+      const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, tile + j, qe);
+      float v4[4];
+      dev::row_values4(vr.ptr, vr.quant ? geo.v_bits : kBf16Bits, geo.v_group, 4 * lane, v4);
+#pragma unroll
+      for (int h = 0; h < GQ; ++h) {
+        if (h >= g) continue;
+        const float pj = __shfl_sync(0xffffffffu, pr[h], j);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(pj, v4[i], acc[h][i]);
+      }
+    }
+  }
+
+  // Merge the warps' states, then write this split's partial per head.
+#pragma unroll
+  for (int h = 0; h < GQ; ++h) {
+    if (h >= g) continue;
+    if (lane == 0) w_m[warp][h] = m[h], w_l[warp][h] = l[h];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w_acc[warp][h][4 * lane + i] = acc[h][i];
+  }
+  __syncthreads();
+  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_splits + split;
+  for (int i = threadIdx.x; i < g * kD; i += blockDim.x) {
+    const int h = i / kD, c = i % kD;
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, w_m[w][h]);
+    float L = 0.f, A = 0.f;
+    if (M > -INFINITY)
+      for (int w = 0; w < kWarps; ++w) {
+        if (!(w_m[w][h] > -INFINITY)) continue;
+        const float e = expf(w_m[w][h] - M);
+        L += w_l[w][h] * e;
+        A += w_acc[w][h][c] * e;
+      }
+    a.part_acc[(part * g + h) * kD + c] = A;
+    if (c == 0) {
+      a.part_ml[(part * g + h) * 2] = M;
+      a.part_ml[(part * g + h) * 2 + 1] = L;
+    }
+  }
+}
+
+__global__ void merge_kernel(AttentionLaunch a, int n_kv, int layer, const float* r_v, float* out) {
+  const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
+  const int g = a.n_heads / n_kv, head = j / g, h = j % g;
+  const int64_t part0 = (int64_t(row) * n_kv + head) * a.n_splits;
+  float M = -INFINITY;
+  for (int s = 0; s < a.n_splits; ++s) M = fmaxf(M, a.part_ml[((part0 + s) * g + h) * 2]);
+  float L = 0.f, A = 0.f;
+  for (int s = 0; s < a.n_splits; ++s) {
+    const float ms = a.part_ml[((part0 + s) * g + h) * 2];
+    if (!(ms > -INFINITY)) continue;
+    const float e = expf(ms - M);
+    L += a.part_ml[((part0 + s) * g + h) * 2 + 1] * e;
+    A += a.part_acc[((part0 + s) * g + h) * kD + c] * e;
+  }
+  const float o = A / L;  // L > 0: every view holds position t itself
+  const int64_t off = (int64_t(row) * a.n_heads + j) * kD;
+  if (!r_v) {
+    out[off + c] = o;
+    return;
+  }
+  __shared__ float os[kD];
+  os[c] = o;
+  __syncthreads();
+  // o R_V^T: out[b] = Σ_a o[a] R_V[b][a], double accumulation as kv/transform.cpp.
+  const float* R = r_v + (int64_t(layer) * n_kv + head) * kD * kD + int64_t(c) * kD;
+  double s = 0.0;
+  for (int x = 0; x < kD; ++x) s = __dadd_rn(s, __dmul_rn(double(os[x]), double(R[x])));
+  out[off + c] = float(s);
+}
+
+}  // namespace
+
+int launch_attention(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
+                     float* d_out, bool reference, void* stream) {
+  if (a.n_rows <= 0) return cudaSuccess;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  prepare_queries_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(d_q, a.n_heads, g.n_kv, a.layer,
+                                                                                       a.scale, t.r_k, a.q_work);
+  int e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (reference) {
+    e = launch_attention_ref(g, a, stream);
+  } else {
+    const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits));
+    switch (a.n_heads / g.n_kv) {
+      case 1: attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+      case 2: attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+      case 4: attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+      default: attention_kernel<kMaxGroupHeads><<<grid, kWarps * 32, 0, st>>>(g, a); break;
+    }
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess) return e;
+  merge_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(a, g.n_kv, a.layer, t.r_v, d_out);
+  return cudaGetLastError();
+}
+
+}  // namespace kvq::cuda

@@ -1,0 +1,68 @@
+// The reference twin of the attention kernel (decode_attention.cu): same grid and partial format, written to be
+// obviously correct rather than fast. One block of d threads (thread = channel) walks the split's positions one
+// by one: decode the K row value of its channel, block-reduce q·k per query head, online softmax per head,
+// accumulate p · v of its channel.
+#include <cuda_runtime.h>
+
+#include "cuda/cache_device.cuh"
+
+namespace kvq::cuda {
+
+namespace {
+
+constexpr int kD = kHeadDim;
+
+__global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
+  const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z, c = threadIdx.x;
+  const int g = a.n_heads / geo.n_kv;
+  const RowDesc rd = a.rows[row];
+  const int t = rd.pos, qe = dev::quant_end(geo, t);
+  const int begin = split * a.split_tokens;
+  const int end = min(t + 1, begin + a.split_tokens);
+  __shared__ float red[kMaxGroupHeads][kD];
+  float q[kMaxGroupHeads], m[kMaxGroupHeads], l[kMaxGroupHeads], acc[kMaxGroupHeads];
+  for (int h = 0; h < g; ++h) {
+    q[h] = a.q_work[(int64_t(row) * a.n_heads + head * g + h) * kD + c];
+    m[h] = -INFINITY, l[h] = 0.f, acc[h] = 0.f;
+  }
+  for (int p = begin; p < end; ++p) {
+    const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
+    const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, p, qe);
+    const float kc = dev::row_value(kr.ptr, kr.quant ? geo.k_bits : kBf16Bits, geo.k_group, c);
+    const float vc = dev::row_value(vr.ptr, vr.quant ? geo.v_bits : kBf16Bits, geo.v_group, c);
+    for (int h = 0; h < g; ++h) red[h][c] = q[h] * kc;
+    __syncthreads();
+    for (int w = kD / 2; w > 0; w >>= 1) {
+      if (c < w)
+        for (int h = 0; h < g; ++h) red[h][c] += red[h][c + w];
+      __syncthreads();
+    }
+    for (int h = 0; h < g; ++h) {
+      const float s = red[h][0];
+      const float m_new = fmaxf(m[h], s);
+      const float corr = expf(m[h] - m_new), pr = expf(s - m_new);
+      l[h] = l[h] * corr + pr;
+      acc[h] = acc[h] * corr + pr * vc;
+      m[h] = m_new;
+    }
+    __syncthreads();  // red is rewritten by the next position
+  }
+  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_splits + split;
+  for (int h = 0; h < g; ++h) {
+    a.part_acc[(part * g + h) * kD + c] = acc[h];
+    if (c == 0) {
+      a.part_ml[(part * g + h) * 2] = m[h];
+      a.part_ml[(part * g + h) * 2 + 1] = l[h];
+    }
+  }
+}
+
+}  // namespace
+
+int launch_attention_ref(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
+  attention_ref_kernel<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), kD, 0,
+                         static_cast<cudaStream_t>(stream)>>>(g, a);
+  return cudaGetLastError();
+}
+
+}  // namespace kvq::cuda

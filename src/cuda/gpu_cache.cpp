@@ -1,0 +1,405 @@
+// Host side of the GPU paged KV cache: validation, device allocations, page tables, step descriptors and the
+// kernel launches (kv_append.cu, decode_attention.cu). Semantics and accounting follow kv/cache.{h,cpp}.
+#include "cuda/gpu_cache.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "common/error.h"
+#include "cuda/gpu_kernels.h"
+#include "cuda/runtime.h"
+#include "kv/layout.h"
+
+namespace kvq::cuda {
+
+namespace {
+
+constexpr const char* kSupported =
+    "the GPU cache supports k/v types bf16, int8, int4, int2 with head_dim 128 and group 32, 64 or 128, "
+    "bf16 windows";
+
+int codec_bits(const std::string& type) {
+  if (type == "bf16") return kBf16Bits;
+  if (type == "int8") return 8;
+  if (type == "int4") return 4;
+  if (type == "int2") return 2;
+  return 0;
+}
+
+int row_bytes(const CodecSpec& s) {
+  const int bits = codec_bits(s.type);
+  return bits == kBf16Bits ? layout::bf16_row_bytes(kHeadDim) : layout::int_row_bytes(kHeadDim, s.group, bits);
+}
+
+// Quantile index of kv/group_quant.cpp: min(floor(clip n), n - 1), or -1 for clip >= 1 (plain max |x|).
+int clip_index(const CodecSpec& s) {
+  if (codec_bits(s.type) == kBf16Bits || s.clip >= 1.0f) return -1;
+  return std::min(int(std::floor(double(s.clip) * s.group)), s.group - 1);
+}
+
+void check_spec(CodecSpec s, const char* which, int head_dim) {
+  s.head_dim = head_dim;  // the cache's d, as kv/cache.cpp does
+  KVQ_CHECK(gpu_codec_supported(s),
+            "GPU KV cache: {} type '{}' (group {}{}) with head_dim {} is not supported ({})", which, s.type, s.group,
+            s.per_channel ? ", per_channel" : "", head_dim, kSupported);
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return n;
+}
+
+}  // namespace
+
+bool gpu_codec_supported(const CodecSpec& spec) {
+  const int bits = codec_bits(spec.type);
+  if (bits == 0 || spec.per_channel || spec.head_dim != kHeadDim) return false;
+  if (bits == kBf16Bits) return true;
+  return (spec.group == 32 || spec.group == 64 || spec.group == 128) && std::isfinite(spec.clip) && spec.clip > 0.f &&
+         spec.clip <= 1.f;
+}
+
+struct GpuKvCache::Impl {
+  CacheConfig cfg;
+  int n_layers, n_kv, d, max_ctx, max_seqs;
+  std::unique_ptr<KvCache> accounting;  // a CPU cache of the same config and max_ctx 1: footprint() and validation
+  CacheGeometry geo{};
+  cudaStream_t stream = nullptr;
+  int n_sms = 0;
+  DeviceBuffer pool, sinks, ring, page_table_dev;
+  std::vector<int> page_table;          // [max_seqs][pages_per_seq] host mirror (-1: none)
+  bool table_dirty = false;
+  std::vector<int> free_pages;
+  std::vector<int> lengths;             // committed tokens per slot
+  std::vector<int> n_pages;             // pages held per slot
+  std::vector<bool> live;
+  DeviceBuffer mu, rk, rv;
+  TransformPtrs tptrs{};
+  // The step.
+  bool in_step = false;
+  std::vector<int> step_seqs, step_n;
+  std::vector<RowDesc> rows_host;       // [rows] then [demote items]
+  int n_rows = 0, n_items = 0, max_view = 0;
+  DeviceBuffer desc;                    // RowDesc[rows + items]
+  DeviceBuffer q_work, part_acc, part_ml;
+  int split_tokens = 0;                 // 0 = automatic
+  bool reference = false;
+
+  int quant_end(int t) const {
+    const int span = std::max(0, t + 1 - cfg.recent - cfg.sink);
+    return cfg.sink + span;
+  }
+  static void grow(DeviceBuffer& b, size_t bytes) {
+    if (b.bytes() < bytes) b = DeviceBuffer(std::max(bytes, b.bytes() * 3 / 2));
+  }
+  void upload(DeviceBuffer& b, const void* host, size_t bytes) {
+    grow(b, bytes);
+    check(cudaMemcpyAsync(b.get(), host, bytes, cudaMemcpyHostToDevice, stream), "GPU KV cache: upload");
+  }
+};
+
+GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  check_spec(cfg.k, "key", head_dim);
+  check_spec(cfg.v, "value", head_dim);
+  KVQ_CHECK(cfg.window == "bf16", "GPU KV cache: window type '{}' is not supported ({})", cfg.window, kSupported);
+  KVQ_CHECK(n_layers > 0 && n_kv_heads > 0, "GPU KV cache: n_layers {} and n_kv_heads {} must be > 0", n_layers,
+            n_kv_heads);
+  m.cfg = cfg;
+  m.n_layers = n_layers, m.n_kv = n_kv_heads, m.d = head_dim, m.max_ctx = max_ctx, m.max_seqs = max_seqs;
+  // The CPU cache validates everything else (sizes, page size, windows) with the same messages and does the
+  // footprint accounting; with max_ctx 1 it holds no pages.
+  m.accounting = std::make_unique<KvCache>(cfg, n_layers, n_kv_heads, head_dim, 1, 1);
+  KVQ_CHECK(cfg.page_tokens % 8 == 0, "GPU KV cache: page size {} must be a multiple of 8 (aligned row loads)",
+            cfg.page_tokens);
+  KVQ_CHECK(max_ctx > 0 && max_seqs > 0, "GPU KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
+  require_device();
+
+  CacheGeometry& g = m.geo;
+  g.n_layers = n_layers, g.n_kv = n_kv_heads;
+  g.sink = cfg.sink, g.recent = cfg.recent, g.page_tokens = cfg.page_tokens;
+  g.ring_tokens = cfg.recent + 1 + cfg.max_chunk;  // as kv/cache.cpp with block_tokens = 1
+  g.pages_per_seq = std::max(1, (std::max(0, max_ctx - cfg.sink) + cfg.page_tokens - 1) / cfg.page_tokens);
+  g.k_bits = codec_bits(cfg.k.type), g.v_bits = codec_bits(cfg.v.type);
+  g.k_group = g.k_bits == kBf16Bits ? kHeadDim : cfg.k.group;
+  g.v_group = g.v_bits == kBf16Bits ? kHeadDim : cfg.v.group;
+  g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
+  g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
+  g.k_region = int64_t(cfg.page_tokens) * g.k_row;
+  g.head_bytes = g.k_region + int64_t(cfg.page_tokens) * g.v_row;
+  g.page_bytes = g.head_bytes * n_layers * n_kv_heads;
+
+  const size_t total_pages = size_t(g.pages_per_seq) * size_t(max_seqs);
+  const size_t window_rows = size_t(max_seqs) * n_layers * 2 * n_kv_heads;
+  m.pool = DeviceBuffer(total_pages * size_t(g.page_bytes));
+  m.sinks = DeviceBuffer(window_rows * size_t(cfg.sink) * kHeadDim * 2);
+  m.ring = DeviceBuffer(window_rows * size_t(g.ring_tokens) * kHeadDim * 2);
+  m.page_table_dev = DeviceBuffer(total_pages * sizeof(int));
+  m.page_table.assign(total_pages, -1);
+  m.free_pages.resize(total_pages);
+  for (size_t i = 0; i < total_pages; ++i) m.free_pages[i] = int(total_pages - 1 - i);
+  m.lengths.assign(size_t(max_seqs), 0);
+  m.n_pages.assign(size_t(max_seqs), 0);
+  m.live.assign(size_t(max_seqs), false);
+  check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
+  // Zeroed storage: a stale row can never decode to NaN; the page table starts as all -1 (never read).
+  check(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream), "cudaMemset pool");
+  check(cudaMemsetAsync(m.sinks.get(), 0, m.sinks.bytes(), m.stream), "cudaMemset sinks");
+  check(cudaMemsetAsync(m.ring.get(), 0, m.ring.bytes(), m.stream), "cudaMemset ring");
+  check(cudaMemcpyAsync(m.page_table_dev.get(), m.page_table.data(), total_pages * sizeof(int), cudaMemcpyHostToDevice,
+                        m.stream),
+        "page table upload");
+  g.pool = m.pool.as<uint8_t>();
+  g.sinks = m.sinks.as<uint16_t>();
+  g.ring = m.ring.as<uint16_t>();
+  g.page_table = m.page_table_dev.as<int>();
+  m.n_sms = sm_count();
+  check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
+}
+
+GpuKvCache::~GpuKvCache() {
+  if (impl_ && impl_->stream) {
+    cudaStreamSynchronize(impl_->stream);
+    cudaStreamDestroy(impl_->stream);
+  }
+}
+
+const CacheConfig& GpuKvCache::config() const { return impl_->cfg; }
+int GpuKvCache::n_layers() const { return impl_->n_layers; }
+int GpuKvCache::n_kv_heads() const { return impl_->n_kv; }
+int GpuKvCache::head_dim() const { return impl_->d; }
+int GpuKvCache::max_ctx() const { return impl_->max_ctx; }
+int GpuKvCache::max_seqs() const { return impl_->max_seqs; }
+void* GpuKvCache::stream() const { return impl_->stream; }
+int GpuKvCache::quant_end(int t) const { return impl_->quant_end(t); }
+void GpuKvCache::set_split_tokens(int n) {
+  KVQ_CHECK(n >= 0, "GPU KV cache: split tokens {} must be >= 0", n);
+  impl_->split_tokens = (n + 127) / 128 * 128;
+}
+void GpuKvCache::set_reference_attention(bool on) { impl_->reference = on; }
+
+void GpuKvCache::set_transform(const KvTransform& t) {
+  Impl& m = *impl_;
+  KVQ_CHECK(!m.in_step, "GPU KV cache: set_transform inside a step");
+  m.tptrs = TransformPtrs{};
+  if (t.identity()) return;
+  KVQ_CHECK(t.n_layers == m.n_layers && t.n_kv_heads == m.n_kv && t.head_dim == m.d,
+            "GPU KV cache: transform of (layers {}, kv heads {}, d {}) does not fit the cache ({}, {}, {})", t.n_layers,
+            t.n_kv_heads, t.head_dim, m.n_layers, m.n_kv, m.d);
+  const size_t rows = size_t(m.n_layers) * m.n_kv;
+  auto put = [&](const std::vector<float>& src, size_t n, DeviceBuffer& dst, const char* what) -> const float* {
+    if (src.empty()) return nullptr;
+    KVQ_CHECK(src.size() == n, "GPU KV cache: transform {} holds {} floats, expected {}", what, src.size(), n);
+    dst = DeviceBuffer(n * sizeof(float));
+    check(cudaMemcpyAsync(dst.get(), src.data(), n * sizeof(float), cudaMemcpyHostToDevice, m.stream),
+          "transform upload");
+    return dst.as<float>();
+  };
+  m.tptrs.key_mean = put(t.key_mean, rows * m.d, m.mu, "key_mean");
+  m.tptrs.r_k = put(t.r_k, rows * m.d * m.d, m.rk, "r_k");
+  m.tptrs.r_v = put(t.r_v, rows * m.d * m.d, m.rv, "r_v");
+  check(cudaStreamSynchronize(m.stream), "transform upload");  // the host vectors may go away
+}
+
+int GpuKvCache::new_sequence() {
+  Impl& m = *impl_;
+  for (int i = 0; i < m.max_seqs; ++i) {
+    if (m.live[size_t(i)]) continue;
+    m.live[size_t(i)] = true;
+    m.lengths[size_t(i)] = 0;
+    return i;
+  }
+  KVQ_FAIL("GPU KV cache: all {} sequence slots are in use", m.max_seqs);
+}
+
+void GpuKvCache::free_sequence(int seq) {
+  Impl& m = *impl_;
+  KVQ_CHECK(seq >= 0 && seq < m.max_seqs && m.live[size_t(seq)], "GPU KV cache: sequence {} is not live", seq);
+  KVQ_CHECK(!m.in_step, "GPU KV cache: free_sequence inside a step");
+  int* row = m.page_table.data() + size_t(seq) * m.geo.pages_per_seq;
+  for (int p = m.n_pages[size_t(seq)] - 1; p >= 0; --p) m.free_pages.push_back(std::exchange(row[p], -1));
+  m.n_pages[size_t(seq)] = 0;
+  m.lengths[size_t(seq)] = 0;
+  m.live[size_t(seq)] = false;
+  m.table_dirty = true;
+}
+
+int GpuKvCache::length(int seq) const {
+  const Impl& m = *impl_;
+  KVQ_CHECK(seq >= 0 && seq < m.max_seqs, "GPU KV cache: no sequence {}", seq);
+  return m.lengths[size_t(seq)];
+}
+
+void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>& n) {
+  Impl& m = *impl_;
+  KVQ_CHECK(!m.in_step, "GPU KV cache: begin_step while a step is open (commit_step first)");
+  KVQ_CHECK(!seqs.empty() && seqs.size() == n.size(), "GPU KV cache: begin_step with {} sequences and {} counts",
+            seqs.size(), n.size());
+  // Validate everything before changing anything.
+  std::set<int> seen;
+  int pages_needed = 0;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int s = seqs[b];
+    KVQ_CHECK(s >= 0 && s < m.max_seqs && m.live[size_t(s)], "GPU KV cache: sequence {} is not live", s);
+    KVQ_CHECK(seen.insert(s).second, "GPU KV cache: sequence {} appears twice in one step", s);
+    KVQ_CHECK(n[b] >= 1 && n[b] <= m.cfg.max_chunk,
+              "GPU KV cache: {} tokens for sequence {} (must be 1 .. the chunk size {})", n[b], s, m.cfg.max_chunk);
+    const int end = m.lengths[size_t(s)] + n[b];
+    KVQ_CHECK(end <= m.max_ctx, "context overflow: {} tokens exceed the cache's context of {} tokens", end, m.max_ctx);
+    const int quant_tokens = m.quant_end(end - 1) - m.cfg.sink;
+    const int need = (quant_tokens + m.cfg.page_tokens - 1) / m.cfg.page_tokens;
+    pages_needed += std::max(0, need - m.n_pages[size_t(s)]);
+  }
+  KVQ_CHECK(pages_needed <= int(m.free_pages.size()), "GPU KV cache: page pool exhausted ({} pages free, {} needed)",
+            m.free_pages.size(), pages_needed);
+  m.rows_host.clear();
+  m.max_view = 0;
+  std::vector<RowDesc> items;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int s = seqs[b], len = m.lengths[size_t(s)], end = len + n[b];
+    const int quant_tokens = m.quant_end(end - 1) - m.cfg.sink;
+    const int need = (quant_tokens + m.cfg.page_tokens - 1) / m.cfg.page_tokens;
+    int* row = m.page_table.data() + size_t(s) * m.geo.pages_per_seq;
+    while (m.n_pages[size_t(s)] < need) {
+      row[m.n_pages[size_t(s)]++] = m.free_pages.back();
+      m.free_pages.pop_back();
+      m.table_dirty = true;
+    }
+    for (int i = 0; i < n[b]; ++i) m.rows_host.push_back({s, len + i});
+    for (int p = std::max(m.cfg.sink, m.quant_end(len - 1)); p < m.quant_end(end - 1); ++p) items.push_back({s, p});
+    m.max_view = std::max(m.max_view, end);
+  }
+  m.n_rows = int(m.rows_host.size());
+  m.n_items = int(items.size());
+  m.rows_host.insert(m.rows_host.end(), items.begin(), items.end());
+  if (m.table_dirty) {
+    check(cudaMemcpyAsync(m.page_table_dev.get(), m.page_table.data(), m.page_table.size() * sizeof(int),
+                          cudaMemcpyHostToDevice, m.stream),
+          "page table upload");
+    m.table_dirty = false;
+  }
+  m.upload(m.desc, m.rows_host.data(), m.rows_host.size() * sizeof(RowDesc));
+  m.step_seqs = seqs;
+  m.step_n = n;
+  m.in_step = true;
+}
+
+int GpuKvCache::step_rows() const { return impl_->in_step ? impl_->n_rows : 0; }
+
+void GpuKvCache::append(int layer, const float* d_k, const float* d_v) {
+  Impl& m = *impl_;
+  KVQ_CHECK(m.in_step, "GPU KV cache: append outside a step (begin_step first)");
+  KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
+  const RowDesc* rows = m.desc.as<RowDesc>();
+  check(launch_append_rows(m.geo, layer, rows, m.n_rows, d_k, d_v, m.tptrs, m.stream), "GPU KV cache: append kernel");
+  check(launch_demote_rows(m.geo, layer, rows + m.n_rows, m.n_items, m.stream), "GPU KV cache: demote kernel");
+}
+
+void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_out) {
+  Impl& m = *impl_;
+  KVQ_CHECK(m.in_step, "GPU KV cache: attention outside a step (begin_step first)");
+  KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
+  KVQ_CHECK(n_heads >= m.n_kv && n_heads % m.n_kv == 0 && n_heads / m.n_kv <= kMaxGroupHeads,
+            "GPU attention: {} query heads over {} kv heads is not supported (GQA group of 1 .. {})", n_heads, m.n_kv,
+            kMaxGroupHeads);
+  const int g = n_heads / m.n_kv;
+  int split = m.split_tokens;
+  if (split == 0) {  // enough blocks for ~4 waves of the SMs, splits of at least 256 positions
+    const int64_t base = int64_t(m.n_rows) * m.n_kv;
+    const int64_t want = std::max<int64_t>(1, (int64_t(4) * m.n_sms + base - 1) / base);
+    const int64_t splits = std::clamp<int64_t>(want, 1, std::max(1, (m.max_view + 255) / 256));
+    split = int((m.max_view + splits - 1) / splits);
+  }
+  split = std::max(split, (m.max_view + 65534) / 65535);  // grid z <= 65535
+  split = (split + 127) / 128 * 128;
+  const int n_splits = (m.max_view + split - 1) / split;
+  AttentionLaunch a{};
+  a.layer = layer;
+  a.n_rows = m.n_rows;
+  a.rows = m.desc.as<RowDesc>();
+  a.n_heads = n_heads;
+  a.scale = 1.f / std::sqrt(float(m.d));
+  a.split_tokens = split;
+  a.n_splits = n_splits;
+  const size_t parts = size_t(m.n_rows) * m.n_kv * n_splits * g;
+  Impl::grow(m.q_work, size_t(m.n_rows) * n_heads * kHeadDim * sizeof(float));
+  Impl::grow(m.part_acc, parts * kHeadDim * sizeof(float));
+  Impl::grow(m.part_ml, parts * 2 * sizeof(float));
+  a.q_work = m.q_work.as<float>();
+  a.part_acc = m.part_acc.as<float>();
+  a.part_ml = m.part_ml.as<float>();
+  check(launch_attention(m.geo, a, m.tptrs, d_q, d_out, m.reference, m.stream), "GPU attention kernel");
+}
+
+void GpuKvCache::commit_step() {
+  Impl& m = *impl_;
+  KVQ_CHECK(m.in_step, "GPU KV cache: commit_step without begin_step");
+  for (size_t b = 0; b < m.step_seqs.size(); ++b) m.lengths[size_t(m.step_seqs[b])] += m.step_n[b];
+  m.in_step = false;
+  m.n_rows = m.n_items = 0;
+}
+
+CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->accounting->footprint(n_tokens); }
+
+size_t GpuKvCache::bytes_allocated() const {
+  const Impl& m = *impl_;
+  return m.pool.bytes() + m.sinks.bytes() + m.ring.bytes() + m.page_table_dev.bytes();
+}
+
+size_t GpuKvCache::step_bytes_read(int layer) const {
+  const Impl& m = *impl_;
+  const size_t bf16_row = layout::bf16_row_bytes(kHeadDim);
+  size_t bytes = 0;
+  for (int r = 0; r < m.n_rows; ++r) {
+    const int t = m.rows_host[size_t(r)].pos;
+    const int n_sink = std::min(m.cfg.sink, t + 1);
+    const int n_quant = std::max(0, m.quant_end(t) - m.cfg.sink);
+    const int n_recent = t + 1 - n_sink - n_quant;
+    bytes += size_t(m.n_kv) * (2 * bf16_row * size_t(n_sink + n_recent) + size_t(m.geo.k_row + m.geo.v_row) * n_quant);
+  }
+  return bytes;
+}
+
+std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const {
+  const Impl& m = *impl_;
+  const CacheGeometry& g = m.geo;
+  KVQ_CHECK(seq >= 0 && seq < m.max_seqs && m.live[size_t(seq)], "GPU KV cache: sequence {} is not live", seq);
+  const int len = m.lengths[size_t(seq)];
+  KVQ_CHECK(layer >= 0 && layer < m.n_layers && kv_head >= 0 && kv_head < m.n_kv && pos0 >= 0 && n >= 0 &&
+                pos0 + n <= len,
+            "GPU KV cache: download_rows(seq {}, layer {}, head {}, [{}, {})) outside the cache (length {})", seq,
+            layer, kv_head, pos0, pos0 + n, len);
+  check(cudaStreamSynchronize(m.stream), "GPU KV cache: download_rows");
+  const int kv = values ? 1 : 0, qe = m.quant_end(len - 1);
+  const size_t wrow = size_t(kHeadDim) * 2;
+  const size_t win_base = ((size_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + kv_head;
+  std::vector<uint8_t> out;
+  for (int p = pos0; p < pos0 + n; ++p) {
+    const uint8_t* src;
+    size_t bytes;
+    if (p < g.sink) {
+      src = m.sinks.as<uint8_t>() + (win_base * g.sink + p) * wrow, bytes = wrow;
+    } else if (p < qe) {
+      const int q = p - g.sink;
+      const int page = m.page_table[size_t(seq) * g.pages_per_seq + q / g.page_tokens];
+      const uint8_t* h = m.pool.as<uint8_t>() + size_t(page) * g.page_bytes + (size_t(layer) * g.n_kv + kv_head) * g.head_bytes;
+      bytes = size_t(kv ? g.v_row : g.k_row);
+      src = kv ? h + g.k_region + size_t(q % g.page_tokens) * bytes : h + size_t(q % g.page_tokens) * bytes;
+    } else {
+      src = m.ring.as<uint8_t>() + (win_base * g.ring_tokens + p % g.ring_tokens) * wrow, bytes = wrow;
+    }
+    const size_t at = out.size();
+    out.resize(at + bytes);
+    check(cudaMemcpy(out.data() + at, src, bytes, cudaMemcpyDeviceToHost), "GPU KV cache: download_rows");
+  }
+  return out;
+}
+
+}  // namespace kvq::cuda

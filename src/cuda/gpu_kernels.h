@@ -1,0 +1,81 @@
+// Launchers of the GPU cache kernels (kv_append.cu, decode_attention.cu, bench_kernels.cu): plain C++ (no CUDA
+// or fmt types), so host .cpp files and .cu files share it. Every launcher returns a cudaError_t as int
+// (0 = success, launch errors included); gpu_cache.cpp checks them with kvq::cuda::check().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvq::cuda {
+
+constexpr int kHeadDim = 128;    // d: the only head dimension the GPU cache supports
+constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the attention kernel
+constexpr int kBf16Bits = 16;    // "bits" of a bf16 row in the format fields below
+
+// Where everything of the cache lives on the device and how it is laid out (same layouts as kv/cache.h):
+//   pool   [n_pages][n_layers][n_kv] { K rows [P][k_row] | V rows [P][v_row] }  (layout::IntRow / Bf16Row)
+//   sinks  [max_seqs][n_layers][2][n_kv][S0][d] bf16
+//   ring   [max_seqs][n_layers][2][n_kv][ring_tokens][d] bf16, position s at slot s % ring_tokens
+//   pages  [max_seqs][pages_per_seq] page ids, quantized position S0 + i P + j in page pages[i], row j
+struct CacheGeometry {
+  int n_layers, n_kv;          // layers, kv heads
+  int sink, recent;            // S0, W
+  int page_tokens;             // P
+  int ring_tokens;             // ring slots per (seq, layer, K/V, head)
+  int pages_per_seq;           // columns of the page table
+  int k_bits, v_bits;          // 2 / 4 / 8, or kBf16Bits
+  int k_group, v_group;        // G of the int codecs (values per scale/zero group)
+  int k_clip_index, v_clip_index;  // quantile index min(floor(clip G), G - 1); -1 = plain max |x| (clip >= 1)
+  int k_row, v_row;            // bytes of one stored K / V row
+  int64_t k_region, head_bytes;  // bytes of one page's K rows of one head; K + V rows of one head
+  int64_t page_bytes;          // bytes of one page (all layers, all heads)
+  uint8_t* pool;               // page pool
+  uint16_t* sinks;             // sink rows (bf16 bits)
+  uint16_t* ring;              // recent rows (bf16 bits)
+  const int* page_table;       // [max_seqs][pages_per_seq]
+};
+
+// One row of a step: which sequence, which position.
+struct RowDesc {
+  int seq;  // sequence slot
+  int pos;  // position t of this row's token
+};
+
+// Optional per-layer transform (null pointers = none), all fp32 on the device.
+struct TransformPtrs {
+  const float* key_mean;  // [n_layers][n_kv][d] or null
+  const float* r_k;       // [n_layers][n_kv][d][d] or null
+  const float* r_v;       // [n_layers][n_kv][d][d] or null
+};
+
+// Append: rows of k / v ([rows][n_kv][d] fp32, untransformed) -> centre + rotate -> bf16 sink or ring rows.
+int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows, int n_rows, const float* d_k,
+                       const float* d_v, const TransformPtrs& t, void* stream);
+// Demote: positions d_items[i] (seq, pos) of `layer` from the ring into their pages (group quantizer).
+int launch_demote_rows(const CacheGeometry& g, int layer, const RowDesc* d_items, int n_items, void* stream);
+
+// Attention of one layer over the decode-faithful view of every row.
+struct AttentionLaunch {
+  int layer;
+  int n_rows;              // query rows of the step
+  const RowDesc* rows;     // [n_rows] device
+  int n_heads;             // query heads; g = n_heads / n_kv <= kMaxGroupHeads
+  float scale;             // softmax scale applied to q before the key rotation (1 / sqrt(d))
+  int split_tokens;        // positions per KV split (multiple of 128)
+  int n_splits;            // splits per (row, kv head): ceil(max view length / split_tokens)
+  float* q_work;           // [n_rows][n_heads][d] scratch: scaled, rotated queries
+  float* part_acc;         // [n_rows][n_kv][n_splits][g][d] scratch: unnormalised partial outputs
+  float* part_ml;          // [n_rows][n_kv][n_splits][g][2] scratch: partial (max, sum)
+};
+// q: [n_rows][n_heads][d] fp32 post-RoPE queries (unscaled); out: [n_rows][n_heads][d] plain outputs.
+// reference = true runs the simple one-thread-per-token twin (decode_attention_ref.cu) instead of the fast path.
+int launch_attention(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
+                     float* d_out, bool reference, void* stream);
+
+// Benchmark helpers (bench_kernels.cu).
+// Fills d[0, n) with N(0, 1) samples of a counter-based generator (seed, index).
+int launch_fill_normal(float* d, size_t n, uint64_t seed, float scale, void* stream);
+// Reads d[0, bytes) with 16-byte loads (bytes a multiple of 16) and folds it into *d_sink; `ms` = elapsed time.
+int read_probe(const void* d, size_t bytes, unsigned long long* d_sink, int iters, float* ms_median, void* stream);
+
+}  // namespace kvq::cuda
