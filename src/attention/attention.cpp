@@ -80,7 +80,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
       any = std::max(lo, pc.pos0) < std::min(hi, pc.pos0 + pc.n);
     }
     if (!any) continue;
-    static const bool kNoPf = getenv("KVQ_NOPF"); if (!kNoPf && pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1], cache);
+    if (pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1], cache);
     const int n = pc.n;
     kc.scores(q_rows, rows, pc.k, n, s.data());
     for (int r = 0; r < rows; ++r) {
