@@ -73,6 +73,9 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
   const long fit = long(std::floor(budget / seq_bytes));
   const double prefill_tps = double(o.seqs) * ctx / prefill_s, decode_tps = double(o.seqs) * o.n_decode / decode_s;
   const double ms_step = 1e3 * decode_s / o.n_decode;
+  // A decode step reads every weight once (an untied embedding only in part) and every sequence's cache (approximate).
+  const double step_bytes = double(r.weight_bytes()) + seq_bytes * o.seqs;
+  const double gbps = step_bytes / (ms_step * 1e-3) / 1e9;
   if (o.json) {
     nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode},
                         {"threads", m.pool().size()}, {"cache", r.cache_config().describe()},
@@ -82,12 +85,16 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
                         {"runner", r.describe()}, {"seqs", o.seqs}, {"decode_ms_per_step", ms_step},
                         {"kv_mib", kv_mib}, {"kv_mib_allocated", double(r.cache_bytes()) / double(1 << 20)},
                         {"kv_bytes_per_token", f.bytes_per_token_per_layer * c.n_layers},
-                        {"kv_budget_gib", o.kv_budget_gib}, {"max_seqs_in_budget", fit}};
+                        {"kv_budget_gib", o.kv_budget_gib}, {"max_seqs_in_budget", fit},
+                        {"weight_bytes", r.weight_bytes()}, {"step_bytes_read_approx", step_bytes},
+                        {"step_read_gbps", gbps}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d at ctx %d: %.1f tok/s "
-                "(%.2f ms/step) | KV %.1f MiB (%.0f B/token), %ld sequences fit in %.1f GiB | %s | %s\n",
-                m.load_seconds(), o.seqs, ctx, prefill_tps, o.n_decode, o.seqs, ctx, decode_tps, ms_step, kv_mib,
+                "(%.2f ms/step, ~%.1f MB read/step, %.1f GB/s) | KV %.1f MiB (%.0f B/token), %ld sequences fit in "
+                "%.1f GiB | %s | %s\n",
+                m.load_seconds(), o.seqs, ctx, prefill_tps, o.n_decode, o.seqs, ctx, decode_tps, ms_step, step_bytes / 1e6,
+                gbps, kv_mib,
                 f.bytes_per_token_per_layer * c.n_layers, fit, o.kv_budget_gib, r.describe().c_str(),
                 r.cache_config().describe().c_str());
   }

@@ -236,9 +236,9 @@ void GpuModel::Impl::attention_block(int l, int rows) {
     check(kernels::rms_norm(k.as<float>(), rows * hk, d, lw.k_norm.as<float>(), c.rms_eps, k.as<float>(), stream),
           "k_norm");
   }
-  // Queries carry the softmax scale 1/sqrt(d), as on the CPU (Model::attention_block scales q before the cache).
-  const float scale = 1.f / std::sqrt(float(d));
-  check(kernels::rope(q.as<float>(), rows, hq, d, pos.as<int32_t>(), inv_freq.as<float>(), scale, stream), "rope q");
+  // Plain post-RoPE queries: GpuKvCache::attention applies the softmax scale 1/sqrt(d) itself (then R_K), in the
+  // CPU model's order (Model::attention_block: q * scale, then the transform).
+  check(kernels::rope(q.as<float>(), rows, hq, d, pos.as<int32_t>(), inv_freq.as<float>(), 1.f, stream), "rope q");
   check(kernels::rope(k.as<float>(), rows, hk, d, pos.as<int32_t>(), inv_freq.as<float>(), 1.f, stream), "rope k");
   cache->append(l, k.as<float>(), v.as<float>());
   cache->attention(l, q.as<float>(), hq, att.as<float>());

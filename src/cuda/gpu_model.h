@@ -6,8 +6,9 @@
 //     the checkpoint, so only the activation rounding differs from the CPU; Fp32 keeps them fp32 (no TF32).
 //   - reductions (GEMM dot products, attention softmax) run in another order.
 //
-// Per layer:  h = RMSNorm(x);  q, k, v = h W_q/k/v (+ bias);  QK-norm;  RoPE (q also scaled by 1/sqrt(d));
-//             cache.append(k, v);  att = cache.attention(q);  x += att W_o;  x += W_down(SiLU(W_gate h') * W_up h')
+// Per layer:  h = RMSNorm(x);  q, k, v = h W_q/k/v (+ bias);  QK-norm;  RoPE;
+//             cache.append(k, v);  att = cache.attention(q) (the cache applies 1/sqrt(d));  x += att W_o;
+//             x += W_down(SiLU(W_gate h') * W_up h')
 #pragma once
 
 #include <memory>
@@ -56,9 +57,9 @@ class GpuModel final : public Runner {
   CacheFootprint footprint(int n_tokens) const override;
   size_t cache_bytes() const override;
   void synchronize() const override;
+  size_t weight_bytes() const override;  // device bytes of the uploaded weights
 
   GemmPrecision gemm_precision() const;
-  size_t weight_bytes() const;  // device bytes of the uploaded weights
   GpuKvCache& cache();
 
  private:

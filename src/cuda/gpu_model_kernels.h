@@ -19,7 +19,7 @@ int add_bias(float* y, int rows, int cols, const float* bias, void* stream);
 
 // Rotary embedding, rotate-half layout, in place on x [rows, heads, d] with row r at position pos[r]:
 // angle = float(pos) * inv_freq[f] (fp32 product), cos / sin in double rounded to float (as the CPU model), then
-// every output is multiplied by scale (1 for keys, 1/sqrt(d) for queries, matching the CPU order of operations).
+// every output is multiplied by scale when scale != 1 (the forward pass passes 1: GpuKvCache scales queries).
 int rope(float* x, int rows, int heads, int d, const int32_t* pos, const float* inv_freq, float scale, void* stream);
 
 // gate[i] = silu(gate[i]) * up[i] for i < n.

@@ -54,6 +54,7 @@ class Runner {
   // The cache's own accounting (same structs on both devices) and the bytes it holds.
   virtual CacheFootprint footprint(int n_tokens) const = 0;
   virtual size_t cache_bytes() const = 0;
+  virtual size_t weight_bytes() const = 0;  // bytes of the weights the forward pass reads (per step, once)
 
   // Waits until the work queued by forward() has finished (timing); forward() returning logits has waited already.
   virtual void synchronize() const {}
@@ -79,6 +80,7 @@ class CpuRunner final : public Runner {
   using Runner::forward;
   CacheFootprint footprint(int n_tokens) const override { return cache_.footprint(n_tokens); }
   size_t cache_bytes() const override { return cache_.bytes_allocated(); }
+  size_t weight_bytes() const override { return model_.weights().n_params * sizeof(float); }
 
   KvCache& cache() { return cache_; }
   Model& model() { return model_; }
