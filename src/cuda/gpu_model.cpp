@@ -100,6 +100,10 @@ struct GpuModel::Impl {
   DeviceBuffer argmax, finite;   // [R] int32
   std::vector<int32_t> h_pos, h_last, h_finite;  // host staging
 
+  ~Impl() {
+    if (blas) cublasDestroy(blas);
+  }
+
   const DeviceLinear& output() const { return lm_head.w.bytes() ? lm_head : embed; }
 
   // y[rows, W.out] = x[rows, W.in] · W^T, fp32 accumulation. cuBLAS is column-major: y^T = W · x^T, with W
@@ -194,9 +198,7 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   sync("GpuModel: upload");
 }
 
-GpuModel::~GpuModel() {
-  if (impl_ && impl_->blas) cublasDestroy(impl_->blas);
-}
+GpuModel::~GpuModel() = default;
 
 const ModelConfig& GpuModel::config() const { return impl_->cfg; }
 const CacheConfig& GpuModel::cache_config() const { return impl_->cache->config(); }
