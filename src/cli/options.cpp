@@ -84,15 +84,18 @@ void add_device_options(CLI::App* cmd, ModelOptions& o) {
 namespace {
 
 // --device cuda: a device and a GPU-supported cache, checked before any weights are read.
-void check_device(const ModelOptions& m, const CacheConfig& cache) {
+void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim) {
   KVQ_CHECK(m.device == "cpu" || m.device == "cuda", "--device '{}' is not supported (cpu or cuda)", m.device);
   if (m.device == "cpu") return;
 #ifdef KVQ_HAVE_CUDA
   cuda::require_device();
   cuda::parse_gemm_precision(m.gpu_gemm);
-  KVQ_CHECK(cuda::gpu_codec_supported(cache.k) && cuda::gpu_codec_supported(cache.v) && cache.window == "bf16",
-            "--device cuda: cache {} (window {}) is not supported on the GPU (bf16, int8, int4, int2; bf16 windows)",
-            cache.describe(), cache.window);
+  CodecSpec k = cache.k, v = cache.v;
+  k.head_dim = v.head_dim = head_dim;
+  KVQ_CHECK(cuda::gpu_codec_supported(k) && cuda::gpu_codec_supported(v) && cache.window == "bf16",
+            "--device cuda: cache {} (window {}) at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 "
+            "with groups 32/64/128 at head_dim 128; bf16 windows)",
+            cache.describe(), cache.window, head_dim);
 #else
   KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend (configure with -DKVQ_CUDA=ON and nvcc)");
 #endif
@@ -101,7 +104,7 @@ void check_device(const ModelOptions& m, const CacheConfig& cache) {
 }  // namespace
 
 std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs) {
-  check_device(o, p.cache);
+  check_device(o, p.cache, p.model.head_dim);
   if (o.device == "cpu") return std::make_unique<CpuRunner>(model, p.cache, max_ctx, max_seqs);
 #ifdef KVQ_HAVE_CUDA
   return std::make_unique<cuda::GpuModel>(model, p.cache, max_ctx, max_seqs, cuda::parse_gemm_precision(o.gpu_gemm));
@@ -126,7 +129,8 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request) {
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
   KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
-  check_device(m, p.cache);  // --device cuda without a device or with a CPU-only cache: refused before any work
+  // --device cuda without a device or with a CPU-only cache: refused before any work.
+  check_device(m, p.cache, p.model.head_dim);
   const ModelConfig& mc = p.model;
   if (c.rotation == "hadamard") {
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",

@@ -136,9 +136,12 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   m.gemm = gemm;
   const ModelConfig& c = m.cfg;
   KVQ_CHECK(max_seqs >= 1 && max_ctx >= 1, "GpuModel: max_seqs {} and max_ctx {} must be >= 1", max_seqs, max_ctx);
-  KVQ_CHECK(gpu_codec_supported(cache_cfg.k) && gpu_codec_supported(cache_cfg.v),
-            "--device cuda: cache {} is not supported on the GPU (bf16, int8, int4, int2 with groups 32/64/128)",
-            cache_cfg.describe());
+  CodecSpec ks = cache_cfg.k, vs = cache_cfg.v;
+  ks.head_dim = vs.head_dim = c.head_dim;
+  KVQ_CHECK(gpu_codec_supported(ks) && gpu_codec_supported(vs),
+            "--device cuda: cache {} at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 with groups "
+            "32/64/128 at head_dim 128)",
+            cache_cfg.describe(), c.head_dim);
   m.max_seqs = max_seqs;
   m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
   m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs);
