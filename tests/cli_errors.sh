@@ -63,5 +63,14 @@ expect_error "eval: ctx beyond the model" eval -m $M --tasks ppl --ctx 16384
 expect_error "eval: missing data dir" eval -m $M --tasks ppl --data /nonexistent
 expect_error "referee: calibration data inside the eval set" referee -m $M --calib-data data/eval/linux.txt --eval-data data/eval -o "$T/ref" --quick
 expect_error "referee: unknown method" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --methods int2,int3
+expect_error "run: unknown device" run -m $M -p hi -n 1 --device tpu
+expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt --device cuda --gpu-gemm fp16
+# Fails everywhere: without CUDA or a device (no device), with one (KIVI keys are CPU-only).
+expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk kivi2 -ctv int2
+if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line
+  expect_error "run: --device cuda without a device" run -m $M -p hi -n 1 --device cuda
+  expect_error "ppl: --device cuda without a device" ppl -m $M -f data/eval/linux.txt --device cuda
+  expect_error "bench decode: --device cuda without a device" bench decode -m $M --device cuda --ctx 64,128 --seqs 4
+fi
 echo "$((n - fail)) passed, $fail failed"
 [[ $fail -eq 0 ]]

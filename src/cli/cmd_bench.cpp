@@ -27,8 +27,10 @@ namespace {
 struct BenchDecodeOptions {
   ModelOptions model;
   CacheOptions cache;
-  int ctx = 512;
-  int n_decode = 32;
+  std::vector<int> ctx = {512};  // contexts to prefill before decoding, one run each
+  int n_decode = 32;             // timed decode steps
+  int seqs = 1;                  // concurrent sequences, one token each per decode step
+  double kv_budget_gib = 8;      // KV memory budget for the "sequences that fit" figure
   bool json = false;
 };
 
@@ -36,45 +38,77 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void bench_decode(const BenchDecodeOptions& o) {
-  KVQ_CHECK(o.ctx >= 1, "--ctx-size must be >= 1");
-  const Plan p = plan(o.model, o.cache, o.ctx + o.n_decode);
-  auto model = load_model(o.model, p);
-  Model& m = *model;
+// One context: prefill o.seqs sequences of random ids to ctx tokens (no logits), then o.n_decode batched greedy
+// decode steps (each sequence feeds back its own argmax).
+void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int ctx) {
   const ModelConfig& c = m.config();
-  KvCache cache(p.cache, c.n_layers, c.n_kv_heads, c.head_dim, p.ctx);
-  log_cache(cache, "bench:");
+  auto runner = make_runner(m, o.model, p, ctx + o.n_decode, o.seqs);
+  Runner& r = *runner;
+  log_runner(r, "bench:");
   std::mt19937 rng(1234);
-  std::vector<int32_t> ids(size_t(o.ctx));
-  for (auto& id : ids) id = int32_t(rng() % uint32_t(c.vocab_size));
-  const int seq = cache.new_sequence(), chunk = cache.config().max_chunk;
-  std::vector<float> logits(size_t(chunk) * c.vocab_size);
+  std::vector<int32_t> ids(static_cast<size_t>(ctx));
+  const int chunk = r.cache_config().max_chunk;
+  std::vector<int> seqs;
   auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.ctx; i += chunk)
-    m.forward(cache, seq, ids.data() + i, std::min(chunk, o.ctx - i), logits.data(), false);
-  const double prefill_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  int32_t next = 1;
-  for (int i = 0; i < o.n_decode; ++i) {
-    m.forward(cache, seq, &next, 1, logits.data(), false);
-    next = int32_t(std::max_element(logits.begin(), logits.begin() + c.vocab_size) - logits.begin());
+  for (int b = 0; b < o.seqs; ++b) {
+    for (auto& id : ids) id = int32_t(rng() % uint32_t(c.vocab_size));
+    const int seq = r.new_sequence();
+    seqs.push_back(seq);
+    for (int i = 0; i < ctx; i += chunk) r.forward({seq}, {std::min(chunk, ctx - i)}, ids.data() + i,
+                                                   LogitRows::None, nullptr, nullptr);
   }
+  r.synchronize();
+  const double prefill_s = seconds_since(t0);
+  std::vector<int32_t> next(size_t(o.seqs), 1);
+  const std::vector<int> ones(size_t(o.seqs), 1);
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < o.n_decode; ++i) r.forward(seqs, ones, next.data(), LogitRows::Last, nullptr, next.data());
+  r.synchronize();
   const double decode_s = seconds_since(t0);
-  const CacheFootprint f = cache.footprint(o.ctx);
-  const double prefill_tps = o.ctx / prefill_s, decode_tps = o.n_decode / decode_s;
+
+  // KV memory from the cache's own accounting: bytes stored per sequence at ctx, and how many fit the budget.
+  const CacheFootprint f = r.footprint(ctx);
+  const double seq_bytes = f.bytes_per_token_per_layer * c.n_layers * ctx;
+  const double kv_mib = seq_bytes * o.seqs / double(1 << 20);
+  const double budget = o.kv_budget_gib * double(1ull << 30);
+  const long fit = long(std::floor(budget / seq_bytes));
+  const double prefill_tps = double(o.seqs) * ctx / prefill_s, decode_tps = double(o.seqs) * o.n_decode / decode_s;
+  const double ms_step = 1e3 * decode_s / o.n_decode;
+  // A decode step reads every weight once (an untied embedding only in part) and every sequence's cache (approximate).
+  const double step_bytes = double(r.weight_bytes()) + seq_bytes * o.seqs;
+  const double gbps = step_bytes / (ms_step * 1e-3) / 1e9;
   if (o.json) {
-    nlohmann::json j = {{"model", o.model.dir}, {"ctx", o.ctx}, {"n_decode", o.n_decode},
-                        {"threads", m.pool().size()}, {"cache", cache.config().describe()},
+    nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode},
+                        {"threads", m.pool().size()}, {"cache", r.cache_config().describe()},
                         {"kv_bits_effective", f.bits_per_element}, {"load_seconds", m.load_seconds()},
                         {"prefill_tokens_per_second", prefill_tps}, {"decode_tokens_per_second", decode_tps},
-                        {"decode_ms_per_token", 1e3 * decode_s / o.n_decode}};
+                        {"decode_ms_per_token", ms_step / o.seqs}, {"device", o.model.device},
+                        {"runner", r.describe()}, {"seqs", o.seqs}, {"decode_ms_per_step", ms_step},
+                        {"kv_mib", kv_mib}, {"kv_mib_allocated", double(r.cache_bytes()) / double(1 << 20)},
+                        {"kv_bytes_per_token", f.bytes_per_token_per_layer * c.n_layers},
+                        {"kv_budget_gib", o.kv_budget_gib}, {"max_seqs_in_budget", fit},
+                        {"weight_bytes", r.weight_bytes()}, {"step_bytes_read_approx", step_bytes},
+                        {"step_read_gbps", gbps}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("load %.3f s | prefill %d tokens: %.1f tok/s | decode %d tokens at ctx %d: %.1f tok/s (%.2f ms/token)"
-                " | %d threads | %s\n",
-                m.load_seconds(), o.ctx, prefill_tps, o.n_decode, o.ctx, decode_tps, 1e3 * decode_s / o.n_decode,
-                m.pool().size(), cache.config().describe().c_str());
+    std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d at ctx %d: %.1f tok/s "
+                "(%.2f ms/step, ~%.1f MB read/step, %.1f GB/s) | KV %.1f MiB (%.0f B/token), %ld sequences fit in "
+                "%.1f GiB | %s | %s\n",
+                m.load_seconds(), o.seqs, ctx, prefill_tps, o.n_decode, o.seqs, ctx, decode_tps, ms_step, step_bytes / 1e6,
+                gbps, kv_mib,
+                f.bytes_per_token_per_layer * c.n_layers, fit, o.kv_budget_gib, r.describe().c_str(),
+                r.cache_config().describe().c_str());
   }
+}
+
+void bench_decode(const BenchDecodeOptions& o) {
+  KVQ_CHECK(!o.ctx.empty(), "--ctx-size: give at least one context");
+  for (int ctx : o.ctx) KVQ_CHECK(ctx >= 1, "--ctx-size {} must be >= 1", ctx);
+  KVQ_CHECK(o.kv_budget_gib > 0, "--kv-budget-gib {} must be positive", o.kv_budget_gib);
+  const int max_ctx = *std::max_element(o.ctx.begin(), o.ctx.end());
+  const Plan p = plan(o.model, o.cache, max_ctx + o.n_decode);
+  auto model = load_model(o.model, p);
+  for (int ctx : o.ctx) bench_decode_one(o, *model, p, ctx);
 }
 
 struct BenchAttentionOptions {
@@ -296,8 +330,13 @@ void add_bench(CLI::App& app) {
   CLI::App* dec = bench->add_subcommand("decode", "prefill and decode tokens/s of a model");
   add_model_options(dec, o->model);
   add_cache_options(dec, o->cache);
-  dec->add_option("-c,--ctx-size", o->ctx, "tokens to prefill before decoding");
-  dec->add_option("-n,--n-decode", o->n_decode, "tokens to decode")->check(CLI::Range(1, 1 << 20));
+  add_device_options(dec, o->model);
+  dec->add_option("-c,--ctx-size,--ctx", o->ctx, "tokens to prefill before decoding (a comma-separated list: one "
+                  "run per context)")->delimiter(',');
+  dec->add_option("-n,--n-decode", o->n_decode, "decode steps")->check(CLI::Range(1, 1 << 20));
+  dec->add_option("--seqs", o->seqs, "concurrent sequences (one token each per decode step)")
+      ->check(CLI::Range(1, 1 << 16));
+  dec->add_option("--kv-budget-gib", o->kv_budget_gib, "KV memory budget for the sequences-that-fit figure");
   dec->add_flag("--json", o->json, "print one JSON object");
   dec->callback([o] { bench_decode(*o); });
 

@@ -38,17 +38,13 @@ void run(const PplOptions& o) {
   const std::vector<int32_t> ids = load_tokenizer(o.model).encode(read_text(o.file));
   KVQ_CHECK(ids.size() >= size_t(ctx), "'{}' has {} tokens, fewer than one window of {}", o.file, ids.size(), ctx);
   auto model = load_model(o.model, p);
-  Model& m = *model;
-  {
-    KvCache probe(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, ctx);
-    log_cache(probe, "ppl:");
-  }
-  const PerplexityResult r = perplexity(m, cc, ids, ctx, o.chunks, [](int done, int total, double ppl) {
+  auto runner = make_runner(*model, o.model, p, ctx);
+  log_runner(*runner, "ppl:");
+  const PerplexityResult r = perplexity(*runner, ids, ctx, o.chunks, [](int done, int total, double ppl) {
     std::fprintf(stderr, "\rkvq: window %d/%d  ppl %.4f", done, total, ppl);
     if (done == total) std::fputc('\n', stderr);
   });
-  KvCache sizes(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, ctx);
-  const CacheFootprint f = sizes.footprint(ctx);
+  const CacheFootprint f = runner->footprint(ctx);
   if (o.json) {
     nlohmann::json j = {{"ppl", r.ppl()},
                         {"nll", r.nll()},
@@ -57,6 +53,7 @@ void run(const PplOptions& o) {
                         {"windows", r.window_nll.size()},
                         {"file", o.file},
                         {"cache", cc.describe()},
+                        {"device", o.model.device},
                         {"kv_bits_effective", f.bits_per_element},
                         {"kv_bits_quantized", f.quant_bits_per_element},
                         {"seconds", r.seconds},
@@ -76,6 +73,7 @@ void add_ppl(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("ppl", "perplexity of a text file (non-overlapping windows)");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
+  add_device_options(cmd, o->model);
   cmd->add_option("-f,--file", o->file, "text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("-c,--ctx-size", o->ctx, "window length in tokens (0: the model's maximum)");
   cmd->add_option("--chunks", o->chunks, "windows to score at most (0: all)")->check(CLI::Range(0, 1 << 30));

@@ -34,13 +34,13 @@ void run(const RunOptions& o) {
             "context overflow: prompt of {} tokens + {} to generate exceed the context of {} tokens", ids.size(),
             o.n_predict, p.ctx);
   auto model = load_model(o.model, p);
-  Model& m = *model;
-  KvCache cache(p.cache, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, p.ctx);
-  log_cache(cache, "run:");
+  auto runner = make_runner(*model, o.model, p, p.ctx);
+  Runner& r = *runner;
+  log_runner(r, "run:");
   std::fprintf(stderr, "kvq: sampling temp %.2f top-k %d top-p %.2f seed %llu\n", sc.temperature, sc.top_k,
                sc.top_p, (unsigned long long)sc.seed);
-  const int seq = cache.new_sequence();
-  const int V = m.config().vocab_size, chunk = cache.config().max_chunk;
+  const int seq = r.new_sequence();
+  const int V = r.config().vocab_size, chunk = r.cache_config().max_chunk;
   std::vector<float> logits(static_cast<size_t>(V));
   std::fputs(o.prompt.c_str(), stdout);
   std::fflush(stdout);
@@ -48,19 +48,19 @@ void run(const RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < ids.size(); i += size_t(chunk)) {
     const int n = int(std::min(ids.size() - i, size_t(chunk)));
-    m.forward(cache, seq, ids.data() + i, n, logits.data(), false);
+    r.forward(seq, ids.data() + i, n, logits.data(), false);
   }
   const auto t1 = std::chrono::steady_clock::now();
   Sampler sampler(sc);
   StreamDecoder stream(tok);
-  const auto& eos = m.config().eos_token_ids;
+  const auto& eos = r.config().eos_token_ids;
   int generated = 0;
   for (; generated < o.n_predict; ++generated) {
     int32_t next = sampler.sample(logits.data(), V);
     if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
     std::fputs(stream.push(next).c_str(), stdout);
     std::fflush(stdout);
-    if (generated + 1 < o.n_predict) m.forward(cache, seq, &next, 1, logits.data(), false);
+    if (generated + 1 < o.n_predict) r.forward(seq, &next, 1, logits.data(), false);
   }
   std::fputs(stream.flush().c_str(), stdout);
   std::fputs("\n", stdout);
@@ -78,6 +78,7 @@ void add_run(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("run", "generate text from a prompt");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
+  add_device_options(cmd, o->model);
   cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
   cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("-c,--ctx-size", o->ctx, "context length (0: the model's maximum)");

@@ -5,6 +5,11 @@
 #include "common/error.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
+#ifdef KVQ_HAVE_CUDA
+#include "cuda/gpu_cache.h"
+#include "cuda/gpu_model.h"
+#include "cuda/runtime.h"
+#endif
 
 namespace kvq::cli {
 
@@ -70,6 +75,51 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
                   "kvq calibrate");
 }
 
+void add_device_options(CLI::App* cmd, ModelOptions& o) {
+  cmd->add_option("--device", o.device, "where the model runs: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpu-gemm", o.gpu_gemm, "GEMM inputs on the GPU: bf16 (fp32 accumulation) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+}
+
+namespace {
+
+// --device cuda: a device and a GPU-supported cache, checked before any weights are read.
+void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim) {
+  KVQ_CHECK(m.device == "cpu" || m.device == "cuda", "--device '{}' is not supported (cpu or cuda)", m.device);
+  if (m.device == "cpu") return;
+#ifdef KVQ_HAVE_CUDA
+  cuda::require_device();
+  cuda::parse_gemm_precision(m.gpu_gemm);
+  CodecSpec k = cache.k, v = cache.v;
+  k.head_dim = v.head_dim = head_dim;
+  KVQ_CHECK(cuda::gpu_codec_supported(k) && cuda::gpu_codec_supported(v) && cache.window == "bf16",
+            "--device cuda: cache {} (window {}) at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 "
+            "with groups 32/64/128 at head_dim 128; bf16 windows)",
+            cache.describe(), cache.window, head_dim);
+#else
+  KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend (configure with -DKVQ_CUDA=ON and nvcc)");
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs) {
+  check_device(o, p.cache, p.model.head_dim);
+  if (o.device == "cpu") return std::make_unique<CpuRunner>(model, p.cache, max_ctx, max_seqs);
+#ifdef KVQ_HAVE_CUDA
+  return std::make_unique<cuda::GpuModel>(model, p.cache, max_ctx, max_seqs, cuda::parse_gemm_precision(o.gpu_gemm));
+#else
+  KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend");
+#endif
+}
+
+void log_runner(const Runner& r, const char* what) {
+  const CacheFootprint f = r.footprint(r.max_ctx());
+  std::fprintf(stderr, "kvq: %s %s | KV cache %s: %.1f MiB for %d x %d tokens, %.2f effective bits/element at %d\n",
+               what, r.describe().c_str(), r.cache_config().describe().c_str(), double(r.cache_bytes()) / (1 << 20),
+               r.max_seqs(), r.max_ctx(), f.bits_per_element, r.max_ctx());
+}
+
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request) {
   Plan p;
   p.model = ModelConfig::load(m.dir + "/config.json");
@@ -79,6 +129,8 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request) {
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
   KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
+  // --device cuda without a device or with a CPU-only cache: refused before any work.
+  check_device(m, p.cache, p.model.head_dim);
   const ModelConfig& mc = p.model;
   if (c.rotation == "hadamard") {
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",

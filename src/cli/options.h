@@ -9,6 +9,7 @@
 
 #include "kv/cache.h"
 #include "model/model.h"
+#include "model/runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvq::cli {
@@ -16,6 +17,8 @@ namespace kvq::cli {
 struct ModelOptions {
   std::string dir;   // -m: Hugging Face checkpoint directory
   int threads = 0;   // -t: worker threads (0: all cores)
+  std::string device = "cpu";     // --device: cpu | cuda (run, ppl, bench decode)
+  std::string gpu_gemm = "bf16";  // --gpu-gemm: bf16 | fp32 GEMM inputs on the GPU
 };
 
 struct CacheOptions {
@@ -32,6 +35,8 @@ struct CacheOptions {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
+// --device and --gpu-gemm, for the commands that run through a Runner (run, ppl, bench decode).
+void add_device_options(CLI::App* cmd, ModelOptions& o);
 
 // What a command will run, validated before any weights are read: config.json, the context length (ctx_request,
 // or the model's maximum when 0) and the KV-cache configuration (codecs, group, page size).
@@ -46,6 +51,12 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request);
 Tokenizer load_tokenizer(const ModelOptions& o);
 // Loads the weights (logs one line: parameters, threads, load time) and installs the plan's KV transform.
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
+
+// The one dispatch point between devices: a CpuRunner over model, or (--device cuda) a GpuModel built from its
+// weights, with the plan's cache for max_seqs sequences of up to max_ctx tokens. model must outlive a CpuRunner.
+std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs = 1);
+// One line on stderr: the runner's device and what its cache holds.
+void log_runner(const Runner& r, const char* what);
 
 // Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long names for CLI11.
 std::vector<std::string> expand_aliases(int argc, char** argv);

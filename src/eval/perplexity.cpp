@@ -20,38 +20,47 @@ double token_nll(const float* logits, int vocab, int32_t target) {
   return mx + std::log(sum) - double(logits[target]);
 }
 
-PerplexityResult perplexity(Model& model, const CacheConfig& cache_cfg, const std::vector<int32_t>& ids, int ctx,
-                            int windows, const std::function<void(int, int, double)>& progress) {
-  const ModelConfig& mc = model.config();
+PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int ctx, int windows,
+                            const std::function<void(int, int, double)>& progress) {
+  const ModelConfig& mc = runner.config();
   KVQ_CHECK(ctx >= 2, "perplexity: context {} is too short (need >= 2)", ctx);
   KVQ_CHECK(ctx <= mc.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, mc.max_ctx);
+  KVQ_CHECK(ctx <= runner.max_ctx(), "perplexity: context {} exceeds the cache's {} tokens", ctx, runner.max_ctx());
   const int available = int(ids.size() / size_t(ctx));
   KVQ_CHECK(available >= 1, "the text has {} tokens, fewer than one window of {}", ids.size(), ctx);
   const int n_windows = windows > 0 ? std::min(windows, available) : available;
-  const int V = mc.vocab_size, chunk = cache_cfg.max_chunk;
+  const int V = mc.vocab_size, chunk = runner.cache_config().max_chunk;
 
   PerplexityResult res;
   res.ctx = ctx;
-  KvCache cache(cache_cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, ctx);
   std::vector<float> logits(size_t(chunk) * V);
   const auto t0 = std::chrono::steady_clock::now();
   for (int w = 0; w < n_windows; ++w) {
     const int32_t* win = ids.data() + size_t(w) * ctx;
-    const int seq = cache.new_sequence();
+    const int seq = runner.new_sequence();
     double nll = 0;
     for (int pos = 0; pos < ctx; pos += chunk) {
       const int n = std::min(chunk, ctx - pos);
-      model.forward(cache, seq, win + pos, n, logits.data(), true);
+      runner.forward(seq, win + pos, n, logits.data(), true);
       for (int i = 0; i < n; ++i)
         if (pos + i + 1 < ctx) nll += token_nll(logits.data() + size_t(i) * V, V, win[pos + i + 1]);
     }
-    cache.free_sequence(seq);
+    runner.free_sequence(seq);
     res.window_nll.push_back(nll);
     res.tokens_scored += ctx - 1;
     if (progress) progress(w + 1, n_windows, res.ppl());
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
+}
+
+PerplexityResult perplexity(Model& model, const CacheConfig& cache_cfg, const std::vector<int32_t>& ids, int ctx,
+                            int windows, const std::function<void(int, int, double)>& progress) {
+  KVQ_CHECK(ctx >= 2, "perplexity: context {} is too short (need >= 2)", ctx);
+  KVQ_CHECK(ctx <= model.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
+            model.config().max_ctx);
+  CpuRunner runner(model, cache_cfg, ctx);
+  return perplexity(runner, ids, ctx, windows, progress);
 }
 
 }  // namespace kvq

@@ -9,6 +9,7 @@
 
 #include "kv/cache.h"
 #include "model/model.h"
+#include "model/runner.h"
 
 namespace kvq {
 
@@ -22,6 +23,10 @@ struct PerplexityResult {
 };
 
 // windows <= 0: every full window of ids. progress(done, total, running ppl) after each window.
+// On any device: runner.max_ctx() >= ctx; each window is one sequence, freed after it.
+PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int ctx, int windows,
+                            const std::function<void(int, int, double)>& progress = {});
+// The CPU path: a CpuRunner over model with a fresh cache of cache_cfg.
 PerplexityResult perplexity(Model& model, const CacheConfig& cache_cfg, const std::vector<int32_t>& ids, int ctx,
                             int windows, const std::function<void(int, int, double)>& progress = {});
 

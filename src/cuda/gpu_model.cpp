@@ -1,0 +1,343 @@
+#include "cuda/gpu_model.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "common/half.h"
+#include "cuda/gpu_cache.h"
+#include "cuda/gpu_model_kernels.h"
+#include "cuda/runtime.h"
+
+namespace kvq::cuda {
+
+GemmPrecision parse_gemm_precision(std::string_view s) {
+  if (s == "bf16") return GemmPrecision::Bf16;
+  if (s == "fp32") return GemmPrecision::Fp32;
+  KVQ_FAIL("--gpu-gemm '{}' is not supported (bf16 or fp32)", s);
+}
+
+std::string_view gemm_precision_name(GemmPrecision p) { return p == GemmPrecision::Bf16 ? "bf16" : "fp32"; }
+
+namespace {
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) KVQ_FAIL("{}: {}", what, cublasGetStatusString(s));
+}
+
+// A host fp32 vector uploaded as is (norm weights, biases, inverse frequencies); empty stays empty.
+DeviceBuffer upload_f32(const std::vector<float>& v) {
+  DeviceBuffer b(v.size() * sizeof(float));
+  if (!v.empty()) b.upload(v.data(), v.size() * sizeof(float));
+  return b;
+}
+
+// A linear weight [out, in] in the GEMM precision. Bf16 is exact for a bf16 checkpoint (checked: the round trip of
+// every value must be exact, otherwise the upload would silently change the model).
+struct DeviceLinear {
+  DeviceBuffer w;  // [out, in] row-major, bf16 bits or fp32
+  int out = 0, in = 0;
+};
+
+DeviceLinear upload_linear(const std::vector<float>& w, int out, int in, GemmPrecision p, const char* name) {
+  KVQ_CHECK(w.size() == size_t(out) * in, "GpuModel: weight {} has {} values, expected {} x {}", name, w.size(), out,
+            in);
+  DeviceLinear d;
+  d.out = out;
+  d.in = in;
+  if (p == GemmPrecision::Fp32) {
+    d.w = upload_f32(w);
+    return d;
+  }
+  std::vector<uint16_t> bits(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    bits[i] = f32_to_bf16(w[i]);
+    KVQ_CHECK(bf16_to_f32(bits[i]) == w[i] || std::isnan(w[i]),
+              "GpuModel: weight {} holds {} at {}, not a bf16 value; use --gpu-gemm fp32 for this checkpoint", name,
+              w[i], i);
+  }
+  d.w = DeviceBuffer(bits.size() * sizeof(uint16_t));
+  d.w.upload(bits.data(), bits.size() * sizeof(uint16_t));
+  return d;
+}
+
+struct DeviceLayer {
+  DeviceBuffer attn_norm, mlp_norm;  // [hidden] fp32
+  DeviceBuffer q_norm, k_norm;       // [d] fp32 (Qwen3), else empty
+  DeviceBuffer bq, bk, bv;           // [n_heads * d], [n_kv * d] fp32 (Qwen2), else empty
+  DeviceLinear wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+}  // namespace
+
+struct GpuModel::Impl {
+  ModelConfig cfg;
+  GemmPrecision gemm;
+  int max_seqs = 0, max_rows = 0;
+  std::unique_ptr<GpuKvCache> cache;
+  cudaStream_t stream = nullptr;  // the cache's stream: every kernel, GEMM and copy of a step runs on it
+  cublasHandle_t blas = nullptr;
+  size_t weight_bytes = 0;
+
+  // Weights.
+  std::vector<DeviceLayer> layers;
+  DeviceLinear embed;            // [vocab, hidden] (bf16 or fp32, as the GEMMs)
+  DeviceLinear lm_head;          // [vocab, hidden]; empty when tied (embed is used)
+  DeviceBuffer final_norm;       // [hidden] fp32
+  DeviceBuffer inv_freq;         // [d / 2] fp32 RoPE inverse frequencies (llama3 scaling applied)
+
+  // Activations of one step, R = max_rows rows.
+  DeviceBuffer x, h;             // [R, hidden] fp32 residual stream, normed input / block output
+  DeviceBuffer q, k, v, att;     // [R, n_heads * d], [R, n_kv * d] x2, [R, n_heads * d] fp32
+  DeviceBuffer gate, up;         // [R, intermediate] fp32
+  DeviceBuffer xb;               // [R, max(hidden, intermediate, n_heads * d)] bf16 GEMM input (Bf16 only)
+  DeviceBuffer ids, pos;         // [R] int32 token ids, positions
+  DeviceBuffer last_rows;        // [max_seqs] int32 row of each sequence's last token
+  DeviceBuffer logits;           // [R, vocab] fp32
+  DeviceBuffer argmax, finite;   // [R] int32
+  std::vector<int32_t> h_pos, h_last, h_finite;  // host staging
+
+  ~Impl() {
+    if (blas) cublasDestroy(blas);
+  }
+
+  const DeviceLinear& output() const { return lm_head.w.bytes() ? lm_head : embed; }
+
+  // y[rows, W.out] = x[rows, W.in] · W^T, fp32 accumulation. cuBLAS is column-major: y^T = W · x^T, with W
+  // row-major [out, in] read as the column-major [in, out] matrix transposed.
+  void linear(const float* x_in, int rows, const DeviceLinear& W, float* y) {
+    const float one = 1.f, zero = 0.f;
+    if (gemm == GemmPrecision::Bf16) {
+      check(kernels::to_bf16(x_in, int64_t(rows) * W.in, xb.as<uint16_t>(), stream), "to_bf16");
+      check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.out, rows, W.in, &one, W.w.get(), CUDA_R_16BF,
+                                W.in, xb.get(), CUDA_R_16BF, W.in, &zero, y, CUDA_R_32F, W.out, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (bf16)");
+    } else {
+      check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.out, rows, W.in, &one, W.w.get(), CUDA_R_32F,
+                                W.in, x_in, CUDA_R_32F, W.in, &zero, y, CUDA_R_32F, W.out, CUBLAS_COMPUTE_32F_PEDANTIC,
+                                CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (fp32)");
+    }
+  }
+
+  void attention_block(int l, int rows);
+  void mlp_block(int l, int rows);
+};
+
+GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, GemmPrecision gemm)
+    : impl_(std::make_unique<Impl>()) {
+  require_device();
+  Impl& m = *impl_;
+  m.cfg = model.config();
+  m.gemm = gemm;
+  const ModelConfig& c = m.cfg;
+  KVQ_CHECK(max_seqs >= 1 && max_ctx >= 1, "GpuModel: max_seqs {} and max_ctx {} must be >= 1", max_seqs, max_ctx);
+  CodecSpec ks = cache_cfg.k, vs = cache_cfg.v;
+  ks.head_dim = vs.head_dim = c.head_dim;
+  KVQ_CHECK(gpu_codec_supported(ks) && gpu_codec_supported(vs),
+            "--device cuda: cache {} at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 with groups "
+            "32/64/128 at head_dim 128)",
+            cache_cfg.describe(), c.head_dim);
+  m.max_seqs = max_seqs;
+  m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
+  m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs);
+  if (const KvTransform* t = model.kv_transform()) m.cache->set_transform(*t);
+  m.stream = static_cast<cudaStream_t>(m.cache->stream());
+  check_cublas(cublasCreate(&m.blas), "cublasCreate");
+  check_cublas(cublasSetStream(m.blas, m.stream), "cublasSetStream");
+
+  // Weights.
+  const Weights& w = model.weights();
+  const int H = c.hidden_size, I = c.intermediate_size, d = c.head_dim, hq = c.n_heads, hk = c.n_kv_heads;
+  m.embed = upload_linear(w.embed, c.vocab_size, H, gemm, "embed");
+  if (!w.lm_head.empty()) m.lm_head = upload_linear(w.lm_head, c.vocab_size, H, gemm, "lm_head");
+  m.final_norm = upload_f32(w.final_norm);
+  m.inv_freq = upload_f32(c.rope_inv_freq());
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[size_t(l)];
+    DeviceLayer dl;
+    dl.attn_norm = upload_f32(lw.attn_norm);
+    dl.mlp_norm = upload_f32(lw.mlp_norm);
+    dl.q_norm = upload_f32(lw.q_norm);
+    dl.k_norm = upload_f32(lw.k_norm);
+    dl.bq = upload_f32(lw.bq);
+    dl.bk = upload_f32(lw.bk);
+    dl.bv = upload_f32(lw.bv);
+    dl.wq = upload_linear(lw.wq, hq * d, H, gemm, "q_proj");
+    dl.wk = upload_linear(lw.wk, hk * d, H, gemm, "k_proj");
+    dl.wv = upload_linear(lw.wv, hk * d, H, gemm, "v_proj");
+    dl.wo = upload_linear(lw.wo, H, hq * d, gemm, "o_proj");
+    dl.w_gate = upload_linear(lw.w_gate, I, H, gemm, "gate_proj");
+    dl.w_up = upload_linear(lw.w_up, I, H, gemm, "up_proj");
+    dl.w_down = upload_linear(lw.w_down, H, I, gemm, "down_proj");
+    for (const DeviceBuffer* b : {&dl.attn_norm, &dl.mlp_norm, &dl.q_norm, &dl.k_norm, &dl.bq, &dl.bk, &dl.bv,
+                                  &dl.wq.w, &dl.wk.w, &dl.wv.w, &dl.wo.w, &dl.w_gate.w, &dl.w_up.w, &dl.w_down.w})
+      m.weight_bytes += b->bytes();
+    m.layers.push_back(std::move(dl));
+  }
+  m.weight_bytes += m.embed.w.bytes() + m.lm_head.w.bytes() + m.final_norm.bytes() + m.inv_freq.bytes();
+
+  // Activations.
+  const size_t R = size_t(m.max_rows), f = sizeof(float);
+  m.x = DeviceBuffer(R * H * f);
+  m.h = DeviceBuffer(R * H * f);
+  m.q = DeviceBuffer(R * hq * d * f);
+  m.att = DeviceBuffer(R * hq * d * f);
+  m.k = DeviceBuffer(R * hk * d * f);
+  m.v = DeviceBuffer(R * hk * d * f);
+  m.gate = DeviceBuffer(R * I * f);
+  m.up = DeviceBuffer(R * I * f);
+  if (gemm == GemmPrecision::Bf16) m.xb = DeviceBuffer(R * size_t(std::max({H, I, hq * d})) * sizeof(uint16_t));
+  m.ids = DeviceBuffer(R * sizeof(int32_t));
+  m.pos = DeviceBuffer(R * sizeof(int32_t));
+  m.last_rows = DeviceBuffer(size_t(max_seqs) * sizeof(int32_t));
+  m.logits = DeviceBuffer(R * size_t(c.vocab_size) * f);
+  m.argmax = DeviceBuffer(R * sizeof(int32_t));
+  m.finite = DeviceBuffer(R * sizeof(int32_t));
+  sync("GpuModel: upload");
+}
+
+GpuModel::~GpuModel() = default;
+
+const ModelConfig& GpuModel::config() const { return impl_->cfg; }
+const CacheConfig& GpuModel::cache_config() const { return impl_->cache->config(); }
+std::string GpuModel::describe() const {
+  return "cuda: " + device_description() + ", " + std::string(gemm_precision_name(impl_->gemm)) + " GEMMs";
+}
+int GpuModel::max_ctx() const { return impl_->cache->max_ctx(); }
+int GpuModel::max_seqs() const { return impl_->max_seqs; }
+int GpuModel::max_rows() const { return impl_->max_rows; }
+int GpuModel::new_sequence() { return impl_->cache->new_sequence(); }
+void GpuModel::free_sequence(int seq) { impl_->cache->free_sequence(seq); }
+int GpuModel::length(int seq) const { return impl_->cache->length(seq); }
+CacheFootprint GpuModel::footprint(int n_tokens) const { return impl_->cache->footprint(n_tokens); }
+size_t GpuModel::cache_bytes() const { return impl_->cache->bytes_allocated(); }
+GemmPrecision GpuModel::gemm_precision() const { return impl_->gemm; }
+size_t GpuModel::weight_bytes() const { return impl_->weight_bytes; }
+GpuKvCache& GpuModel::cache() { return *impl_->cache; }
+void GpuModel::synchronize() const { check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize"); }
+
+void GpuModel::Impl::attention_block(int l, int rows) {
+  const ModelConfig& c = cfg;
+  const DeviceLayer& lw = layers[size_t(l)];
+  const int H = c.hidden_size, d = c.head_dim, hq = c.n_heads, hk = c.n_kv_heads;
+  check(kernels::rms_norm(x.as<float>(), rows, H, lw.attn_norm.as<float>(), c.rms_eps, h.as<float>(), stream),
+        "rms_norm");
+  linear(h.as<float>(), rows, lw.wq, q.as<float>());
+  linear(h.as<float>(), rows, lw.wk, k.as<float>());
+  linear(h.as<float>(), rows, lw.wv, v.as<float>());
+  if (lw.bq.bytes()) {
+    check(kernels::add_bias(q.as<float>(), rows, hq * d, lw.bq.as<float>(), stream), "add_bias q");
+    check(kernels::add_bias(k.as<float>(), rows, hk * d, lw.bk.as<float>(), stream), "add_bias k");
+    check(kernels::add_bias(v.as<float>(), rows, hk * d, lw.bv.as<float>(), stream), "add_bias v");
+  }
+  if (c.qk_norm) {
+    check(kernels::rms_norm(q.as<float>(), rows * hq, d, lw.q_norm.as<float>(), c.rms_eps, q.as<float>(), stream),
+          "q_norm");
+    check(kernels::rms_norm(k.as<float>(), rows * hk, d, lw.k_norm.as<float>(), c.rms_eps, k.as<float>(), stream),
+          "k_norm");
+  }
+  // Plain post-RoPE queries: GpuKvCache::attention applies the softmax scale 1/sqrt(d) itself (then R_K), in the
+  // CPU model's order (Model::attention_block: q * scale, then the transform).
+  check(kernels::rope(q.as<float>(), rows, hq, d, pos.as<int32_t>(), inv_freq.as<float>(), 1.f, stream), "rope q");
+  check(kernels::rope(k.as<float>(), rows, hk, d, pos.as<int32_t>(), inv_freq.as<float>(), 1.f, stream), "rope k");
+  cache->append(l, k.as<float>(), v.as<float>());
+  cache->attention(l, q.as<float>(), hq, att.as<float>());
+  linear(att.as<float>(), rows, lw.wo, h.as<float>());
+  check(kernels::residual_add(x.as<float>(), h.as<float>(), int64_t(rows) * H, stream), "residual_add");
+}
+
+void GpuModel::Impl::mlp_block(int l, int rows) {
+  const ModelConfig& c = cfg;
+  const DeviceLayer& lw = layers[size_t(l)];
+  const int H = c.hidden_size, I = c.intermediate_size;
+  check(kernels::rms_norm(x.as<float>(), rows, H, lw.mlp_norm.as<float>(), c.rms_eps, h.as<float>(), stream),
+        "rms_norm");
+  linear(h.as<float>(), rows, lw.w_gate, gate.as<float>());
+  linear(h.as<float>(), rows, lw.w_up, up.as<float>());
+  check(kernels::swiglu(gate.as<float>(), up.as<float>(), int64_t(rows) * I, stream), "swiglu");
+  linear(gate.as<float>(), rows, lw.w_down, h.as<float>());
+  check(kernels::residual_add(x.as<float>(), h.as<float>(), int64_t(rows) * H, stream), "residual_add");
+}
+
+void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
+                       float* logits, int32_t* argmax) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  check_step(*this, seqs, n);
+  int rows = 0;
+  for (int nb : n) rows += nb;
+  for (int r = 0; r < rows; ++r)
+    KVQ_CHECK(ids[r] >= 0 && ids[r] < c.vocab_size, "token id {} is outside the vocabulary of {} tokens", ids[r],
+              c.vocab_size);
+  m.cache->begin_step(seqs, n);  // context overflow / exhausted pool: thrown here, before any work
+  m.h_pos.resize(size_t(rows));
+  m.h_last.resize(seqs.size());
+  int row = 0;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int pos0 = m.cache->length(seqs[b]);
+    for (int i = 0; i < n[b]; ++i) m.h_pos[size_t(row + i)] = pos0 + i;
+    row += n[b];
+    m.h_last[b] = row - 1;
+  }
+  // Pageable-memory async copies return once the host data is staged, so the host vectors may be reused.
+  check(cudaMemcpyAsync(m.ids.get(), ids, size_t(rows) * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream),
+        "upload ids");
+  check(cudaMemcpyAsync(m.pos.get(), m.h_pos.data(), size_t(rows) * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream),
+        "upload positions");
+  check(cudaMemcpyAsync(m.last_rows.get(), m.h_last.data(), seqs.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                        m.stream),
+        "upload last rows");
+
+  const int H = c.hidden_size, V = c.vocab_size;
+  if (m.gemm == GemmPrecision::Bf16)
+    check(kernels::embed_gather_bf16(m.embed.w.as<uint16_t>(), m.ids.as<int32_t>(), rows, H, m.x.as<float>(), m.stream),
+          "embed_gather");
+  else
+    check(kernels::embed_gather_f32(m.embed.w.as<float>(), m.ids.as<int32_t>(), rows, H, m.x.as<float>(), m.stream),
+          "embed_gather");
+  for (int l = 0; l < c.n_layers; ++l) {
+    m.attention_block(l, rows);
+    m.mlp_block(l, rows);
+  }
+  m.cache->commit_step();
+
+  if (which == LogitRows::None) return;
+  const int out_rows = which == LogitRows::All ? rows : int(seqs.size());
+  // Final norm of the wanted rows into h, then lm_head.
+  if (which == LogitRows::All)
+    check(kernels::rms_norm(m.x.as<float>(), rows, H, m.final_norm.as<float>(), c.rms_eps, m.h.as<float>(), m.stream),
+          "final norm");
+  else {
+    check(kernels::gather_rows(m.x.as<float>(), m.last_rows.as<int32_t>(), out_rows, H, m.h.as<float>(), m.stream),
+          "gather_rows");
+    check(kernels::rms_norm(m.h.as<float>(), out_rows, H, m.final_norm.as<float>(), c.rms_eps, m.h.as<float>(),
+                            m.stream),
+          "final norm");
+  }
+  m.linear(m.h.as<float>(), out_rows, m.output(), m.logits.as<float>());
+  check(kernels::finite_rows(m.logits.as<float>(), out_rows, V, m.finite.as<int32_t>(), m.stream), "finite_rows");
+  m.h_finite.resize(size_t(out_rows));
+  check(cudaMemcpyAsync(m.h_finite.data(), m.finite.get(), size_t(out_rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                        m.stream),
+        "download finite flags");
+  if (argmax) {
+    check(kernels::argmax_rows(m.logits.as<float>(), out_rows, V, m.argmax.as<int32_t>(), m.stream), "argmax_rows");
+    check(cudaMemcpyAsync(argmax, m.argmax.get(), size_t(out_rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                          m.stream),
+          "download argmax");
+  }
+  if (logits)
+    check(cudaMemcpyAsync(logits, m.logits.get(), size_t(out_rows) * V * sizeof(float), cudaMemcpyDeviceToHost,
+                          m.stream),
+          "download logits");
+  check(cudaStreamSynchronize(m.stream), "GpuModel::forward");
+  for (int r = 0; r < out_rows; ++r)
+    KVQ_CHECK(m.h_finite[size_t(r)], "non-finite logits in row {} of the step (numerical overflow in the model)", r);
+}
+
+}  // namespace kvq::cuda

@@ -1,0 +1,70 @@
+// The decoder forward pass on the GPU (issue #8): the CPU Model's weights uploaded once, cuBLAS GEMMs with fp32
+// accumulation, fp32 residual stream and norms, and the KV cache in GPU memory (GpuKvCache, which also applies the
+// model's KV transform). One forward() is one GpuKvCache step: chunked prefill of a sequence, or batched decode of
+// many (model/runner.h). Same arithmetic as model/model.cpp, in the same order, except:
+//   - GEMM precision (GemmPrecision): Bf16 rounds the GEMM inputs (activations) to bf16 — the weights are bf16 in
+//     the checkpoint, so only the activation rounding differs from the CPU; Fp32 keeps them fp32 (no TF32).
+//   - reductions (GEMM dot products, attention softmax) run in another order.
+//
+// Per layer:  h = RMSNorm(x);  q, k, v = h W_q/k/v (+ bias);  QK-norm;  RoPE;
+//             cache.append(k, v);  att = cache.attention(q) (the cache applies 1/sqrt(d));  x += att W_o;
+//             x += W_down(SiLU(W_gate h') * W_up h')
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "model/model.h"
+#include "model/runner.h"
+
+namespace kvq::cuda {
+
+class GpuKvCache;
+
+enum class GemmPrecision {
+  Bf16,  // bf16 weights and activations into the GEMM, fp32 accumulation and output (default)
+  Fp32,  // fp32 weights (the bf16 checkpoint values, exactly) and activations, fp32 accumulation, no TF32
+};
+// "bf16" | "fp32"; anything else throws kvq::Error naming what is supported.
+GemmPrecision parse_gemm_precision(std::string_view s);
+std::string_view gemm_precision_name(GemmPrecision p);
+
+class GpuModel final : public Runner {
+ public:
+  // Uploads model's weights and its KV transform (Model::kv_transform()), allocates a GpuKvCache of cache_cfg for
+  // max_seqs sequences of up to max_ctx tokens and the activations of max(cache_cfg.max_chunk, max_seqs) rows.
+  // Requires a device (throws "--device cuda: ..." otherwise) and a GPU-supported cache configuration.
+  // The CPU model is read only here; it need not outlive the GpuModel.
+  GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs,
+           GemmPrecision gemm = GemmPrecision::Bf16);
+  ~GpuModel() override;
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+
+  const ModelConfig& config() const override;
+  const CacheConfig& cache_config() const override;
+  std::string describe() const override;
+  int max_ctx() const override;
+  int max_seqs() const override;
+  int max_rows() const override;
+  int new_sequence() override;
+  void free_sequence(int seq) override;
+  int length(int seq) const override;
+  void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
+               float* logits, int32_t* argmax) override;
+  using Runner::forward;
+  CacheFootprint footprint(int n_tokens) const override;
+  size_t cache_bytes() const override;
+  void synchronize() const override;
+  size_t weight_bytes() const override;  // device bytes of the uploaded weights
+
+  GemmPrecision gemm_precision() const;
+  GpuKvCache& cache();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvq::cuda

@@ -1,0 +1,57 @@
+#include "model/runner.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace kvq {
+
+int32_t argmax_row(const float* x, int n) { return int32_t(std::max_element(x, x + n) - x); }
+
+void check_step(const Runner& r, const std::vector<int>& seqs, const std::vector<int>& n) {
+  KVQ_CHECK(!seqs.empty() && seqs.size() == n.size(), "forward: {} sequences with {} token counts", seqs.size(),
+            n.size());
+  KVQ_CHECK(int(seqs.size()) <= r.max_seqs(), "forward: a step of {} sequences exceeds the runner's {}", seqs.size(),
+            r.max_seqs());
+  long rows = 0;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    KVQ_CHECK(n[b] >= 1, "forward: sequence {} contributes {} tokens (need >= 1)", seqs[b], n[b]);
+    KVQ_CHECK(n[b] <= r.cache_config().max_chunk, "forward: {} tokens of sequence {} exceed the chunk of {}", n[b],
+              seqs[b], r.cache_config().max_chunk);
+    for (size_t c = 0; c < b; ++c) KVQ_CHECK(seqs[c] != seqs[b], "forward: sequence {} appears twice in a step", seqs[b]);
+    rows += n[b];
+  }
+  KVQ_CHECK(rows <= r.max_rows(), "forward: a step of {} rows exceeds the runner's {}", rows, r.max_rows());
+}
+
+CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs)
+    : model_(model),
+      cache_(cache_cfg, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, max_ctx,
+             max_seqs),
+      max_seqs_(max_seqs) {}
+
+std::string CpuRunner::describe() const { return "cpu, " + std::to_string(model_.pool().size()) + " threads"; }
+
+void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
+                        float* logits, int32_t* argmax) {
+  check_step(*this, seqs, n);
+  const int V = model_.config().vocab_size;
+  const bool all = which == LogitRows::All;
+  size_t row = 0;  // first row of sequence b in the step
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int nb = n[b];
+    // Where this sequence's logits go: the caller's buffer, or scratch when it wants none or only argmax.
+    const size_t out_row = all ? row : b;
+    float* dst = (logits && which != LogitRows::None) ? logits + out_row * size_t(V) : nullptr;
+    if (!dst) {
+      scratch_.resize(size_t(all ? nb : 1) * V);
+      dst = scratch_.data();
+    }
+    model_.forward(cache_, seqs[b], ids + row, nb, dst, all);
+    if (argmax && which != LogitRows::None)
+      for (int i = 0; i < (all ? nb : 1); ++i) argmax[out_row + size_t(i)] = argmax_row(dst + size_t(i) * V, V);
+    row += size_t(nb);
+  }
+}
+
+}  // namespace kvq

@@ -1,0 +1,101 @@
+// Runner: the one host-side interface the model commands (run, ppl, bench decode) drive, whatever the device.
+// A runner owns a model's KV cache and runs forward steps over a batch of sequences: sequence seqs[b] contributes
+// n[b] new tokens at positions [length(seqs[b]), + n[b]) and the ids of all sequences are concatenated (row r of
+// the step belongs to one (b, i)). Decode is n[b] = 1 for every b; prefill is one sequence with n = a chunk.
+//
+// Implementations: CpuRunner (below: Model + KvCache, one sequence after another) and cuda::GpuModel
+// (src/cuda/gpu_model.h: batched on the GPU through GpuKvCache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/cache.h"
+#include "model/config.h"
+#include "model/model.h"
+
+namespace kvq {
+
+// Which logits a step returns.
+enum class LogitRows {
+  None,  // no logits (prefill whose predictions are not needed)
+  Last,  // [n_seqs, vocab]: the last row of each sequence, in the order of seqs
+  All,   // [Σ n, vocab]: every row of the step
+};
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const CacheConfig& cache_config() const = 0;
+  virtual std::string describe() const = 0;  // "cpu, 2 threads" / "cuda: NVIDIA H200 (...), bf16 GEMMs"
+  virtual int max_ctx() const = 0;           // tokens per sequence at most
+  virtual int max_seqs() const = 0;          // live sequences at most
+  virtual int max_rows() const = 0;          // Σ n of one step at most (and n[b] <= cache_config().max_chunk)
+
+  virtual int new_sequence() = 0;
+  virtual void free_sequence(int seq) = 0;
+  virtual int length(int seq) const = 0;  // tokens committed
+
+  // One step (see the header comment). logits: null, or room for the rows `which` names. argmax: null, or
+  // room for one id per returned row: the index of the row's largest logit (lowest index on ties), computed
+  // where the logits are (no copy of them needed). which == None ignores both.
+  virtual void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
+                       float* logits, int32_t* argmax) = 0;
+
+  // Single-sequence convenience: logits [n, vocab] when all_logits, else [vocab] of the last token.
+  void forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits) {
+    forward({seq}, {n}, ids, all_logits ? LogitRows::All : LogitRows::Last, logits, nullptr);
+  }
+
+  // The cache's own accounting (same structs on both devices) and the bytes it holds.
+  virtual CacheFootprint footprint(int n_tokens) const = 0;
+  virtual size_t cache_bytes() const = 0;
+  virtual size_t weight_bytes() const = 0;  // bytes of the weights the forward pass reads (per step, once)
+
+  // Waits until the work queued by forward() has finished (timing); forward() returning logits has waited already.
+  virtual void synchronize() const {}
+};
+
+// The CPU path: Model::forward over a KvCache, one sequence of the step after another.
+class CpuRunner final : public Runner {
+ public:
+  // The model must outlive the runner; its KV transform (Model::set_kv_transform) applies.
+  CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs = 1);
+
+  const ModelConfig& config() const override { return model_.config(); }
+  const CacheConfig& cache_config() const override { return cache_.config(); }
+  std::string describe() const override;
+  int max_ctx() const override { return cache_.max_ctx(); }
+  int max_seqs() const override { return max_seqs_; }
+  int max_rows() const override { return cache_.config().max_chunk * max_seqs_; }
+  int new_sequence() override { return cache_.new_sequence(); }
+  void free_sequence(int seq) override { cache_.free_sequence(seq); }
+  int length(int seq) const override { return cache_.length(seq); }
+  void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
+               float* logits, int32_t* argmax) override;
+  using Runner::forward;
+  CacheFootprint footprint(int n_tokens) const override { return cache_.footprint(n_tokens); }
+  size_t cache_bytes() const override { return cache_.bytes_allocated(); }
+  size_t weight_bytes() const override { return model_.weights().n_params * sizeof(float); }
+
+  KvCache& cache() { return cache_; }
+  Model& model() { return model_; }
+
+ private:
+  Model& model_;
+  KvCache cache_;
+  int max_seqs_;
+  std::vector<float> scratch_;  // [max_chunk, vocab] logits of one sequence when the caller wants none / argmax only
+};
+
+// Index of the largest of x[0..n) (the first on ties), as std::max_element.
+int32_t argmax_row(const float* x, int n);
+
+// Checks a step's shape against a runner's limits before any work: one kvq::Error naming what is wrong.
+void check_step(const Runner& r, const std::vector<int>& seqs, const std::vector<int>& n);
+
+}  // namespace kvq

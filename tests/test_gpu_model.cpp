@@ -1,0 +1,286 @@
+// The GPU forward pass (cuda/gpu_model.h) against the CPU model (model/model.h) on models/ref: logits after a
+// chunked prefill and decode steps, greedy continuations, perplexity with bf16 and int2 caches, and batched decode
+// of sequences of different lengths against decoding each alone. Skipped where no CUDA device is available.
+//
+// Tolerances. Both sides use the same bf16 weights, the same KV cache format and the same fp32 norms / RoPE /
+// SwiGLU arithmetic in the same order; they differ by
+//   - fp32 GEMMs (--gpu-gemm fp32): the summation order of the dot products (and of the attention softmax):
+//     relative error ~1e-6 per GEMM, ~1e-5 after 8 layers; a bf16 K/V element rounds differently only when it
+//     sits on a rounding boundary. Logit tolerance: 1e-3 of the logits' RMS (100x margin).
+//   - bf16 GEMMs (default): every GEMM input activation is rounded to bf16 (relative error <= 2^-9 = 0.2% per
+//     element, random sign): a dot product of width K moves by ~2^-9 / sqrt(3) relative to its norm, about 0.1%
+//     per GEMM, accumulating over 8 layers x 7 GEMMs to O(1%) of the logits. Tolerance: 5% of the logits' RMS on
+//     the worst logit, 1.5% on the RMS of the difference.
+//   - perplexity: the mean NLL averages the per-token errors over ~2K tokens, whose signs vary; 0.1% of ppl is
+//     1e-3 nats of mean NLL, an order above what O(1e-3) relative logit noise moves it.
+#ifdef KVQ_HAVE_CUDA
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "cuda/gpu_model.h"
+#include "cuda/runtime.h"
+#include "eval/perplexity.h"
+#include "model/runner.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace kvq;
+using kvq::cuda::GemmPrecision;
+using kvq::cuda::GpuModel;
+
+namespace {
+
+const std::string kSrc = KVQ_SOURCE_DIR;
+
+Model& ref_model() {
+  static std::unique_ptr<Model> m = Model::load(kSrc + "/models/ref", 0);
+  return *m;
+}
+
+std::vector<int32_t> python_tokens(size_t max_tokens) {
+  std::ifstream f(kSrc + "/data/eval/python.txt");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
+  std::vector<int32_t> ids = tok.encode(ss.str().substr(0, max_tokens * 8));
+  EXPECT_GE(ids.size(), max_tokens) << "data/eval/python.txt is too short";
+  ids.resize(std::min(ids.size(), max_tokens));
+  return ids;
+}
+
+// bf16, or int2 with the CLI's default clips; small windows and pages so that demotion is exercised.
+CacheConfig cache_config(const std::string& type, int sink, int recent, int page, int chunk) {
+  CacheConfig c;
+  c.k.type = c.v.type = type;
+  c.k.group = c.v.group = 128;
+  if (type == "int2") c.k.clip = 0.96f, c.v.clip = 0.92f;
+  c.sink = sink;
+  c.recent = recent;
+  c.page_tokens = page;
+  c.max_chunk = chunk;
+  return c;
+}
+
+struct LogitDiff {
+  double max_abs = 0, rms_diff = 0, rms_ref = 0;  // worst |gpu - cpu|, RMS of the difference, RMS of cpu logits
+  bool same_top1 = false;
+};
+
+LogitDiff compare(const std::vector<float>& cpu, const std::vector<float>& gpu) {
+  LogitDiff d;
+  double ss = 0, sr = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double e = double(gpu[i]) - cpu[i];
+    d.max_abs = std::max(d.max_abs, std::abs(e));
+    ss += e * e;
+    sr += double(cpu[i]) * cpu[i];
+  }
+  d.rms_diff = std::sqrt(ss / double(cpu.size()));
+  d.rms_ref = std::sqrt(sr / double(cpu.size()));
+  d.same_top1 = argmax_row(cpu.data(), int(cpu.size())) == argmax_row(gpu.data(), int(gpu.size()));
+  return d;
+}
+
+struct Tolerance {
+  double max_abs_rel, rms_rel;  // of the CPU logits' RMS
+};
+Tolerance tolerance(GemmPrecision p) { return p == GemmPrecision::Fp32 ? Tolerance{1e-3, 2e-4} : Tolerance{5e-2, 1.5e-2}; }
+
+#define SKIP_WITHOUT_GPU() \
+  if (!kvq::cuda::available()) GTEST_SKIP() << kvq::cuda::unavailable_reason()
+
+// Prefill `prompt` in chunks, then decode `steps` tokens of `feed` (teacher forcing, the same ids on both sides);
+// returns the last-row logits after the prefill and after every decode step.
+std::vector<std::vector<float>> run_logits(Runner& r, const std::vector<int32_t>& prompt,
+                                           const std::vector<int32_t>& feed) {
+  const int V = r.config().vocab_size, chunk = r.cache_config().max_chunk;
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits(static_cast<size_t>(V));
+  const int seq = r.new_sequence();
+  for (size_t i = 0; i < prompt.size(); i += size_t(chunk)) {
+    const int n = int(std::min(prompt.size() - i, size_t(chunk)));
+    r.forward(seq, prompt.data() + i, n, logits.data(), false);
+  }
+  out.push_back(logits);
+  for (int32_t id : feed) {
+    r.forward(seq, &id, 1, logits.data(), false);
+    out.push_back(logits);
+  }
+  r.free_sequence(seq);
+  return out;
+}
+
+}  // namespace
+
+TEST(GpuModel, LogitsMatchCpuAfterChunkedPrefillAndDecodeWithBf16Cache) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const std::vector<int32_t> ids = python_tokens(300);
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 290), feed(ids.begin() + 290, ids.end());
+  const CacheConfig cc = cache_config("bf16", 64, 256, 128, 128);  // 3 chunks: 128, 128, 34
+  CpuRunner cpu(m, cc, 512);
+  const auto want = run_logits(cpu, prompt, feed);
+  for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+    GpuModel gpu(m, cc, 512, 1, p);
+    const auto got = run_logits(gpu, prompt, feed);
+    const Tolerance tol = tolerance(p);
+    for (size_t s = 0; s < want.size(); ++s) {
+      const LogitDiff d = compare(want[s], got[s]);
+      std::printf("gemm %s step %zu: max |diff| %.3g, rms diff %.3g, rms logits %.3g, top-1 %s\n",
+                  std::string(cuda::gemm_precision_name(p)).c_str(), s, d.max_abs, d.rms_diff, d.rms_ref,
+                  d.same_top1 ? "same" : "DIFFERENT");
+      EXPECT_LE(d.max_abs, tol.max_abs_rel * d.rms_ref) << "gemm " << cuda::gemm_precision_name(p) << " step " << s;
+      EXPECT_LE(d.rms_diff, tol.rms_rel * d.rms_ref) << "gemm " << cuda::gemm_precision_name(p) << " step " << s;
+      EXPECT_TRUE(d.same_top1) << "gemm " << cuda::gemm_precision_name(p) << " step " << s;
+    }
+  }
+}
+
+TEST(GpuModel, AllRowLogitsMatchLastRowLogitsAndArgmax) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const std::vector<int32_t> ids = python_tokens(100);
+  const CacheConfig cc = cache_config("bf16", 64, 256, 128, 128);
+  GpuModel gpu(m, cc, 256, 1);
+  const int V = m.config().vocab_size, n = int(ids.size());
+  std::vector<float> all(size_t(n) * V), last(static_cast<size_t>(V));
+  std::vector<int32_t> am(size_t(n), -1);
+  int seq = gpu.new_sequence();
+  gpu.forward({seq}, {n}, ids.data(), LogitRows::All, all.data(), am.data());
+  for (int i = 0; i < n; ++i) ASSERT_EQ(am[size_t(i)], argmax_row(all.data() + size_t(i) * V, V)) << "row " << i;
+  gpu.free_sequence(seq);
+  seq = gpu.new_sequence();
+  int32_t one = -1;
+  gpu.forward({seq}, {n}, ids.data(), LogitRows::Last, last.data(), &one);
+  const std::vector<float> all_last(all.end() - V, all.end());
+  const LogitDiff d = compare(all_last, last);
+  EXPECT_LE(d.max_abs, 1e-4 * d.rms_ref) << "the last row of All and Last differ";
+  EXPECT_EQ(one, argmax_row(last.data(), V));
+}
+
+TEST(GpuModel, GreedyContinuationOf32TokensEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const std::vector<int32_t> prompt = python_tokens(200);
+  const CacheConfig cc = cache_config("bf16", 64, 256, 128, 128);
+  auto greedy = [&](Runner& r) {
+    const int V = r.config().vocab_size, chunk = r.cache_config().max_chunk;
+    std::vector<float> logits(static_cast<size_t>(V));
+    const int seq = r.new_sequence();
+    for (size_t i = 0; i < prompt.size(); i += size_t(chunk))
+      r.forward(seq, prompt.data() + i, int(std::min(prompt.size() - i, size_t(chunk))), logits.data(), false);
+    std::vector<int32_t> out;
+    for (int t = 0; t < 32; ++t) {
+      int32_t next = argmax_row(logits.data(), V);
+      out.push_back(next);
+      if (t + 1 < 32) r.forward(seq, &next, 1, logits.data(), false);
+    }
+    r.free_sequence(seq);
+    return out;
+  };
+  CpuRunner cpu(m, cc, 512);
+  const std::vector<int32_t> want = greedy(cpu);
+  for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+    GpuModel gpu(m, cc, 512, 1, p);
+    const std::vector<int32_t> got = greedy(gpu);
+    size_t same = 0;
+    while (same < want.size() && want[same] == got[same]) ++same;
+    std::printf("gemm %s: %zu of 32 greedy tokens identical\n", std::string(cuda::gemm_precision_name(p)).c_str(),
+                same);
+    EXPECT_EQ(got, want) << "gemm " << cuda::gemm_precision_name(p) << ": first difference at token " << same;
+  }
+}
+
+// ppl over one 2048-token window of data/eval/python.txt: GPU within 0.1% of CPU for bf16 and int2 (64/256).
+TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForBf16AndInt2Caches) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const int ctx = 2048;
+  const std::vector<int32_t> ids = python_tokens(size_t(ctx));
+  ASSERT_EQ(ids.size(), size_t(ctx));
+  for (const std::string type : {"bf16", "int2"}) {
+    const CacheConfig cc = cache_config(type, 64, 256, 128, 512);
+    CpuRunner cpu(m, cc, ctx);
+    const double want = perplexity(cpu, ids, ctx, 1).ppl();
+    for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+      GpuModel gpu(m, cc, ctx, 1, p);
+      const double got = perplexity(gpu, ids, ctx, 1).ppl();
+      const double rel = std::abs(got - want) / want;
+      std::printf("cache %s gemm %s: ppl cpu %.5f gpu %.5f, relative difference %.3g%%\n", type.c_str(),
+                  std::string(cuda::gemm_precision_name(p)).c_str(), want, got, 100 * rel);
+      EXPECT_LE(rel, 1e-3) << "cache " << type << " gemm " << cuda::gemm_precision_name(p) << ": cpu " << want
+                           << " gpu " << got;
+    }
+  }
+}
+
+// Four sequences of different lengths (inside the sink, across the recent window, with pages demoted), decoded
+// together in one step each, against each decoded alone in the same kind of GpuModel: the same logits up to GEMM
+// summation order (batch size changes cuBLAS's kernel choice), the same top-1.
+TEST(GpuModel, BatchedDecodeOfSequencesOfDifferentLengthsEqualsDecodingEachAlone) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const std::vector<int32_t> text = python_tokens(1200);
+  const std::vector<int> lengths = {5, 77, 300, 1000};
+  const int steps = 8, V = m.config().vocab_size;
+  for (const std::string type : {"bf16", "int2"}) {
+    const CacheConfig cc = cache_config(type, 16, 64, 32, 128);
+    // Alone: each sequence in its own single-sequence model; feed text[len + s] at step s.
+    std::vector<std::vector<std::vector<float>>> alone;
+    for (int len : lengths) {
+      GpuModel g(m, cc, 1100, 1);
+      const std::vector<int32_t> prompt(text.begin(), text.begin() + len);
+      const std::vector<int32_t> feed(text.begin() + len, text.begin() + len + steps);
+      alone.push_back(run_logits(g, prompt, feed));
+    }
+    // Together: prefill each (one sequence per step), then batched decode steps.
+    GpuModel g(m, cc, 1100, int(lengths.size()));
+    std::vector<int> seqs;
+    std::vector<float> logits(lengths.size() * size_t(V));
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      seqs.push_back(g.new_sequence());
+      for (int i = 0; i < lengths[b]; i += 128)
+        g.forward({seqs[b]}, {std::min(128, lengths[b] - i)}, text.data() + i, LogitRows::None, nullptr, nullptr);
+    }
+    const std::vector<int> ones(lengths.size(), 1);
+    for (int s = 0; s < steps; ++s) {
+      std::vector<int32_t> ids;
+      for (int len : lengths) ids.push_back(text[size_t(len + s)]);
+      g.forward(seqs, ones, ids.data(), LogitRows::Last, logits.data(), nullptr);
+      for (size_t b = 0; b < lengths.size(); ++b) {
+        EXPECT_EQ(g.length(seqs[b]), lengths[b] + s + 1);
+        const std::vector<float> row(logits.begin() + b * V, logits.begin() + (b + 1) * V);
+        const LogitDiff d = compare(alone[b][size_t(s) + 1], row);
+        EXPECT_LE(d.max_abs, 1e-2 * d.rms_ref)
+            << "cache " << type << " sequence of " << lengths[b] << " tokens, decode step " << s << ": max |diff| "
+            << d.max_abs << ", rms logits " << d.rms_ref;
+        EXPECT_TRUE(d.same_top1) << "cache " << type << " length " << lengths[b] << " step " << s;
+      }
+    }
+  }
+}
+
+TEST(GpuModel, RefusesStepsBeyondItsLimitsBeforeAnyWork) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  GpuModel g(m, cache_config("bf16", 64, 256, 128, 64), 128, 2);
+  const int a = g.new_sequence();
+  std::vector<int32_t> ids(200, 1);
+  EXPECT_THROW(g.forward({a}, {65}, ids.data(), LogitRows::None, nullptr, nullptr), Error);  // > chunk
+  EXPECT_THROW(g.forward({a, a}, {1, 1}, ids.data(), LogitRows::None, nullptr, nullptr), Error);  // twice
+  ids[0] = m.config().vocab_size;
+  EXPECT_THROW(g.forward({a}, {1}, ids.data(), LogitRows::None, nullptr, nullptr), Error);  // id outside vocab
+  ids[0] = 1;
+  g.forward({a}, {64}, ids.data(), LogitRows::None, nullptr, nullptr);
+  g.forward({a}, {64}, ids.data(), LogitRows::None, nullptr, nullptr);
+  EXPECT_EQ(g.length(a), 128);
+  EXPECT_THROW(g.forward({a}, {1}, ids.data(), LogitRows::None, nullptr, nullptr), Error);  // context overflow
+  EXPECT_EQ(g.length(a), 128);
+}
+
+#endif  // KVQ_HAVE_CUDA

@@ -1,0 +1,80 @@
+// The device-independent Runner interface on the CPU path (model/runner.h): a step over several sequences gives
+// the same logits as running each sequence alone, All / Last rows and argmax are laid out as documented, and
+// malformed steps are refused before any work.
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "model/runner.h"
+
+using namespace kvq;
+
+namespace {
+
+Model& ref_model() {
+  static std::unique_ptr<Model> m = Model::load(std::string(KVQ_SOURCE_DIR) + "/models/ref", 2);
+  return *m;
+}
+
+CacheConfig small_cache() {
+  CacheConfig c;
+  c.max_chunk = 16;
+  return c;
+}
+
+}  // namespace
+
+TEST(CpuRunner, BatchedStepEqualsEachSequenceAloneWithAllAndLastRows) {
+  Model& m = ref_model();
+  const int V = m.config().vocab_size;
+  const std::vector<int32_t> a = {11, 200, 37, 4000, 5}, b = {900, 17};
+  // Alone: each sequence in its own runner, all rows.
+  std::vector<float> la(a.size() * V), lb(b.size() * V);
+  {
+    CpuRunner r(m, small_cache(), 32);
+    r.forward(r.new_sequence(), a.data(), int(a.size()), la.data(), true);
+  }
+  {
+    CpuRunner r(m, small_cache(), 32);
+    r.forward(r.new_sequence(), b.data(), int(b.size()), lb.data(), true);
+  }
+  // Together: one step of both, ids concatenated.
+  std::vector<int32_t> ids = a;
+  ids.insert(ids.end(), b.begin(), b.end());
+  CpuRunner r(m, small_cache(), 32, 2);
+  const int sa = r.new_sequence(), sb = r.new_sequence();
+  std::vector<float> all(ids.size() * V);
+  std::vector<int32_t> am(ids.size(), -1);
+  r.forward({sa, sb}, {int(a.size()), int(b.size())}, ids.data(), LogitRows::All, all.data(), am.data());
+  EXPECT_EQ(r.length(sa), int(a.size()));
+  EXPECT_EQ(r.length(sb), int(b.size()));
+  for (size_t i = 0; i < la.size(); ++i) ASSERT_EQ(all[i], la[i]) << "sequence a, logit " << i;
+  for (size_t i = 0; i < lb.size(); ++i) ASSERT_EQ(all[la.size() + i], lb[i]) << "sequence b, logit " << i;
+  for (size_t row = 0; row < ids.size(); ++row) EXPECT_EQ(am[row], argmax_row(all.data() + row * V, V));
+
+  // Last rows: one decode token each; row b of the output is sequence b's.
+  const std::vector<int32_t> next = {am[a.size() - 1], am[ids.size() - 1]};
+  std::vector<float> last(2 * size_t(V));
+  std::vector<int32_t> am2(2, -1);
+  r.forward({sb, sa}, {1, 1}, std::vector<int32_t>{next[1], next[0]}.data(), LogitRows::Last, last.data(), am2.data());
+  CpuRunner alone(m, small_cache(), 32);  // the same two forwards (a GEMM, then a GEMV) for sequence a alone
+  const int s1 = alone.new_sequence();
+  std::vector<float> want(a.size() * V);
+  alone.forward(s1, a.data(), int(a.size()), want.data(), true);
+  alone.forward(s1, &next[0], 1, want.data(), false);
+  for (int i = 0; i < V; ++i) ASSERT_EQ(last[size_t(V) + i], want[size_t(i)]) << "logit " << i;
+  EXPECT_EQ(am2[1], argmax_row(want.data(), V));
+}
+
+TEST(CpuRunner, RefusesMalformedStepsBeforeAnyWork) {
+  Model& m = ref_model();
+  CpuRunner r(m, small_cache(), 32, 2);
+  const int s = r.new_sequence();
+  std::vector<int32_t> ids(40, 1);
+  EXPECT_THROW(r.forward({s}, {17}, ids.data(), LogitRows::None, nullptr, nullptr), Error);     // > chunk
+  EXPECT_THROW(r.forward({s}, {0}, ids.data(), LogitRows::None, nullptr, nullptr), Error);      // empty
+  EXPECT_THROW(r.forward({s, s}, {1, 1}, ids.data(), LogitRows::None, nullptr, nullptr), Error);  // twice
+  EXPECT_THROW(r.forward({s}, {1, 1}, ids.data(), LogitRows::None, nullptr, nullptr), Error);     // shapes
+  EXPECT_EQ(r.length(s), 0);
+  r.forward({s}, {3}, ids.data(), LogitRows::None, nullptr, nullptr);
+  EXPECT_EQ(r.length(s), 3);
+}
