@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -19,6 +21,7 @@
 #include "cuda/gpu_cache.h"
 #include "cuda/runtime.h"
 #include "kv/cache.h"
+#include "kv/simd.h"
 #include "kv/transform.h"
 
 using namespace kvq;
@@ -221,12 +224,23 @@ struct Twin {
   }
 };
 
-// NMSE budget of GPU vs CPU attention outputs. Identical stored rows leave only float summation order (~1e-12);
-// with a transform the rotation is computed in the CPU's order too, but a rare code flip is allowed for,
-// scaled by the step of the grid.
-double budget(const std::string& type, bool transform) {
-  if (!transform || type == "bf16") return 1e-8;
-  return type == "int8" ? 1e-6 : type == "int4" ? 1e-4 : 1e-3;
+// Extra NMSE of the tensor-core path (quantized region of bf16 rows and of int2 rows of one 128-value group): it
+// rounds q and the probabilities P' to bf16 (2^-9 relative; bf16 rows, as FlashAttention does) or to f16 (2^-11;
+// int2 rows). 0 where the CUDA-core kernel runs (exact float arithmetic on the decoded rows).
+double operand_budget(const std::string& type, int group) {
+  return type == "bf16" ? 1e-4 : type == "int2" && group == 128 ? 1e-5 : 0.0;
+}
+
+// NMSE budget of GPU vs CPU attention outputs. The CPU fast path on AVX-512 VNNI rounds queries / weights to
+// int16 (observed up to 1.4e-8 on heavy-tailed data with identical rows) and, for int2 rows of one 128-value group,
+// to int8 (1/254 of the largest element: observed ~2e-6); the GPU adds its operand rounding (operand_budget).
+// With a transform the rotation is computed in the CPU's order too, but a rare code flip is allowed for, scaled by
+// the step of the grid.
+double budget(const std::string& type, int group, bool transform) {
+  const bool int8_operands = type == "int2" && group == 128 && best_simd_level() == SimdLevel::kAvx512Vnni;
+  const double kernels = std::max(operand_budget(type, group), int8_operands ? 1e-5 : 1e-7);
+  if (!transform || type == "bf16") return kernels;
+  return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" ? 1e-4 : 1e-3);
 }
 
 using Case = std::tuple<std::string, int, std::pair<int, int>, int>;  // type, group, (sink, recent), variant
@@ -244,7 +258,7 @@ TEST_P(GpuVsCpu, StoredRowsAndAttentionMatchTheCpuCache) {
   const KvTransform tf = transform ? random_transform(Twin::kLayers, Twin::kKv, rng) : KvTransform{};
   const std::vector<int> lengths = {1, 63, 64, 65, 257, 1000, 4097};
   Twin tw(cfg, 4097 + 64, int(lengths.size()), tf);
-  const double b = budget(type, transform);
+  const double b = budget(type, group, transform);
   for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, data, b);
   // Batched decode over sequences of different lengths, then one batched step of mixed chunk sizes.
   std::vector<int> all, ones(lengths.size(), 1), mixed;
@@ -329,7 +343,8 @@ TEST(GpuCache, SplitKvResultEqualsUnsplit) {
     const auto one = decode_once(cfg, 5000, 8192, false);  // one split
     for (int split : {128, 256, 1024, 0}) {
       const auto o = decode_once(cfg, 5000, split, false);
-      EXPECT_LT(nmse(o, one), 1e-11) << type << " split " << split;
+      // Same rows, other merge order; on tensor cores P' is rounded against each split's running max.
+      EXPECT_LT(nmse(o, one), std::max(1e-11, 0.1 * operand_budget(type, 128))) << type << " split " << split;
     }
   }
 }
@@ -340,7 +355,8 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
     for (int group : {128, 32}) {
       const CacheConfig cfg = config(type, group, 16, 64);
       const auto fast = decode_once(cfg, 3001, 0, false), ref = decode_once(cfg, 3001, 0, true);
-      EXPECT_LT(nmse(fast, ref), 1e-9) << type << "/g" << group;  // scale / zero folded out of the fast sums
+      // scale / zero folded out of the fast sums; tensor cores round q and P' (operand_budget)
+      EXPECT_LT(nmse(fast, ref), std::max(1e-9, operand_budget(type, group))) << type << "/g" << group;
     }
 }
 
@@ -351,7 +367,8 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwinForEveryGqaGroup) {
     for (int heads : {8, 16, 24, 32, 64}) {
       const CacheConfig cfg = config(type, 128, 64, 256);
       const auto fast = decode_once(cfg, 1500, 0, false, heads), ref = decode_once(cfg, 1500, 0, true, heads);
-      EXPECT_LT(nmse(fast, ref), 1e-9) << type << " g " << heads / 8;
+      EXPECT_LT(nmse(fast, ref), std::max(1e-9, operand_budget(type, 128))) << type << " g " << heads / 8;
+      std::printf("[ gpu    ] fast vs reference twin, %s, GQA group %d: NMSE %.3g\n", type, heads / 8, nmse(fast, ref));
     }
 }
 

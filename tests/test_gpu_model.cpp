@@ -5,8 +5,10 @@
 // Tolerances. Both sides use the same bf16 weights, the same KV cache format and the same fp32 norms / RoPE /
 // SwiGLU arithmetic in the same order; they differ by
 //   - fp32 GEMMs (--gpu-gemm fp32): the summation order of the dot products (and of the attention softmax):
-//     relative error ~1e-6 per GEMM, ~1e-5 after 8 layers; a bf16 K/V element rounds differently only when it
-//     sits on a rounding boundary. Logit tolerance: 1e-3 of the logits' RMS (100x margin).
+//     relative error ~1e-6 per GEMM, ~1e-5 after 8 layers; but the bf16 cache rounds every K/V element, and a
+//     ~1e-6 difference flips that rounding for ~5e-4 of the elements (each then off by 2^-8 relative), which
+//     dominates: measured on the H200, max |diff| 3.3e-3 and RMS diff 3.4e-4 of the logits' RMS. Tolerance:
+//     1e-2 and 2e-3 of the logits' RMS (3-6x margin; a real kernel bug moves logits by O(10%)).
 //   - bf16 GEMMs (default): every GEMM input activation is rounded to bf16 (relative error <= 2^-9 = 0.2% per
 //     element, random sign): a dot product of width K moves by ~2^-9 / sqrt(3) relative to its norm, about 0.1%
 //     per GEMM, accumulating over 8 layers x 7 GEMMs to O(1%) of the logits. Tolerance: 5% of the logits' RMS on
@@ -89,7 +91,7 @@ LogitDiff compare(const std::vector<float>& cpu, const std::vector<float>& gpu) 
 struct Tolerance {
   double max_abs_rel, rms_rel;  // of the CPU logits' RMS
 };
-Tolerance tolerance(GemmPrecision p) { return p == GemmPrecision::Fp32 ? Tolerance{1e-3, 2e-4} : Tolerance{5e-2, 1.5e-2}; }
+Tolerance tolerance(GemmPrecision p) { return p == GemmPrecision::Fp32 ? Tolerance{1e-2, 2e-3} : Tolerance{5e-2, 1.5e-2}; }
 
 #define SKIP_WITHOUT_GPU() \
   if (!kvq::cuda::available()) GTEST_SKIP() << kvq::cuda::unavailable_reason()

@@ -2,6 +2,7 @@
 // view (qe(t)) and the address of a cached row, and the decoding of stored rows (kv/layout.h formats).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -20,27 +21,7 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
-__device__ __forceinline__ float fp16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {
-      exp = 127 - 15 + 1;
-      while (!(mant & 0x400u)) {
-        mant <<= 1;
-        --exp;
-      }
-      u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return __uint_as_float(u);
-}
+__device__ __forceinline__ float fp16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }  // exact
 
 __device__ __forceinline__ uint16_t f32_to_fp16(float f) {
   const uint32_t u = __float_as_uint(f);

@@ -56,14 +56,23 @@ __device__ __forceinline__ float warp_sum(float v) {
 // GQ: register arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and
 // GQ = kMaxGroupHeads (any g <= 8 at run time).
 template <int GQ>
-__global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a) {
+// windows_slot < 0: every position of the split; else only the BF16 sink and recent rows of the whole view (the
+// tensor-core kernel took the quantized region), written to partial slot windows_slot.
+__global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a, int windows_slot) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
   const int t = rd.pos, qe = dev::quant_end(geo, t);
-  const int begin = split * a.split_tokens;
-  const int end = min(t + 1, begin + a.split_tokens);
+  // Position ranges this block attends: the split, or the sink [0, S0) and the recent window [max(S0, qe), t].
+  int range[2][2];
+  if (windows_slot < 0) {
+    range[0][0] = split * a.split_tokens, range[0][1] = min(t + 1, range[0][0] + a.split_tokens);
+    range[1][0] = range[1][1] = 0;
+  } else {
+    range[0][0] = 0, range[0][1] = min(t + 1, geo.sink);
+    range[1][0] = max(qe, geo.sink), range[1][1] = t + 1;
+  }
 
   __shared__ float qs[kMaxGroupHeads][kD];
   __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
@@ -86,6 +95,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
   }
 
+  for (int ri = 0; ri < 2; ++ri) {
+  const int begin = range[ri][0], end = range[ri][1];
   for (int tile = begin + warp * 32; tile < end; tile += kWarps * 32) {
     const int p = tile + lane;
     const bool valid = p < end;
@@ -141,6 +152,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     }
   }
 
+  }
+
   // Merge the warps' states, then write this split's partial per head.
 #pragma unroll
   for (int h = 0; h < GQ; ++h) {
@@ -150,7 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     for (int i = 0; i < 4; ++i) w_acc[warp][h][4 * lane + i] = acc[h][i];
   }
   __syncthreads();
-  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_splits + split;
+  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + (windows_slot < 0 ? split : windows_slot);
   for (int i = threadIdx.x; i < g * kD; i += blockDim.x) {
     const int h = i / kD, c = i % kD;
     float M = -INFINITY;
@@ -174,11 +187,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
 __global__ void merge_kernel(AttentionLaunch a, int n_kv, int layer, const float* r_v, float* out) {
   const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
   const int g = a.n_heads / n_kv, head = j / g, h = j % g;
-  const int64_t part0 = (int64_t(row) * n_kv + head) * a.n_splits;
+  const int64_t part0 = (int64_t(row) * n_kv + head) * a.n_slots;
   float M = -INFINITY;
-  for (int s = 0; s < a.n_splits; ++s) M = fmaxf(M, a.part_ml[((part0 + s) * g + h) * 2]);
+  for (int s = 0; s < a.n_slots; ++s) M = fmaxf(M, a.part_ml[((part0 + s) * g + h) * 2]);
   float L = 0.f, A = 0.f;
-  for (int s = 0; s < a.n_splits; ++s) {
+  for (int s = 0; s < a.n_slots; ++s) {
     const float ms = a.part_ml[((part0 + s) * g + h) * 2];
     if (!(ms > -INFINITY)) continue;
     const float e = expf(ms - M);
@@ -203,25 +216,34 @@ __global__ void merge_kernel(AttentionLaunch a, int n_kv, int layer, const float
 
 }  // namespace
 
-int launch_attention(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
+int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const TransformPtrs& t, const float* d_q,
                      float* d_out, bool reference, void* stream) {
-  if (a.n_rows <= 0) return cudaSuccess;
+  if (a_in.n_rows <= 0) return cudaSuccess;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool mma = !reference && attention_mma_supported(g);
+  AttentionLaunch a = a_in;
+  a.n_slots = a.n_splits + (mma ? 1 : 0);
   prepare_queries_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(d_q, a.n_heads, g.n_kv, a.layer,
                                                                                        a.scale, t.r_k, a.q_work);
   int e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  const int gq = a.n_heads / g.n_kv;
+  auto cuda_core = [&](dim3 grid, int windows_slot) {
+    switch (gq) {
+      case 1: attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
+      case 2: attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
+      case 4: attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
+      default: attention_kernel<kMaxGroupHeads><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
+    }
+    return int(cudaGetLastError());
+  };
   if (reference) {
     e = launch_attention_ref(g, a, stream);
+  } else if (mma) {  // quantized region on tensor cores, windows on CUDA cores, one more slot
+    e = launch_attention_mma(g, a, stream);
+    if (e == cudaSuccess) e = cuda_core(dim3(unsigned(a.n_rows), unsigned(g.n_kv), 1u), a.n_splits);
   } else {
-    const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits));
-    switch (a.n_heads / g.n_kv) {
-      case 1: attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(g, a); break;
-      case 2: attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(g, a); break;
-      case 4: attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(g, a); break;
-      default: attention_kernel<kMaxGroupHeads><<<grid, kWarps * 32, 0, st>>>(g, a); break;
-    }
-    e = cudaGetLastError();
+    e = cuda_core(dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), -1);
   }
   if (e != cudaSuccess) return e;
   merge_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(a, g.n_kv, a.layer, t.r_v, d_out);

@@ -47,7 +47,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
     }
     __syncthreads();  // red is rewritten by the next position
   }
-  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_splits + split;
+  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
   for (int h = 0; h < g; ++h) {
     a.part_acc[(part * g + h) * kD + c] = acc[h];
     if (c == 0) {

@@ -328,7 +328,8 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
   a.scale = 1.f / std::sqrt(float(m.d));
   a.split_tokens = split;
   a.n_splits = n_splits;
-  const size_t parts = size_t(m.n_rows) * m.n_kv * n_splits * g;
+  a.n_slots = n_splits;  // launch_attention adds the window slot when it takes the tensor-core path
+  const size_t parts = size_t(m.n_rows) * m.n_kv * (n_splits + 1) * g;
   Impl::grow(m.q_work, size_t(m.n_rows) * n_heads * kHeadDim * sizeof(float));
   Impl::grow(m.part_acc, parts * kHeadDim * sizeof(float));
   Impl::grow(m.part_ml, parts * 2 * sizeof(float));

@@ -63,10 +63,15 @@ struct AttentionLaunch {
   float scale;             // softmax scale applied to q before the key rotation (1 / sqrt(d))
   int split_tokens;        // positions per KV split (multiple of 128)
   int n_splits;            // splits per (row, kv head): ceil(max view length / split_tokens)
+  int n_slots;             // partial slots per (row, kv head): n_splits, + 1 for the windows on the tensor-core path
   float* q_work;           // [n_rows][n_heads][d] scratch: scaled, rotated queries
-  float* part_acc;         // [n_rows][n_kv][n_splits][g][d] scratch: unnormalised partial outputs
-  float* part_ml;          // [n_rows][n_kv][n_splits][g][2] scratch: partial (max, sum)
+  float* part_acc;         // [n_rows][n_kv][n_splits + 1][g][d] scratch: unnormalised partial outputs
+  float* part_ml;          // [n_rows][n_kv][n_splits + 1][g][2] scratch: partial (max, sum)
 };
+// The tensor-core path (decode_attention_mma.cu) for the quantized region: int2 rows of one 128-value group or bf16
+// rows, pages of a multiple of 16 rows. It fills slots [0, n_splits); the windows go to slot n_splits.
+bool attention_mma_supported(const CacheGeometry& g);
+int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
 // q: [n_rows][n_heads][d] fp32 post-RoPE queries (unscaled); out: [n_rows][n_heads][d] plain outputs.
 // reference = true runs the simple one-thread-per-token twin (decode_attention_ref.cu) instead of the fast path.
 int launch_attention(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
