@@ -233,12 +233,14 @@ double operand_budget(const std::string& type, int group) {
 
 // NMSE budget of GPU vs CPU attention outputs. The CPU fast path on AVX-512 VNNI rounds queries / weights to
 // int16 (observed up to 1.4e-8 on heavy-tailed data with identical rows) and, for int2 rows of one 128-value group,
-// to int8 (1/254 of the largest element: observed ~2e-6); the GPU adds its operand rounding (operand_budget).
+// to int8 (1/254 of the largest element; tests/test_cache_attention.cpp bounds that path at a tenth of int2's own
+// error and observes up to 7.6e-4 on peaked queries; here up to 4.8e-4 on the H200): 2e-3 for that case. The GPU
+// adds its operand rounding (operand_budget), tested against the exact reference twin below.
 // With a transform the rotation is computed in the CPU's order too, but a rare code flip is allowed for, scaled by
 // the step of the grid.
 double budget(const std::string& type, int group, bool transform) {
   const bool int8_operands = type == "int2" && group == 128 && best_simd_level() == SimdLevel::kAvx512Vnni;
-  const double kernels = std::max(operand_budget(type, group), int8_operands ? 1e-5 : 1e-7);
+  const double kernels = std::max(operand_budget(type, group), int8_operands ? 2e-3 : 1e-7);
   if (!transform || type == "bf16") return kernels;
   return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" ? 1e-4 : 1e-3);
 }
