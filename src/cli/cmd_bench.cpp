@@ -31,6 +31,7 @@ struct BenchDecodeOptions {
   int n_decode = 32;             // timed decode steps
   int seqs = 1;                  // concurrent sequences, one token each per decode step
   double kv_budget_gib = 8;      // KV memory budget for the "sequences that fit" figure
+  bool beyond_trained_ctx = false;  // allow ctx past max_position_embeddings (throughput only)
   bool json = false;
 };
 
@@ -106,7 +107,10 @@ void bench_decode(const BenchDecodeOptions& o) {
   for (int ctx : o.ctx) KVQ_CHECK(ctx >= 1, "--ctx-size {} must be >= 1", ctx);
   KVQ_CHECK(o.kv_budget_gib > 0, "--kv-budget-gib {} must be positive", o.kv_budget_gib);
   const int max_ctx = *std::max_element(o.ctx.begin(), o.ctx.end());
-  const Plan p = plan(o.model, o.cache, max_ctx + o.n_decode);
+  const Plan p = plan(o.model, o.cache, max_ctx + o.n_decode, o.beyond_trained_ctx);
+  if (max_ctx + o.n_decode > p.model.max_ctx)
+    fmt::print(stderr, "kvq: bench: context {} is past the model's trained {} tokens (--beyond-trained-ctx): timing only\n",
+               max_ctx + o.n_decode, p.model.max_ctx);
   auto model = load_model(o.model, p);
   for (int ctx : o.ctx) bench_decode_one(o, *model, p, ctx);
 }
@@ -337,6 +341,8 @@ void add_bench(CLI::App& app) {
   dec->add_option("--seqs", o->seqs, "concurrent sequences (one token each per decode step)")
       ->check(CLI::Range(1, 1 << 16));
   dec->add_option("--kv-budget-gib", o->kv_budget_gib, "KV memory budget for the sequences-that-fit figure");
+  dec->add_flag("--beyond-trained-ctx", o->beyond_trained_ctx,
+                "allow contexts past the model's max_position_embeddings (throughput only: the tokens are meaningless)");
   dec->add_flag("--json", o->json, "print one JSON object");
   dec->callback([o] { bench_decode(*o); });
 

@@ -120,12 +120,12 @@ void log_runner(const Runner& r, const char* what) {
                r.max_seqs(), r.max_ctx(), f.bits_per_element, r.max_ctx());
 }
 
-Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request) {
+Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx) {
   Plan p;
   p.model = ModelConfig::load(m.dir + "/config.json");
   KVQ_CHECK(ctx_request >= 0, "context {} must be positive", ctx_request);
-  KVQ_CHECK(ctx_request <= p.model.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx_request,
-            p.model.max_ctx);
+  KVQ_CHECK(beyond_trained_ctx || ctx_request <= p.model.max_ctx,
+            "context {} exceeds the model's maximum of {} tokens", ctx_request, p.model.max_ctx);
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
   KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported

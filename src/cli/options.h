@@ -46,7 +46,8 @@ struct Plan {
   CacheConfig cache;
   std::shared_ptr<const KvTransform> transform;  // null: none
 };
-Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request);
+// beyond_trained_ctx (bench only): allow contexts past max_position_embeddings; the timing is real, the tokens are not.
+Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx = false);
 
 Tokenizer load_tokenizer(const ModelOptions& o);
 // Loads the weights (logs one line: parameters, threads, load time) and installs the plan's KV transform.
