@@ -3,8 +3,8 @@
 // attended by the CUDA-core kernel (decode_attention.cu) into one more partial slot, and the merge kernel combines
 // every slot exactly (log-sum-exp), so the result is one softmax over the whole view.
 //
-// Grid (row, kv head, split); 4 warps; a warp takes two tiles of 16 positions per step (they never cross a page:
-// splits start at S0 + k·split_tokens and pages hold a multiple of 32 rows). mma.sync m16n8k16 with the GQA group on the
+// Grid (row, kv head, split); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
+// start at S0 + k·split_tokens and pages hold a multiple of 16 rows). mma.sync m16n8k16 with the GQA group on the
 // N side (g <= 8 query heads, padded with zero queries to 8), so nothing is padded to 64 rows:
 //   scores   S[pos][h] = Σ_d K[pos][d] · Q[d][h]       A = 16 positions x 16 dims of codes, B = 16 dims x 8 heads
 //   values   O^T[d][h] += Σ_pos V^T[d][pos] · P'[pos][h]  A = 16 dims x 16 positions of codes, B = the tile's P'
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 
   __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
   __shared__ float w_m[kWarps][kMaxGroupHeads], w_l[kWarps][kMaxGroupHeads];
-  __shared__ uint16_t p_tile[kWarps][2][kTile][8];  // two tiles' P' (operand type) per position and head
+  __shared__ uint16_t p_tile[kWarps][kTile][8];  // the tile's P' (operand type) per position and head
 
   // B fragments of the queries (dims 16kc + {2tid, 2tid+1} and + 8, head gid), zero for heads >= g.
   const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * kD;
@@ -119,13 +119,14 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 #pragma unroll
   for (int mt = 0; mt < kD / 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
-  // Scores of the tile at p0 (nvalid >= 1 rows): positions p0 + gid (s[0], s[1]) and p0 + gid + 8 (s[2], s[3]) for
-  // heads 2tid, 2tid + 1; masked positions get -inf. Two accumulators break the chain of dependent mma.
-  auto score_tile = [&](int p0, int nvalid, float (&s)[4]) {
+  for (int p0 = lo + warp * kTile; p0 < hi; p0 += kWarps * kTile) {
     const uint8_t* kbase = dev::page_row(geo, rd.seq, a.layer, 0, head, p0);
+    const uint8_t* vbase = dev::page_row(geo, rd.seq, a.layer, 1, head, p0);
+    const int nvalid = min(kTile, hi - p0);
     const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);  // clamped rows (masked below)
-    float s2[4] = {0.f, 0.f, 0.f, 0.f};
-    s[0] = s[1] = s[2] = s[3] = 0.f;
+
+    // ---- scores of positions p0 + gid (c[0], c[1]) and p0 + gid + 8 (c[2], c[3]) for heads 2tid, 2tid + 1
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (KQ) {
       const uint8_t* rowa = kbase + int64_t(ra) * geo.k_row;
       const uint8_t* rowb = kbase + int64_t(rb) * geo.k_row;
@@ -133,17 +134,19 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       for (int u = 0; u < kD / 32; ++u) {
         const uint32_t wa = *reinterpret_cast<const uint16_t*>(rowa + 4 + 8 * u + 2 * tid);
         const uint32_t wb = *reinterpret_cast<const uint16_t*>(rowb + 4 + 8 * u + 2 * tid);
-        const uint32_t a0[4] = {codes_f16x2(wa, 0), codes_f16x2(wb, 0), codes_f16x2(wa, 2), codes_f16x2(wb, 2)};
-        const uint32_t a1[4] = {codes_f16x2(wa, 4), codes_f16x2(wb, 4), codes_f16x2(wa, 6), codes_f16x2(wb, 6)};
-        mma_f16(s, a0, qb[2 * u]);
-        mma_f16(s2, a1, qb[2 * u + 1]);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t af[4] = {codes_f16x2(wa, 4 * half), codes_f16x2(wb, 4 * half), codes_f16x2(wa, 4 * half + 2),
+                                  codes_f16x2(wb, 4 * half + 2)};
+          mma_f16(s, af, qb[2 * u + half]);
+        }
       }
       const uint32_t pa = *reinterpret_cast<const uint32_t*>(rowa), pb = *reinterpret_cast<const uint32_t*>(rowb);
       const float sa = params_scale(pa), za = params_zero(pa), sb = params_scale(pb), zb = params_zero(pb);
-      s[0] = sa * ((s[0] + s2[0]) - za * qsum[0]);
-      s[1] = sa * ((s[1] + s2[1]) - za * qsum[1]);
-      s[2] = sb * ((s[2] + s2[2]) - zb * qsum[0]);
-      s[3] = sb * ((s[3] + s2[3]) - zb * qsum[1]);
+      s[0] = sa * (s[0] - za * qsum[0]);
+      s[1] = sa * (s[1] - za * qsum[1]);
+      s[2] = sb * (s[2] - zb * qsum[0]);
+      s[3] = sb * (s[3] - zb * qsum[1]);
     } else {
       const uint16_t* rowa = reinterpret_cast<const uint16_t*>(kbase + int64_t(ra) * geo.k_row);
       const uint16_t* rowb = reinterpret_cast<const uint16_t*>(kbase + int64_t(rb) * geo.k_row);
@@ -153,41 +156,54 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
         const uint32_t af[4] = {*reinterpret_cast<const uint32_t*>(rowa + c), *reinterpret_cast<const uint32_t*>(rowb + c),
                                 *reinterpret_cast<const uint32_t*>(rowa + c + 8),
                                 *reinterpret_cast<const uint32_t*>(rowb + c + 8)};
-        if (kc % 2) mma_bf16(s2, af, qb[kc]); else mma_bf16(s, af, qb[kc]);
+        mma_bf16(s, af, qb[kc]);
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[i] += s2[i];
     }
     if (gid >= nvalid) s[0] = s[1] = -INFINITY;
     if (gid + 8 >= nvalid) s[2] = s[3] = -INFINITY;
-  };
 
-  // P' = p · scale_v of the tile at p0 into p_tile[warp][buf] (the B operand of the value mma), plus the zero term.
-  auto stage_p = [&](int p0, int nvalid, const float (&pw)[4], int buf) {
-    const uint8_t* vbase = dev::page_row(geo, rd.seq, a.layer, 1, head, p0);
-    const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);
-    float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
-    if constexpr (VQ) {
-      const uint32_t pa = *reinterpret_cast<const uint32_t*>(vbase + int64_t(ra) * geo.v_row);
-      const uint32_t pb = *reinterpret_cast<const uint32_t*>(vbase + int64_t(rb) * geo.v_row);
-      wa = params_scale(pa), za = params_zero(pa), wb = params_scale(pb), zb = params_zero(pb);
-    }
+    // ---- online softmax per head (position 0 of the tile is always valid, so the max is finite)
+    float pw[4], corr[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const float xa = round16<VQ>(pw[j] * wa), xb = round16<VQ>(pw[2 + j] * wb);
-      zsum[j] += xa * za + xb * zb;
-      const uint32_t pair = pack2<VQ>(xa, xb);
-      p_tile[warp][buf][gid][2 * tid + j] = uint16_t(pair);
-      p_tile[warp][buf][gid + 8][2 * tid + j] = uint16_t(pair >> 16);
+      const float m_new = fmaxf(m[j], col_max(fmaxf(s[j], s[2 + j])));
+      corr[j] = __expf(m[j] - m_new);
+      pw[j] = __expf(s[j] - m_new);
+      pw[2 + j] = __expf(s[2 + j] - m_new);
+      l[j] = l[j] * corr[j] + col_sum(pw[j] + pw[2 + j]);
+      m[j] = m_new;
+      zsum[j] *= corr[j];
     }
-  };
+#pragma unroll
+    for (int mt = 0; mt < kD / 16; ++mt) {
+      acc[mt][0] *= corr[0], acc[mt][1] *= corr[1];
+      acc[mt][2] *= corr[0], acc[mt][3] *= corr[1];
+    }
 
-  // O^T[d][h] += Σ_pos V^T[d][pos] P'[pos][h] for the tile at p0, P' from p_tile[warp][buf].
-  auto value_tile = [&](int p0, int nvalid, int buf) {
+    // ---- P' = p · scale_v into shared memory (the B operand of the value mma), and the zero term
+    {
+      float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
+      if constexpr (VQ) {
+        const uint32_t pa = *reinterpret_cast<const uint32_t*>(vbase + int64_t(ra) * geo.v_row);
+        const uint32_t pb = *reinterpret_cast<const uint32_t*>(vbase + int64_t(rb) * geo.v_row);
+        wa = params_scale(pa), za = params_zero(pa), wb = params_scale(pb), zb = params_zero(pb);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float xa = round16<VQ>(pw[j] * wa), xb = round16<VQ>(pw[2 + j] * wb);
+        zsum[j] += xa * za + xb * zb;
+        const uint32_t pair = pack2<VQ>(xa, xb);
+        p_tile[warp][gid][2 * tid + j] = uint16_t(pair);
+        p_tile[warp][gid + 8][2 * tid + j] = uint16_t(pair >> 16);
+      }
+    }
+    __syncwarp();
     uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid
-    pb_frag[0] = uint32_t(p_tile[warp][buf][2 * tid][gid]) | uint32_t(p_tile[warp][buf][2 * tid + 1][gid]) << 16;
-    pb_frag[1] = uint32_t(p_tile[warp][buf][2 * tid + 8][gid]) | uint32_t(p_tile[warp][buf][2 * tid + 9][gid]) << 16;
-    const uint8_t* vbase = dev::page_row(geo, rd.seq, a.layer, 1, head, p0);
+    pb_frag[0] = uint32_t(p_tile[warp][2 * tid][gid]) | uint32_t(p_tile[warp][2 * tid + 1][gid]) << 16;
+    pb_frag[1] = uint32_t(p_tile[warp][2 * tid + 8][gid]) | uint32_t(p_tile[warp][2 * tid + 9][gid]) << 16;
+    __syncwarp();
+
+    // ---- values: O^T[d][h] += Σ_pos V^T[d][pos] P'[pos][h]
     const int r0 = min(2 * tid, nvalid - 1), r1 = min(2 * tid + 1, nvalid - 1);
     const int r8 = min(2 * tid + 8, nvalid - 1), r9 = min(2 * tid + 9, nvalid - 1);
     if constexpr (VQ) {
@@ -219,39 +235,6 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
         mma_bf16(acc[mt], af, pb_frag);
       }
     }
-  };
-
-  // Two tiles (32 positions) per step: two independent score chains, one softmax update, one P' exchange.
-  for (int p0 = lo + warp * 2 * kTile; p0 < hi; p0 += kWarps * 2 * kTile) {
-    const int na = min(kTile, hi - p0), nb = min(kTile, hi - p0 - kTile);  // nb <= 0: no second tile
-    float sa[4], sb[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    score_tile(p0, na, sa);
-    if (nb > 0) score_tile(p0 + kTile, nb, sb);
-
-    // online softmax per head (position p0 is valid, so the max is finite)
-    float pa[4], pb[4], corr[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float mx = fmaxf(fmaxf(sa[j], sa[2 + j]), fmaxf(sb[j], sb[2 + j]));
-      const float m_new = fmaxf(m[j], col_max(mx));
-      corr[j] = __expf(m[j] - m_new);
-      pa[j] = __expf(sa[j] - m_new), pa[2 + j] = __expf(sa[2 + j] - m_new);
-      pb[j] = __expf(sb[j] - m_new), pb[2 + j] = __expf(sb[2 + j] - m_new);
-      l[j] = l[j] * corr[j] + col_sum((pa[j] + pa[2 + j]) + (pb[j] + pb[2 + j]));
-      m[j] = m_new;
-      zsum[j] *= corr[j];
-    }
-#pragma unroll
-    for (int mt = 0; mt < kD / 16; ++mt) {
-      acc[mt][0] *= corr[0], acc[mt][1] *= corr[1];
-      acc[mt][2] *= corr[0], acc[mt][3] *= corr[1];
-    }
-    stage_p(p0, na, pa, 0);
-    if (nb > 0) stage_p(p0 + kTile, nb, pb, 1);
-    __syncwarp();
-    value_tile(p0, na, 0);
-    if (nb > 0) value_tile(p0 + kTile, nb, 1);
-    __syncwarp();
   }
 
   // ---- this warp's state to shared memory (zero term subtracted), then the block's merge into the split's slot
@@ -294,7 +277,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 bool attention_mma_supported(const CacheGeometry& g) {
   const bool k_ok = g.k_bits == kBf16Bits || (g.k_bits == 2 && g.k_group == kD);
   const bool v_ok = g.v_bits == kBf16Bits || (g.v_bits == 2 && g.v_group == kD);
-  return k_ok && v_ok && g.page_tokens % (2 * kTile) == 0;  // a step's two tiles share a page
+  return k_ok && v_ok && g.page_tokens % kTile == 0;
 }
 
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {

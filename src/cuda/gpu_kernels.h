@@ -69,7 +69,7 @@ struct AttentionLaunch {
   float* part_ml;          // [n_rows][n_kv][n_splits + 1][g][2] scratch: partial (max, sum)
 };
 // The tensor-core path (decode_attention_mma.cu) for the quantized region: int2 rows of one 128-value group or bf16
-// rows, pages of a multiple of 32 rows. It fills slots [0, n_splits); the windows go to slot n_splits.
+// rows, pages of a multiple of 16 rows. It fills slots [0, n_splits); the windows go to slot n_splits.
 bool attention_mma_supported(const CacheGeometry& g);
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
 // q: [n_rows][n_heads][d] fp32 post-RoPE queries (unscaled); out: [n_rows][n_heads][d] plain outputs.
