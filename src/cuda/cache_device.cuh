@@ -136,4 +136,31 @@ __device__ __forceinline__ void score_int_row(const uint8_t* r, int group, const
   }
 }
 
+// The end of an attention block: merges its warps' online-softmax states (w_m, w_l: [W][g] max and sum, w_acc:
+// [W][g][d] unnormalised outputs; -inf max = empty) and writes the block's partial of g heads to slot `part`
+// of the launch's buffers. Call after __syncthreads(); every thread of the block takes part.
+template <int W>
+__device__ __forceinline__ void write_block_partial(const float (*w_m)[kMaxGroupHeads], const float (*w_l)[kMaxGroupHeads],
+                                                    const float (*w_acc)[kMaxGroupHeads][kHeadDim], int g, int64_t part,
+                                                    const AttentionLaunch& a) {
+  for (int i = threadIdx.x; i < g * kHeadDim; i += blockDim.x) {
+    const int h = i / kHeadDim, c = i % kHeadDim;
+    float M = -INFINITY;
+    for (int w = 0; w < W; ++w) M = fmaxf(M, w_m[w][h]);
+    float L = 0.f, A = 0.f;
+    if (M > -INFINITY)
+      for (int w = 0; w < W; ++w) {
+        if (!(w_m[w][h] > -INFINITY)) continue;
+        const float e = expf(w_m[w][h] - M);
+        L += w_l[w][h] * e;
+        A += w_acc[w][h][c] * e;
+      }
+    a.part_acc[(part * g + h) * kHeadDim + c] = A;
+    if (c == 0) {
+      a.part_ml[(part * g + h) * 2] = M;
+      a.part_ml[(part * g + h) * 2 + 1] = L;
+    }
+  }
+}
+
 }  // namespace kvq::cuda::dev

@@ -252,24 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < g * kD; i += blockDim.x) {
-    const int h = i / kD, c = i % kD;
-    float M = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, w_m[w][h]);
-    float L = 0.f, A = 0.f;
-    if (M > -INFINITY)
-      for (int w = 0; w < kWarps; ++w) {
-        if (!(w_m[w][h] > -INFINITY)) continue;
-        const float e = __expf(w_m[w][h] - M);
-        L += w_l[w][h] * e;
-        A += w_acc[w][h][c] * e;
-      }
-    a.part_acc[(part * g + h) * kD + c] = A;
-    if (c == 0) {
-      a.part_ml[(part * g + h) * 2] = M;
-      a.part_ml[(part * g + h) * 2 + 1] = L;
-    }
-  }
+  dev::write_block_partial<kWarps>(w_m, w_l, w_acc, g, part, a);
 }
 
 }  // namespace
