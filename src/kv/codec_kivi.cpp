@@ -58,6 +58,17 @@ void block_params(const uint8_t* block, int d, float* scale, float* zero) {
     zero[c] = fp16_to_f32(gp.zero);
   }
 }
+
+// The g token rows of packed codes of one block (its per-channel params skipped), as the row kernels read them.
+RowsView code_rows(const uint8_t* block, int d, int g, int bits) {
+  RowsView r;
+  r.rows = block + layout::kivi_key_params_bytes(d);
+  r.row_stride = size_t(layout::packed_bytes(d, bits));
+  r.d = d;
+  r.group = d;
+  r.n_rows = g;
+  return r;
+}
 }  // namespace
 
 void KiviKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
@@ -65,11 +76,6 @@ void KiviKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_
             n_q, n_tokens, g_);
   std::vector<float> qs(size_t(n_q) * d_), bias(static_cast<size_t>(n_q));
   float scale[256], zero[256];
-  RowsView r;
-  r.row_stride = size_t(layout::packed_bytes(d_, bits_));
-  r.d = d_;
-  r.group = d_;
-  r.n_rows = g_;
   for (int b = 0; b < n_tokens / g_; ++b) {
     const uint8_t* block = blocks + size_t(b) * bytes_per_block();
     block_params(block, d_, scale, zero);
@@ -81,7 +87,7 @@ void KiviKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_
       }
       bias[i] = z;
     }
-    r.rows = block + layout::kivi_key_params_bytes(d_);
+    const RowsView r = code_rows(block, d_, g_, bits_);
     float* sb = s + size_t(b) * g_;
     kernels_.scores(r, qs.data(), n_q, sb, size_t(n_tokens));
     for (int i = 0; i < n_q; ++i)
@@ -94,16 +100,11 @@ void KiviKeyCodec::accumulate(const float* p, int n_q, const uint8_t* blocks, in
             "kivi keys: accumulate over n_q={} n_tokens={} (G={})", n_q, n_tokens, g_);
   std::vector<float> tmp(size_t(n_q) * d_);
   float scale[256], zero[256];
-  RowsView r;
-  r.row_stride = size_t(layout::packed_bytes(d_, bits_));
-  r.d = d_;
-  r.group = d_;
-  r.n_rows = g_;
   for (int b = 0; b < n_tokens / g_; ++b) {
     const uint8_t* block = blocks + size_t(b) * bytes_per_block();
     block_params(block, d_, scale, zero);
     std::fill(tmp.begin(), tmp.end(), 0.f);
-    r.rows = block + layout::kivi_key_params_bytes(d_);
+    const RowsView r = code_rows(block, d_, g_, bits_);
     const float* pb = p + size_t(b) * g_;
     kernels_.accumulate(r, pb, size_t(n_tokens), n_q, tmp.data());
     for (int i = 0; i < n_q; ++i) {
