@@ -19,6 +19,7 @@
 #include "kv/transform.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 
@@ -342,30 +343,6 @@ TEST(CacheAttention, SplitKvDecodeEqualsSingleThread) {
   }
 }
 
-namespace {
-
-// Random orthogonal d×d matrix (Gram-Schmidt of a Gaussian matrix, in double), row-major.
-std::vector<float> random_orthogonal(std::mt19937& rng, int d) {
-  std::normal_distribution<double> nd(0.0, 1.0);
-  std::vector<double> m(size_t(d) * d);
-  for (auto& x : m) x = nd(rng);
-  for (int i = 0; i < d; ++i) {
-    double* r = m.data() + size_t(i) * d;
-    for (int j = 0; j < i; ++j) {
-      const double* o = m.data() + size_t(j) * d;
-      double dot = 0;
-      for (int c = 0; c < d; ++c) dot += r[c] * o[c];
-      for (int c = 0; c < d; ++c) r[c] -= dot * o[c];
-    }
-    double norm = 0;
-    for (int c = 0; c < d; ++c) norm += r[c] * r[c];
-    for (int c = 0; c < d; ++c) r[c] /= std::sqrt(norm);
-  }
-  return std::vector<float>(m.begin(), m.end());
-}
-
-}  // namespace
-
 TEST(CacheAttention, F32CacheIsInvariantToKeyCenteringAndOrthogonalRotations) {
   const int n_kv = 2, hq = 8, d = 64, n_tokens = 700, chunk = 100;
   const CacheConfig cfg = config("f32", 32, 16, 64, 32, chunk);
@@ -375,7 +352,7 @@ TEST(CacheAttention, F32CacheIsInvariantToKeyCenteringAndOrthogonalRotations) {
   std::normal_distribution<float> nd(0.f, 1.f);
   for (int h = 0; h < n_kv; ++h) {
     for (auto* r : {&t->r_k, &t->r_v}) {
-      const auto m = random_orthogonal(rng, d);
+      const auto m = test::random_orthogonal(d, rng);
       r->insert(r->end(), m.begin(), m.end());
     }
     for (int c = 0; c < d; ++c) t->key_mean.push_back(3.f * nd(rng));

@@ -23,6 +23,7 @@
 #include "kv/cache.h"
 #include "kv/simd.h"
 #include "kv/transform.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 
@@ -63,27 +64,6 @@ std::vector<float> random_rows(std::mt19937& rng, int n, int heads, Data data, f
   return x;
 }
 
-// Random orthogonal d x d (Gram-Schmidt on a Gaussian matrix, double).
-std::vector<float> random_orthogonal(std::mt19937& rng) {
-  std::normal_distribution<double> nd(0.0, 1.0);
-  std::vector<double> a(size_t(kD) * kD);
-  for (auto& x : a) x = nd(rng);
-  for (int i = 0; i < kD; ++i) {
-    double* r = a.data() + size_t(i) * kD;
-    for (int j = 0; j < i; ++j) {
-      const double* p = a.data() + size_t(j) * kD;
-      double dot = 0;
-      for (int c = 0; c < kD; ++c) dot += r[c] * p[c];
-      for (int c = 0; c < kD; ++c) r[c] -= dot * p[c];
-    }
-    double nrm = 0;
-    for (int c = 0; c < kD; ++c) nrm += r[c] * r[c];
-    nrm = std::sqrt(nrm);
-    for (int c = 0; c < kD; ++c) r[c] /= nrm;
-  }
-  return std::vector<float>(a.begin(), a.end());
-}
-
 KvTransform random_transform(int n_layers, int n_kv, std::mt19937& rng) {
   KvTransform t;
   t.n_layers = n_layers, t.n_kv_heads = n_kv, t.head_dim = kD, t.name = "test";
@@ -91,7 +71,7 @@ KvTransform random_transform(int n_layers, int n_kv, std::mt19937& rng) {
   t.key_mean.resize(size_t(n_layers) * n_kv * kD);
   for (auto& x : t.key_mean) x = nd(rng);
   for (int i = 0; i < n_layers * n_kv; ++i) {
-    const auto rk = random_orthogonal(rng), rv = random_orthogonal(rng);
+    const auto rk = test::random_orthogonal(kD, rng), rv = test::random_orthogonal(kD, rng);
     t.r_k.insert(t.r_k.end(), rk.begin(), rk.end());
     t.r_v.insert(t.r_v.end(), rv.begin(), rv.end());
   }

@@ -8,37 +8,18 @@
 
 #include "common/error.h"
 #include "rotation/rotation_file.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 
 namespace {
-
-// A random orthogonal d×d matrix (Gram–Schmidt of a Gaussian matrix), row-major.
-std::vector<float> random_orthogonal(int d, std::mt19937& rng) {
-  std::normal_distribution<double> g;
-  std::vector<double> m(size_t(d) * d);
-  for (auto& x : m) x = g(rng);
-  for (int i = 0; i < d; ++i) {
-    double* ri = m.data() + size_t(i) * d;
-    for (int j = 0; j < i; ++j) {
-      const double* rj = m.data() + size_t(j) * d;
-      double dot = 0;
-      for (int c = 0; c < d; ++c) dot += ri[c] * rj[c];
-      for (int c = 0; c < d; ++c) ri[c] -= dot * rj[c];
-    }
-    double n = 0;
-    for (int c = 0; c < d; ++c) n += ri[c] * ri[c];
-    for (int c = 0; c < d; ++c) ri[c] /= std::sqrt(n);
-  }
-  return std::vector<float>(m.begin(), m.end());
-}
 
 KvTransform random_transform(int L, int H, int d, unsigned seed) {
   std::mt19937 rng(seed);
   KvTransform t;
   t.n_layers = L, t.n_kv_heads = H, t.head_dim = d, t.name = "optr";
   for (int m = 0; m < L * H; ++m) {
-    auto rk = random_orthogonal(d, rng), rv = random_orthogonal(d, rng);
+    auto rk = test::random_orthogonal(d, rng), rv = test::random_orthogonal(d, rng);
     t.r_k.insert(t.r_k.end(), rk.begin(), rk.end());
     t.r_v.insert(t.r_v.end(), rv.begin(), rv.end());
   }
