@@ -10,6 +10,7 @@
 // with no windows and no rotation — small beside int2's own cost, and measured in tests/test_cache_attention.cpp.
 // bf16 rows at this level use the plain AVX-512 float kernels.
 // Compiled for its target by the pragma below; called only when simd_level_supported(kAvx512Vnni).
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -422,15 +423,17 @@ void accumulate_vnni(const RowsView& r, const float* p, size_t p_stride, int n_q
 // The zero term Σ_t w8_t · zero_t is subtracted once per call; x̂ = (code − zero) · scale.
 constexpr int kAccPlaneRows = 4 + 32;  // row bytes this kernel handles (G = d = 128)
 
+// vpermt2b index over the 128 bytes from a group of four rows: output byte p = code byte p / 4 of row p % 4.
+alignas(64) constexpr std::array<int8_t, 64> kAccPlaneIdx = [] {
+  std::array<int8_t, 64> b{};
+  for (int p = 0; p < 64; ++p) b[size_t(p)] = int8_t(kAccPlaneRows * (p % 4) + 4 + p / 4);
+  return b;
+}();
+
 template <int QB>
 void accumulate_planes_block(const RowsView& r, const int8_t* const* w8, const float* step, float* acc) {
   const __m512i m3 = _mm512_set1_epi8(3);
-  __m512i idx;
-  {
-    alignas(64) int8_t b[64];
-    for (int p = 0; p < 64; ++p) b[p] = int8_t(kAccPlaneRows * (p % 4) + 4 + p / 4);
-    idx = _mm512_load_si512(b);
-  }
+  const __m512i idx = _mm512_load_si512(kAccPlaneIdx.data());
   const int n4 = (r.n_rows + 3) / 4;
   alignas(64) uint8_t tail[4 * kAccPlaneRows + 64] = {};  // the last, partial group of 4 rows, zero-padded
   if (r.n_rows % 4) std::memcpy(tail, r.rows + size_t(n4 - 1) * 4 * kAccPlaneRows, size_t(r.n_rows % 4) * kAccPlaneRows);
