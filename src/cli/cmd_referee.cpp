@@ -63,6 +63,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     c.depths.push_back(v);
   }
   const RefereeResult r = run_referee(c);
+  if (c.calibrate_only) return;
   std::printf("%s", referee_summary_table(r.results).c_str());
   std::printf("runs: %d run now, %d resumed; calibrations: %d run, %d reused\nwrote %s/results.json, report.md, "
               "report.html\n",
@@ -98,6 +99,8 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--calib-chunk", c.calib_chunk, "tokens per calibration chunk")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--calib-steps", c.calib_steps, "OptR Adam steps per phase")->check(CLI::Range(1, 100000));
   cmd->add_flag("--no-leakage", o->no_leakage, "skip the same-text calibration (leakage) row");
+  cmd->add_flag("--calibrate-only", c.calibrate_only, "only calibrate (or find cached) the rotations the runs need, "
+                "into OUT/rotations/, and stop");
   cmd->callback([o, cmd] { run(*o, cmd); });
 }
 

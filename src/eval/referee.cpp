@@ -445,6 +445,13 @@ RefereeResult Referee::run() {
   }
 
   check_calibrations(plan);
+  if (cfg_.calibrate_only) {
+    for (const PlannedRun& r : plan)
+      if (r.method.needs_calibration()) rotation_for(r);
+    say(fmt::format("kvq: referee: {} rotation file(s) in {}/rotations ({} calibrated now, {} cached)",
+                    rotations_.size(), cfg_.out_dir, res_.calibrations_run, res_.calibrations_reused));
+    return std::move(res_);
+  }
 
   double executed_seconds = 0;
   for (size_t i = 0; i < plan.size(); ++i) {

@@ -66,6 +66,7 @@ struct RefereeConfig {
   int calib_tokens = 32768, calib_chunk = 2048, calib_steps = 80;  // calibration budget (OSCAR uses tokens/chunk)
   bool leakage = true;                 // add the same-domain calibration row
   bool quick = false;                  // recorded in the results (the CLI sets the quick subset)
+  bool calibrate_only = false;         // calibrate (or find cached) every rotation the plan needs, then stop
 };
 
 // One finished (method, windows) run: the `kvq eval --json` object plus the referee's fields.
@@ -86,7 +87,9 @@ struct RefereeResult {
 using RefereeLog = std::function<void(const std::string& line, bool transient)>;
 
 // Checks every input (disjoint calibration data first, before the model loads), runs or resumes every
-// (method, windows) and writes OUT/results.json, OUT/report.md and OUT/report.html.
+// (method, windows) and writes OUT/results.json, OUT/report.md and OUT/report.html. With calibrate_only it stops
+// once OUT/rotations/ holds every rotation the plan needs (no runs, no reports): calibrate on one machine, carry
+// OUT/ to another and evaluate there.
 RefereeResult run_referee(const RefereeConfig& cfg, const RefereeLog& log = {});
 
 // Refuses (kvq::Error) calibration data inside eval_dir or byte-identical (sha256) to one of its .txt files.
