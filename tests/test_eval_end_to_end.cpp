@@ -9,7 +9,9 @@
 
 #include "common/error.h"
 #include "eval/evaluator.h"
+#include "eval/fidelity.h"
 #include "eval/perplexity.h"
+#include "rotation/rotation_file.h"
 
 using namespace kvq;
 namespace fs = std::filesystem;
@@ -129,6 +131,36 @@ TEST(EvalEndToEnd, Int2WithoutWindowsDegradesAndLockstepPplEqualsPerplexity) {
   EXPECT_EQ(only.ppl[0].ppl_bf16, 0.0);
   // Layer 0's input is the embedding in both runs, so its own and its free-running error coincide.
   EXPECT_EQ(r.layers[0].sums.attn_local(0), r.layers[0].sums.attn_e2e(0));
+}
+
+// Lockstep through CpuRunners that share one model: each runner keeps the transform it was built with (the BF16
+// reference none, the method a Hadamard rotation), whatever the model has installed in between; and the per-token
+// comparisons on a thread pool sum to exactly the single-threaded result.
+TEST(EvalEndToEnd, LockstepRunnersKeepTheirOwnTransformsAndThreadsDoNotChangeTheSums) {
+  Fixture& f = fx();
+  Model& m = *f.model;
+  const std::vector<int32_t> ids = load_eval_domains(f.dir.string(), f.tok)[0].ids;
+  const ModelConfig& mc = m.config();
+  const auto had = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
+  const RunnerFactory make = cpu_runner_factory(m);
+  const std::unique_ptr<Runner> ref = make(bf16_reference_cache(int2_cache()), nullptr, 512);
+  const std::unique_ptr<Runner> method = make(int2_cache(), had, 512);  // leaves `had` installed on the model
+  const FidelityResult one = lockstep_fidelity({ref.get(), method.get(), nullptr}, ids, 512, 1, nullptr);
+  const FidelityResult many = lockstep_fidelity({ref.get(), method.get(), nullptr}, ids, 512, 1, &m.pool());
+  ASSERT_EQ(one.windows.size(), 1u);
+  ASSERT_EQ(many.windows.size(), 1u);
+  EXPECT_EQ(one.windows[0].kl_sum, many.windows[0].kl_sum);
+  EXPECT_EQ(one.windows[0].top1_agree, many.windows[0].top1_agree);
+  EXPECT_EQ(one.windows[0].nll_method, many.windows[0].nll_method);
+  EXPECT_GT(one.windows[0].kl_sum, 0.0);
+
+  m.set_kv_transform(nullptr);
+  const PerplexityResult plain = perplexity(m, bf16_reference_cache(int2_cache()), ids, 512, 1);
+  EXPECT_EQ(one.windows[0].nll_ref, plain.window_nll[0]);  // the reference ran without the rotation
+  m.set_kv_transform(had);
+  const PerplexityResult rotated = perplexity(m, int2_cache(), ids, 512, 1);
+  EXPECT_EQ(one.windows[0].nll_method, rotated.window_nll[0]);  // the method ran with it
+  m.set_kv_transform(nullptr);
 }
 
 TEST(EvalEndToEnd, BadInputsGiveOneClearError) {

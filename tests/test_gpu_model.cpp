@@ -27,8 +27,10 @@
 #include "common/error.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
+#include "eval/evaluator.h"
 #include "eval/perplexity.h"
 #include "model/runner.h"
+#include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace kvq;
@@ -283,6 +285,91 @@ TEST(GpuModel, RefusesStepsBeyondItsLimitsBeforeAnyWork) {
   EXPECT_EQ(g.length(a), 128);
   EXPECT_THROW(g.forward({a}, {1}, ids.data(), LogitRows::None, nullptr, nullptr), Error);  // context overflow
   EXPECT_EQ(g.length(a), 128);
+}
+
+// kvq::evaluate through GPU runners (fp32 GEMMs) against the CPU on every task: two 1024-token windows of python
+// with a Hadamard-rotated int2 cache and 16/64 windows, so the transform, the layer hooks (host copies, the forced
+// pass's uploaded inputs) and greedy passkey decoding all run on the GPU. Tolerances: ppl 0.1% (as above); KL,
+// top-1 and the per-layer errors are differences of two caches, so the GPU-vs-CPU noise (~3e-4 of the logits,
+// plus the CPU INT2 kernel's int8 rounding of q, +0.01-0.14% ppl) is a larger share of them: 10%.
+TEST(GpuEval, EvaluateThroughGpuRunnersMatchesTheCpuOnEveryTask) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
+  EvalDomain d;
+  d.name = "python";
+  d.path = kSrc + "/data/eval/python.txt";
+  d.ids = python_tokens(2048);
+  EvalConfig c;
+  c.tasks = {"ppl", "kl", "passkey", "layers"};
+  c.ctx = {1024};
+  c.windows = 2;
+  c.passkey_trials = 2;
+  c.depths = {0.0, 0.5, 1.0};
+  c.seed = 5;
+  c.bootstrap = 100;
+  const ModelConfig& mc = m.config();
+  c.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
+  const CacheConfig cc = cache_config("int2", 16, 64, 128, 256);
+  const RunnerFactory gpu = [&m](const CacheConfig& cache, std::shared_ptr<const KvTransform> t, int max_ctx) {
+    m.set_kv_transform(std::move(t));
+    return std::unique_ptr<Runner>(std::make_unique<GpuModel>(m, cache, max_ctx, 1, GemmPrecision::Fp32));
+  };
+  const EvalReport want = evaluate(m, tok, cc, {d}, c);
+  const EvalReport got = evaluate(m, gpu, tok, cc, {d}, c);
+  EXPECT_NE(got.runner.find("cuda"), std::string::npos) << got.runner;
+  ASSERT_EQ(got.ppl.size(), 1u);
+  ASSERT_EQ(got.kl.size(), 1u);
+  ASSERT_EQ(got.passkey.size(), 1u);
+  ASSERT_EQ(got.layers.size(), 1u);
+  const double ppl_rel = std::abs(got.ppl[0].ppl - want.ppl[0].ppl) / want.ppl[0].ppl;
+  const double kl_rel = std::abs(got.kl[0].kl.estimate - want.kl[0].kl.estimate) / want.kl[0].kl.estimate;
+  std::printf("ppl cpu %.5f gpu %.5f (%.3g%%); KL cpu %.5f gpu %.5f (%.3g%%); top-1 cpu %.4f gpu %.4f; passkey cpu "
+              "%d gpu %d of %d\n",
+              want.ppl[0].ppl, got.ppl[0].ppl, 100 * ppl_rel, want.kl[0].kl.estimate, got.kl[0].kl.estimate,
+              100 * kl_rel, want.kl[0].top1.estimate, got.kl[0].top1.estimate, want.passkey[0].result.correct,
+              got.passkey[0].result.correct, got.passkey[0].result.trials);
+  EXPECT_LE(ppl_rel, 1e-3);
+  EXPECT_GT(want.kl[0].kl.estimate, 1e-3) << "the int2 cache should visibly differ from bf16";
+  EXPECT_LE(kl_rel, 0.1);
+  EXPECT_NEAR(got.kl[0].top1.estimate, want.kl[0].top1.estimate, 0.01);
+  EXPECT_EQ(got.passkey[0].result.trials, want.passkey[0].result.trials);
+  EXPECT_LE(std::abs(got.passkey[0].result.correct - want.passkey[0].result.correct), 1);
+  const LayerErrorSums& lg = got.layers[0].sums;
+  const LayerErrorSums& lc = want.layers[0].sums;
+  EXPECT_EQ(lg.tokens, lc.tokens);
+  for (int l = 0; l < mc.n_layers; ++l) {
+    std::printf("layer %d: attn local cpu %.4f gpu %.4f, e2e cpu %.4f gpu %.4f, hidden cpu %.4f gpu %.4f\n", l,
+                lc.attn_local(l), lg.attn_local(l), lc.attn_e2e(l), lg.attn_e2e(l), lc.hidden(l), lg.hidden(l));
+    EXPECT_NEAR(lg.attn_local(l), lc.attn_local(l), 0.1 * lc.attn_local(l)) << "layer " << l;
+    EXPECT_NEAR(lg.attn_e2e(l), lc.attn_e2e(l), 0.1 * lc.attn_e2e(l)) << "layer " << l;
+    EXPECT_NEAR(lg.hidden(l), lc.hidden(l), 0.1 * lc.hidden(l)) << "layer " << l;
+    EXPECT_LE(lg.attn_local(l), lg.attn_e2e(l) * 1.5) << "a layer's own error should not exceed the accumulated one";
+  }
+  m.set_kv_transform(nullptr);
+}
+
+// A BF16 method through GPU runners: the reference and the method are the same deterministic computation, so KL is
+// exactly 0 and top-1 agreement exactly 1, as on the CPU.
+TEST(GpuEval, Bf16MethodHasZeroKlOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
+  EvalDomain d;
+  d.name = "python";
+  d.ids = python_tokens(1024);
+  EvalConfig c;
+  c.tasks = {"kl"};
+  c.ctx = {1024};
+  c.bootstrap = 10;
+  const RunnerFactory gpu = [&m](const CacheConfig& cache, std::shared_ptr<const KvTransform> t, int max_ctx) {
+    m.set_kv_transform(std::move(t));
+    return std::unique_ptr<Runner>(std::make_unique<GpuModel>(m, cache, max_ctx, 1, GemmPrecision::Bf16));
+  };
+  const EvalReport r = evaluate(m, gpu, tok, cache_config("bf16", 64, 256, 128, 512), {d}, c);
+  ASSERT_EQ(r.kl.size(), 1u);
+  EXPECT_EQ(r.kl[0].kl.estimate, 0.0);
+  EXPECT_EQ(r.kl[0].top1.estimate, 1.0);
 }
 
 #endif  // KVQ_HAVE_CUDA

@@ -47,10 +47,11 @@ void run(const EvalOptions& o) {
   std::vector<EvalDomain> domains = load_eval_domains(o.data, tok);
   auto model = load_model(o.model, p);
   const CacheConfig& cc = p.cache;
+  const RunnerFactory runners = make_runner_factory(*model, o.model);
   std::fprintf(stderr, "kvq: eval %s at ctx %s on %zu domains from %s, cache %s\n", o.tasks.c_str(), o.ctx.c_str(),
                domains.size(), o.data.c_str(), cc.describe().c_str());
   std::string last;
-  const EvalReport r = evaluate(*model, tok, cc, std::move(domains), c,
+  const EvalReport r = evaluate(*model, runners, tok, cc, std::move(domains), c,
                                 [&](const std::string& stage, double frac, double eta) {
                                   std::fprintf(stderr, "\rkvq: %-28s %5.1f%%  ETA %-8s", stage.c_str(), 100 * frac,
                                                fmt_eta(eta).c_str());
@@ -71,6 +72,7 @@ void add_eval(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "fidelity metrics of a KV-cache configuration (ppl, kl, passkey, layers)");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
+  add_device_options(cmd, o->model);
   cmd->add_option("--tasks", o->tasks, "comma-separated tasks: ppl, kl, passkey, layers");
   cmd->add_option("--ctx", o->ctx, "comma-separated context lengths, e.g. 2048,4096,8192");
   cmd->add_option("--data", o->data, "directory of eval texts; every DIR/*.txt is one domain");

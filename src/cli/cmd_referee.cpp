@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "common/error.h"
 #include "eval/evaluator.h"
 #include "eval/referee.h"
@@ -18,6 +19,7 @@ namespace {
 
 struct RefereeOptions {
   RefereeConfig cfg;
+  ModelOptions model;  // --device / --gpu-gemm of the evaluation passes
   std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths;
   bool quick = false, no_leakage = false;
 };
@@ -62,6 +64,13 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     KVQ_CHECK(!d.empty() && *end == '\0', "bad --depths '{}': '{}' is not a number", o.depths, d);
     c.depths.push_back(v);
   }
+  if (o.model.device != "cpu") {
+    c.device = o.model.device + "/" + o.model.gpu_gemm;
+    ModelOptions device = o.model;
+    device.dir = c.model_dir;
+    check_device_available(device);  // no device, or a bad --gpu-gemm: one line before any work
+    c.runners = [device](Model& m) { return make_runner_factory(m, device); };
+  }
   const RefereeResult r = run_referee(c);
   if (c.calibrate_only) return;
   std::printf("%s", referee_summary_table(r.results).c_str());
@@ -93,6 +102,7 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--domains", o->domains, "eval domains to use (file stems; default: all)");
   cmd->add_option("--depths", o->depths, "passkey needle depths (default 0,0.1,...,1)");
   cmd->add_option("-t,--threads", c.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  add_device_options(cmd, o->model);
   cmd->add_option("--seed", c.seed, "seed of the passkey prompts and the bootstrap");
   cmd->add_option("--bootstrap", c.bootstrap, "bootstrap resamples")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--calib-tokens", c.calib_tokens, "calibration token budget")->check(CLI::Range(2, 1 << 26));

@@ -81,23 +81,30 @@ void add_device_options(CLI::App* cmd, ModelOptions& o) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
 }
 
-namespace {
-
-// --device cuda: a device and a GPU-supported cache, checked before any weights are read.
-void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim) {
+void check_device_available(const ModelOptions& m) {
   KVQ_CHECK(m.device == "cpu" || m.device == "cuda", "--device '{}' is not supported (cpu or cuda)", m.device);
   if (m.device == "cpu") return;
 #ifdef KVQ_HAVE_CUDA
   cuda::require_device();
   cuda::parse_gemm_precision(m.gpu_gemm);
+#else
+  KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend (configure with -DKVQ_CUDA=ON and nvcc)");
+#endif
+}
+
+namespace {
+
+// --device cuda: a device and a GPU-supported cache, checked before any weights are read.
+void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim) {
+  check_device_available(m);
+  if (m.device == "cpu") return;
+#ifdef KVQ_HAVE_CUDA
   CodecSpec k = cache.k, v = cache.v;
   k.head_dim = v.head_dim = head_dim;
   KVQ_CHECK(cuda::gpu_codec_supported(k) && cuda::gpu_codec_supported(v) && cache.window == "bf16",
             "--device cuda: cache {} (window {}) at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 "
             "with groups 32/64/128 at head_dim 128; bf16 windows)",
             cache.describe(), cache.window, head_dim);
-#else
-  KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend (configure with -DKVQ_CUDA=ON and nvcc)");
 #endif
 }
 
@@ -111,6 +118,18 @@ std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const P
 #else
   KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend");
 #endif
+}
+
+RunnerFactory make_runner_factory(Model& model, const ModelOptions& o) {
+  if (o.device == "cpu") return cpu_runner_factory(model);
+  check_device_available(o);  // each cache is checked when its runner is built
+  return [&model, o](const CacheConfig& cache, std::shared_ptr<const KvTransform> transform, int max_ctx) {
+    Plan p;
+    p.model = model.config();
+    p.cache = cache;
+    model.set_kv_transform(std::move(transform));  // GpuModel uploads the model's transform
+    return make_runner(model, o, p, max_ctx);
+  };
 }
 
 void log_runner(const Runner& r, const char* what) {

@@ -17,7 +17,7 @@ namespace kvq::cli {
 struct ModelOptions {
   std::string dir;   // -m: Hugging Face checkpoint directory
   int threads = 0;   // -t: worker threads (0: all cores)
-  std::string device = "cpu";     // --device: cpu | cuda (run, ppl, bench decode)
+  std::string device = "cpu";     // --device: cpu | cuda (run, ppl, bench decode, eval, referee)
   std::string gpu_gemm = "bf16";  // --gpu-gemm: bf16 | fp32 GEMM inputs on the GPU
 };
 
@@ -35,7 +35,7 @@ struct CacheOptions {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
-// --device and --gpu-gemm, for the commands that run through a Runner (run, ppl, bench decode).
+// --device and --gpu-gemm, for the commands that run through a Runner (run, ppl, bench decode, eval, referee).
 void add_device_options(CLI::App* cmd, ModelOptions& o);
 
 // What a command will run, validated before any weights are read: config.json, the context length (ctx_request,
@@ -56,6 +56,11 @@ std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
 // The one dispatch point between devices: a CpuRunner over model, or (--device cuda) a GpuModel built from its
 // weights, with the plan's cache for max_seqs sequences of up to max_ctx tokens. model must outlive a CpuRunner.
 std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs = 1);
+// --device cpu, or cuda with a device present and a valid --gpu-gemm; one kvq::Error line otherwise.
+void check_device_available(const ModelOptions& o);
+// The same dispatch for evaluation passes (kvq eval / referee): each call builds a runner of the given cache and KV
+// transform on o.device. Checks the device (not the cache) once here; each cache when its runner is built.
+RunnerFactory make_runner_factory(Model& model, const ModelOptions& o);
 // One line on stderr: the runner's device and what its cache holds.
 void log_runner(const Runner& r, const char* what);
 

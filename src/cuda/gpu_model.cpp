@@ -100,6 +100,27 @@ struct GpuModel::Impl {
   DeviceBuffer argmax, finite;   // [R] int32
   std::vector<int32_t> h_pos, h_last, h_finite;  // host staging
 
+  // Layer hook (Runner::set_layer_hook): null, or called per layer on host copies of the step's activations.
+  Model::LayerHook* hook = nullptr;
+  int hook_pos0 = 0;             // position of the step's first row (a hooked step holds one sequence)
+  std::vector<float> h_act;      // [rows, hidden] host copy handed to the hook
+
+  // Copies d[rows, hidden] into h_act (synchronously: the hook runs on the host right after).
+  float* download_act(const DeviceBuffer& d, int rows) {
+    h_act.resize(size_t(rows) * cfg.hidden_size);
+    check(cudaMemcpyAsync(h_act.data(), d.get(), h_act.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
+          "download activations");
+    check(cudaStreamSynchronize(stream), "layer hook");
+    return h_act.data();
+  }
+  // The layer's input x: the hook may overwrite it, so it is uploaded back before the layer runs.
+  void hook_input(int l, int rows) {
+    hook->on_layer_input(l, hook_pos0, rows, download_act(x, rows));
+    check(cudaMemcpyAsync(x.get(), h_act.data(), h_act.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+          "upload layer input");
+    check(cudaStreamSynchronize(stream), "layer hook");  // h_act is reused by the next download
+  }
+
   ~Impl() {
     if (blas) cublasDestroy(blas);
   }
@@ -145,7 +166,7 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   m.max_seqs = max_seqs;
   m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
   m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs);
-  if (const KvTransform* t = model.kv_transform()) m.cache->set_transform(*t);
+  if (const auto& t = model.kv_transform()) m.cache->set_transform(*t);
   m.stream = static_cast<cudaStream_t>(m.cache->stream());
   check_cublas(cublasCreate(&m.blas), "cublasCreate");
   check_cublas(cublasSetStream(m.blas, m.stream), "cublasSetStream");
@@ -217,6 +238,7 @@ int GpuModel::length(int seq) const { return impl_->cache->length(seq); }
 CacheFootprint GpuModel::footprint(int n_tokens) const { return impl_->cache->footprint(n_tokens); }
 size_t GpuModel::cache_bytes() const { return impl_->cache->bytes_allocated(); }
 GemmPrecision GpuModel::gemm_precision() const { return impl_->gemm; }
+void GpuModel::set_layer_hook(Model::LayerHook* hook) { impl_->hook = hook; }
 size_t GpuModel::weight_bytes() const { return impl_->weight_bytes; }
 GpuKvCache& GpuModel::cache() { return *impl_->cache; }
 void GpuModel::synchronize() const { check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize"); }
@@ -248,6 +270,7 @@ void GpuModel::Impl::attention_block(int l, int rows) {
   cache->append(l, k.as<float>(), v.as<float>());
   cache->attention(l, q.as<float>(), hq, att.as<float>());
   linear(att.as<float>(), rows, lw.wo, h.as<float>());
+  if (hook) hook->on_attention_output(l, hook_pos0, rows, download_act(h, rows));
   check(kernels::residual_add(x.as<float>(), h.as<float>(), int64_t(rows) * H, stream), "residual_add");
 }
 
@@ -269,6 +292,7 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   Impl& m = *impl_;
   const ModelConfig& c = m.cfg;
   check_step(*this, seqs, n);
+  KVQ_CHECK(!m.hook || seqs.size() == 1, "forward: a step with a layer hook holds one sequence, not {}", seqs.size());
   int rows = 0;
   for (int nb : n) rows += nb;
   for (int r = 0; r < rows; ++r)
@@ -300,9 +324,12 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   else
     check(kernels::embed_gather_f32(m.embed.w.as<float>(), m.ids.as<int32_t>(), rows, H, m.x.as<float>(), m.stream),
           "embed_gather");
+  m.hook_pos0 = m.h_pos.front();
   for (int l = 0; l < c.n_layers; ++l) {
+    if (m.hook) m.hook_input(l, rows);
     m.attention_block(l, rows);
     m.mlp_block(l, rows);
+    if (m.hook) m.hook->on_layer_output(l, m.hook_pos0, rows, m.download_act(m.x, rows));
   }
   m.cache->commit_step();
 

@@ -54,6 +54,7 @@ class GpuModel final : public Runner {
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;
+  void set_layer_hook(Model::LayerHook* hook) override;
   CacheFootprint footprint(int n_tokens) const override;
   size_t cache_bytes() const override;
   void synchronize() const override;

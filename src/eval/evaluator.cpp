@@ -194,6 +194,11 @@ std::vector<EvalDomain> load_eval_domains(const std::string& dir, const Tokenize
 
 EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache, std::vector<EvalDomain> domains,
                     const EvalConfig& c, const EvalProgress& progress) {
+  return evaluate(model, cpu_runner_factory(model), tok, cache, std::move(domains), c, progress);
+}
+
+EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer& tok, const CacheConfig& cache,
+                    std::vector<EvalDomain> domains, const EvalConfig& c, const EvalProgress& progress) {
   validate(model, tok, cache, domains, c);
   const ModelConfig& mc = model.config();
   const auto t0 = std::chrono::steady_clock::now();
@@ -221,12 +226,13 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
   if (c.has("passkey"))
     for (const EvalDomain& d : domains) haystack.insert(haystack.end(), d.ids.begin(), d.ids.end());
 
-  model.set_kv_transform(c.transform);
   for (int ctx : c.ctx) {
-    {
-      KvCache sizes(cache, mc.n_layers, mc.n_kv_heads, mc.head_dim, ctx);
-      r.footprint.push_back(sizes.footprint(ctx));
-    }
+    // This ctx's runners: the method's, and the BF16 reference and forced pass of the lockstep comparison.
+    const std::unique_ptr<Runner> method = runners(cache, c.transform, ctx);
+    const std::unique_ptr<Runner> ref = lockstep ? runners(bf16_reference_cache(cache), nullptr, ctx) : nullptr;
+    const std::unique_ptr<Runner> forced = c.has("layers") ? runners(cache, c.transform, ctx) : nullptr;
+    r.runner = method->describe();
+    r.footprint.push_back(method->footprint(ctx));
     std::vector<WindowFidelity> pooled;
     PplEntry ppl_all;  // every domain's windows pooled
     ppl_all.domain = "all";
@@ -242,7 +248,7 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
       if (lockstep) {
         const double per_window = double(ctx) * (c.has("layers") ? 3 : 2);
         const FidelityResult fr = lockstep_fidelity(
-            model, cache, d.ids, ctx, c.windows, c.has("layers"), c.transform,
+            {ref.get(), method.get(), forced.get()}, d.ids, ctx, c.windows, &model.pool(),
             [&](int w, int) { eta.report(stage + (c.has("layers") ? " kl+layers" : " kl"), done + w * per_window); });
         done += double(fr.windows.size()) * per_window;
         if (c.has("kl")) r.kl.push_back(kl_entry(d.name, ctx, fr.windows, c));
@@ -257,7 +263,7 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
         pe.ppl_bf16 = ppl_from_nll(ref_nll, pe.tokens);
         ref_nll_all += ref_nll;
       } else if (c.has("ppl")) {
-        const PerplexityResult pr = perplexity(model, cache, d.ids, ctx, c.windows, [&](int w, int, double) {
+        const PerplexityResult pr = perplexity(*method, d.ids, ctx, c.windows, [&](int w, int, double) {
           eta.report(stage + " ppl", done + double(w) * ctx);
         });
         done += double(pr.window_nll.size()) * ctx;
@@ -282,7 +288,7 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
       pk.seed = mix_seed(c.seed, uint64_t(ctx));
       PasskeyGenerator gen(tok, haystack, pk.seed);
       const std::string stage = fmt::format("ctx {} passkey", ctx);
-      pk.result = run_passkey(model, cache, gen, ctx, c.depths, c.passkey_trials,
+      pk.result = run_passkey(*method, gen, ctx, c.depths, c.passkey_trials,
                               [&](int k, int) { eta.report(stage, done + double(k) * ctx); });
       done += double(pk.result.trials) * ctx;
       pk.accuracy = wilson_interval(pk.result.correct, pk.result.trials);

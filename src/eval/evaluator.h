@@ -28,6 +28,7 @@
 #include "eval/perplexity.h"
 #include "kv/cache.h"
 #include "model/model.h"
+#include "model/runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvq {
@@ -107,6 +108,7 @@ struct EvalReport {
   std::vector<KlEntry> kl;
   std::vector<PasskeyEntry> passkey;
   std::vector<LayerEntry> layers;
+  std::string runner;                // where the passes ran: Runner::describe() of the method's runner
   double seconds = 0;                // wall time of the evaluation
 };
 
@@ -114,7 +116,11 @@ struct EvalReport {
 using EvalProgress = std::function<void(const std::string& stage, double fraction, double eta_seconds)>;
 
 // Checks every input before any work (tasks, ctx against the model and the data, windows, trials) and runs the
-// tasks. Leaves the model with config.transform set and no hook.
+// tasks through runners from `runners` (per ctx: the method's, and for kl / layers the BF16 reference and the forced
+// pass; any device). model gives the configuration, the fingerprint and the thread pool of the per-token metrics.
+EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer& tok, const CacheConfig& cache,
+                    std::vector<EvalDomain> domains, const EvalConfig& config, const EvalProgress& progress = {});
+// The CPU path: cpu_runner_factory(model).
 EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache, std::vector<EvalDomain> domains,
                     const EvalConfig& config, const EvalProgress& progress = {});
 

@@ -17,81 +17,86 @@ CacheConfig bf16_reference_cache(const CacheConfig& method) {
   return c;
 }
 
-namespace {
-
-// Clears the model's hook and restores the method transform however the pass ends.
-struct ModelStateGuard {
-  Model& m;
-  const std::shared_ptr<const KvTransform>& t;
-  ~ModelStateGuard() {
-    m.set_hook(nullptr);
-    m.set_kv_transform(t);
-  }
-};
-
-}  // namespace
-
-FidelityResult lockstep_fidelity(Model& model, const CacheConfig& method, const std::vector<int32_t>& ids, int ctx,
-                                 int windows, bool layers, const std::shared_ptr<const KvTransform>& method_transform,
-                                 const std::function<void(int, int)>& progress) {
-  const ModelConfig& mc = model.config();
+FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vector<int32_t>& ids, int ctx, int windows,
+                                 ThreadPool* pool, const std::function<void(int, int)>& progress) {
+  KVQ_CHECK(runners.ref && runners.method, "fidelity: the reference and method runners are required");
+  Runner& ref = *runners.ref;
+  Runner& method = *runners.method;
+  Runner* forced = runners.forced;
+  const ModelConfig& mc = method.config();
   KVQ_CHECK(ctx >= 2, "fidelity: context {} is too short (need >= 2)", ctx);
   KVQ_CHECK(ctx <= mc.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, mc.max_ctx);
+  for (const Runner* r : std::initializer_list<const Runner*>{&ref, &method, forced})
+    KVQ_CHECK(!r || r->max_ctx() >= ctx, "fidelity: context {} exceeds a runner's {} tokens", ctx, r->max_ctx());
   const int available = int(ids.size() / size_t(ctx));
   KVQ_CHECK(available >= 1, "fidelity: the text has {} tokens, fewer than one window of {}", ids.size(), ctx);
   const int n_windows = windows > 0 ? std::min(windows, available) : available;
-  const CacheConfig ref_cfg = bf16_reference_cache(method);
-  const int V = mc.vocab_size, chunk = method.max_chunk;
+  const int V = mc.vocab_size;
+  const int chunk = std::min(ref.cache_config().max_chunk, method.cache_config().max_chunk);
+  const bool layers = forced != nullptr;
 
-  KvCache ref_cache(ref_cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, ctx);
-  KvCache m_cache(method, mc.n_layers, mc.n_kv_heads, mc.head_dim, ctx);
-  std::unique_ptr<KvCache> f_cache;
-  if (layers) f_cache = std::make_unique<KvCache>(method, mc.n_layers, mc.n_kv_heads, mc.head_dim, ctx);
   std::vector<float> ref_logits(size_t(chunk) * V), m_logits(size_t(chunk) * V);
-  std::vector<float> last(static_cast<size_t>(V));
-  std::vector<double> scratch(size_t(V) * 2);
+  const int n_threads = pool ? pool->size() : 1;
+  std::vector<std::vector<double>> scratch(size_t(n_threads), std::vector<double>(size_t(V) * 2));
+  std::vector<WindowFidelity> per_row(static_cast<size_t>(chunk));  // one row's contribution, summed in row order
   LayerRecorder rec_ref(mc.n_layers, mc.hidden_size), rec_free(mc.n_layers, mc.hidden_size);
   LayerRecorder rec_forced(mc.n_layers, mc.hidden_size, &rec_ref);
 
   FidelityResult res;
   res.ctx = ctx;
   if (layers) res.layers = LayerErrorSums(mc.n_layers);
-  ModelStateGuard guard{model, method_transform};
+  struct Unhook {  // however the pass ends, no runner keeps a hook into this frame
+    const LockstepRunners& r;
+    ~Unhook() {
+      for (Runner* x : {r.ref, r.method, r.forced})
+        if (x) x->set_layer_hook(nullptr);
+    }
+  } unhook{runners};
+  ref.set_layer_hook(layers ? &rec_ref : nullptr);
+  method.set_layer_hook(layers ? &rec_free : nullptr);
+  if (layers) forced->set_layer_hook(&rec_forced);
   const auto t0 = std::chrono::steady_clock::now();
   for (int w = 0; w < n_windows; ++w) {
     const int32_t* win = ids.data() + size_t(w) * ctx;
-    const int sr = ref_cache.new_sequence(), sm = m_cache.new_sequence();
-    const int sf = layers ? f_cache->new_sequence() : -1;
+    const int sr = ref.new_sequence(), sm = method.new_sequence();
+    const int sf = layers ? forced->new_sequence() : -1;
     WindowFidelity wf;
     for (int pos = 0; pos < ctx; pos += chunk) {
       const int n = std::min(chunk, ctx - pos);
-      model.set_kv_transform(nullptr);
-      model.set_hook(layers ? &rec_ref : nullptr);
-      model.forward(ref_cache, sr, win + pos, n, ref_logits.data(), true);
-      model.set_kv_transform(method_transform);
-      model.set_hook(layers ? &rec_free : nullptr);
-      model.forward(m_cache, sm, win + pos, n, m_logits.data(), true);
+      ref.forward(sr, win + pos, n, ref_logits.data(), true);
+      method.forward(sm, win + pos, n, m_logits.data(), true);
       if (layers) {
-        model.set_hook(&rec_forced);
-        model.forward(*f_cache, sf, win + pos, n, last.data(), false);
+        forced->forward({sf}, {n}, win + pos, LogitRows::None, nullptr, nullptr);
         res.layers.add(rec_ref, rec_forced, rec_free, n);
       }
-      for (int i = 0; i < n; ++i) {
+      auto compare = [&](int64_t i, int thread) {
         const float* pr = ref_logits.data() + size_t(i) * V;
         const float* pm = m_logits.data() + size_t(i) * V;
-        wf.kl_sum += kl_from_logits(pr, pm, V, scratch.data());
-        wf.top1_agree += argmax(pr, V) == argmax(pm, V) ? 1 : 0;
-        ++wf.tokens;
+        WindowFidelity& o = per_row[size_t(i)];
+        o = WindowFidelity{};
+        o.kl_sum = kl_from_logits(pr, pm, V, scratch[size_t(thread)].data());
+        o.top1_agree = argmax(pr, V) == argmax(pm, V) ? 1 : 0;
         if (pos + i + 1 < ctx) {
-          wf.nll_ref += token_nll(pr, V, win[pos + i + 1]);
-          wf.nll_method += token_nll(pm, V, win[pos + i + 1]);
-          ++wf.nll_tokens;
+          o.nll_ref = token_nll(pr, V, win[pos + i + 1]);
+          o.nll_method = token_nll(pm, V, win[pos + i + 1]);
+          o.nll_tokens = 1;
         }
+      };
+      if (pool) pool->parallel_for(n, compare);
+      else for (int i = 0; i < n; ++i) compare(i, 0);
+      for (int i = 0; i < n; ++i) {  // the same summation order on any number of threads
+        const WindowFidelity& o = per_row[size_t(i)];
+        wf.kl_sum += o.kl_sum;
+        wf.top1_agree += o.top1_agree;
+        ++wf.tokens;
+        wf.nll_ref += o.nll_ref;
+        wf.nll_method += o.nll_method;
+        wf.nll_tokens += o.nll_tokens;
       }
     }
-    ref_cache.free_sequence(sr);
-    m_cache.free_sequence(sm);
-    if (layers) f_cache->free_sequence(sf);
+    ref.free_sequence(sr);
+    method.free_sequence(sm);
+    if (layers) forced->free_sequence(sf);
     res.windows.push_back(wf);
     if (progress) progress(w + 1, n_windows);
   }

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "eval/layer_errors.h"
+#include "common/thread_pool.h"
 #include "kv/cache.h"
-#include "kv/transform.h"
-#include "model/model.h"
+#include "model/runner.h"
 
 namespace kvq {
 
@@ -36,12 +36,18 @@ struct FidelityResult {
 // The reference cache of the comparison: BF16 keys, values and windows, with the method's chunk and page sizes.
 CacheConfig bf16_reference_cache(const CacheConfig& method);
 
-// Non-overlapping windows of ctx tokens from ids (windows <= 0: all full windows). method_transform: the method's
-// KV transform (rotation / centering), null for none; the BF16 run uses none; the model is left with
-// method_transform set. progress(done_windows, total_windows).
-FidelityResult lockstep_fidelity(Model& model, const CacheConfig& method, const std::vector<int32_t>& ids, int ctx,
-                                 int windows, bool layers,
-                                 const std::shared_ptr<const KvTransform>& method_transform = nullptr,
-                                 const std::function<void(int, int)>& progress = {});
+// The runners of one lockstep pass, on any device: the BF16 reference (bf16_reference_cache, no transform), the
+// method (its cache and transform) and, for per-layer errors, a second method runner fed the reference's layer
+// inputs (null: no layers). Each must hold a sequence of ctx tokens.
+struct LockstepRunners {
+  Runner* ref = nullptr;
+  Runner* method = nullptr;
+  Runner* forced = nullptr;
+};
+
+// Non-overlapping windows of ctx tokens from ids (windows <= 0: all full windows). The per-token comparisons run
+// on pool's threads (null: the calling thread). progress(done_windows, total_windows).
+FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vector<int32_t>& ids, int ctx, int windows,
+                                 ThreadPool* pool = nullptr, const std::function<void(int, int)>& progress = {});
 
 }  // namespace kvq

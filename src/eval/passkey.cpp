@@ -64,36 +64,37 @@ PasskeyPrompt PasskeyGenerator::next(int ctx, double depth) {
   return make_passkey_prompt(*tok_, hay_, ctx, key, depth, start);
 }
 
-std::vector<int32_t> greedy_decode(Model& model, KvCache& cache, std::span<const int32_t> prompt, int n_new) {
+std::vector<int32_t> greedy_decode(Runner& runner, std::span<const int32_t> prompt, int n_new) {
   KVQ_CHECK(!prompt.empty() && n_new >= 1, "greedy_decode: {} prompt tokens, {} new", prompt.size(), n_new);
-  const int V = model.config().vocab_size, chunk = cache.config().max_chunk;
-  std::vector<float> logits(static_cast<size_t>(V));
-  const int seq = cache.new_sequence();
+  const int chunk = runner.cache_config().max_chunk;
+  const int seq = runner.new_sequence();
   std::vector<int32_t> out;
+  int32_t next = 0;
   try {
     for (size_t i = 0; i < prompt.size(); i += size_t(chunk)) {
       const int n = int(std::min(prompt.size() - i, size_t(chunk)));
-      model.forward(cache, seq, prompt.data() + i, n, logits.data(), false);
+      const bool last = i + size_t(n) == prompt.size();
+      runner.forward({seq}, {n}, prompt.data() + i, last ? LogitRows::Last : LogitRows::None, nullptr, &next);
     }
-    out.push_back(argmax(logits.data(), V));
+    out.push_back(next);
     while (int(out.size()) < n_new) {
-      model.forward(cache, seq, &out.back(), 1, logits.data(), false);
-      out.push_back(argmax(logits.data(), V));
+      runner.forward({seq}, {1}, &out.back(), LogitRows::Last, nullptr, &next);
+      out.push_back(next);
     }
   } catch (...) {
-    cache.free_sequence(seq);
+    runner.free_sequence(seq);
     throw;
   }
-  cache.free_sequence(seq);
+  runner.free_sequence(seq);
   return out;
 }
 
-PasskeyResult run_passkey(Model& model, const CacheConfig& cache_cfg, PasskeyGenerator& gen, int ctx,
-                          const std::vector<double>& depths, int trials, const std::function<void(int, int)>& progress) {
+PasskeyResult run_passkey(Runner& runner, PasskeyGenerator& gen, int ctx, const std::vector<double>& depths, int trials,
+                          const std::function<void(int, int)>& progress) {
   KVQ_CHECK(trials >= 1 && !depths.empty(), "passkey: {} trials at {} depths", trials, depths.size());
-  const ModelConfig& mc = model.config();
-  KVQ_CHECK(ctx <= mc.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, mc.max_ctx);
-  KvCache cache(cache_cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, ctx);
+  KVQ_CHECK(ctx <= runner.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
+            runner.config().max_ctx);
+  KVQ_CHECK(ctx <= runner.max_ctx(), "passkey: context {} exceeds the runner's {} tokens", ctx, runner.max_ctx());
   PasskeyResult r;
   r.ctx = ctx;
   const auto t0 = std::chrono::steady_clock::now();
@@ -103,7 +104,7 @@ PasskeyResult run_passkey(Model& model, const CacheConfig& cache_cfg, PasskeyGen
     cell.depth = depth;
     for (int t = 0; t < trials; ++t) {
       const PasskeyPrompt p = gen.next(ctx, depth);
-      const std::vector<int32_t> got = greedy_decode(model, cache, p.prompt, int(p.answer.size()));
+      const std::vector<int32_t> got = greedy_decode(runner, p.prompt, int(p.answer.size()));
       const bool ok = got == p.answer;
       cell.correct += ok ? 1 : 0;
       cell.keys.push_back(p.key);

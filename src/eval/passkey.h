@@ -20,7 +20,7 @@
 
 #include "eval/rng.h"
 #include "kv/cache.h"
-#include "model/model.h"
+#include "model/runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvq {
@@ -81,13 +81,14 @@ struct PasskeyResult {
   double seconds = 0;                  // wall time
 };
 
-// Greedy decoding: prefills prompt through cache (a fresh sequence, chunks of max_chunk), then decodes n_new
-// tokens one at a time; the cache must hold prompt.size() + n_new - 1 tokens. Frees the sequence.
-std::vector<int32_t> greedy_decode(Model& model, KvCache& cache, std::span<const int32_t> prompt, int n_new);
+// Greedy decoding: prefills prompt through the runner's cache (a fresh sequence, chunks of max_chunk), then decodes
+// n_new tokens one at a time (argmax where the logits are); the runner must hold prompt.size() + n_new - 1 tokens.
+// Frees the sequence.
+std::vector<int32_t> greedy_decode(Runner& runner, std::span<const int32_t> prompt, int n_new);
 
-// Accuracy over depths × trials prompts of ctx tokens, prompts from gen. progress(done, total) per prompt.
-PasskeyResult run_passkey(Model& model, const CacheConfig& cache_cfg, PasskeyGenerator& gen, int ctx,
-                          const std::vector<double>& depths, int trials,
+// Accuracy over depths × trials prompts of ctx tokens, prompts from gen, through the runner (the method's cache
+// and transform; it must hold ctx tokens). progress(done, total) per prompt.
+PasskeyResult run_passkey(Runner& runner, PasskeyGenerator& gen, int ctx, const std::vector<double>& depths, int trials,
                           const std::function<void(int, int)>& progress = {});
 
 }  // namespace kvq

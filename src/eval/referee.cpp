@@ -233,6 +233,7 @@ json Referee::settings_for(const PlannedRun& r) const {
             {"method", r.method.label},
             {"sink", r.windows.sink},
             {"recent", r.windows.recent},
+            {"device", cfg_.device},
             {"kvq_version", KVQ_VERSION}};
   if (r.method.needs_calibration()) {
     const bool leak = r.leakage && leak_domain_ >= 0;
@@ -368,7 +369,8 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
     ec.transform = rot.transform;
     std::vector<EvalDomain> ds;
     for (const EvalDomain& d : domains_) ds.push_back(d);
-    const json j = report_json(evaluate(m, *tok_, cache, std::move(ds), ec, progress));
+    const RunnerFactory runners = cfg_.runners ? cfg_.runners(m) : cpu_runner_factory(m);
+    const json j = report_json(evaluate(m, runners, *tok_, cache, std::move(ds), ec, progress));
     if (part == 0) {
       out = j;
     } else {
@@ -548,7 +550,8 @@ RefereeResult Referee::run() {
                  {"calibration", {{"tokens", cfg_.calib_tokens}, {"chunk", cfg_.calib_chunk},
                                   {"steps", cfg_.calib_steps}}},
                  {"quick", cfg_.quick},
-                 {"leakage", cfg_.leakage}};
+                 {"leakage", cfg_.leakage},
+                 {"device", cfg_.device}};
   j["seeds"] = {{"seed", cfg_.seed}};
   json runs = json::array();
   for (const RefereeRun& r : res_.runs) runs.push_back(r.record);

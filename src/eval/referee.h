@@ -24,6 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/runner.h"
+
 namespace kvq {
 
 struct RefereeMethod {
@@ -67,6 +69,10 @@ struct RefereeConfig {
   bool leakage = true;                 // add the same-domain calibration row
   bool quick = false;                  // recorded in the results (the CLI sets the quick subset)
   bool calibrate_only = false;         // calibrate (or find cached) every rotation the plan needs, then stop
+  std::string device = "cpu";          // where the evaluation passes run ("cpu", "cuda/bf16", ...): part of every
+                                       // run's settings, so runs made on another device are not resumed
+  std::function<RunnerFactory(Model&)> runners;  // the evaluation runners over the loaded model (null: CPU);
+                                                 // calibration always runs on the CPU model
 };
 
 // One finished (method, windows) run: the `kvq eval --json` object plus the referee's fields.

@@ -107,6 +107,7 @@ nlohmann::json report_json(const EvalReport& r) {
     results["layers"] = ly;
   }
   j["results"] = results;
+  j["runner"] = r.runner;
   j["seconds"] = r.seconds;
   return j;
 }
@@ -115,6 +116,7 @@ std::string report_table(const EvalReport& r) {
   std::string s;
   s += fmt::format("kvq eval  model {} ({})\n", r.model_dir, r.model_fingerprint.substr(0, 16));
   s += fmt::format("cache     {}\n", r.cache.describe());
+  s += fmt::format("runner    {}\n", r.runner);
   for (size_t i = 0; i < r.config.ctx.size() && i < r.footprint.size(); ++i)
     s += fmt::format("          ctx {}: {:.3f} effective bits/element ({:.3f} quantized region)\n", r.config.ctx[i],
                      r.footprint[i].bits_per_element, r.footprint[i].quant_bits_per_element);

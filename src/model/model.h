@@ -33,7 +33,7 @@ class Model {
 
   // The per-layer key/value transforms applied before the cache (centering, rotations); identity by default.
   void set_kv_transform(std::shared_ptr<const KvTransform> t) { transform_ = std::move(t); }
-  const KvTransform* kv_transform() const { return transform_.get(); }
+  const std::shared_ptr<const KvTransform>& kv_transform() const { return transform_; }
 
   // Runs ids[0..n) at positions [cache.length(seq), + n) and appends their keys and values to the cache.
   // logits: [n, vocab] when all_logits, else [vocab] for the last token. n <= cache.config().max_chunk.

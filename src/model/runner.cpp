@@ -26,6 +26,7 @@ void check_step(const Runner& r, const std::vector<int>& seqs, const std::vector
 
 CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs)
     : model_(model),
+      transform_(model.kv_transform()),
       cache_(cache_cfg, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, max_ctx,
              max_seqs),
       max_seqs_(max_seqs) {}
@@ -35,6 +36,13 @@ std::string CpuRunner::describe() const { return "cpu, " + std::to_string(model_
 void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                         float* logits, int32_t* argmax) {
   check_step(*this, seqs, n);
+  KVQ_CHECK(!hook_ || seqs.size() == 1, "forward: a step with a layer hook holds one sequence, not {}", seqs.size());
+  model_.set_kv_transform(transform_);
+  model_.set_hook(hook_);
+  struct Unhook {
+    Model& m;
+    ~Unhook() { m.set_hook(nullptr); }
+  } unhook{model_};
   const int V = model_.config().vocab_size;
   const bool all = which == LogitRows::All;
   size_t row = 0;  // first row of sequence b in the step
@@ -52,6 +60,13 @@ void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n,
       for (int i = 0; i < (all ? nb : 1); ++i) argmax[out_row + size_t(i)] = argmax_row(dst + size_t(i) * V, V);
     row += size_t(nb);
   }
+}
+
+RunnerFactory cpu_runner_factory(Model& model) {
+  return [&model](const CacheConfig& cache, std::shared_ptr<const KvTransform> transform, int max_ctx) {
+    model.set_kv_transform(std::move(transform));
+    return std::unique_ptr<Runner>(std::make_unique<CpuRunner>(model, cache, max_ctx));
+  };
 }
 
 }  // namespace kvq

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,11 @@ class Runner {
     forward({seq}, {n}, ids, all_logits ? LogitRows::All : LogitRows::Last, logits, nullptr);
   }
 
+  // Residual-stream observer (Model::LayerHook: each layer's input, which it may overwrite, its post-W_O attention
+  // output and its output) for the following forward() calls; null: none. A step with a hook holds one sequence.
+  // On the GPU the hook sees host copies, and an overwritten input is uploaded back before the layer runs.
+  virtual void set_layer_hook(Model::LayerHook* hook) = 0;
+
   // The cache's own accounting (same structs on both devices) and the bytes it holds.
   virtual CacheFootprint footprint(int n_tokens) const = 0;
   virtual size_t cache_bytes() const = 0;
@@ -60,10 +66,16 @@ class Runner {
   virtual void synchronize() const {}
 };
 
+// Builds a runner for one pass of an evaluation: its cache, its KV transform (null: none) and the longest sequence.
+// The one place where evaluation code meets a device (cpu_runner_factory below; the CLI's --device cuda one).
+using RunnerFactory = std::function<std::unique_ptr<Runner>(const CacheConfig& cache,
+                                                            std::shared_ptr<const KvTransform> transform, int max_ctx)>;
+
 // The CPU path: Model::forward over a KvCache, one sequence of the step after another.
 class CpuRunner final : public Runner {
  public:
-  // The model must outlive the runner; its KV transform (Model::set_kv_transform) applies.
+  // The model must outlive the runner. The model's KV transform at construction (Model::set_kv_transform) is the
+  // runner's: it is installed again before every step, so runners with different transforms can share one model.
   CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs = 1);
 
   const ModelConfig& config() const override { return model_.config(); }
@@ -78,6 +90,7 @@ class CpuRunner final : public Runner {
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;
+  void set_layer_hook(Model::LayerHook* hook) override { hook_ = hook; }
   CacheFootprint footprint(int n_tokens) const override { return cache_.footprint(n_tokens); }
   size_t cache_bytes() const override { return cache_.bytes_allocated(); }
   size_t weight_bytes() const override { return model_.weights().n_params * sizeof(float); }
@@ -87,10 +100,15 @@ class CpuRunner final : public Runner {
 
  private:
   Model& model_;
+  std::shared_ptr<const KvTransform> transform_;  // installed on model_ for each step (null: none)
+  Model::LayerHook* hook_ = nullptr;              // installed on model_ for each step, removed after it
   KvCache cache_;
   int max_seqs_;
   std::vector<float> scratch_;  // [max_chunk, vocab] logits of one sequence when the caller wants none / argmax only
 };
+
+// CpuRunners over model (sharing its thread pool); the model must outlive them.
+RunnerFactory cpu_runner_factory(Model& model);
 
 // Index of the largest of x[0..n) (the first on ties), as std::max_element.
 int32_t argmax_row(const float* x, int n);
