@@ -10,6 +10,7 @@
 #include "eval/bootstrap.h"
 #include "eval/layer_errors.h"
 #include "eval/metrics.h"
+#include "eval/perplexity.h"
 #include "eval/rng.h"
 
 using namespace kvq;
@@ -49,6 +50,36 @@ TEST(EvalMetrics, ArgmaxTakesTheFirstMaximumAndLogSoftmaxNormalises) {
   for (double v : ls) s += std::exp(v);
   EXPECT_NEAR(s, 1.0, 1e-14);
   EXPECT_NEAR(ls[1] - ls[0], 2.0, 1e-14);
+}
+
+// The lockstep's one-pass row comparison: the NLLs bit for bit token_nll's (so lockstep ppl equals eval::perplexity),
+// KL within rounding of a two-pass log-softmax reference, top-1 agreement as two argmaxes.
+TEST(EvalMetrics, RowFidelityMatchesTokenNllKlAndArgmaxOfTheSameRows) {
+  const int V = 777;
+  std::vector<float> p(V), q(V);
+  for (int i = 0; i < V; ++i) {
+    p[size_t(i)] = float(std::sin(i * 0.37) * 6 + std::cos(i * 1.3));
+    q[size_t(i)] = p[size_t(i)] + float(0.3 * std::sin(i * 2.1));
+  }
+  std::vector<double> scratch(V), lp(V), lq(V);
+  for (int32_t target : {0, 5, V - 1}) {
+    const RowFidelity r = row_fidelity(p.data(), q.data(), V, target, scratch.data());
+    EXPECT_EQ(r.nll_p, token_nll(p.data(), V, target));
+    EXPECT_EQ(r.nll_q, token_nll(q.data(), V, target));
+    log_softmax(p.data(), V, lp.data());
+    log_softmax(q.data(), V, lq.data());
+    double kl = 0;
+    for (int i = 0; i < V; ++i) kl += std::exp(lp[size_t(i)]) * (lp[size_t(i)] - lq[size_t(i)]);
+    EXPECT_GT(kl, 1e-3);
+    EXPECT_NEAR(r.kl, kl, 1e-12 * kl + 1e-15);
+    EXPECT_EQ(r.top1_agree, argmax(p.data(), V) == argmax(q.data(), V));
+  }
+  const RowFidelity none = row_fidelity(p.data(), q.data(), V, -1, scratch.data());
+  EXPECT_EQ(none.nll_p, 0.0);
+  q[size_t(argmax(p.data(), V))] += 100.f;  // q's argmax moves elsewhere unless it already was there
+  q[0] += 200.f;
+  EXPECT_FALSE(row_fidelity(p.data(), q.data(), V, -1, scratch.data()).top1_agree || argmax(p.data(), V) == 0);
+  EXPECT_THROW(row_fidelity(p.data(), q.data(), V, V, scratch.data()), Error);
 }
 
 TEST(EvalMetrics, RelativeErrorFromSquaredNorms) {

@@ -72,13 +72,15 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
       auto compare = [&](int64_t i, int thread) {
         const float* pr = ref_logits.data() + size_t(i) * V;
         const float* pm = m_logits.data() + size_t(i) * V;
+        const int32_t target = pos + i + 1 < ctx ? win[pos + i + 1] : -1;
+        const RowFidelity f = row_fidelity(pr, pm, V, target, scratch[size_t(thread)].data());
         WindowFidelity& o = per_row[size_t(i)];
         o = WindowFidelity{};
-        o.kl_sum = kl_from_logits(pr, pm, V, scratch[size_t(thread)].data());
-        o.top1_agree = argmax(pr, V) == argmax(pm, V) ? 1 : 0;
-        if (pos + i + 1 < ctx) {
-          o.nll_ref = token_nll(pr, V, win[pos + i + 1]);
-          o.nll_method = token_nll(pm, V, win[pos + i + 1]);
+        o.kl_sum = f.kl;
+        o.top1_agree = f.top1_agree ? 1 : 0;
+        if (target >= 0) {
+          o.nll_ref = f.nll_p;
+          o.nll_method = f.nll_q;
           o.nll_tokens = 1;
         }
       };

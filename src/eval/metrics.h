@@ -12,6 +12,16 @@ void log_softmax(const float* logits, int vocab, double* out);
 // Identical rows give exactly 0. scratch: 2 * vocab doubles, or null to allocate.
 double kl_from_logits(const float* p_logits, const float* q_logits, int vocab, double* scratch = nullptr);
 
+// Everything the lockstep comparison needs from one pair of rows, with one log-softmax of each (2 · vocab exps):
+// KL(p ‖ q) as kl_from_logits, whether the argmaxes agree, and for target >= 0 the NLL of target under p and q,
+// bit for bit eval::token_nll's. scratch: vocab doubles.
+struct RowFidelity {
+  double kl = 0;           // KL(p ‖ q) in nats
+  bool top1_agree = false; // argmax(p) == argmax(q) (first maximum on ties)
+  double nll_p = 0, nll_q = 0;  // -log p(target), -log q(target); 0 when target < 0
+};
+RowFidelity row_fidelity(const float* p_logits, const float* q_logits, int vocab, int32_t target, double* scratch);
+
 // Index of the largest logit (the first one on ties).
 int argmax(const float* logits, int vocab);
 
