@@ -1,6 +1,6 @@
 // The GPU forward pass (cuda/gpu_model.h) against the CPU model (model/model.h) on models/ref: logits after a
-// chunked prefill and decode steps, greedy continuations, perplexity with bf16, int2 and kivi2 caches, and batched decode
-// of sequences of different lengths against decoding each alone. Skipped where no CUDA device is available.
+// chunked prefill and decode steps, greedy continuations, perplexity with bf16, int2 and kivi2 caches, and batched
+// decode of sequences of different lengths against decoding each alone. Skipped where no CUDA device is available.
 //
 // Tolerances. Both sides use the same bf16 weights, the same KV cache format and the same fp32 norms / RoPE /
 // SwiGLU arithmetic in the same order; they differ by
