@@ -65,8 +65,8 @@ expect_error "referee: calibration data inside the eval set" referee -m $M --cal
 expect_error "referee: unknown method" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --methods int2,int3
 expect_error "run: unknown device" run -m $M -p hi -n 1 --device tpu
 expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt --device cuda --gpu-gemm fp16
-# Fails everywhere: without CUDA or a device (no device), with one (KIVI keys are CPU-only).
-expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk kivi2 -ctv int2
+# Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).
+expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk f32 -ctv f32
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line
   expect_error "run: --device cuda without a device" run -m $M -p hi -n 1 --device cuda
   expect_error "ppl: --device cuda without a device" ppl -m $M -f data/eval/linux.txt --device cuda

@@ -1,7 +1,8 @@
 // The GPU paged KV cache (cuda/gpu_cache.h) against the CPU KvCache + cache_attention on identical inputs:
 // stored rows byte for byte (the quantizer is bit-exact), attention outputs by NMSE, prefill chunks then batched
 // decode over sequences of awkward lengths, every codec and window setting, with and without a transform;
-// split-KV and the reference twin; refusals. Every test skips itself (reported as Skipped) without a GPU.
+// split-KV and the reference twin; refusals. Every test skips itself (reported as Skipped) without a GPU, except the
+// host-side geometry checks (GpuCacheGeometry.*), which run everywhere the CUDA backend is built.
 #ifdef KVQ_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/cache.h"
 #include "kv/simd.h"
@@ -43,6 +45,10 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   }
   c.k.clip = type == "bf16" ? 1.0f : 0.96f;  // the METHODS §1 defaults: quantile clip on both
   c.v.clip = type == "bf16" ? 1.0f : 0.92f;
+  if (type.rfind("kivi", 0) == 0) {  // KIVI as the CLI and the referee build it: keys per channel, plain min/max
+    c.k.per_channel = true;
+    c.k.clip = c.v.clip = 1.0f;
+  }
   c.sink = sink;
   c.recent = recent;
   c.page_tokens = 128;
@@ -191,7 +197,10 @@ struct Twin {
             const KvCodec& codec = quant ? (kv ? cpu.v_codec() : cpu.k_codec()) : cpu.window_codec();
             const size_t rb = codec.bytes_per_block();
             const uint8_t* src = kv ? r.v : r.k;
-            for (int i = 0; i < r.n; ++i, off += rb) {
+            // Blocks of the run: rows, or KIVI key blocks of G rows (whole blocks in download_rows, gpu_cache.h).
+            const int tpb = codec.tokens_per_block();
+            EXPECT_EQ(r.n % tpb, 0) << "a quantized run of partial blocks";
+            for (int i = 0; i < r.n / tpb; ++i, off += rb) {
               ++*total;
               if (off + rb > g.size() || std::memcmp(g.data() + off, src + size_t(i) * rb, rb) != 0) ++bad;
             }
@@ -218,11 +227,17 @@ double operand_budget(const std::string& type, int group) {
 // adds its operand rounding (operand_budget), tested against the exact reference twin below.
 // With a transform the rotation is computed in the CPU's order too, but a rare code flip is allowed for, scaled by
 // the step of the grid.
+// KIVI: values are per-token rows (kivi2 at G = 128: the int8 path above); keys fold the per-channel scale into q
+// before the CPU's int16 rounding (q'_c = q_c scale_c, one step for the whole row), a coarser rounding than per-token
+// groups (CPU vs the exact double reference on this heavy-tailed data, AVX-512 VNNI: up to 9e-8 for kivi2/g32 and
+// kivi4/g128): 1e-6, the CPU's own budget for its fast path (tests/test_cache_attention.cpp).
 double budget(const std::string& type, int group, bool transform) {
-  const bool int8_operands = type == "int2" && group == 128 && best_simd_level() == SimdLevel::kAvx512Vnni;
-  const double kernels = std::max(operand_budget(type, group), int8_operands ? 2e-3 : 1e-7);
+  const bool kivi = type.rfind("kivi", 0) == 0;
+  const bool int8_operands =
+      (type == "int2" || type == "kivi2") && group == 128 && best_simd_level() == SimdLevel::kAvx512Vnni;
+  const double kernels = std::max(operand_budget(type, group), int8_operands ? 2e-3 : kivi ? 1e-6 : 1e-7);
   if (!transform || type == "bf16") return kernels;
-  return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" ? 1e-4 : 1e-3);
+  return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" || type == "kivi4" ? 1e-4 : 1e-3);
 }
 
 using Case = std::tuple<std::string, int, std::pair<int, int>, int>;  // type, group, (sink, recent), variant
@@ -275,6 +290,16 @@ INSTANTIATE_TEST_SUITE_P(Int, GpuVsCpu,
                          ::testing::Combine(::testing::Values("int8", "int4", "int2"), ::testing::Values(128, 32),
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1, 2)),
                          case_name);
+// KIVI (keys per channel over blocks of G tokens, per-token values), as the referee builds it (clip 1). No transform
+// variant: a rare code flip from the rotation would make a whole 128-token key block differ.
+INSTANTIATE_TEST_SUITE_P(Kivi, GpuVsCpu,
+                         ::testing::Combine(::testing::Values("kivi2", "kivi4"), ::testing::Values(128),
+                                            ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(KiviG32, GpuVsCpu,
+                         ::testing::Combine(::testing::Values("kivi2"), ::testing::Values(32),
+                                            ::testing::ValuesIn(kWindows), ::testing::Values(1)),
+                         case_name);
 
 // Keys int4, values int2 at G = 64: mixed codecs and the middle group size.
 TEST(GpuCache, MixedKeyValueCodecsMatchTheCpuCache) {
@@ -288,6 +313,24 @@ TEST(GpuCache, MixedKeyValueCodecsMatchTheCpuCache) {
   for (int s = 0; s < 3; ++s) tw.step({0, 1}, {1, 1}, rng, Data::HeavyTailed, true, 1e-8, "decode");
   int64_t total = 0;
   EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0);
+}
+
+// KIVI keys with a quantile clip (the device's counting quantile over the G tokens of a channel) and per-token int4
+// values at G = 64; chunks of 100 tokens cross the 64-token key blocks.
+TEST(GpuCache, KiviKeysWithQuantileClipMatchTheCpuCache) {
+  REQUIRE_GPU();
+  CacheConfig cfg = config("kivi2", 64, 16, 64, 100);
+  cfg.k.clip = 0.9f;
+  cfg.v.type = "int4";
+  cfg.v.clip = 0.96f;
+  std::mt19937 rng(9);
+  Twin tw(cfg, 1200, 2, KvTransform{});
+  tw.prefill(0, 1001, rng, Data::HeavyTailed, 1e-6);
+  tw.prefill(1, 333, rng, Data::Gaussian, 1e-6);
+  for (int s = 0; s < 70; ++s) tw.step({0, 1}, {1, 1}, rng, Data::HeavyTailed, s % 10 == 0, 1e-6, "decode");
+  int64_t total = 0;
+  EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0);
+  EXPECT_GT(total, 0);
 }
 
 // Fills a GPU cache with one int2 sequence of `len` tokens (random rows) and returns its attention outputs for
@@ -320,7 +363,7 @@ std::vector<float> decode_once(const CacheConfig& cfg, int len, int split_tokens
 
 TEST(GpuCache, SplitKvResultEqualsUnsplit) {
   REQUIRE_GPU();
-  for (const char* type : {"int2", "bf16"}) {
+  for (const char* type : {"int2", "bf16", "kivi2"}) {  // kivi2: CUDA-core kernel, splits cut key blocks
     const CacheConfig cfg = config(type, 128, 64, 256);
     const auto one = decode_once(cfg, 5000, 8192, false);  // one split
     for (int split : {128, 256, 1024, 0}) {
@@ -333,7 +376,7 @@ TEST(GpuCache, SplitKvResultEqualsUnsplit) {
 
 TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
   REQUIRE_GPU();
-  for (const char* type : {"int2", "int4", "int8", "bf16"})
+  for (const char* type : {"int2", "int4", "int8", "bf16", "kivi2", "kivi4"})
     for (int group : {128, 32}) {
       const CacheConfig cfg = config(type, group, 16, 64);
       const auto fast = decode_once(cfg, 3001, 0, false), ref = decode_once(cfg, 3001, 0, true);
@@ -342,10 +385,24 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
     }
 }
 
+// The fast CUDA-core kernel against the reference twin on KIVI key blocks, at every window setting (S0 = 0 puts the
+// first key block at position 0; W = 0 leaves only the partial block in the ring).
+TEST(GpuCache, FastAttentionMatchesReferenceTwinForKivi2) {
+  REQUIRE_GPU();
+  for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{64, 256}, {16, 64}, {0, 0}})
+    for (int group : {128, 32}) {
+      const CacheConfig cfg = config("kivi2", group, sink, recent);
+      const auto fast = decode_once(cfg, 2000, 0, false), ref = decode_once(cfg, 2000, 0, true);
+      const double e = nmse(fast, ref);
+      EXPECT_LT(e, 1e-9) << "kivi2/g" << group << " sink " << sink << " recent " << recent;
+      std::printf("[ gpu    ] fast vs reference twin, kivi2/g%d sink %d recent %d: NMSE %.3g\n", group, sink, recent, e);
+    }
+}
+
 // The fast kernel's instances: GQA groups 1, 2, 4 (compile-time) and the generic one (3, 8).
 TEST(GpuCache, FastAttentionMatchesReferenceTwinForEveryGqaGroup) {
   REQUIRE_GPU();
-  for (const char* type : {"int2", "bf16"})
+  for (const char* type : {"int2", "bf16", "kivi2"})
     for (int heads : {8, 16, 24, 32, 64}) {
       const CacheConfig cfg = config(type, 128, 64, 256);
       const auto fast = decode_once(cfg, 1500, 0, false, heads), ref = decode_once(cfg, 1500, 0, true, heads);
@@ -356,7 +413,7 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwinForEveryGqaGroup) {
 
 TEST(GpuCache, FootprintEqualsCpuAccounting) {
   REQUIRE_GPU();
-  for (const char* type : {"bf16", "int8", "int4", "int2"}) {
+  for (const char* type : {"bf16", "int8", "int4", "int2", "kivi2", "kivi4"}) {
     const CacheConfig cfg = config(type, 128, 64, 256);
     cuda::GpuKvCache g(cfg, 2, 2, kD, 8192, 1);
     KvCache c(cfg, 2, 2, kD, 8192, 1);
@@ -367,6 +424,24 @@ TEST(GpuCache, FootprintEqualsCpuAccounting) {
   }
   EXPECT_DOUBLE_EQ(cuda::GpuKvCache(config("int2", 128, 0, 0), 1, 1, kD, 128, 1).footprint(4096).quant_bits_per_element,
                    2.25);
+  EXPECT_DOUBLE_EQ(cuda::GpuKvCache(config("kivi2", 128, 0, 0), 1, 1, kD, 128, 1).footprint(4096).quant_bits_per_element,
+                   2.25);  // keys 2 + 32/128 per channel block, values 2 + 32/128 per row
+}
+
+// One decode step over a KIVI cache reads whole key blocks: 64 sink + 256 recent bf16 rows and 128 quantized
+// positions (one key block of 4608 bytes, 128 int2 value rows of 36 bytes) per kv head.
+TEST(GpuCache, StepBytesReadCountsKiviKeyBlocks) {
+  REQUIRE_GPU();
+  const CacheConfig cfg = config("kivi2", 128, 64, 256);
+  cuda::GpuKvCache c(cfg, 1, 2, kD, 1024, 1);
+  const int s = c.new_sequence();
+  c.begin_step({s}, {64 + 256 + 128});
+  c.commit_step();
+  c.begin_step({s}, {1});  // position 448: the window holds 193 .. 448, so the block [64, 192) is quantized
+  EXPECT_EQ(c.quant_end(448), 64 + 128);
+  const size_t quant = 4608 + size_t(128) * 36, window = size_t(2) * 256 * (448 + 1 - 128);
+  EXPECT_EQ(c.step_bytes_read(0), size_t(2) * (quant + window));
+  c.commit_step();
 }
 
 TEST(GpuCache, StepBytesReadCountsEveryViewRow) {
@@ -381,10 +456,10 @@ TEST(GpuCache, StepBytesReadCountsEveryViewRow) {
 
 TEST(GpuCache, RefusesUnsupportedSettingsWithOneLine) {
   REQUIRE_GPU();
-  CacheConfig kivi = config("int2", 128, 64, 256);
-  kivi.k.type = "kivi2";
-  kivi.k.per_channel = true;
+  CacheConfig kivi = config("kivi2", 128, 64, 256);
+  kivi.v.per_channel = true;  // per-channel values: the CPU codec would take them, the GPU stores per-token values
   EXPECT_THROW(cuda::GpuKvCache(kivi, 1, 2, kD, 1024, 1), Error);
+  EXPECT_NO_THROW(cuda::GpuKvCache(config("kivi2", 128, 64, 256), 1, 2, kD, 1024, 1));
   EXPECT_THROW(cuda::GpuKvCache(config("int2", 32, 64, 256), 1, 2, 64, 1024, 1), Error);  // d = 64
   CacheConfig f32w = config("int2", 128, 64, 256);
   f32w.window = "f32";
@@ -394,6 +469,7 @@ TEST(GpuCache, RefusesUnsupportedSettingsWithOneLine) {
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("kivi2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("value"), std::string::npos) << msg;
     EXPECT_NE(msg.find("int2"), std::string::npos) << msg;  // names what is supported
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
@@ -419,6 +495,57 @@ TEST(GpuCache, RefusesContextOverflowAndBadStepsBeforeWork) {
   EXPECT_THROW(c.attention(0, q.get(), 5, out.get()), Error);   // 5 query heads over 2 kv heads
   EXPECT_THROW(c.attention(0, q.get(), 18, out.get()), Error);  // GQA group of 9 > kMaxGroupHeads
   c.commit_step();
+}
+
+// --- Host side, no GPU needed: the geometry the kernels address the cache with, against the CPU cache.
+
+TEST(GpuCacheGeometry, SupportsKiviKeysPerChannelAndPerTokenValues) {
+  for (const char* type : {"kivi2", "kivi4"})
+    for (int group : {32, 64, 128}) {
+      CodecSpec k{.type = type, .head_dim = kD, .group = group, .clip = 1.0f, .per_channel = true};
+      CodecSpec v{.type = type, .head_dim = kD, .group = group, .clip = 1.0f, .per_channel = false};
+      EXPECT_TRUE(cuda::gpu_codec_supported(k)) << type << "/g" << group << " keys";
+      EXPECT_TRUE(cuda::gpu_codec_supported(v)) << type << "/g" << group << " values";
+    }
+  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi2", .head_dim = 64, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi2", .head_dim = kD, .group = 16, .per_channel = true}));
+  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "int2", .head_dim = kD, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "bf16", .head_dim = kD, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi8", .head_dim = kD, .group = 128}));
+}
+
+// qe(t) with B = block_tokens, the ring size and the page layout (K blocks | V rows) of the GPU cache equal the CPU
+// cache's, for KIVI (B = G) and per-token codecs (B = 1), over awkward windows and chunks.
+TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {
+  struct G {
+    const char* type;
+    int group, sink, recent, chunk;
+  };
+  for (const G& c : std::vector<G>{{"kivi2", 128, 64, 256, 512}, {"kivi2", 128, 16, 64, 512}, {"kivi2", 128, 0, 0, 512},
+                                   {"kivi2", 32, 16, 64, 100}, {"kivi4", 64, 5, 7, 33}, {"int2", 128, 64, 256, 512},
+                                   {"int4", 32, 0, 0, 64}, {"bf16", 128, 16, 64, 512}}) {
+    const CacheConfig cfg = config(c.type, c.group, c.sink, c.recent, c.chunk);
+    const std::string what = cfg.describe();
+    constexpr int kLayers = 2, kKv = 3, kCtx = 1000;
+    const KvCache cpu(cfg, kLayers, kKv, kD, kCtx, 1);
+    const cuda::CacheGeometry g = cuda::cache_geometry(cfg, kLayers, kKv, kCtx);
+    EXPECT_EQ(g.block_tokens, cpu.block_tokens()) << what;
+    EXPECT_EQ(g.block_tokens, cfg.k.per_channel ? c.group : 1) << what;
+    for (int t = -1; t < kCtx; ++t) ASSERT_EQ(cuda::quant_end(g, t), cpu.quant_end(t)) << what << " t " << t;
+    EXPECT_EQ(g.ring_tokens, c.recent + cpu.block_tokens() + c.chunk) << what;
+    const KvCodec &kc = cpu.k_codec(), &vc = cpu.v_codec();
+    EXPECT_EQ(g.k_block_tokens, kc.tokens_per_block()) << what;
+    EXPECT_EQ(size_t(g.k_block), kc.bytes_per_block()) << what;
+    EXPECT_EQ(size_t(g.v_row), vc.bytes_per_block()) << what;
+    EXPECT_EQ(size_t(g.k_region), size_t(cfg.page_tokens / kc.tokens_per_block()) * kc.bytes_per_block()) << what;
+    EXPECT_EQ(size_t(g.head_bytes), size_t(g.k_region) + size_t(cfg.page_tokens) * vc.bytes_per_block()) << what;
+    // The CPU's allocation counted from the same sizes: pages, then sinks and rings of bf16 rows.
+    const size_t windows = size_t(kLayers) * 2 * kKv * size_t(c.sink + g.ring_tokens) * kD * 2;
+    EXPECT_EQ(cpu.bytes_allocated(), size_t(g.pages_per_seq) * size_t(g.page_bytes) + windows) << what;
+    // The device's KIVI block reads (kivi_values4) need 4-byte aligned blocks and code rows.
+    EXPECT_EQ(g.k_block % 4, 0) << what;
+    EXPECT_EQ(g.head_bytes % 4, 0) << what;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The GPU forward pass (cuda/gpu_model.h) against the CPU model (model/model.h) on models/ref: logits after a
-// chunked prefill and decode steps, greedy continuations, perplexity with bf16 and int2 caches, and batched decode
-// of sequences of different lengths against decoding each alone. Skipped where no CUDA device is available.
+// chunked prefill and decode steps, greedy continuations, perplexity with bf16, int2 and kivi2 caches, and batched
+// decode of sequences of different lengths against decoding each alone. Skipped where no CUDA device is available.
 //
 // Tolerances. Both sides use the same bf16 weights, the same KV cache format and the same fp32 norms / RoPE /
 // SwiGLU arithmetic in the same order; they differ by
@@ -57,12 +57,14 @@ std::vector<int32_t> python_tokens(size_t max_tokens) {
   return ids;
 }
 
-// bf16, or int2 with the CLI's default clips; small windows and pages so that demotion is exercised.
+// bf16, int2 with the CLI's default clips, or kivi2 as the CLI builds it (keys per channel, clip 1); small windows
+// and pages so that demotion is exercised.
 CacheConfig cache_config(const std::string& type, int sink, int recent, int page, int chunk) {
   CacheConfig c;
   c.k.type = c.v.type = type;
   c.k.group = c.v.group = 128;
   if (type == "int2") c.k.clip = 0.96f, c.v.clip = 0.92f;
+  if (type == "kivi2") c.k.per_channel = true;
   c.sink = sink;
   c.recent = recent;
   c.page_tokens = page;
@@ -220,6 +222,26 @@ TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForBf16AndInt2Caches) {
       EXPECT_LE(rel, 1e-3) << "cache " << type << " gemm " << cuda::gemm_precision_name(p) << ": cpu " << want
                            << " gpu " << got;
     }
+  }
+}
+
+// The referee's kivi2 cache (keys per channel over 128-token blocks) runs on the GPU: ppl within 0.1% of the CPU.
+TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForKivi2Cache) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const int ctx = 2048;
+  const std::vector<int32_t> ids = python_tokens(size_t(ctx));
+  ASSERT_EQ(ids.size(), size_t(ctx));
+  const CacheConfig cc = cache_config("kivi2", 64, 256, 128, 512);
+  CpuRunner cpu(m, cc, ctx);
+  const double want = perplexity(cpu, ids, ctx, 1).ppl();
+  for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+    GpuModel gpu(m, cc, ctx, 1, p);
+    const double got = perplexity(gpu, ids, ctx, 1).ppl();
+    const double rel = std::abs(got - want) / want;
+    std::printf("cache kivi2 gemm %s: ppl cpu %.5f gpu %.5f, relative difference %.3g%%\n",
+                std::string(cuda::gemm_precision_name(p)).c_str(), want, got, 100 * rel);
+    EXPECT_LE(rel, 1e-3) << "cache kivi2 gemm " << cuda::gemm_precision_name(p) << ": cpu " << want << " gpu " << got;
   }
 }
 

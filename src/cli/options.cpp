@@ -103,7 +103,7 @@ void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim)
   k.head_dim = v.head_dim = head_dim;
   KVQ_CHECK(cuda::gpu_codec_supported(k) && cuda::gpu_codec_supported(v) && cache.window == "bf16",
             "--device cuda: cache {} (window {}) at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 "
-            "with groups 32/64/128 at head_dim 128; bf16 windows)",
+            "with groups 32/64/128, kivi2/kivi4 with keys per channel, at head_dim 128; bf16 windows)",
             cache.describe(), cache.window, head_dim);
 #endif
 }

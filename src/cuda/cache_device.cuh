@@ -1,5 +1,5 @@
 // Device-side helpers shared by the cache kernels: the bit-exact twins of common/half.h, the decode-faithful
-// view (qe(t)) and the address of a cached row, and the decoding of stored rows (kv/layout.h formats).
+// view's rows (sink, page, ring; KIVI key blocks) and the decoding of stored rows (kv/layout.h formats).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -34,11 +34,7 @@ __device__ __forceinline__ uint16_t f32_to_fp16(float f) {
   return uint16_t(sign | (v >> 13));
 }
 
-// --- The decode-faithful view of a query at position t (kv/cache.h, block_tokens = 1 for per-token codecs).
-__device__ __forceinline__ int quant_end(const CacheGeometry& g, int t) {
-  const int span = t + 1 - g.recent - g.sink;
-  return g.sink + (span > 0 ? span : 0);
-}
+// --- The decode-faithful view of a query at position t: cuda::quant_end (gpu_kernels.h), block_tokens B.
 
 __device__ __forceinline__ const uint16_t* sink_row(const CacheGeometry& g, int seq, int layer, int kv, int head,
                                                     int pos) {
@@ -49,24 +45,42 @@ __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, i
          ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
              kHeadDim;
 }
-// Stored (quantized-region) row of position pos >= S0.
-__device__ __forceinline__ uint8_t* page_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
+// The (layer, head) part of the page holding quantized position pos >= S0: { K blocks | V rows }.
+__device__ __forceinline__ uint8_t* page_head(const CacheGeometry& g, int seq, int layer, int head, int pos) {
   const int q = pos - g.sink;
   const int page = g.page_table[int64_t(seq) * g.pages_per_seq + q / g.page_tokens];
-  uint8_t* h = g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
-  return kv ? h + g.k_region + int64_t(q % g.page_tokens) * g.v_row : h + int64_t(q % g.page_tokens) * g.k_row;
+  return g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
+}
+// Stored (quantized-region) row of position pos >= S0: every V row, and K rows of per-token key codecs (NOT KIVI
+// keys: see kivi_block).
+__device__ __forceinline__ uint8_t* page_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
+  const int j = (pos - g.sink) % g.page_tokens;
+  uint8_t* h = page_head(g, seq, layer, head, pos);
+  return kv ? h + g.k_region + int64_t(j) * g.v_row : h + int64_t(j) * g.k_row;
+}
+// KIVI keys: the layout::KiviKeyBlock holding quantized position pos >= S0; the position is its row
+// (pos - S0) % G.
+__device__ __forceinline__ uint8_t* kivi_block(const CacheGeometry& g, int seq, int layer, int head, int pos) {
+  const int j = (pos - g.sink) % g.page_tokens;
+  return page_head(g, seq, layer, head, pos) + int64_t(j / g.k_block_tokens) * g.k_block;
 }
 
-// Where row `pos` of the view of a query at t lives: a bf16 row (sink / recent) or a codec row (quantized).
+// Where row `pos` of the view of a query at t lives: a bf16 row (sink / recent), a codec row (quantized), or for
+// KIVI keys in the quantized region the key block and the row within it.
 struct RowRef {
-  const void* ptr;
-  bool quant;
+  const void* ptr;  // bf16 row, codec row, or layout::KiviKeyBlock
+  bool quant;       // in the quantized region
+  int block_row;    // KIVI keys: the token's row in the block (0 .. G - 1); 0 otherwise
 };
 __device__ __forceinline__ RowRef view_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos,
                                            int qe) {
-  if (pos < g.sink) return {sink_row(g, seq, layer, kv, head, pos), false};
-  if (pos < qe) return {page_row(g, seq, layer, kv, head, pos), true};
-  return {ring_row(g, seq, layer, kv, head, pos), false};
+  if (pos < g.sink) return {sink_row(g, seq, layer, kv, head, pos), false, 0};
+  if (pos < qe) {
+    if (kv == 0 && kivi_keys(g))
+      return {kivi_block(g, seq, layer, head, pos), true, (pos - g.sink) % g.k_block_tokens};
+    return {page_row(g, seq, layer, kv, head, pos), true, 0};
+  }
+  return {ring_row(g, seq, layer, kv, head, pos), false, 0};
 }
 
 // Value c of a stored row: bf16 (bits == kBf16Bits) or layout::IntRow with group G.
@@ -79,6 +93,40 @@ __device__ __forceinline__ float row_value(const void* row, int bits, int group,
   const uint8_t* codes = r + layout::int_row_params_bytes(kHeadDim, group);
   const int code = (codes[layout::code_byte(c, bits)] >> layout::code_shift(c, bits)) & ((1 << bits) - 1);
   return (float(code) - zero) * scale;
+}
+
+// Value c of row `row` of a KIVI key block (layout::KiviKeyBlock, d = kHeadDim): (code - zero_c) · scale_c.
+__device__ __forceinline__ float kivi_value(const void* block, int row, int bits, int c) {
+  const uint8_t* b = static_cast<const uint8_t*>(block);
+  const uint16_t* params = reinterpret_cast<const uint16_t*>(b);  // GroupParams[d]: scale, zero of channel c
+  const float scale = fp16_to_f32(params[2 * c]), zero = fp16_to_f32(params[2 * c + 1]);
+  const uint8_t* codes = b + layout::kivi_key_params_bytes(kHeadDim) + row * layout::packed_bytes(kHeadDim, bits);
+  const int code = (codes[layout::code_byte(c, bits)] >> layout::code_shift(c, bits)) & ((1 << bits) - 1);
+  return (float(code) - zero) * scale;
+}
+
+// Four consecutive values c0 .. c0 + 3 (c0 a multiple of 4) of row `row` of a KIVI key block.
+__device__ __forceinline__ void kivi_values4(const void* block, int row, int bits, int c0, float out[4]) {
+  const uint8_t* b = static_cast<const uint8_t*>(block);
+  const uint32_t* params = reinterpret_cast<const uint32_t*>(b);  // one word per channel: scale (low), zero (high)
+  // As row_values4: values c0 .. c0 + 3 sit in 4 consecutive bytes of their unit at the same shift.
+  const int ub = layout::unit_bytes(bits), vv = c0 % layout::kUnitValues;
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(b + layout::kivi_key_params_bytes(kHeadDim) +
+                                                        row * layout::packed_bytes(kHeadDim, bits) +
+                                                        (c0 / layout::kUnitValues) * ub + vv % ub);
+  const int shift = bits * (vv / ub), mask = (1 << bits) - 1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t p = params[c0 + i];
+    const float scale = fp16_to_f32(uint16_t(p)), zero = fp16_to_f32(uint16_t(p >> 16));
+    out[i] = (float((w >> (8 * i + shift)) & mask) - zero) * scale;
+  }
+}
+
+// Value c of the K row `r` (view_row with kv = 0): bf16 window row, per-token codec row or KIVI key block.
+__device__ __forceinline__ float key_value(const CacheGeometry& g, const RowRef& r, int c) {
+  if (r.quant && kivi_keys(g)) return kivi_value(r.ptr, r.block_row, g.k_bits, c);
+  return row_value(r.ptr, r.quant ? g.k_bits : kBf16Bits, g.k_group, c);
 }
 
 // Four consecutive values c0 .. c0 + 3 (c0 a multiple of 4) of a stored row.

@@ -10,7 +10,8 @@
 //
 // The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
 // row against the group's queries in shared memory, broadcast reads; int2 / int4 keys: per 32-value unit the
-// codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the inner loop). Values: lane = 4
+// codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the inner loop; KIVI keys:
+// the row of the position's key block decoded per channel, (code - zero_c) scale_c, then q · k). Values: lane = 4
 // channels, the tile's probabilities are broadcast by shuffles, each V row is read by the warp in one sweep.
 #include <cuda_runtime.h>
 
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
-  const int t = rd.pos, qe = dev::quant_end(geo, t);
+  const int t = rd.pos, qe = quant_end(geo, t);
   // Position ranges this block attends: the split, or the sink [0, S0) and the recent window [max(S0, qe), t].
   int range[2][2];
   if (windows_slot < 0) {
@@ -107,7 +108,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
       const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
       const int bits = kr.quant ? geo.k_bits : kBf16Bits;
       const uint8_t* kp = static_cast<const uint8_t*>(kr.ptr);
-      if (bits == 2) {
+      if (kr.quant && kivi_keys(geo)) {  // KIVI key block: per-channel scale / zero, row kr.block_row
+        for (int c0 = 0; c0 < kD; c0 += 4) {
+          float kv4[4];
+          dev::kivi_values4(kp, kr.block_row, bits, c0, kv4);
+#pragma unroll
+          for (int h = 0; h < GQ; ++h)
+            if (h < g)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
+        }
+      } else if (bits == 2) {
         dev::score_int_row<2, GQ>(kp, geo.k_group, qs, qsum, g, s);
       } else if (bits == 4) {
         dev::score_int_row<4, GQ>(kp, geo.k_group, qs, qsum, g, s);

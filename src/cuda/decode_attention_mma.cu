@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
   const int g = a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
-  const int qe = dev::quant_end(geo, rd.pos);
+  const int qe = quant_end(geo, rd.pos);
   const int lo = geo.sink + split * a.split_tokens, hi = min(qe, lo + a.split_tokens);
   const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
 
@@ -258,6 +258,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 }  // namespace
 
 bool attention_mma_supported(const CacheGeometry& g) {
+  if (kivi_keys(g)) return false;  // per-channel key blocks: the CUDA-core kernel
   const bool k_ok = g.k_bits == kBf16Bits || (g.k_bits == 2 && g.k_group == kD);
   const bool v_ok = g.v_bits == kBf16Bits || (g.v_bits == 2 && g.v_group == kD);
   return k_ok && v_ok && g.page_tokens % kTile == 0;

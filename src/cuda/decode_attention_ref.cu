@@ -1,6 +1,6 @@
 // The reference twin of the attention kernel (decode_attention.cu): same grid and partial format, written to be
 // obviously correct rather than fast. One block of d threads (thread = channel) walks the split's positions one
-// by one: decode the K row value of its channel, block-reduce q·k per query head, online softmax per head,
+// by one: decode the K row value of its channel (KIVI keys: from the position's key block and row), block-reduce q·k per query head, online softmax per head,
 // accumulate p · v of its channel.
 #include <cuda_runtime.h>
 
@@ -16,7 +16,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z, c = threadIdx.x;
   const int g = a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
-  const int t = rd.pos, qe = dev::quant_end(geo, t);
+  const int t = rd.pos, qe = quant_end(geo, t);
   const int begin = split * a.split_tokens;
   const int end = min(t + 1, begin + a.split_tokens);
   __shared__ float red[kMaxGroupHeads][kD];
@@ -28,7 +28,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   for (int p = begin; p < end; ++p) {
     const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
     const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, p, qe);
-    const float kc = dev::row_value(kr.ptr, kr.quant ? geo.k_bits : kBf16Bits, geo.k_group, c);
+    const float kc = dev::key_value(geo, kr, c);  // bf16, per-token codec row or KIVI key block
     const float vc = dev::row_value(vr.ptr, vr.quant ? geo.v_bits : kBf16Bits, geo.v_group, c);
     for (int h = 0; h < g; ++h) red[h][c] = q[h] * kc;
     __syncthreads();

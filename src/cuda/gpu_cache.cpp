@@ -19,20 +19,25 @@ namespace kvq::cuda {
 namespace {
 
 constexpr const char* kSupported =
-    "the GPU cache supports k/v types bf16, int8, int4, int2 with head_dim 128 and group 32, 64 or 128, "
-    "bf16 windows";
+    "the GPU cache supports k/v types bf16, int8, int4, int2 (per-token groups of 32, 64 or 128), kivi2 / kivi4 "
+    "(keys per channel over 32, 64 or 128 tokens, values per-token groups), head_dim 128, bf16 windows";
 
 int codec_bits(const std::string& type) {
   if (type == "bf16") return kBf16Bits;
   if (type == "int8") return 8;
-  if (type == "int4") return 4;
-  if (type == "int2") return 2;
+  if (type == "int4" || type == "kivi4") return 4;
+  if (type == "int2" || type == "kivi2") return 2;
   return 0;
 }
 
+bool is_kivi(const std::string& type) { return type == "kivi2" || type == "kivi4"; }
+
+// Bytes of one stored row: bf16, layout::IntRow, or (KIVI keys) one token's packed codes of a KiviKeyBlock.
 int row_bytes(const CodecSpec& s) {
   const int bits = codec_bits(s.type);
-  return bits == kBf16Bits ? layout::bf16_row_bytes(kHeadDim) : layout::int_row_bytes(kHeadDim, s.group, bits);
+  if (bits == kBf16Bits) return layout::bf16_row_bytes(kHeadDim);
+  if (s.per_channel) return layout::packed_bytes(kHeadDim, bits);
+  return layout::int_row_bytes(kHeadDim, s.group, bits);
 }
 
 // Quantile index of kv/group_quant.cpp: min(floor(clip n), n - 1), or -1 for clip >= 1 (plain max |x|).
@@ -43,7 +48,8 @@ int clip_index(const CodecSpec& s) {
 
 void check_spec(CodecSpec s, const char* which, int head_dim) {
   s.head_dim = head_dim;  // the cache's d, as kv/cache.cpp does
-  KVQ_CHECK(gpu_codec_supported(s),
+  const bool value_blocks = s.per_channel && std::string(which) == "value";  // values are always per-token rows
+  KVQ_CHECK(gpu_codec_supported(s) && !value_blocks,
             "GPU KV cache: {} type '{}' (group {}{}) with head_dim {} is not supported ({})", which, s.type, s.group,
             s.per_channel ? ", per_channel" : "", head_dim, kSupported);
 }
@@ -59,10 +65,31 @@ int sm_count() {
 
 bool gpu_codec_supported(const CodecSpec& spec) {
   const int bits = codec_bits(spec.type);
-  if (bits == 0 || spec.per_channel || spec.head_dim != kHeadDim) return false;
+  if (bits == 0 || spec.head_dim != kHeadDim) return false;
+  if (spec.per_channel && !is_kivi(spec.type)) return false;  // per_channel: KIVI keys only (kv/codec.cpp)
   if (bits == kBf16Bits) return true;
   return (spec.group == 32 || spec.group == 64 || spec.group == 128) && std::isfinite(spec.clip) && spec.clip > 0.f &&
          spec.clip <= 1.f;
+}
+
+CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx) {
+  CacheGeometry g{};
+  g.n_layers = n_layers, g.n_kv = n_kv_heads;
+  g.sink = cfg.sink, g.recent = cfg.recent, g.page_tokens = cfg.page_tokens;
+  g.k_bits = codec_bits(cfg.k.type), g.v_bits = codec_bits(cfg.v.type);
+  g.k_block_tokens = cfg.k.per_channel ? cfg.k.group : 1;
+  g.block_tokens = g.k_block_tokens;  // lcm(Gk, 1): values are always per-token rows
+  g.ring_tokens = cfg.recent + g.block_tokens + cfg.max_chunk;  // as kv/cache.cpp
+  g.pages_per_seq = std::max(1, (std::max(0, max_ctx - cfg.sink) + cfg.page_tokens - 1) / cfg.page_tokens);
+  g.k_group = g.k_bits == kBf16Bits ? kHeadDim : cfg.k.group;
+  g.v_group = g.v_bits == kBf16Bits ? kHeadDim : cfg.v.group;
+  g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
+  g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
+  g.k_block = cfg.k.per_channel ? layout::kivi_key_block_bytes(kHeadDim, cfg.k.group, g.k_bits) : g.k_row;
+  g.k_region = int64_t(cfg.page_tokens / g.k_block_tokens) * g.k_block;
+  g.head_bytes = g.k_region + int64_t(cfg.page_tokens) * g.v_row;
+  g.page_bytes = g.head_bytes * n_layers * n_kv_heads;
+  return g;
 }
 
 struct GpuKvCache::Impl {
@@ -91,10 +118,7 @@ struct GpuKvCache::Impl {
   int split_tokens = 0;                 // 0 = automatic
   bool reference = false;
 
-  int quant_end(int t) const {
-    const int span = std::max(0, t + 1 - cfg.recent - cfg.sink);
-    return cfg.sink + span;
-  }
+  int quant_end(int t) const { return cuda::quant_end(geo, t); }
   static void grow(DeviceBuffer& b, size_t bytes) {
     if (b.bytes() < bytes) b = DeviceBuffer(std::max(bytes, b.bytes() * 3 / 2));
   }
@@ -122,19 +146,11 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   KVQ_CHECK(max_ctx > 0 && max_seqs > 0, "GPU KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
   require_device();
 
+  m.geo = cache_geometry(cfg, n_layers, n_kv_heads, max_ctx);
   CacheGeometry& g = m.geo;
-  g.n_layers = n_layers, g.n_kv = n_kv_heads;
-  g.sink = cfg.sink, g.recent = cfg.recent, g.page_tokens = cfg.page_tokens;
-  g.ring_tokens = cfg.recent + 1 + cfg.max_chunk;  // as kv/cache.cpp with block_tokens = 1
-  g.pages_per_seq = std::max(1, (std::max(0, max_ctx - cfg.sink) + cfg.page_tokens - 1) / cfg.page_tokens);
-  g.k_bits = codec_bits(cfg.k.type), g.v_bits = codec_bits(cfg.v.type);
-  g.k_group = g.k_bits == kBf16Bits ? kHeadDim : cfg.k.group;
-  g.v_group = g.v_bits == kBf16Bits ? kHeadDim : cfg.v.group;
-  g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
-  g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
-  g.k_region = int64_t(cfg.page_tokens) * g.k_row;
-  g.head_bytes = g.k_region + int64_t(cfg.page_tokens) * g.v_row;
-  g.page_bytes = g.head_bytes * n_layers * n_kv_heads;
+  KVQ_CHECK(g.block_tokens == m.accounting->block_tokens(),
+            "GPU KV cache: block of {} tokens differs from the CPU cache's {} (internal)", g.block_tokens,
+            m.accounting->block_tokens());
 
   const size_t total_pages = size_t(g.pages_per_seq) * size_t(max_seqs);
   const size_t window_rows = size_t(max_seqs) * n_layers * 2 * n_kv_heads;
@@ -363,7 +379,9 @@ size_t GpuKvCache::step_bytes_read(int layer) const {
     const int n_sink = std::min(m.cfg.sink, t + 1);
     const int n_quant = std::max(0, m.quant_end(t) - m.cfg.sink);
     const int n_recent = t + 1 - n_sink - n_quant;
-    bytes += size_t(m.n_kv) * (2 * bf16_row * size_t(n_sink + n_recent) + size_t(m.geo.k_row + m.geo.v_row) * n_quant);
+    // n_quant is a multiple of B, so of the K block's tokens.
+    const size_t quant = size_t(n_quant / m.geo.k_block_tokens) * m.geo.k_block + size_t(n_quant) * m.geo.v_row;
+    bytes += size_t(m.n_kv) * (2 * bf16_row * size_t(n_sink + n_recent) + quant);
   }
   return bytes;
 }
@@ -381,6 +399,7 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
   const int kv = values ? 1 : 0, qe = m.quant_end(len - 1);
   const size_t wrow = size_t(kHeadDim) * 2;
   const size_t win_base = ((size_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + kv_head;
+  const bool kivi = kv == 0 && kivi_keys(g);
   std::vector<uint8_t> out;
   for (int p = pos0; p < pos0 + n; ++p) {
     const uint8_t* src;
@@ -391,8 +410,15 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
       const int q = p - g.sink;
       const int page = m.page_table[size_t(seq) * g.pages_per_seq + q / g.page_tokens];
       const uint8_t* h = m.pool.as<uint8_t>() + size_t(page) * g.page_bytes + (size_t(layer) * g.n_kv + kv_head) * g.head_bytes;
-      bytes = size_t(kv ? g.v_row : g.k_row);
-      src = kv ? h + g.k_region + size_t(q % g.page_tokens) * bytes : h + size_t(q % g.page_tokens) * bytes;
+      const int j = q % g.page_tokens;
+      if (kivi) {  // the whole key block, once: at its first position, or at pos0 inside it
+        if (p != pos0 && j % g.k_block_tokens != 0) continue;
+        bytes = size_t(g.k_block);
+        src = h + size_t(j / g.k_block_tokens) * bytes;
+      } else {
+        bytes = size_t(kv ? g.v_row : g.k_row);
+        src = kv ? h + g.k_region + size_t(j) * bytes : h + size_t(j) * bytes;
+      }
     } else {
       src = m.ring.as<uint8_t>() + (win_base * g.ring_tokens + p % g.ring_tokens) * wrow, bytes = wrow;
     }

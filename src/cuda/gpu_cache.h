@@ -2,8 +2,9 @@
 //
 // Same semantics as the CPU KvCache (kv/cache.h): BF16 sink [0, S0) and recent windows, a quantized paged region
 // [S0, qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves the
-// recent window. Same block layouts: rows are kv/layout.h structs (Bf16Row, IntRow), byte for byte what the CPU
-// codecs store, so a page copied from the GPU decodes with the CPU codec.
+// recent window (a whole block of B = block_tokens positions at once: G for KIVI keys, else 1). Same block layouts:
+// rows and blocks are kv/layout.h structs (Bf16Row, IntRow, KiviKeyBlock), byte for byte what the CPU codecs store,
+// so a page copied from the GPU decodes with the CPU codec.
 //
 // A step works on a batch of sequences: sequence b contributes tokens [pos0_b, pos0_b + n_b) with pos0_b its
 // current length, and their rows are concatenated (vLLM "varlen"): row r of k/v/q belongs to one (b, i).
@@ -25,8 +26,10 @@
 
 namespace kvq::cuda {
 
-// Codecs the GPU cache stores for keys and values: bf16, int8, int4, int2 (per-token groups G = 32/64/128 with
-// d = 128). KIVI is CPU-only; the constructor refuses it with one line naming what is supported.
+// Codecs the GPU cache stores for keys and values, at d = 128: bf16; int8, int4, int2 and kivi2 / kivi4 without
+// per_channel (per-token groups G = 32/64/128); kivi2 / kivi4 with per_channel (KIVI keys: each channel quantized
+// over blocks of G = 32/64/128 tokens). The constructor also refuses per_channel values (the CPU codec would take
+// them, the GPU stores values as per-token rows only), with one line naming what is supported.
 bool gpu_codec_supported(const CodecSpec& spec);
 
 class GpuKvCache {
@@ -84,7 +87,9 @@ class GpuKvCache {
   // Synchronously downloads the stored rows of positions [pos0, pos0 + n) of (seq, layer, kv_head), K
   // (values = false) or V, as a query at position length(seq) - 1 reads them: bf16 rows (2 d bytes) for sinks and
   // the recent window, codec rows (layout::IntRow, or bf16 for a bf16 codec) for the quantized region; rows
-  // concatenated in position order. For comparing bytes with the CPU cache.
+  // concatenated in position order. KIVI keys (per_channel) in the quantized region come as whole blocks: every
+  // layout::KiviKeyBlock (4 d + G d b / 8 bytes) holding a position of the range, once, in position order (a range
+  // that starts or ends inside a block still gets the whole block). For comparing bytes with the CPU cache's blocks.
   std::vector<uint8_t> download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const;
   // End of the quantized region for a query at position t (kv/cache.h's qe(t)).
   int quant_end(int t) const;

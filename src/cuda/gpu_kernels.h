@@ -6,6 +6,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kv/layout.h"  // KVQ_HD
+
+namespace kvq {
+struct CacheConfig;  // kv/cache.h
+}
+
 namespace kvq::cuda {
 
 constexpr int kHeadDim = 128;    // d: the only head dimension the GPU cache supports
@@ -13,7 +19,9 @@ constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the 
 constexpr int kBf16Bits = 16;    // "bits" of a bf16 row in the format fields below
 
 // Where everything of the cache lives on the device and how it is laid out (same layouts as kv/cache.h):
-//   pool   [n_pages][n_layers][n_kv] { K rows [P][k_row] | V rows [P][v_row] }  (layout::IntRow / Bf16Row)
+//   pool   [n_pages][n_layers][n_kv] { K blocks [P / Gk][k_block] | V rows [P][v_row] }
+//          K blocks are rows (Gk = 1: layout::IntRow / Bf16Row) or, for KIVI keys, layout::KiviKeyBlock of Gk = G
+//          tokens; V blocks are always rows (layout::IntRow / Bf16Row)
 //   sinks  [max_seqs][n_layers][2][n_kv][S0][d] bf16
 //   ring   [max_seqs][n_layers][2][n_kv][ring_tokens][d] bf16, position s at slot s % ring_tokens
 //   pages  [max_seqs][pages_per_seq] page ids, quantized position S0 + i P + j in page pages[i], row j
@@ -21,19 +29,35 @@ struct CacheGeometry {
   int n_layers, n_kv;          // layers, kv heads
   int sink, recent;            // S0, W
   int page_tokens;             // P
-  int ring_tokens;             // ring slots per (seq, layer, K/V, head)
+  int block_tokens;            // B: demotion granularity, lcm of the K / V tokens per block (1, or G of KIVI keys)
+  int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + max_chunk, as kv/cache.cpp
   int pages_per_seq;           // columns of the page table
   int k_bits, v_bits;          // 2 / 4 / 8, or kBf16Bits
-  int k_group, v_group;        // G of the int codecs (values per scale/zero group)
+  int k_group, v_group;        // G of the int codecs (values per scale/zero group; KIVI keys: tokens per block)
   int k_clip_index, v_clip_index;  // quantile index min(floor(clip G), G - 1); -1 = plain max |x| (clip >= 1)
-  int k_row, v_row;            // bytes of one stored K / V row
-  int64_t k_region, head_bytes;  // bytes of one page's K rows of one head; K + V rows of one head
+  int k_block_tokens;          // Gk: tokens per stored K block, 1 (per-token rows) or G (KIVI keys, per channel)
+  int k_row, v_row;            // bytes of one stored K / V row (KIVI keys: one token's packed codes, d b / 8)
+  int k_block;                 // bytes of one stored K block: k_row, or the layout::KiviKeyBlock for KIVI keys
+  int64_t k_region, head_bytes;  // bytes of one page's K blocks of one head; K + V blocks of one head
   int64_t page_bytes;          // bytes of one page (all layers, all heads)
   uint8_t* pool;               // page pool
   uint16_t* sinks;             // sink rows (bf16 bits)
   uint16_t* ring;              // recent rows (bf16 bits)
   const int* page_table;       // [max_seqs][pages_per_seq]
 };
+
+// The sizes and layout of a cache (every field but the device pointers, which stay null): the one place that
+// turns a validated CacheConfig into a geometry; host only (gpu_cache.cpp), testable without a GPU.
+CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx);
+
+// qe(t): end of the quantized region for a query at position t (kv/cache.h), t >= -1:
+//   qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B.
+KVQ_HD inline int quant_end(const CacheGeometry& g, int t) {
+  const int span = t + 1 - g.recent - g.sink;
+  return g.sink + (span > 0 ? span / g.block_tokens * g.block_tokens : 0);
+}
+// True for KIVI keys (per-channel blocks of G tokens) in the quantized region.
+KVQ_HD inline bool kivi_keys(const CacheGeometry& g) { return g.k_block_tokens > 1; }
 
 // One row of a step: which sequence, which position.
 struct RowDesc {
@@ -51,7 +75,9 @@ struct TransformPtrs {
 // Append: rows of k / v ([rows][n_kv][d] fp32, untransformed) -> centre + rotate -> bf16 sink or ring rows.
 int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows, int n_rows, const float* d_k,
                        const float* d_v, const TransformPtrs& t, void* stream);
-// Demote: positions d_items[i] (seq, pos) of `layer` from the ring into their pages (group quantizer).
+// Demote: positions d_items[i] (seq, pos) of `layer` from the ring into their pages (group quantizer). The items
+// cover whole blocks of B positions; with KIVI keys, the item at a block's first position also quantizes the K
+// block of its G positions per channel (layout::KiviKeyBlock).
 int launch_demote_rows(const CacheGeometry& g, int layer, const RowDesc* d_items, int n_items, void* stream);
 
 // Attention of one layer over the decode-faithful view of every row.
@@ -69,7 +95,7 @@ struct AttentionLaunch {
   float* part_ml;          // [n_rows][n_kv][n_splits + 1][g][2] scratch: partial (max, sum)
 };
 // The tensor-core path (decode_attention_mma.cu) for the quantized region: int2 rows of one 128-value group or bf16
-// rows, pages of a multiple of 16 rows. It fills slots [0, n_splits); the windows go to slot n_splits.
+// rows, pages of a multiple of 16 rows; never KIVI keys (they take the CUDA-core kernel). It fills slots [0, n_splits); the windows go to slot n_splits.
 bool attention_mma_supported(const CacheGeometry& g);
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
 // q: [n_rows][n_heads][d] fp32 post-RoPE queries (unscaled); out: [n_rows][n_heads][d] plain outputs.

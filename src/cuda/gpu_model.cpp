@@ -161,7 +161,7 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   ks.head_dim = vs.head_dim = c.head_dim;
   KVQ_CHECK(gpu_codec_supported(ks) && gpu_codec_supported(vs),
             "--device cuda: cache {} at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 with groups "
-            "32/64/128 at head_dim 128)",
+            "32/64/128, kivi2/kivi4 with keys per channel over 32/64/128 tokens, at head_dim 128)",
             cache_cfg.describe(), c.head_dim);
   m.max_seqs = max_seqs;
   m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
