@@ -166,6 +166,23 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_EQ(j2["counters"]["runs_resumed"], 3);
   EXPECT_EQ(j2["runs"][1]["results"], j["runs"][1]["results"]);
 
+  // --report-only: a run without a record is listed as missing, nothing is executed or written to runs/
+  fs::remove(d.out / "runs" / "int2__0-0.json");
+  RefereeConfig report = cfg;
+  report.report_only = true;
+  const RefereeResult partial = run_referee(report, quiet);
+  EXPECT_EQ(partial.runs_executed, 0);
+  EXPECT_EQ(partial.runs_resumed, 2);
+  EXPECT_FALSE(fs::exists(d.out / "runs" / "int2__0-0.json"));
+  const json j3 = json::parse(slurp(d.out / "results.json"));
+  EXPECT_TRUE(referee_schema_errors(j3).empty());
+  ASSERT_EQ(j3["missing_runs"].size(), 1u);
+  EXPECT_EQ(j3["missing_runs"][0]["key"], "int2__0-0");
+  EXPECT_EQ(j3["counters"]["runs_missing"], 1);
+  ASSERT_EQ(j3["runs"].size(), 2u);
+  EXPECT_EQ(j3["runners"].size(), 1u);
+  EXPECT_NE(slurp(d.out / "report.md").find("**not run**"), std::string::npos);
+
   // a changed setting (another seed) reruns instead of reusing stale numbers
   RefereeConfig other = cfg;
   other.methods = parse_referee_methods("int2");
@@ -246,15 +263,24 @@ TEST(Referee, CachesCalibratedRotationFilesAndReusesThemOnARerun) {
   c.methods = parse_referee_methods("int2+oscar");
   c.calib_tokens = 512;
   c.calib_chunk = 256;
+  // --calibrate-only fills rotations/ and stops: no run, no results
+  RefereeConfig only = c;
+  only.calibrate_only = true;
+  const RefereeResult calibrated = run_referee(only, quiet);
+  EXPECT_EQ(calibrated.calibrations_run, 1);
+  EXPECT_EQ(calibrated.runs_executed, 0);
+  EXPECT_FALSE(fs::exists(d.out / "results.json"));
+  EXPECT_TRUE(fs::is_empty(d.out / "runs"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(d.out / "rotations"), fs::directory_iterator{}), 1);
   const RefereeResult first = run_referee(c, quiet);
-  EXPECT_EQ(first.calibrations_run, 1);
-  EXPECT_EQ(first.calibrations_reused, 0);
+  EXPECT_EQ(first.calibrations_run, 0);  // the file --calibrate-only wrote
+  EXPECT_EQ(first.calibrations_reused, 1);
   const json& rot = first.results["runs"][0]["rotation"];
   ASSERT_TRUE(rot["file"].is_string());
   EXPECT_TRUE(fs::exists(rot["file"].get<std::string>()));
   EXPECT_EQ(fs::path(rot["file"].get<std::string>()).parent_path(), d.out / "rotations");
   EXPECT_EQ(rot["calib_sha256"], first.results["calibration_data"]["sha256"]);
-  EXPECT_FALSE(rot["reused"].get<bool>());
+  EXPECT_TRUE(rot["reused"].get<bool>());
   // another seed reruns the evaluation but not the calibration (same model, data and calibration settings)
   c.seed = 9;
   const RefereeResult second = run_referee(c, quiet);

@@ -52,6 +52,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
       else for (size_t i = 0; i < stems.size() && i < 2; ++i) o.domains += (i ? "," : "") + stems[i];
     }
   }
+  KVQ_CHECK(!(c.report_only && c.calibrate_only), "referee: --report-only and --calibrate-only exclude each other");
   c.quick = o.quick;
   c.leakage = !o.no_leakage;
   c.ctx = parse_ctx_list(o.ctx);
@@ -68,7 +69,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     c.device = o.model.device + "/" + o.model.gpu_gemm;
     ModelOptions device = o.model;
     device.dir = c.model_dir;
-    check_device_available(device);  // no device, or a bad --gpu-gemm: one line before any work
+    if (!c.report_only) check_device_available(device);  // no device, or a bad --gpu-gemm: one line before any work
     c.runners = [device](Model& m) { return make_runner_factory(m, device); };
   }
   const RefereeResult r = run_referee(c);
@@ -109,6 +110,8 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--calib-chunk", c.calib_chunk, "tokens per calibration chunk")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--calib-steps", c.calib_steps, "OptR Adam steps per phase")->check(CLI::Range(1, 100000));
   cmd->add_flag("--no-leakage", o->no_leakage, "skip the same-text calibration (leakage) row");
+  cmd->add_flag("--report-only", c.report_only, "run nothing: write results.json and the reports from the runs already "
+                "in OUT/runs (e.g. made on another machine), listing the missing ones");
   cmd->add_flag("--calibrate-only", c.calibrate_only, "only calibrate (or find cached) the rotations the runs need, "
                 "into OUT/rotations/, and stop");
   cmd->callback([o, cmd] { run(*o, cmd); });

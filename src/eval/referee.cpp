@@ -456,6 +456,7 @@ RefereeResult Referee::run() {
   }
 
   double executed_seconds = 0;
+  json missing = json::array();
   for (size_t i = 0; i < plan.size(); ++i) {
     const PlannedRun& r = plan[i];
     const std::string path = (fs::path(cfg_.out_dir) / "runs" / (r.key + ".json")).string();
@@ -474,6 +475,13 @@ RefereeResult Referee::run() {
       } catch (const json::exception&) {
         say(fmt::format("kvq: referee: {} is not valid json; running it again", path));
       }
+    }
+    if (!run.resumed && cfg_.report_only) {
+      missing.push_back({{"key", r.key}, {"method", r.method.label}, {"windows", r.windows.label()},
+                         {"leakage", r.leakage}});
+      say(fmt::format("kvq: run {}/{} {} {}: no record, not run (--report-only)", i + 1, plan.size(), r.method.label,
+                      r.windows.label()));
+      continue;
     }
     if (run.resumed) {
       ++res_.runs_resumed;
@@ -553,12 +561,19 @@ RefereeResult Referee::run() {
                  {"leakage", cfg_.leakage},
                  {"device", cfg_.device}};
   j["seeds"] = {{"seed", cfg_.seed}};
-  json runs = json::array();
-  for (const RefereeRun& r : res_.runs) runs.push_back(r.record);
+  json runs = json::array(), runners = json::array();
+  for (const RefereeRun& r : res_.runs) {
+    runs.push_back(r.record);
+    const json where = r.record.value("runner", json("unknown"));
+    if (std::find(runners.begin(), runners.end(), where) == runners.end()) runners.push_back(where);
+  }
   j["runs"] = runs;
+  j["runners"] = runners;
+  j["missing_runs"] = missing;
   j["leakage"] = leakage_json(res_.runs);
   j["counters"] = {{"runs_total", int(plan.size())}, {"runs_executed", res_.runs_executed},
-                   {"runs_resumed", res_.runs_resumed}, {"calibrations_run", res_.calibrations_run},
+                   {"runs_resumed", res_.runs_resumed}, {"runs_missing", int(missing.size())},
+                   {"calibrations_run", res_.calibrations_run},
                    {"calibrations_reused", res_.calibrations_reused}};
   j["notes"] = {
       "Every run: same model, same eval windows and passkey prompts (same seeds), same group (" +

@@ -69,6 +69,8 @@ struct RefereeConfig {
   bool leakage = true;                 // add the same-domain calibration row
   bool quick = false;                  // recorded in the results (the CLI sets the quick subset)
   bool calibrate_only = false;         // calibrate (or find cached) every rotation the plan needs, then stop
+  bool report_only = false;            // run nothing: results.json and the reports from the runs in OUT/runs; the
+                                       // plan's runs without a record are listed in results.json "missing_runs"
   std::string device = "cpu";          // where the evaluation passes run ("cpu", "cuda/bf16", ...): part of every
                                        // run's settings, so runs made on another device are not resumed
   std::function<RunnerFactory(Model&)> runners;  // the evaluation runners over the loaded model (null: CPU);

@@ -215,8 +215,10 @@ std::string referee_markdown(const json& j) {
   s += fmt::format("- kvq {} (git {}), {}\n", j["kvq"]["version"].get<std::string>(),
                    j["kvq"]["git"].get<std::string>(), j["date"].get<std::string>());
   const json& m = j["machine"];
-  s += fmt::format("- machine: {} {} {}, CPU {}, {} threads\n", m.value("sysname", ""), m.value("release", ""),
-                   m.value("machine", ""), m.value("cpu_model", ""), m.value("threads", 0));
+  s += fmt::format("- machine (results.json written): {} {} {}, CPU {}, {} threads\n", m.value("sysname", ""),
+                   m.value("release", ""), m.value("machine", ""), m.value("cpu_model", ""), m.value("threads", 0));
+  if (j.contains("runners"))
+    for (const json& r : j["runners"]) s += fmt::format("- evaluation passes ran on: {}\n", r.get<std::string>());
   s += fmt::format("- calibration data: `{}` sha256 `{}` ({} tokens)\n",
                    j["calibration_data"]["file"].get<std::string>(), j["calibration_data"]["sha256"].get<std::string>(),
                    j["calibration_data"]["tokens"].get<long long>());
@@ -233,6 +235,14 @@ std::string referee_markdown(const json& j) {
   s += fmt::format("- runs: {} ({} run now, {} resumed from runs/); calibrations: {} run, {} reused\n\n",
                    n["runs_total"].get<int>(), n["runs_executed"].get<int>(), n["runs_resumed"].get<int>(),
                    n["calibrations_run"].get<int>(), n["calibrations_reused"].get<int>());
+  if (j.contains("missing_runs") && !j["missing_runs"].empty()) {
+    s += "- **not run** (no record in runs/; the report was written with --report-only):";
+    for (const json& r : j["missing_runs"])
+      s += fmt::format(" {} {}{};", r["method"].get<std::string>(), r["windows"].get<std::string>(),
+                       r.value("leakage", false) ? " (leakage row)" : "");
+    s += "\n";
+  }
+  s += "\n";
 
   s += "## Effective bits per cached element (bytes actually stored, windows included)\n\n| method | windows |";
   for (int x : ctx) s += fmt::format(" N={} |", x);
