@@ -62,6 +62,9 @@ expect_error "eval: bad ctx list" eval -m $M --ctx 2048,abc
 expect_error "eval: ctx beyond the model" eval -m $M --tasks ppl --ctx 16384
 expect_error "eval: missing data dir" eval -m $M --tasks ppl --data /nonexistent
 expect_error "referee: calibration data inside the eval set" referee -m $M --calib-data data/eval/linux.txt --eval-data data/eval -o "$T/ref" --quick
+expect_error "referee: --report-only with --calibrate-only" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --report-only --calibrate-only
+expect_error "referee: --report-only without any run" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref-empty" --report-only
+expect_error "eval: unknown device" eval -m $M --device tpu
 expect_error "referee: unknown method" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --methods int2,int3
 expect_error "run: unknown device" run -m $M -p hi -n 1 --device tpu
 expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt --device cuda --gpu-gemm fp16

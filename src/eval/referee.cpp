@@ -479,8 +479,6 @@ RefereeResult Referee::run() {
     if (!run.resumed && cfg_.report_only) {
       missing.push_back({{"key", r.key}, {"method", r.method.label}, {"windows", r.windows.label()},
                          {"leakage", r.leakage}});
-      say(fmt::format("kvq: run {}/{} {} {}: no record, not run (--report-only)", i + 1, plan.size(), r.method.label,
-                      r.windows.label()));
       continue;
     }
     if (run.resumed) {
@@ -525,6 +523,14 @@ RefereeResult Referee::run() {
                       r.windows.label(), s));
     }
     res_.runs.push_back(std::move(run));
+  }
+
+  if (cfg_.report_only) {
+    KVQ_CHECK(!res_.runs.empty(), "referee --report-only: no finished run of this plan in {}/runs (nothing to report)",
+              cfg_.out_dir);
+    if (!missing.empty())
+      say(fmt::format("kvq: referee: {} of {} runs have no record in {}/runs: reported as not run", missing.size(),
+                      plan.size(), cfg_.out_dir));
   }
 
   // results.json
