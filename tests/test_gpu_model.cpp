@@ -202,14 +202,18 @@ TEST(GpuModel, GreedyContinuationOf32TokensEqualsCpu) {
   }
 }
 
-// ppl over one 2048-token window of data/eval/python.txt: GPU within 0.1% of CPU for bf16 and int2 (64/256).
-TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForBf16AndInt2Caches) {
+// ppl over one 2048-token window of data/eval/python.txt, 64/256 windows: GPU within 0.1% of CPU for bf16, int2 and
+// the referee's kivi2 (keys per channel over 128-token blocks) with fp32 GEMMs, which isolate the cache (measured
+// on the H200: <= 0.01%). With bf16 GEMMs the model's activations themselves differ by O(0.1%) per GEMM (measured:
+// bf16 0.02%, int2 0.064%), and KIVI amplifies that more than per-token int2, since one channel's min / max over
+// 128 tokens sets the grid of a whole block (measured 0.111%): its bf16-GEMM bound is 0.2%.
+TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForBf16Int2AndKivi2Caches) {
   SKIP_WITHOUT_GPU();
   Model& m = ref_model();
   const int ctx = 2048;
   const std::vector<int32_t> ids = python_tokens(size_t(ctx));
   ASSERT_EQ(ids.size(), size_t(ctx));
-  for (const std::string type : {"bf16", "int2"}) {
+  for (const std::string type : {"bf16", "int2", "kivi2"}) {
     const CacheConfig cc = cache_config(type, 64, 256, 128, 512);
     CpuRunner cpu(m, cc, ctx);
     const double want = perplexity(cpu, ids, ctx, 1).ppl();
@@ -219,33 +223,10 @@ TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForBf16AndInt2Caches) {
       const double rel = std::abs(got - want) / want;
       std::printf("cache %s gemm %s: ppl cpu %.5f gpu %.5f, relative difference %.3g%%\n", type.c_str(),
                   std::string(cuda::gemm_precision_name(p)).c_str(), want, got, 100 * rel);
-      EXPECT_LE(rel, 1e-3) << "cache " << type << " gemm " << cuda::gemm_precision_name(p) << ": cpu " << want
-                           << " gpu " << got;
+      const double bound = type == "kivi2" && p == GemmPrecision::Bf16 ? 2e-3 : 1e-3;
+      EXPECT_LE(rel, bound) << "cache " << type << " gemm " << cuda::gemm_precision_name(p) << ": cpu " << want
+                            << " gpu " << got;
     }
-  }
-}
-
-// The referee's kivi2 cache (keys per channel over 128-token blocks) runs on the GPU: ppl within 0.1% of the CPU with
-// fp32 GEMMs, which isolates the cache (measured on the H200: 0.006%). With bf16 GEMMs the model's activations
-// themselves differ by O(0.1%) per GEMM, and KIVI amplifies that more than per-token int2 (one channel's min / max
-// over 128 tokens sets the grid of the whole block): measured 0.111%, against 0.064% for int2. Bound: 0.2%.
-TEST(GpuModel, PerplexityOfKivi2CacheMatchesCpuWithinPointOnePercentWithFp32Gemms) {
-  SKIP_WITHOUT_GPU();
-  Model& m = ref_model();
-  const int ctx = 2048;
-  const std::vector<int32_t> ids = python_tokens(size_t(ctx));
-  ASSERT_EQ(ids.size(), size_t(ctx));
-  const CacheConfig cc = cache_config("kivi2", 64, 256, 128, 512);
-  CpuRunner cpu(m, cc, ctx);
-  const double want = perplexity(cpu, ids, ctx, 1).ppl();
-  for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
-    GpuModel gpu(m, cc, ctx, 1, p);
-    const double got = perplexity(gpu, ids, ctx, 1).ppl();
-    const double rel = std::abs(got - want) / want;
-    std::printf("cache kivi2 gemm %s: ppl cpu %.5f gpu %.5f, relative difference %.3g%%\n",
-                std::string(cuda::gemm_precision_name(p)).c_str(), want, got, 100 * rel);
-    EXPECT_LE(rel, p == GemmPrecision::Fp32 ? 1e-3 : 2e-3)
-        << "cache kivi2 gemm " << cuda::gemm_precision_name(p) << ": cpu " << want << " gpu " << got;
   }
 }
 
