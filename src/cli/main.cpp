@@ -7,10 +7,11 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "common/error.h"
+#include "common/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvq — long-context LLM inference on 2-bit KV caches"};
-  app.set_version_flag("--version", std::string(KVQ_VERSION) + " (" KVQ_GIT ")");
+  app.set_version_flag("--version", std::string(KVQ_VERSION) + " (" + kvq::git_describe() + ")");
   app.require_subcommand(1);
   kvq::cli::add_run(app);
   kvq::cli::add_ppl(app);

@@ -200,7 +200,6 @@ EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache
 EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer& tok, const CacheConfig& cache,
                     std::vector<EvalDomain> domains, const EvalConfig& c, const EvalProgress& progress) {
   validate(model, tok, cache, domains, c);
-  const ModelConfig& mc = model.config();
   const auto t0 = std::chrono::steady_clock::now();
   EvalReport r;
   r.config = c;

@@ -17,6 +17,7 @@
 
 #include "calib/calibrate.h"
 #include "common/error.h"
+#include "common/version.h"
 #include "common/sha256.h"
 #include "eval/evaluator.h"
 #include "model/safetensors.h"
@@ -535,7 +536,7 @@ RefereeResult Referee::run() {
 
   // results.json
   json& j = res_.results;
-  j["kvq"] = {{"version", KVQ_VERSION}, {"git", KVQ_GIT}};
+  j["kvq"] = {{"version", KVQ_VERSION}, {"git", git_describe()}};
   j["date"] = utc_now();
   const int threads = model_ ? model_->pool().size()
                              : cfg_.threads > 0 ? cfg_.threads : int(std::thread::hardware_concurrency());

@@ -1,6 +1,7 @@
 // Output of kvq eval: one JSON object with every number (what the referee aggregates) and readable tables.
 #include <fmt/format.h>
 
+#include "common/version.h"
 #include "eval/evaluator.h"
 
 namespace kvq {
@@ -21,7 +22,7 @@ nlohmann::json report_json(const EvalReport& r) {
   using nlohmann::json;
   const EvalConfig& c = r.config;
   json j;
-  j["kvq"] = {{"version", KVQ_VERSION}, {"git", KVQ_GIT}};
+  j["kvq"] = {{"version", KVQ_VERSION}, {"git", git_describe()}};
   j["model"] = {{"dir", r.model_dir}, {"fingerprint", r.model_fingerprint}};
   json fp = json::object();
   for (size_t i = 0; i < c.ctx.size() && i < r.footprint.size(); ++i)

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/version.h"
 #include "model/safetensors.h"
 #include "rotation/hadamard.h"
 
@@ -42,7 +43,7 @@ void save_rotation_file(const std::string& path, const KvTransform& t, nlohmann:
   meta["n_layers"] = L;
   meta["n_kv_heads"] = H;
   meta["head_dim"] = d;
-  meta["kvq_version"] = std::string(KVQ_VERSION) + " (" KVQ_GIT ")";
+  meta["kvq_version"] = std::string(KVQ_VERSION) + " (" + git_describe() + ")";
   std::vector<OwnedTensor> tensors;
   const size_t mat = size_t(H) * d * d;
   for (int l = 0; l < L; ++l) {
