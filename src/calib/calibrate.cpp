@@ -143,6 +143,8 @@ nlohmann::json calibration_metadata(const CalibrateConfig& c, const KvTransform&
   meta["steps"] = c.steps;
   meta["lr"] = c.lr;
   meta["n_queries"] = c.n_queries;
+  meta["calib_chunks"] = c.calib_chunks;
+  meta["heldout_chunks"] = c.heldout_chunks;
   meta["cache"] = {{"type_k", c.cache.k.type}, {"type_v", c.cache.v.type}, {"group", c.cache.k.group},
                    {"clip_k", c.cache.k.clip}, {"clip_v", c.cache.v.clip}, {"sink", c.cache.sink},
                    {"recent", c.cache.recent}};

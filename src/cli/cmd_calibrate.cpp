@@ -97,6 +97,10 @@ void add_calibrate(CLI::App& app) {
   cmd->add_option("--tokens", o->calib.tokens, "calibration token budget")->check(CLI::Range(2, 1 << 26));
   cmd->add_option("--chunk", o->calib.chunk, "tokens per calibration chunk")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--queries", o->calib.n_queries, "optr: last query positions per chunk")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--calib-chunks", o->calib.calib_chunks, "optr: chunks per layer the rotations are fitted on "
+                  "(default 2, as the reference implementation)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--heldout-chunks", o->calib.heldout_chunks, "optr: held-out chunks per layer that pick each head's "
+                  "best step (default 2)")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--steps", o->calib.steps, "optr: Adam steps per phase")->check(CLI::Range(0, 100000));
   cmd->add_option("--lr", o->calib.lr, "optr: Adam learning rate");
   cmd->add_option("--lambda-k", o->calib.lambda_k, "optr: weight of the key-induced post-W_O error");
