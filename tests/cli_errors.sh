@@ -67,6 +67,9 @@ expect_error "referee: calibration data inside the eval set" referee -m $M --cal
 expect_error "referee: --report-only with --calibrate-only" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --report-only --calibrate-only
 expect_error "referee: --report-only without any run" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref-empty" --report-only
 expect_error "eval: unknown device" eval -m $M --device tpu
+expect_error "referee: a clip listed twice" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,0.9
+expect_error "referee: a clip above 1" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,1.5
+expect_error "referee: a clip that is not a number" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,x
 expect_error "referee: unknown method" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --methods int2,int3
 expect_error "run: unknown device" run -m $M -p hi -n 1 --device tpu
 expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt --device cuda --gpu-gemm fp16

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -294,6 +295,54 @@ TEST(Referee, CachesCalibratedRotationFilesAndReusesThemOnARerun) {
   const RefereeResult third = run_referee(c, quiet);
   EXPECT_EQ(third.calibrations_run, 1);
   EXPECT_NE(third.results["runs"][0]["rotation"]["file"], rot["file"]);
+}
+
+// --clip-grid: each INT2 method's (key, value) clips are the grid pair with the lowest held-out ppl (the end of the
+// calibration file); OptR takes its base rotation's pair and is calibrated for it; the choice is cached in OUT/clips.
+TEST(Referee, TunesClipsOnHeldOutTextAndOptrInheritsItsBasePair) {
+  Dirs d;
+  std::ofstream(d.calib, std::ios::binary) << head_of(kSource + "/data/calib/python.txt", 12000);
+  RefereeConfig c = tiny(d);
+  c.methods = parse_referee_methods("int2,int2+quarot,optr(quarot)");
+  c.clip_grid = {0.9f, 1.0f};
+  c.calib_tokens = 1024;
+  c.calib_chunk = 256;
+  c.calib_steps = 2;
+  const RefereeResult r = run_referee(c, quiet);
+  ASSERT_EQ(r.runs_executed, 3);
+  std::map<std::string, json> by_label;
+  for (const json& run : r.results["runs"]) by_label[run["method"]["label"]] = run;
+  for (const char* label : {"int2", "int2+quarot"}) {
+    const json& run = by_label.at(label);
+    const json& clips = run["clips"];
+    EXPECT_EQ(clips["tuned_on"], label);
+    ASSERT_EQ(clips["grid"].size(), 4u);
+    double best = 1e300;
+    float bk = 0, bv = 0;
+    for (const json& g : clips["grid"])
+      if (g[2].get<double>() < best) best = g[2], bk = g[0], bv = g[1];
+    EXPECT_EQ(clips["k"].get<float>(), bk) << label;
+    EXPECT_EQ(clips["v"].get<float>(), bv) << label;
+    EXPECT_EQ(run["cache"]["k"]["clip"].get<float>(), bk) << label;  // the evaluated cache uses the choice
+    EXPECT_EQ(run["cache"]["v"]["clip"].get<float>(), bv) << label;
+    EXPECT_TRUE(run["settings"].contains("clip_tuning"));
+  }
+  const json& optr = by_label.at("optr(quarot)");
+  EXPECT_EQ(optr["clips"]["tuned_on"], "int2+quarot");
+  EXPECT_EQ(optr["clips"]["k"], by_label.at("int2+quarot")["clips"]["k"]);
+  EXPECT_EQ(optr["clips"]["v"], by_label.at("int2+quarot")["clips"]["v"]);
+  EXPECT_EQ(optr["cache"]["k"]["clip"], optr["clips"]["k"]);
+  EXPECT_EQ(std::distance(fs::directory_iterator(d.out / "clips"), fs::directory_iterator{}), 2);
+  EXPECT_NE(slurp(d.out / "report.md").find("## Clips tuned on held-out text"), std::string::npos);
+
+  // a rerun resumes every run and reads the cached choices
+  const RefereeResult again = run_referee(c, quiet);
+  EXPECT_EQ(again.runs_executed, 0);
+  EXPECT_EQ(again.runs_resumed, 3);
+  // a calibration file too short for the held-out windows past the budget is refused before any run
+  c.calib_tokens = 1 << 20;
+  c.methods = parse_referee_methods("int2");
+  EXPECT_THROW(run_referee(c, quiet), Error);
 }
 
 TEST(Referee, RefusesATooSmallCalibrationBudgetBeforeAnyRun) {

@@ -20,7 +20,7 @@ namespace {
 struct RefereeOptions {
   RefereeConfig cfg;
   ModelOptions model;  // --device / --gpu-gemm of the evaluation passes
-  std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths;
+  std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths, clip_grid;
   bool quick = false, no_leakage = false;
 };
 
@@ -59,12 +59,19 @@ void run(RefereeOptions o, const CLI::App* cmd) {
   if (!o.methods.empty()) c.methods = parse_referee_methods(o.methods);
   c.windows = parse_referee_windows(o.windows);
   if (!o.domains.empty()) c.domains = split(o.domains);
-  for (const std::string& d : split(o.depths)) {
-    char* end = nullptr;
-    const double v = std::strtod(d.c_str(), &end);
-    KVQ_CHECK(!d.empty() && *end == '\0', "bad --depths '{}': '{}' is not a number", o.depths, d);
-    c.depths.push_back(v);
-  }
+  auto numbers = [](const std::string& list, const char* flag) {
+    std::vector<double> out;
+    for (const std::string& d : split(list)) {
+      char* end = nullptr;
+      const double v = std::strtod(d.c_str(), &end);
+      KVQ_CHECK(!d.empty() && *end == '\0', "bad {} '{}': '{}' is not a number", flag, list, d);
+      out.push_back(v);
+    }
+    KVQ_CHECK(list.empty() || list.back() != ',', "bad {} '{}': empty item", flag, list);
+    return out;
+  };
+  c.depths = numbers(o.depths, "--depths");
+  for (double v : numbers(o.clip_grid, "--clip-grid")) c.clip_grid.push_back(float(v));
   if (o.model.device != "cpu") {
     c.device = o.model.device + "/" + o.model.gpu_gemm;
     ModelOptions device = o.model;
@@ -102,6 +109,10 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--cache-windows", o->windows, "sink/recent BF16 window settings, e.g. 64/256,16/64,0/0");
   cmd->add_option("--domains", o->domains, "eval domains to use (file stems; default: all)");
   cmd->add_option("--depths", o->depths, "passkey needle depths (default 0,0.1,...,1)");
+  cmd->add_option("--clip-grid", o->clip_grid, "tune each INT2 method's key and value clips over these ratios on "
+                  "held-out text from the end of --calib-data, e.g. 0.9,0.92,0.96,1 (default: METHODS' 0.96 / 0.92)");
+  cmd->add_option("--tune-windows", c.tune_windows, "held-out windows (of the first --ctx) per clip candidate")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-t,--threads", c.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   add_device_options(cmd, o->model);
   cmd->add_option("--seed", c.seed, "seed of the passkey prompts and the bootstrap");

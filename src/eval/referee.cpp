@@ -20,6 +20,7 @@
 #include "common/version.h"
 #include "common/sha256.h"
 #include "eval/evaluator.h"
+#include "eval/perplexity.h"
 #include "model/safetensors.h"
 #include "rotation/rotation_file.h"
 
@@ -129,6 +130,14 @@ struct PlannedRun {
   std::string key;
 };
 
+// The quantile clips of a run's keys and values: METHODS' defaults, or the best pair of the clip grid.
+struct ClipChoice {
+  float k = 1, v = 1;          // clip ratios of keys and values
+  std::string tuned_on;        // the method whose cache was tuned (OptR: its base); empty: defaults, no tuning
+  json grid = json::array();   // [[clip_k, clip_v, held-out ppl], ...] in grid order
+  json to_json() const { return {{"k", k}, {"v", v}, {"tuned_on", tuned_on}, {"grid", grid}}; }
+};
+
 class Referee {
  public:
   Referee(const RefereeConfig& cfg, const RefereeLog& log) : cfg_(cfg), log_(log) {}
@@ -141,7 +150,9 @@ class Referee {
   void validate_inputs();
   void load_data();
   Model& model();
-  CalibrateConfig calib_config(const PlannedRun& r) const;
+  CalibrateConfig calib_config(const PlannedRun& r, const ClipChoice* clips = nullptr) const;
+  ClipChoice clips_for(const PlannedRun& r);
+  RunnerFactory runners();
   void check_calibrations(const std::vector<PlannedRun>& plan) const;
   Rotation rotation_for(const PlannedRun& r);
   json settings_for(const PlannedRun& r) const;
@@ -160,6 +171,7 @@ class Referee {
   std::vector<int32_t> calib_ids_;
   int leak_domain_ = -1;                    // index into domains_ of the leakage row's calibration file
   std::map<std::string, Rotation> rotations_;  // by file path, this invocation
+  std::map<std::string, ClipChoice> clips_;    // by "<tuned method>@<windows>", this invocation
   RefereeResult res_;
 };
 
@@ -177,6 +189,12 @@ void Referee::validate_inputs() {
   KVQ_CHECK(c.eval_windows >= 0, "referee: --windows {} must be >= 0", c.eval_windows);
   KVQ_CHECK(c.group == 128 || c.group == 64 || c.group == 32, "referee: group {} must be 128, 64 or 32", c.group);
   for (double d : c.depths) KVQ_CHECK(d >= 0 && d <= 1, "referee: passkey depth {} outside [0, 1]", d);
+  for (size_t i = 0; i < c.clip_grid.size(); ++i) {
+    KVQ_CHECK(c.clip_grid[i] >= 0.01f && c.clip_grid[i] <= 1.f, "referee: clip {} outside [0.01, 1]", c.clip_grid[i]);
+    for (size_t j = 0; j < i; ++j)
+      KVQ_CHECK(c.clip_grid[j] != c.clip_grid[i], "referee: clip {} is listed twice", c.clip_grid[i]);
+  }
+  KVQ_CHECK(c.tune_windows >= 1, "referee: --tune-windows {} must be >= 1", c.tune_windows);
   for (const std::string& d : c.domains) {
     const bool found = std::any_of(all_eval_files_.begin(), all_eval_files_.end(),
                                    [&](const std::string& f) { return fs::path(f).stem() == d; });
@@ -236,6 +254,7 @@ json Referee::settings_for(const PlannedRun& r) const {
             {"recent", r.windows.recent},
             {"device", cfg_.device},
             {"kvq_version", KVQ_VERSION}};
+  if (!cfg_.clip_grid.empty()) s["clip_tuning"] = {{"grid", cfg_.clip_grid}, {"windows", cfg_.tune_windows}};
   if (r.method.needs_calibration()) {
     const bool leak = r.leakage && leak_domain_ >= 0;
     s["calibration"] = {{"sha256", leak ? domains_[size_t(leak_domain_)].sha256 : calib_text_sha_},
@@ -246,7 +265,7 @@ json Referee::settings_for(const PlannedRun& r) const {
   return s;
 }
 
-CalibrateConfig Referee::calib_config(const PlannedRun& r) const {
+CalibrateConfig Referee::calib_config(const PlannedRun& r, const ClipChoice* clips) const {
   const RefereeMethod& m = r.method;
   CalibrateConfig cc;
   cc.method = m.rotation;
@@ -257,8 +276,76 @@ CalibrateConfig Referee::calib_config(const PlannedRun& r) const {
   cc.steps = cfg_.calib_steps;
   // OptR is calibrated for the row's int2 grid and windows; OSCAR's statistics do not depend on them.
   cc.cache = method_cache(m, m.rotation == "optr" ? r.windows : RefereeWindows{0, 0}, cfg_.group);
+  if (clips && m.rotation == "optr") cc.cache.k.clip = clips->k, cc.cache.v.clip = clips->v;
   return cc;
 }
+
+RunnerFactory Referee::runners() { return cfg_.runners ? cfg_.runners(model()) : cpu_runner_factory(model()); }
+
+ClipChoice Referee::clips_for(const PlannedRun& r) {
+  const CacheConfig defaults = method_cache(r.method, r.windows, cfg_.group);
+  ClipChoice out;
+  out.k = defaults.k.clip;
+  out.v = defaults.v.clip;
+  if (cfg_.clip_grid.empty() || r.method.type != "int2") return out;
+  // OptR's rotation is learned for one grid: it takes the clips tuned for its base rotation.
+  const RefereeMethod tuned =
+      r.method.rotation == "optr" ? parse_referee_methods("int2+" + r.method.base).front() : r.method;
+  const std::string mem_key = tuned.label + "@" + r.windows.label();
+  if (auto it = clips_.find(mem_key); it != clips_.end()) return it->second;
+  const int ctx = cfg_.ctx.front();
+  const json spec = {{"model_fingerprint", fingerprint_}, {"calib_sha256", calib_text_sha_}, {"method", tuned.label},
+                     {"sink", r.windows.sink}, {"recent", r.windows.recent}, {"group", cfg_.group},
+                     {"grid", cfg_.clip_grid}, {"ctx", ctx}, {"windows", cfg_.tune_windows},
+                     {"kvq_version", KVQ_VERSION}};  // not the device: tune on one machine, evaluate on another
+  const fs::path file = fs::path(cfg_.out_dir) / "clips" /
+                        (slug(tuned.label) + "-" + sha256_hex(spec.dump()).substr(0, 16) + ".json");
+  out.tuned_on = tuned.label;
+  bool cached = false;
+  if (fs::exists(file)) {
+    try {
+      const json j = json::parse(read_text(file.string(), "clip choice"));
+      if (j.value("spec", json()) == spec) {
+        out.k = j.at("k").get<float>();
+        out.v = j.at("v").get<float>();
+        out.grid = j.at("grid");
+        cached = true;
+      }
+    } catch (const json::exception&) {
+      say(fmt::format("kvq: referee: {} is not a valid clip choice; tuning again", file.string()));
+    }
+  }
+  if (!cached) {
+    // Held-out text: the last windows of the calibration file, past the calibration budget (check_calibrations).
+    const size_t n = size_t(cfg_.tune_windows) * size_t(ctx);
+    const std::vector<int32_t> tail(calib_ids_.end() - std::ptrdiff_t(n), calib_ids_.end());
+    const Rotation rot = rotation_for({tuned, r.windows, false, ""});  // none, quarot or OSCAR (grid-independent)
+    const RunnerFactory make = runners();
+    std::string where;
+    double best = std::numeric_limits<double>::infinity();
+    for (float ck : cfg_.clip_grid)
+      for (float cv : cfg_.clip_grid) {
+        CacheConfig c = method_cache(tuned, r.windows, cfg_.group);
+        c.k.clip = ck;
+        c.v.clip = cv;
+        const std::unique_ptr<Runner> runner = make(c, rot.transform, ctx);
+        where = runner->describe();
+        const double ppl = perplexity(*runner, tail, ctx, cfg_.tune_windows).ppl();
+        say(fmt::format("kvq: referee: clips of {} {}: keys {} values {}: held-out ppl {:.4f}", tuned.label,
+                        r.windows.label(), ck, cv, ppl), true);
+        out.grid.push_back({ck, cv, ppl});
+        if (ppl < best) best = ppl, out.k = ck, out.v = cv;  // the first of equal pairs in grid order
+      }
+    fs::create_directories(file.parent_path());
+    const json j = {{"spec", spec}, {"k", out.k}, {"v", out.v}, {"grid", out.grid}, {"runner", where}};
+    write_atomic(file.string(), j.dump(1));
+    say(fmt::format("kvq: referee: clips of {} {}: keys {} values {} (held-out ppl {:.4f})", tuned.label,
+                    r.windows.label(), out.k, out.v, best));
+  }
+  clips_[mem_key] = out;
+  return out;
+}
+
 
 // Every calibration the plan may need is checked before the first run: budget, chunk, windows and data length.
 void Referee::check_calibrations(const std::vector<PlannedRun>& plan) const {
@@ -274,6 +361,16 @@ void Referee::check_calibrations(const std::vector<PlannedRun>& plan) const {
               need, need / size_t(cc.chunk), cc.chunk, leak ? domains_[size_t(leak_domain_)].path : cfg_.calib_data,
               have);
   }
+  // Clip tuning reads the end of the calibration file, which must lie past the calibration budget.
+  const bool tunes = !cfg_.clip_grid.empty() &&
+                     std::any_of(plan.begin(), plan.end(), [](const PlannedRun& r) { return r.method.type == "int2"; });
+  if (tunes) {
+    const size_t held_out = size_t(cfg_.tune_windows) * size_t(cfg_.ctx.front());
+    KVQ_CHECK(calib_ids_.size() >= size_t(cfg_.calib_tokens) + held_out,
+              "referee: clip tuning needs {} held-out tokens ({} x {}) past the {}-token calibration budget; '{}' has "
+              "{} in all", held_out, cfg_.tune_windows, cfg_.ctx.front(), cfg_.calib_tokens, cfg_.calib_data,
+              calib_ids_.size());
+  }
 }
 
 Rotation Referee::rotation_for(const PlannedRun& r) {
@@ -287,7 +384,8 @@ Rotation Referee::rotation_for(const PlannedRun& r) {
     rot.transform = std::move(t);
     return rot;
   }
-  const CalibrateConfig cc = calib_config(r);
+  const ClipChoice clips = clips_for(r);  // OptR is calibrated for the clips its row is evaluated with
+  const CalibrateConfig cc = calib_config(r, &clips);
   const bool leak = r.leakage;
   const std::string data_file = leak ? domains_[size_t(leak_domain_)].path : cfg_.calib_data;
   const std::string data_sha = leak ? domains_[size_t(leak_domain_)].sha256 : calib_text_sha_;
@@ -342,8 +440,11 @@ Rotation Referee::rotation_for(const PlannedRun& r) {
 
 json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s,
                            int left) {
+  const ClipChoice clips = clips_for(r);
   const CacheConfig cache = [&] {
     CacheConfig c = method_cache(r.method, r.windows, cfg_.group);
+    c.k.clip = clips.k;
+    c.v.clip = clips.v;
     c.rotation = rot.transform ? rot.transform->name : "none";
     return c;
   }();
@@ -385,6 +486,7 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
   out["config"]["ctx"] = cfg_.ctx;
   out["config"]["tasks"] = {"ppl", "kl", "passkey", "layers"};
   out["config"]["layers_ctx"] = cfg_.ctx.front();
+  out["clips"] = clips.to_json();
   return out;
 }
 

@@ -9,6 +9,9 @@
 //   optr(quarot), optr(oscar)                        OptR, two-phase post-W_O objective
 //   optr-joint(oscar), optr-pre-wo(oscar), optr-recon(oscar)   kvq's joint objective and the two ablations
 // Window settings: sink/recent in BF16 (default 64/256, 16/64, 0/0). bf16 runs once: windows do not change it.
+// Clips (with clip_grid): per INT2 method and window setting, the (key, value) clip pair of the grid with the lowest
+// ppl on held-out text, cached in OUT/clips/; OptR takes the pair tuned for its base rotation and is calibrated for
+// it (its learned rotation belongs to one grid).
 // Calibration: on --calib-data only, refused when that file lies in --eval-data or has the sha256 of an eval file.
 // OptR is calibrated for the int2 grid and the windows of its row. Rotation files are cached in OUT/rotations/
 // under a name that hashes every setting (model fingerprint, calibration sha256, method, budget, grid, windows).
@@ -66,6 +69,11 @@ struct RefereeConfig {
   int threads = 0;                     // worker threads (0: all cores)
   int group = 128;                     // group size of every quantized cache
   int calib_tokens = 32768, calib_chunk = 2048, calib_steps = 80;  // calibration budget (OSCAR uses tokens/chunk)
+  std::vector<float> clip_grid;        // quantile clips tried for keys and for values of every INT2 method (METHODS
+                                       // §7: each method's clip tuned on the same held-out data); empty: no tuning,
+                                       // METHODS §1 defaults (0.96 / 0.92)
+  int tune_windows = 1;                // held-out windows of ctx[0] tokens per clip candidate: the END of
+                                       // --calib-data, past the calibration budget (so disjoint from both)
   bool leakage = true;                 // add the same-domain calibration row
   bool quick = false;                  // recorded in the results (the CLI sets the quick subset)
   bool calibrate_only = false;         // calibrate (or find cached) every rotation the plan needs, then stop

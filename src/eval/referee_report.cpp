@@ -1,4 +1,6 @@
 // The referee's results.json schema check, report.md and the summary table (every number from results.json).
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "eval/referee.h"
@@ -320,6 +322,23 @@ std::string referee_markdown(const json& j) {
     }
   }
 
+  const bool tuned = std::any_of(j["runs"].begin(), j["runs"].end(), [](const json& r) {
+    return r.contains("clips") && !r["clips"].value("tuned_on", std::string()).empty();
+  });
+  if (tuned) {
+    s += "\n## Clips tuned on held-out text (the end of the calibration file)\n\n| method | windows | clip K | clip V | "
+         "tuned on | held-out ppl | candidates |\n|---|---|---|---|---|---|---|\n";
+    for (const json& r : j["runs"]) {
+      if (!r.contains("clips") || r["clips"].value("tuned_on", std::string()).empty()) continue;
+      const json& c = r["clips"];
+      double chosen = 0;
+      for (const json& g : c["grid"])
+        if (g[0].get<float>() == c["k"].get<float>() && g[1].get<float>() == c["v"].get<float>()) chosen = g[2];
+      s += fmt::format("| {} | {} | {} | {} | {} | {:.4f} | {} |\n", run_label(r), r["windows"]["label"].get<std::string>(),
+                       c["k"].get<float>(), c["v"].get<float>(), c["tuned_on"].get<std::string>(), chosen,
+                       c["grid"].size());
+    }
+  }
   s += "\n## What was calibrated on what\n\n| method | windows | rotation | file | reused | calibration data | "
        "seconds | OptR heads kept (K / V) |\n|---|---|---|---|---|---|---|---|\n";
   for (const json& r : j["runs"]) {
