@@ -303,16 +303,16 @@ TEST(Referee, TunesClipsOnHeldOutTextAndOptrInheritsItsBasePair) {
   Dirs d;
   std::ofstream(d.calib, std::ios::binary) << head_of(kSource + "/data/calib/python.txt", 12000);
   RefereeConfig c = tiny(d);
-  c.methods = parse_referee_methods("int2,int2+quarot,optr(quarot)");
+  c.methods = parse_referee_methods("int2,int2+quarot,optr(quarot),int2+oscar");
   c.clip_grid = {0.9f, 1.0f};
   c.calib_tokens = 1024;
   c.calib_chunk = 256;
   c.calib_steps = 2;
   const RefereeResult r = run_referee(c, quiet);
-  ASSERT_EQ(r.runs_executed, 3);
+  ASSERT_EQ(r.runs_executed, 4);
   std::map<std::string, json> by_label;
   for (const json& run : r.results["runs"]) by_label[run["method"]["label"]] = run;
-  for (const char* label : {"int2", "int2+quarot"}) {
+  for (const char* label : {"int2", "int2+quarot", "int2+oscar"}) {
     const json& run = by_label.at(label);
     const json& clips = run["clips"];
     EXPECT_EQ(clips["tuned_on"], label);
@@ -332,13 +332,13 @@ TEST(Referee, TunesClipsOnHeldOutTextAndOptrInheritsItsBasePair) {
   EXPECT_EQ(optr["clips"]["k"], by_label.at("int2+quarot")["clips"]["k"]);
   EXPECT_EQ(optr["clips"]["v"], by_label.at("int2+quarot")["clips"]["v"]);
   EXPECT_EQ(optr["cache"]["k"]["clip"], optr["clips"]["k"]);
-  EXPECT_EQ(std::distance(fs::directory_iterator(d.out / "clips"), fs::directory_iterator{}), 2);
+  EXPECT_EQ(std::distance(fs::directory_iterator(d.out / "clips"), fs::directory_iterator{}), 3);
   EXPECT_NE(slurp(d.out / "report.md").find("## Clips tuned on held-out text"), std::string::npos);
 
   // a rerun resumes every run and reads the cached choices
   const RefereeResult again = run_referee(c, quiet);
   EXPECT_EQ(again.runs_executed, 0);
-  EXPECT_EQ(again.runs_resumed, 3);
+  EXPECT_EQ(again.runs_resumed, 4);
   // a calibration file too short for the held-out windows past the budget is refused before any run
   c.calib_tokens = 1 << 20;
   c.methods = parse_referee_methods("int2");

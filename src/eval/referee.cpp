@@ -384,8 +384,11 @@ Rotation Referee::rotation_for(const PlannedRun& r) {
     rot.transform = std::move(t);
     return rot;
   }
-  const ClipChoice clips = clips_for(r);  // OptR is calibrated for the clips its row is evaluated with
-  const CalibrateConfig cc = calib_config(r, &clips);
+  // OptR is calibrated for the clips its row is evaluated with (tuned through its base, never through OptR itself);
+  // OSCAR's statistics do not depend on the grid.
+  const bool optr = m.rotation == "optr";
+  const ClipChoice clips = optr ? clips_for(r) : ClipChoice{};
+  const CalibrateConfig cc = calib_config(r, optr ? &clips : nullptr);
   const bool leak = r.leakage;
   const std::string data_file = leak ? domains_[size_t(leak_domain_)].path : cfg_.calib_data;
   const std::string data_sha = leak ? domains_[size_t(leak_domain_)].sha256 : calib_text_sha_;
