@@ -294,6 +294,27 @@ TEST(GpuModel, RefusesStepsBeyondItsLimitsBeforeAnyWork) {
   EXPECT_EQ(g.length(a), 128);
 }
 
+namespace {
+
+// GpuModels over m with each pass's cache and transform (what the CLI's --device cuda factory builds).
+RunnerFactory gpu_runners(Model& m, GemmPrecision p) {
+  return [&m, p](const CacheConfig& cache, std::shared_ptr<const KvTransform> t, int max_ctx) {
+    m.set_kv_transform(std::move(t));
+    return std::unique_ptr<Runner>(std::make_unique<GpuModel>(m, cache, max_ctx, 1, p));
+  };
+}
+
+// The first `tokens` tokens of data/eval/python.txt as one eval domain.
+EvalDomain python_domain(size_t tokens) {
+  EvalDomain d;
+  d.name = "python";
+  d.path = kSrc + "/data/eval/python.txt";
+  d.ids = python_tokens(tokens);
+  return d;
+}
+
+}  // namespace
+
 // kvq::evaluate through GPU runners (fp32 GEMMs) against the CPU on every task: two 1024-token windows of python
 // with a Hadamard-rotated int2 cache and 16/64 windows, so the transform, the layer hooks (host copies, the forced
 // pass's uploaded inputs) and greedy passkey decoding all run on the GPU. Tolerances: ppl 0.1% (as above); KL,
@@ -303,10 +324,7 @@ TEST(GpuEval, EvaluateThroughGpuRunnersMatchesTheCpuOnEveryTask) {
   SKIP_WITHOUT_GPU();
   Model& m = ref_model();
   const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
-  EvalDomain d;
-  d.name = "python";
-  d.path = kSrc + "/data/eval/python.txt";
-  d.ids = python_tokens(2048);
+  const EvalDomain d = python_domain(2048);
   EvalConfig c;
   c.tasks = {"ppl", "kl", "passkey", "layers"};
   c.ctx = {1024};
@@ -318,10 +336,7 @@ TEST(GpuEval, EvaluateThroughGpuRunnersMatchesTheCpuOnEveryTask) {
   const ModelConfig& mc = m.config();
   c.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
   const CacheConfig cc = cache_config("int2", 16, 64, 128, 256);
-  const RunnerFactory gpu = [&m](const CacheConfig& cache, std::shared_ptr<const KvTransform> t, int max_ctx) {
-    m.set_kv_transform(std::move(t));
-    return std::unique_ptr<Runner>(std::make_unique<GpuModel>(m, cache, max_ctx, 1, GemmPrecision::Fp32));
-  };
+  const RunnerFactory gpu = gpu_runners(m, GemmPrecision::Fp32);
   const EvalReport want = evaluate(m, tok, cc, {d}, c);
   const EvalReport got = evaluate(m, gpu, tok, cc, {d}, c);
   EXPECT_NE(got.runner.find("cuda"), std::string::npos) << got.runner;
@@ -362,17 +377,12 @@ TEST(GpuEval, Bf16MethodHasZeroKlOnTheGpu) {
   SKIP_WITHOUT_GPU();
   Model& m = ref_model();
   const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
-  EvalDomain d;
-  d.name = "python";
-  d.ids = python_tokens(1024);
+  const EvalDomain d = python_domain(1024);
   EvalConfig c;
   c.tasks = {"kl"};
   c.ctx = {1024};
   c.bootstrap = 10;
-  const RunnerFactory gpu = [&m](const CacheConfig& cache, std::shared_ptr<const KvTransform> t, int max_ctx) {
-    m.set_kv_transform(std::move(t));
-    return std::unique_ptr<Runner>(std::make_unique<GpuModel>(m, cache, max_ctx, 1, GemmPrecision::Bf16));
-  };
+  const RunnerFactory gpu = gpu_runners(m, GemmPrecision::Bf16);
   const EvalReport r = evaluate(m, gpu, tok, cache_config("bf16", 64, 256, 128, 512), {d}, c);
   ASSERT_EQ(r.kl.size(), 1u);
   EXPECT_EQ(r.kl[0].kl.estimate, 0.0);
