@@ -74,10 +74,8 @@ void run(RefereeOptions o, const CLI::App* cmd) {
   for (double v : numbers(o.clip_grid, "--clip-grid")) c.clip_grid.push_back(float(v));
   if (o.model.device != "cpu") {
     c.device = o.model.device + "/" + o.model.gpu_gemm;
-    ModelOptions device = o.model;
-    device.dir = c.model_dir;
-    if (!c.report_only) check_device_available(device);  // no device, or a bad --gpu-gemm: one line before any work
-    c.runners = [device](Model& m) { return make_runner_factory(m, device); };
+    if (!c.report_only) check_device_available(o.model);  // no device, or a bad --gpu-gemm: one line before any work
+    c.runners = [device = o.model](Model& m) { return make_runner_factory(m, device); };
   }
   const RefereeResult r = run_referee(c);
   if (c.calibrate_only) return;

@@ -37,7 +37,7 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
 
   std::vector<float> ref_logits(size_t(chunk) * V), m_logits(size_t(chunk) * V);
   const int n_threads = pool ? pool->size() : 1;
-  std::vector<std::vector<double>> scratch(size_t(n_threads), std::vector<double>(size_t(V) * 2));
+  std::vector<std::vector<double>> scratch(size_t(n_threads), std::vector<double>(static_cast<size_t>(V)));
   std::vector<WindowFidelity> per_row(static_cast<size_t>(chunk));  // one row's contribution, summed in row order
   LayerRecorder rec_ref(mc.n_layers, mc.hidden_size), rec_free(mc.n_layers, mc.hidden_size);
   LayerRecorder rec_forced(mc.n_layers, mc.hidden_size, &rec_ref);

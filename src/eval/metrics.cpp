@@ -21,7 +21,7 @@ double kl_from_logits(const float* p_logits, const float* q_logits, int vocab, d
   KVQ_CHECK(vocab > 0, "kl: empty vocabulary");
   std::vector<double> own;
   if (!scratch) {
-    own.resize(size_t(vocab) * 2);
+    own.resize(size_t(vocab));
     scratch = own.data();
   }
   return row_fidelity(p_logits, q_logits, vocab, -1, scratch).kl;

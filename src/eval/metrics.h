@@ -9,7 +9,7 @@ namespace kvq {
 void log_softmax(const float* logits, int vocab, double* out);
 
 // KL(p ‖ q) = Σ_i p_i (log p_i - log q_i) in nats, p = softmax(p_logits), q = softmax(q_logits).
-// Identical rows give exactly 0. scratch: 2 * vocab doubles, or null to allocate.
+// Identical rows give exactly 0. scratch: vocab doubles, or null to allocate.
 double kl_from_logits(const float* p_logits, const float* q_logits, int vocab, double* scratch = nullptr);
 
 // Everything the lockstep comparison needs from one pair of rows, with one log-softmax of each (2 · vocab exps):

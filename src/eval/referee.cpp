@@ -17,8 +17,8 @@
 
 #include "calib/calibrate.h"
 #include "common/error.h"
-#include "common/version.h"
 #include "common/sha256.h"
+#include "common/version.h"
 #include "eval/evaluator.h"
 #include "eval/perplexity.h"
 #include "model/safetensors.h"
@@ -346,7 +346,6 @@ ClipChoice Referee::clips_for(const PlannedRun& r) {
   return out;
 }
 
-
 // Every calibration the plan may need is checked before the first run: budget, chunk, windows and data length.
 void Referee::check_calibrations(const std::vector<PlannedRun>& plan) const {
   const ModelConfig mc = ModelConfig::load(cfg_.model_dir + "/config.json");
@@ -452,6 +451,7 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
     return c;
   }();
   Model& m = model();
+  const RunnerFactory make = runners();
   auto progress = [&](const std::string& stage, double frac, double eta) {
     const double rest = avg_run_s > 0 && eta >= 0 ? eta + avg_run_s * left : -1;
     say(fmt::format("kvq: run {}/{} {} {}: {} {:5.1f}%  ETA run {}, all {}", index, total, r.method.label,
@@ -474,8 +474,7 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
     ec.transform = rot.transform;
     std::vector<EvalDomain> ds;
     for (const EvalDomain& d : domains_) ds.push_back(d);
-    const RunnerFactory runners = cfg_.runners ? cfg_.runners(m) : cpu_runner_factory(m);
-    const json j = report_json(evaluate(m, runners, *tok_, cache, std::move(ds), ec, progress));
+    const json j = report_json(evaluate(m, make, *tok_, cache, std::move(ds), ec, progress));
     if (part == 0) {
       out = j;
     } else {

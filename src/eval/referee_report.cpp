@@ -322,14 +322,14 @@ std::string referee_markdown(const json& j) {
     }
   }
 
-  const bool tuned = std::any_of(j["runs"].begin(), j["runs"].end(), [](const json& r) {
+  const auto tuned = [](const json& r) {
     return r.contains("clips") && !r["clips"].value("tuned_on", std::string()).empty();
-  });
-  if (tuned) {
+  };
+  if (std::any_of(j["runs"].begin(), j["runs"].end(), tuned)) {
     s += "\n## Clips tuned on held-out text (the end of the calibration file)\n\n| method | windows | clip K | clip V | "
          "tuned on | held-out ppl | candidates |\n|---|---|---|---|---|---|---|\n";
     for (const json& r : j["runs"]) {
-      if (!r.contains("clips") || r["clips"].value("tuned_on", std::string()).empty()) continue;
+      if (!tuned(r)) continue;
       const json& c = r["clips"];
       double chosen = 0;
       for (const json& g : c["grid"])
