@@ -303,13 +303,16 @@ TEST(Referee, TunesClipsOnHeldOutTextAndOptrInheritsItsBasePair) {
   Dirs d;
   std::ofstream(d.calib, std::ios::binary) << head_of(kSource + "/data/calib/python.txt", 12000);
   RefereeConfig c = tiny(d);
-  c.methods = parse_referee_methods("int2,int2+quarot,optr(quarot),int2+oscar");
-  c.clip_grid = {0.9f, 1.0f};
   c.calib_tokens = 1024;
   c.calib_chunk = 256;
   c.calib_steps = 2;
+  c.methods = parse_referee_methods("int4");  // a method without clip tuning, run before the grid is given
+  ASSERT_EQ(run_referee(c, quiet).runs_executed, 1);
+  c.methods = parse_referee_methods("int4,int2,int2+quarot,optr(quarot),int2+oscar");
+  c.clip_grid = {0.9f, 1.0f};
   const RefereeResult r = run_referee(c, quiet);
   ASSERT_EQ(r.runs_executed, 4);
+  EXPECT_EQ(r.runs_resumed, 1);  // the grid cannot change an int4 run: it resumes
   std::map<std::string, json> by_label;
   for (const json& run : r.results["runs"]) by_label[run["method"]["label"]] = run;
   for (const char* label : {"int2", "int2+quarot", "int2+oscar"}) {
@@ -327,6 +330,7 @@ TEST(Referee, TunesClipsOnHeldOutTextAndOptrInheritsItsBasePair) {
     EXPECT_EQ(run["cache"]["v"]["clip"].get<float>(), bv) << label;
     EXPECT_TRUE(run["settings"].contains("clip_tuning"));
   }
+  EXPECT_FALSE(by_label.at("int4")["settings"].contains("clip_tuning"));
   const json& optr = by_label.at("optr(quarot)");
   EXPECT_EQ(optr["clips"]["tuned_on"], "int2+quarot");
   EXPECT_EQ(optr["clips"]["k"], by_label.at("int2+quarot")["clips"]["k"]);
@@ -338,7 +342,7 @@ TEST(Referee, TunesClipsOnHeldOutTextAndOptrInheritsItsBasePair) {
   // a rerun resumes every run and reads the cached choices
   const RefereeResult again = run_referee(c, quiet);
   EXPECT_EQ(again.runs_executed, 0);
-  EXPECT_EQ(again.runs_resumed, 4);
+  EXPECT_EQ(again.runs_resumed, 5);
   // a calibration file too short for the held-out windows past the budget is refused before any run
   c.calib_tokens = 1 << 20;
   c.methods = parse_referee_methods("int2");

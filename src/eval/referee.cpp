@@ -254,7 +254,9 @@ json Referee::settings_for(const PlannedRun& r) const {
             {"recent", r.windows.recent},
             {"device", cfg_.device},
             {"kvq_version", KVQ_VERSION}};
-  if (!cfg_.clip_grid.empty()) s["clip_tuning"] = {{"grid", cfg_.clip_grid}, {"windows", cfg_.tune_windows}};
+  // Only INT2 methods take tuned clips (clips_for); the other runs stay valid, and resume, whatever the grid.
+  if (!cfg_.clip_grid.empty() && r.method.type == "int2")
+    s["clip_tuning"] = {{"grid", cfg_.clip_grid}, {"windows", cfg_.tune_windows}};
   if (r.method.needs_calibration()) {
     const bool leak = r.leakage && leak_domain_ >= 0;
     s["calibration"] = {{"sha256", leak ? domains_[size_t(leak_domain_)].sha256 : calib_text_sha_},
