@@ -696,8 +696,15 @@ RefereeResult Referee::run() {
           calib_text_sha_.substr(0, 16) + "…), checked disjoint from every file of " + cfg_.eval_dir +
           " by path and sha256; a calibration file may come from the same domain as an eval file (another part of "
           "the text), which the check allows.",
-      "OptR rotations are calibrated for the int2 grid (group " + std::to_string(cfg_.group) +
-          ", clips 0.96/0.92) and the windows of their row; OSCAR's are grid- and window-independent (one file).",
+      "OptR rotations are calibrated for the int2 grid (group " + std::to_string(cfg_.group) + ", clips " +
+          (cfg_.clip_grid.empty() ? std::string("0.96/0.92")
+                                  : std::string("tuned for their base rotation, see the clip table")) +
+          ") and the windows of their row; OSCAR's are grid- and window-independent (one file).",
+      cfg_.clip_grid.empty()
+          ? std::string("INT2 clips are METHODS' defaults (keys 0.96, values 0.92); --clip-grid tunes them.")
+          : "INT2 clips: per method and windows, the (key, value) pair of the grid with the lowest ppl on " +
+                std::to_string(cfg_.tune_windows) + " held-out window(s) at ctx " + std::to_string(cfg_.ctx.front()) +
+                " from the end of " + cfg_.calib_data + ", past the calibration budget (METHODS §7).",
       "int2+quarot uses the data-free Hadamard rotation (no calibration).",
       "CIs: percentile bootstrap over eval windows (ppl, KL, top-1; with one window per domain a per-domain interval "
       "is degenerate, lo = hi) and Wilson intervals over passkey trials.",
