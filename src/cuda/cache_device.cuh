@@ -45,29 +45,21 @@ __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, i
          ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
              kHeadDim;
 }
-// The page (pool index) holding quantized position pos >= S0.
-__device__ __forceinline__ int page_of(const CacheGeometry& g, int seq, int pos) {
-  return g.page_table[int64_t(seq) * g.pages_per_seq + (pos - g.sink) / g.page_tokens];
-}
-// The (layer, head) part of page `page`: { K blocks | V rows }.
+// The (layer, head) part of pool page `page`: { K blocks | V rows }.
 __device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {
   return g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
 }
 // The (layer, head) part of the page holding quantized position pos >= S0.
 __device__ __forceinline__ uint8_t* page_head(const CacheGeometry& g, int seq, int layer, int head, int pos) {
-  return page_head_at(g, page_of(g, seq, pos), layer, head);
+  const int q = pos - g.sink;
+  return page_head_at(g, g.page_table[int64_t(seq) * g.pages_per_seq + q / g.page_tokens], layer, head);
 }
-// Stored (quantized-region) row of position pos >= S0 held by page `page` (page_of; kernels that read the page table
-// ahead of the rows): every V row, and K rows of per-token key codecs (NOT KIVI keys: see kivi_block).
-__device__ __forceinline__ uint8_t* page_row_at(const CacheGeometry& g, int page, int layer, int kv, int head,
-                                                int pos) {
-  const int j = (pos - g.sink) % g.page_tokens;
-  uint8_t* h = page_head_at(g, page, layer, head);
-  return kv ? h + g.k_region + int64_t(j) * g.v_row : h + int64_t(j) * g.k_row;
-}
-// Stored (quantized-region) row of position pos >= S0, as page_row_at.
+// Stored (quantized-region) row of position pos >= S0: every V row, and K rows of per-token key codecs (NOT KIVI
+// keys: see kivi_block).
 __device__ __forceinline__ uint8_t* page_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
-  return page_row_at(g, page_of(g, seq, pos), layer, kv, head, pos);
+  const int j = (pos - g.sink) % g.page_tokens;
+  uint8_t* h = page_head(g, seq, layer, head, pos);
+  return kv ? h + g.k_region + int64_t(j) * g.v_row : h + int64_t(j) * g.k_row;
 }
 // KIVI keys: the layout::KiviKeyBlock holding quantized position pos >= S0; the position is its row
 // (pos - S0) % G.

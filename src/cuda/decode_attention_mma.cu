@@ -95,32 +95,49 @@ struct TileWords {
   uint32_t vw[4];     // values: code word gid (code bytes 4gid ..) of r0, r1, r8, r9
 };
 
-// Loads the int2 parts (KQ keys, VQ values) of the tile at position p, page `page`, nvalid = min(16, hi - p) >= 1.
+// Where a tile of 16 positions is stored: its pool page and the page row of its first position.
+struct TileAt {
+  int page;  // pool page (page-table entry)
+  int row;   // (position - S0) % P
+};
+
+// The first K (kv = 0) or V (kv = 1) row of the tile at `at`, as dev::page_row.
+__device__ __forceinline__ const uint8_t* tile_base(const CacheGeometry& geo, int layer, int head, TileAt at, int kv) {
+  const uint8_t* h = dev::page_head_at(geo, at.page, layer, head);
+  return kv ? h + geo.k_region + uint32_t(at.row) * uint32_t(geo.v_row) : h + uint32_t(at.row) * uint32_t(geo.k_row);
+}
+
+// Row r (0 <= r < 16) of a tile whose rows of `row_bytes` start at `base`: 32-bit offset, one wide multiply-add.
+__device__ __forceinline__ const uint32_t* tile_row(const uint8_t* base, int r, int row_bytes) {
+  return reinterpret_cast<const uint32_t*>(base + uint64_t(uint32_t(r)) * uint32_t(row_bytes));
+}
+
+// Loads the int2 parts (KQ keys, VQ values) of the tile at `at`, nvalid = min(16, hi - its position) >= 1.
 template <bool KQ, bool VQ>
-__device__ __forceinline__ TileWords load_tile(const CacheGeometry& geo, int layer, int head, int page, int p,
-                                               int nvalid, int gid, int tid) {
+__device__ __forceinline__ TileWords load_tile(const CacheGeometry& geo, int layer, int head, TileAt at, int nvalid,
+                                               int gid, int tid) {
   TileWords t{};
   const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);
   if constexpr (KQ) {
-    const uint8_t* kbase = dev::page_row_at(geo, page, layer, 0, head, p);
+    const uint8_t* kbase = tile_base(geo, layer, head, at, 0);
     const int r[2] = {ra, rb};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       // rows are 36 bytes, 4-byte aligned: word 0 = (scale, zero), words 1 .. 8 = the 32 code bytes
-      const uint32_t* row = reinterpret_cast<const uint32_t*>(kbase + int64_t(r[i]) * geo.k_row);
+      const uint32_t* row = tile_row(kbase, r[i], geo.k_row);
       t.kp[i] = row[0];
       t.kw[i][0] = row[1 + tid];
       t.kw[i][1] = row[5 + tid];
     }
   }
   if constexpr (VQ) {
-    const uint8_t* vbase = dev::page_row_at(geo, page, layer, 1, head, p);
-    t.vp[0] = *reinterpret_cast<const uint32_t*>(vbase + int64_t(ra) * geo.v_row);
-    t.vp[1] = *reinterpret_cast<const uint32_t*>(vbase + int64_t(rb) * geo.v_row);
+    const uint8_t* vbase = tile_base(geo, layer, head, at, 1);
+    t.vp[0] = *tile_row(vbase, ra, geo.v_row);
+    t.vp[1] = *tile_row(vbase, rb, geo.v_row);
     const int r[4] = {min(2 * tid, nvalid - 1), min(2 * tid + 1, nvalid - 1), min(2 * tid + 8, nvalid - 1),
                       min(2 * tid + 9, nvalid - 1)};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) t.vw[i] = reinterpret_cast<const uint32_t*>(vbase + int64_t(r[i]) * geo.v_row)[1 + gid];
+    for (int i = 0; i < 4; ++i) t.vw[i] = tile_row(vbase, r[i], geo.v_row)[1 + gid];
   }
   return t;
 }
@@ -195,20 +212,31 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 
   // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
   // tile after it), then computes the current tile from the words loaded one iteration earlier. The last iteration
-  // reloads its own tile (in bounds) instead of branching.
+  // reloads its own tile (in bounds) instead of branching. Tiles are located without a division per tile: (qi, qj) =
+  // page-table column and page row of the tile two ahead, advanced by kStride = si pages + sj rows (sj < P).
   constexpr int kStride = kWarps * kTile;
+  const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
+  const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
+  auto advance = [&](int& qi, int& qj) {
+    qi += si, qj += sj;
+    if (qj >= pt) qj -= pt, ++qi;
+  };
   int p0 = lo + warp * kTile;
-  int page0 = 0, page1 = 0;  // pages of tile p0 and of the next tile
+  int qi = (p0 - geo.sink) / pt, qj = (p0 - geo.sink) % pt;  // tile p0 for now
+  TileAt at0{}, at1{};  // tile p0 and the next tile (tile p0 again when there is none)
   TileWords cur{};
   if (p0 < hi) {
-    page0 = dev::page_of(geo, rd.seq, p0);
-    cur = load_tile<KQ, VQ>(geo, a.layer, head, page0, p0, min(kTile, hi - p0), gid, tid);
-    page1 = p0 + kStride < hi ? dev::page_of(geo, rd.seq, p0 + kStride) : page0;
+    at0 = {table[qi], qj};
+    cur = load_tile<KQ, VQ>(geo, a.layer, head, at0, min(kTile, hi - p0), gid, tid);
+    advance(qi, qj);
+    at1 = p0 + kStride < hi ? TileAt{table[qi], qj} : at0;
+    advance(qi, qj);
   }
   for (; p0 < hi; p0 += kStride) {
     const int pn = p0 + kStride < hi ? p0 + kStride : p0;  // the next tile (this one again on the last iteration)
-    const TileWords nxt = load_tile<KQ, VQ>(geo, a.layer, head, page1, pn, min(kTile, hi - pn), gid, tid);
-    const int page2 = pn + kStride < hi ? dev::page_of(geo, rd.seq, pn + kStride) : page1;
+    const TileWords nxt = load_tile<KQ, VQ>(geo, a.layer, head, at1, min(kTile, hi - pn), gid, tid);
+    const TileAt at2 = p0 + 2 * kStride < hi ? TileAt{table[qi], qj} : at1;  // the tile after it
+    advance(qi, qj);
 
     const int nvalid = min(kTile, hi - p0);
     const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);  // clamped rows (masked below)
@@ -235,7 +263,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       s[2] = sb * (s[2] - zb * qsum[0]);
       s[3] = sb * (s[3] - zb * qsum[1]);
     } else {
-      const uint8_t* kbase = dev::page_row_at(geo, page0, a.layer, 0, head, p0);
+      const uint8_t* kbase = tile_base(geo, a.layer, head, at0, 0);
       const uint16_t* rowa = reinterpret_cast<const uint16_t*>(kbase + int64_t(ra) * geo.k_row);
       const uint16_t* rowb = reinterpret_cast<const uint16_t*>(kbase + int64_t(rb) * geo.k_row);
 #pragma unroll
@@ -313,7 +341,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
     } else {
       const int r0 = min(2 * tid, nvalid - 1), r1 = min(2 * tid + 1, nvalid - 1);
       const int r8 = min(2 * tid + 8, nvalid - 1), r9 = min(2 * tid + 9, nvalid - 1);
-      const uint8_t* vbase = dev::page_row_at(geo, page0, a.layer, 1, head, p0);
+      const uint8_t* vbase = tile_base(geo, a.layer, head, at0, 1);
       const uint16_t* v0 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r0) * geo.v_row) + gid;
       const uint16_t* v1 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r1) * geo.v_row) + gid;
       const uint16_t* v8 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r8) * geo.v_row) + gid;
@@ -326,7 +354,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
         mma_bf16(acc[mt], af, pb_frag);
       }
     }
-    cur = nxt, page0 = page1, page1 = page2;
+    cur = nxt, at0 = at1, at1 = at2;
   }
 
   // ---- this warp's state to shared memory (zero term subtracted), then the block's merge into the split's slot
