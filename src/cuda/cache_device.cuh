@@ -45,11 +45,14 @@ __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, i
          ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
              kHeadDim;
 }
-// The (layer, head) part of the page holding quantized position pos >= S0: { K blocks | V rows }.
+// The (layer, head) part of pool page `page`: { K blocks | V rows }.
+__device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {
+  return g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
+}
+// The (layer, head) part of the page holding quantized position pos >= S0.
 __device__ __forceinline__ uint8_t* page_head(const CacheGeometry& g, int seq, int layer, int head, int pos) {
   const int q = pos - g.sink;
-  const int page = g.page_table[int64_t(seq) * g.pages_per_seq + q / g.page_tokens];
-  return g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
+  return page_head_at(g, g.page_table[int64_t(seq) * g.pages_per_seq + q / g.page_tokens], layer, head);
 }
 // Stored (quantized-region) row of position pos >= S0: every V row, and K rows of per-token key codecs (NOT KIVI
 // keys: see kivi_block).

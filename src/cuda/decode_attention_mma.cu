@@ -8,11 +8,14 @@
 // N side (g <= 8 query heads, padded with zero queries to 8), so nothing is padded to 64 rows:
 //   scores   S[pos][h] = Σ_d K[pos][d] · Q[d][h]       A = 16 positions x 16 dims of codes, B = 16 dims x 8 heads
 //   values   O^T[d][h] += Σ_pos V^T[d][pos] · P'[pos][h]  A = 16 dims x 16 positions of codes, B = the tile's P'
-// int2 codes become f16 exactly with the magic-number trick ((0x6400 | c) as f16 is 1024 + c, minus 1024), two
-// codes per register from one 16-bit load; scale and zero stay out of the inner loop:
+// int2 codes become f16 exactly with the magic-number trick (codes_f16x2), two codes per register from one 32-bit
+// code word (a lane reads whole words of each row and the fragments take the dims those words hold: keys in an
+// order that the query B fragments share, values in an order that the write-back undoes); scale and zero stay out
+// of the inner loop:
 //   s = scale_k · (Σ code·q − zero_k · Σ q)     O = Σ_pos P'·code − Σ_pos P'·zero_v,  P' = p · scale_v
 // q and P' are rounded to f16 for int2 rows (relative 2^-11) and to bf16 for bf16 rows (as FlashAttention does);
-// products accumulate in f32.
+// products accumulate in f32. The int2 words of a warp's next tile are loaded while it computes the current one
+// (TileWords: a software pipeline in registers, so each tile's DRAM latency hides behind the previous tile's math).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -55,12 +58,16 @@ __device__ __forceinline__ float round16(float x) {
   if constexpr (F16) return __half2float(__float2half_rn(x)); else return __bfloat162float(__float2bfloat16_rn(x));
 }
 
-// Codes at bit shift s of the two bytes of w (bits 0-7 and 8-15) as an f16 pair, exactly.
-__device__ __forceinline__ uint32_t codes_f16x2(uint32_t w, int s) {
-  uint32_t x = __byte_perm((w >> s) & 0x0303u, 0u, 0x4140) | 0x64006400u;  // f16 pair (1024 + c0, 1024 + c1)
-  __half2 h = *reinterpret_cast<__half2*>(&x);
-  h = __hsub2(h, __half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
-  return *reinterpret_cast<uint32_t*>(&h);
+// The 2-bit codes at bits [2k, 2k + 2) of bytes 0 and 2 of w as an f16 pair (byte 0 low), exactly: masked in place
+// and ORed into the mantissa of 1024 (0x6400) they read 1024 + c·4^k, and one fused multiply-add by 4^-k plus
+// -1024·4^-k leaves c (every value exact in f16). k is a compile-time constant after unrolling: LOP3 + HFMA2.
+__device__ __forceinline__ uint32_t codes_f16x2(uint32_t w, int k) {
+  uint32_t x;  // (w & mask) | 0x6400_6400 in one LOP3 (written out: the compiler splits it into two)
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(w), "r"(0x00030003u << (2 * k)), "r"(0x64006400u));
+  const __half mul = __ushort_as_half(uint16_t(0x3c00 - 0x800 * k));  // 4^-k
+  const __half add = __ushort_as_half(uint16_t(0xe400 - 0x800 * k));  // -1024 · 4^-k
+  const __half2 h = __hfma2(*reinterpret_cast<const __half2*>(&x), __half2(mul, mul), __half2(add, add));
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 __device__ __forceinline__ float params_scale(uint32_t p) { return __half2float(__ushort_as_half(uint16_t(p))); }
@@ -78,6 +85,70 @@ __device__ __forceinline__ float col_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
 }
 
+// What a lane reads of one tile's int2 rows, loaded one tile ahead of its use. Lane (gid, tid) takes positions
+// ra = gid, rb = gid + 8 for the scores and r0, r1, r8, r9 = 2tid, 2tid + 1, 2tid + 8, 2tid + 9 for the values,
+// each clamped to the tile's last valid position (the clamped rows are masked or multiplied by P' = 0).
+struct TileWords {
+  uint32_t kp[2];     // keys: (scale, zero) of ra, rb
+  uint32_t kw[2][2];  // keys: code words tid and tid + 4 (code bytes 4tid .. and 16 + 4tid ..) of ra, rb
+  uint32_t vp[2];     // values: (scale, zero) of ra, rb
+  uint32_t vw[4];     // values: code word gid (code bytes 4gid ..) of r0, r1, r8, r9
+};
+
+// Where a tile of 16 positions is stored: its pool page and the page row of its first position.
+struct TileAt {
+  int page;  // pool page (page-table entry)
+  int row;   // (position - S0) % P
+};
+
+// The first K (kv = 0) or V (kv = 1) row of the tile at `at`, as dev::page_row.
+__device__ __forceinline__ const uint8_t* tile_base(const CacheGeometry& geo, int layer, int head, TileAt at, int kv) {
+  const uint8_t* h = dev::page_head_at(geo, at.page, layer, head);
+  return kv ? h + geo.k_region + uint32_t(at.row) * uint32_t(geo.v_row) : h + uint32_t(at.row) * uint32_t(geo.k_row);
+}
+
+// Row r (0 <= r < 16) of a tile whose rows of `row_bytes` start at `base`: 32-bit offset, one wide multiply-add.
+__device__ __forceinline__ const uint32_t* tile_row(const uint8_t* base, int r, int row_bytes) {
+  return reinterpret_cast<const uint32_t*>(base + uint64_t(uint32_t(r)) * uint32_t(row_bytes));
+}
+
+// Loads the int2 parts (KQ keys, VQ values) of the tile at `at`, nvalid = min(16, hi - its position) >= 1.
+template <bool KQ, bool VQ>
+__device__ __forceinline__ TileWords load_tile(const CacheGeometry& geo, int layer, int head, TileAt at, int nvalid,
+                                               int gid, int tid) {
+  TileWords t{};
+  const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);
+  if constexpr (KQ) {
+    const uint8_t* kbase = tile_base(geo, layer, head, at, 0);
+    const int r[2] = {ra, rb};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      // rows are 36 bytes, 4-byte aligned: word 0 = (scale, zero), words 1 .. 8 = the 32 code bytes
+      const uint32_t* row = tile_row(kbase, r[i], geo.k_row);
+      t.kp[i] = row[0];
+      t.kw[i][0] = row[1 + tid];
+      t.kw[i][1] = row[5 + tid];
+    }
+  }
+  if constexpr (VQ) {
+    const uint8_t* vbase = tile_base(geo, layer, head, at, 1);
+    t.vp[0] = *tile_row(vbase, ra, geo.v_row);
+    t.vp[1] = *tile_row(vbase, rb, geo.v_row);
+    const int r[4] = {min(2 * tid, nvalid - 1), min(2 * tid + 1, nvalid - 1), min(2 * tid + 8, nvalid - 1),
+                      min(2 * tid + 9, nvalid - 1)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) t.vw[i] = tile_row(vbase, r[i], geo.v_row)[1 + gid];
+  }
+  return t;
+}
+
+// The dim of value fragment row gid (+ 1 for row gid + 8) of m-tile mt when values are int2: lane gid holds code word
+// gid of its rows (values j + 8k of unit gid / 2, j = 4(gid % 2) + byte), and m-tile mt = 2k + h takes bytes 2h, 2h + 1
+// at field k (see the value mma).
+__device__ __forceinline__ int int2_value_dim(int mt, int gid) {
+  return 32 * (gid / 2) + 4 * (gid % 2) + 8 * (mt / 2) + 2 * (mt % 2);
+}
+
 // KQ / VQ: keys / values are int2 rows of one 128-value group (else bf16 rows).
 template <bool KQ, bool VQ>
 __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheGeometry geo, AttentionLaunch a) {
@@ -93,10 +164,30 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
   __shared__ float w_m[kWarps][kMaxGroupHeads], w_l[kWarps][kMaxGroupHeads];
   __shared__ uint16_t p_tile[kWarps][kTile][8];  // the tile's P' (operand type) per position and head
 
-  // B fragments of the queries (dims 16kc + {2tid, 2tid+1} and + 8, head gid), zero for heads >= g.
+  // B fragments of the queries, head gid (zero for heads >= g), k-step kc, slots {2tid, 2tid+1} and {2tid+8, 2tid+9}
+  // in the dim order of the key A fragments: bf16 keys take dims 16kc + those slots; int2 keys take k-step
+  // kc = 4wi + k from code word tid + 4wi of each row (values 8k .. 8k + 7 of units 2wi, 2wi + 1), slots 2tid, 2tid+1,
+  // 2tid+8, 2tid+9 = the field-k codes of its bytes 0, 2, 1, 3 (a score is a sum over all d, in any order).
   const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * kD;
   uint32_t qb[kD / 16][2];
-  float qpart = 0.f;  // Σ of this lane's rounded q values of head gid
+#pragma unroll
+  for (int kc = 0; kc < kD / 16; ++kc) {
+    int d[4];
+    if constexpr (KQ) {
+      const int base = 32 * (2 * (kc / 4) + tid / 2) + 4 * (tid % 2) + 8 * (kc % 4);
+      d[0] = base, d[1] = base + 2, d[2] = base + 1, d[3] = base + 3;
+    } else {
+      const int base = 16 * kc + 2 * tid;
+      d[0] = base, d[1] = base + 1, d[2] = base + 8, d[3] = base + 9;
+    }
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (gid < g)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = q[int64_t(gid) * kD + d[i]];
+    qb[kc][0] = pack2<KQ>(v[0], v[1]);
+    qb[kc][1] = pack2<KQ>(v[2], v[3]);
+  }
+  float qpart = 0.f;  // Σ of this lane's rounded q values of head gid (dims 16kc + {2tid, 2tid+1, 2tid+8, 2tid+9})
 #pragma unroll
   for (int kc = 0; kc < kD / 16; ++kc) {
     float v[4] = {0.f, 0.f, 0.f, 0.f};
@@ -104,8 +195,6 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       const float* qh = q + int64_t(gid) * kD + 16 * kc + 2 * tid;
       v[0] = qh[0], v[1] = qh[1], v[2] = qh[8], v[3] = qh[9];
     }
-    qb[kc][0] = pack2<KQ>(v[0], v[1]);
-    qb[kc][1] = pack2<KQ>(v[2], v[3]);
 #pragma unroll
     for (int i = 0; i < 4; ++i) qpart += round16<KQ>(v[i]);
   }
@@ -115,39 +204,66 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 
   // State of heads 2tid, 2tid + 1 (entries >= g are padding and are dropped at the end).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, zsum[2] = {0.f, 0.f};
-  float acc[kD / 16][4];  // O^T in the C layout: [m-tile][(dim gid, 2tid), (gid, 2tid+1), (gid+8, 2tid), (gid+8, 2tid+1)]
+  // O^T in the C layout: [m-tile][(row gid, 2tid), (gid, 2tid+1), (gid+8, 2tid), (gid+8, 2tid+1)]; row r of m-tile mt
+  // is dim 16mt + r for bf16 values, int2_value_dim for int2 values
+  float acc[kD / 16][4];
 #pragma unroll
   for (int mt = 0; mt < kD / 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
-  for (int p0 = lo + warp * kTile; p0 < hi; p0 += kWarps * kTile) {
-    const uint8_t* kbase = dev::page_row(geo, rd.seq, a.layer, 0, head, p0);
-    const uint8_t* vbase = dev::page_row(geo, rd.seq, a.layer, 1, head, p0);
+  // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
+  // tile after it), then computes the current tile from the words loaded one iteration earlier. The last iteration
+  // reloads its own tile (in bounds) instead of branching. Tiles are located without a division per tile: (qi, qj) =
+  // page-table column and page row of the tile two ahead, advanced by kStride = si pages + sj rows (sj < P).
+  constexpr int kStride = kWarps * kTile;
+  const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
+  const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
+  auto advance = [&](int& qi, int& qj) {
+    qi += si, qj += sj;
+    if (qj >= pt) qj -= pt, ++qi;
+  };
+  int p0 = lo + warp * kTile;
+  int qi = (p0 - geo.sink) / pt, qj = (p0 - geo.sink) % pt;  // tile p0 for now
+  TileAt at0{}, at1{};  // tile p0 and the next tile (tile p0 again when there is none)
+  TileWords cur{};
+  if (p0 < hi) {
+    at0 = {table[qi], qj};
+    cur = load_tile<KQ, VQ>(geo, a.layer, head, at0, min(kTile, hi - p0), gid, tid);
+    advance(qi, qj);
+    at1 = p0 + kStride < hi ? TileAt{table[qi], qj} : at0;
+    advance(qi, qj);
+  }
+  for (; p0 < hi; p0 += kStride) {
+    const int pn = p0 + kStride < hi ? p0 + kStride : p0;  // the next tile (this one again on the last iteration)
+    const TileWords nxt = load_tile<KQ, VQ>(geo, a.layer, head, at1, min(kTile, hi - pn), gid, tid);
+    const TileAt at2 = p0 + 2 * kStride < hi ? TileAt{table[qi], qj} : at1;  // the tile after it
+    advance(qi, qj);
+
     const int nvalid = min(kTile, hi - p0);
     const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);  // clamped rows (masked below)
 
     // ---- scores of positions p0 + gid (c[0], c[1]) and p0 + gid + 8 (c[2], c[3]) for heads 2tid, 2tid + 1
     float s[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (KQ) {
-      const uint8_t* rowa = kbase + int64_t(ra) * geo.k_row;
-      const uint8_t* rowb = kbase + int64_t(rb) * geo.k_row;
+      // k-step 4wi + k: A = field k of code word tid + 4wi of rows ra, rb; bytes 0, 2 (slots 2tid, 2tid + 1) and,
+      // shifted down by 8, bytes 1, 3 (slots 2tid + 8, 2tid + 9)
 #pragma unroll
-      for (int u = 0; u < kD / 32; ++u) {
-        const uint32_t wa = *reinterpret_cast<const uint16_t*>(rowa + 4 + 8 * u + 2 * tid);
-        const uint32_t wb = *reinterpret_cast<const uint16_t*>(rowb + 4 + 8 * u + 2 * tid);
+      for (int wi = 0; wi < 2; ++wi) {
+        const uint32_t wa = cur.kw[0][wi], wb = cur.kw[1][wi];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t af[4] = {codes_f16x2(wa, 4 * half), codes_f16x2(wb, 4 * half), codes_f16x2(wa, 4 * half + 2),
-                                  codes_f16x2(wb, 4 * half + 2)};
-          mma_f16(s, af, qb[2 * u + half]);
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t af[4] = {codes_f16x2(wa, k), codes_f16x2(wb, k), codes_f16x2(wa >> 8, k),
+                                  codes_f16x2(wb >> 8, k)};
+          mma_f16(s, af, qb[4 * wi + k]);
         }
       }
-      const uint32_t pa = *reinterpret_cast<const uint32_t*>(rowa), pb = *reinterpret_cast<const uint32_t*>(rowb);
-      const float sa = params_scale(pa), za = params_zero(pa), sb = params_scale(pb), zb = params_zero(pb);
+      const float sa = params_scale(cur.kp[0]), za = params_zero(cur.kp[0]);
+      const float sb = params_scale(cur.kp[1]), zb = params_zero(cur.kp[1]);
       s[0] = sa * (s[0] - za * qsum[0]);
       s[1] = sa * (s[1] - za * qsum[1]);
       s[2] = sb * (s[2] - zb * qsum[0]);
       s[3] = sb * (s[3] - zb * qsum[1]);
     } else {
+      const uint8_t* kbase = tile_base(geo, a.layer, head, at0, 0);
       const uint16_t* rowa = reinterpret_cast<const uint16_t*>(kbase + int64_t(ra) * geo.k_row);
       const uint16_t* rowb = reinterpret_cast<const uint16_t*>(kbase + int64_t(rb) * geo.k_row);
 #pragma unroll
@@ -174,19 +290,20 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       m[j] = m_new;
       zsum[j] *= corr[j];
     }
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {  // else every factor is 1: acc unchanged
 #pragma unroll
-    for (int mt = 0; mt < kD / 16; ++mt) {
-      acc[mt][0] *= corr[0], acc[mt][1] *= corr[1];
-      acc[mt][2] *= corr[0], acc[mt][3] *= corr[1];
+      for (int mt = 0; mt < kD / 16; ++mt) {
+        acc[mt][0] *= corr[0], acc[mt][1] *= corr[1];
+        acc[mt][2] *= corr[0], acc[mt][3] *= corr[1];
+      }
     }
 
     // ---- P' = p · scale_v into shared memory (the B operand of the value mma), and the zero term
     {
       float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
       if constexpr (VQ) {
-        const uint32_t pa = *reinterpret_cast<const uint32_t*>(vbase + int64_t(ra) * geo.v_row);
-        const uint32_t pb = *reinterpret_cast<const uint32_t*>(vbase + int64_t(rb) * geo.v_row);
-        wa = params_scale(pa), za = params_zero(pa), wb = params_scale(pb), zb = params_zero(pb);
+        wa = params_scale(cur.vp[0]), za = params_zero(cur.vp[0]);
+        wb = params_scale(cur.vp[1]), zb = params_zero(cur.vp[1]);
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -204,25 +321,27 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
     __syncwarp();
 
     // ---- values: O^T[d][h] += Σ_pos V^T[d][pos] P'[pos][h]
-    const int r0 = min(2 * tid, nvalid - 1), r1 = min(2 * tid + 1, nvalid - 1);
-    const int r8 = min(2 * tid + 8, nvalid - 1), r9 = min(2 * tid + 9, nvalid - 1);
     if constexpr (VQ) {
-      const uint8_t* c0 = vbase + int64_t(r0) * geo.v_row + 4 + gid;
-      const uint8_t* c1 = vbase + int64_t(r1) * geo.v_row + 4 + gid;
-      const uint8_t* c8 = vbase + int64_t(r8) * geo.v_row + 4 + gid;
-      const uint8_t* c9 = vbase + int64_t(r9) * geo.v_row + 4 + gid;
+      // x01[b] / x89[b]: byte b of code word gid of rows r0 / r8 in byte 0 and of r1 / r9 in byte 2 (positions 2tid,
+      // 2tid + 1 / 2tid + 8, 2tid + 9 side by side); m-tile 2k + h: A rows gid / gid + 8 = field k of bytes 2h / 2h + 1
+      uint32_t x01[4], x89[4];
 #pragma unroll
-      for (int u = 0; u < kD / 32; ++u) {
-        const uint32_t x01 = uint32_t(c0[8 * u]) | uint32_t(c1[8 * u]) << 8;
-        const uint32_t x89 = uint32_t(c8[8 * u]) | uint32_t(c9[8 * u]) << 8;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t af[4] = {codes_f16x2(x01, 4 * half), codes_f16x2(x01, 4 * half + 2), codes_f16x2(x89, 4 * half),
-                                  codes_f16x2(x89, 4 * half + 2)};
-          mma_f16(acc[2 * u + half], af, pb_frag);
-        }
+      for (int b = 0; b < 4; ++b) {
+        x01[b] = __byte_perm(cur.vw[0], cur.vw[1], 0x0400u + 0x0101u * b);
+        x89[b] = __byte_perm(cur.vw[2], cur.vw[3], 0x0400u + 0x0101u * b);
       }
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t af[4] = {codes_f16x2(x01[2 * h], k), codes_f16x2(x01[2 * h + 1], k),
+                                  codes_f16x2(x89[2 * h], k), codes_f16x2(x89[2 * h + 1], k)};
+          mma_f16(acc[2 * k + h], af, pb_frag);
+        }
     } else {
+      const int r0 = min(2 * tid, nvalid - 1), r1 = min(2 * tid + 1, nvalid - 1);
+      const int r8 = min(2 * tid + 8, nvalid - 1), r9 = min(2 * tid + 9, nvalid - 1);
+      const uint8_t* vbase = tile_base(geo, a.layer, head, at0, 1);
       const uint16_t* v0 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r0) * geo.v_row) + gid;
       const uint16_t* v1 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r1) * geo.v_row) + gid;
       const uint16_t* v8 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r8) * geo.v_row) + gid;
@@ -235,6 +354,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
         mma_bf16(acc[mt], af, pb_frag);
       }
     }
+    cur = nxt, at0 = at1, at1 = at2;
   }
 
   // ---- this warp's state to shared memory (zero term subtracted), then the block's merge into the split's slot
@@ -247,8 +367,9 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
     if (gid == 0) w_m[warp][h] = m[j], w_l[warp][h] = l[j];
 #pragma unroll
     for (int mt = 0; mt < kD / 16; ++mt) {
-      w_acc[warp][h][16 * mt + gid] = acc[mt][j] - zsum[j];
-      w_acc[warp][h][16 * mt + gid + 8] = acc[mt][2 + j] - zsum[j];
+      const int d0 = VQ ? int2_value_dim(mt, gid) : 16 * mt + gid, d1 = VQ ? d0 + 1 : d0 + 8;  // rows gid, gid + 8
+      w_acc[warp][h][d0] = acc[mt][j] - zsum[j];
+      w_acc[warp][h][d1] = acc[mt][2 + j] - zsum[j];
     }
   }
   __syncthreads();
