@@ -514,6 +514,24 @@ TEST(GpuCacheGeometry, SupportsKiviKeysPerChannelAndPerTokenValues) {
   EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi8", .head_dim = kD, .group = 128}));
 }
 
+// The automatic split size fills whole waves of resident blocks (H200: 132 SMs x 4 blocks = 528): a split count
+// that leaves a nearly empty second wave (the old "4 blocks per SM" rule: 576 blocks for 8 rows x 8 kv heads at
+// 64K) doubles the kernel's time. Splits are multiples of 128 and hold >= 256 positions.
+TEST(GpuCacheGeometry, AutoSplitFillsWholeWavesOfResidentBlocks) {
+  EXPECT_EQ(cuda::auto_split_tokens(8 * 8, 65536, 528), 8192);     // 8 splits: 512 blocks, one wave
+  EXPECT_EQ(cuda::auto_split_tokens(1 * 8, 131072, 528), 2048);    // 64 splits: 512 blocks
+  EXPECT_EQ(cuda::auto_split_tokens(32 * 8, 131072, 528), 65536);  // 2 splits: 512 blocks
+  EXPECT_EQ(cuda::auto_split_tokens(64 * 8, 131072, 528), 131072); // no split: 512 blocks
+  EXPECT_EQ(cuda::auto_split_tokens(1, 100, 528), 128);            // a short view: one split
+  for (int64_t base : {1, 3, 8, 64, 600, 5000})
+    for (int view : {256, 1000, 4096, 65536, 131072}) {
+      const int split = cuda::auto_split_tokens(base, view, 528);
+      EXPECT_EQ(split % 128, 0) << base << " x " << view;
+      EXPECT_GE(split, 256) << base << " x " << view;
+      EXPECT_LE(split, (view + 127) / 128 * 128) << base << " x " << view;
+    }
+}
+
 // qe(t) with B = block_tokens, the ring size and the page layout (K blocks | V rows) of the GPU cache equal the CPU
 // cache's, for KIVI (B = G) and per-token codecs (B = 1), over awkward windows and chunks.
 TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {

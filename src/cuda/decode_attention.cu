@@ -178,6 +178,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   dev::write_block_partial<kWarps>(w_m, w_l, w_acc, g, part, a);
 }
 
+// The CUDA-core kernel instance for a GQA group of gq query heads.
+using CudaCoreKernel = void (*)(CacheGeometry, AttentionLaunch, int);
+CudaCoreKernel cuda_core_kernel(int gq) {
+  switch (gq) {
+    case 1: return attention_kernel<1>;
+    case 2: return attention_kernel<2>;
+    case 4: return attention_kernel<4>;
+    default: return attention_kernel<kMaxGroupHeads>;
+  }
+}
+
 __global__ void merge_kernel(AttentionLaunch a, int n_kv, int layer, const float* r_v, float* out) {
   const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
   const int g = a.n_heads / n_kv, head = j / g, h = j % g;
@@ -221,14 +232,9 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
                                                                                        a.scale, t.r_k, a.q_work);
   int e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const int gq = a.n_heads / g.n_kv;
+  const CudaCoreKernel kernel = cuda_core_kernel(a.n_heads / g.n_kv);
   auto cuda_core = [&](dim3 grid, int windows_slot) {
-    switch (gq) {
-      case 1: attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
-      case 2: attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
-      case 4: attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
-      default: attention_kernel<kMaxGroupHeads><<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot); break;
-    }
+    kernel<<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot);
     return int(cudaGetLastError());
   };
   if (reference) {
@@ -242,6 +248,11 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
   if (e != cudaSuccess) return e;
   merge_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(a, g.n_kv, a.layer, t.r_v, d_out);
   return cudaGetLastError();
+}
+
+int attention_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks) {
+  if (attention_mma_supported(g)) return attention_mma_blocks_per_sm(g, blocks);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, cuda_core_kernel(n_heads / g.n_kv), kWarps * 32, 0);
 }
 
 }  // namespace kvq::cuda

@@ -385,15 +385,26 @@ bool attention_mma_supported(const CacheGeometry& g) {
   return k_ok && v_ok && g.page_tokens % kTile == 0;
 }
 
-int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits));
+namespace {
+// The kernel instance for the cache's key and value formats.
+using MmaKernel = void (*)(CacheGeometry, AttentionLaunch);
+MmaKernel mma_kernel(const CacheGeometry& g) {
   const bool kq = g.k_bits == 2, vq = g.v_bits == 2;
-  if (kq && vq) quant_attention_mma_kernel<true, true><<<grid, kWarps * 32, 0, st>>>(g, a);
-  else if (kq) quant_attention_mma_kernel<true, false><<<grid, kWarps * 32, 0, st>>>(g, a);
-  else if (vq) quant_attention_mma_kernel<false, true><<<grid, kWarps * 32, 0, st>>>(g, a);
-  else quant_attention_mma_kernel<false, false><<<grid, kWarps * 32, 0, st>>>(g, a);
+  if (kq && vq) return quant_attention_mma_kernel<true, true>;
+  if (kq) return quant_attention_mma_kernel<true, false>;
+  if (vq) return quant_attention_mma_kernel<false, true>;
+  return quant_attention_mma_kernel<false, false>;
+}
+}  // namespace
+
+int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
+  const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits));
+  mma_kernel(g)<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
   return cudaGetLastError();
+}
+
+int attention_mma_blocks_per_sm(const CacheGeometry& g, int* blocks) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, mma_kernel(g), kWarps * 32, 0);
 }
 
 }  // namespace kvq::cuda

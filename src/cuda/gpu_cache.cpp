@@ -72,6 +72,25 @@ bool gpu_codec_supported(const CodecSpec& spec) {
          spec.clip <= 1.f;
 }
 
+int auto_split_tokens(int64_t base, int max_view, int64_t resident) {
+  // A block's fixed cost in positions: loading the queries, writing its partial and its share of the merge.
+  constexpr int64_t kBlockCost = 128;
+  base = std::max<int64_t>(base, 1), resident = std::max<int64_t>(resident, 1), max_view = std::max(max_view, 1);
+  const int max_splits = std::max(1, (max_view + 255) / 256);
+  int best = 0, last = 0;
+  int64_t best_time = 0;
+  for (int s = 1; s <= max_splits; ++s) {
+    const int split = ((max_view + s - 1) / s + 127) / 128 * 128;
+    if (split == last) continue;
+    last = split;
+    const int64_t blocks = base * ((max_view + split - 1) / split);
+    const int64_t waves = (blocks + resident - 1) / resident;
+    const int64_t time = waves * (split + kBlockCost);
+    if (best == 0 || time < best_time) best = split, best_time = time;  // ties keep the fewer splits
+  }
+  return best;
+}
+
 CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx) {
   CacheGeometry g{};
   g.n_layers = n_layers, g.n_kv = n_kv_heads;
@@ -116,6 +135,8 @@ struct GpuKvCache::Impl {
   DeviceBuffer desc;                    // RowDesc[rows + items]
   DeviceBuffer q_work, part_acc, part_ml;
   int split_tokens = 0;                 // 0 = automatic
+  int resident_heads = 0;               // n_heads that `resident` was measured for (0 = not yet)
+  int64_t resident = 0;                 // attention blocks the GPU holds at once (SMs x blocks per SM)
   bool reference = false;
 
   int quant_end(int t) const { return cuda::quant_end(geo, t); }
@@ -327,11 +348,14 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
             kMaxGroupHeads);
   const int g = n_heads / m.n_kv;
   int split = m.split_tokens;
-  if (split == 0) {  // enough blocks for ~4 waves of the SMs, splits of at least 256 positions
-    const int64_t base = int64_t(m.n_rows) * m.n_kv;
-    const int64_t want = std::max<int64_t>(1, (int64_t(4) * m.n_sms + base - 1) / base);
-    const int64_t splits = std::clamp<int64_t>(want, 1, std::max(1, (m.max_view + 255) / 256));
-    split = int((m.max_view + splits - 1) / splits);
+  if (split == 0) {
+    if (m.resident_heads != n_heads) {
+      int per_sm = 0;
+      check(attention_blocks_per_sm(m.geo, n_heads, &per_sm), "GPU attention: occupancy query");
+      m.resident = int64_t(std::max(per_sm, 1)) * m.n_sms;
+      m.resident_heads = n_heads;
+    }
+    split = auto_split_tokens(int64_t(m.n_rows) * m.n_kv, m.max_view, m.resident);
   }
   split = std::max(split, (m.max_view + 65534) / 65535);  // grid z <= 65535
   split = (split + 127) / 128 * 128;

@@ -98,10 +98,19 @@ struct AttentionLaunch {
 // rows, pages of a multiple of 16 rows; never KIVI keys (they take the CUDA-core kernel). It fills slots [0, n_splits); the windows go to slot n_splits.
 bool attention_mma_supported(const CacheGeometry& g);
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
+// *blocks = how many blocks of the tensor-core kernel for g one SM holds at once.
+int attention_mma_blocks_per_sm(const CacheGeometry& g, int* blocks);
 // q: [n_rows][n_heads][d] fp32 post-RoPE queries (unscaled); out: [n_rows][n_heads][d] plain outputs.
 // reference = true runs the simple one-thread-per-token twin (decode_attention_ref.cu) instead of the fast path.
 int launch_attention(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
                      float* d_out, bool reference, void* stream);
+// *blocks = how many blocks of the kernel that launch_attention runs over the splits (tensor-core or CUDA-core) one SM
+// holds at once. The reference twin takes the fast path's split size, so this is its count too.
+int attention_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks);
+// The automatic split size (positions, a multiple of 128) for `base` blocks per split (rows x kv heads) over views
+// of up to max_view positions on a GPU that holds `resident` blocks at once: the split count whose estimated time,
+// waves x (split positions + a block's fixed cost), is least; splits hold >= 256 positions. Host only.
+int auto_split_tokens(int64_t base, int max_view, int64_t resident);
 
 // Benchmark helpers (bench_kernels.cu).
 // Fills d[0, n) with N(0, 1) samples of a counter-based generator (seed, index).
