@@ -8,14 +8,17 @@
 // N side (g <= 8 query heads, padded with zero queries to 8), so nothing is padded to 64 rows:
 //   scores   S[pos][h] = Σ_d K[pos][d] · Q[d][h]       A = 16 positions x 16 dims of codes, B = 16 dims x 8 heads
 //   values   O^T[d][h] += Σ_pos V^T[d][pos] · P'[pos][h]  A = 16 dims x 16 positions of codes, B = the tile's P'
-// int2 codes become f16 exactly with the magic-number trick (codes_f16x2), two codes per register from one 32-bit
-// code word (a lane reads whole words of each row and the fragments take the dims those words hold: keys in an
-// order that the query B fragments share, values in an order that the write-back undoes); scale and zero stay out
-// of the inner loop:
-//   s = scale_k · (Σ code·q − zero_k · Σ q)     O = Σ_pos P'·code − Σ_pos P'·zero_v,  P' = p · scale_v
+// int2 codes become f16 exactly in one LOP3 per pair: a code field masked in place is the f16 subnormal c·4^k·2^-24
+// (codes_sub2; tensor cores take f16 subnormals at full precision and every product is exact in f32). A lane reads
+// whole 32-bit code words of each row and the fragments take the dims those words hold: keys in an order that the
+// query B fragments share, values in an order that the write-back undoes. The factor 4^k·2^-24 of field k leaves
+// the inner loop with scale and zero:
+//   s = scale_k · 2^24 · (Σ code·4^k·2^-24 · q·4^-k − zero_k · Σ q · 2^-24)   (the key mma of field k takes q·4^-k)
+//   O = 2^24·4^-k · Σ_pos P'·code·4^k·2^-24 − Σ_pos P'·zero_v,  P' = p · scale_v    (value m-tiles of field k)
 // q and P' are rounded to f16 for int2 rows (relative 2^-11) and to bf16 for bf16 rows (as FlashAttention does);
 // products accumulate in f32. The int2 words of a warp's next tile are loaded while it computes the current one
 // (TileWords: a software pipeline in registers, so each tile's DRAM latency hides behind the previous tile's math).
+// P' goes from the scores' C fragments to the value mma's B fragment by two movmatrix transposes, in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -58,16 +61,18 @@ __device__ __forceinline__ float round16(float x) {
   if constexpr (F16) return __half2float(__float2half_rn(x)); else return __bfloat162float(__float2bfloat16_rn(x));
 }
 
-// The 2-bit codes at bits [2k, 2k + 2) of bytes 0 and 2 of w as an f16 pair (byte 0 low), exactly: masked in place
-// and ORed into the mantissa of 1024 (0x6400) they read 1024 + c·4^k, and one fused multiply-add by 4^-k plus
-// -1024·4^-k leaves c (every value exact in f16). k is a compile-time constant after unrolling: LOP3 + HFMA2.
-__device__ __forceinline__ uint32_t codes_f16x2(uint32_t w, int k) {
-  uint32_t x;  // (w & mask) | 0x6400_6400 in one LOP3 (written out: the compiler splits it into two)
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(w), "r"(0x00030003u << (2 * k)), "r"(0x64006400u));
-  const __half mul = __ushort_as_half(uint16_t(0x3c00 - 0x800 * k));  // 4^-k
-  const __half add = __ushort_as_half(uint16_t(0xe400 - 0x800 * k));  // -1024 · 4^-k
-  const __half2 h = __hfma2(*reinterpret_cast<const __half2*>(&x), __half2(mul, mul), __half2(add, add));
-  return *reinterpret_cast<const uint32_t*>(&h);
+// The 2-bit codes at bits [2k, 2k + 2) of bytes 0 and 2 of w as an f16 pair (byte 0 low): masked in place, each
+// half holds c·4^k in its mantissa with a zero exponent, the subnormal c·4^k·2^-24 (exact). k is a compile-time
+// constant after unrolling: one LOP3.
+__device__ __forceinline__ uint32_t codes_sub2(uint32_t w, int k) { return w & (0x00030003u << (2 * k)); }
+constexpr float kTwo24 = 16777216.f;  // 2^24: undoes the subnormal exponent of codes_sub2
+
+// The 8x8 16-bit matrix whose row gid, columns 2tid and 2tid + 1 this lane holds (low half first), transposed: the
+// lane then holds its column gid, rows 2tid and 2tid + 1.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 __device__ __forceinline__ float params_scale(uint32_t p) { return __half2float(__ushort_as_half(uint16_t(p))); }
@@ -162,12 +167,12 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 
   __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
   __shared__ float w_m[kWarps][kMaxGroupHeads], w_l[kWarps][kMaxGroupHeads];
-  __shared__ uint16_t p_tile[kWarps][kTile][8];  // the tile's P' (operand type) per position and head
 
   // B fragments of the queries, head gid (zero for heads >= g), k-step kc, slots {2tid, 2tid+1} and {2tid+8, 2tid+9}
   // in the dim order of the key A fragments: bf16 keys take dims 16kc + those slots; int2 keys take k-step
   // kc = 4wi + k from code word tid + 4wi of each row (values 8k .. 8k + 7 of units 2wi, 2wi + 1), slots 2tid, 2tid+1,
-  // 2tid+8, 2tid+9 = the field-k codes of its bytes 0, 2, 1, 3 (a score is a sum over all d, in any order).
+  // 2tid+8, 2tid+9 = the field-k codes of its bytes 0, 2, 1, 3 (a score is a sum over all d, in any order), and
+  // q·4^-k to cancel the field's 4^k (exact: a power of two).
   const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * kD;
   uint32_t qb[kD / 16][2];
 #pragma unroll
@@ -180,10 +185,11 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       const int base = 16 * kc + 2 * tid;
       d[0] = base, d[1] = base + 1, d[2] = base + 8, d[3] = base + 9;
     }
+    const float field = KQ ? 1.f / float(1 << (2 * (kc % 4))) : 1.f;
     float v[4] = {0.f, 0.f, 0.f, 0.f};
     if (gid < g)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = q[int64_t(gid) * kD + d[i]];
+      for (int i = 0; i < 4; ++i) v[i] = q[int64_t(gid) * kD + d[i]] * field;
     qb[kc][0] = pack2<KQ>(v[0], v[1]);
     qb[kc][1] = pack2<KQ>(v[2], v[3]);
   }
@@ -200,9 +206,13 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
   }
   qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
   qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);  // Σ q of head gid in every lane of quad gid
-  const float qsum[2] = {__shfl_sync(0xffffffffu, qpart, 4 * (2 * tid)), __shfl_sync(0xffffffffu, qpart, 4 * (2 * tid + 1))};
+  // Σ q of heads 2tid, 2tid + 1, times 2^-24 for int2 keys (the scale of the codes in the mma)
+  const float qs = KQ ? 1.f / kTwo24 : 1.f;
+  const float qsum[2] = {qs * __shfl_sync(0xffffffffu, qpart, 4 * (2 * tid)),
+                         qs * __shfl_sync(0xffffffffu, qpart, 4 * (2 * tid + 1))};
 
-  // State of heads 2tid, 2tid + 1 (entries >= g are padding and are dropped at the end).
+  // State of heads 2tid, 2tid + 1 (entries >= g are padding and are dropped at the end); l and zsum are this lane's
+  // share (its positions), summed over the quad column at the end.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, zsum[2] = {0.f, 0.f};
   // O^T in the C layout: [m-tile][(row gid, 2tid), (gid, 2tid+1), (gid+8, 2tid), (gid+8, 2tid+1)]; row r of m-tile mt
   // is dim 16mt + r for bf16 values, int2_value_dim for int2 values
@@ -251,17 +261,17 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
         const uint32_t wa = cur.kw[0][wi], wb = cur.kw[1][wi];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const uint32_t af[4] = {codes_f16x2(wa, k), codes_f16x2(wb, k), codes_f16x2(wa >> 8, k),
-                                  codes_f16x2(wb >> 8, k)};
+          const uint32_t af[4] = {codes_sub2(wa, k), codes_sub2(wb, k), codes_sub2(wa >> 8, k),
+                                  codes_sub2(wb >> 8, k)};
           mma_f16(s, af, qb[4 * wi + k]);
         }
       }
       const float sa = params_scale(cur.kp[0]), za = params_zero(cur.kp[0]);
       const float sb = params_scale(cur.kp[1]), zb = params_zero(cur.kp[1]);
-      s[0] = sa * (s[0] - za * qsum[0]);
-      s[1] = sa * (s[1] - za * qsum[1]);
-      s[2] = sb * (s[2] - zb * qsum[0]);
-      s[3] = sb * (s[3] - zb * qsum[1]);
+      s[0] = sa * kTwo24 * (s[0] - za * qsum[0]);
+      s[1] = sa * kTwo24 * (s[1] - za * qsum[1]);
+      s[2] = sb * kTwo24 * (s[2] - zb * qsum[0]);
+      s[3] = sb * kTwo24 * (s[3] - zb * qsum[1]);
     } else {
       const uint8_t* kbase = tile_base(geo, a.layer, head, at0, 0);
       const uint16_t* rowa = reinterpret_cast<const uint16_t*>(kbase + int64_t(ra) * geo.k_row);
@@ -286,7 +296,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       corr[j] = __expf(m[j] - m_new);
       pw[j] = __expf(s[j] - m_new);
       pw[2 + j] = __expf(s[2 + j] - m_new);
-      l[j] = l[j] * corr[j] + col_sum(pw[j] + pw[2 + j]);
+      l[j] = l[j] * corr[j] + (pw[j] + pw[2 + j]);
       m[j] = m_new;
       zsum[j] *= corr[j];
     }
@@ -298,27 +308,24 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       }
     }
 
-    // ---- P' = p · scale_v into shared memory (the B operand of the value mma), and the zero term
+    // ---- P' = p · scale_v (the B operand of the value mma), and the zero term
+    uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid
     {
       float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
       if constexpr (VQ) {
         wa = params_scale(cur.vp[0]), za = params_zero(cur.vp[0]);
         wb = params_scale(cur.vp[1]), zb = params_zero(cur.vp[1]);
       }
+      float x[4];  // P' of (gid, 2tid), (gid, 2tid + 1), (gid + 8, 2tid), (gid + 8, 2tid + 1), rounded
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float xa = round16<VQ>(pw[j] * wa), xb = round16<VQ>(pw[2 + j] * wb);
-        zsum[j] += xa * za + xb * zb;
-        const uint32_t pair = pack2<VQ>(xa, xb);
-        p_tile[warp][gid][2 * tid + j] = uint16_t(pair);
-        p_tile[warp][gid + 8][2 * tid + j] = uint16_t(pair >> 16);
+        x[j] = round16<VQ>(pw[j] * wa), x[2 + j] = round16<VQ>(pw[2 + j] * wb);
+        zsum[j] += x[j] * za + x[2 + j] * zb;
       }
+      // the C fragment's rows 0-7 and 8-15 ([position][head]) transposed into the B fragment ([head][position])
+      pb_frag[0] = transpose8x8(pack2<VQ>(x[0], x[1]));
+      pb_frag[1] = transpose8x8(pack2<VQ>(x[2], x[3]));
     }
-    __syncwarp();
-    uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid
-    pb_frag[0] = uint32_t(p_tile[warp][2 * tid][gid]) | uint32_t(p_tile[warp][2 * tid + 1][gid]) << 16;
-    pb_frag[1] = uint32_t(p_tile[warp][2 * tid + 8][gid]) | uint32_t(p_tile[warp][2 * tid + 9][gid]) << 16;
-    __syncwarp();
 
     // ---- values: O^T[d][h] += Σ_pos V^T[d][pos] P'[pos][h]
     if constexpr (VQ) {
@@ -334,8 +341,8 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       for (int k = 0; k < 4; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t af[4] = {codes_f16x2(x01[2 * h], k), codes_f16x2(x01[2 * h + 1], k),
-                                  codes_f16x2(x89[2 * h], k), codes_f16x2(x89[2 * h + 1], k)};
+          const uint32_t af[4] = {codes_sub2(x01[2 * h], k), codes_sub2(x01[2 * h + 1], k),
+                                  codes_sub2(x89[2 * h], k), codes_sub2(x89[2 * h + 1], k)};
           mma_f16(acc[2 * k + h], af, pb_frag);
         }
     } else {
@@ -359,7 +366,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 
   // ---- this warp's state to shared memory (zero term subtracted), then the block's merge into the split's slot
 #pragma unroll
-  for (int j = 0; j < 2; ++j) zsum[j] = col_sum(zsum[j]);
+  for (int j = 0; j < 2; ++j) zsum[j] = col_sum(zsum[j]), l[j] = col_sum(l[j]);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int h = 2 * tid + j;
@@ -368,8 +375,9 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 #pragma unroll
     for (int mt = 0; mt < kD / 16; ++mt) {
       const int d0 = VQ ? int2_value_dim(mt, gid) : 16 * mt + gid, d1 = VQ ? d0 + 1 : d0 + 8;  // rows gid, gid + 8
-      w_acc[warp][h][d0] = acc[mt][j] - zsum[j];
-      w_acc[warp][h][d1] = acc[mt][2 + j] - zsum[j];
+      const float field = VQ ? kTwo24 / float(1 << (2 * (mt / 2))) : 1.f;  // m-tile mt = 2k + h holds field k
+      w_acc[warp][h][d0] = acc[mt][j] * field - zsum[j];
+      w_acc[warp][h][d1] = acc[mt][2 + j] * field - zsum[j];
     }
   }
   __syncthreads();
