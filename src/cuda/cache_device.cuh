@@ -155,6 +155,29 @@ __device__ __forceinline__ void row_values4(const void* row, int bits, int group
   for (int i = 0; i < 4; ++i) out[i] = (float((w >> (8 * i + shift)) & mask) - zero) * scale;
 }
 
+// Scores of one bf16 row against the g <= GQ queries qs[h][:]: s[h] += q_h · k. The whole row (16 loads of 16 bytes:
+// bf16 rows start at multiples of 16 bytes, as cache_geometry lays them out) is loaded before any use, so one DRAM
+// round trip serves it rather than one per 4 values.
+template <int GQ>
+__device__ __forceinline__ void score_bf16_row(const void* row, const float (*qs)[kHeadDim], int g, float* s) {
+  const uint4* r = static_cast<const uint4*>(row);
+  uint4 w[kHeadDim / 8];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) w[i] = r[i];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+    const uint32_t x[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = 8 * i + 2 * j;
+      const float lo = __uint_as_float(x[j] << 16), hi = __uint_as_float(x[j] & 0xffff0000u);
+#pragma unroll
+      for (int h = 0; h < GQ; ++h)
+        if (h < g) s[h] = fmaf(qs[h][c + 1], hi, fmaf(qs[h][c], lo, s[h]));
+    }
+  }
+}
+
 // Scores of one stored int row (layout::IntRow, BITS) against the g <= GQ queries qs[h][:]: s[h] += q_h · k̂. Per unit of
 // 32 values: Σ code · q accumulated, then scale · (Σ code q - zero · Σ q) with qsum[h][unit] = Σ q over the unit.
 template <int BITS, int GQ>

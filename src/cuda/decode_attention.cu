@@ -122,6 +122,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
         dev::score_int_row<2, GQ>(kp, geo.k_group, qs, qsum, g, s);
       } else if (bits == 4) {
         dev::score_int_row<4, GQ>(kp, geo.k_group, qs, qsum, g, s);
+      } else if (bits == kBf16Bits) {
+        dev::score_bf16_row<GQ>(kp, qs, g, s);
       } else {
         for (int c0 = 0; c0 < kD; c0 += 4) {
         float kv4[4];
@@ -148,7 +150,35 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
       for (int i = 0; i < 4; ++i) acc[h][i] *= corr;
     }
     const int n_valid = min(32, end - tile);
-#pragma unroll 4
+    if (windows_slot >= 0) {
+      // Windows: the tile's rows are all sink rows (range 0) or all ring rows (range 1), bf16. Its 32 value rows
+      // (this lane's 4 channels of each) are loaded before any is used: one DRAM round trip instead of one per row.
+      const uint16_t* base = ri == 0 ? dev::sink_row(geo, rd.seq, a.layer, 1, head, 0)
+                                     : dev::ring_row(geo, rd.seq, a.layer, 1, head, 0);
+      const int wrap = ri == 0 ? geo.sink : geo.ring_tokens, slot0 = ri == 0 ? tile : tile % geo.ring_tokens;
+      uint2 raw[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        int slot = slot0 + min(j, n_valid - 1);
+        if (slot >= wrap) slot -= wrap;
+        raw[j] = *reinterpret_cast<const uint2*>(base + int64_t(slot) * kD + 4 * lane);
+      }
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        if (j >= n_valid) break;
+        const float v4[4] = {__uint_as_float(raw[j].x << 16), __uint_as_float(raw[j].x & 0xffff0000u),
+                             __uint_as_float(raw[j].y << 16), __uint_as_float(raw[j].y & 0xffff0000u)};
+#pragma unroll
+        for (int h = 0; h < GQ; ++h) {
+          if (h >= g) continue;
+          const float pj = __shfl_sync(0xffffffffu, pr[h], j);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(pj, v4[i], acc[h][i]);
+        }
+      }
+      continue;
+    }
+#pragma unroll 8
     for (int j = 0; j < n_valid; ++j) {
       const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, tile + j, qe);
       float v4[4];
@@ -189,20 +219,49 @@ CudaCoreKernel cuda_core_kernel(int gq) {
   }
 }
 
-__global__ void merge_kernel(AttentionLaunch a, int n_kv, int layer, const float* r_v, float* out) {
+// The max (Max = true) or sum of v over the block's kD threads, in every thread.
+template <bool Max>
+__device__ __forceinline__ float block_reduce(float v) {
+  __shared__ float part[kD / 32];
+  v = Max ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // part[] may still be read by a previous call
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = part[0];
+#pragma unroll
+  for (int w = 1; w < kD / 32; ++w) v = Max ? fmaxf(v, part[w]) : v + part[w];
+  return v;
+}
+
+// One block of kD threads per (row, query head), thread = channel. The slots' (max, sum) pairs are read in parallel
+// (thread i takes slots i, i + kD, ...), their weights exp(m_s - M) go through shared memory, and each thread sums
+// its channel over the slots with 8 loads in flight (every slot is written, an empty one as m = -inf, acc = 0).
+__global__ void __launch_bounds__(kD) merge_kernel(AttentionLaunch a, int n_kv, int layer, const float* r_v, float* out) {
   const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
   const int g = a.n_heads / n_kv, head = j / g, h = j % g;
   const int64_t part0 = (int64_t(row) * n_kv + head) * a.n_slots;
+  const float* ml = a.part_ml + (part0 * g + h) * 2;          // slot s: ml[s * g * 2 + {0, 1}]
+  const float* acc = a.part_acc + (part0 * g + h) * kD + c;  // slot s: acc[s * g * kD]
   float M = -INFINITY;
-  for (int s = 0; s < a.n_slots; ++s) M = fmaxf(M, a.part_ml[((part0 + s) * g + h) * 2]);
+  for (int s = c; s < a.n_slots; s += kD) M = fmaxf(M, ml[int64_t(s) * g * 2]);
+  M = block_reduce<true>(M);  // finite: every view holds position t itself
+  __shared__ float weight[kD];
   float L = 0.f, A = 0.f;
-  for (int s = 0; s < a.n_slots; ++s) {
-    const float ms = a.part_ml[((part0 + s) * g + h) * 2];
-    if (!(ms > -INFINITY)) continue;
-    const float e = expf(ms - M);
-    L += a.part_ml[((part0 + s) * g + h) * 2 + 1] * e;
-    A += a.part_acc[((part0 + s) * g + h) * kD + c] * e;
+  for (int s0 = 0; s0 < a.n_slots; s0 += kD) {
+    const int s = s0 + c;
+    float e = 0.f;
+    if (s < a.n_slots) {
+      const float ms = ml[int64_t(s) * g * 2];
+      if (ms > -INFINITY) e = expf(ms - M), L += ml[int64_t(s) * g * 2 + 1] * e;
+    }
+    weight[c] = e;
+    __syncthreads();
+    const int n = min(kD, a.n_slots - s0);
+#pragma unroll 8
+    for (int i = 0; i < n; ++i) A = fmaf(acc[int64_t(s0 + i) * g * kD], weight[i], A);
+    __syncthreads();
   }
+  L = block_reduce<false>(L);
   const float o = A / L;  // L > 0: every view holds position t itself
   const int64_t off = (int64_t(row) * a.n_heads + j) * kD;
   if (!r_v) {
