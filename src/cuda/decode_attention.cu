@@ -4,8 +4,10 @@
 //   2. attention: grid (row, kv head, KV split); the view of the row's query at t, positions [0, t], split into
 //      ranges of split_tokens positions; each position is a sink row, a quantized row or a recent row (view_row);
 //      each K / V row is read ONCE for the whole GQA group (g query heads). Online softmax; writes the split's
-//      unnormalised partial (m, l, acc) per head. The reference twin (decode_attention_ref.cu) has the same
-//      grid and output and replaces this kernel when asked.
+//      unnormalised partial (m, l, acc) per head. The tensor-core kernel (decode_attention_mma.cu) takes the
+//      caches it supports (int2 of one group, bf16), with the windows in one more slot of the same launch; this
+//      CUDA-core kernel the others (int4, int8, KIVI). The reference twin (decode_attention_ref.cu) has this
+//      kernel's grid and output and replaces it when asked.
 //   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T.
 //
 // The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
@@ -57,23 +59,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 // GQ: register arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and
 // GQ = kMaxGroupHeads (any g <= 8 at run time).
 template <int GQ>
-// windows_slot < 0: every position of the split; else only the BF16 sink and recent rows of the whole view (the
-// tensor-core kernel took the quantized region), written to partial slot windows_slot.
-__global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a, int windows_slot) {
+__global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
   const int t = rd.pos, qe = quant_end(geo, t);
-  // Position ranges this block attends: the split, or the sink [0, S0) and the recent window [max(S0, qe), t].
-  int range[2][2];
-  if (windows_slot < 0) {
-    range[0][0] = split * a.split_tokens, range[0][1] = min(t + 1, range[0][0] + a.split_tokens);
-    range[1][0] = range[1][1] = 0;
-  } else {
-    range[0][0] = 0, range[0][1] = min(t + 1, geo.sink);
-    range[1][0] = max(qe, geo.sink), range[1][1] = t + 1;
-  }
+  const int begin = split * a.split_tokens, end = min(t + 1, begin + a.split_tokens);  // the split's positions
 
   __shared__ float qs[kMaxGroupHeads][kD];
   __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
@@ -96,8 +88,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
   }
 
-  for (int ri = 0; ri < 2; ++ri) {
-  const int begin = range[ri][0], end = range[ri][1];
   for (int tile = begin + warp * 32; tile < end; tile += kWarps * 32) {
     const int p = tile + lane;
     const bool valid = p < end;
@@ -150,34 +140,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
       for (int i = 0; i < 4; ++i) acc[h][i] *= corr;
     }
     const int n_valid = min(32, end - tile);
-    if (windows_slot >= 0) {
-      // Windows: the tile's rows are all sink rows (range 0) or all ring rows (range 1), bf16. Its 32 value rows
-      // (this lane's 4 channels of each) are loaded before any is used: one DRAM round trip instead of one per row.
-      const uint16_t* base = ri == 0 ? dev::sink_row(geo, rd.seq, a.layer, 1, head, 0)
-                                     : dev::ring_row(geo, rd.seq, a.layer, 1, head, 0);
-      const int wrap = ri == 0 ? geo.sink : geo.ring_tokens, slot0 = ri == 0 ? tile : tile % geo.ring_tokens;
-      uint2 raw[32];
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        int slot = slot0 + min(j, n_valid - 1);
-        if (slot >= wrap) slot -= wrap;
-        raw[j] = *reinterpret_cast<const uint2*>(base + int64_t(slot) * kD + 4 * lane);
-      }
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        if (j >= n_valid) break;
-        const float v4[4] = {__uint_as_float(raw[j].x << 16), __uint_as_float(raw[j].x & 0xffff0000u),
-                             __uint_as_float(raw[j].y << 16), __uint_as_float(raw[j].y & 0xffff0000u)};
-#pragma unroll
-        for (int h = 0; h < GQ; ++h) {
-          if (h >= g) continue;
-          const float pj = __shfl_sync(0xffffffffu, pr[h], j);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(pj, v4[i], acc[h][i]);
-        }
-      }
-      continue;
-    }
 #pragma unroll 8
     for (int j = 0; j < n_valid; ++j) {
       const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, tile + j, qe);
@@ -193,8 +155,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     }
   }
 
-  }
-
   // Merge the warps' states, then write this split's partial per head.
 #pragma unroll
   for (int h = 0; h < GQ; ++h) {
@@ -204,12 +164,12 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     for (int i = 0; i < 4; ++i) w_acc[warp][h][4 * lane + i] = acc[h][i];
   }
   __syncthreads();
-  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + (windows_slot < 0 ? split : windows_slot);
+  const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
   dev::write_block_partial<kWarps>(w_m, w_l, w_acc, g, part, a);
 }
 
 // The CUDA-core kernel instance for a GQA group of gq query heads.
-using CudaCoreKernel = void (*)(CacheGeometry, AttentionLaunch, int);
+using CudaCoreKernel = void (*)(CacheGeometry, AttentionLaunch);
 CudaCoreKernel cuda_core_kernel(int gq) {
   switch (gq) {
     case 1: return attention_kernel<1>;
@@ -291,18 +251,14 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
                                                                                        a.scale, t.r_k, a.q_work);
   int e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const CudaCoreKernel kernel = cuda_core_kernel(a.n_heads / g.n_kv);
-  auto cuda_core = [&](dim3 grid, int windows_slot) {
-    kernel<<<grid, kWarps * 32, 0, st>>>(g, a, windows_slot);
-    return int(cudaGetLastError());
-  };
   if (reference) {
     e = launch_attention_ref(g, a, stream);
-  } else if (mma) {  // quantized region on tensor cores, windows on CUDA cores, one more slot
+  } else if (mma) {  // the quantized region's splits and, in one more slot, the windows, on tensor cores
     e = launch_attention_mma(g, a, stream);
-    if (e == cudaSuccess) e = cuda_core(dim3(unsigned(a.n_rows), unsigned(g.n_kv), 1u), a.n_splits);
   } else {
-    e = cuda_core(dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), -1);
+    cuda_core_kernel(a.n_heads / g.n_kv)<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)),
+                                           kWarps * 32, 0, st>>>(g, a);
+    e = cudaGetLastError();
   }
   if (e != cudaSuccess) return e;
   merge_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(a, g.n_kv, a.layer, t.r_v, d_out);

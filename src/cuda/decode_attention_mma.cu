@@ -1,9 +1,10 @@
-// Tensor-core decode attention over the QUANTIZED region [S0, qe(t)) of each row's view, for int2 rows of one
-// 128-value group and bf16 rows (keys and values chosen independently). The BF16 sink and recent windows are
-// attended by the CUDA-core kernel (decode_attention.cu) into one more partial slot, and the merge kernel combines
-// every slot exactly (log-sum-exp), so the result is one softmax over the whole view.
+// Tensor-core decode attention over each row's whole view in one launch: the QUANTIZED region [S0, qe(t)) in splits,
+// for int2 rows of one 128-value group and bf16 rows (keys and values chosen independently), and the BF16 sink and
+// recent windows in one more block per (row, kv head) with the same tile code on bf16 rows, into one more partial
+// slot. The merge kernel (decode_attention.cu) combines every slot exactly (log-sum-exp), so the result is one
+// softmax over the whole view.
 //
-// Grid (row, kv head, split); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
+// Grid (row, kv head, split + 1); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
 // start at S0 + k·split_tokens and pages hold a multiple of 16 rows). mma.sync m16n8k16 with the GQA group on the
 // N side (g <= 8 query heads, padded with zero queries to 8), so nothing is padded to 64 rows:
 //   scores   S[pos][h] = Σ_d K[pos][d] · Q[d][h]       A = 16 positions x 16 dims of codes, B = 16 dims x 8 heads
@@ -154,9 +155,17 @@ __device__ __forceinline__ int int2_value_dim(int mt, int gid) {
   return 32 * (gid / 2) + 4 * (gid % 2) + 8 * (mt / 2) + 2 * (mt % 2);
 }
 
-// KQ / VQ: keys / values are int2 rows of one 128-value group (else bf16 rows).
-template <bool KQ, bool VQ>
-__global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheGeometry geo, AttentionLaunch a) {
+// A block's shared memory: its warps' online-softmax states, merged at the end.
+struct BlockShared {
+  float acc[kWarps][kMaxGroupHeads][kD];                   // unnormalised outputs, zero term subtracted
+  float m[kWarps][kMaxGroupHeads], l[kWarps][kMaxGroupHeads];  // running max and sum
+};
+
+// One block (row, kv head, z). WIN = false: split z of the quantized region, KQ / VQ: keys / values are int2 rows of
+// one 128-value group (else bf16 rows). WIN = true (KQ = VQ = false; z = n_splits): the bf16 sink and recent rows of
+// the view. Both write the partial of slot z.
+template <bool KQ, bool VQ, bool WIN>
+__device__ __forceinline__ void attend_block(const CacheGeometry& geo, const AttentionLaunch& a, BlockShared& sh) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
   const int g = a.n_heads / geo.n_kv;
@@ -165,16 +174,15 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
   const int lo = geo.sink + split * a.split_tokens, hi = min(qe, lo + a.split_tokens);
   const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
 
-  __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
-  __shared__ float w_m[kWarps][kMaxGroupHeads], w_l[kWarps][kMaxGroupHeads];
-
   // B fragments of the queries, head gid (zero for heads >= g), k-step kc, slots {2tid, 2tid+1} and {2tid+8, 2tid+9}
   // in the dim order of the key A fragments: bf16 keys take dims 16kc + those slots; int2 keys take k-step
   // kc = 4wi + k from code word tid + 4wi of each row (values 8k .. 8k + 7 of units 2wi, 2wi + 1), slots 2tid, 2tid+1,
   // 2tid+8, 2tid+9 = the field-k codes of its bytes 0, 2, 1, 3 (a score is a sum over all d, in any order), and
   // q·4^-k to cancel the field's 4^k (exact: a power of two).
+  // The windows are the cache's exact part: there q and P' also carry their bf16 rounding error as a second bf16 term
+  // (hi + lo, 16 significant bits; one more mma each), as close to f32 as the CUDA-core path they replace.
   const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * kD;
-  uint32_t qb[kD / 16][2];
+  uint32_t qb[kD / 16][2], qlo[WIN ? kD / 16 : 1][2];
 #pragma unroll
   for (int kc = 0; kc < kD / 16; ++kc) {
     int d[4];
@@ -192,6 +200,10 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       for (int i = 0; i < 4; ++i) v[i] = q[int64_t(gid) * kD + d[i]] * field;
     qb[kc][0] = pack2<KQ>(v[0], v[1]);
     qb[kc][1] = pack2<KQ>(v[2], v[3]);
+    if constexpr (WIN) {
+      qlo[kc][0] = pack2<false>(v[0] - round16<false>(v[0]), v[1] - round16<false>(v[1]));
+      qlo[kc][1] = pack2<false>(v[2] - round16<false>(v[2]), v[3] - round16<false>(v[3]));
+    }
   }
   float qpart = 0.f;  // Σ of this lane's rounded q values of head gid (dims 16kc + {2tid, 2tid+1, 2tid+8, 2tid+9})
 #pragma unroll
@@ -220,35 +232,9 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 #pragma unroll
   for (int mt = 0; mt < kD / 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
-  // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
-  // tile after it), then computes the current tile from the words loaded one iteration earlier. The last iteration
-  // reloads its own tile (in bounds) instead of branching. Tiles are located without a division per tile: (qi, qj) =
-  // page-table column and page row of the tile two ahead, advanced by kStride = si pages + sj rows (sj < P).
-  constexpr int kStride = kWarps * kTile;
-  const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
-  const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
-  auto advance = [&](int& qi, int& qj) {
-    qi += si, qj += sj;
-    if (qj >= pt) qj -= pt, ++qi;
-  };
-  int p0 = lo + warp * kTile;
-  int qi = (p0 - geo.sink) / pt, qj = (p0 - geo.sink) % pt;  // tile p0 for now
-  TileAt at0{}, at1{};  // tile p0 and the next tile (tile p0 again when there is none)
-  TileWords cur{};
-  if (p0 < hi) {
-    at0 = {table[qi], qj};
-    cur = load_tile<KQ, VQ>(geo, a.layer, head, at0, min(kTile, hi - p0), gid, tid);
-    advance(qi, qj);
-    at1 = p0 + kStride < hi ? TileAt{table[qi], qj} : at0;
-    advance(qi, qj);
-  }
-  for (; p0 < hi; p0 += kStride) {
-    const int pn = p0 + kStride < hi ? p0 + kStride : p0;  // the next tile (this one again on the last iteration)
-    const TileWords nxt = load_tile<KQ, VQ>(geo, a.layer, head, at1, min(kTile, hi - pn), gid, tid);
-    const TileAt at2 = p0 + 2 * kStride < hi ? TileAt{table[qi], qj} : at1;  // the tile after it
-    advance(qi, qj);
-
-    const int nvalid = min(kTile, hi - p0);
+  // One tile of 16 positions, nvalid >= 1 of them in range: int2 rows from the words w (KQ / VQ), bf16 rows r = 0 .. 15
+  // at krow(r) / vrow(r) (const uint16_t*) otherwise.
+  auto attend_tile = [&](int nvalid, const TileWords& w, auto krow, auto vrow) {
     const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);  // clamped rows (masked below)
 
     // ---- scores of positions p0 + gid (c[0], c[1]) and p0 + gid + 8 (c[2], c[3]) for heads 2tid, 2tid + 1
@@ -258,7 +244,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       // shifted down by 8, bytes 1, 3 (slots 2tid + 8, 2tid + 9)
 #pragma unroll
       for (int wi = 0; wi < 2; ++wi) {
-        const uint32_t wa = cur.kw[0][wi], wb = cur.kw[1][wi];
+        const uint32_t wa = w.kw[0][wi], wb = w.kw[1][wi];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const uint32_t af[4] = {codes_sub2(wa, k), codes_sub2(wb, k), codes_sub2(wa >> 8, k),
@@ -266,16 +252,14 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
           mma_f16(s, af, qb[4 * wi + k]);
         }
       }
-      const float sa = params_scale(cur.kp[0]), za = params_zero(cur.kp[0]);
-      const float sb = params_scale(cur.kp[1]), zb = params_zero(cur.kp[1]);
+      const float sa = params_scale(w.kp[0]), za = params_zero(w.kp[0]);
+      const float sb = params_scale(w.kp[1]), zb = params_zero(w.kp[1]);
       s[0] = sa * kTwo24 * (s[0] - za * qsum[0]);
       s[1] = sa * kTwo24 * (s[1] - za * qsum[1]);
       s[2] = sb * kTwo24 * (s[2] - zb * qsum[0]);
       s[3] = sb * kTwo24 * (s[3] - zb * qsum[1]);
     } else {
-      const uint8_t* kbase = tile_base(geo, a.layer, head, at0, 0);
-      const uint16_t* rowa = reinterpret_cast<const uint16_t*>(kbase + int64_t(ra) * geo.k_row);
-      const uint16_t* rowb = reinterpret_cast<const uint16_t*>(kbase + int64_t(rb) * geo.k_row);
+      const uint16_t *rowa = krow(ra), *rowb = krow(rb);
 #pragma unroll
       for (int kc = 0; kc < kD / 16; ++kc) {
         const int c = 16 * kc + 2 * tid;
@@ -283,6 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
                                 *reinterpret_cast<const uint32_t*>(rowa + c + 8),
                                 *reinterpret_cast<const uint32_t*>(rowb + c + 8)};
         mma_bf16(s, af, qb[kc]);
+        if constexpr (WIN) mma_bf16(s, af, qlo[kc]);
       }
     }
     if (gid >= nvalid) s[0] = s[1] = -INFINITY;
@@ -310,11 +295,12 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 
     // ---- P' = p · scale_v (the B operand of the value mma), and the zero term
     uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid
+    [[maybe_unused]] uint32_t pb_lo[2] = {};  // windows: the rounding error of pb_frag
     {
       float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
       if constexpr (VQ) {
-        wa = params_scale(cur.vp[0]), za = params_zero(cur.vp[0]);
-        wb = params_scale(cur.vp[1]), zb = params_zero(cur.vp[1]);
+        wa = params_scale(w.vp[0]), za = params_zero(w.vp[0]);
+        wb = params_scale(w.vp[1]), zb = params_zero(w.vp[1]);
       }
       float x[4];  // P' of (gid, 2tid), (gid, 2tid + 1), (gid + 8, 2tid), (gid + 8, 2tid + 1), rounded
 #pragma unroll
@@ -325,6 +311,10 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       // the C fragment's rows 0-7 and 8-15 ([position][head]) transposed into the B fragment ([head][position])
       pb_frag[0] = transpose8x8(pack2<VQ>(x[0], x[1]));
       pb_frag[1] = transpose8x8(pack2<VQ>(x[2], x[3]));
+      if constexpr (WIN) {  // wa = wb = 1
+        pb_lo[0] = transpose8x8(pack2<false>(pw[0] - x[0], pw[1] - x[1]));
+        pb_lo[1] = transpose8x8(pack2<false>(pw[2] - x[2], pw[3] - x[3]));
+      }
     }
 
     // ---- values: O^T[d][h] += Σ_pos V^T[d][pos] P'[pos][h]
@@ -334,8 +324,8 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
       uint32_t x01[4], x89[4];
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        x01[b] = __byte_perm(cur.vw[0], cur.vw[1], 0x0400u + 0x0101u * b);
-        x89[b] = __byte_perm(cur.vw[2], cur.vw[3], 0x0400u + 0x0101u * b);
+        x01[b] = __byte_perm(w.vw[0], w.vw[1], 0x0400u + 0x0101u * b);
+        x89[b] = __byte_perm(w.vw[2], w.vw[3], 0x0400u + 0x0101u * b);
       }
 #pragma unroll
       for (int k = 0; k < 4; ++k)
@@ -348,20 +338,68 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
     } else {
       const int r0 = min(2 * tid, nvalid - 1), r1 = min(2 * tid + 1, nvalid - 1);
       const int r8 = min(2 * tid + 8, nvalid - 1), r9 = min(2 * tid + 9, nvalid - 1);
-      const uint8_t* vbase = tile_base(geo, a.layer, head, at0, 1);
-      const uint16_t* v0 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r0) * geo.v_row) + gid;
-      const uint16_t* v1 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r1) * geo.v_row) + gid;
-      const uint16_t* v8 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r8) * geo.v_row) + gid;
-      const uint16_t* v9 = reinterpret_cast<const uint16_t*>(vbase + int64_t(r9) * geo.v_row) + gid;
+      const uint16_t *v0 = vrow(r0) + gid, *v1 = vrow(r1) + gid, *v8 = vrow(r8) + gid, *v9 = vrow(r9) + gid;
 #pragma unroll
       for (int mt = 0; mt < kD / 16; ++mt) {
         const int c = 16 * mt;
         const uint32_t af[4] = {uint32_t(v0[c]) | uint32_t(v1[c]) << 16, uint32_t(v0[c + 8]) | uint32_t(v1[c + 8]) << 16,
                                 uint32_t(v8[c]) | uint32_t(v9[c]) << 16, uint32_t(v8[c + 8]) | uint32_t(v9[c + 8]) << 16};
         mma_bf16(acc[mt], af, pb_frag);
+        if constexpr (WIN) mma_bf16(acc[mt], af, pb_lo);
       }
     }
-    cur = nxt, at0 = at1, at1 = at2;
+  };
+
+  if constexpr (WIN) {
+    // The sink [0, S0) and the recent window [max(S0, qe), t] (bf16 rows), in tiles of 16 positions
+    for (int ri = 0; ri < 2; ++ri) {
+      const int begin = ri == 0 ? 0 : max(qe, geo.sink), end = ri == 0 ? min(rd.pos + 1, geo.sink) : rd.pos + 1;
+      for (int p0 = begin + warp * kTile; p0 < end; p0 += kWarps * kTile) {
+        auto rows = [&](int kv) {
+          return [&, kv](int r) -> const uint16_t* {
+            return ri == 0 ? dev::sink_row(geo, rd.seq, a.layer, kv, head, p0 + r)
+                           : dev::ring_row(geo, rd.seq, a.layer, kv, head, p0 + r);
+          };
+        };
+        attend_tile(min(kTile, end - p0), TileWords{}, rows(0), rows(1));
+      }
+    }
+  } else {
+    // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
+    // tile after it), then computes the current tile from the words loaded one iteration earlier. The last iteration
+    // reloads its own tile (in bounds) instead of branching. Tiles are located without a division per tile: (qi, qj) =
+    // page-table column and page row of the tile two ahead, advanced by kStride = si pages + sj rows (sj < P).
+    constexpr int kStride = kWarps * kTile;
+    const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
+    const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
+    auto advance = [&](int& qi, int& qj) {
+      qi += si, qj += sj;
+      if (qj >= pt) qj -= pt, ++qi;
+    };
+    int p0 = lo + warp * kTile;
+    int qi = (p0 - geo.sink) / pt, qj = (p0 - geo.sink) % pt;  // tile p0 for now
+    TileAt at0{}, at1{};  // tile p0 and the next tile (tile p0 again when there is none)
+    TileWords cur{};
+    if (p0 < hi) {
+      at0 = {table[qi], qj};
+      cur = load_tile<KQ, VQ>(geo, a.layer, head, at0, min(kTile, hi - p0), gid, tid);
+      advance(qi, qj);
+      at1 = p0 + kStride < hi ? TileAt{table[qi], qj} : at0;
+      advance(qi, qj);
+    }
+    for (; p0 < hi; p0 += kStride) {
+      const int pn = p0 + kStride < hi ? p0 + kStride : p0;  // the next tile (this one again on the last iteration)
+      const TileWords nxt = load_tile<KQ, VQ>(geo, a.layer, head, at1, min(kTile, hi - pn), gid, tid);
+      const TileAt at2 = p0 + 2 * kStride < hi ? TileAt{table[qi], qj} : at1;  // the tile after it
+      advance(qi, qj);
+
+      const uint8_t* kbase = tile_base(geo, a.layer, head, at0, 0);
+      const uint8_t* vbase = tile_base(geo, a.layer, head, at0, 1);
+      attend_tile(min(kTile, hi - p0), cur,
+                  [&](int r) { return reinterpret_cast<const uint16_t*>(kbase + int64_t(r) * geo.k_row); },
+                  [&](int r) { return reinterpret_cast<const uint16_t*>(vbase + int64_t(r) * geo.v_row); });
+      cur = nxt, at0 = at1, at1 = at2;
+    }
   }
 
   // ---- this warp's state to shared memory (zero term subtracted), then the block's merge into the split's slot
@@ -371,17 +409,26 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
   for (int j = 0; j < 2; ++j) {
     const int h = 2 * tid + j;
     if (h >= g) continue;
-    if (gid == 0) w_m[warp][h] = m[j], w_l[warp][h] = l[j];
+    if (gid == 0) sh.m[warp][h] = m[j], sh.l[warp][h] = l[j];
 #pragma unroll
     for (int mt = 0; mt < kD / 16; ++mt) {
       const int d0 = VQ ? int2_value_dim(mt, gid) : 16 * mt + gid, d1 = VQ ? d0 + 1 : d0 + 8;  // rows gid, gid + 8
       const float field = VQ ? kTwo24 / float(1 << (2 * (mt / 2))) : 1.f;  // m-tile mt = 2k + h holds field k
-      w_acc[warp][h][d0] = acc[mt][j] * field - zsum[j];
-      w_acc[warp][h][d1] = acc[mt][2 + j] * field - zsum[j];
+      sh.acc[warp][h][d0] = acc[mt][j] * field - zsum[j];
+      sh.acc[warp][h][d1] = acc[mt][2 + j] * field - zsum[j];
     }
   }
   __syncthreads();
-  dev::write_block_partial<kWarps>(w_m, w_l, w_acc, g, part, a);
+  dev::write_block_partial<kWarps>(sh.m, sh.l, sh.acc, g, part, a);
+}
+
+// Grid (row, kv head, n_splits + 1): blocks z < n_splits take the splits of the quantized region, blocks z = n_splits
+// the windows, so one launch covers the whole view.
+template <bool KQ, bool VQ>
+__global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheGeometry geo, AttentionLaunch a) {
+  __shared__ BlockShared sh;
+  if (blockIdx.z == unsigned(a.n_splits)) attend_block<false, false, true>(geo, a, sh);
+  else attend_block<KQ, VQ, false>(geo, a, sh);
 }
 
 }  // namespace
@@ -406,7 +453,7 @@ MmaKernel mma_kernel(const CacheGeometry& g) {
 }  // namespace
 
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
-  const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits));
+  const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits + 1));  // + the windows' blocks
   mma_kernel(g)<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
   return cudaGetLastError();
 }

@@ -357,7 +357,7 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
     }
     split = auto_split_tokens(int64_t(m.n_rows) * m.n_kv, m.max_view, m.resident);
   }
-  split = std::max(split, (m.max_view + 65534) / 65535);  // grid z <= 65535
+  split = std::max(split, (m.max_view + 65533) / 65534);  // grid z = splits (+ 1 for the windows) <= 65535
   split = (split + 127) / 128 * 128;
   const int n_splits = (m.max_view + split - 1) / split;
   AttentionLaunch a{};

@@ -94,8 +94,9 @@ struct AttentionLaunch {
   float* part_acc;         // [n_rows][n_kv][n_splits + 1][g][d] scratch: unnormalised partial outputs
   float* part_ml;          // [n_rows][n_kv][n_splits + 1][g][2] scratch: partial (max, sum)
 };
-// The tensor-core path (decode_attention_mma.cu) for the quantized region: int2 rows of one 128-value group or bf16
-// rows, pages of a multiple of 16 rows; never KIVI keys (they take the CUDA-core kernel). It fills slots [0, n_splits); the windows go to slot n_splits.
+// The tensor-core path (decode_attention_mma.cu) for caches of int2 rows of one 128-value group or bf16
+// rows, pages of a multiple of 16 rows; never KIVI keys (they take the CUDA-core kernel). One launch fills slots
+// [0, n_splits) with the splits and slot n_splits with the bf16 sink and recent windows (n_slots = n_splits + 1).
 bool attention_mma_supported(const CacheGeometry& g);
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
 // *blocks = how many blocks of the tensor-core kernel for g one SM holds at once.
