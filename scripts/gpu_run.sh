@@ -20,8 +20,8 @@ $K bench attention --device cuda -ctk int2 -ctv int2 | tee "$OUT/bench_attention
 $K bench attention --device cuda -ctk int2 -ctv int2 --json > "$OUT/bench_attention_int2.json"
 python3 scripts/bench_sdpa.py --json "$OUT/sdpa.json" | tee "$OUT/sdpa.txt"
 for c in bf16 int2; do
-  $K bench decode -m models/ref --device cuda -c 8000 -n 32 --seqs 64 -ctk $c -ctv $c --json
-  $K bench decode -m models/ref --device cuda -c 32768 -n 16 --seqs 16 --beyond-trained-ctx -ctk $c -ctv $c --json
+  $K bench decode -m models/ref --device cuda -c 8000 -n 64 --seqs 64 -ctk $c -ctv $c --json
+  $K bench decode -m models/ref --device cuda -c 32768 -n 64 --seqs 16 --beyond-trained-ctx -ctk $c -ctv $c --json
 done > "$OUT/bench_decode.jsonl"
 for c in bf16 int2; do
   for dev in cuda cpu; do
