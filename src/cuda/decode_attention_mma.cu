@@ -17,8 +17,9 @@
 //   s = scale_k · 2^24 · (Σ code·4^k·2^-24 · q·4^-k − zero_k · Σ q · 2^-24)   (the key mma of field k takes q·4^-k)
 //   O = 2^24·4^-k · Σ_pos P'·code·4^k·2^-24 − Σ_pos P'·zero_v,  P' = p · scale_v    (value m-tiles of field k)
 // q and P' are rounded to f16 for int2 rows (relative 2^-11) and to bf16 for bf16 rows (as FlashAttention does), but
-// for the windows' rows to bf16 hi + lo pairs (see attend_block); products accumulate in f32. The int2 words of a warp's next tile are loaded while it computes the current one
-// (TileWords: a software pipeline in registers, so each tile's DRAM latency hides behind the previous tile's math).
+// for the windows' rows to bf16 hi + lo pairs (see attend_block); products accumulate in f32. The int2 words of a
+// warp's next tile are loaded while it computes the current one (TileWords: a software pipeline in registers, so
+// each tile's DRAM latency hides behind the previous tile's math).
 // P' goes from the scores' C fragments to the value mma's B fragment by two movmatrix transposes, in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -79,8 +79,8 @@ class GpuKvCache {
   void* stream() const;  // the cudaStream_t everything runs on
 
   // --- Testing and benchmarking knobs (defaults are what production uses).
-  // Positions per KV split of attention(): 0 = automatic (enough blocks to fill the GPU); otherwise a multiple of
-  // 128 (rounded up). The split-KV merge is exact, so results do not depend on it beyond float rounding.
+  // Positions per KV split of attention(): 0 = automatic (whole waves of resident blocks, auto_split_tokens); else a
+  // multiple of 128 (rounded up). The split-KV merge is exact, so results do not depend on it beyond float rounding.
   void set_split_tokens(int n);
   // Run the simple reference twin of the attention kernel instead of the fast path.
   void set_reference_attention(bool on);
