@@ -151,6 +151,8 @@ class Referee {
   void load_data();
   Model& model();
   CalibrateConfig calib_config(const PlannedRun& r, const ClipChoice* clips = nullptr) const;
+  // True when --clip-grid tunes this method's clips: INT2 methods only (the other codecs have no clip to tune).
+  bool tunes_clips(const RefereeMethod& m) const { return !cfg_.clip_grid.empty() && m.type == "int2"; }
   ClipChoice clips_for(const PlannedRun& r);
   RunnerFactory runners();
   void check_calibrations(const std::vector<PlannedRun>& plan) const;
@@ -254,8 +256,8 @@ json Referee::settings_for(const PlannedRun& r) const {
             {"recent", r.windows.recent},
             {"device", cfg_.device},
             {"kvq_version", KVQ_VERSION}};
-  // Only INT2 methods take tuned clips (clips_for); the other runs stay valid, and resume, whatever the grid.
-  if (!cfg_.clip_grid.empty() && r.method.type == "int2")
+  // Only tuned runs record the grid: the other runs stay valid, and resume, whatever the grid.
+  if (tunes_clips(r.method))
     s["clip_tuning"] = {{"grid", cfg_.clip_grid}, {"windows", cfg_.tune_windows}};
   if (r.method.needs_calibration()) {
     const bool leak = r.leakage && leak_domain_ >= 0;
@@ -289,7 +291,7 @@ ClipChoice Referee::clips_for(const PlannedRun& r) {
   ClipChoice out;
   out.k = defaults.k.clip;
   out.v = defaults.v.clip;
-  if (cfg_.clip_grid.empty() || r.method.type != "int2") return out;
+  if (!tunes_clips(r.method)) return out;
   // OptR's rotation is learned for one grid: it takes the clips tuned for its base rotation.
   const RefereeMethod tuned =
       r.method.rotation == "optr" ? parse_referee_methods("int2+" + r.method.base).front() : r.method;
@@ -363,9 +365,7 @@ void Referee::check_calibrations(const std::vector<PlannedRun>& plan) const {
               have);
   }
   // Clip tuning reads the end of the calibration file, which must lie past the calibration budget.
-  const bool tunes = !cfg_.clip_grid.empty() &&
-                     std::any_of(plan.begin(), plan.end(), [](const PlannedRun& r) { return r.method.type == "int2"; });
-  if (tunes) {
+  if (std::any_of(plan.begin(), plan.end(), [&](const PlannedRun& r) { return tunes_clips(r.method); })) {
     const size_t held_out = size_t(cfg_.tune_windows) * size_t(cfg_.ctx.front());
     KVQ_CHECK(calib_ids_.size() >= size_t(cfg_.calib_tokens) + held_out,
               "referee: clip tuning needs {} held-out tokens ({} x {}) past the {}-token calibration budget; '{}' has "
