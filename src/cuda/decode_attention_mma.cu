@@ -92,14 +92,33 @@ __device__ __forceinline__ float col_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
 }
 
+// A tile's row sizes, fixed at compile time: the kernel takes int2 rows of one 128-value group and bf16 rows only
+// (attention_mma_supported).
+constexpr int kInt2Row = layout::int_row_bytes(kD, kD, 2);  // 36: word 0 = (scale, zero), words 1 .. 8 = the codes
+constexpr int kBf16Row = layout::bf16_row_bytes(kD);        // 256
+template <bool Q>
+constexpr int row_bytes = Q ? kInt2Row : kBf16Row;
+
 // What a lane reads of one tile's int2 rows, loaded one tile ahead of its use. Lane (gid, tid) takes positions
-// ra = gid, rb = gid + 8 for the scores and r0, r1, r8, r9 = 2tid, 2tid + 1, 2tid + 8, 2tid + 9 for the values,
-// each clamped to the tile's last valid position (the clamped rows are masked or multiplied by P' = 0).
+// ra = gid, rb = gid + 8 for the scores and r0, r1, r8, r9 = 2tid, 2tid + 1, 2tid + 8, 2tid + 9 for the values.
+// Every row of a tile lies in its page, so the rows past a partial last tile are read too (masked, or P' = 0).
 struct TileWords {
   uint32_t kp[2];     // keys: (scale, zero) of ra, rb
   uint32_t kw[2][2];  // keys: code words tid and tid + 4 (code bytes 4tid .. and 16 + 4tid ..) of ra, rb
   uint32_t vp[2];     // values: (scale, zero) of ra, rb
   uint32_t vw[4];     // values: code word gid (code bytes 4gid ..) of r0, r1, r8, r9
+};
+
+// Byte offsets from a tile's first int2 row to the words of TileWords, fixed for the block, so that locating a tile
+// is one base address and every load adds a constant.
+struct LaneOffsets {
+  uint32_t params;  // word 0 of row gid
+  uint32_t kcode;   // key code word tid of row gid
+  uint32_t vcode;   // value code word gid of row 2tid
+  __device__ LaneOffsets(int gid, int tid)
+      : params(uint32_t(gid * kInt2Row)),
+        kcode(uint32_t(gid * kInt2Row + 4 + 4 * tid)),
+        vcode(uint32_t(2 * tid * kInt2Row + 4 + 4 * gid)) {}
 };
 
 // Where a tile of 16 positions is stored: its pool page and the page row of its first position.
@@ -108,43 +127,24 @@ struct TileAt {
   int row;   // (position - S0) % P
 };
 
-// The first K (kv = 0) or V (kv = 1) row of the tile at `at`, as dev::page_row.
-__device__ __forceinline__ const uint8_t* tile_base(const CacheGeometry& geo, int layer, int head, TileAt at, int kv) {
-  const uint8_t* h = dev::page_head_at(geo, at.page, layer, head);
-  return kv ? h + geo.k_region + uint32_t(at.row) * uint32_t(geo.v_row) : h + uint32_t(at.row) * uint32_t(geo.k_row);
-}
+__device__ __forceinline__ uint32_t word_at(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Row r (0 <= r < 16) of a tile whose rows of `row_bytes` start at `base`: 32-bit offset, one wide multiply-add.
-__device__ __forceinline__ const uint32_t* tile_row(const uint8_t* base, int r, int row_bytes) {
-  return reinterpret_cast<const uint32_t*>(base + uint64_t(uint32_t(r)) * uint32_t(row_bytes));
-}
-
-// Loads the int2 parts (KQ keys, VQ values) of the tile at `at`, nvalid = min(16, hi - its position) >= 1.
+// Loads the int2 parts (KQ keys, VQ values) of the tile whose first K / V rows are kbase / vbase.
 template <bool KQ, bool VQ>
-__device__ __forceinline__ TileWords load_tile(const CacheGeometry& geo, int layer, int head, TileAt at, int nvalid,
-                                               int gid, int tid) {
+__device__ __forceinline__ TileWords load_tile(const uint8_t* kbase, const uint8_t* vbase, const LaneOffsets& o) {
+  constexpr int r8 = 8 * kInt2Row;  // from row r to row r + 8
   TileWords t{};
-  const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);
   if constexpr (KQ) {
-    const uint8_t* kbase = tile_base(geo, layer, head, at, 0);
-    const int r[2] = {ra, rb};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      // rows are 36 bytes, 4-byte aligned: word 0 = (scale, zero), words 1 .. 8 = the 32 code bytes
-      const uint32_t* row = tile_row(kbase, r[i], geo.k_row);
-      t.kp[i] = row[0];
-      t.kw[i][0] = row[1 + tid];
-      t.kw[i][1] = row[5 + tid];
-    }
+    const uint8_t *p = kbase + o.params, *c = kbase + o.kcode;
+    t.kp[0] = word_at(p), t.kp[1] = word_at(p + r8);
+    t.kw[0][0] = word_at(c), t.kw[0][1] = word_at(c + 16);
+    t.kw[1][0] = word_at(c + r8), t.kw[1][1] = word_at(c + r8 + 16);
   }
   if constexpr (VQ) {
-    const uint8_t* vbase = tile_base(geo, layer, head, at, 1);
-    t.vp[0] = *tile_row(vbase, ra, geo.v_row);
-    t.vp[1] = *tile_row(vbase, rb, geo.v_row);
-    const int r[4] = {min(2 * tid, nvalid - 1), min(2 * tid + 1, nvalid - 1), min(2 * tid + 8, nvalid - 1),
-                      min(2 * tid + 9, nvalid - 1)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) t.vw[i] = tile_row(vbase, r[i], geo.v_row)[1 + gid];
+    const uint8_t *p = vbase + o.params, *c = vbase + o.vcode;
+    t.vp[0] = word_at(p), t.vp[1] = word_at(p + r8);
+    t.vw[0] = word_at(c), t.vw[1] = word_at(c + kInt2Row);
+    t.vw[2] = word_at(c + r8), t.vw[3] = word_at(c + r8 + kInt2Row);
   }
   return t;
 }
@@ -236,7 +236,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   // One tile of 16 positions, nvalid >= 1 of them in range: int2 rows from the words w (KQ / VQ), bf16 rows r = 0 .. 15
   // at krow(r) / vrow(r) (const uint16_t*) otherwise.
   auto attend_tile = [&](int nvalid, const TileWords& w, auto krow, auto vrow) {
-    const int ra = min(gid, nvalid - 1), rb = min(gid + 8, nvalid - 1);  // clamped rows (masked below)
+    const bool partial = nvalid < kTile;  // the last tile of a range: rows >= nvalid are masked
 
     // ---- scores of positions p0 + gid (c[0], c[1]) and p0 + gid + 8 (c[2], c[3]) for heads 2tid, 2tid + 1
     float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -260,7 +260,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       s[2] = sb * kTwo24 * (s[2] - zb * qsum[0]);
       s[3] = sb * kTwo24 * (s[3] - zb * qsum[1]);
     } else {
-      const uint16_t *rowa = krow(ra), *rowb = krow(rb);
+      // bf16 rows: clamped to the last valid one (window rows past it may not exist)
+      const uint16_t *rowa = krow(min(gid, nvalid - 1)), *rowb = krow(min(gid + 8, nvalid - 1));
 #pragma unroll
       for (int kc = 0; kc < kD / 16; ++kc) {
         const int c = 16 * kc + 2 * tid;
@@ -271,27 +272,33 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
         if constexpr (WIN) mma_bf16(s, af, qlo[kc]);
       }
     }
-    if (gid >= nvalid) s[0] = s[1] = -INFINITY;
-    if (gid + 8 >= nvalid) s[2] = s[3] = -INFINITY;
+    if (partial) {
+      if (gid >= nvalid) s[0] = s[1] = -INFINITY;
+      if (gid + 8 >= nvalid) s[2] = s[3] = -INFINITY;
+    }
 
-    // ---- online softmax per head (position 0 of the tile is always valid, so the max is finite)
-    float pw[4], corr[2];
+    // ---- online softmax per head with a lazily raised max: m moves only when a score exceeds it by more than
+    // kLazyMax, so p = exp(s - m) <= 2 and most tiles skip the max reduction and the rescale. The result is the same
+    // softmax (any m works in exact arithmetic); P' <= 2 scale_v stays inside f16. Position 0 of a tile is always
+    // valid, so the first tile raises m from -inf to a finite value.
+    constexpr float kLazyMax = 0.6931472f;  // ln 2
+    const bool raise = fmaxf(s[0], s[2]) > m[0] + kLazyMax || fmaxf(s[1], s[3]) > m[1] + kLazyMax;
+    if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float m_new = fmaxf(m[j], col_max(fmaxf(s[j], s[2 + j])));
+        const float corr = __expf(m[j] - m_new);
+        m[j] = m_new, l[j] *= corr, zsum[j] *= corr;
+#pragma unroll
+        for (int mt = 0; mt < kD / 16; ++mt) acc[mt][j] *= corr, acc[mt][2 + j] *= corr;
+      }
+    }
+    float pw[4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const float m_new = fmaxf(m[j], col_max(fmaxf(s[j], s[2 + j])));
-      corr[j] = __expf(m[j] - m_new);
-      pw[j] = __expf(s[j] - m_new);
-      pw[2 + j] = __expf(s[2 + j] - m_new);
-      l[j] = l[j] * corr[j] + (pw[j] + pw[2 + j]);
-      m[j] = m_new;
-      zsum[j] *= corr[j];
-    }
-    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {  // else every factor is 1: acc unchanged
-#pragma unroll
-      for (int mt = 0; mt < kD / 16; ++mt) {
-        acc[mt][0] *= corr[0], acc[mt][1] *= corr[1];
-        acc[mt][2] *= corr[0], acc[mt][3] *= corr[1];
-      }
+      pw[j] = __expf(s[j] - m[j]);
+      pw[2 + j] = __expf(s[2 + j] - m[j]);
+      l[j] += pw[j] + pw[2 + j];
     }
 
     // ---- P' = p · scale_v (the B operand of the value mma), and the zero term
@@ -302,6 +309,10 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       if constexpr (VQ) {
         wa = params_scale(w.vp[0]), za = params_zero(w.vp[0]);
         wb = params_scale(w.vp[1]), zb = params_zero(w.vp[1]);
+        if (partial) {  // rows past the range: p = 0, and their unwritten (scale, zero) must not make it NaN
+          if (gid >= nvalid) wa = za = 0.f;
+          if (gid + 8 >= nvalid) wb = zb = 0.f;
+        }
       }
       float x[4];  // P' of (gid, 2tid), (gid, 2tid + 1), (gid + 8, 2tid), (gid + 8, 2tid + 1), rounded
 #pragma unroll
@@ -373,6 +384,12 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     constexpr int kStride = kWarps * kTile;
     const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
     const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
+    const uint8_t* heads = geo.pool + (int64_t(a.layer) * geo.n_kv + head) * geo.head_bytes;  // page 0's (layer, head)
+    auto kbase = [&](TileAt at) { return heads + int64_t(at.page) * geo.page_bytes + at.row * row_bytes<KQ>; };
+    auto vbase = [&](TileAt at) {
+      return heads + int64_t(at.page) * geo.page_bytes + geo.k_region + at.row * row_bytes<VQ>;
+    };
+    const LaneOffsets lanes(gid, tid);
     auto advance = [&](int& qi, int& qj) {
       qi += si, qj += sj;
       if (qj >= pt) qj -= pt, ++qi;
@@ -383,22 +400,20 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     TileWords cur{};
     if (p0 < hi) {
       at0 = {table[qi], qj};
-      cur = load_tile<KQ, VQ>(geo, a.layer, head, at0, min(kTile, hi - p0), gid, tid);
+      cur = load_tile<KQ, VQ>(kbase(at0), vbase(at0), lanes);
       advance(qi, qj);
       at1 = p0 + kStride < hi ? TileAt{table[qi], qj} : at0;
       advance(qi, qj);
     }
     for (; p0 < hi; p0 += kStride) {
-      const int pn = p0 + kStride < hi ? p0 + kStride : p0;  // the next tile (this one again on the last iteration)
-      const TileWords nxt = load_tile<KQ, VQ>(geo, a.layer, head, at1, min(kTile, hi - pn), gid, tid);
+      const TileWords nxt = load_tile<KQ, VQ>(kbase(at1), vbase(at1), lanes);
       const TileAt at2 = p0 + 2 * kStride < hi ? TileAt{table[qi], qj} : at1;  // the tile after it
       advance(qi, qj);
 
-      const uint8_t* kbase = tile_base(geo, a.layer, head, at0, 0);
-      const uint8_t* vbase = tile_base(geo, a.layer, head, at0, 1);
+      const uint8_t *kb = kbase(at0), *vb = vbase(at0);
       attend_tile(min(kTile, hi - p0), cur,
-                  [&](int r) { return reinterpret_cast<const uint16_t*>(kbase + int64_t(r) * geo.k_row); },
-                  [&](int r) { return reinterpret_cast<const uint16_t*>(vbase + int64_t(r) * geo.v_row); });
+                  [&](int r) { return reinterpret_cast<const uint16_t*>(kb + r * kBf16Row); },
+                  [&](int r) { return reinterpret_cast<const uint16_t*>(vb + r * kBf16Row); });
       cur = nxt, at0 = at1, at1 = at2;
     }
   }
