@@ -64,11 +64,20 @@ DeviceLinear upload_linear(const std::vector<float>& w, int out, int in, GemmPre
   return d;
 }
 
+// The rows of several weights [out_i, in] stacked into one [Σ out_i, in], so one GEMM computes them all.
+std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> all;
+  for (const std::vector<float>* p : parts) all.insert(all.end(), p->begin(), p->end());
+  return all;
+}
+
 struct DeviceLayer {
   DeviceBuffer attn_norm, mlp_norm;  // [hidden] fp32
   DeviceBuffer q_norm, k_norm;       // [d] fp32 (Qwen3), else empty
-  DeviceBuffer bq, bk, bv;           // [n_heads * d], [n_kv * d] fp32 (Qwen2), else empty
-  DeviceLinear wq, wk, wv, wo, w_gate, w_up, w_down;
+  DeviceBuffer bqkv;                 // [(n_heads + 2 n_kv) d] fp32: q, k, v biases (Qwen2), else empty
+  DeviceLinear wqkv;                 // [(n_heads + 2 n_kv) d, hidden]: q_proj, k_proj, v_proj stacked
+  DeviceLinear w_gate_up;            // [2 intermediate, hidden]: gate_proj, up_proj stacked
+  DeviceLinear wo, w_down;
 };
 
 }  // namespace
@@ -91,8 +100,10 @@ struct GpuModel::Impl {
 
   // Activations of one step, R = max_rows rows.
   DeviceBuffer x, h;             // [R, hidden] fp32 residual stream, normed input / block output
+  DeviceBuffer qkv;              // [R, (n_heads + 2 n_kv) d] fp32 fused q/k/v projection
   DeviceBuffer q, k, v, att;     // [R, n_heads * d], [R, n_kv * d] x2, [R, n_heads * d] fp32
-  DeviceBuffer gate, up;         // [R, intermediate] fp32
+  DeviceBuffer gu;               // [R, 2 intermediate] fp32 fused gate/up projection
+  DeviceBuffer act;              // [R, intermediate] fp32 MLP activation (Fp32 GEMMs only; else in xb)
   DeviceBuffer xb;               // [R, max(hidden, intermediate, n_heads * d)] bf16 GEMM input (Bf16 only)
   DeviceBuffer ids, pos;         // [R] int32 token ids, positions
   DeviceBuffer last_rows;        // [max_seqs] int32 row of each sequence's last token
@@ -127,12 +138,18 @@ struct GpuModel::Impl {
 
   const DeviceLinear& output() const { return lm_head.w.bytes() ? lm_head : embed; }
 
-  // y[rows, W.out] = x[rows, W.in] · W^T, fp32 accumulation. cuBLAS is column-major: y^T = W · x^T, with W
-  // row-major [out, in] read as the column-major [in, out] matrix transposed.
-  void linear(const float* x_in, int rows, const DeviceLinear& W, float* y) {
+  // Where a row kernel writes a GEMM's input `in` (fp32 [rows, W.in]): itself for fp32 GEMMs, xb for bf16 GEMMs.
+  kernels::RowsOut gemm_input(float* in) const {
+    return gemm == GemmPrecision::Bf16 ? kernels::RowsOut{nullptr, xb.as<uint16_t>()} : kernels::RowsOut{in, nullptr};
+  }
+  // y[rows, W.out] = x[rows, W.in] · W^T, fp32 accumulation. x_in is fp32; for bf16 GEMMs it is converted into xb
+  // first, unless the kernel that wrote it also wrote xb (staged: gemm_input(x_in) was its output).
+  // cuBLAS is column-major: y^T = W · x^T, with W row-major [out, in] read as the column-major [in, out] matrix
+  // transposed.
+  void linear(const float* x_in, int rows, const DeviceLinear& W, float* y, bool staged = false) {
     const float one = 1.f, zero = 0.f;
     if (gemm == GemmPrecision::Bf16) {
-      check(kernels::to_bf16(x_in, int64_t(rows) * W.in, xb.as<uint16_t>(), stream), "to_bf16");
+      if (!staged) check(kernels::to_bf16(x_in, int64_t(rows) * W.in, xb.as<uint16_t>(), stream), "to_bf16");
       check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.out, rows, W.in, &one, W.w.get(), CUDA_R_16BF,
                                 W.in, xb.get(), CUDA_R_16BF, W.in, &zero, y, CUDA_R_32F, W.out, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT),
@@ -145,6 +162,11 @@ struct GpuModel::Impl {
     }
   }
 
+  // The residual stream is updated lazily: a block leaves its output in h, pending, and the next norm adds it to x in
+  // the same kernel (norm_stream); flush_stream adds it alone where x itself is read.
+  bool pending = false;          // h holds a block output not yet added to x
+  void norm_stream(int rows, const DeviceBuffer& w);  // x += h if pending; norm(x) * w -> the next GEMM's input
+  void flush_stream(int rows);                         // x += h if pending
   void attention_block(int l, int rows);
   void mlp_block(int l, int rows);
 };
@@ -185,18 +207,21 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
     dl.mlp_norm = upload_f32(lw.mlp_norm);
     dl.q_norm = upload_f32(lw.q_norm);
     dl.k_norm = upload_f32(lw.k_norm);
-    dl.bq = upload_f32(lw.bq);
-    dl.bk = upload_f32(lw.bk);
-    dl.bv = upload_f32(lw.bv);
-    dl.wq = upload_linear(lw.wq, hq * d, H, gemm, "q_proj");
-    dl.wk = upload_linear(lw.wk, hk * d, H, gemm, "k_proj");
-    dl.wv = upload_linear(lw.wv, hk * d, H, gemm, "v_proj");
+    KVQ_CHECK(lw.bq.empty() == lw.bk.empty() && lw.bq.empty() == lw.bv.empty(),
+              "GpuModel: layer {} has biases on some of q/k/v_proj only", l);
+    KVQ_CHECK(lw.q_norm.empty() == lw.k_norm.empty(), "GpuModel: layer {} has one of q_norm / k_norm only", l);
+    KVQ_CHECK(lw.wq.size() == size_t(hq) * d * H && lw.wk.size() == size_t(hk) * d * H &&
+                  lw.wv.size() == size_t(hk) * d * H,
+              "GpuModel: layer {} q/k/v_proj sizes differ from the config", l);
+    KVQ_CHECK(lw.w_gate.size() == size_t(I) * H && lw.w_up.size() == size_t(I) * H,
+              "GpuModel: layer {} gate/up_proj sizes differ from the config", l);
+    dl.bqkv = upload_f32(stack_rows({&lw.bq, &lw.bk, &lw.bv}));
+    dl.wqkv = upload_linear(stack_rows({&lw.wq, &lw.wk, &lw.wv}), (hq + 2 * hk) * d, H, gemm, "q/k/v_proj");
     dl.wo = upload_linear(lw.wo, H, hq * d, gemm, "o_proj");
-    dl.w_gate = upload_linear(lw.w_gate, I, H, gemm, "gate_proj");
-    dl.w_up = upload_linear(lw.w_up, I, H, gemm, "up_proj");
+    dl.w_gate_up = upload_linear(stack_rows({&lw.w_gate, &lw.w_up}), 2 * I, H, gemm, "gate/up_proj");
     dl.w_down = upload_linear(lw.w_down, H, I, gemm, "down_proj");
-    for (const DeviceBuffer* b : {&dl.attn_norm, &dl.mlp_norm, &dl.q_norm, &dl.k_norm, &dl.bq, &dl.bk, &dl.bv,
-                                  &dl.wq.w, &dl.wk.w, &dl.wv.w, &dl.wo.w, &dl.w_gate.w, &dl.w_up.w, &dl.w_down.w})
+    for (const DeviceBuffer* b : {&dl.attn_norm, &dl.mlp_norm, &dl.q_norm, &dl.k_norm, &dl.bqkv, &dl.wqkv.w, &dl.wo.w,
+                                  &dl.w_gate_up.w, &dl.w_down.w})
       m.weight_bytes += b->bytes();
     m.layers.push_back(std::move(dl));
   }
@@ -206,12 +231,13 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   const size_t R = size_t(m.max_rows), f = sizeof(float);
   m.x = DeviceBuffer(R * H * f);
   m.h = DeviceBuffer(R * H * f);
+  m.qkv = DeviceBuffer(R * (hq + 2 * hk) * d * f);
   m.q = DeviceBuffer(R * hq * d * f);
   m.att = DeviceBuffer(R * hq * d * f);
   m.k = DeviceBuffer(R * hk * d * f);
   m.v = DeviceBuffer(R * hk * d * f);
-  m.gate = DeviceBuffer(R * I * f);
-  m.up = DeviceBuffer(R * I * f);
+  m.gu = DeviceBuffer(R * 2 * I * f);
+  if (gemm == GemmPrecision::Fp32) m.act = DeviceBuffer(R * I * f);
   if (gemm == GemmPrecision::Bf16) m.xb = DeviceBuffer(R * size_t(std::max({H, I, hq * d})) * sizeof(uint16_t));
   m.ids = DeviceBuffer(R * sizeof(int32_t));
   m.pos = DeviceBuffer(R * sizeof(int32_t));
@@ -243,48 +269,60 @@ size_t GpuModel::weight_bytes() const { return impl_->weight_bytes; }
 GpuKvCache& GpuModel::cache() { return *impl_->cache; }
 void GpuModel::synchronize() const { check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize"); }
 
+void GpuModel::Impl::norm_stream(int rows, const DeviceBuffer& w) {
+  const int H = cfg.hidden_size;
+  // In place for fp32 GEMMs (out = h = the pending output): each thread reads its h[c] before it writes out[c].
+  const kernels::RowsOut out = gemm_input(h.as<float>());
+  if (pending)
+    check(kernels::residual_rms_norm(x.as<float>(), h.as<float>(), rows, H, w.as<float>(), cfg.rms_eps, out, stream),
+          "residual_rms_norm");
+  else
+    check(kernels::rms_norm(x.as<float>(), rows, H, w.as<float>(), cfg.rms_eps, out, stream), "rms_norm");
+  pending = false;
+}
+
+void GpuModel::Impl::flush_stream(int rows) {
+  if (pending)
+    check(kernels::residual_add(x.as<float>(), h.as<float>(), int64_t(rows) * cfg.hidden_size, stream),
+          "residual_add");
+  pending = false;
+}
+
+// h = o_proj(attention(norm(x))), pending.
 void GpuModel::Impl::attention_block(int l, int rows) {
   const ModelConfig& c = cfg;
   const DeviceLayer& lw = layers[size_t(l)];
-  const int H = c.hidden_size, d = c.head_dim, hq = c.n_heads, hk = c.n_kv_heads;
-  check(kernels::rms_norm(x.as<float>(), rows, H, lw.attn_norm.as<float>(), c.rms_eps, h.as<float>(), stream),
-        "rms_norm");
-  linear(h.as<float>(), rows, lw.wq, q.as<float>());
-  linear(h.as<float>(), rows, lw.wk, k.as<float>());
-  linear(h.as<float>(), rows, lw.wv, v.as<float>());
-  if (lw.bq.bytes()) {
-    check(kernels::add_bias(q.as<float>(), rows, hq * d, lw.bq.as<float>(), stream), "add_bias q");
-    check(kernels::add_bias(k.as<float>(), rows, hk * d, lw.bk.as<float>(), stream), "add_bias k");
-    check(kernels::add_bias(v.as<float>(), rows, hk * d, lw.bv.as<float>(), stream), "add_bias v");
-  }
-  if (c.qk_norm) {
-    check(kernels::rms_norm(q.as<float>(), rows * hq, d, lw.q_norm.as<float>(), c.rms_eps, q.as<float>(), stream),
-          "q_norm");
-    check(kernels::rms_norm(k.as<float>(), rows * hk, d, lw.k_norm.as<float>(), c.rms_eps, k.as<float>(), stream),
-          "k_norm");
-  }
+  const int d = c.head_dim, hq = c.n_heads;
+  norm_stream(rows, lw.attn_norm);
+  linear(h.as<float>(), rows, lw.wqkv, qkv.as<float>(), /*staged=*/true);
   // Plain post-RoPE queries: GpuKvCache::attention applies the softmax scale 1/sqrt(d) itself (then R_K), in the
   // CPU model's order (Model::attention_block: q * scale, then the transform).
-  check(kernels::rope(q.as<float>(), rows, hq, d, pos.as<int32_t>(), inv_freq.as<float>(), 1.f, stream), "rope q");
-  check(kernels::rope(k.as<float>(), rows, hk, d, pos.as<int32_t>(), inv_freq.as<float>(), 1.f, stream), "rope k");
+  const kernels::QkvParams qp{hq,
+                              c.n_kv_heads,
+                              d,
+                              lw.bqkv.bytes() ? lw.bqkv.as<float>() : nullptr,
+                              c.qk_norm ? lw.q_norm.as<float>() : nullptr,
+                              c.qk_norm ? lw.k_norm.as<float>() : nullptr,
+                              c.rms_eps,
+                              pos.as<int32_t>(),
+                              inv_freq.as<float>()};
+  check(kernels::qkv_finish(qkv.as<float>(), rows, qp, q.as<float>(), k.as<float>(), v.as<float>(), stream),
+        "qkv_finish");
   cache->append(l, k.as<float>(), v.as<float>());
   cache->attention(l, q.as<float>(), hq, att.as<float>());
   linear(att.as<float>(), rows, lw.wo, h.as<float>());
+  pending = true;
   if (hook) hook->on_attention_output(l, hook_pos0, rows, download_act(h, rows));
-  check(kernels::residual_add(x.as<float>(), h.as<float>(), int64_t(rows) * H, stream), "residual_add");
 }
 
+// h = down(swiglu(gate_up(norm(x)))), pending.
 void GpuModel::Impl::mlp_block(int l, int rows) {
-  const ModelConfig& c = cfg;
   const DeviceLayer& lw = layers[size_t(l)];
-  const int H = c.hidden_size, I = c.intermediate_size;
-  check(kernels::rms_norm(x.as<float>(), rows, H, lw.mlp_norm.as<float>(), c.rms_eps, h.as<float>(), stream),
-        "rms_norm");
-  linear(h.as<float>(), rows, lw.w_gate, gate.as<float>());
-  linear(h.as<float>(), rows, lw.w_up, up.as<float>());
-  check(kernels::swiglu(gate.as<float>(), up.as<float>(), int64_t(rows) * I, stream), "swiglu");
-  linear(gate.as<float>(), rows, lw.w_down, h.as<float>());
-  check(kernels::residual_add(x.as<float>(), h.as<float>(), int64_t(rows) * H, stream), "residual_add");
+  norm_stream(rows, lw.mlp_norm);
+  linear(h.as<float>(), rows, lw.w_gate_up, gu.as<float>(), /*staged=*/true);
+  check(kernels::swiglu(gu.as<float>(), rows, cfg.intermediate_size, gemm_input(act.as<float>()), stream), "swiglu");
+  linear(act.as<float>(), rows, lw.w_down, h.as<float>(), /*staged=*/true);
+  pending = true;
 }
 
 void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
@@ -325,11 +363,15 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
     check(kernels::embed_gather_f32(m.embed.w.as<float>(), m.ids.as<int32_t>(), rows, H, m.x.as<float>(), m.stream),
           "embed_gather");
   m.hook_pos0 = m.h_pos.front();
+  m.pending = false;
   for (int l = 0; l < c.n_layers; ++l) {
     if (m.hook) m.hook_input(l, rows);
     m.attention_block(l, rows);
     m.mlp_block(l, rows);
-    if (m.hook) m.hook->on_layer_output(l, m.hook_pos0, rows, m.download_act(m.x, rows));
+    if (m.hook) {
+      m.flush_stream(rows);
+      m.hook->on_layer_output(l, m.hook_pos0, rows, m.download_act(m.x, rows));
+    }
   }
   m.cache->commit_step();
 
@@ -337,16 +379,16 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   const int out_rows = which == LogitRows::All ? rows : int(seqs.size());
   // Final norm of the wanted rows into h, then lm_head.
   if (which == LogitRows::All)
-    check(kernels::rms_norm(m.x.as<float>(), rows, H, m.final_norm.as<float>(), c.rms_eps, m.h.as<float>(), m.stream),
-          "final norm");
+    m.norm_stream(rows, m.final_norm);
   else {
+    m.flush_stream(rows);
     check(kernels::gather_rows(m.x.as<float>(), m.last_rows.as<int32_t>(), out_rows, H, m.h.as<float>(), m.stream),
           "gather_rows");
-    check(kernels::rms_norm(m.h.as<float>(), out_rows, H, m.final_norm.as<float>(), c.rms_eps, m.h.as<float>(),
-                            m.stream),
+    check(kernels::rms_norm(m.h.as<float>(), out_rows, H, m.final_norm.as<float>(), c.rms_eps,
+                            m.gemm_input(m.h.as<float>()), m.stream),
           "final norm");
   }
-  m.linear(m.h.as<float>(), out_rows, m.output(), m.logits.as<float>());
+  m.linear(m.h.as<float>(), out_rows, m.output(), m.logits.as<float>(), /*staged=*/true);
   check(kernels::finite_rows(m.logits.as<float>(), out_rows, V, m.finite.as<int32_t>(), m.stream), "finite_rows");
   m.h_finite.resize(size_t(out_rows));
   check(cudaMemcpyAsync(m.h_finite.data(), m.finite.get(), size_t(out_rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,

@@ -39,7 +39,7 @@ __global__ void embed_gather_kernel(const T* table, const int32_t* ids, int rows
   }
 }
 
-// Sum of v over the block (kThreads threads), returned to every thread.
+// Sum of v over the block (whole warps, at most kThreads threads), returned to every thread.
 __device__ double block_sum(double v) {
   __shared__ double part[kThreads / 32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -47,51 +47,67 @@ __device__ double block_sum(double v) {
   if (lane == 0) part[warp] = v;
   __syncthreads();
   double s = 0;
-  for (int w = 0; w < kThreads / 32; ++w) s += part[w];
+  for (int w = 0; w < int(blockDim.x / 32); ++w) s += part[w];
   __syncthreads();  // part[] may be reused by the next call
   return s;
 }
 
-__global__ void rms_norm_kernel(const float* x, int dim, const float* w, float eps, float* y) {
-  const float* xr = x + int64_t(blockIdx.x) * dim;
-  float* yr = y + int64_t(blockIdx.x) * dim;
+__device__ __forceinline__ void store(RowsOut out, int64_t i, float v) {
+  if (out.bf16) out.bf16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  else out.f32[i] = v;
+}
+
+// out[row] = w * x[row] / sqrt(mean(x[row]^2) + eps) for the block's row (x may alias out.f32); res: x += res first.
+__global__ void rms_norm_kernel(float* x, const float* res, int dim, const float* w, float eps, RowsOut out) {
+  const int64_t base = int64_t(blockIdx.x) * dim;
+  float* xr = x + base;
   double ss = 0;  // double, as the CPU model sums
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += double(xr[c]) * xr[c];
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+    if (res) xr[c] += res[base + c];
+    ss += double(xr[c]) * xr[c];
+  }
   ss = block_sum(ss);
   const float inv = 1.f / sqrtf(float(ss / dim) + eps);
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = w[c] * (xr[c] * inv);
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) store(out, base + c, w[c] * (xr[c] * inv));
 }
 
-__global__ void add_bias_kernel(float* y, int rows, int cols, const float* bias) {
-  const int64_t n = int64_t(rows) * cols;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += bias[i % cols];
-}
-
-__global__ void rope_kernel(float* x, int rows, int heads, int d, const int32_t* pos, const float* inv_freq,
-                            float scale) {
-  const int half = d / 2;
-  const int64_t n = int64_t(rows) * heads * half;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int f = int(i % half);
-    const int64_t rh = i / half;  // row * heads + head
-    const int r = int(rh / heads);
-    const float angle = float(pos[r]) * inv_freq[f];
-    double s, c;
-    sincos(double(angle), &s, &c);
-    const float cf = float(c), sf = float(s);
-    float* v = x + rh * d;
-    const float a = v[f], b = v[f + half];
-    const float o0 = a * cf - b * sf, o1 = b * cf + a * sf;
-    v[f] = scale == 1.f ? o0 : o0 * scale;
-    v[f + half] = scale == 1.f ? o1 : o1 * scale;
+// One block of d threads per (row, head) of the fused q/k/v GEMM's output; heads [0, hq) are q, [hq, hq + hk) k,
+// the rest v.
+__global__ void qkv_finish_kernel(const float* qkv, QkvParams p, float* q, float* k, float* v) {
+  const int r = blockIdx.x, j = blockIdx.y, c = threadIdx.x, d = p.d;
+  const int width = (p.hq + 2 * p.hk) * d;
+  float x = qkv[int64_t(r) * width + j * d + c];
+  if (p.bias) x += p.bias[j * d + c];
+  float* dst = j < p.hq ? q + (int64_t(r) * p.hq + j) * d
+                        : j < p.hq + p.hk ? k + (int64_t(r) * p.hk + j - p.hq) * d
+                                          : v + (int64_t(r) * p.hk + j - p.hq - p.hk) * d;
+  if (j >= p.hq + p.hk) {  // values: bias only
+    dst[c] = x;
+    return;
   }
+  if (p.q_norm) {
+    const double ss = block_sum(double(x) * x);  // every thread of the block takes part
+    const float inv = 1.f / sqrtf(float(ss / d) + p.eps);
+    x = (j < p.hq ? p.q_norm : p.k_norm)[c] * (x * inv);
+  }
+  __shared__ float row[128];
+  row[c] = x;
+  __syncthreads();
+  const int half = d / 2, f = c % half;
+  const float angle = float(p.pos[r]) * p.inv_freq[f];
+  double sn, cs;
+  sincos(double(angle), &sn, &cs);
+  const float cf = float(cs), sf = float(sn);
+  const float a = row[f], b = row[f + half];
+  dst[c] = c < half ? a * cf - b * sf : b * cf + a * sf;
 }
 
-__global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
+__global__ void swiglu_kernel(const float* gu, int rows, int I, RowsOut out) {
+  const int64_t n = int64_t(rows) * I;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    gate[i] = g / (1.f + expf(-g)) * up[i];
+    const int64_t r = i / I, c = i % I;
+    const float g = gu[r * 2 * I + c];
+    store(out, i, g / (1.f + expf(-g)) * gu[r * 2 * I + I + c]);
   }
 }
 
@@ -159,25 +175,30 @@ int embed_gather_f32(const float* table, const int32_t* ids, int rows, int dim, 
   return launched();
 }
 
-int rms_norm(const float* x, int rows, int dim, const float* w, float eps, float* y, void* stream) {
+int rms_norm(const float* x, int rows, int dim, const float* w, float eps, RowsOut out, void* stream) {
   if (rows <= 0) return 0;
-  rms_norm_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(x, dim, w, eps, y);
+  // x is only read without a residual
+  rms_norm_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(const_cast<float*>(x), nullptr, dim, w, eps, out);
   return launched();
 }
 
-int add_bias(float* y, int rows, int cols, const float* bias, void* stream) {
-  add_bias_kernel<<<grid_for(int64_t(rows) * cols), kThreads, 0, as_stream(stream)>>>(y, rows, cols, bias);
+int residual_rms_norm(float* x, const float* y, int rows, int dim, const float* w, float eps, RowsOut out,
+                      void* stream) {
+  if (rows <= 0) return 0;
+  rms_norm_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(x, y, dim, w, eps, out);
   return launched();
 }
 
-int rope(float* x, int rows, int heads, int d, const int32_t* pos, const float* inv_freq, float scale, void* stream) {
-  rope_kernel<<<grid_for(int64_t(rows) * heads * (d / 2)), kThreads, 0, as_stream(stream)>>>(x, rows, heads, d, pos,
-                                                                                             inv_freq, scale);
+int qkv_finish(const float* qkv, int rows, const QkvParams& p, float* q, float* k, float* v, void* stream) {
+  if (rows <= 0) return 0;
+  if (p.d > 128 || p.d % 64 != 0) return int(cudaErrorInvalidValue);  // whole warps, a [128] row in shared memory
+  qkv_finish_kernel<<<dim3(unsigned(rows), unsigned(p.hq + 2 * p.hk)), unsigned(p.d), 0, as_stream(stream)>>>(
+      qkv, p, q, k, v);
   return launched();
 }
 
-int swiglu(float* gate, const float* up, int64_t n, void* stream) {
-  swiglu_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, n);
+int swiglu(const float* gu, int rows, int I, RowsOut out, void* stream) {
+  swiglu_kernel<<<grid_for(int64_t(rows) * I), kThreads, 0, as_stream(stream)>>>(gu, rows, I, out);
   return launched();
 }
 

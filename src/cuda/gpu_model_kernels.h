@@ -11,19 +11,38 @@ namespace kvq::cuda::kernels {
 int embed_gather_bf16(const uint16_t* table, const int32_t* ids, int rows, int dim, float* x, void* stream);
 int embed_gather_f32(const float* table, const int32_t* ids, int rows, int dim, float* x, void* stream);
 
-// y[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows (y may alias x). One block per row.
-int rms_norm(const float* x, int rows, int dim, const float* w, float eps, float* y, void* stream);
+// Where a row kernel writes the input of the next GEMM: exactly one of the two is set, fp32 or bf16 bits (round to
+// nearest even), as the GEMM precision wants, so no conversion pass runs between the kernel and the GEMM.
+struct RowsOut {
+  float* f32 = nullptr;      // [rows, dim] fp32
+  uint16_t* bf16 = nullptr;  // [rows, dim] bf16 bits
+};
 
-// y[r, c] += bias[c] for [rows, cols].
-int add_bias(float* y, int rows, int cols, const float* bias, void* stream);
+// out[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows (out may alias x). One block per row.
+int rms_norm(const float* x, int rows, int dim, const float* w, float eps, RowsOut out, void* stream);
 
-// Rotary embedding, rotate-half layout, in place on x [rows, heads, d] with row r at position pos[r]:
-// angle = float(pos) * inv_freq[f] (fp32 product), cos / sin in double rounded to float (as the CPU model), then
-// every output is multiplied by scale when scale != 1 (the forward pass passes 1: GpuKvCache scales queries).
-int rope(float* x, int rows, int heads, int d, const int32_t* pos, const float* inv_freq, float scale, void* stream);
+// x[r, :] += y[r, :], then out[r, :] = rms_norm(x[r, :]) as above: the residual add that ends a block fused with the
+// norm that starts the next.
+int residual_rms_norm(float* x, const float* y, int rows, int dim, const float* w, float eps, RowsOut out,
+                      void* stream);
 
-// gate[i] = silu(gate[i]) * up[i] for i < n.
-int swiglu(float* gate, const float* up, int64_t n, void* stream);
+// The attention projections' epilogue, one block per (row, head) of qkv [rows, (hq + 2 hk) d] (q heads, then k, then
+// v, as the fused q/k/v GEMM writes them), in the CPU model's order: + bias (Qwen2; null = none), per-head RMSNorm of q
+// and k (Qwen3; null = none), then RoPE of q and k at position pos[r] (rotate-half layout, angle = float(pos) *
+// inv_freq[f] in fp32, cos / sin in double rounded to float). Writes q [rows, hq d], k and v [rows, hk d].
+struct QkvParams {
+  int hq, hk, d;                     // query heads, kv heads, head dim (d <= 128, even)
+  const float* bias;                 // [(hq + 2 hk) d] or null
+  const float *q_norm, *k_norm;      // [d] each, or both null
+  float eps;                         // RMSNorm epsilon
+  const int32_t* pos;                // [rows]
+  const float* inv_freq;             // [d / 2]
+};
+int qkv_finish(const float* qkv, int rows, const QkvParams& p, float* q, float* k, float* v, void* stream);
+
+// out[r, i] = silu(gu[r, i]) * gu[r, I + i] for i < I: the gate and up halves of the fused gate/up GEMM's rows
+// [rows, 2I].
+int swiglu(const float* gu, int rows, int I, RowsOut out, void* stream);
 
 // x[i] += y[i] for i < n.
 int residual_add(float* x, const float* y, int64_t n, void* stream);
