@@ -532,6 +532,21 @@ TEST(GpuCacheGeometry, AutoSplitFillsWholeWavesOfResidentBlocks) {
     }
 }
 
+// The windows get as many blocks as the GPU holds beside the (row, kv head) pairs, one per 64 positions of the
+// largest window at most: 64/256 windows (S0 + W + B - 1 = 320 positions with B = 1) take up to 5 blocks, 16/64 up to 2.
+TEST(GpuCacheGeometry, WindowBlocksFillTheGpuUpToOnePer64WindowPositions) {
+  const cuda::CacheGeometry g = cuda::cache_geometry(config("int2", 128, 64, 256, 512), 8, 8, 4096);
+  EXPECT_EQ(cuda::window_blocks(g, 1 * 8, 528), 5);    // batch 1: 8 pairs, room for 66 each
+  EXPECT_EQ(cuda::window_blocks(g, 16 * 2, 528), 5);   // models/ref at 16 sequences: room for 16 each
+  EXPECT_EQ(cuda::window_blocks(g, 128, 528), 4);      // 528 / 128
+  EXPECT_EQ(cuda::window_blocks(g, 64 * 8, 528), 1);   // batch 64: the splits fill the GPU
+  EXPECT_EQ(cuda::window_blocks(g, 5000, 528), 1);     // never 0
+  const cuda::CacheGeometry small = cuda::cache_geometry(config("int2", 128, 16, 64, 512), 8, 8, 4096);
+  EXPECT_EQ(cuda::window_blocks(small, 8, 528), 2);    // 80 positions
+  const cuda::CacheGeometry none = cuda::cache_geometry(config("int2", 128, 0, 0, 512), 8, 8, 4096);
+  EXPECT_EQ(cuda::window_blocks(none, 8, 528), 1);
+}
+
 // qe(t) with B = block_tokens, the ring size and the page layout (K blocks | V rows) of the GPU cache equal the CPU
 // cache's, for KIVI (B = G) and per-token codecs (B = 1), over awkward windows and chunks.
 TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {

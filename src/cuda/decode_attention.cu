@@ -246,7 +246,7 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool mma = !reference && attention_mma_supported(g);
   AttentionLaunch a = a_in;
-  a.n_slots = a.n_splits + (mma ? 1 : 0);
+  a.n_slots = a.n_splits + (mma ? a.n_win : 0);
   prepare_queries_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(d_q, a.n_heads, g.n_kv, a.layer,
                                                                                        a.scale, t.r_k, a.q_work);
   int e = cudaGetLastError();

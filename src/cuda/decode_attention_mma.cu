@@ -1,10 +1,10 @@
 // Tensor-core decode attention over each row's whole view in one launch: the QUANTIZED region [S0, qe(t)) in splits,
 // for int2 rows of one 128-value group and bf16 rows (keys and values chosen independently), and the BF16 sink and
-// recent windows in one more block per (row, kv head) with the same tile code on bf16 rows, into one more partial
-// slot. The merge kernel (decode_attention.cu) combines every slot exactly (log-sum-exp), so the result is one
+// recent windows in n_win more blocks per (row, kv head) with the same tile code on bf16 rows, into n_win more
+// partial slots. The merge kernel (decode_attention.cu) combines every slot exactly (log-sum-exp), so the result is one
 // softmax over the whole view.
 //
-// Grid (row, kv head, split + 1); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
+// Grid (row, kv head, n_splits + n_win); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
 // start at S0 + k·split_tokens and pages hold a multiple of 16 rows). mma.sync m16n8k16 with the GQA group on the
 // N side (g <= 8 query heads, padded with zero queries to 8), so nothing is padded to 64 rows:
 //   scores   S[pos][h] = Σ_d K[pos][d] · Q[d][h]       A = 16 positions x 16 dims of codes, B = 16 dims x 8 heads
@@ -163,8 +163,8 @@ struct BlockShared {
 };
 
 // One block (row, kv head, z). WIN = false: split z of the quantized region, KQ / VQ: keys / values are int2 rows of
-// one 128-value group (else bf16 rows). WIN = true (KQ = VQ = false; z = n_splits): the bf16 sink and recent rows of
-// the view. Both write the partial of slot z.
+// one 128-value group (else bf16 rows). WIN = true (KQ = VQ = false; z >= n_splits): window block z - n_splits of the
+// bf16 sink and recent rows of the view. Both write the partial of slot z.
 template <bool KQ, bool VQ, bool WIN>
 __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const AttentionLaunch& a, BlockShared& sh) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
@@ -363,18 +363,18 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   };
 
   if constexpr (WIN) {
-    // The sink [0, S0) and the recent window [max(S0, qe), t] (bf16 rows), in tiles of 16 positions
-    for (int ri = 0; ri < 2; ++ri) {
-      const int begin = ri == 0 ? 0 : max(qe, geo.sink), end = ri == 0 ? min(rd.pos + 1, geo.sink) : rd.pos + 1;
-      for (int p0 = begin + warp * kTile; p0 < end; p0 += kWarps * kTile) {
-        auto rows = [&](int kv) {
-          return [&, kv](int r) -> const uint16_t* {
-            return ri == 0 ? dev::sink_row(geo, rd.seq, a.layer, kv, head, p0 + r)
-                           : dev::ring_row(geo, rd.seq, a.layer, kv, head, p0 + r);
-          };
+    // The windows' positions in order, the sink [0, ns) then the recent window [rb, t] (bf16 rows), numbered
+    // i = 0 .. n - 1; window block w = z - n_splits of n_win takes tiles of 16 of them, one per warp, n_win x 64 apart.
+    const int ns = min(rd.pos + 1, geo.sink), rb = max(qe, geo.sink), n = ns + max(0, rd.pos + 1 - rb);
+    for (int i0 = ((split - a.n_splits) * kWarps + warp) * kTile; i0 < n; i0 += a.n_win * kWarps * kTile) {
+      auto rows = [&](int kv) {
+        return [&, kv](int r) -> const uint16_t* {
+          const int i = i0 + r;
+          return i < ns ? dev::sink_row(geo, rd.seq, a.layer, kv, head, i)
+                        : dev::ring_row(geo, rd.seq, a.layer, kv, head, rb + i - ns);
         };
-        attend_tile(min(kTile, end - p0), TileWords{}, rows(0), rows(1));
-      }
+      };
+      attend_tile(min(kTile, n - i0), TileWords{}, rows(0), rows(1));
     }
   } else {
     // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
@@ -438,12 +438,12 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   dev::write_block_partial<kWarps>(sh.m, sh.l, sh.acc, g, part, a);
 }
 
-// Grid (row, kv head, n_splits + 1): blocks z < n_splits take the splits of the quantized region, blocks z = n_splits
-// the windows, so one launch covers the whole view.
+// Grid (row, kv head, n_splits + n_win): blocks z < n_splits take the splits of the quantized region, blocks
+// z >= n_splits the windows, so one launch covers the whole view.
 template <bool KQ, bool VQ>
 __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheGeometry geo, AttentionLaunch a) {
   __shared__ BlockShared sh;
-  if (blockIdx.z == unsigned(a.n_splits)) attend_block<false, false, true>(geo, a, sh);
+  if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true>(geo, a, sh);
   else attend_block<KQ, VQ, false>(geo, a, sh);
 }
 
@@ -469,7 +469,7 @@ MmaKernel mma_kernel(const CacheGeometry& g) {
 }  // namespace
 
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
-  const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits + 1));  // + the windows' blocks
+  const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits + a.n_win));  // + the windows' blocks
   mma_kernel(g)<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
   return cudaGetLastError();
 }

@@ -91,6 +91,12 @@ int auto_split_tokens(int64_t base, int max_view, int64_t resident) {
   return best;
 }
 
+int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident) {
+  // A view's windows hold at most S0 + W + B - 1 positions (kv/cache.h); a block takes 64 of them per pass.
+  const int most = std::max(1, (g.sink + g.recent + g.block_tokens - 1 + 63) / 64);
+  return int(std::clamp<int64_t>(resident / std::max<int64_t>(base, 1), 1, most));
+}
+
 CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx) {
   CacheGeometry g{};
   g.n_layers = n_layers, g.n_kv = n_kv_heads;
@@ -135,11 +141,18 @@ struct GpuKvCache::Impl {
   DeviceBuffer desc;                    // RowDesc[rows + items]
   DeviceBuffer q_work, part_acc, part_ml;
   int split_tokens = 0;                 // 0 = automatic
+  // The step's attention plan (plan_attention), the same for every layer.
+  struct Plan {
+    int n_heads = 0;                    // query heads it is for; 0 = not planned yet this step
+    int split = 0, n_splits = 0;        // positions per KV split, splits of the longest view
+    int n_win = 1;                      // tensor-core path: blocks per (row, kv head) over the bf16 windows
+  } plan;
   int resident_heads = 0;               // n_heads that `resident` was measured for (0 = not yet)
   int64_t resident = 0;                 // attention blocks the GPU holds at once (SMs x blocks per SM)
   bool reference = false;
 
   int quant_end(int t) const { return cuda::quant_end(geo, t); }
+  const Plan& plan_attention(int n_heads);
   static void grow(DeviceBuffer& b, size_t bytes) {
     if (b.bytes() < bytes) b = DeviceBuffer(std::max(bytes, b.bytes() * 3 / 2));
   }
@@ -325,6 +338,7 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
   m.upload(m.desc, m.rows_host.data(), m.rows_host.size() * sizeof(RowDesc));
   m.step_seqs = seqs;
   m.step_n = n;
+  m.plan = {};
   m.in_step = true;
 }
 
@@ -339,44 +353,60 @@ void GpuKvCache::append(int layer, const float* d_k, const float* d_v) {
   check(launch_demote_rows(m.geo, layer, rows + m.n_rows, m.n_items, m.stream), "GPU KV cache: demote kernel");
 }
 
+// Split size for the step's longest view and n_heads query heads, and scratch for its partials.
+const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
+  KVQ_CHECK(in_step, "GPU KV cache: attention outside a step (begin_step first)");
+  if (plan.n_heads == n_heads) return plan;
+  KVQ_CHECK(n_heads >= n_kv && n_heads % n_kv == 0 && n_heads / n_kv <= kMaxGroupHeads,
+            "GPU attention: {} query heads over {} kv heads is not supported (GQA group of 1 .. {})", n_heads, n_kv,
+            kMaxGroupHeads);
+  if (resident_heads != n_heads) {
+    int per_sm = 0;
+    check(attention_blocks_per_sm(geo, n_heads, &per_sm), "GPU attention: occupancy query");
+    resident = int64_t(std::max(per_sm, 1)) * n_sms;
+    resident_heads = n_heads;
+  }
+  const int64_t base = int64_t(n_rows) * n_kv;  // (row, kv head) pairs
+  const int n_win = window_blocks(geo, base, resident);
+  int split = split_tokens ? split_tokens : auto_split_tokens(base, max_view, resident);
+  split = std::max(split, (max_view + 65534 - n_win) / (65535 - n_win));  // grid z = splits + n_win <= 65535
+  split = (split + 127) / 128 * 128;
+  plan.n_heads = n_heads;
+  plan.split = split;
+  plan.n_splits = (max_view + split - 1) / split;
+  plan.n_win = n_win;
+  const size_t parts = size_t(base) * (plan.n_splits + n_win) * (n_heads / n_kv);
+  grow(q_work, size_t(n_rows) * n_heads * kHeadDim * sizeof(float));
+  grow(part_acc, parts * kHeadDim * sizeof(float));
+  grow(part_ml, parts * 2 * sizeof(float));
+  return plan;
+}
+
 void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_out) {
   Impl& m = *impl_;
-  KVQ_CHECK(m.in_step, "GPU KV cache: attention outside a step (begin_step first)");
   KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
-  KVQ_CHECK(n_heads >= m.n_kv && n_heads % m.n_kv == 0 && n_heads / m.n_kv <= kMaxGroupHeads,
-            "GPU attention: {} query heads over {} kv heads is not supported (GQA group of 1 .. {})", n_heads, m.n_kv,
-            kMaxGroupHeads);
-  const int g = n_heads / m.n_kv;
-  int split = m.split_tokens;
-  if (split == 0) {
-    if (m.resident_heads != n_heads) {
-      int per_sm = 0;
-      check(attention_blocks_per_sm(m.geo, n_heads, &per_sm), "GPU attention: occupancy query");
-      m.resident = int64_t(std::max(per_sm, 1)) * m.n_sms;
-      m.resident_heads = n_heads;
-    }
-    split = auto_split_tokens(int64_t(m.n_rows) * m.n_kv, m.max_view, m.resident);
-  }
-  split = std::max(split, (m.max_view + 65533) / 65534);  // grid z = splits (+ 1 for the windows) <= 65535
-  split = (split + 127) / 128 * 128;
-  const int n_splits = (m.max_view + split - 1) / split;
+  const Impl::Plan& p = m.plan_attention(n_heads);
   AttentionLaunch a{};
   a.layer = layer;
   a.n_rows = m.n_rows;
   a.rows = m.desc.as<RowDesc>();
   a.n_heads = n_heads;
   a.scale = 1.f / std::sqrt(float(m.d));
-  a.split_tokens = split;
-  a.n_splits = n_splits;
-  a.n_slots = n_splits;  // launch_attention adds the window slot when it takes the tensor-core path
-  const size_t parts = size_t(m.n_rows) * m.n_kv * (n_splits + 1) * g;
-  Impl::grow(m.q_work, size_t(m.n_rows) * n_heads * kHeadDim * sizeof(float));
-  Impl::grow(m.part_acc, parts * kHeadDim * sizeof(float));
-  Impl::grow(m.part_ml, parts * 2 * sizeof(float));
+  a.split_tokens = p.split;
+  a.n_splits = p.n_splits;
+  a.n_win = p.n_win;
+  a.n_slots = p.n_splits;  // launch_attention adds the window slots when it takes the tensor-core path
   a.q_work = m.q_work.as<float>();
   a.part_acc = m.part_acc.as<float>();
   a.part_ml = m.part_ml.as<float>();
   check(launch_attention(m.geo, a, m.tptrs, d_q, d_out, m.reference, m.stream), "GPU attention kernel");
+}
+
+GpuKvCache::StepSignature GpuKvCache::step_signature(int n_heads) {
+  Impl& m = *impl_;
+  const Impl::Plan& p = m.plan_attention(n_heads);
+  return {m.n_rows, m.n_items, n_heads, p.split, p.n_splits, p.n_win, m.reference, m.desc.get(), m.q_work.get(),
+          m.part_acc.get(), m.part_ml.get(), m.tptrs.key_mean, m.tptrs.r_k, m.tptrs.r_v};
 }
 
 void GpuKvCache::commit_step() {

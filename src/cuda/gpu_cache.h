@@ -69,6 +69,20 @@ class GpuKvCache {
   // Ends the step: lengths += n.
   void commit_step();
 
+  // What this step's launches take besides the contents of device memory: row and demotion counts, the attention
+  // plan, the buffers they read and write. Two steps with equal signatures enqueue the same kernels with the same
+  // arguments, so a CUDA graph captured from one replays the other (GpuModel). Fixes the step's attention plan for
+  // n_heads query heads and grows its buffers now, so that no allocation falls inside a capture.
+  struct StepSignature {
+    int n_rows, n_items;                        // rows appended and attended; rows demoted per layer
+    int n_heads, split_tokens, n_splits, n_win;  // the attention plan
+    bool reference;                             // set_reference_attention
+    const void *desc, *q_work, *part_acc, *part_ml;  // step descriptors and attention scratch
+    const void *key_mean, *r_k, *r_v;           // the transform (set_transform)
+    bool operator==(const StepSignature&) const = default;
+  };
+  StepSignature step_signature(int n_heads);
+
   // Same accounting as the CPU cache (counted from the structs stored).
   CacheFootprint footprint(int n_tokens) const;
   size_t bytes_allocated() const;

@@ -89,14 +89,16 @@ struct AttentionLaunch {
   float scale;             // softmax scale applied to q before the key rotation (1 / sqrt(d))
   int split_tokens;        // positions per KV split (multiple of 128)
   int n_splits;            // splits per (row, kv head): ceil(max view length / split_tokens)
-  int n_slots;             // partial slots per (row, kv head): n_splits, + 1 for the windows on the tensor-core path
+  int n_win;               // tensor-core path: blocks per (row, kv head) over the bf16 sink and recent windows
+  int n_slots;             // partial slots per (row, kv head): n_splits, + n_win on the tensor-core path
   float* q_work;           // [n_rows][n_heads][d] scratch: scaled, rotated queries
-  float* part_acc;         // [n_rows][n_kv][n_splits + 1][g][d] scratch: unnormalised partial outputs
-  float* part_ml;          // [n_rows][n_kv][n_splits + 1][g][2] scratch: partial (max, sum)
+  float* part_acc;         // [n_rows][n_kv][n_splits + n_win][g][d] scratch: unnormalised partial outputs
+  float* part_ml;          // [n_rows][n_kv][n_splits + n_win][g][2] scratch: partial (max, sum)
 };
 // The tensor-core path (decode_attention_mma.cu) for caches of int2 rows of one 128-value group or bf16
 // rows, pages of a multiple of 16 rows; never KIVI keys (they take the CUDA-core kernel). One launch fills slots
-// [0, n_splits) with the splits and slot n_splits with the bf16 sink and recent windows (n_slots = n_splits + 1).
+// [0, n_splits) with the splits and slots n_splits .. n_splits + n_win - 1 with the bf16 sink and recent windows
+// (n_slots = n_splits + n_win).
 bool attention_mma_supported(const CacheGeometry& g);
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
 // *blocks = how many blocks of the tensor-core kernel for g one SM holds at once.
@@ -112,6 +114,10 @@ int attention_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks);
 // of up to max_view positions on a GPU that holds `resident` blocks at once: the split count whose estimated time,
 // waves x (split positions + a block's fixed cost), is least; splits hold >= 256 positions. Host only.
 int auto_split_tokens(int64_t base, int max_view, int64_t resident);
+// Tensor-core path: blocks per (row, kv head) over the bf16 windows, so that a small grid does not wait on one
+// block walking S0 + W positions: as many as the GPU holds beside the `base` pairs, at most one per 64 positions of
+// the largest window (S0 + W + B - 1), at least 1. Host only.
+int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident);
 
 // Benchmark helpers (bench_kernels.cu).
 // Fills d[0, n) with N(0, 1) samples of a counter-based generator (seed, index).
