@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -273,6 +274,47 @@ TEST(GpuModel, BatchedDecodeOfSequencesOfDifferentLengthsEqualsDecodingEachAlone
         EXPECT_TRUE(d.same_top1) << "cache " << type << " length " << lengths[b] << " step " << s;
       }
     }
+  }
+}
+
+// A decode step replayed from a CUDA graph runs the same kernels with the same arguments as launching them one by
+// one, so logits and argmax must be identical, bit for bit, over steps that demote rows and change the split plan.
+TEST(GpuModel, DecodeStepsReplayedAsCudaGraphsEqualDirectLaunchesBitForBit) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const std::vector<int32_t> text = python_tokens(800);
+  const std::vector<int> lengths = {5, 200, 600};
+  const int steps = 48, V = m.config().vocab_size;
+  for (const std::string type : {"bf16", "int2"}) {
+    std::vector<float> logits[2];
+    std::vector<int32_t> argmax[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      GpuModel g(m, cache_config(type, 16, 64, 32, 128), 700, int(lengths.size()));
+      g.set_cuda_graphs(graphs == 1);
+      std::vector<int> seqs;
+      for (size_t b = 0; b < lengths.size(); ++b) {
+        seqs.push_back(g.new_sequence());
+        for (int i = 0; i < lengths[b]; i += 128)
+          g.forward({seqs[b]}, {std::min(128, lengths[b] - i)}, text.data() + i, LogitRows::None, nullptr, nullptr);
+      }
+      const std::vector<int> ones(lengths.size(), 1);
+      std::vector<float> step_logits(lengths.size() * size_t(V));
+      std::vector<int32_t> step_argmax(lengths.size());
+      for (int s = 0; s < steps; ++s) {
+        std::vector<int32_t> ids;
+        for (int len : lengths) ids.push_back(text[size_t(len + s)]);
+        g.forward(seqs, ones, ids.data(), LogitRows::Last, step_logits.data(), step_argmax.data());
+        logits[graphs].insert(logits[graphs].end(), step_logits.begin(), step_logits.end());
+        argmax[graphs].insert(argmax[graphs].end(), step_argmax.begin(), step_argmax.end());
+      }
+      if (graphs) EXPECT_GE(g.cuda_graph_replays(), steps / 2) << "cache " << type << ": graphs were not replayed";
+      else EXPECT_EQ(g.cuda_graph_replays(), 0) << "cache " << type;
+    }
+    EXPECT_EQ(argmax[0], argmax[1]) << "cache " << type;
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    size_t differ = 0;
+    for (size_t i = 0; i < logits[0].size(); ++i) differ += std::memcmp(&logits[0][i], &logits[1][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "cache " << type << ": " << differ << " of " << logits[0].size() << " logits differ";
   }
 }
 

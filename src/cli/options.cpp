@@ -79,6 +79,8 @@ void add_device_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--device", o.device, "where the model runs: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--gpu-gemm", o.gpu_gemm, "GEMM inputs on the GPU: bf16 (fp32 accumulation) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_option("--cuda-graphs", o.cuda_graphs, "replay decode steps on the GPU as CUDA graphs: on or off")
+      ->check(CLI::IsMember({"on", "off"}));
 }
 
 void check_device_available(const ModelOptions& m) {
@@ -114,7 +116,9 @@ std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const P
   check_device(o, p.cache, p.model.head_dim);
   if (o.device == "cpu") return std::make_unique<CpuRunner>(model, p.cache, max_ctx, max_seqs);
 #ifdef KVQ_HAVE_CUDA
-  return std::make_unique<cuda::GpuModel>(model, p.cache, max_ctx, max_seqs, cuda::parse_gemm_precision(o.gpu_gemm));
+  auto g = std::make_unique<cuda::GpuModel>(model, p.cache, max_ctx, max_seqs, cuda::parse_gemm_precision(o.gpu_gemm));
+  g->set_cuda_graphs(o.cuda_graphs == "on");
+  return g;
 #else
   KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend");
 #endif

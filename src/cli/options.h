@@ -19,6 +19,7 @@ struct ModelOptions {
   int threads = 0;   // -t: worker threads (0: all cores)
   std::string device = "cpu";     // --device: cpu | cuda (run, ppl, bench decode, eval, referee)
   std::string gpu_gemm = "bf16";  // --gpu-gemm: bf16 | fp32 GEMM inputs on the GPU
+  std::string cuda_graphs = "on";  // --cuda-graphs: on | off, decode steps replayed as CUDA graphs
 };
 
 struct CacheOptions {
@@ -35,7 +36,7 @@ struct CacheOptions {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
-// --device and --gpu-gemm, for the commands that run through a Runner (run, ppl, bench decode, eval, referee).
+// --device, --gpu-gemm and --cuda-graphs, for the commands that run through a Runner (run, ppl, bench decode, eval, referee).
 void add_device_options(CLI::App* cmd, ModelOptions& o);
 
 // What a command will run, validated before any weights are read: config.json, the context length (ctx_request,

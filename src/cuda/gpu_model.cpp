@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "common/error.h"
 #include "common/half.h"
@@ -37,6 +38,8 @@ DeviceBuffer upload_f32(const std::vector<float>& v) {
 
 // A linear weight [out, in] in the GEMM precision. Bf16 is exact for a bf16 checkpoint (checked: the round trip of
 // every value must be exact, otherwise the upload would silently change the model).
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+
 struct DeviceLinear {
   DeviceBuffer w;  // [out, in] row-major, bf16 bits or fp32
   int out = 0, in = 0;
@@ -169,6 +172,34 @@ struct GpuModel::Impl {
   void flush_stream(int rows);                         // x += h if pending
   void attention_block(int l, int rows);
   void mlp_block(int l, int rows);
+  // The GPU work of a step whose inputs are uploaded: embedding, layers, and for out_rows > 0 the logits, their
+  // finite flags and (want_argmax) argmax in device memory. Host copies and the sync are the caller's.
+  void enqueue_step(int rows, int out_rows, LogitRows which, bool want_argmax);
+
+  // CUDA graphs of decode steps: the launches of a step depend only on StepKey (the rest is device memory that the
+  // step's uploads fill), so the graph captured from one step replays every later step with the same key.
+  struct StepKey {
+    int rows, out_rows;
+    LogitRows which;
+    bool argmax;
+    GpuKvCache::StepSignature cache;
+    bool operator==(const StepKey&) const = default;
+  };
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;  // the captured step, replayable while `key` holds
+    StepKey key{};
+    std::optional<StepKey> seen;     // the last key run eagerly: captured when it comes again
+    void reset() {
+      if (exec) cudaGraphExecDestroy(exec);
+      exec = nullptr;
+    }
+    ~StepGraph() { reset(); }
+  };
+  bool graphs = true;                // set_cuda_graphs
+  StepGraph graph;
+  int64_t graph_replays = 0;         // steps run from graph.exec
+  DeviceBuffer blas_workspace;       // cuBLAS's workspace, ours so that no allocation falls inside a capture
+  void run_graphed(const StepKey& key);  // replays, captures, or runs eagerly (see run_graphed)
 };
 
 GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, GemmPrecision gemm)
@@ -192,6 +223,8 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   m.stream = static_cast<cudaStream_t>(m.cache->stream());
   check_cublas(cublasCreate(&m.blas), "cublasCreate");
   check_cublas(cublasSetStream(m.blas, m.stream), "cublasSetStream");
+  m.blas_workspace = DeviceBuffer(kBlasWorkspaceBytes);
+  check_cublas(cublasSetWorkspace(m.blas, m.blas_workspace.get(), m.blas_workspace.bytes()), "cublasSetWorkspace");
 
   // Weights.
   const Weights& w = model.weights();
@@ -253,7 +286,8 @@ GpuModel::~GpuModel() = default;
 const ModelConfig& GpuModel::config() const { return impl_->cfg; }
 const CacheConfig& GpuModel::cache_config() const { return impl_->cache->config(); }
 std::string GpuModel::describe() const {
-  return "cuda: " + device_description() + ", " + std::string(gemm_precision_name(impl_->gemm)) + " GEMMs";
+  return "cuda: " + device_description() + ", " + std::string(gemm_precision_name(impl_->gemm)) + " GEMMs, " +
+         (impl_->graphs ? "CUDA graphs" : "no CUDA graphs");
 }
 int GpuModel::max_ctx() const { return impl_->cache->max_ctx(); }
 int GpuModel::max_seqs() const { return impl_->max_seqs; }
@@ -354,52 +388,26 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   check(cudaMemcpyAsync(m.last_rows.get(), m.h_last.data(), seqs.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                         m.stream),
         "upload last rows");
-
-  const int H = c.hidden_size, V = c.vocab_size;
-  if (m.gemm == GemmPrecision::Bf16)
-    check(kernels::embed_gather_bf16(m.embed.w.as<uint16_t>(), m.ids.as<int32_t>(), rows, H, m.x.as<float>(), m.stream),
-          "embed_gather");
-  else
-    check(kernels::embed_gather_f32(m.embed.w.as<float>(), m.ids.as<int32_t>(), rows, H, m.x.as<float>(), m.stream),
-          "embed_gather");
   m.hook_pos0 = m.h_pos.front();
-  m.pending = false;
-  for (int l = 0; l < c.n_layers; ++l) {
-    if (m.hook) m.hook_input(l, rows);
-    m.attention_block(l, rows);
-    m.mlp_block(l, rows);
-    if (m.hook) {
-      m.flush_stream(rows);
-      m.hook->on_layer_output(l, m.hook_pos0, rows, m.download_act(m.x, rows));
-    }
-  }
-  m.cache->commit_step();
 
+  const int out_rows = which == LogitRows::None ? 0 : which == LogitRows::All ? rows : int(seqs.size());
+  const bool decode = std::all_of(n.begin(), n.end(), [](int nb) { return nb == 1; });
+  if (m.graphs && decode && !m.hook)
+    m.run_graphed({rows, out_rows, which, argmax != nullptr, m.cache->step_signature(c.n_heads)});
+  else
+    m.enqueue_step(rows, out_rows, which, argmax != nullptr);
+  m.cache->commit_step();
   if (which == LogitRows::None) return;
-  const int out_rows = which == LogitRows::All ? rows : int(seqs.size());
-  // Final norm of the wanted rows into h, then lm_head.
-  if (which == LogitRows::All)
-    m.norm_stream(rows, m.final_norm);
-  else {
-    m.flush_stream(rows);
-    check(kernels::gather_rows(m.x.as<float>(), m.last_rows.as<int32_t>(), out_rows, H, m.h.as<float>(), m.stream),
-          "gather_rows");
-    check(kernels::rms_norm(m.h.as<float>(), out_rows, H, m.final_norm.as<float>(), c.rms_eps,
-                            m.gemm_input(m.h.as<float>()), m.stream),
-          "final norm");
-  }
-  m.linear(m.h.as<float>(), out_rows, m.output(), m.logits.as<float>(), /*staged=*/true);
-  check(kernels::finite_rows(m.logits.as<float>(), out_rows, V, m.finite.as<int32_t>(), m.stream), "finite_rows");
+
+  const int V = c.vocab_size;
   m.h_finite.resize(size_t(out_rows));
   check(cudaMemcpyAsync(m.h_finite.data(), m.finite.get(), size_t(out_rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                         m.stream),
         "download finite flags");
-  if (argmax) {
-    check(kernels::argmax_rows(m.logits.as<float>(), out_rows, V, m.argmax.as<int32_t>(), m.stream), "argmax_rows");
+  if (argmax)
     check(cudaMemcpyAsync(argmax, m.argmax.get(), size_t(out_rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                           m.stream),
           "download argmax");
-  }
   if (logits)
     check(cudaMemcpyAsync(logits, m.logits.get(), size_t(out_rows) * V * sizeof(float), cudaMemcpyDeviceToHost,
                           m.stream),
@@ -408,5 +416,81 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   for (int r = 0; r < out_rows; ++r)
     KVQ_CHECK(m.h_finite[size_t(r)], "non-finite logits in row {} of the step (numerical overflow in the model)", r);
 }
+
+void GpuModel::Impl::enqueue_step(int rows, int out_rows, LogitRows which, bool want_argmax) {
+  const ModelConfig& c = cfg;
+  const int H = c.hidden_size, V = c.vocab_size;
+  if (gemm == GemmPrecision::Bf16)
+    check(kernels::embed_gather_bf16(embed.w.as<uint16_t>(), ids.as<int32_t>(), rows, H, x.as<float>(), stream),
+          "embed_gather");
+  else
+    check(kernels::embed_gather_f32(embed.w.as<float>(), ids.as<int32_t>(), rows, H, x.as<float>(), stream),
+          "embed_gather");
+  pending = false;
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (hook) hook_input(l, rows);
+    attention_block(l, rows);
+    mlp_block(l, rows);
+    if (hook) {
+      flush_stream(rows);
+      hook->on_layer_output(l, hook_pos0, rows, download_act(x, rows));
+    }
+  }
+  if (which == LogitRows::None) return;
+  // Final norm of the wanted rows into h, then lm_head.
+  if (which == LogitRows::All)
+    norm_stream(rows, final_norm);
+  else {
+    flush_stream(rows);
+    check(kernels::gather_rows(x.as<float>(), last_rows.as<int32_t>(), out_rows, H, h.as<float>(), stream),
+          "gather_rows");
+    check(kernels::rms_norm(h.as<float>(), out_rows, H, final_norm.as<float>(), c.rms_eps, gemm_input(h.as<float>()),
+                            stream),
+          "final norm");
+  }
+  linear(h.as<float>(), out_rows, output(), logits.as<float>(), /*staged=*/true);
+  check(kernels::finite_rows(logits.as<float>(), out_rows, V, finite.as<int32_t>(), stream), "finite_rows");
+  if (want_argmax)
+    check(kernels::argmax_rows(logits.as<float>(), out_rows, V, argmax.as<int32_t>(), stream), "argmax_rows");
+}
+
+void GpuModel::Impl::run_graphed(const StepKey& key) {
+  if (graph.exec && graph.key == key) {
+    check(cudaGraphLaunch(graph.exec, stream), "cudaGraphLaunch");
+    ++graph_replays;
+    return;
+  }
+  // A shape seen once runs eagerly (that also loads its kernels); the second time it is captured, then replayed.
+  if (!graph.seen || !(*graph.seen == key)) {
+    graph.seen = key;
+    enqueue_step(key.rows, key.out_rows, key.which, key.argmax);
+    return;
+  }
+  graph.reset();
+  cudaGraph_t g = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  try {
+    enqueue_step(key.rows, key.out_rows, key.which, key.argmax);
+  } catch (...) {
+    cudaStreamEndCapture(stream, &g);  // leave the stream usable; the error that stopped the capture is the one thrown
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  check(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
+  const cudaError_t e = cudaGraphInstantiate(&graph.exec, g, 0);
+  cudaGraphDestroy(g);
+  check(e, "cudaGraphInstantiate");
+  graph.key = key;
+  check(cudaGraphLaunch(graph.exec, stream), "cudaGraphLaunch");
+  ++graph_replays;
+}
+
+void GpuModel::set_cuda_graphs(bool on) {
+  impl_->graphs = on;
+  impl_->graph.reset();
+  impl_->graph.seen.reset();
+}
+bool GpuModel::cuda_graphs() const { return impl_->graphs; }
+int64_t GpuModel::cuda_graph_replays() const { return impl_->graph_replays; }
 
 }  // namespace kvq::cuda

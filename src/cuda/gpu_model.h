@@ -61,6 +61,11 @@ class GpuModel final : public Runner {
   size_t weight_bytes() const override;  // device bytes of the uploaded weights
 
   GemmPrecision gemm_precision() const;
+  // Decode steps (one token per sequence, no layer hook) replay a CUDA graph of the whole step once the same shape has
+  // run twice (on by default); off launches every kernel directly. Results are identical either way.
+  void set_cuda_graphs(bool on);
+  bool cuda_graphs() const;
+  int64_t cuda_graph_replays() const;  // steps run by replaying a graph (captures included)
   GpuKvCache& cache();
 
  private:
