@@ -36,10 +36,10 @@ DeviceBuffer upload_f32(const std::vector<float>& v) {
   return b;
 }
 
-// A linear weight [out, in] in the GEMM precision. Bf16 is exact for a bf16 checkpoint (checked: the round trip of
-// every value must be exact, otherwise the upload would silently change the model).
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
+// A linear weight [out, in] in the GEMM precision. Bf16 is exact for a bf16 checkpoint (checked: the round trip of
+// every value must be exact, otherwise the upload would silently change the model).
 struct DeviceLinear {
   DeviceBuffer w;  // [out, in] row-major, bf16 bits or fp32
   int out = 0, in = 0;

@@ -57,7 +57,8 @@ __device__ __forceinline__ void store(RowsOut out, int64_t i, float v) {
   else out.f32[i] = v;
 }
 
-// out[row] = w * x[row] / sqrt(mean(x[row]^2) + eps) for the block's row (x may alias out.f32); res: x += res first.
+// out[row] = w * x[row] / sqrt(mean(x[row]^2) + eps) for the block's row; res: x += res first. out.f32 may alias x or
+// res: a thread writes out[c] only for the c it read before the block's sum.
 __global__ void rms_norm_kernel(float* x, const float* res, int dim, const float* w, float eps, RowsOut out) {
   const int64_t base = int64_t(blockIdx.x) * dim;
   float* xr = x + base;

@@ -21,8 +21,8 @@ struct RowsOut {
 // out[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows (out may alias x). One block per row.
 int rms_norm(const float* x, int rows, int dim, const float* w, float eps, RowsOut out, void* stream);
 
-// x[r, :] += y[r, :], then out[r, :] = rms_norm(x[r, :]) as above: the residual add that ends a block fused with the
-// norm that starts the next.
+// x[r, :] += y[r, :], then out[r, :] = rms_norm(x[r, :]) as above (out may alias y): the residual add that ends a
+// block fused with the norm that starts the next.
 int residual_rms_norm(float* x, const float* y, int rows, int dim, const float* w, float eps, RowsOut out,
                       void* stream);
 
