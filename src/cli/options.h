@@ -36,7 +36,8 @@ struct CacheOptions {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
-// --device, --gpu-gemm and --cuda-graphs, for the commands that run through a Runner (run, ppl, bench decode, eval, referee).
+// --device, --gpu-gemm and --cuda-graphs, for the commands that run through a Runner (run, ppl, bench decode, eval,
+// referee).
 void add_device_options(CLI::App* cmd, ModelOptions& o);
 
 // What a command will run, validated before any weights are read: config.json, the context length (ctx_request,
