@@ -5,7 +5,7 @@
 //      ranges of split_tokens positions; each position is a sink row, a quantized row or a recent row (view_row);
 //      each K / V row is read ONCE for the whole GQA group (g query heads). Online softmax; writes the split's
 //      unnormalised partial (m, l, acc) per head. The tensor-core kernel (decode_attention_mma.cu) takes the
-//      caches it supports (int2 of one group, bf16), with the windows in one more slot of the same launch; this
+//      caches it supports (int2 of one group, bf16), with the windows in n_win more slots of the same launch; this
 //      CUDA-core kernel the others (int4, int8, KIVI). The reference twin (decode_attention_ref.cu) has this
 //      kernel's grid and output and replaces it when asked.
 //   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T.
@@ -253,7 +253,7 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
   if (e != cudaSuccess) return e;
   if (reference) {
     e = launch_attention_ref(g, a, stream);
-  } else if (mma) {  // the quantized region's splits and, in one more slot, the windows, on tensor cores
+  } else if (mma) {  // the quantized region's splits and, in n_win more slots, the windows, on tensor cores
     e = launch_attention_mma(g, a, stream);
   } else {
     cuda_core_kernel(a.n_heads / g.n_kv)<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)),
