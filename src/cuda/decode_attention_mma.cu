@@ -25,6 +25,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cuda/cache_device.cuh"
 
 namespace kvq::cuda {
@@ -69,6 +71,15 @@ __device__ __forceinline__ float round16(float x) {
 __device__ __forceinline__ uint32_t codes_sub2(uint32_t w, int k) { return w & (0x00030003u << (2 * k)); }
 constexpr float kTwo24 = 16777216.f;  // 2^24: undoes the subnormal exponent of codes_sub2
 constexpr float kPHalf = 0.5f;        // int2 values take P' / 2 (see attend_tile)
+constexpr float kLog2e = 1.4426950409f;  // scores are kept in base 2: s·log2(e), so p = 2^(s - m)
+constexpr float kLn2 = 0.6931471806f;    // m back to base e for the merge
+
+// 2^x in one MUFU.EX2; results below 2^-126 flush to zero, which p = 2^(s - m) <= 2 never needs.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // The 8x8 16-bit matrix whose row gid, columns 2tid and 2tid + 1 this lane holds (low half first), transposed: the
 // lane then holds its column gid, rows 2tid and 2tid + 1.
@@ -180,7 +191,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   // in the dim order of the key A fragments: bf16 keys take dims 16kc + those slots; int2 keys take k-step
   // kc = 4wi + k from code word tid + 4wi of each row (values 8k .. 8k + 7 of units 2wi, 2wi + 1), slots 2tid, 2tid+1,
   // 2tid+8, 2tid+9 = the field-k codes of its bytes 0, 2, 1, 3 (a score is a sum over all d, in any order), and
-  // q·4^-k to cancel the field's 4^k (exact: a power of two).
+  // q·4^-k to cancel the field's 4^k (exact: a power of two). Scores are kept in base 2: q carries log2(e).
   // The windows are the cache's exact part: there q and P' also carry their bf16 rounding error as a second bf16 term
   // (hi + lo, 16 significant bits; one more mma each), as close to f32 as the CUDA-core path they replace.
   const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * kD;
@@ -195,7 +206,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       const int base = 16 * kc + 2 * tid;
       d[0] = base, d[1] = base + 1, d[2] = base + 8, d[3] = base + 9;
     }
-    const float field = KQ ? 1.f / float(1 << (2 * (kc % 4))) : 1.f;
+    const float field = (KQ ? 1.f / float(1 << (2 * (kc % 4))) : 1.f) * kLog2e;
     float v[4] = {0.f, 0.f, 0.f, 0.f};
     if (gid < g)
 #pragma unroll
@@ -207,13 +218,13 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       qlo[kc][1] = pack2<false>(v[2] - round16<false>(v[2]), v[3] - round16<false>(v[3]));
     }
   }
-  float qpart = 0.f;  // Σ of this lane's rounded q values of head gid (dims 16kc + {2tid, 2tid+1, 2tid+8, 2tid+9})
+  float qpart = 0.f;  // Σ of this lane's rounded q·log2(e) of head gid (dims 16kc + {2tid, 2tid+1, 2tid+8, 2tid+9})
 #pragma unroll
   for (int kc = 0; kc < kD / 16; ++kc) {
     float v[4] = {0.f, 0.f, 0.f, 0.f};
     if (gid < g) {
       const float* qh = q + int64_t(gid) * kD + 16 * kc + 2 * tid;
-      v[0] = qh[0], v[1] = qh[1], v[2] = qh[8], v[3] = qh[9];
+      v[0] = qh[0] * kLog2e, v[1] = qh[1] * kLog2e, v[2] = qh[8] * kLog2e, v[3] = qh[9] * kLog2e;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) qpart += round16<KQ>(v[i]);
@@ -235,9 +246,11 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   for (int mt = 0; mt < kD / 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
   // One tile of 16 positions, nvalid >= 1 of them in range: int2 rows from the words w (KQ / VQ), bf16 rows r = 0 .. 15
-  // at krow(r) / vrow(r) (const uint16_t*) otherwise.
-  auto attend_tile = [&](int nvalid, const TileWords& w, auto krow, auto vrow) {
-    const bool partial = nvalid < kTile;  // the last tile of a range: rows >= nvalid are masked
+  // at krow(r) / vrow(r) (const uint16_t*) otherwise. Partial (std::true_type: the last tile of a range, rows >= nvalid
+  // masked) or full (std::false_type: nvalid = 16) is a compile-time choice, so full tiles carry no masking code.
+  auto attend_tile = [&](auto partial_tag, int nvalid, const TileWords& w, auto krow, auto vrow) {
+    constexpr bool partial = decltype(partial_tag)::value;
+    [[maybe_unused]] const int nv = partial ? nvalid : kTile;  // rows in range
 
     // ---- scores of positions p0 + gid (c[0], c[1]) and p0 + gid + 8 (c[2], c[3]) for heads 2tid, 2tid + 1
     float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -262,7 +275,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       s[3] = sb * kTwo24 * (s[3] - zb * qsum[1]);
     } else {
       // bf16 rows: clamped to the last valid one (window rows past it may not exist)
-      const uint16_t *rowa = krow(min(gid, nvalid - 1)), *rowb = krow(min(gid + 8, nvalid - 1));
+      const uint16_t *rowa = krow(min(gid, nv - 1)), *rowb = krow(min(gid + 8, nv - 1));
 #pragma unroll
       for (int kc = 0; kc < kD / 16; ++kc) {
         const int c = 16 * kc + 2 * tid;
@@ -273,22 +286,22 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
         if constexpr (WIN) mma_bf16(s, af, qlo[kc]);
       }
     }
-    if (partial) {
-      if (gid >= nvalid) s[0] = s[1] = -INFINITY;
-      if (gid + 8 >= nvalid) s[2] = s[3] = -INFINITY;
+    if constexpr (partial) {
+      if (gid >= nv) s[0] = s[1] = -INFINITY;
+      if (gid + 8 >= nv) s[2] = s[3] = -INFINITY;
     }
 
-    // ---- online softmax per head with a lazily raised max: m moves only when a score exceeds it by more than
-    // kLazyMax, so p = exp(s - m) <= 2 and most tiles skip the max reduction and the rescale. The result is the same
-    // softmax (any m works in exact arithmetic). Position 0 of a tile is always valid, so the first tile raises m from
-    // -inf to a finite value.
-    constexpr float kLazyMax = 0.6931472f;  // ln 2
+    // ---- online softmax per head (base 2) with a lazily raised max: m moves only when a score exceeds it by more
+    // than kLazyMax, so p = 2^(s - m) <= 2 and most tiles skip the max reduction and the rescale. The result is the
+    // same softmax (any m works in exact arithmetic). Position 0 of a tile is always valid, so the first tile raises m
+    // from -inf to a finite value.
+    constexpr float kLazyMax = 1.f;  // log2(2)
     const bool raise = fmaxf(s[0], s[2]) > m[0] + kLazyMax || fmaxf(s[1], s[3]) > m[1] + kLazyMax;
     if (__any_sync(0xffffffffu, raise)) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float m_new = fmaxf(m[j], col_max(fmaxf(s[j], s[2 + j])));
-        const float corr = __expf(m[j] - m_new);
+        const float corr = exp2_ftz(m[j] - m_new);
         m[j] = m_new, l[j] *= corr, zsum[j] *= corr;
 #pragma unroll
         for (int mt = 0; mt < kD / 16; ++mt) acc[mt][j] *= corr, acc[mt][2 + j] *= corr;
@@ -297,8 +310,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     float pw[4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      pw[j] = __expf(s[j] - m[j]);
-      pw[2 + j] = __expf(s[2 + j] - m[j]);
+      pw[j] = exp2_ftz(s[j] - m[j]);
+      pw[2 + j] = exp2_ftz(s[2 + j] - m[j]);
       l[j] += pw[j] + pw[2 + j];
     }
 
@@ -307,20 +320,27 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid
     [[maybe_unused]] uint32_t pb_lo[2] = {};  // windows: the rounding error of pb_frag
     {
-      float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
+      [[maybe_unused]] float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
       if constexpr (VQ) {
         wa = kPHalf * params_scale(w.vp[0]), za = params_zero(w.vp[0]);
         wb = kPHalf * params_scale(w.vp[1]), zb = params_zero(w.vp[1]);
-        if (partial) {  // rows past the range: p = 0, and their unwritten (scale, zero) must not make it NaN
-          if (gid >= nvalid) wa = za = 0.f;
-          if (gid + 8 >= nvalid) wb = zb = 0.f;
+        if constexpr (partial) {  // rows past the range: p = 0, and their unwritten (scale, zero) must not make it NaN
+          if (gid >= nv) wa = za = 0.f;
+          if (gid + 8 >= nv) wb = zb = 0.f;
         }
       }
-      float x[4];  // P' of (gid, 2tid), (gid, 2tid + 1), (gid + 8, 2tid), (gid + 8, 2tid + 1), rounded
+      // P' of (gid, 2tid), (gid, 2tid + 1), (gid + 8, 2tid), (gid + 8, 2tid + 1). The mma takes it rounded to f16;
+      // the zero term takes it unrounded (the difference, 2^-12 of P' · zero, is below the f16 rounding of P' that
+      // the code term already carries). bf16 rows: rounded here, as the windows' lo term is the rest.
+      float x[4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        x[j] = round16<VQ>(pw[j] * wa), x[2 + j] = round16<VQ>(pw[2 + j] * wb);
-        zsum[j] += x[j] * za + x[2 + j] * zb;
+        if constexpr (VQ) {
+          x[j] = pw[j] * wa, x[2 + j] = pw[2 + j] * wb;
+          zsum[j] += x[j] * za + x[2 + j] * zb;
+        } else {
+          x[j] = round16<false>(pw[j]), x[2 + j] = round16<false>(pw[2 + j]);
+        }
       }
       // the C fragment's rows 0-7 and 8-15 ([position][head]) transposed into the B fragment ([head][position])
       pb_frag[0] = transpose8x8(pack2<VQ>(x[0], x[1]));
@@ -350,8 +370,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
           mma_f16(acc[2 * k + h], af, pb_frag);
         }
     } else {
-      const int r0 = min(2 * tid, nvalid - 1), r1 = min(2 * tid + 1, nvalid - 1);
-      const int r8 = min(2 * tid + 8, nvalid - 1), r9 = min(2 * tid + 9, nvalid - 1);
+      const int r0 = min(2 * tid, nv - 1), r1 = min(2 * tid + 1, nv - 1);
+      const int r8 = min(2 * tid + 8, nv - 1), r9 = min(2 * tid + 9, nv - 1);
       const uint16_t *v0 = vrow(r0) + gid, *v1 = vrow(r1) + gid, *v8 = vrow(r8) + gid, *v9 = vrow(r9) + gid;
 #pragma unroll
       for (int mt = 0; mt < kD / 16; ++mt) {
@@ -376,7 +396,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
                         : dev::ring_row(geo, rd.seq, a.layer, kv, head, rb + i - ns);
         };
       };
-      attend_tile(min(kTile, n - i0), TileWords{}, rows(0), rows(1));
+      if (n - i0 >= kTile) attend_tile(std::false_type{}, kTile, TileWords{}, rows(0), rows(1));
+      else attend_tile(std::true_type{}, n - i0, TileWords{}, rows(0), rows(1));
     }
   } else {
     // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
@@ -407,15 +428,20 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       at1 = p0 + kStride < hi ? TileAt{table[qi], qj} : at0;
       advance(qi, qj);
     }
+    // Unrolled by 2 for int2 values (the copies of cur / at0 / at1 become register renaming); the other instances
+    // would exceed 128 registers (nvcc 13: 132 and 136) and lose a block per SM.
+    constexpr int kUnroll = VQ ? 2 : 1;
+#pragma unroll kUnroll
     for (; p0 < hi; p0 += kStride) {
       const TileWords nxt = load_tile<KQ, VQ>(kbase(at1), vbase(at1), lanes);
       const TileAt at2 = p0 + 2 * kStride < hi ? TileAt{table[qi], qj} : at1;  // the tile after it
       advance(qi, qj);
 
       const uint8_t *kb = kbase(at0), *vb = vbase(at0);
-      attend_tile(min(kTile, hi - p0), cur,
-                  [&](int r) { return reinterpret_cast<const uint16_t*>(kb + r * kBf16Row); },
-                  [&](int r) { return reinterpret_cast<const uint16_t*>(vb + r * kBf16Row); });
+      auto krow = [&](int r) { return reinterpret_cast<const uint16_t*>(kb + r * kBf16Row); };
+      auto vrow = [&](int r) { return reinterpret_cast<const uint16_t*>(vb + r * kBf16Row); };
+      if (hi - p0 >= kTile) attend_tile(std::false_type{}, kTile, cur, krow, vrow);
+      else attend_tile(std::true_type{}, hi - p0, cur, krow, vrow);
       cur = nxt, at0 = at1, at1 = at2;
     }
   }
@@ -427,7 +453,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   for (int j = 0; j < 2; ++j) {
     const int h = 2 * tid + j;
     if (h >= g) continue;
-    if (gid == 0) sh.m[warp][h] = m[j], sh.l[warp][h] = l[j];
+    if (gid == 0) sh.m[warp][h] = m[j] * kLn2, sh.l[warp][h] = l[j];  // m in base e for the merge
 #pragma unroll
     for (int mt = 0; mt < kD / 16; ++mt) {
       const int d0 = VQ ? int2_value_dim(mt, gid) : 16 * mt + gid, d1 = VQ ? d0 + 1 : d0 + 8;  // rows gid, gid + 8
