@@ -115,6 +115,18 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_EQ(int2["passkey"]["256"]["trials"], 2);
   EXPECT_EQ(int2["passkey"]["256"]["by_depth"].size(), 2u);
 
+  // the unseen-domain pool: calibrated on calib.txt, so the one eval domain (python) is unseen and the pool is its
+  // own column; the paired table still holds int2+quarot against int2 and each INT2 run against bf16
+  const json& u = j["unseen"];
+  EXPECT_EQ(u["domains"], json({"python"}));
+  EXPECT_EQ(u["redundant_with"], "python");
+  EXPECT_NEAR(u["ppl"]["256"][1]["ppl"].get<double>(), int2["ppl"]["256"]["python"]["ppl"].get<double>(), 1e-9);
+  ASSERT_EQ(u["paired"]["256"].size(), 3u);
+  EXPECT_EQ(u["paired"]["256"][1]["method"], "int2+quarot");
+  EXPECT_EQ(u["paired"]["256"][1]["base"], "int2");
+  EXPECT_NE(slurp(d.out / "report.md").find("| int2+quarot | int2 | 0/0 |"), std::string::npos);
+  EXPECT_NE(slurp(d.out / "report.html").find("<table id=\"unseen-paired-256\">"), std::string::npos);
+
   // report.html: self-contained, one labelled point per run in each of the two scatter charts, 3 runs × 1 ctx ×
   // 2 depths heat-map cells, one curve per quantized run and layer metric (BF16 has zero error: not drawn)
   const std::string html = slurp(d.out / "report.html");

@@ -26,13 +26,6 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// FNV-1a of a tag such as "kl/2048/linux", for per-stream bootstrap seeds.
-uint64_t tag_hash(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 // Wall-clock ETA over weighted work units (forwarded tokens).
 class EtaClock {
  public:

@@ -21,6 +21,7 @@
 #include "common/version.h"
 #include "eval/evaluator.h"
 #include "eval/perplexity.h"
+#include "eval/referee_pooled.h"
 #include "model/safetensors.h"
 #include "rotation/rotation_file.h"
 
@@ -712,6 +713,7 @@ RefereeResult Referee::run() {
       "stated context (METHODS §6).",
       "The leakage row calibrates optr(oscar) on an eval file itself (the evaluated domain with the most text) to "
       "show how much same-text calibration flatters a method."};
+  j["unseen"] = referee_unseen_json(j);  // pooled over the eval domains other than the calibration one
   j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const std::vector<std::string> problems = referee_schema_errors(j);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "eval/referee.h"
+#include "eval/referee_pooled.h"
 #include "eval/referee_view.h"
 
 namespace kvq {
@@ -175,6 +176,11 @@ std::vector<std::string> referee_schema_errors(const json& j) {
     for (const char* k : {"runs_total", "runs_executed", "runs_resumed", "calibrations_run", "calibrations_reused"})
       s.integer(j["counters"], w + ".counters", k);
   s.array(j, w, "notes");
+  if (j.contains("unseen") && !j["unseen"].is_null() && s.object(j, w, "unseen")) {  // optional: older results lack it
+    s.array(j["unseen"], w + ".unseen", "domains");
+    s.object(j["unseen"], w + ".unseen", "ppl");
+    s.object(j["unseen"], w + ".unseen", "paired");
+  }
   if (s.array(j, w, "runs")) {
     if (j["runs"].empty()) s.errors.push_back(w + ".runs: empty");
     for (size_t i = 0; i < j["runs"].size(); ++i)
@@ -299,6 +305,8 @@ std::string referee_markdown(const json& j) {
                        p["trials"].get<int>());
     }
   }
+
+  s += referee_unseen_markdown(j);
 
   s += "\n## Leakage: same-text calibration versus disjoint calibration\n\n";
   const json& lk = j["leakage"];

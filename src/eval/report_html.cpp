@@ -34,6 +34,50 @@ std::string esc(const std::string& s) {
   return o;
 }
 
+// The unseen-domain section (results.json "unseen", see eval/referee_pooled.h): pooled ppl per run and the paired
+// ratios against each run's bases, one table each per ctx.
+std::string unseen_html(const json& j) {
+  if (!j.contains("unseen") || j["unseen"].is_null()) return "";
+  const json& u = j["unseen"];
+  std::string doms;
+  for (const json& d : u["domains"]) doms += (doms.empty() ? "" : ", ") + d.get<std::string>();
+  std::string h;
+  for (const json& x : j["config"]["ctx"]) {
+    const std::string cs = std::to_string(x.get<int>());
+    if (!u["ppl"].contains(cs) || !u["paired"].contains(cs)) continue;
+    h += fmt::format("<h2>Unseen domains pooled at ctx {}: {} (calibration domain {} left out)</h2>\n", cs, esc(doms),
+                     esc(u["calibration_domain"].get<std::string>()));
+    if (u["redundant_with"].is_null()) {
+      h += fmt::format("<table id=\"unseen-ppl-{}\">\n<tr><th>method</th><th>windows</th><th>ppl unseen</th>"
+                       "<th>95% CI</th><th>vs bf16</th></tr>\n", cs);
+      for (const json& r : u["ppl"][cs])
+        h += fmt::format("<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{:.4f}</td><td>[{:.4f}, {:.4f}]</td><td>{}</td>"
+                         "</tr>\n", esc(r["key"].get<std::string>()), esc(r["method"].get<std::string>()),
+                         esc(r["windows"].get<std::string>()), r["ppl"].get<double>(), r["ci95"][0].get<double>(),
+                         r["ci95"][1].get<double>(),
+                         r["increase_pct"].is_null() ? "-" : fmt::format("{:+.3f}%", r["increase_pct"].get<double>()));
+      h += "</table>\n";
+    } else {
+      h += fmt::format("<p>The pooled ppl of these domains is the '{}' column of the perplexity tables.</p>\n",
+                       esc(u["redundant_with"].get<std::string>()));
+    }
+    if (u["paired"][cs].empty()) continue;
+    h += fmt::format("<p>ppl ratio vs base, unseen domains pooled, paired bootstrap 95% CI over windows (paired by "
+                     "domain and window index); below 1 means the method beats its base.</p>\n"
+                     "<table id=\"unseen-paired-{}\">\n<tr><th>method</th><th>base</th><th>windows</th>"
+                     "<th>ppl ratio</th><th>95% CI</th><th>change</th><th>change 95% CI</th></tr>\n", cs);
+    for (const json& p : u["paired"][cs])
+      h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.5f}</td><td>[{:.5f}, {:.5f}]</td><td>{:+.3f}%</td>"
+                       "<td>[{:+.3f}%, {:+.3f}%]</td></tr>\n", esc(p["method"].get<std::string>()),
+                       esc(p["base"].get<std::string>()), esc(p["windows"].get<std::string>()),
+                       p["ratio"].get<double>(), p["ci95"][0].get<double>(), p["ci95"][1].get<double>(),
+                       p["change_pct"].get<double>(), p["change_pct_ci95"][0].get<double>(),
+                       p["change_pct_ci95"][1].get<double>());
+    h += "</table>\n";
+  }
+  return h;
+}
+
 struct Point {
   double x = 0, y = 0;
   std::string label, key, method, windows, color;
@@ -334,6 +378,8 @@ std::string referee_html(const json& j) {
       h += lines_svg(id, fmt::format("{} (windows {})", what, w), "relative error", series);
     }
   h += "<p>BF16 has zero error against itself and is not drawn.</p>\n";
+
+  h += unseen_html(j);
 
   // Leakage and notes
   const json& lk = j["leakage"];

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace kvq {
 
@@ -35,6 +36,13 @@ class EvalRng {
 inline uint64_t mix_seed(uint64_t seed, uint64_t tag) {
   EvalRng r(seed ^ (tag * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull));
   return r.next();
+}
+
+// FNV-1a of a tag such as "kl/2048/linux", for per-stream bootstrap seeds (mix_seed(seed, tag_hash(tag))).
+inline uint64_t tag_hash(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
 }
 
 }  // namespace kvq
