@@ -6,6 +6,7 @@
 #   KVQ_DEVICE=cuda scripts/referee_parallel.sh OUT THREADS_PER_PROCESS "int8,int4" "int2,kivi2" leakage ... \
 #     [-- FLAGS...]      (FLAGS go to every process, e.g. -- --clip-grid 0.88,0.92,0.96,1)
 # Then one more scripts/referee_full.sh OUT (every run resumed) writes results.json and the reports.
+# REFEREE_SCRIPT=scripts/referee_allwin.sh runs that plan instead of referee_full.sh's.
 set -uo pipefail
 OUT=${1:?usage: referee_parallel.sh OUT THREADS GROUP...}
 THREADS=${2:?threads per process}
@@ -22,7 +23,7 @@ for group in "${groups[@]}"; do
     args=(--methods "$group" --no-leakage)
   fi
   log="$OUT/logs/$(echo "$group" | tr -c 'a-zA-Z0-9\n' '_').log"
-  "$(dirname "$0")/referee_full.sh" "$OUT" -t "$THREADS" "${args[@]}" "$@" > "$log" 2>&1 &
+  "${REFEREE_SCRIPT:-$(dirname "$0")/referee_full.sh}" "$OUT" -t "$THREADS" "${args[@]}" "$@" > "$log" 2>&1 &
   pids+=($!)
 done
 rc=0
