@@ -61,8 +61,8 @@ std::string natural_base(const nlohmann::json& method);
 // results.json "unseen" from the other keys of results (calibration_data.file, eval_data, config.ctx,
 // config.bootstrap, seeds.seed, runs): null when no eval domain is unseen, else
 //   {calibration_domain, domains, redundant_with (the existing ppl column the pool equals: "all" when every domain is
-//    unseen, the domain when only one is; else null), windows, tokens, bootstrap, seed,
-//    ppl: {ctx: [{key, method, windows, ppl, ci95, ppl_bf16, increase_pct} per non-leakage run]},
+//    unseen, the domain when only one is; else null), bootstrap, seed,
+//    ppl: {ctx: [{key, method, windows, n_windows, tokens, ppl, ci95, ppl_bf16, increase_pct} per non-leakage run]},
 //    paired: {ctx: [{key, method, base_key, base, windows, ratio, ci95, change_pct, change_pct_ci95}]}}.
 // Paired rows: every non-bf16, non-leakage run against its natural_base at the same windows, then against bf16, where
 // that run exists. kvq::Error when runs scored different windows.
