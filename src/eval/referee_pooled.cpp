@@ -26,10 +26,6 @@ double pct(double ratio) { return 100 * (ratio - 1); }
 
 std::string str(const json& j, const char* key) { return j.value(key, std::string()); }
 
-bool is_leak(const json& run) { return run.value("leakage", false); }
-
-std::string windows_label(const json& run) { return run["windows"]["label"].get<std::string>(); }
-
 }  // namespace
 
 double PooledWindows::total_nll() const { return std::accumulate(nll.begin(), nll.end(), 0.0); }
@@ -126,19 +122,19 @@ json referee_unseen_json(const json& j) {
 
   std::vector<const json*> runs;  // the leakage row was calibrated on an eval file: its seen domain differs
   for (const json& r : j["runs"])
-    if (!is_leak(r)) runs.push_back(&r);
+    if (!run_is_leak(r)) runs.push_back(&r);
   // Index in runs of method `label` at window setting `windows` (bf16 at any), or -1.
   const auto find = [&](const std::string& label, const std::string& windows) -> int {
     for (size_t i = 0; i < runs.size(); ++i)
-      if ((*runs[i])["method"]["label"] == label && (label == "bf16" || windows_label(*runs[i]) == windows))
+      if ((*runs[i])["method"]["label"] == label && (label == "bf16" || run_windows(*runs[i]) == windows))
         return int(i);
     return -1;
   };
   std::vector<std::string> settings;  // window settings in order of first appearance ("any" is bf16's)
   for (const json* r : runs)
-    if (windows_label(*r) != "any" &&
-        std::find(settings.begin(), settings.end(), windows_label(*r)) == settings.end())
-      settings.push_back(windows_label(*r));
+    if (run_windows(*r) != "any" &&
+        std::find(settings.begin(), settings.end(), run_windows(*r)) == settings.end())
+      settings.push_back(run_windows(*r));
 
   const int bf16 = find("bf16", "");
   for (const json& x : j["config"]["ctx"]) {
@@ -154,7 +150,7 @@ json referee_unseen_json(const json& j) {
       const Interval p = pooled_ppl(pooled[i], resamples, mix_seed(seed, tag_hash("unseen/ppl/" + cs + "/" + key)));
       rows.push_back({{"key", key},
                       {"method", run_label(r)},
-                      {"windows", windows_label(r)},
+                      {"windows", run_windows(r)},
                       {"n_windows", pooled[i].nll.size()},
                       {"tokens", int64_t(std::llround(pooled[i].total_tokens()))},
                       {"ppl", p.estimate},
@@ -168,7 +164,7 @@ json referee_unseen_json(const json& j) {
     for (const std::string& w : settings)
       for (size_t i = 0; i < runs.size(); ++i) {
         const json& r = *runs[i];
-        if (windows_label(r) != w) continue;
+        if (run_windows(r) != w) continue;
         for (const std::string& base : {natural_base(r["method"]), std::string("bf16")}) {
           const int b = base.empty() ? -1 : find(base, w);
           if (b < 0) continue;

@@ -7,11 +7,17 @@
 
 namespace kvq {
 
+// True for the leakage row (calibrated on an eval file itself).
+inline bool run_is_leak(const nlohmann::json& run) { return run.value("leakage", false); }
+
 // "optr(oscar)", or "optr(oscar) [leak]" for the same-text calibration row.
 inline std::string run_label(const nlohmann::json& run) {
   std::string s = run["method"]["label"].get<std::string>();
-  return run.value("leakage", false) ? s + " [leak]" : s;
+  return run_is_leak(run) ? s + " [leak]" : s;
 }
+
+// The run's sink/recent window setting: "64/256", "0/0", or "any" for bf16.
+inline std::string run_windows(const nlohmann::json& run) { return run["windows"]["label"].get<std::string>(); }
 
 // Effective bits per cached element at context ctx (a decimal string key of cache.footprint).
 inline double run_bits(const nlohmann::json& run, const std::string& ctx) {
