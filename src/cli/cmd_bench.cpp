@@ -29,6 +29,7 @@ struct BenchDecodeOptions {
   CacheOptions cache;
   std::vector<int> ctx = {512};  // contexts to prefill before decoding, one run each
   int n_decode = 32;             // timed decode steps
+  int warmup = 4;                // untimed decode steps before them (the first steps of a shape capture its CUDA graph)
   int seqs = 1;                  // concurrent sequences, one token each per decode step
   double kv_budget_gib = 8;      // KV memory budget for the "sequences that fit" figure
   bool beyond_trained_ctx = false;  // allow ctx past max_position_embeddings (throughput only)
@@ -39,11 +40,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// One context: prefill o.seqs sequences of random ids to ctx tokens (no logits), then o.n_decode batched greedy
-// decode steps (each sequence feeds back its own argmax).
+// One context: prefill o.seqs sequences of random ids to ctx tokens (no logits), then o.warmup untimed and o.n_decode
+// timed batched greedy decode steps (each sequence feeds back its own argmax).
 void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int ctx) {
   const ModelConfig& c = m.config();
-  auto runner = make_runner(m, o.model, p, ctx + o.n_decode, o.seqs);
+  auto runner = make_runner(m, o.model, p, ctx + o.warmup + o.n_decode, o.seqs);
   Runner& r = *runner;
   log_runner(r, "bench:");
   std::mt19937 rng(1234);
@@ -62,8 +63,10 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
   const double prefill_s = seconds_since(t0);
   std::vector<int32_t> next(size_t(o.seqs), 1);
   const std::vector<int> ones(size_t(o.seqs), 1);
+  auto step = [&] { r.forward(seqs, ones, next.data(), LogitRows::Last, nullptr, next.data()); };
+  for (int i = 0; i < o.warmup; ++i) step();
   t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.n_decode; ++i) r.forward(seqs, ones, next.data(), LogitRows::Last, nullptr, next.data());
+  for (int i = 0; i < o.n_decode; ++i) step();
   r.synchronize();
   const double decode_s = seconds_since(t0);
 
@@ -79,7 +82,7 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
   const double step_bytes = double(r.weight_bytes()) + seq_bytes * o.seqs;
   const double gbps = step_bytes / (ms_step * 1e-3) / 1e9;
   if (o.json) {
-    nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode},
+    nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode}, {"warmup", o.warmup},
                         {"threads", m.pool().size()}, {"cache", r.cache_config().describe()},
                         {"kv_bits_effective", f.bits_per_element}, {"load_seconds", m.load_seconds()},
                         {"prefill_tokens_per_second", prefill_tps}, {"decode_tokens_per_second", decode_tps},
@@ -92,11 +95,11 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
                         {"step_read_gbps", gbps}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d at ctx %d: %.1f tok/s "
-                "(%.2f ms/step, ~%.1f MB read/step, %.1f GB/s) | KV %.1f MiB (%.0f B/token), %ld sequences fit in "
-                "%.1f GiB | %s | %s\n",
-                m.load_seconds(), o.seqs, ctx, prefill_tps, o.n_decode, o.seqs, ctx, decode_tps, ms_step, step_bytes / 1e6,
-                gbps, kv_mib,
+    std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d at ctx %d (after %d "
+                "untimed): %.1f tok/s (%.3f ms/step, ~%.1f MB read/step, %.1f GB/s) | KV %.1f MiB (%.0f B/token), %ld "
+                "sequences fit in %.1f GiB | %s | %s\n",
+                m.load_seconds(), o.seqs, ctx, prefill_tps, o.n_decode, o.seqs, ctx, o.warmup, decode_tps, ms_step,
+                step_bytes / 1e6, gbps, kv_mib,
                 f.bytes_per_token_per_layer * c.n_layers, fit, o.kv_budget_gib, r.describe().c_str(),
                 r.cache_config().describe().c_str());
   }
@@ -107,10 +110,11 @@ void bench_decode(const BenchDecodeOptions& o) {
   for (int ctx : o.ctx) KVQ_CHECK(ctx >= 1, "--ctx-size {} must be >= 1", ctx);
   KVQ_CHECK(o.kv_budget_gib > 0, "--kv-budget-gib {} must be positive", o.kv_budget_gib);
   const int max_ctx = *std::max_element(o.ctx.begin(), o.ctx.end());
-  const Plan p = plan(o.model, o.cache, max_ctx + o.n_decode, o.beyond_trained_ctx);
-  if (max_ctx + o.n_decode > p.model.max_ctx)
+  const int steps = o.warmup + o.n_decode;
+  const Plan p = plan(o.model, o.cache, max_ctx + steps, o.beyond_trained_ctx);
+  if (max_ctx + steps > p.model.max_ctx)
     fmt::print(stderr, "kvq: bench: context {} is past the model's trained {} tokens (--beyond-trained-ctx): timing only\n",
-               max_ctx + o.n_decode, p.model.max_ctx);
+               max_ctx + steps, p.model.max_ctx);
   auto model = load_model(o.model, p);
   for (int ctx : o.ctx) bench_decode_one(o, *model, p, ctx);
 }
@@ -337,7 +341,9 @@ void add_bench(CLI::App& app) {
   add_device_options(dec, o->model);
   dec->add_option("-c,--ctx-size,--ctx", o->ctx, "tokens to prefill before decoding (a comma-separated list: one "
                   "run per context)")->delimiter(',');
-  dec->add_option("-n,--n-decode", o->n_decode, "decode steps")->check(CLI::Range(1, 1 << 20));
+  dec->add_option("-n,--n-decode", o->n_decode, "timed decode steps")->check(CLI::Range(1, 1 << 20));
+  dec->add_option("--warmup", o->warmup, "untimed decode steps before the timed ones (the first steps of a shape run "
+                  "eagerly and capture its CUDA graph)")->check(CLI::Range(0, 1 << 20));
   dec->add_option("--seqs", o->seqs, "concurrent sequences (one token each per decode step)")
       ->check(CLI::Range(1, 1 << 16));
   dec->add_option("--kv-budget-gib", o->kv_budget_gib, "KV memory budget for the sequences-that-fit figure");
