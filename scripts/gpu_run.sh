@@ -21,15 +21,15 @@ $K bench attention --device cuda -ctk int2 -ctv int2 | tee "$OUT/bench_attention
 $K bench attention --device cuda -ctk int2 -ctv int2 --json > "$OUT/bench_attention_int2.json"
 python3 scripts/bench_sdpa.py --json "$OUT/sdpa.json" | tee "$OUT/sdpa.txt"
 for c in bf16 int2; do
-  $K bench decode -m models/ref --device cuda -c 8000 -n 64 --seqs 64 -ctk $c -ctv $c --json
+  $K bench decode -m models/ref --device cuda -c 8000 -n 128 --seqs 64 -ctk $c -ctv $c --json
   for s in 16 32; do
-    $K bench decode -m models/ref --device cuda -c 32768 -n 64 --seqs $s --beyond-trained-ctx -ctk $c -ctv $c --json
+    $K bench decode -m models/ref --device cuda -c 32768 -n 128 --seqs $s --beyond-trained-ctx -ctk $c -ctv $c --json
   done
-  $K bench decode -m models/ref --device cuda -c 512 -n 64 --seqs 16 -ctk $c -ctv $c --json
+  $K bench decode -m models/ref --device cuda -c 512 -n 128 --seqs 16 -ctk $c -ctv $c --json
 done > "$OUT/bench_decode.jsonl"
 # CUDA graphs against direct launches (int2, same run)
 for g in on off; do
-  $K bench decode -m models/ref --device cuda -c 512 -n 64 --seqs 16 -ctk int2 -ctv int2 --cuda-graphs $g --json
+  $K bench decode -m models/ref --device cuda -c 512 -n 128 --seqs 16 -ctk int2 -ctv int2 --cuda-graphs $g --json
 done > "$OUT/bench_decode_graphs.jsonl"
 for c in bf16 int2; do
   for dev in cuda cpu; do
