@@ -75,6 +75,7 @@ expect_error "run: unknown device" run -m $M -p hi -n 1 --device tpu
 expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt --device cuda --gpu-gemm fp16
 expect_error "bench decode: a bad --cuda-graphs value" bench decode -m $M -c 64 --device cuda --cuda-graphs maybe
 expect_error "bench decode: a negative --warmup" bench decode -m $M -c 64 --warmup -1
+expect_error "bench decode: context + warm-up + timed steps past the model's" bench decode -m $M -c 8190 -n 2 --warmup 1
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).
 expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk f32 -ctv f32
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line
