@@ -34,6 +34,7 @@ struct BenchDecodeOptions {
   double kv_budget_gib = 8;      // KV memory budget for the "sequences that fit" figure
   bool beyond_trained_ctx = false;  // allow ctx past max_position_embeddings (throughput only)
   bool json = false;
+  int decode_steps() const { return warmup + n_decode; }  // tokens each sequence decodes past its prefill
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -44,7 +45,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // timed batched greedy decode steps (each sequence feeds back its own argmax).
 void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int ctx) {
   const ModelConfig& c = m.config();
-  auto runner = make_runner(m, o.model, p, ctx + o.warmup + o.n_decode, o.seqs);
+  auto runner = make_runner(m, o.model, p, ctx + o.decode_steps(), o.seqs);
   Runner& r = *runner;
   log_runner(r, "bench:");
   std::mt19937 rng(1234);
@@ -110,11 +111,11 @@ void bench_decode(const BenchDecodeOptions& o) {
   for (int ctx : o.ctx) KVQ_CHECK(ctx >= 1, "--ctx-size {} must be >= 1", ctx);
   KVQ_CHECK(o.kv_budget_gib > 0, "--kv-budget-gib {} must be positive", o.kv_budget_gib);
   const int max_ctx = *std::max_element(o.ctx.begin(), o.ctx.end());
-  const int steps = o.warmup + o.n_decode;
-  const Plan p = plan(o.model, o.cache, max_ctx + steps, o.beyond_trained_ctx);
-  if (max_ctx + steps > p.model.max_ctx)
+  const int max_len = max_ctx + o.decode_steps();
+  const Plan p = plan(o.model, o.cache, max_len, o.beyond_trained_ctx);
+  if (max_len > p.model.max_ctx)
     fmt::print(stderr, "kvq: bench: context {} is past the model's trained {} tokens (--beyond-trained-ctx): timing only\n",
-               max_ctx + steps, p.model.max_ctx);
+               max_len, p.model.max_ctx);
   auto model = load_model(o.model, p);
   for (int ctx : o.ctx) bench_decode_one(o, *model, p, ctx);
 }
