@@ -70,11 +70,10 @@ __device__ __forceinline__ float round16(float x) {
 // constant after unrolling: one LOP3.
 __device__ __forceinline__ uint32_t codes_sub2(uint32_t w, int k) { return w & (0x00030003u << (2 * k)); }
 constexpr float kTwo24 = 16777216.f;  // 2^24: undoes the subnormal exponent of codes_sub2
-constexpr float kPHalf = 0.5f;        // int2 values take P' / 2 (see attend_tile)
 constexpr float kLog2e = 1.4426950409f;  // scores are kept in base 2: s·log2(e), so p = 2^(s - m)
 constexpr float kLn2 = 0.6931471806f;    // m back to base e for the merge
 
-// 2^x in one MUFU.EX2; results below 2^-126 flush to zero, which p = 2^(s - m) <= 2 never needs.
+// 2^x in one MUFU.EX2; results below 2^-126 flush to zero, which p = 2^(s - m) <= 1 never needs.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -291,16 +290,16 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       if (gid + 8 >= nv) s[2] = s[3] = -INFINITY;
     }
 
-    // ---- online softmax per head (base 2) with a lazily raised max: m moves only when a score exceeds it by more
-    // than kLazyMax, so p = 2^(s - m) <= 2 and most tiles skip the max reduction and the rescale. The result is the
-    // same softmax (any m works in exact arithmetic). Position 0 of a tile is always valid, so the first tile raises m
-    // from -inf to a finite value.
+    // ---- online softmax per head (base 2) against a lazily raised bound m >= every score so far: when a score
+    // exceeds m, m moves to kLazyMax above the head's largest score, so p = 2^(s - m) <= 1 and most tiles skip the max
+    // reduction and the rescale. The result is the same softmax (any m works in exact arithmetic). Position 0 of a
+    // tile is always valid, so the first tile raises m from -inf to a finite value.
     constexpr float kLazyMax = 1.f;  // log2(2)
-    const bool raise = fmaxf(s[0], s[2]) > m[0] + kLazyMax || fmaxf(s[1], s[3]) > m[1] + kLazyMax;
+    const bool raise = fmaxf(s[0], s[2]) > m[0] || fmaxf(s[1], s[3]) > m[1];
     if (__any_sync(0xffffffffu, raise)) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float m_new = fmaxf(m[j], col_max(fmaxf(s[j], s[2 + j])));
+        const float m_new = fmaxf(m[j], col_max(fmaxf(s[j], s[2 + j])) + kLazyMax);
         const float corr = exp2_ftz(m[j] - m_new);
         m[j] = m_new, l[j] *= corr, zsum[j] *= corr;
 #pragma unroll
@@ -315,15 +314,15 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       l[j] += pw[j] + pw[2 + j];
     }
 
-    // ---- P' = p · scale_v (the B operand of the value mma), and the zero term. int2 values take P' / 2 (p <= 2 with
-    // the lazy max, so P' / 2 <= scale_v stays inside f16); the write-back doubles the sums back (kPHalf, exact).
+    // ---- P' = p · scale_v (the B operand of the value mma; p <= 1, so P' <= scale_v stays inside f16), and the
+    // zero term.
     uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid
     [[maybe_unused]] uint32_t pb_lo[2] = {};  // windows: the rounding error of pb_frag
     {
       [[maybe_unused]] float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
       if constexpr (VQ) {
-        wa = kPHalf * params_scale(w.vp[0]), za = params_zero(w.vp[0]);
-        wb = kPHalf * params_scale(w.vp[1]), zb = params_zero(w.vp[1]);
+        wa = params_scale(w.vp[0]), za = params_zero(w.vp[0]);
+        wb = params_scale(w.vp[1]), zb = params_zero(w.vp[1]);
         if constexpr (partial) {  // rows past the range: p = 0, and their unwritten (scale, zero) must not make it NaN
           if (gid >= nv) wa = za = 0.f;
           if (gid + 8 >= nv) wb = zb = 0.f;
@@ -458,9 +457,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     for (int mt = 0; mt < kD / 16; ++mt) {
       const int d0 = VQ ? int2_value_dim(mt, gid) : 16 * mt + gid, d1 = VQ ? d0 + 1 : d0 + 8;  // rows gid, gid + 8
       const float field = VQ ? kTwo24 / float(1 << (2 * (mt / 2))) : 1.f;  // m-tile mt = 2k + h holds field k
-      const float undo = VQ ? 1.f / kPHalf : 1.f;                            // P' / 2 of int2 values
-      sh.acc[warp][h][d0] = (acc[mt][j] * field - zsum[j]) * undo;
-      sh.acc[warp][h][d1] = (acc[mt][2 + j] * field - zsum[j]) * undo;
+      sh.acc[warp][h][d0] = acc[mt][j] * field - zsum[j];
+      sh.acc[warp][h][d1] = acc[mt][2 + j] * field - zsum[j];
     }
   }
   __syncthreads();
