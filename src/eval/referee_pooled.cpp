@@ -188,11 +188,16 @@ json referee_unseen_json(const json& j) {
   return out;
 }
 
+std::string unseen_domain_list(const json& unseen) {
+  std::string doms;
+  for (const json& d : unseen["domains"]) doms += (doms.empty() ? "" : ", ") + d.get<std::string>();
+  return doms;
+}
+
 std::string referee_unseen_markdown(const json& j) {
   if (!j.contains("unseen") || j["unseen"].is_null()) return "";
   const json& u = j["unseen"];
-  std::string doms;
-  for (const json& d : u["domains"]) doms += (doms.empty() ? "" : ", ") + d.get<std::string>();
+  const std::string doms = unseen_domain_list(u);
   const std::string calib = u["calibration_domain"];
   std::string s;
   for (const json& x : j["config"]["ctx"]) {

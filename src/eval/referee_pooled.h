@@ -68,6 +68,9 @@ std::string natural_base(const nlohmann::json& method);
 // that run exists. kvq::Error when runs scored different windows.
 nlohmann::json referee_unseen_json(const nlohmann::json& results);
 
+// The unseen domains of results["unseen"] as one line, "a, b, c" (both reports' section titles).
+std::string unseen_domain_list(const nlohmann::json& unseen);
+
 // report.md's section from results["unseen"] ("" when absent or null). The HTML twin is in report_html.cpp.
 std::string referee_unseen_markdown(const nlohmann::json& results);
 

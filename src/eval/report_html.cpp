@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "eval/referee.h"
+#include "eval/referee_pooled.h"
 #include "eval/referee_view.h"
 
 namespace kvq {
@@ -39,8 +40,7 @@ std::string esc(const std::string& s) {
 std::string unseen_html(const json& j) {
   if (!j.contains("unseen") || j["unseen"].is_null()) return "";
   const json& u = j["unseen"];
-  std::string doms;
-  for (const json& d : u["domains"]) doms += (doms.empty() ? "" : ", ") + d.get<std::string>();
+  const std::string doms = unseen_domain_list(u);
   std::string h;
   for (const json& x : j["config"]["ctx"]) {
     const std::string cs = std::to_string(x.get<int>());
