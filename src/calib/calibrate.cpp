@@ -6,19 +6,13 @@
 #include "calib/optr.h"
 #include "calib/oscar.h"
 #include "common/error.h"
+#include "kv/codec_registry.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 
 namespace kvq {
 
 namespace {
-
-int type_bits(const std::string& type) {
-  if (type == "int2") return 2;
-  if (type == "int4") return 4;
-  if (type == "int8") return 8;
-  return 0;
-}
 
 OptrMode optr_mode(const std::string& objective) {
   if (objective == "post-wo") return OptrMode::kTwoPhase;
@@ -108,9 +102,9 @@ void CalibrateConfig::validate(const ModelConfig& m) const {
   KVQ_CHECK(chunk >= 2 && chunk <= m.max_ctx, "calibrate: chunk of {} tokens must be in [2, {}]", chunk, m.max_ctx);
   KVQ_CHECK(tokens >= chunk, "calibrate: --tokens {} is less than one chunk of {}", tokens, chunk);
   if (method != "optr") return;
-  KVQ_CHECK(type_bits(cache.k.type) > 0 && cache.k.type == cache.v.type,
-            "calibrate: optr needs the same int2, int4 or int8 cache type for keys and values (got k={}, v={})",
-            cache.k.type, cache.v.type);
+  KVQ_CHECK(codec_traits(cache.k.type).fake_quant && cache.k.type == cache.v.type,
+            "calibrate: optr needs the same cache type for keys and values, one of {} (got k={}, v={})",
+            codec_names_if([](const CodecTraits& t) { return t.fake_quant; }), cache.k.type, cache.v.type);
   KVQ_CHECK(cache.k.group == cache.v.group, "calibrate: optr needs one group size for keys and values");
   KVQ_CHECK(n_queries >= 1 && n_queries <= chunk, "calibrate: --queries {} must be in [1, chunk]", n_queries);
   KVQ_CHECK(cache.sink + cache.recent < chunk,
@@ -253,7 +247,7 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
 
   // --- OptR, layer by layer ---------------------------------------------------------------------------------------
   OptrConfig oc;
-  oc.loss.bits = type_bits(cfg.cache.k.type);
+  oc.loss.bits = codec_traits(cfg.cache.k.type).code_bits;
   oc.loss.group = cfg.cache.k.group;
   oc.loss.clip_k = cfg.cache.k.clip;
   oc.loss.clip_v = cfg.cache.v.clip;

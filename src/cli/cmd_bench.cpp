@@ -296,6 +296,7 @@ void bench_attention(const BenchAttentionOptions& o) {
   CacheOptions bf = o.cache;
   bf.type_both.clear();
   bf.type_k = bf.type_v = "bf16";
+  bf.group = 0, bf.clip_k = bf.clip_v = -1;  // the baseline takes none of the test cache's quantizer flags
   const AttentionFigures base = bench_attention_one(o, bf.config(), pool, evict);
   const AttentionFigures test = bench_attention_one(o, o.cache.config(), pool, evict);
   double load[3] = {0, 0, 0};

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/error.h"
+#include "kv/codec_registry.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 #ifdef KVQ_HAVE_CUDA
@@ -13,40 +14,21 @@
 
 namespace kvq::cli {
 
-namespace {
-
-// Default quantile clip (METHODS §1): 0.96 for keys and 0.92 for values at 2 bits, where clipping the few largest
-// values buys resolution for the rest; none (1.0) at 4 and 8 bits, where it would only add error.
-float default_clip(const std::string& type, bool is_key) {
-  if (type == "int2") return is_key ? 0.96f : 0.92f;
-  return 1.0f;
-}
-
-CodecSpec codec_spec(const std::string& type, int group, float clip, bool is_key) {
-  CodecSpec s;
-  s.type = type;
-  s.group = group;
-  s.clip = clip > 0 ? clip : default_clip(type, is_key);
-  if (type.rfind("kivi", 0) == 0) {  // KIVI: keys per channel over token groups, plain min/max
-    s.per_channel = is_key;
-    s.clip = 1.0f;
-  }
-  return s;
-}
-
-}  // namespace
-
 CacheConfig CacheOptions::config() const {
   CacheConfig c;
   const std::string& tk = type_both.empty() ? type_k : type_both;
   const std::string& tv = type_both.empty() ? type_v : type_both;
-  c.k = codec_spec(tk, group, clip_k, true);
-  c.v = codec_spec(tv, group, clip_v, false);
+  const CodecTraits &kt = codec_traits(tk), &vt = codec_traits(tv);
+  KVQ_CHECK(group == 0 || kt.grouped || vt.grouped, "--kv-group {}: neither cache type ({}, {}) has groups", group,
+            kt.name, vt.name);
+  const int g = group > 0 ? group : kDefaultGroup;
+  c.k = codec_spec(tk, true, g, clip_k);
+  c.v = codec_spec(tv, false, g, clip_v);
   c.sink = sink;
   c.recent = recent;
   c.page_tokens = page;
   c.max_chunk = chunk;
-  if (tk == "f32" && tv == "f32") c.window = "f32";  // a lossless cache keeps its windows lossless too
+  if (kt.id == CodecId::kF32 && vt.id == CodecId::kF32) c.window = "f32";  // a lossless cache keeps lossless windows
   return c;
 }
 
@@ -57,15 +39,31 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("-t,--threads", o.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
 }
 
+namespace {
+
+// "int2 0.96, others 1": the codec table's default clips for keys or values, for the help text.
+std::string clip_defaults(bool is_key) {
+  std::string out;
+  for (const CodecTraits& t : codec_table()) {
+    const float c = is_key ? t.default_clip_k : t.default_clip_v;
+    if (t.takes_clip && c < 1.0f) out += fmt::format("{} {:g}, ", t.name, c);
+  }
+  return out + "others 1 (plain min/max)";
+}
+
+}  // namespace
+
 void add_cache_options(CLI::App* cmd, CacheOptions& o) {
-  const std::string types = "f32|bf16|int8|int4|int2|kivi2|kivi4";
+  const std::string types = codec_names("|");
   cmd->add_option("--cache-type-k", o.type_k, "key cache type (" + types + "; alias -ctk)");
   cmd->add_option("--cache-type-v", o.type_v, "value cache type (" + types + "; alias -ctv)");
   cmd->add_option("--kv-cache-dtype", o.type_both, "cache type for keys and values");
-  cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32)");
-  cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio (default 0.96 for int2, else 1)")
+  cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32; KIVI keys: tokens); default 128")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio (default: the type's, " + clip_defaults(true) + ")")
       ->check(CLI::Range(0.01, 1.0));
-  cmd->add_option("--kv-clip-v", o.clip_v, "value quantile clip ratio (default 0.92 for int2, else 1)")
+  cmd->add_option("--kv-clip-v", o.clip_v,
+                  "value quantile clip ratio (default: the type's, " + clip_defaults(false) + ")")
       ->check(CLI::Range(0.01, 1.0));
   cmd->add_option("--kv-sink", o.sink, "first tokens kept in BF16 (attention sinks)")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-recent", o.recent, "most recent tokens kept in BF16")->check(CLI::Range(0, 1 << 20));

@@ -22,10 +22,12 @@ struct ModelOptions {
   std::string cuda_graphs = "on";  // --cuda-graphs: on | off, decode steps replayed as CUDA graphs
 };
 
+inline constexpr int kDefaultGroup = 128;  // G of --kv-group when not given
+
 struct CacheOptions {
   std::string type_k = "bf16", type_v = "bf16";  // -ctk / -ctv
   std::string type_both;                         // --kv-cache-dtype (sets both)
-  int group = 128;                               // --kv-group
+  int group = 0;                                 // --kv-group (0: not given, kDefaultGroup)
   float clip_k = -1, clip_v = -1;                // --kv-clip-k / --kv-clip-v (-1: the type's default)
   int sink = 64, recent = 256;                   // --kv-sink / --kv-recent
   int page = 128;                                // --kv-page

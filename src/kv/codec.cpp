@@ -4,10 +4,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "kv/codec_bf16.h"
-#include "kv/codec_f32.h"
-#include "kv/codec_int.h"
-#include "kv/codec_kivi.h"
+#include "kv/codec_registry.h"
 #include "kv/simd.h"
 
 namespace kvq {
@@ -49,16 +46,23 @@ void KvCodec::accumulate_ref(const float* p, int n_q, const uint8_t* blocks, int
 
 namespace {
 
-constexpr const char* kSupported =
-    "supported: f32, bf16; int8, int4, int2 (per token, group 32, 64 or 128 dividing head_dim); kivi2, kivi4 "
-    "(per_channel keys: group = 32, 64 or 128 tokens; values: per-token rows, group 32, 64 or 128 dividing "
-    "head_dim); head_dim a multiple of 32 up to 256; clip in (0, 1]";
+std::string per_channel_names() { return codec_names_if([](const CodecTraits& t) { return t.per_channel_keys; }); }
 
-int type_bits(const std::string& type) {
-  if (type == "int8") return 8;
-  if (type == "int4" || type == "kivi4") return 4;
-  if (type == "int2" || type == "kivi2") return 2;
-  return 0;
+// "f32, bf16; int8, int4, int2 (per token, ...); kivi2, kivi4 (...)": the table's rows by key layout, then the shapes.
+std::string supported_list() {
+  return fmt::format(
+      "supported: {}; {} (per token, group 32, 64 or 128 dividing head_dim); {} (per_channel keys: group = 32, 64 or "
+      "128 tokens; values: per-token rows, group 32, 64 or 128 dividing head_dim); head_dim a multiple of 32 up to "
+      "{}; clip in (0, 1]",
+      codec_names_if([](const CodecTraits& t) { return !t.grouped; }),
+      codec_names_if([](const CodecTraits& t) { return t.grouped && !t.per_channel_keys; }), per_channel_names(),
+      kCpuMaxHeadDim);
+}
+
+bool valid_group(int g) {
+  for (int x : kGroups)
+    if (g == x) return true;
+  return false;
 }
 
 }  // namespace
@@ -66,33 +70,23 @@ int type_bits(const std::string& type) {
 std::unique_ptr<KvCodec> make_codec_at(const CodecSpec& spec, SimdLevel level) {
   const std::string combo = fmt::format("type '{}' × head_dim {} × group {}{}", spec.type, spec.head_dim, spec.group,
                                         spec.per_channel ? " (per_channel)" : "");
-  KVQ_CHECK(spec.head_dim > 0 && spec.head_dim % 32 == 0 && spec.head_dim <= 256,
-            "KV cache {} is not supported: head_dim must be a multiple of 32 up to 256 ({})", combo, kSupported);
-  const bool kivi = spec.type == "kivi2" || spec.type == "kivi4";
-  if (spec.type == "f32") {
-    KVQ_CHECK(!spec.per_channel, "KV cache {} is not supported: per_channel is only for kivi2/kivi4 keys ({})", combo,
-              kSupported);
-    return std::make_unique<F32Codec>(spec.head_dim);
-  }
-  if (spec.type == "bf16") {
-    KVQ_CHECK(!spec.per_channel, "KV cache {} is not supported: per_channel is only for kivi2/kivi4 keys ({})", combo,
-              kSupported);
-    return std::make_unique<Bf16Codec>(spec.head_dim, level);
-  }
-  const int bits = type_bits(spec.type);
-  KVQ_CHECK(bits != 0, "KV cache {} is not supported: unknown type ({})", combo, kSupported);
-  KVQ_CHECK(spec.group == 32 || spec.group == 64 || spec.group == 128,
-            "KV cache {} is not supported: group must be 32, 64 or 128 ({})", combo, kSupported);
+  const CodecTraits* t = find_codec(spec.type);
+  KVQ_CHECK(t, "KV cache {} is not supported: unknown type ({})", combo, supported_list());
+  KVQ_CHECK(spec.head_dim > 0 && spec.head_dim % 32 == 0 && spec.head_dim <= kCpuMaxHeadDim,
+            "KV cache {} is not supported: head_dim must be a multiple of 32 up to {} ({})", combo, kCpuMaxHeadDim,
+            supported_list());
+  KVQ_CHECK(!spec.per_channel || t->per_channel_keys,
+            "KV cache {} is not supported: per_channel is only for {} keys ({})", combo, per_channel_names(),
+            supported_list());
+  if (!t->grouped) return t->make(spec, level);
+  KVQ_CHECK(valid_group(spec.group), "KV cache {} is not supported: group must be 32, 64 or 128 ({})", combo,
+            supported_list());
   KVQ_CHECK(std::isfinite(spec.clip) && spec.clip > 0.f && spec.clip <= 1.f,
-            "KV cache {} is not supported: clip {} must be in (0, 1] ({})", combo, spec.clip, kSupported);
-  if (spec.per_channel) {
-    KVQ_CHECK(kivi, "KV cache {} is not supported: per_channel is only for kivi2/kivi4 keys ({})", combo,
-              kSupported);
-    return std::make_unique<KiviKeyCodec>(spec.head_dim, spec.group, bits, spec.clip, level);
-  }
-  KVQ_CHECK(spec.head_dim % spec.group == 0,
-            "KV cache {} is not supported: group must divide head_dim for per-token rows ({})", combo, kSupported);
-  return std::make_unique<IntCodec>(spec.type, spec.head_dim, spec.group, bits, spec.clip, level);
+            "KV cache {} is not supported: clip {} must be in (0, 1] ({})", combo, spec.clip, supported_list());
+  KVQ_CHECK(spec.per_channel || spec.head_dim % spec.group == 0,
+            "KV cache {} is not supported: group must divide head_dim for per-token rows ({})", combo,
+            supported_list());
+  return t->make(spec, level);
 }
 
 std::unique_ptr<KvCodec> make_codec(const CodecSpec& spec) { return make_codec_at(spec, best_simd_level()); }

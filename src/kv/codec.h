@@ -21,7 +21,7 @@ namespace kvq {
 
 // Which codec and its parameters; validated by make_codec(), which names what is supported on failure.
 struct CodecSpec {
-  std::string type = "bf16";  // bf16 | int8 | int4 | int2 | kivi2 | kivi4 (KIVI: only for keys per channel)
+  std::string type = "bf16";  // a codec table name (kv/codec_registry.h): bf16, int8, int4, int2, kivi2, ...
   int head_dim = 128;         // d, values per row
   int group = 128;            // G: values per scale/zero group (per token) or tokens per group (KIVI keys)
   float clip = 1.0f;          // quantile clip ratio r (METHODS.md §1); 1.0 = plain min/max

@@ -1,0 +1,74 @@
+// The codec table: the one place a KV-cache storage format is registered (as ggml's type_traits).
+//
+// Each row says everything the rest of kvq needs to know about a codec — its names, what one stored block costs,
+// which flags it honours and their defaults, the key layout, the transform it implies, the CPU factory and the
+// shapes it supports. make_codec, the CLI (help, validation, defaults), the referee's method table,
+// calibration's fake-quant hook, `kvq info --codecs` and the tests' codec lists read it; a new codec is a row here
+// plus its own file (block struct, encode/decode, fast paths beside their scalar reference).
+//
+// What the GPU supports is not here: it is the instance table of the compiled CUDA kernels (cuda/gpu_instances.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kv/codec.h"
+#include "kv/simd.h"
+
+namespace kvq {
+
+// Typed identity of a codec; the table's rows are in this order.
+enum class CodecId : uint8_t { kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4 };
+
+struct CodecTraits {
+  CodecId id;
+  std::string_view name;                    // the --cache-type-k / -v value, CodecSpec::type
+  std::span<const std::string_view> aliases;  // other accepted names (e.g. "fp32"), canonicalised to name
+  std::string_view summary;                 // one line: what a row / block stores
+  int code_bits;                            // bits of one stored value code: 32 (f32), 16 (bf16), 8, 4, 2
+  bool grouped;                             // fp16 scale/zero per group of --kv-group values (KIVI keys: tokens)
+  bool takes_clip;                          // the quantile clip of METHODS §1 applies (--kv-clip-k / --kv-clip-v)
+  float default_clip_k, default_clip_v;     // defaults when not given (1.0 = plain min/max)
+  bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI); values per token
+  std::string_view transform;               // the key/value transform the codec implies ("none": only --rotation)
+  bool window_codec;                        // may store the sink / recent windows (per-token, lossless enough)
+  bool fake_quant;                          // calibration's straight-through quantizer (calib/ste_quant.h) models
+                                            // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
+  // CPU factory for a validated spec (make_codec validates, then calls this).
+  std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
+
+  bool quantized() const { return grouped; }  // has codes, scales and zeros (not a plain float format)
+};
+
+// The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
+// of 32, 64 or 128 (dividing head_dim for per-token rows; KIVI keys: tokens per block).
+inline constexpr int kCpuMaxHeadDim = 256;
+inline constexpr int kGroups[] = {32, 64, 128};
+
+std::span<const CodecTraits> codec_table();
+const CodecTraits& codec_traits(CodecId id);
+// By name or alias; null when unknown.
+const CodecTraits* find_codec(std::string_view name);
+// By name or alias; throws kvq::Error "unknown KV cache type 'x' (supported: f32, bf16, ...)".
+const CodecTraits& codec_traits(std::string_view name);
+// The names of the rows that satisfy pred, in table order, joined by sep: codec_names_if(all, "|") = "f32|bf16|...".
+template <class Pred>
+std::string codec_names_if(Pred pred, std::string_view sep = ", ") {
+  std::string out;
+  for (const CodecTraits& t : codec_table())
+    if (pred(t)) out += (out.empty() ? "" : std::string(sep)) + std::string(t.name);
+  return out;
+}
+inline std::string codec_names(std::string_view sep) {
+  return codec_names_if([](const CodecTraits&) { return true; }, sep);
+}
+
+// The CodecSpec of a --cache-type value for keys (is_key) or values, with the flags' group and clip
+// (clip <= 0: the codec's default; a codec without a clip stores 1.0). The type is canonicalised (aliases) and
+// KIVI keys get per_channel. Throws kvq::Error for an unknown type.
+CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip);
+
+}  // namespace kvq
