@@ -113,7 +113,7 @@ TEST(Calibrate, CentringAndRotationLeaveLosslessPerplexityUnchanged) {
   CacheConfig f32;
   f32.k.type = f32.v.type = f32.window = "f32";
   const double plain = perplexity(*model, f32, eval, 512, 1).ppl();
-  model->set_kv_transform(std::make_shared<KvTransform>(t));
+  f32.transform = std::make_shared<KvTransform>(t);
   const double rotated = perplexity(*model, f32, eval, 512, 1).ppl();
   EXPECT_NEAR(rotated / plain, 1.0, 1e-4) << plain << " vs " << rotated;
 }

@@ -143,8 +143,10 @@ TEST(EvalEndToEnd, LockstepRunnersKeepTheirOwnTransformsAndThreadsDoNotChangeThe
   const ModelConfig& mc = m.config();
   const auto had = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
   const RunnerFactory make = cpu_runner_factory(m);
-  const std::unique_ptr<Runner> ref = make(bf16_reference_cache(int2_cache()), nullptr, 512);
-  const std::unique_ptr<Runner> method = make(int2_cache(), had, 512);  // leaves `had` installed on the model
+  CacheConfig rotated_int2 = int2_cache();
+  rotated_int2.transform = had;
+  const std::unique_ptr<Runner> ref = make(bf16_reference_cache(rotated_int2), 512);  // drops the transform
+  const std::unique_ptr<Runner> method = make(rotated_int2, 512);
   const FidelityResult one = lockstep_fidelity({ref.get(), method.get(), nullptr}, ids, 512, 1, nullptr);
   const FidelityResult many = lockstep_fidelity({ref.get(), method.get(), nullptr}, ids, 512, 1, &m.pool());
   ASSERT_EQ(one.windows.size(), 1u);
@@ -154,13 +156,10 @@ TEST(EvalEndToEnd, LockstepRunnersKeepTheirOwnTransformsAndThreadsDoNotChangeThe
   EXPECT_EQ(one.windows[0].nll_method, many.windows[0].nll_method);
   EXPECT_GT(one.windows[0].kl_sum, 0.0);
 
-  m.set_kv_transform(nullptr);
   const PerplexityResult plain = perplexity(m, bf16_reference_cache(int2_cache()), ids, 512, 1);
   EXPECT_EQ(one.windows[0].nll_ref, plain.window_nll[0]);  // the reference ran without the rotation
-  m.set_kv_transform(had);
-  const PerplexityResult rotated = perplexity(m, int2_cache(), ids, 512, 1);
+  const PerplexityResult rotated = perplexity(m, rotated_int2, ids, 512, 1);
   EXPECT_EQ(one.windows[0].nll_method, rotated.window_nll[0]);  // the method ran with it
-  m.set_kv_transform(nullptr);
 }
 
 TEST(EvalEndToEnd, BadInputsGiveOneClearError) {

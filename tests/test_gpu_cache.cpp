@@ -102,6 +102,12 @@ struct Dev {  // a device copy of a host vector
   T* get() const { return buf.as<T>(); }
 };
 
+// c with the transform t, which the GPU cache applies itself (the CPU twin applies it around its cache).
+CacheConfig with_transform(CacheConfig c, const KvTransform& t) {
+  c.transform = std::make_shared<KvTransform>(t);
+  return c;
+}
+
 // The same sequences in a CPU KvCache and a GpuKvCache, driven through identical steps.
 struct Twin {
   static constexpr int kLayers = 2, kKv = 2, kHeads = 8;  // GQA group of 4
@@ -114,8 +120,8 @@ struct Twin {
   double worst_nmse = 0;
 
   Twin(const CacheConfig& c, int max_ctx, int n_seqs, const KvTransform& t)
-      : cfg(c), cpu(c, kLayers, kKv, kD, max_ctx, n_seqs), gpu(c, kLayers, kKv, kD, max_ctx, n_seqs), tf(t) {
-    gpu.set_transform(tf);
+      : cfg(c), cpu(c, kLayers, kKv, kD, max_ctx, n_seqs), gpu(with_transform(c, t), kLayers, kKv, kD, max_ctx, n_seqs),
+        tf(t) {
     for (int i = 0; i < n_seqs; ++i) cpu_ids.push_back(cpu.new_sequence()), gpu_ids.push_back(gpu.new_sequence());
   }
 

@@ -340,8 +340,7 @@ namespace {
 
 // GpuModels over m with each pass's cache and transform (what the CLI's --device cuda factory builds).
 RunnerFactory gpu_runners(Model& m, GemmPrecision p) {
-  return [&m, p](const CacheConfig& cache, std::shared_ptr<const KvTransform> t, int max_ctx) {
-    m.set_kv_transform(std::move(t));
+  return [&m, p](const CacheConfig& cache, int max_ctx) {
     return std::unique_ptr<Runner>(std::make_unique<GpuModel>(m, cache, max_ctx, 1, p));
   };
 }
@@ -376,8 +375,8 @@ TEST(GpuEval, EvaluateThroughGpuRunnersMatchesTheCpuOnEveryTask) {
   c.seed = 5;
   c.bootstrap = 100;
   const ModelConfig& mc = m.config();
-  c.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
-  const CacheConfig cc = cache_config("int2", 16, 64, 128, 256);
+  CacheConfig cc = cache_config("int2", 16, 64, 128, 256);
+  cc.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
   const RunnerFactory gpu = gpu_runners(m, GemmPrecision::Fp32);
   const EvalReport want = evaluate(m, tok, cc, {d}, c);
   const EvalReport got = evaluate(m, gpu, tok, cc, {d}, c);
@@ -410,7 +409,6 @@ TEST(GpuEval, EvaluateThroughGpuRunnersMatchesTheCpuOnEveryTask) {
     EXPECT_NEAR(lg.hidden(l), lc.hidden(l), 0.1 * lc.hidden(l)) << "layer " << l;
     EXPECT_LE(lg.attn_local(l), lg.attn_e2e(l) * 1.5) << "a layer's own error should not exceed the accumulated one";
   }
-  m.set_kv_transform(nullptr);
 }
 
 // A BF16 method through GPU runners: the reference and the method are the same deterministic computation, so KL is

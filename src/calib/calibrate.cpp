@@ -161,7 +161,6 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
                       CalibrateReport* report, const CalibrateProgress& progress) {
   const ModelConfig& mc = model.config();
   cfg.validate(mc);
-  KVQ_CHECK(model.kv_transform() == nullptr, "calibrate: the model already has a KV transform installed");
   const int L = mc.n_layers, H = mc.n_kv_heads, d = mc.head_dim, hq = mc.n_heads, g = hq / H;
   const bool center = cfg.center_keys < 0 ? cfg.method == "optr" : cfg.center_keys == 1;
   const std::string label = cfg.method == "optr"

@@ -42,7 +42,6 @@ void run(const EvalOptions& o) {
   list_eval_files(o.data);  // a missing or empty data directory fails before the model loads
   // ctx > the model's maximum, a bad cache or rotation: one clear error before any work
   const Plan p = plan(o.model, o.cache, *std::max_element(c.ctx.begin(), c.ctx.end()));
-  c.transform = p.transform;
   const Tokenizer tok = load_tokenizer(o.model);
   std::vector<EvalDomain> domains = load_eval_domains(o.data, tok);
   auto model = load_model(o.model, p);

@@ -125,11 +125,10 @@ std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const P
 RunnerFactory make_runner_factory(Model& model, const ModelOptions& o) {
   if (o.device == "cpu") return cpu_runner_factory(model);
   check_device_available(o);  // each cache is checked when its runner is built
-  return [&model, o](const CacheConfig& cache, std::shared_ptr<const KvTransform> transform, int max_ctx) {
+  return [&model, o](const CacheConfig& cache, int max_ctx) {
     Plan p;
     p.model = model.config();
     p.cache = cache;
-    model.set_kv_transform(std::move(transform));  // GpuModel uploads the model's transform
     return make_runner(model, o, p, max_ctx);
   };
 }
@@ -156,13 +155,12 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   if (c.rotation == "hadamard") {
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
               mc.head_dim);
-    p.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
+    p.cache.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
   } else if (c.rotation != "none") {
     RotationFile f = load_rotation_file(c.rotation);
     check_rotation_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim, p.cache);
-    p.transform = std::make_shared<KvTransform>(std::move(f.transform));
+    p.cache.transform = std::make_shared<KvTransform>(std::move(f.transform));
   }
-  p.cache.rotation = p.transform ? p.transform->name : "none";
   return p;
 }
 
@@ -170,7 +168,6 @@ Tokenizer load_tokenizer(const ModelOptions& o) { return Tokenizer::load(o.dir +
 
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p) {
   auto m = Model::load(o.dir, o.threads);
-  m->set_kv_transform(p.transform);
   std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
                std::string(arch_name(m->config().arch)).c_str(), m->weights().n_params, m->pool().size(),
                m->load_seconds());

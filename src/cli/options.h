@@ -47,14 +47,13 @@ void add_device_options(CLI::App* cmd, ModelOptions& o);
 struct Plan {
   ModelConfig model;
   int ctx = 0;
-  CacheConfig cache;
-  std::shared_ptr<const KvTransform> transform;  // null: none
+  CacheConfig cache;  // with its KV transform (--rotation), null: none
 };
 // beyond_trained_ctx (bench only): allow contexts past max_position_embeddings; the timing is real, the tokens are not.
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx = false);
 
 Tokenizer load_tokenizer(const ModelOptions& o);
-// Loads the weights (logs one line: parameters, threads, load time) and installs the plan's KV transform.
+// Loads the weights (logs one line: parameters, threads, load time).
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
 
 // The one dispatch point between devices: a CpuRunner over model, or (--device cuda) a GpuModel built from its
@@ -62,8 +61,8 @@ std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
 std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs = 1);
 // --device cpu, or cuda with a device present and a valid --gpu-gemm; one kvq::Error line otherwise.
 void check_device_available(const ModelOptions& o);
-// The same dispatch for evaluation passes (kvq eval / referee): each call builds a runner of the given cache and KV
-// transform on o.device. Checks the device (not the cache) once here; each cache when its runner is built.
+// The same dispatch for evaluation passes (kvq eval / referee): each call builds a runner of the given cache (and
+// its KV transform) on o.device. Checks the device (not the cache) once here; each cache when its runner is built.
 RunnerFactory make_runner_factory(Model& model, const ModelOptions& o);
 // One line on stderr: the runner's device and what its cache holds.
 void log_runner(const Runner& r, const char* what);

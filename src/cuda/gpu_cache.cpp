@@ -153,6 +153,8 @@ struct GpuKvCache::Impl {
 
   int quant_end(int t) const { return cuda::quant_end(geo, t); }
   const Plan& plan_attention(int n_heads);
+  // The config's transform on the device (identity() = none); must match (n_layers, n_kv_heads, head_dim).
+  void upload_transform(const KvTransform& t);
   static void grow(DeviceBuffer& b, size_t bytes) {
     if (b.bytes() < bytes) b = DeviceBuffer(std::max(bytes, b.bytes() * 3 / 2));
   }
@@ -211,6 +213,7 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   g.ring = m.ring.as<uint16_t>();
   g.page_table = m.page_table_dev.as<int>();
   m.n_sms = sm_count();
+  if (cfg.transform) m.upload_transform(*cfg.transform);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
 }
 
@@ -235,9 +238,8 @@ void GpuKvCache::set_split_tokens(int n) {
 }
 void GpuKvCache::set_reference_attention(bool on) { impl_->reference = on; }
 
-void GpuKvCache::set_transform(const KvTransform& t) {
-  Impl& m = *impl_;
-  KVQ_CHECK(!m.in_step, "GPU KV cache: set_transform inside a step");
+void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
+  Impl& m = *this;
   m.tptrs = TransformPtrs{};
   if (t.identity()) return;
   KVQ_CHECK(t.n_layers == m.n_layers && t.n_kv_heads == m.n_kv && t.head_dim == m.d,

@@ -10,7 +10,8 @@
 // current length, and their rows are concatenated (vLLM "varlen"): row r of k/v/q belongs to one (b, i).
 // Decode is n_b = 1 for every b; prefill is one sequence with n_b = chunk.
 //
-// The cache owns the per-layer transform (key means, R_K, R_V, kv/transform.h): append() centres and rotates keys
+// The cache owns the per-layer transform of its config (CacheConfig::transform: key means, R_K, R_V,
+// kv/transform.h), uploaded at construction: append() centres and rotates keys
 // and rotates values before quantizing; attention() rotates queries and un-rotates outputs, so callers pass
 // plain post-RoPE q / k / v and get plain attention outputs, exactly like the CPU path with a KvTransform.
 //
@@ -47,9 +48,6 @@ class GpuKvCache {
   int max_ctx() const;
   int max_seqs() const;
 
-  // Uploads the transform (identity() = none). Must match (n_layers, n_kv_heads, head_dim).
-  void set_transform(const KvTransform& t);
-
   int new_sequence();
   void free_sequence(int seq);
   int length(int seq) const;
@@ -78,7 +76,7 @@ class GpuKvCache {
     int n_heads, split_tokens, n_splits, n_win;  // the attention plan
     bool reference;                             // set_reference_attention
     const void *desc, *q_work, *part_acc, *part_ml;  // step descriptors and attention scratch
-    const void *key_mean, *r_k, *r_v;           // the transform (set_transform)
+    const void *key_mean, *r_k, *r_v;           // the transform (CacheConfig::transform, uploaded once)
     bool operator==(const StepSignature&) const = default;
   };
   StepSignature step_signature(int n_heads);

@@ -219,7 +219,6 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   m.max_seqs = max_seqs;
   m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
   m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs);
-  if (const auto& t = model.kv_transform()) m.cache->set_transform(*t);
   m.stream = static_cast<cudaStream_t>(m.cache->stream());
   check_cublas(cublasCreate(&m.blas), "cublasCreate");
   check_cublas(cublasSetStream(m.blas, m.stream), "cublasSetStream");

@@ -1,6 +1,6 @@
 // The decoder forward pass on the GPU (issue #8): the CPU Model's weights uploaded once, cuBLAS GEMMs with fp32
 // accumulation, fp32 residual stream and norms, and the KV cache in GPU memory (GpuKvCache, which also applies the
-// model's KV transform). One forward() is one GpuKvCache step: chunked prefill of a sequence, or batched decode of
+// cache's KV transform). One forward() is one GpuKvCache step: chunked prefill of a sequence, or batched decode of
 // many (model/runner.h). Same arithmetic as model/model.cpp, in the same order, except:
 //   - GEMM precision (GemmPrecision): Bf16 rounds the GEMM inputs (activations) to bf16 — the weights are bf16 in
 //     the checkpoint, so only the activation rounding differs from the CPU; Fp32 keeps them fp32 (no TF32).
@@ -32,7 +32,7 @@ std::string_view gemm_precision_name(GemmPrecision p);
 
 class GpuModel final : public Runner {
  public:
-  // Uploads model's weights and its KV transform (Model::kv_transform()), allocates a GpuKvCache of cache_cfg for
+  // Uploads model's weights, allocates a GpuKvCache of cache_cfg (which uploads its KV transform) for
   // max_seqs sequences of up to max_ctx tokens and the activations of max(cache_cfg.max_chunk, max_seqs) rows.
   // Requires a device (throws "--device cuda: ..." otherwise) and a GPU-supported cache configuration.
   // The CPU model is read only here; it need not outlive the GpuModel.

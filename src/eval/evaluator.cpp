@@ -220,9 +220,9 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
 
   for (int ctx : c.ctx) {
     // This ctx's runners: the method's, and the BF16 reference and forced pass of the lockstep comparison.
-    const std::unique_ptr<Runner> method = runners(cache, c.transform, ctx);
-    const std::unique_ptr<Runner> ref = lockstep ? runners(bf16_reference_cache(cache), nullptr, ctx) : nullptr;
-    const std::unique_ptr<Runner> forced = c.has("layers") ? runners(cache, c.transform, ctx) : nullptr;
+    const std::unique_ptr<Runner> method = runners(cache, ctx);
+    const std::unique_ptr<Runner> ref = lockstep ? runners(bf16_reference_cache(cache), ctx) : nullptr;
+    const std::unique_ptr<Runner> forced = c.has("layers") ? runners(cache, ctx) : nullptr;
     r.runner = method->describe();
     r.footprint.push_back(method->footprint(ctx));
     std::vector<WindowFidelity> pooled;

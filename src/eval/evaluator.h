@@ -54,7 +54,6 @@ struct EvalConfig {
   std::vector<double> depths = default_depths();  // needle depths
   uint64_t seed = 0;                       // base seed of the passkey prompts and the bootstrap
   int bootstrap = 1000;                    // bootstrap resamples
-  std::shared_ptr<const KvTransform> transform;  // the method's KV transform (null: none)
 
   bool has(const std::string& task) const;
   static std::vector<double> default_depths();  // 0, 0.1, ..., 1.0

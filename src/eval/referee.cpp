@@ -333,7 +333,8 @@ ClipChoice Referee::clips_for(const PlannedRun& r) {
         CacheConfig c = method_cache(tuned, r.windows, cfg_.group);
         c.k.clip = ck;
         c.v.clip = cv;
-        const std::unique_ptr<Runner> runner = make(c, rot.transform, ctx);
+        c.transform = rot.transform;
+        const std::unique_ptr<Runner> runner = make(c, ctx);
         where = runner->describe();
         const double ppl = perplexity(*runner, tail, ctx, cfg_.tune_windows).ppl();
         say(fmt::format("kvq: referee: clips of {} {}: keys {} values {}: held-out ppl {:.4f}", tuned.label,
@@ -425,7 +426,6 @@ Rotation Referee::rotation_for(const PlannedRun& r) {
     say(fmt::format("kvq: referee: calibrating {} on {} ({} tokens of budget {}, chunk {}{})", m.label, data_file,
                     ids.size(), cc.tokens, cc.chunk,
                     m.rotation == "optr" ? fmt::format(", {} steps, windows {}", cc.steps, r.windows.label()) : ""));
-    model().set_kv_transform(nullptr);
     CalibrateReport rep;
     KvTransform t = calibrate(model(), ids, cc, &rep, [&](const char* stage, int done, int total) {
       say(fmt::format("kvq: calibrate {} {} {}/{}", m.label, stage, done, total), true);
@@ -450,7 +450,7 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
     CacheConfig c = method_cache(r.method, r.windows, cfg_.group);
     c.k.clip = clips.k;
     c.v.clip = clips.v;
-    c.rotation = rot.transform ? rot.transform->name : "none";
+    c.transform = rot.transform;
     return c;
   }();
   Model& m = model();
@@ -474,7 +474,6 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
     if (!cfg_.depths.empty()) ec.depths = cfg_.depths;
     ec.seed = cfg_.seed;
     ec.bootstrap = cfg_.bootstrap;
-    ec.transform = rot.transform;
     std::vector<EvalDomain> ds;
     for (const EvalDomain& d : domains_) ds.push_back(d);
     const json j = report_json(evaluate(m, make, *tok_, cache, std::move(ds), ec, progress));
@@ -487,7 +486,6 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
       out["seconds"] = out["seconds"].get<double>() + j["seconds"].get<double>();
     }
   }
-  m.set_kv_transform(nullptr);
   out["config"]["ctx"] = cfg_.ctx;
   out["config"]["tasks"] = {"ppl", "kl", "passkey", "layers"};
   out["config"]["layers_ctx"] = cfg_.ctx.front();

@@ -22,7 +22,7 @@ std::string CacheConfig::describe() const {
     return fmt::format("{}/g{}/r{:g}", c.type, c.group, c.clip);
   };
   return fmt::format("k={} v={} sink={} recent={} window={} rotation={}", one(k), one(v), sink, recent, window,
-                     rotation);
+                     rotation());
 }
 
 KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs)
@@ -31,6 +31,10 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
             cfg.recent);
   KVQ_CHECK(cfg.max_chunk > 0 && max_ctx > 0 && max_seqs > 0, "KV cache: bad sizes (chunk {}, ctx {}, seqs {})",
             cfg.max_chunk, max_ctx, max_seqs);
+  if (const KvTransform* t = cfg.transform.get(); t && !t->identity())
+    KVQ_CHECK(t->n_layers == n_layers && t->n_kv_heads == n_kv_heads && t->head_dim == head_dim,
+              "KV cache: transform '{}' of (layers {}, kv heads {}, d {}) does not fit the cache ({}, {}, {})", t->name,
+              t->n_layers, t->n_kv_heads, t->head_dim, n_layers, n_kv_heads, head_dim);
   CodecSpec ks = cfg.k, vs = cfg.v;
   ks.head_dim = vs.head_dim = head_dim;
   k_codec_ = make_codec(ks);

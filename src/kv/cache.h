@@ -14,7 +14,8 @@
 //          page p of a sequence covers quantized positions [S0 + p P, S0 + (p + 1) P); P = page_tokens
 //   sinks  per sequence [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
 //   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
-// Keys and values are stored exactly as given: centring and rotation happen before append().
+// Keys and values are stored exactly as given: the config's transform (centring, rotation) is applied by the caller
+// before append() (Model::attention_block).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@
 
 #include "common/half.h"
 #include "kv/codec.h"
+#include "kv/transform.h"
 
 namespace kvq {
 
@@ -35,7 +37,11 @@ struct CacheConfig {
   int page_tokens = 128;      // P: tokens per page of the quantized region
   int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
   std::string window = "bf16";  // codec of the sink and recent windows: bf16 (METHODS §2), f32, or int8 (KV4-RL)
-  std::string rotation = "none";  // label of the key/value transform applied before the cache (reports only)
+  // The key/value transform of what is stored (centring, R_K, R_V; kv/transform.h), null = none. The cache owns it on
+  // both devices: keys and values are transformed before they are stored, queries before and outputs after
+  // attention (the CPU Model applies it around KvCache, GpuKvCache inside append() / attention()).
+  std::shared_ptr<const KvTransform> transform;
+  std::string rotation() const { return transform ? transform->name : "none"; }  // its label, for logs and reports
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 

@@ -126,14 +126,15 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
 
   const float scale = 1.f / std::sqrt(float(d));
   for (float& x : q_) x *= scale;
-  if (transform_) {
-    transform_->keys(l, n, k_.data());
-    transform_->values(l, n, v_.data());
-    transform_->queries(l, n, hq, q_.data());
+  const KvTransform* t = cache.config().transform.get();
+  if (t) {
+    t->keys(l, n, k_.data());
+    t->values(l, n, v_.data());
+    t->queries(l, n, hq, q_.data());
   }
   cache.append(seq, l, pos0, n, k_.data(), v_.data());
   cache_attention(cache, seq, l, pos0, n, q_.data(), att_.data(), AttentionShape{hq, hk, d}, pool_);
-  if (transform_) transform_->outputs(l, n, hq, att_.data());
+  if (t) t->outputs(l, n, hq, att_.data());
 
   linear(att_.data(), n, hq * d, lw.wo, H, h_.data());
   if (hook_) hook_->on_attention_output(l, pos0, n, h_.data());

@@ -31,16 +31,13 @@ class Model {
   ThreadPool& pool() { return pool_; }
   double load_seconds() const { return load_seconds_; }
 
-  // The per-layer key/value transforms applied before the cache (centering, rotations); identity by default.
-  void set_kv_transform(std::shared_ptr<const KvTransform> t) { transform_ = std::move(t); }
-  const std::shared_ptr<const KvTransform>& kv_transform() const { return transform_; }
-
-  // Runs ids[0..n) at positions [cache.length(seq), + n) and appends their keys and values to the cache.
+  // Runs ids[0..n) at positions [cache.length(seq), + n) and appends their keys and values to the cache, transformed
+  // by the cache's KV transform (CacheConfig::transform: centring, rotations) when it has one.
   // logits: [n, vocab] when all_logits, else [vocab] for the last token. n <= cache.config().max_chunk.
   void forward(KvCache& cache, int seq, const int32_t* ids, int n, float* logits, bool all_logits);
 
   // Observers for calibration / evaluation: called per layer with post-RoPE q [n, n_heads, d], k, v
-  // [n, n_kv_heads, d] (before the KV transform) and the positions. Null by default.
+  // [n, n_kv_heads, d] (before the cache's KV transform) and the positions. Null by default.
   struct LayerTap {
     virtual ~LayerTap() = default;
     virtual void on_qkv(int layer, int pos0, int n, const float* q, const float* k, const float* v) = 0;
@@ -71,7 +68,6 @@ class Model {
   ThreadPool pool_;
   double load_seconds_ = 0;
   std::vector<float> inv_freq_;  // [d / 2] RoPE inverse frequencies
-  std::shared_ptr<const KvTransform> transform_;
   LayerTap* tap_ = nullptr;
   LayerHook* hook_ = nullptr;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "kv/simd.h"
 
 namespace kvq {
 
@@ -26,18 +27,19 @@ void check_step(const Runner& r, const std::vector<int>& seqs, const std::vector
 
 CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs)
     : model_(model),
-      transform_(model.kv_transform()),
       cache_(cache_cfg, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, max_ctx,
              max_seqs),
       max_seqs_(max_seqs) {}
 
-std::string CpuRunner::describe() const { return "cpu, " + std::to_string(model_.pool().size()) + " threads"; }
+std::string CpuRunner::describe() const {
+  return "cpu, " + std::to_string(model_.pool().size()) + " threads, " + simd_level_name(best_simd_level()) +
+         " cache kernels";
+}
 
 void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                         float* logits, int32_t* argmax) {
   check_step(*this, seqs, n);
   KVQ_CHECK(!hook_ || seqs.size() == 1, "forward: a step with a layer hook holds one sequence, not {}", seqs.size());
-  model_.set_kv_transform(transform_);
   model_.set_hook(hook_);
   struct Unhook {
     Model& m;
@@ -63,8 +65,7 @@ void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n,
 }
 
 RunnerFactory cpu_runner_factory(Model& model) {
-  return [&model](const CacheConfig& cache, std::shared_ptr<const KvTransform> transform, int max_ctx) {
-    model.set_kv_transform(std::move(transform));
+  return [&model](const CacheConfig& cache, int max_ctx) {
     return std::unique_ptr<Runner>(std::make_unique<CpuRunner>(model, cache, max_ctx));
   };
 }

@@ -32,7 +32,7 @@ class Runner {
 
   virtual const ModelConfig& config() const = 0;
   virtual const CacheConfig& cache_config() const = 0;
-  virtual std::string describe() const = 0;  // "cpu, 2 threads" / "cuda: NVIDIA H200 (...), bf16 GEMMs"
+  virtual std::string describe() const = 0;  // "cpu, 2 threads, avx512vnni cache kernels" / "cuda: NVIDIA H200 ..."
   virtual int max_ctx() const = 0;           // tokens per sequence at most
   virtual int max_seqs() const = 0;          // live sequences at most
   virtual int max_rows() const = 0;          // Σ n of one step at most (and n[b] <= cache_config().max_chunk)
@@ -66,16 +66,14 @@ class Runner {
   virtual void synchronize() const {}
 };
 
-// Builds a runner for one pass of an evaluation: its cache, its KV transform (null: none) and the longest sequence.
+// Builds a runner for one pass of an evaluation: its cache (with its KV transform) and the longest sequence.
 // The one place where evaluation code meets a device (cpu_runner_factory below; the CLI's --device cuda one).
-using RunnerFactory = std::function<std::unique_ptr<Runner>(const CacheConfig& cache,
-                                                            std::shared_ptr<const KvTransform> transform, int max_ctx)>;
+using RunnerFactory = std::function<std::unique_ptr<Runner>(const CacheConfig& cache, int max_ctx)>;
 
 // The CPU path: Model::forward over a KvCache, one sequence of the step after another.
 class CpuRunner final : public Runner {
  public:
-  // The model must outlive the runner. The model's KV transform at construction (Model::set_kv_transform) is the
-  // runner's: it is installed again before every step, so runners with different transforms can share one model.
+  // The model must outlive the runner; runners with different caches (and KV transforms) can share one model.
   CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs = 1);
 
   const ModelConfig& config() const override { return model_.config(); }
@@ -100,7 +98,6 @@ class CpuRunner final : public Runner {
 
  private:
   Model& model_;
-  std::shared_ptr<const KvTransform> transform_;  // installed on model_ for each step (null: none)
   Model::LayerHook* hook_ = nullptr;              // installed on model_ for each step, removed after it
   KvCache cache_;
   int max_seqs_;
