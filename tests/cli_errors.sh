@@ -36,6 +36,9 @@ expect_error "run: context larger than the model's" run -m $M -p hi -n 1 -c 1000
 expect_error "run: prompt + tokens overflow the context" run -m $M -p "hello world" -n 100 -c 16
 expect_error "run: bad temperature" run -m $M -p hi -n 1 --temp -1
 expect_error "run: bad clip" run -m $M -p hi -n 1 --kv-clip-k 1.5
+expect_error "run: a clip for keys that take none (KIVI)" run -m $M -p hi -n 1 -ctk kivi2 --kv-clip-k 0.9
+expect_error "run: a clip for bf16 values" run -m $M -p hi -n 1 -ctk int2 --kv-clip-v 0.9
+expect_error "run: a group with no grouped cache type" run -m $M -p hi -n 1 --kv-group 64
 expect_error "run: not a number" run -m $M -p hi -n many
 expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
 expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512

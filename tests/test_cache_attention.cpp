@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
+#include "kv/codec_registry.h"
 #include "kv/transform.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -30,7 +31,7 @@ CodecSpec spec(const std::string& type, int group, bool key) {
   s.type = type;
   s.group = group;
   s.clip = 1.0f;
-  s.per_channel = key && type.rfind("kivi", 0) == 0;
+  s.per_channel = key && codec_traits(type).per_channel_keys;
   return s;
 }
 
@@ -255,7 +256,9 @@ double attention_nmse(const CacheConfig& cfg, int n_tokens, const CacheConfig* o
 TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengths) {
   const double kBudget = 1e-6;
   const bool int8_operands = best_simd_level() == SimdLevel::kAvx512Vnni;
-  for (const std::string type : {"bf16", "int8", "int4", "int2", "kivi2"}) {
+  for (const CodecTraits& t : codec_table()) {  // every codec of the table
+    if (t.id == CodecId::kF32) continue;      // the exact rows the others are compared against
+    const std::string type(t.name);
     double worst = 0;
     for (int n_tokens : {1, 63, 64, 65, 257, 1000, 4097}) {
       const CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
@@ -264,7 +267,7 @@ TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengths) {
       exact.k.per_channel = exact.v.per_channel = false;
       double quant_error = 0;
       const double e = attention_nmse(cfg, n_tokens, &exact, &quant_error);
-      const bool relative = int8_operands && (type == "int2" || type == "kivi2");
+      const bool relative = int8_operands && t.code_bits == 2;  // int2 rows of one group: int8 operands
       const double budget = relative ? std::max(kBudget, 0.1 * quant_error) : kBudget;
       EXPECT_LE(e, budget) << cfg.describe() << " n_tokens=" << n_tokens << " quantization NMSE " << quant_error;
       worst = std::max(worst, e);

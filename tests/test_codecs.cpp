@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/half.h"
 #include "kv/codec.h"
+#include "kv/codec_registry.h"
 #include "kv/group_quant.h"
 #include "kv/layout.h"
 #include "kv/simd.h"
@@ -58,16 +59,11 @@ std::vector<float> uniform(size_t n, uint32_t seed, float lo, float hi) {
   return x;
 }
 
-int spec_bits(const CodecSpec& s) {
-  if (s.type == "int8") return 8;
-  if (s.type == "int4" || s.type == "kivi4") return 4;
-  if (s.type == "int2" || s.type == "kivi2") return 2;
-  return 16;
-}
+int spec_bits(const CodecSpec& s) { return codec_traits(s.type).code_bits; }
 
 std::string spec_name(const CodecSpec& s) {
   std::string n = s.type + "_d" + std::to_string(s.head_dim);
-  if (s.type != "bf16") n += "_G" + std::to_string(s.group);
+  if (codec_traits(s.type).grouped) n += "_G" + std::to_string(s.group);
   if (s.per_channel) n += "_keys";
   if (s.clip < 1.f) n += "_clip" + std::to_string(int(std::lround(s.clip * 100)));
   return n;
@@ -100,12 +96,15 @@ std::vector<float> decode_all(const KvCodec& codec, const std::vector<uint8_t>& 
   return x;
 }
 
+// Every quantized codec of the codec table at every group (KIVI: its per-channel keys too), then awkward shapes.
 std::vector<CodecSpec> quantized_specs() {
   std::vector<CodecSpec> v;
-  for (const char* t : {"int2", "int4", "int8", "kivi2", "kivi4"})
-    for (int g : {32, 64, 128}) v.push_back(spec(t, 128, g));
-  for (const char* t : {"kivi2", "kivi4"})
-    for (int g : {32, 64, 128}) v.push_back(spec(t, 128, g, 1.f, true));
+  for (const CodecTraits& t : codec_table())
+    for (int g : kGroups) {
+      if (!t.grouped) continue;
+      v.push_back(spec(std::string(t.name), 128, g));
+      if (t.per_channel_keys) v.push_back(spec(std::string(t.name), 128, g, 1.f, true));
+    }
   v.push_back(spec("int2", 128, 128, 0.96f));
   v.push_back(spec("int2", 128, 32, 0.92f));
   v.push_back(spec("int4", 256, 128, 0.96f));
@@ -116,9 +115,12 @@ std::vector<CodecSpec> quantized_specs() {
   return v;
 }
 
+// The quantized specs, and every unquantized codec of the table at several head_dims.
 std::vector<CodecSpec> all_specs() {
   std::vector<CodecSpec> v = quantized_specs();
-  for (int d : {64, 96, 128, 256}) v.push_back(spec("bf16", d, 128));
+  for (const CodecTraits& t : codec_table())
+    if (!t.grouped)
+      for (int d : {64, 96, 128, 256}) v.push_back(spec(std::string(t.name), d, 128));
   return v;
 }
 
@@ -447,4 +449,44 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
   // kivi keys: G tokens need not divide head_dim; kivi values do
   EXPECT_NO_THROW(make_codec(spec("kivi2", 96, 64, 1.f, true)));
   EXPECT_THROW(make_codec(spec("kivi2", 96, 64)), Error);
+}
+
+// The codec table: names and aliases resolve to their row, every row builds a CPU codec whose stored bits match
+// the row's code bits (+ 32 / G for grouped codecs), and the flags' defaults come from the row.
+TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
+  ASSERT_FALSE(codec_table().empty());
+  for (const CodecTraits& t : codec_table()) {
+    EXPECT_EQ(&codec_traits(t.id), &t) << t.name;
+    EXPECT_EQ(find_codec(t.name), &t) << t.name;
+    for (std::string_view a : t.aliases) EXPECT_EQ(find_codec(a), &t) << a;
+    for (int g : kGroups) {
+      const CodecSpec k = codec_spec(t.name, true, g, 0.f), v = codec_spec(t.name, false, g, 0.f);
+      EXPECT_EQ(k.per_channel, t.per_channel_keys) << t.name;
+      EXPECT_FALSE(v.per_channel) << t.name;
+      EXPECT_EQ(k.clip, t.default_clip_k) << t.name;
+      EXPECT_EQ(v.clip, t.default_clip_v) << t.name;
+      for (const CodecSpec& s : {k, v}) {
+        const auto codec = make_codec(s);
+        EXPECT_EQ(codec->name(), t.name);
+        const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0);
+        EXPECT_DOUBLE_EQ(codec->bits_per_element(), want) << t.name << " G " << g << (s.per_channel ? " keys" : "");
+      }
+    }
+  }
+  EXPECT_EQ(find_codec("int3"), nullptr);
+  EXPECT_EQ(codec_spec("fp32", true, 128, 0.f).type, "f32");  // an alias is canonicalised
+}
+
+TEST(CodecTable, UnknownTypesAndClipsACodecIgnoresAreRefusedByName) {
+  try {
+    codec_traits("int3");
+    ADD_FAILURE() << "no error for int3";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'int3'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(codec_names(", ")), std::string::npos) << msg;
+  }
+  EXPECT_THROW(codec_spec("kivi2", true, 128, 0.9f), Error);  // KIVI is plain min/max
+  EXPECT_THROW(codec_spec("bf16", false, 128, 0.9f), Error);  // nothing to clip
+  EXPECT_EQ(codec_spec("int2", true, 64, 0.9f).clip, 0.9f);
 }
