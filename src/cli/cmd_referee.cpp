@@ -35,7 +35,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
   RefereeConfig& c = o.cfg;
   auto given = [&](const char* flag) { return cmd->count(flag) > 0; };
   if (o.quick) {  // the demo / CI subset; explicit flags still win
-    if (!given("--methods")) o.methods = "bf16,int8,int2,kivi2,int2+quarot,int2+oscar,optr(oscar)";
+    if (!given("--methods")) o.methods = referee_quick_methods();
     if (!given("--cache-windows")) o.windows = "64/256,0/0";
     if (!given("--ctx")) o.ctx = "1024";
     if (!given("--windows")) c.eval_windows = 1;
@@ -98,8 +98,10 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--eval-data", c.eval_dir, "directory of eval texts; every DIR/*.txt is one domain")->required();
   cmd->add_option("-o,--output", c.out_dir, "output directory (results, reports, runs/, rotations/)")->required();
   cmd->add_option("--ctx", o->ctx, "comma-separated context lengths (layers at the first)");
-  cmd->add_flag("--quick", o->quick, "demo / CI subset: 7 methods, windows 64/256 and 0/0, ctx 1024, 1 window, "
-                "2 domains, 1 passkey trial per depth, small OptR budget");
+  const std::string quick = referee_quick_methods();
+  cmd->add_flag("--quick", o->quick, fmt::format("demo / CI subset: {} methods, windows 64/256 and 0/0, ctx 1024, 1 "
+                "window, 2 domains, 1 passkey trial per depth, small OptR budget",
+                std::count(quick.begin(), quick.end(), ',') + 1));
   cmd->add_option("--windows", c.eval_windows, "eval windows per domain and ctx (0: all)")->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--passkey-trials", c.passkey_trials, "passkey prompts per (ctx, depth)")
       ->check(CLI::Range(1, 1 << 20));

@@ -22,8 +22,6 @@ struct ModelOptions {
   std::string cuda_graphs = "on";  // --cuda-graphs: on | off, decode steps replayed as CUDA graphs
 };
 
-inline constexpr int kDefaultGroup = 128;  // G of --kv-group when not given
-
 struct CacheOptions {
   std::string type_k = "bf16", type_v = "bf16";  // -ctk / -ctv
   std::string type_both;                         // --kv-cache-dtype (sets both)

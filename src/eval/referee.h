@@ -2,7 +2,7 @@
 // eval data, seeds, group (128) and layer policy (none), with the fidelity metrics of §8 (kvq::evaluate) and the
 // honest effective bits of §6 at each stated context.
 //
-// Methods (labels; --methods takes them comma-separated):
+// Methods (labels; --methods takes them comma-separated; one row each in eval/referee_methods.cpp):
 //   bf16, int8, int4, int2, kivi2                    plain caches, no rotation
 //   int2+quarot                                      data-free Hadamard rotation
 //   int2+oscar                                       OSCAR spectral rotations (calibrated, grid-independent)
@@ -18,6 +18,9 @@
 // A leakage row: optr(oscar) at the first window setting calibrated on the largest evaluated domain's eval file.
 // Resume: OUT/runs/<key>.json per (method, windows) as soon as it finishes; a rerun skips runs whose json exists
 // and records the same settings.
+// Files: referee_methods (the method table), referee_plan (runs, settings, resume), referee_store (rotation and
+// clip stores), referee_results (run records, results.json), referee_report / report_html / referee_pooled (the
+// reports), referee.cpp (the driver: inputs, evaluation passes, the run loop).
 #pragma once
 
 #include <cstdint>
@@ -27,30 +30,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eval/referee_methods.h"
 #include "model/runner.h"
 
 namespace kvq {
-
-struct RefereeMethod {
-  std::string label;           // "optr(oscar)"
-  std::string type;            // cache type of keys and values: bf16 | int8 | int4 | int2 | kivi2
-  std::string rotation;        // none | quarot | oscar | optr
-  std::string base;            // optr: quarot | oscar
-  std::string objective;       // optr: post-wo | joint | pre-wo | recon
-  bool needs_calibration() const { return rotation == "oscar" || rotation == "optr"; }
-};
-
-// Every method the referee knows, in report order.
-const std::vector<RefereeMethod>& referee_methods();
-// "bf16,int2+quarot" -> those methods; kvq::Error naming an unknown or repeated label.
-std::vector<RefereeMethod> parse_referee_methods(const std::string& list);
-
-struct RefereeWindows {
-  int sink = 64, recent = 256;  // S0 and W (tokens kept in BF16)
-  std::string label() const;    // "64/256"
-};
-// "64/256,0/0" -> windows; kvq::Error on anything but non-negative integer pairs or a repeat.
-std::vector<RefereeWindows> parse_referee_windows(const std::string& list);
 
 struct RefereeConfig {
   std::string model_dir;               // -m

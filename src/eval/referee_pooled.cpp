@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "eval/referee_methods.h"
 #include "eval/referee_view.h"
 #include "eval/rng.h"
 
@@ -95,6 +96,8 @@ Interval paired_ppl_ratio(const PooledWindows& m, const PooledWindows& b, int re
 }
 
 std::string natural_base(const json& method) {
+  if (const RefereeMethod* row = find_referee_method(str(method, "label"))) return row->baseline;
+  // A record of a method the table no longer holds: the rule the rows follow.
   const std::string type = str(method, "type"), rotation = str(method, "rotation"), base = str(method, "base");
   if (rotation == "optr" && !base.empty()) return type + "+" + base;
   if (rotation == "oscar") return type + "+quarot";
@@ -123,11 +126,13 @@ json referee_unseen_json(const json& j) {
   std::vector<const json*> runs;  // the leakage row was calibrated on an eval file: its seen domain differs
   for (const json& r : j["runs"])
     if (!run_is_leak(r)) runs.push_back(&r);
-  // Index in runs of method `label` at window setting `windows` (bf16 at any), or -1.
+  // Index in runs of method `label` at window setting `windows` (a run whose windows read "any", bf16, at every
+  // setting), or -1.
   const auto find = [&](const std::string& label, const std::string& windows) -> int {
-    for (size_t i = 0; i < runs.size(); ++i)
-      if ((*runs[i])["method"]["label"] == label && (label == "bf16" || run_windows(*runs[i]) == windows))
-        return int(i);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const std::string w = run_windows(*runs[i]);
+      if ((*runs[i])["method"]["label"] == label && (w == "any" || w == windows)) return int(i);
+    }
     return -1;
   };
   std::vector<std::string> settings;  // window settings in order of first appearance ("any" is bf16's)

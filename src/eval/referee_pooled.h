@@ -54,6 +54,7 @@ Interval paired_ppl_ratio(const PooledWindows& method, const PooledWindows& base
                           double level = 0.95);
 
 // The base a method is judged against besides bf16 (its "natural baseline"), from its results.json method object:
+// the baseline of its row in referee_methods(); for a label the table does not hold, the rule the rows follow:
 // optr / optr-* of rotation R -> "<type>+R" (the rotation it starts from); <type>+oscar -> "<type>+quarot" (calibrated
 // versus data-free rotation); <type>+quarot -> "<type>" (rotation versus none); anything else: "" (bf16 only).
 std::string natural_base(const nlohmann::json& method);

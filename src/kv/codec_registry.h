@@ -47,6 +47,7 @@ struct CodecTraits {
 // of 32, 64 or 128 (dividing head_dim for per-token rows; KIVI keys: tokens per block).
 inline constexpr int kCpuMaxHeadDim = 256;
 inline constexpr int kGroups[] = {32, 64, 128};
+inline constexpr int kDefaultGroup = 128;  // G when --kv-group is not given
 
 std::span<const CodecTraits> codec_table();
 const CodecTraits& codec_traits(CodecId id);

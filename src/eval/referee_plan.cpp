@@ -1,0 +1,106 @@
+// The referee's plan, run settings and resume (eval/referee_plan.h).
+#include "eval/referee_plan.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/version.h"
+#include "eval/referee_io.h"
+
+namespace kvq {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string run_key(const RefereeMethod& m, const RefereeWindows& w) {
+  if (!m.windows_matter) return referee_slug(m.label);
+  return referee_slug(m.label) + "__" + std::to_string(w.sink) + "-" + std::to_string(w.recent);
+}
+
+const RefereeMethod& leakage_method() {
+  const auto& all = referee_methods();
+  auto it = std::find_if(all.begin(), all.end(), [](const RefereeMethod& m) { return m.leakage; });
+  KVQ_CHECK(it != all.end(), "referee: no method row is marked for the leakage row");
+  return *it;
+}
+
+}  // namespace
+
+std::vector<PlannedRun> plan_referee_runs(const RefereeConfig& cfg, const RefereeData& data) {
+  std::vector<PlannedRun> plan;
+  for (const RefereeMethod& m : cfg.methods)
+    for (const RefereeWindows& w : cfg.windows) {
+      plan.push_back({m, w, false, run_key(m, w)});
+      if (!m.windows_matter) break;
+    }
+  if (cfg.leakage && data.leak_domain >= 0) {
+    const RefereeMethod& m = leakage_method();
+    const RefereeWindows w = cfg.windows.front();
+    plan.push_back({m, w, true, run_key(m, w) + "__leak-" + referee_slug(data.domains[size_t(data.leak_domain)].name)});
+  }
+  return plan;
+}
+
+std::string run_windows_label(const PlannedRun& r) { return r.method.windows_matter ? r.windows.label() : "any"; }
+
+bool referee_tunes_clips(const RefereeConfig& cfg, const RefereeMethod& m) {
+  return !cfg.clip_grid.empty() && m.tunes_clips;
+}
+
+CalibText run_calib_text(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r) {
+  if (r.leakage && data.leak_domain >= 0) {
+    const EvalDomain& d = data.domains[size_t(data.leak_domain)];
+    return {d.path, d.sha256, d.ids};
+  }
+  return {cfg.calib_data, data.calib_sha256, data.calib_ids};
+}
+
+json run_settings(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r) {
+  json domains = json::array();
+  for (const EvalDomain& d : data.domains) domains.push_back({{"domain", d.name}, {"sha256", d.sha256}});
+  json s = {{"model_fingerprint", data.fingerprint},
+            {"eval_data", domains},
+            {"ctx", cfg.ctx},
+            {"eval_windows", cfg.eval_windows},
+            {"passkey_trials", cfg.passkey_trials},
+            {"depths", cfg.depths.empty() ? EvalConfig::default_depths() : cfg.depths},
+            {"bootstrap", cfg.bootstrap},
+            {"seed", cfg.seed},
+            {"group", cfg.group},
+            {"layer_skip", "none"},
+            {"method", r.method.label},
+            {"sink", r.windows.sink},
+            {"recent", r.windows.recent},
+            {"device", cfg.device},
+            {"kvq_version", KVQ_VERSION}};
+  // Only tuned runs record the grid: the other runs stay valid, and resume, whatever the grid.
+  if (referee_tunes_clips(cfg, r.method))
+    s["clip_tuning"] = {{"grid", cfg.clip_grid}, {"windows", cfg.tune_windows}};
+  if (r.method.needs_calibration())
+    s["calibration"] = {{"sha256", run_calib_text(cfg, data, r).sha256},
+                        {"tokens", cfg.calib_tokens},
+                        {"chunk", cfg.calib_chunk},
+                        {"steps", cfg.calib_steps}};
+  return s;
+}
+
+std::string run_record_path(const RefereeConfig& cfg, const std::string& key) {
+  return (fs::path(cfg.out_dir) / "runs" / (key + ".json")).string();
+}
+
+std::optional<json> resumable_record(const std::string& path, const json& settings, const RefereeLog& log) {
+  if (!fs::exists(path)) return std::nullopt;
+  try {
+    json old = json::parse(referee_read_text(path, "run record"));
+    if (old.value("settings", json()) == settings) return old;
+    log(fmt::format("kvq: referee: {} was run with other settings; running it again", path), false);
+  } catch (const json::exception&) {
+    log(fmt::format("kvq: referee: {} is not valid json; running it again", path), false);
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvq

@@ -1,0 +1,198 @@
+// The referee's run records and results.json (eval/referee_results.h).
+#include "eval/referee_results.h"
+
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include "common/version.h"
+#include "eval/referee_io.h"
+#include "eval/referee_pooled.h"
+
+namespace kvq {
+
+using nlohmann::json;
+
+namespace {
+
+json machine_json(int threads) {
+  json m;
+  struct utsname u {};
+  if (uname(&u) == 0)
+    m = {{"sysname", u.sysname}, {"nodename", u.nodename}, {"release", u.release}, {"version", u.version},
+         {"machine", u.machine}};
+  std::string cpu = "unknown";
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      cpu = line.substr(line.find(':') + 1);
+      cpu.erase(0, cpu.find_first_not_of(' '));
+      break;
+    }
+  m["cpu_model"] = cpu;
+  m["hardware_threads"] = std::thread::hardware_concurrency();
+  m["threads"] = threads;
+  return m;
+}
+
+json rotation_json(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r, const Rotation& rot,
+                   const json& settings) {
+  const bool calibrated = r.method.needs_calibration();
+  return {{"name", rot.transform ? rot.transform->name : "none"},
+          {"file", rot.file.empty() ? json(nullptr) : json(rot.file)},
+          {"reused", rot.reused},
+          {"calibration_seconds", rot.seconds},
+          {"calib_data", calibrated ? json(run_calib_text(cfg, data, r).file) : json(nullptr)},
+          {"calib_sha256", calibrated ? settings["calibration"]["sha256"] : json(nullptr)},
+          {"heads_total", rot.meta.value("heads_total", 0)},
+          {"heads_key_kept", rot.meta.value("heads_key_kept", 0)},
+          {"heads_value_kept", rot.meta.value("heads_value_kept", 0)}};
+}
+
+// results.json "leakage": the leakage row against the same method and windows calibrated on disjoint data, on the
+// leakage domain and pooled; null without a leakage row.
+json leakage_json(const RefereeConfig& cfg, const RefereeData& data, const std::vector<RefereeRun>& runs) {
+  const RefereeRun *leak = nullptr, *disjoint = nullptr;
+  for (const RefereeRun& r : runs) {
+    if (r.record.value("leakage", false)) leak = &r;
+  }
+  if (!leak) return nullptr;
+  for (const RefereeRun& r : runs)
+    if (!r.record.value("leakage", false) && r.record["method"]["label"] == leak->record["method"]["label"] &&
+        r.record["windows"] == leak->record["windows"])
+      disjoint = &r;
+  const std::string domain = data.domains[size_t(data.leak_domain)].name;
+  const std::string ctx = std::to_string(cfg.ctx.front());
+  json j = {{"method", leak->record["method"]["label"]},
+            {"windows", leak->record["windows"]["label"]},
+            {"domain", domain},
+            {"ctx", cfg.ctx.front()},
+            {"leak_key", leak->key},
+            {"leak_calibration", leak->record["rotation"]["calib_data"]},
+            {"disjoint_key", disjoint ? json(disjoint->key) : json(nullptr)}};
+  auto grab = [&](const RefereeRun* r, const char* prefix) {
+    if (!r) return;
+    const json& res = r->record["results"];
+    j[std::string(prefix) + "_ppl_domain"] = res["ppl"][ctx][domain]["ppl"];
+    j[std::string(prefix) + "_ppl_domain_ci95"] = res["ppl"][ctx][domain]["ci95"];
+    j[std::string(prefix) + "_kl_domain"] = res["kl"][ctx][domain]["kl_mean"];
+    j[std::string(prefix) + "_kl_domain_ci95"] = res["kl"][ctx][domain]["kl_ci95"];
+    const std::string pooled = res["ppl"][ctx].contains("all") ? "all" : domain;
+    j[std::string(prefix) + "_ppl_all"] = res["ppl"][ctx][pooled]["ppl"];
+    j[std::string(prefix) + "_kl_all"] = res["kl"][ctx][pooled]["kl_mean"];
+  };
+  grab(leak, "leak");
+  grab(disjoint, "disjoint");
+  return j;
+}
+
+json config_json(const RefereeConfig& cfg) {
+  json methods = json::array(), windows = json::array();
+  for (const RefereeMethod& m : cfg.methods) methods.push_back(m.label);
+  for (const RefereeWindows& w : cfg.windows) windows.push_back(w.label());
+  return {{"ctx", cfg.ctx},
+          {"methods", methods},
+          {"windows", windows},
+          {"eval_windows", cfg.eval_windows},
+          {"passkey_trials", cfg.passkey_trials},
+          {"depths", cfg.depths.empty() ? EvalConfig::default_depths() : cfg.depths},
+          {"bootstrap", cfg.bootstrap},
+          {"group", cfg.group},
+          {"layer_skip", "none"},
+          {"layers_ctx", cfg.ctx.front()},
+          {"calibration", {{"tokens", cfg.calib_tokens}, {"chunk", cfg.calib_chunk}, {"steps", cfg.calib_steps}}},
+          {"quick", cfg.quick},
+          {"leakage", cfg.leakage},
+          {"device", cfg.device}};
+}
+
+// results.json "notes": the protocol, in words, then each method row's own note (every row of the table, whichever
+// were run), then the CIs and the bits.
+json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
+  json notes = {
+      "Every run: same model, same eval windows and passkey prompts (same seeds), same group (" +
+          std::to_string(cfg.group) + "), layer-skip policy none; all metrics decode-faithful (METHODS §2).",
+      "bf16 is run once: sink/recent windows do not change a BF16 cache (its windows column reads 'any').",
+      "Calibrated methods (int2+oscar, optr*) were calibrated on " + cfg.calib_data + " (sha256 " +
+          data.calib_sha256.substr(0, 16) + "…), checked disjoint from every file of " + cfg.eval_dir +
+          " by path and sha256; a calibration file may come from the same domain as an eval file (another part of "
+          "the text), which the check allows.",
+      "OptR rotations are calibrated for the int2 grid (group " + std::to_string(cfg.group) + ", clips " +
+          (cfg.clip_grid.empty() ? std::string("0.96/0.92")
+                                 : std::string("tuned for their base rotation, see the clip table")) +
+          ") and the windows of their row; OSCAR's are grid- and window-independent (one file).",
+      cfg.clip_grid.empty()
+          ? std::string("INT2 clips are METHODS' defaults (keys 0.96, values 0.92); --clip-grid tunes them.")
+          : "INT2 clips: per method and windows, the (key, value) pair of the grid with the lowest ppl on " +
+                std::to_string(cfg.tune_windows) + " held-out window(s) at ctx " + std::to_string(cfg.ctx.front()) +
+                " from the end of " + cfg.calib_data + ", past the calibration budget (METHODS §7)."};
+  for (const RefereeMethod& m : referee_methods())
+    if (!m.note.empty()) notes.push_back(m.note);
+  notes.push_back(
+      "CIs: percentile bootstrap over eval windows (ppl, KL, top-1; with one window per domain a per-domain interval "
+      "is degenerate, lo = hi) and Wilson intervals over passkey trials.");
+  notes.push_back(
+      "Effective bits: bytes actually stored per token per layer (scales, zeros and BF16 windows included) at the "
+      "stated context (METHODS §6).");
+  notes.push_back(
+      "The leakage row calibrates optr(oscar) on an eval file itself (the evaluated domain with the most text) to "
+      "show how much same-text calibration flatters a method.");
+  return notes;
+}
+
+}  // namespace
+
+json method_json(const RefereeMethod& m) {
+  return {{"label", m.label}, {"type", m.type()}, {"rotation", m.rotation}, {"base", m.base},
+          {"objective", m.objective}};
+}
+
+void add_run_fields(json& rec, const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r,
+                    const Rotation& rot, const json& settings, int threads) {
+  rec["key"] = r.key;
+  rec["method"] = method_json(r.method);
+  rec["windows"] = {{"sink", r.windows.sink}, {"recent", r.windows.recent}, {"label", run_windows_label(r)}};
+  rec["leakage"] = r.leakage;
+  rec["rotation"] = rotation_json(cfg, data, r, rot, settings);
+  rec["settings"] = settings;
+  rec["date"] = referee_utc_now();  // when this run was made (a resumed run keeps its own date)
+  rec["threads"] = threads;
+}
+
+json referee_results_json(const RefereeConfig& cfg, const RefereeData& data, const RefereeOutcome& o) {
+  json j;
+  j["kvq"] = {{"version", KVQ_VERSION}, {"git", git_describe()}};
+  j["date"] = referee_utc_now();
+  j["machine"] = machine_json(o.threads);
+  j["model"] = {{"dir", cfg.model_dir}, {"fingerprint", data.fingerprint}};
+  j["calibration_data"] = {{"file", cfg.calib_data}, {"sha256", data.calib_sha256}, {"bytes", data.calib_bytes},
+                           {"tokens", data.calib_ids.size()}};
+  json eval_data = json::array();
+  for (const EvalDomain& d : data.domains)
+    eval_data.push_back({{"domain", d.name}, {"file", d.path}, {"sha256", d.sha256}, {"bytes", d.bytes},
+                         {"tokens", d.ids.size()}});
+  j["eval_data"] = eval_data;
+  j["config"] = config_json(cfg);
+  j["seeds"] = {{"seed", cfg.seed}};
+  json runs = json::array(), runners = json::array();
+  for (const RefereeRun& r : o.res.runs) {
+    runs.push_back(r.record);
+    const json where = r.record.value("runner", json("unknown"));
+    if (std::find(runners.begin(), runners.end(), where) == runners.end()) runners.push_back(where);
+  }
+  j["runs"] = runs;
+  j["runners"] = runners;
+  j["missing_runs"] = o.missing;
+  j["leakage"] = leakage_json(cfg, data, o.res.runs);
+  j["counters"] = {{"runs_total", o.runs_total}, {"runs_executed", o.res.runs_executed},
+                   {"runs_resumed", o.res.runs_resumed}, {"runs_missing", int(o.missing.size())},
+                   {"calibrations_run", o.res.calibrations_run}, {"calibrations_reused", o.res.calibrations_reused}};
+  j["notes"] = notes_json(cfg, data);
+  j["unseen"] = referee_unseen_json(j);  // pooled over the eval domains other than the calibration one
+  j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - o.start).count();
+  return j;
+}
+
+}  // namespace kvq
