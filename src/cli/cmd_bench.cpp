@@ -75,8 +75,9 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
   Runner& r = *runner;
   log_runner(r, "bench:");
   KVQ_CHECK(r.page_pool().sequences_at(ctx + o.decode_steps()) >= o.seqs,
-            "bench decode: --kv-budget-gib {:g} holds {} sequences of {} tokens, fewer than --seqs {}",
-            o.cache.kv_budget_gib, r.page_pool().sequences_at(ctx + o.decode_steps()), ctx + o.decode_steps(), o.seqs);
+            "bench decode: the KV pool ({:.1f} MiB) holds {} sequences of {} tokens, fewer than --seqs {}",
+            double(r.cache_bytes()) / double(1 << 20), r.page_pool().sequences_at(ctx + o.decode_steps()),
+            ctx + o.decode_steps(), o.seqs);
   std::mt19937 rng(1234);
   std::vector<int32_t> ids(static_cast<size_t>(ctx));
   const int chunk = r.cache_config().max_chunk;

@@ -28,10 +28,11 @@ PagePool::Size PagePool::for_budget(const CacheLayout& layout, int max_ctx, int 
   if (max_seqs == 0) max_seqs = int(std::min<int64_t>(budget / std::max<int64_t>(one_seq, 1), INT32_MAX));
   const int64_t windows = int64_t(max_seqs) * layout.window_bytes();
   KVQ_CHECK(max_seqs > 0 && windows + layout.pages_for(max_ctx) * layout.page_bytes <= budget,
-            "KV cache: a budget of {:.1f} MiB does not hold the windows of {} sequence slots ({:.1f} MiB) and the "
+            "KV cache: a budget of {:.1f} MiB does not hold the windows of {} sequence slot{} ({:.1f} MiB) and the "
             "pages of one sequence of {} tokens ({} x {:.2f} MiB)",
-            mib(double(budget)), std::max(max_seqs, 1), mib(double(std::max(max_seqs, 1)) * layout.window_bytes()),
-            max_ctx, layout.pages_for(max_ctx), mib(double(layout.page_bytes)));
+            mib(double(budget)), std::max(max_seqs, 1), max_seqs > 1 ? "s" : "",
+            mib(double(std::max(max_seqs, 1)) * layout.window_bytes()), max_ctx, layout.pages_for(max_ctx),
+            mib(double(layout.page_bytes)));
   const Size most = for_sequences(layout, max_ctx, max_seqs);
   const int64_t pages = layout.page_bytes > 0 ? (budget - windows) / layout.page_bytes : most.n_pages;
   return {max_seqs, int(std::min<int64_t>(pages, most.n_pages))};
