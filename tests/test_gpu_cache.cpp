@@ -503,6 +503,95 @@ TEST(GpuCache, RefusesContextOverflowAndBadStepsBeforeWork) {
   c.commit_step();
 }
 
+// Pages freed by one sequence and taken by a new one: the block tables the GPU uploads from the page pool still
+// address the same bytes the CPU cache stores (both pools hand out the same page ids).
+TEST(GpuCache, ReusedPagesAfterFreeStillMatchTheCpuCacheByteForByte) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  Twin t(config("int2", 128, 16, 64, 128), 1200, 2, KvTransform{});
+  t.prefill(0, 700, rng, Data::Gaussian, 1.0);
+  t.prefill(1, 500, rng, Data::Gaussian, 1.0);
+  t.cpu.free_sequence(t.cpu_ids[0]);
+  t.gpu.free_sequence(t.gpu_ids[0]);
+  EXPECT_EQ(t.gpu.pool().used_pages(), t.cpu.pool().used_pages());
+  t.cpu_ids[0] = t.cpu.new_sequence();
+  t.gpu_ids[0] = t.gpu.new_sequence();
+  t.prefill(0, 1100, rng, Data::Gaussian, 1.0);
+  t.step({0, 1}, {1, 1}, rng, Data::Gaussian, true, budget("int2", 128, false), "decode after reuse");
+  EXPECT_EQ(t.gpu.pool().table(), t.cpu.pool().table());
+  for (int b = 0; b < 2; ++b) {
+    int64_t total = 0;
+    EXPECT_EQ(t.row_mismatches(b, &total), 0) << "sequence " << b;
+    EXPECT_GT(total, 0);
+  }
+}
+
+// A GPU cache sized in bytes has the CPU cache's pool (slots, pages, block tables) and holds the same sequences.
+TEST(GpuCache, PoolFromAByteBudgetHoldsWhatTheCpuCacheHolds) {
+  REQUIRE_GPU();
+  for (const char* type : {"bf16", "int2", "kivi2"}) {
+    const CacheConfig cfg = config(type, 128, 16, 64, 256);
+    const int ctx = 2000;
+    const CacheLayout l = cache_layout(cfg, 2, 2, kD);
+    const size_t budget = size_t(3.5 * double(l.sequence_bytes(ctx)));
+    cuda::GpuKvCache gpu(cfg, 2, 2, kD, ctx, 0, budget);
+    KvCache cpu(cfg, 2, 2, kD, ctx, 0, budget);
+    EXPECT_EQ(gpu.max_seqs(), 3) << type;
+    EXPECT_EQ(gpu.pool().n_slots(), cpu.pool().n_slots()) << type;
+    EXPECT_EQ(gpu.pool().n_pages(), cpu.pool().n_pages()) << type;
+    EXPECT_EQ(gpu.bytes_allocated(), cpu.bytes_allocated() + gpu.pool().table().size() * sizeof(int)) << type;
+    int held = 0;
+    try {
+      for (;;) {
+        const int g = gpu.new_sequence(), c = cpu.new_sequence();
+        for (int done = 0; done < ctx; done += cfg.max_chunk) {
+          const int n = std::min(cfg.max_chunk, ctx - done);
+          gpu.begin_step({g}, {n});
+          gpu.commit_step();
+          cpu.reserve(c, n);
+          cpu.commit(c, n);
+        }
+        ++held;
+      }
+    } catch (const Error&) {
+    }
+    EXPECT_EQ(held, 3) << type;
+    EXPECT_EQ(gpu.pool().table(), cpu.pool().table()) << type;
+  }
+}
+
+// Fixed slots, too few pages: begin_step refuses the whole step with the pool's error before anything changes.
+TEST(GpuCache, ExhaustedPoolRefusesTheStepBeforeAnythingChanges) {
+  REQUIRE_GPU();
+  const CacheConfig cfg = config("int2", 128, 16, 64, 256);
+  const CacheLayout l = cache_layout(cfg, 1, 2, kD);
+  cuda::GpuKvCache c(cfg, 1, 2, kD, 1000, 2, size_t(2 * l.window_bytes() + 9 * l.page_bytes));
+  EXPECT_EQ(c.pool().n_pages(), 9);
+  const int a = c.new_sequence(), b = c.new_sequence();
+  for (int s : {a, b})
+    for (int i = 0; i < 2; ++i) {  // 512 tokens: 4 pages each
+      c.begin_step({s}, {256});
+      c.commit_step();
+    }
+  EXPECT_EQ(c.pool().free_pages(), 1);
+  const std::vector<int> table = c.pool().table();
+  try {
+    c.begin_step({a, b}, {256, 256});  // 2 more pages each
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("page pool exhausted: sequences 0, 1 need 4 more pages, 1 free of 9"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(c.pool().table(), table);
+  EXPECT_EQ(c.length(a), 512);
+  EXPECT_EQ(c.step_rows(), 0);
+  c.free_sequence(b);
+  c.begin_step({a}, {256});
+  c.commit_step();
+  EXPECT_EQ(c.length(a), 768);
+}
+
 // --- Host side, no GPU needed: the geometry the kernels address the cache with, against the CPU cache.
 
 TEST(GpuCacheGeometry, SupportsKiviKeysPerChannelAndPerTokenValues) {
@@ -585,6 +674,29 @@ TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {
     EXPECT_EQ(g.k_block % 4, 0) << what;
     EXPECT_EQ(g.head_bytes % 4, 0) << what;
   }
+}
+
+// The geometry's sizes are the cache layout's (kv/cache_layout.h), the block table width the page pool's.
+TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
+  for (const char* type : {"bf16", "int2", "int4", "kivi2"}) {
+    for (int group : {32, 128}) {
+      const CacheConfig cfg = config(type, group, 16, 64, 100);
+      const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 3, 2, 5000);
+      const CacheLayout l = cache_layout(cfg, 3, 2, kD);
+      const PagePool pool(l, 5000, PagePool::for_sequences(l, 5000, 2));
+      EXPECT_EQ(g.block_tokens, l.block_tokens) << type << group;
+      EXPECT_EQ(g.ring_tokens, l.ring_tokens) << type << group;
+      EXPECT_EQ(g.k_region, l.k_region) << type << group;
+      EXPECT_EQ(g.head_bytes, l.head_bytes) << type << group;
+      EXPECT_EQ(g.page_bytes, l.page_bytes) << type << group;
+      EXPECT_EQ(g.k_block, l.k.bytes) << type << group;
+      EXPECT_EQ(g.v_row, l.v.bytes) << type << group;
+      EXPECT_EQ(g.pages_per_seq, pool.table_width()) << type << group;
+      for (int t = -1; t < 600; ++t) ASSERT_EQ(cuda::quant_end(g, t), l.quant_end(t)) << type << group << " t " << t;
+    }
+  }
+  // No quantized region at all: the block table keeps one column.
+  EXPECT_EQ(cuda::cache_geometry(config("int2", 128, 64, 256), 1, 1, 32).pages_per_seq, 1);
 }
 
 }  // namespace

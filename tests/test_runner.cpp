@@ -78,3 +78,36 @@ TEST(CpuRunner, RefusesMalformedStepsBeforeAnyWork) {
   r.forward({s}, {3}, ids.data(), LogitRows::None, nullptr, nullptr);
   EXPECT_EQ(r.length(s), 3);
 }
+
+// --kv-budget-gib on the CPU: the runner's pool is what the budget holds, its pool is the cache's, and a step that
+// needs more pages than are free is refused with the pool's error before any work (the sequence keeps its length).
+TEST(CpuRunner, KvBudgetSizesThePoolAndAnExhaustedStepIsRefusedBeforeWork) {
+  Model& m = ref_model();
+  CacheConfig c = small_cache();
+  c.sink = 4, c.recent = 8, c.page_tokens = 16;
+  const ModelConfig& mc = m.config();
+  const CacheLayout l = cache_layout(c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  CpuRunner r(m, c, 64, 2, size_t(2 * l.window_bytes() + 5 * l.page_bytes));
+  EXPECT_EQ(r.page_pool().n_slots(), 2);
+  EXPECT_EQ(r.page_pool().n_pages(), 5);
+  EXPECT_EQ(r.cache_bytes(), r.page_pool().bytes());
+  const int a = r.new_sequence(), b = r.new_sequence();
+  const std::vector<int32_t> ids(64, 7);
+  for (int i = 0; i < 64; i += 16) r.forward({a}, {16}, ids.data(), LogitRows::None, nullptr, nullptr);
+  EXPECT_EQ(r.page_pool().pages(a), 4);  // 64 - 12 quantized positions
+  r.forward({b}, {16}, ids.data(), LogitRows::None, nullptr, nullptr);
+  r.forward({b}, {12}, ids.data(), LogitRows::None, nullptr, nullptr);  // 28: the last free page
+  EXPECT_EQ(r.page_pool().free_pages(), 0);
+  try {
+    r.forward({b}, {16}, ids.data(), LogitRows::None, nullptr, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("page pool exhausted: sequence 1 needs 1 more page, 0 free of 5"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(r.length(b), 28);
+  r.free_sequence(a);
+  r.forward({b}, {16}, ids.data(), LogitRows::None, nullptr, nullptr);
+  EXPECT_EQ(r.length(b), 44);
+}

@@ -2,6 +2,7 @@
 // batch x context shapes, against kvq's bf16 GPU kernel and the device's measured read bandwidth.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "kv/cache.h"
@@ -19,5 +20,18 @@ struct GpuAttentionBench {
 
 // Throws kvq::Error when built without CUDA or when no device is available.
 void bench_attention_cuda(const GpuAttentionBench& o);
+
+// kvq bench decode --kv-budget-gib: what a cache built from a byte budget really holds, sequences opened and
+// reserved to ctx tokens each until the pool refused one (allocated, not computed).
+struct PoolProbe {
+  int held = 0;          // sequences reserved to ctx
+  int n_slots = 0;       // the pool's sequence slots and pages
+  int n_pages = 0;
+  size_t bytes = 0;      // bytes the cache allocated (pages + windows)
+  std::string refusal;   // the kvq::Error that ended the fill
+};
+// The same probe of the GPU cache (cuda::GpuKvCache); the CPU one is in cmd_bench.cpp. Throws without CUDA.
+PoolProbe probe_pool_cuda(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int ctx,
+                          size_t budget_bytes);
 
 }  // namespace kvq::cli

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include <time.h>
@@ -31,7 +32,6 @@ struct BenchDecodeOptions {
   int n_decode = 32;             // timed decode steps
   int warmup = 4;                // untimed decode steps before them (the first steps of a shape capture its CUDA graph)
   int seqs = 1;                  // concurrent sequences, one token each per decode step
-  double kv_budget_gib = 8;      // KV memory budget for the "sequences that fit" figure
   bool beyond_trained_ctx = false;  // allow ctx past max_position_embeddings (throughput only)
   bool json = false;
   int decode_steps() const { return warmup + n_decode; }  // tokens each sequence decodes past its prefill
@@ -41,6 +41,32 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+constexpr double kDefaultFigureGib = 8;  // budget of the computed sequences-that-fit figure without --kv-budget-gib
+
+// --kv-budget-gib on the CPU: a KvCache built from the budget at ctx tokens per sequence, filled with sequences
+// reserved to ctx until the pool refuses one.
+PoolProbe probe_pool_cpu(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int ctx,
+                         size_t budget_bytes) {
+  KvCache cache(cfg, n_layers, n_kv_heads, head_dim, ctx, 0, budget_bytes);
+  PoolProbe r;
+  r.n_slots = cache.pool().n_slots(), r.n_pages = cache.pool().n_pages(), r.bytes = cache.bytes_allocated();
+  try {
+    for (;;) {
+      const int seq = cache.new_sequence();
+      for (int done = 0; done < ctx;) {  // reserve and commit without storing: pages are what is counted
+        const int n = std::min(cfg.max_chunk, ctx - done);
+        cache.reserve(seq, n);
+        cache.commit(seq, n);
+        done += n;
+      }
+      ++r.held;
+    }
+  } catch (const Error& e) {
+    r.refusal = e.what();
+  }
+  return r;
+}
+
 // One context: prefill o.seqs sequences of random ids to ctx tokens (no logits), then o.warmup untimed and o.n_decode
 // timed batched greedy decode steps (each sequence feeds back its own argmax).
 void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int ctx) {
@@ -48,6 +74,10 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
   auto runner = make_runner(m, o.model, p, ctx + o.decode_steps(), o.seqs);
   Runner& r = *runner;
   log_runner(r, "bench:");
+  KVQ_CHECK(r.page_pool().sequences_at(ctx + o.decode_steps()) >= o.seqs,
+            "bench decode: the KV pool ({:.1f} MiB) holds {} sequences of {} tokens, fewer than --seqs {}",
+            double(r.cache_bytes()) / double(1 << 20), r.page_pool().sequences_at(ctx + o.decode_steps()),
+            ctx + o.decode_steps(), o.seqs);
   std::mt19937 rng(1234);
   std::vector<int32_t> ids(static_cast<size_t>(ctx));
   const int chunk = r.cache_config().max_chunk;
@@ -70,46 +100,65 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
   for (int i = 0; i < o.n_decode; ++i) step();
   r.synchronize();
   const double decode_s = seconds_since(t0);
+  // What a pool built from --kv-budget-gib really holds at ctx (allocated, not computed), with the timing runner gone.
+  const CacheConfig cache_cfg = r.cache_config();
+  const std::string runner_desc = r.describe();
+  const size_t weight_bytes = r.weight_bytes(), cache_bytes = r.cache_bytes();
+  const CacheFootprint f = r.footprint(ctx);
+  runner.reset();
+  std::optional<PoolProbe> held;
+  if (p.kv_budget_bytes > 0)
+    held = o.model.device == "cuda"
+               ? probe_pool_cuda(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, ctx, p.kv_budget_bytes)
+               : probe_pool_cpu(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, ctx, p.kv_budget_bytes);
 
   // KV memory from the cache's own accounting: bytes stored per sequence at ctx, and how many fit the budget.
-  const CacheFootprint f = r.footprint(ctx);
   const double seq_bytes = f.bytes_per_token_per_layer * c.n_layers * ctx;
   const double kv_mib = seq_bytes * o.seqs / double(1 << 20);
-  const double budget = o.kv_budget_gib * double(1ull << 30);
+  const double budget_gib = o.cache.kv_budget_gib > 0 ? o.cache.kv_budget_gib : kDefaultFigureGib;
+  const double budget = budget_gib * double(1ull << 30);
   const long fit = long(std::floor(budget / seq_bytes));
   const double prefill_tps = double(o.seqs) * ctx / prefill_s, decode_tps = double(o.seqs) * o.n_decode / decode_s;
   const double ms_step = 1e3 * decode_s / o.n_decode;
   // A decode step reads every weight once (an untied embedding only in part) and every sequence's cache (approximate).
-  const double step_bytes = double(r.weight_bytes()) + seq_bytes * o.seqs;
+  const double step_bytes = double(weight_bytes) + seq_bytes * o.seqs;
   const double gbps = step_bytes / (ms_step * 1e-3) / 1e9;
   if (o.json) {
     nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode}, {"warmup", o.warmup},
-                        {"threads", m.pool().size()}, {"cache", r.cache_config().describe()},
+                        {"threads", m.pool().size()}, {"cache", cache_cfg.describe()},
                         {"kv_bits_effective", f.bits_per_element}, {"load_seconds", m.load_seconds()},
                         {"prefill_tokens_per_second", prefill_tps}, {"decode_tokens_per_second", decode_tps},
                         {"decode_ms_per_token", ms_step / o.seqs}, {"device", o.model.device},
-                        {"runner", r.describe()}, {"seqs", o.seqs}, {"decode_ms_per_step", ms_step},
-                        {"kv_mib", kv_mib}, {"kv_mib_allocated", double(r.cache_bytes()) / double(1 << 20)},
+                        {"runner", runner_desc}, {"seqs", o.seqs}, {"decode_ms_per_step", ms_step},
+                        {"kv_mib", kv_mib}, {"kv_mib_allocated", double(cache_bytes) / double(1 << 20)},
                         {"kv_bytes_per_token", f.bytes_per_token_per_layer * c.n_layers},
-                        {"kv_budget_gib", o.kv_budget_gib}, {"max_seqs_in_budget", fit},
-                        {"weight_bytes", r.weight_bytes()}, {"step_bytes_read_approx", step_bytes},
+                        {"kv_budget_gib", budget_gib}, {"max_seqs_in_budget", fit},
+                        {"weight_bytes", weight_bytes}, {"step_bytes_read_approx", step_bytes},
                         {"step_read_gbps", gbps}};
+    if (held)
+      j.update({{"seqs_held_in_budget", held->held}, {"pool_slots", held->n_slots}, {"pool_pages", held->n_pages},
+                {"pool_mib_allocated", double(held->bytes) / double(1 << 20)}, {"pool_refused", held->refusal}});
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d at ctx %d (after %d "
                 "untimed): %.1f tok/s (%.3f ms/step, ~%.1f MB read/step, %.1f GB/s) | KV %.1f MiB (%.0f B/token), %ld "
-                "sequences fit in %.1f GiB | %s | %s\n",
+                "sequences fit in %.1f GiB | %s | %s",
                 m.load_seconds(), o.seqs, ctx, prefill_tps, o.n_decode, o.seqs, ctx, o.warmup, decode_tps, ms_step,
                 step_bytes / 1e6, gbps, kv_mib,
-                f.bytes_per_token_per_layer * c.n_layers, fit, o.kv_budget_gib, r.describe().c_str(),
-                r.cache_config().describe().c_str());
+                f.bytes_per_token_per_layer * c.n_layers, fit, budget_gib, runner_desc.c_str(),
+                cache_cfg.describe().c_str());
+    if (held)  // allocated, not computed: next to the figure above
+      std::printf(" | a pool of %g GiB holds %d sequences of %d tokens (%d slots + %d pages allocated, %.1f MiB; the "
+                  "next refused: %s)",
+                  budget_gib, held->held, ctx, held->n_slots, held->n_pages, double(held->bytes) / double(1 << 20),
+                  held->refusal.c_str());
+    std::printf("\n");
   }
 }
 
 void bench_decode(const BenchDecodeOptions& o) {
   KVQ_CHECK(!o.ctx.empty(), "--ctx-size: give at least one context");
   for (int ctx : o.ctx) KVQ_CHECK(ctx >= 1, "--ctx-size {} must be >= 1", ctx);
-  KVQ_CHECK(o.kv_budget_gib > 0, "--kv-budget-gib {} must be positive", o.kv_budget_gib);
   const int max_ctx = *std::max_element(o.ctx.begin(), o.ctx.end());
   const int max_len = max_ctx + o.decode_steps();
   const Plan p = plan(o.model, o.cache, max_len, o.beyond_trained_ctx);
@@ -348,7 +397,7 @@ void add_bench(CLI::App& app) {
                   "eagerly and capture its CUDA graph)")->check(CLI::Range(0, 1 << 20));
   dec->add_option("--seqs", o->seqs, "concurrent sequences (one token each per decode step)")
       ->check(CLI::Range(1, 1 << 16));
-  dec->add_option("--kv-budget-gib", o->kv_budget_gib, "KV memory budget for the sequences-that-fit figure");
+  add_kv_budget_option(dec, o->cache);  // also: the sequences a pool of this budget holds at each context
   dec->add_flag("--beyond-trained-ctx", o->beyond_trained_ctx,
                 "allow contexts past the model's max_position_embeddings (throughput only: the tokens are meaningless)");
   dec->add_flag("--json", o->json, "print one JSON object");

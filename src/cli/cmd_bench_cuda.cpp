@@ -28,6 +28,10 @@ void bench_attention_cuda(const GpuAttentionBench&) {
   KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
 }
 
+PoolProbe probe_pool_cuda(const CacheConfig&, int, int, int, int, size_t) {
+  KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
+}
+
 #else
 
 namespace {
@@ -143,6 +147,29 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
       }
     }
   if (o.json) std::printf("%s\n", records.dump(1).c_str());
+}
+
+PoolProbe probe_pool_cuda(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int ctx,
+                          size_t budget_bytes) {
+  cuda::GpuKvCache cache(cfg, n_layers, n_kv_heads, head_dim, ctx, 0, budget_bytes);
+  PoolProbe r;
+  r.n_slots = cache.pool().n_slots(), r.n_pages = cache.pool().n_pages(), r.bytes = cache.bytes_allocated();
+  try {
+    for (;;) {
+      const int seq = cache.new_sequence();
+      for (int done = 0; done < ctx;) {  // steps that reserve pages and store nothing: pages are what is counted
+        const int n = std::min(cfg.max_chunk, ctx - done);
+        cache.begin_step({seq}, {n});
+        cache.commit_step();
+        done += n;
+      }
+      ++r.held;
+    }
+  } catch (const Error& e) {
+    r.refusal = e.what();
+  }
+  cuda::sync("bench decode: pool probe");
+  return r;
 }
 
 #endif  // KVQ_HAVE_CUDA

@@ -73,6 +73,7 @@ void add_ppl(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("ppl", "perplexity of a text file (non-overlapping windows)");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
+  add_kv_budget_option(cmd, o->cache);
   add_device_options(cmd, o->model);
   cmd->add_option("-f,--file", o->file, "text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("-c,--ctx-size", o->ctx, "window length in tokens (0: the model's maximum)");

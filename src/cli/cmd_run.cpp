@@ -78,6 +78,7 @@ void add_run(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("run", "generate text from a prompt");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
+  add_kv_budget_option(cmd, o->cache);
   add_device_options(cmd, o->model);
   cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
   cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));

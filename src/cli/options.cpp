@@ -73,6 +73,13 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
                   "kvq calibrate");
 }
 
+void add_kv_budget_option(CLI::App* cmd, CacheOptions& o) {
+  cmd->add_option("--kv-budget-gib", o.kv_budget_gib,
+                  "KV cache memory in GiB (pages + per-sequence windows); sequences take pages as they grow. Default: "
+                  "enough for every sequence at the full context on the CPU, 0.9 of the free memory on the GPU")
+      ->check(CLI::PositiveNumber);
+}
+
 void add_device_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--device", o.device, "where the model runs: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--gpu-gemm", o.gpu_gemm, "GEMM inputs on the GPU: bf16 (fp32 accumulation) or fp32")
@@ -112,9 +119,10 @@ void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim)
 
 std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs) {
   check_device(o, p.cache, p.model.head_dim);
-  if (o.device == "cpu") return std::make_unique<CpuRunner>(model, p.cache, max_ctx, max_seqs);
+  if (o.device == "cpu") return std::make_unique<CpuRunner>(model, p.cache, max_ctx, max_seqs, p.kv_budget_bytes);
 #ifdef KVQ_HAVE_CUDA
-  auto g = std::make_unique<cuda::GpuModel>(model, p.cache, max_ctx, max_seqs, cuda::parse_gemm_precision(o.gpu_gemm));
+  auto g = std::make_unique<cuda::GpuModel>(model, p.cache, max_ctx, max_seqs, cuda::parse_gemm_precision(o.gpu_gemm),
+                                            p.kv_budget_bytes);
   g->set_cuda_graphs(o.cuda_graphs == "on");
   return g;
 #else
@@ -135,9 +143,16 @@ RunnerFactory make_runner_factory(Model& model, const ModelOptions& o) {
 
 void log_runner(const Runner& r, const char* what) {
   const CacheFootprint f = r.footprint(r.max_ctx());
-  std::fprintf(stderr, "kvq: %s %s | KV cache %s: %.1f MiB for %d x %d tokens, %.2f effective bits/element at %d\n",
-               what, r.describe().c_str(), r.cache_config().describe().c_str(), double(r.cache_bytes()) / (1 << 20),
-               r.max_seqs(), r.max_ctx(), f.bits_per_element, r.max_ctx());
+  const PagePool& pool = r.page_pool();
+  const CacheLayout& l = pool.layout();
+  const double mib = double(1 << 20);
+  std::fprintf(stderr,
+               "kvq: %s %s | KV cache %s: %.1f MiB: pool of %d pages x %d tokens (%.1f MiB) + windows of %d "
+               "sequence slot%s (%.1f MiB), holds %d x %d tokens, %.2f effective bits/element at %d\n",
+               what, r.describe().c_str(), r.cache_config().describe().c_str(), double(r.cache_bytes()) / mib,
+               pool.n_pages(), l.page_tokens, double(pool.n_pages()) * double(l.page_bytes) / mib, pool.n_slots(),
+               pool.n_slots() == 1 ? "" : "s", double(pool.n_slots()) * double(l.window_bytes()) / mib,
+               pool.sequences_at(r.max_ctx()), r.max_ctx(), f.bits_per_element, r.max_ctx());
 }
 
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx) {
@@ -148,6 +163,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
             "context {} exceeds the model's maximum of {} tokens", ctx_request, p.model.max_ctx);
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
+  p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
   // --device cuda without a device or with a CPU-only cache: refused before any work.
   check_device(m, p.cache, p.model.head_dim);

@@ -31,11 +31,14 @@ struct CacheOptions {
   int page = 128;                                // --kv-page
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
   std::string rotation = "none";                 // --rotation: none | hadamard | FILE
+  double kv_budget_gib = 0;                      // --kv-budget-gib: bytes of the page pool + windows (0: default)
   CacheConfig config() const;                    // validated later by KvCache / make_codec
 };
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
+// --kv-budget-gib, for the commands whose runner's cache it sizes (run, ppl, bench decode).
+void add_kv_budget_option(CLI::App* cmd, CacheOptions& o);
 // --device, --gpu-gemm and --cuda-graphs, for the commands that run through a Runner (run, ppl, bench decode, eval,
 // referee).
 void add_device_options(CLI::App* cmd, ModelOptions& o);
@@ -46,6 +49,8 @@ struct Plan {
   ModelConfig model;
   int ctx = 0;
   CacheConfig cache;  // with its KV transform (--rotation), null: none
+  size_t kv_budget_bytes = 0;  // --kv-budget-gib: the runner's pool + windows (0: max_seqs x max_ctx on the CPU,
+                               // a share of the free memory on the GPU; cuda::GpuModel)
 };
 // beyond_trained_ctx (bench only): allow contexts past max_position_embeddings; the timing is real, the tokens are not.
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx = false);
@@ -55,14 +60,15 @@ Tokenizer load_tokenizer(const ModelOptions& o);
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
 
 // The one dispatch point between devices: a CpuRunner over model, or (--device cuda) a GpuModel built from its
-// weights, with the plan's cache for max_seqs sequences of up to max_ctx tokens. model must outlive a CpuRunner.
+// weights, with the plan's cache for max_seqs sequences of up to max_ctx tokens (its pool sized by the plan's
+// kv_budget_bytes). model must outlive a CpuRunner.
 std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs = 1);
 // --device cpu, or cuda with a device present and a valid --gpu-gemm; one kvq::Error line otherwise.
 void check_device_available(const ModelOptions& o);
 // The same dispatch for evaluation passes (kvq eval / referee): each call builds a runner of the given cache (and
 // its KV transform) on o.device. Checks the device (not the cache) once here; each cache when its runner is built.
 RunnerFactory make_runner_factory(Model& model, const ModelOptions& o);
-// One line on stderr: the runner's device and what its cache holds.
+// One line on stderr: the runner's device and what its cache holds: pages, windows, MiB, tokens.
 void log_runner(const Runner& r, const char* what);
 
 // Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long names for CLI11.

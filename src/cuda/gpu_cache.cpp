@@ -1,5 +1,6 @@
-// Host side of the GPU paged KV cache: validation, device allocations, page tables, step descriptors and the
-// kernel launches (kv_append.cu, decode_attention.cu). Semantics and accounting follow kv/cache.{h,cpp}.
+// Host side of the GPU paged KV cache: validation, device allocations, step descriptors and the kernel launches
+// (kv_append.cu, decode_attention.cu). Sizes come from kv/cache_layout.h and the pages, block tables and sequence
+// slots from kv/page_pool.h, as on the CPU (kv/cache.{h,cpp}); the block tables are uploaded from the pool.
 #include "cuda/gpu_cache.h"
 
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "common/error.h"
@@ -97,40 +99,46 @@ int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident) {
   return int(std::clamp<int64_t>(resident / std::max<int64_t>(base, 1), 1, most));
 }
 
-CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx) {
+namespace {
+
+// The geometry of a cache: its sizes copied from the layout (kv/cache_layout.h, the CPU cache's), the codec fields
+// from the GPU codecs.
+CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cfg, int max_ctx) {
   CacheGeometry g{};
-  g.n_layers = n_layers, g.n_kv = n_kv_heads;
-  g.sink = cfg.sink, g.recent = cfg.recent, g.page_tokens = cfg.page_tokens;
+  g.n_layers = l.n_layers, g.n_kv = l.n_kv;
+  g.sink = l.sink, g.recent = l.recent, g.page_tokens = l.page_tokens;
+  g.block_tokens = l.block_tokens;
+  g.ring_tokens = l.ring_tokens;
+  g.pages_per_seq = std::max(1, l.pages_per_seq(max_ctx));  // the page pool's block table width
   g.k_bits = codec_bits(cfg.k.type), g.v_bits = codec_bits(cfg.v.type);
   g.k_block_tokens = cfg.k.per_channel ? cfg.k.group : 1;
-  g.block_tokens = g.k_block_tokens;  // lcm(Gk, 1): values are always per-token rows
-  g.ring_tokens = cfg.recent + g.block_tokens + cfg.max_chunk;  // as kv/cache.cpp
-  g.pages_per_seq = std::max(1, (std::max(0, max_ctx - cfg.sink) + cfg.page_tokens - 1) / cfg.page_tokens);
   g.k_group = g.k_bits == kBf16Bits ? kHeadDim : cfg.k.group;
   g.v_group = g.v_bits == kBf16Bits ? kHeadDim : cfg.v.group;
   g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
   g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
   g.k_block = cfg.k.per_channel ? layout::kivi_key_block_bytes(kHeadDim, cfg.k.group, g.k_bits) : g.k_row;
-  g.k_region = int64_t(cfg.page_tokens / g.k_block_tokens) * g.k_block;
-  g.head_bytes = g.k_region + int64_t(cfg.page_tokens) * g.v_row;
-  g.page_bytes = g.head_bytes * n_layers * n_kv_heads;
+  g.k_region = l.k_region;
+  g.head_bytes = l.head_bytes;
+  g.page_bytes = l.page_bytes;
   return g;
+}
+
+}  // namespace
+
+CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx) {
+  return geometry(kvq::cache_layout(cfg, n_layers, n_kv_heads, kHeadDim), cfg, max_ctx);
 }
 
 struct GpuKvCache::Impl {
   CacheConfig cfg;
-  int n_layers, n_kv, d, max_ctx, max_seqs;
-  std::unique_ptr<KvCache> accounting;  // a CPU cache of the same config and max_ctx 1: footprint() and validation
+  int n_layers, n_kv, d, max_ctx;
+  CacheLayout layout{};                 // sizes, as the CPU cache's (footprint() too)
+  std::optional<PagePool> pool;         // pages, block tables ([slots][pages_per_seq], uploaded), slots, lengths
   CacheGeometry geo{};
   cudaStream_t stream = nullptr;
   int n_sms = 0;
-  DeviceBuffer pool, sinks, ring, page_table_dev;
-  std::vector<int> page_table;          // [max_seqs][pages_per_seq] host mirror (-1: none)
-  bool table_dirty = false;
-  std::vector<int> free_pages;
-  std::vector<int> lengths;             // committed tokens per slot
-  std::vector<int> n_pages;             // pages held per slot
-  std::vector<bool> live;
+  DeviceBuffer pages, sinks, ring, page_table_dev;
+  bool table_dirty = false;             // the pool's block tables changed since the last upload
   DeviceBuffer mu, rk, rv;
   TransformPtrs tptrs{};
   // The step.
@@ -153,7 +161,7 @@ struct GpuKvCache::Impl {
 
   int quant_end(int t) const { return cuda::quant_end(geo, t); }
   const Plan& plan_attention(int n_heads);
-  // The config's transform on the device (identity() = none); must match (n_layers, n_kv_heads, head_dim).
+  // The config's transform on the device (identity() = none).
   void upload_transform(const KvTransform& t);
   static void grow(DeviceBuffer& b, size_t bytes) {
     if (b.bytes() < bytes) b = DeviceBuffer(std::max(bytes, b.bytes() * 3 / 2));
@@ -164,51 +172,55 @@ struct GpuKvCache::Impl {
   }
 };
 
-GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
+CacheLayout GpuKvCache::layout_of(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
   check_spec(cfg.k, "key", head_dim);
   check_spec(cfg.v, "value", head_dim);
   KVQ_CHECK(cfg.window == "bf16", "GPU KV cache: window type '{}' is not supported ({})", cfg.window, kSupported);
   KVQ_CHECK(n_layers > 0 && n_kv_heads > 0, "GPU KV cache: n_layers {} and n_kv_heads {} must be > 0", n_layers,
             n_kv_heads);
-  m.cfg = cfg;
-  m.n_layers = n_layers, m.n_kv = n_kv_heads, m.d = head_dim, m.max_ctx = max_ctx, m.max_seqs = max_seqs;
-  // The CPU cache validates everything else (sizes, page size, windows) with the same messages and does the
-  // footprint accounting; with max_ctx 1 it holds no pages.
-  m.accounting = std::make_unique<KvCache>(cfg, n_layers, n_kv_heads, head_dim, 1, 1);
+  // The layout validates everything else (sizes, page size, windows) with the CPU cache's messages.
+  const CacheLayout layout = kvq::cache_layout(cfg, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(cfg.page_tokens % 8 == 0, "GPU KV cache: page size {} must be a multiple of 8 (aligned row loads)",
             cfg.page_tokens);
-  KVQ_CHECK(max_ctx > 0 && max_seqs > 0, "GPU KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
+  return layout;
+}
+
+GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
+                       size_t budget_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.cfg = cfg;
+  m.n_layers = n_layers, m.n_kv = n_kv_heads, m.d = head_dim, m.max_ctx = max_ctx;
+  m.layout = layout_of(cfg, n_layers, n_kv_heads, head_dim);
+  KVQ_CHECK(max_ctx > 0 && (max_seqs > 0 || (max_seqs == 0 && budget_bytes > 0)),
+            "GPU KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
+  m.pool.emplace(m.layout, max_ctx,
+                 budget_bytes > 0 ? PagePool::for_budget(m.layout, max_ctx, max_seqs, budget_bytes)
+                                  : PagePool::for_sequences(m.layout, max_ctx, max_seqs));
   require_device();
 
-  m.geo = cache_geometry(cfg, n_layers, n_kv_heads, max_ctx);
+  m.geo = geometry(m.layout, cfg, max_ctx);
   CacheGeometry& g = m.geo;
-  KVQ_CHECK(g.block_tokens == m.accounting->block_tokens(),
-            "GPU KV cache: block of {} tokens differs from the CPU cache's {} (internal)", g.block_tokens,
-            m.accounting->block_tokens());
+  KVQ_CHECK(g.k_block == m.layout.k.bytes && g.k_block_tokens == m.layout.k.tokens && g.v_row == m.layout.v.bytes &&
+                m.layout.v.tokens == 1 && g.pages_per_seq == m.pool->table_width(),
+            "GPU KV cache: blocks of {} / {} bytes differ from the CPU codecs' {} / {} (internal)", g.k_block, g.v_row,
+            m.layout.k.bytes, m.layout.v.bytes);
 
-  const size_t total_pages = size_t(g.pages_per_seq) * size_t(max_seqs);
-  const size_t window_rows = size_t(max_seqs) * n_layers * 2 * n_kv_heads;
-  m.pool = DeviceBuffer(total_pages * size_t(g.page_bytes));
+  const PagePool& pool = *m.pool;
+  const size_t window_rows = size_t(pool.n_slots()) * n_layers * 2 * n_kv_heads;
+  m.pages = DeviceBuffer(size_t(pool.n_pages()) * size_t(g.page_bytes));
   m.sinks = DeviceBuffer(window_rows * size_t(cfg.sink) * kHeadDim * 2);
   m.ring = DeviceBuffer(window_rows * size_t(g.ring_tokens) * kHeadDim * 2);
-  m.page_table_dev = DeviceBuffer(total_pages * sizeof(int));
-  m.page_table.assign(total_pages, -1);
-  m.free_pages.resize(total_pages);
-  for (size_t i = 0; i < total_pages; ++i) m.free_pages[i] = int(total_pages - 1 - i);
-  m.lengths.assign(size_t(max_seqs), 0);
-  m.n_pages.assign(size_t(max_seqs), 0);
-  m.live.assign(size_t(max_seqs), false);
+  m.page_table_dev = DeviceBuffer(pool.table().size() * sizeof(int));
   check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   // Zeroed storage: a stale row can never decode to NaN; the page table starts as all -1 (never read).
-  check(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream), "cudaMemset pool");
+  check(cudaMemsetAsync(m.pages.get(), 0, m.pages.bytes(), m.stream), "cudaMemset pool");
   check(cudaMemsetAsync(m.sinks.get(), 0, m.sinks.bytes(), m.stream), "cudaMemset sinks");
   check(cudaMemsetAsync(m.ring.get(), 0, m.ring.bytes(), m.stream), "cudaMemset ring");
-  check(cudaMemcpyAsync(m.page_table_dev.get(), m.page_table.data(), total_pages * sizeof(int), cudaMemcpyHostToDevice,
-                        m.stream),
+  check(cudaMemcpyAsync(m.page_table_dev.get(), pool.table().data(), pool.table().size() * sizeof(int),
+                        cudaMemcpyHostToDevice, m.stream),
         "page table upload");
-  g.pool = m.pool.as<uint8_t>();
+  g.pool = m.pages.as<uint8_t>();
   g.sinks = m.sinks.as<uint16_t>();
   g.ring = m.ring.as<uint16_t>();
   g.page_table = m.page_table_dev.as<int>();
@@ -229,7 +241,8 @@ int GpuKvCache::n_layers() const { return impl_->n_layers; }
 int GpuKvCache::n_kv_heads() const { return impl_->n_kv; }
 int GpuKvCache::head_dim() const { return impl_->d; }
 int GpuKvCache::max_ctx() const { return impl_->max_ctx; }
-int GpuKvCache::max_seqs() const { return impl_->max_seqs; }
+int GpuKvCache::max_seqs() const { return impl_->pool->n_slots(); }
+const PagePool& GpuKvCache::pool() const { return *impl_->pool; }
 void* GpuKvCache::stream() const { return impl_->stream; }
 int GpuKvCache::quant_end(int t) const { return impl_->quant_end(t); }
 void GpuKvCache::set_split_tokens(int n) {
@@ -241,10 +254,7 @@ void GpuKvCache::set_reference_attention(bool on) { impl_->reference = on; }
 void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
   Impl& m = *this;
   m.tptrs = TransformPtrs{};
-  if (t.identity()) return;
-  KVQ_CHECK(t.n_layers == m.n_layers && t.n_kv_heads == m.n_kv && t.head_dim == m.d,
-            "GPU KV cache: transform of (layers {}, kv heads {}, d {}) does not fit the cache ({}, {}, {})", t.n_layers,
-            t.n_kv_heads, t.head_dim, m.n_layers, m.n_kv, m.d);
+  if (t.identity()) return;  // its shape was checked with the layout (kvq::cache_layout)
   const size_t rows = size_t(m.n_layers) * m.n_kv;
   auto put = [&](const std::vector<float>& src, size_t n, DeviceBuffer& dst, const char* what) -> const float* {
     if (src.empty()) return nullptr;
@@ -260,33 +270,20 @@ void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
   check(cudaStreamSynchronize(m.stream), "transform upload");  // the host vectors may go away
 }
 
-int GpuKvCache::new_sequence() {
-  Impl& m = *impl_;
-  for (int i = 0; i < m.max_seqs; ++i) {
-    if (m.live[size_t(i)]) continue;
-    m.live[size_t(i)] = true;
-    m.lengths[size_t(i)] = 0;
-    return i;
-  }
-  KVQ_FAIL("GPU KV cache: all {} sequence slots are in use", m.max_seqs);
-}
+int GpuKvCache::new_sequence() { return impl_->pool->open(); }
 
 void GpuKvCache::free_sequence(int seq) {
   Impl& m = *impl_;
-  KVQ_CHECK(seq >= 0 && seq < m.max_seqs && m.live[size_t(seq)], "GPU KV cache: sequence {} is not live", seq);
+  KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   KVQ_CHECK(!m.in_step, "GPU KV cache: free_sequence inside a step");
-  int* row = m.page_table.data() + size_t(seq) * m.geo.pages_per_seq;
-  for (int p = m.n_pages[size_t(seq)] - 1; p >= 0; --p) m.free_pages.push_back(std::exchange(row[p], -1));
-  m.n_pages[size_t(seq)] = 0;
-  m.lengths[size_t(seq)] = 0;
-  m.live[size_t(seq)] = false;
+  m.pool->close(seq);
   m.table_dirty = true;
 }
 
 int GpuKvCache::length(int seq) const {
   const Impl& m = *impl_;
-  KVQ_CHECK(seq >= 0 && seq < m.max_seqs, "GPU KV cache: no sequence {}", seq);
-  return m.lengths[size_t(seq)];
+  KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots(), "GPU KV cache: no sequence {}", seq);
+  return m.pool->length(seq);
 }
 
 void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>& n) {
@@ -294,36 +291,24 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
   KVQ_CHECK(!m.in_step, "GPU KV cache: begin_step while a step is open (commit_step first)");
   KVQ_CHECK(!seqs.empty() && seqs.size() == n.size(), "GPU KV cache: begin_step with {} sequences and {} counts",
             seqs.size(), n.size());
-  // Validate everything before changing anything.
+  // Validate everything before changing anything: here the step's shape, in the pool's reserve() the context and
+  // the pages (all sequences' pages or none).
   std::set<int> seen;
-  int pages_needed = 0;
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int s = seqs[b];
-    KVQ_CHECK(s >= 0 && s < m.max_seqs && m.live[size_t(s)], "GPU KV cache: sequence {} is not live", s);
+    KVQ_CHECK(s >= 0 && s < m.pool->n_slots() && m.pool->live(s), "GPU KV cache: sequence {} is not live", s);
     KVQ_CHECK(seen.insert(s).second, "GPU KV cache: sequence {} appears twice in one step", s);
     KVQ_CHECK(n[b] >= 1 && n[b] <= m.cfg.max_chunk,
               "GPU KV cache: {} tokens for sequence {} (must be 1 .. the chunk size {})", n[b], s, m.cfg.max_chunk);
-    const int end = m.lengths[size_t(s)] + n[b];
-    KVQ_CHECK(end <= m.max_ctx, "context overflow: {} tokens exceed the cache's context of {} tokens", end, m.max_ctx);
-    const int quant_tokens = m.quant_end(end - 1) - m.cfg.sink;
-    const int need = (quant_tokens + m.cfg.page_tokens - 1) / m.cfg.page_tokens;
-    pages_needed += std::max(0, need - m.n_pages[size_t(s)]);
   }
-  KVQ_CHECK(pages_needed <= int(m.free_pages.size()), "GPU KV cache: page pool exhausted ({} pages free, {} needed)",
-            m.free_pages.size(), pages_needed);
+  const int used = m.pool->used_pages();
+  m.pool->reserve(seqs, n);
+  if (m.pool->used_pages() != used) m.table_dirty = true;
   m.rows_host.clear();
   m.max_view = 0;
   std::vector<RowDesc> items;
   for (size_t b = 0; b < seqs.size(); ++b) {
-    const int s = seqs[b], len = m.lengths[size_t(s)], end = len + n[b];
-    const int quant_tokens = m.quant_end(end - 1) - m.cfg.sink;
-    const int need = (quant_tokens + m.cfg.page_tokens - 1) / m.cfg.page_tokens;
-    int* row = m.page_table.data() + size_t(s) * m.geo.pages_per_seq;
-    while (m.n_pages[size_t(s)] < need) {
-      row[m.n_pages[size_t(s)]++] = m.free_pages.back();
-      m.free_pages.pop_back();
-      m.table_dirty = true;
-    }
+    const int s = seqs[b], len = m.pool->length(s), end = len + n[b];
     for (int i = 0; i < n[b]; ++i) m.rows_host.push_back({s, len + i});
     for (int p = std::max(m.cfg.sink, m.quant_end(len - 1)); p < m.quant_end(end - 1); ++p) items.push_back({s, p});
     m.max_view = std::max(m.max_view, end);
@@ -332,7 +317,7 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
   m.n_items = int(items.size());
   m.rows_host.insert(m.rows_host.end(), items.begin(), items.end());
   if (m.table_dirty) {
-    check(cudaMemcpyAsync(m.page_table_dev.get(), m.page_table.data(), m.page_table.size() * sizeof(int),
+    check(cudaMemcpyAsync(m.page_table_dev.get(), m.pool->table().data(), m.pool->table().size() * sizeof(int),
                           cudaMemcpyHostToDevice, m.stream),
           "page table upload");
     m.table_dirty = false;
@@ -414,16 +399,16 @@ GpuKvCache::StepSignature GpuKvCache::step_signature(int n_heads) {
 void GpuKvCache::commit_step() {
   Impl& m = *impl_;
   KVQ_CHECK(m.in_step, "GPU KV cache: commit_step without begin_step");
-  for (size_t b = 0; b < m.step_seqs.size(); ++b) m.lengths[size_t(m.step_seqs[b])] += m.step_n[b];
+  for (size_t b = 0; b < m.step_seqs.size(); ++b) m.pool->commit(m.step_seqs[b], m.step_n[b]);
   m.in_step = false;
   m.n_rows = m.n_items = 0;
 }
 
-CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->accounting->footprint(n_tokens); }
+CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->layout.footprint(n_tokens); }
 
 size_t GpuKvCache::bytes_allocated() const {
   const Impl& m = *impl_;
-  return m.pool.bytes() + m.sinks.bytes() + m.ring.bytes() + m.page_table_dev.bytes();
+  return m.pages.bytes() + m.sinks.bytes() + m.ring.bytes() + m.page_table_dev.bytes();
 }
 
 size_t GpuKvCache::step_bytes_read(int layer) const {
@@ -445,8 +430,8 @@ size_t GpuKvCache::step_bytes_read(int layer) const {
 std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const {
   const Impl& m = *impl_;
   const CacheGeometry& g = m.geo;
-  KVQ_CHECK(seq >= 0 && seq < m.max_seqs && m.live[size_t(seq)], "GPU KV cache: sequence {} is not live", seq);
-  const int len = m.lengths[size_t(seq)];
+  KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
+  const int len = m.pool->length(seq);
   KVQ_CHECK(layer >= 0 && layer < m.n_layers && kv_head >= 0 && kv_head < m.n_kv && pos0 >= 0 && n >= 0 &&
                 pos0 + n <= len,
             "GPU KV cache: download_rows(seq {}, layer {}, head {}, [{}, {})) outside the cache (length {})", seq,
@@ -464,8 +449,8 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
       src = m.sinks.as<uint8_t>() + (win_base * g.sink + p) * wrow, bytes = wrow;
     } else if (p < qe) {
       const int q = p - g.sink;
-      const int page = m.page_table[size_t(seq) * g.pages_per_seq + q / g.page_tokens];
-      const uint8_t* h = m.pool.as<uint8_t>() + size_t(page) * g.page_bytes + (size_t(layer) * g.n_kv + kv_head) * g.head_bytes;
+      const int page = m.pool->page(seq, q / g.page_tokens);
+      const uint8_t* h = m.pages.as<uint8_t>() + size_t(page) * g.page_bytes + (size_t(layer) * g.n_kv + kv_head) * g.head_bytes;
       const int j = q % g.page_tokens;
       if (kivi) {  // the whole key block, once: at its first position, or at pos0 inside it
         if (p != pos0 && j % g.k_block_tokens != 0) continue;

@@ -35,9 +35,15 @@ bool gpu_codec_supported(const CodecSpec& spec);
 
 class GpuKvCache {
  public:
-  // Allocates the page pool and windows for max_seqs sequences of up to max_ctx tokens each.
-  GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs);
+  // Allocates the page pool and windows for max_seqs sequences of up to max_ctx tokens each; or, with budget_bytes > 0,
+  // what fits in that many bytes, windows included (PagePool::for_budget: max_seqs slots, 0 = as many as the budget
+  // holds at max_ctx). Same sizes and page bookkeeping as the CPU cache (kv/cache_layout.h, kv/page_pool.h).
+  GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
+             size_t budget_bytes = 0);
   ~GpuKvCache();
+  // The constructor's checks of cfg for this shape (kvq::Error naming what the GPU does not support) and the cache's
+  // layout; needs no device.
+  static CacheLayout layout_of(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim);
   GpuKvCache(const GpuKvCache&) = delete;
   GpuKvCache& operator=(const GpuKvCache&) = delete;
 
@@ -47,13 +53,15 @@ class GpuKvCache {
   int head_dim() const;
   int max_ctx() const;
   int max_seqs() const;
+  const PagePool& pool() const;  // pages, block tables (uploaded at begin_step), admission arithmetic
 
   int new_sequence();
   void free_sequence(int seq);
   int length(int seq) const;
 
   // Starts a step: seqs[b] appends n[b] tokens at its current length. Reserves pages (throws kvq::Error on
-  // context overflow or an exhausted pool, before any work) and uploads the step's descriptors.
+  // context overflow or an exhausted pool, before anything changes) and uploads the step's descriptors and, when
+  // they changed, the pool's block tables.
   void begin_step(const std::vector<int>& seqs, const std::vector<int>& n);
   int step_rows() const;  // Σ n[b]: rows of the step's q / k / v / out
 

@@ -6,7 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kv/layout.h"  // KVQ_HD
+#include "kv/cache_layout.h"  // quant_end
+#include "kv/layout.h"        // KVQ_HD
 
 namespace kvq {
 struct CacheConfig;  // kv/cache.h
@@ -18,7 +19,8 @@ constexpr int kHeadDim = 128;    // d: the only head dimension the GPU cache sup
 constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the attention kernel
 constexpr int kBf16Bits = 16;    // "bits" of a bf16 row in the format fields below
 
-// Where everything of the cache lives on the device and how it is laid out (same layouts as kv/cache.h):
+// Where everything of the cache lives on the device and how it is laid out (same layouts as kv/cache.h; the sizes,
+// n_layers .. pages_per_seq and k_region .. page_bytes, are copied from the cache's kv/cache_layout.h CacheLayout):
 //   pool   [n_pages][n_layers][n_kv] { K blocks [P / Gk][k_block] | V rows [P][v_row] }
 //          K blocks are rows (Gk = 1: layout::IntRow / Bf16Row) or, for KIVI keys, layout::KiviKeyBlock of Gk = G
 //          tokens; V blocks are always rows (layout::IntRow / Bf16Row)
@@ -31,7 +33,7 @@ struct CacheGeometry {
   int page_tokens;             // P
   int block_tokens;            // B: demotion granularity, lcm of the K / V tokens per block (1, or G of KIVI keys)
   int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + max_chunk, as kv/cache.cpp
-  int pages_per_seq;           // columns of the page table
+  int pages_per_seq;           // columns of the page table (PagePool::table_width)
   int k_bits, v_bits;          // 2 / 4 / 8, or kBf16Bits
   int k_group, v_group;        // G of the int codecs (values per scale/zero group; KIVI keys: tokens per block)
   int k_clip_index, v_clip_index;  // quantile index min(floor(clip G), G - 1); -1 = plain max |x| (clip >= 1)
@@ -53,8 +55,7 @@ CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_head
 // qe(t): end of the quantized region for a query at position t (kv/cache.h), t >= -1:
 //   qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B.
 KVQ_HD inline int quant_end(const CacheGeometry& g, int t) {
-  const int span = t + 1 - g.recent - g.sink;
-  return g.sink + (span > 0 ? span / g.block_tokens * g.block_tokens : 0);
+  return kvq::quant_end(t, g.sink, g.recent, g.block_tokens);
 }
 // True for KIVI keys (per-channel blocks of G tokens) in the quantized region.
 KVQ_HD inline bool kivi_keys(const CacheGeometry& g) { return g.k_block_tokens > 1; }

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
+#include "cuda/bench_support.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_model_kernels.h"
 #include "cuda/runtime.h"
@@ -202,7 +203,25 @@ struct GpuModel::Impl {
   void run_graphed(const StepKey& key);  // replays, captures, or runs eagerly (see run_graphed)
 };
 
-GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, GemmPrecision gemm)
+namespace {
+
+// The KV budget: the one asked for (it must be free), or a share of the memory free now, capped at what max_seqs
+// sequences of max_ctx need.
+size_t kv_budget(const CacheConfig& cfg, const ModelConfig& c, int max_ctx, int max_seqs, size_t asked) {
+  const size_t free = free_device_memory();
+  const double gib = double(1ull << 30);
+  KVQ_CHECK(asked <= free, "--kv-budget-gib {:.2f}: only {:.2f} GiB of device memory are free after the weights",
+            double(asked) / gib, double(free) / gib);
+  if (asked > 0) return asked;
+  const CacheLayout layout = GpuKvCache::layout_of(cfg, c.n_layers, c.n_kv_heads, c.head_dim);
+  const size_t need = PagePool::bytes_of(layout, PagePool::for_sequences(layout, max_ctx, max_seqs));
+  return std::min(size_t(kGpuMemoryUtilization * double(free)), need);
+}
+
+}  // namespace
+
+GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, GemmPrecision gemm,
+                   size_t kv_budget_bytes)
     : impl_(std::make_unique<Impl>()) {
   require_device();
   Impl& m = *impl_;
@@ -216,12 +235,10 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
             "--device cuda: cache {} at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 with groups "
             "32/64/128, kivi2/kivi4 with keys per channel over 32/64/128 tokens, at head_dim 128)",
             cache_cfg.describe(), c.head_dim);
+  GpuKvCache::layout_of(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim);  // the cache's checks, before any upload
   m.max_seqs = max_seqs;
   m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
-  m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs);
-  m.stream = static_cast<cudaStream_t>(m.cache->stream());
   check_cublas(cublasCreate(&m.blas), "cublasCreate");
-  check_cublas(cublasSetStream(m.blas, m.stream), "cublasSetStream");
   m.blas_workspace = DeviceBuffer(kBlasWorkspaceBytes);
   check_cublas(cublasSetWorkspace(m.blas, m.blas_workspace.get(), m.blas_workspace.bytes()), "cublasSetWorkspace");
 
@@ -278,6 +295,12 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   m.argmax = DeviceBuffer(R * sizeof(int32_t));
   m.finite = DeviceBuffer(R * sizeof(int32_t));
   sync("GpuModel: upload");
+
+  // The KV cache last, from the memory the weights and activations left.
+  const size_t budget = kv_budget(cache_cfg, c, max_ctx, max_seqs, kv_budget_bytes);
+  m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs, budget);
+  m.stream = static_cast<cudaStream_t>(m.cache->stream());
+  check_cublas(cublasSetStream(m.blas, m.stream), "cublasSetStream");
 }
 
 GpuModel::~GpuModel() = default;
@@ -296,6 +319,7 @@ void GpuModel::free_sequence(int seq) { impl_->cache->free_sequence(seq); }
 int GpuModel::length(int seq) const { return impl_->cache->length(seq); }
 CacheFootprint GpuModel::footprint(int n_tokens) const { return impl_->cache->footprint(n_tokens); }
 size_t GpuModel::cache_bytes() const { return impl_->cache->bytes_allocated(); }
+const PagePool& GpuModel::page_pool() const { return impl_->cache->pool(); }
 GemmPrecision GpuModel::gemm_precision() const { return impl_->gemm; }
 void GpuModel::set_layer_hook(Model::LayerHook* hook) { impl_->hook = hook; }
 size_t GpuModel::weight_bytes() const { return impl_->weight_bytes; }

@@ -30,14 +30,20 @@ enum class GemmPrecision {
 GemmPrecision parse_gemm_precision(std::string_view s);
 std::string_view gemm_precision_name(GemmPrecision p);
 
+// Share of the device memory free after the weights and activations that the KV cache takes by default (as vLLM's
+// gpu_memory_utilization, but of the memory left, not of the total).
+constexpr double kGpuMemoryUtilization = 0.90;
+
 class GpuModel final : public Runner {
  public:
-  // Uploads model's weights, allocates a GpuKvCache of cache_cfg (which uploads its KV transform) for
-  // max_seqs sequences of up to max_ctx tokens and the activations of max(cache_cfg.max_chunk, max_seqs) rows.
+  // Uploads model's weights, allocates the activations of max(cache_cfg.max_chunk, max_seqs) rows, then a GpuKvCache
+  // of cache_cfg (which uploads its KV transform) for max_seqs sequences of up to max_ctx tokens whose pages and
+  // windows fit in kv_budget_bytes (--kv-budget-gib; it must be free), or by default in kGpuMemoryUtilization of the
+  // memory free then, at most what max_seqs x max_ctx tokens need.
   // Requires a device (throws "--device cuda: ..." otherwise) and a GPU-supported cache configuration.
   // The CPU model is read only here; it need not outlive the GpuModel.
   GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs,
-           GemmPrecision gemm = GemmPrecision::Bf16);
+           GemmPrecision gemm = GemmPrecision::Bf16, size_t kv_budget_bytes = 0);
   ~GpuModel() override;
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -57,6 +63,7 @@ class GpuModel final : public Runner {
   void set_layer_hook(Model::LayerHook* hook) override;
   CacheFootprint footprint(int n_tokens) const override;
   size_t cache_bytes() const override;
+  const PagePool& page_pool() const override;
   void synchronize() const override;
   size_t weight_bytes() const override;  // device bytes of the uploaded weights
 

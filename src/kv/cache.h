@@ -9,9 +9,9 @@
 // A prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every
 // query of the chunk reads exactly what decode would hold at its step.
 //
-// Storage:
+// Storage (sizes: kv/cache_layout.h; pages and sequence slots: kv/page_pool.h):
 //   pages  [n_pages][n_layers][n_kv_heads] { K blocks [P / Bk][bytes_k] | V blocks [P / Bv][bytes_v] }
-//          page p of a sequence covers quantized positions [S0 + p P, S0 + (p + 1) P); P = page_tokens
+//          page i of a sequence's block table covers quantized positions [S0 + i P, S0 + (i + 1) P); P = page_tokens
 //   sinks  per sequence [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
 //   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
 // Keys and values are stored exactly as given: the config's transform (centring, rotation) is applied by the caller
@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "common/half.h"
+#include "kv/cache_layout.h"
 #include "kv/codec.h"
+#include "kv/page_pool.h"
 #include "kv/transform.h"
 
 namespace kvq {
@@ -45,16 +47,18 @@ struct CacheConfig {
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 
-// Bytes stored per token per layer for a context of n tokens, counted from the structures actually stored.
-struct CacheFootprint {
-  double bytes_per_token_per_layer;  // all layers' sinks + windows + quantized region, averaged over n tokens
-  double bits_per_element;           // effective bits per cached K/V element at n tokens (METHODS §6)
-  double quant_bits_per_element;     // b_q: the quantized region alone (scales, zeros included)
-};
+// The sizes of a cache of cfg for a model's KV shape: validates the windows, the chunk and the page size against the
+// codecs (kvq::Error naming what is wrong) and lays them out. The first form builds the codecs itself.
+CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim);
+CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec& v, const KvCodec& window,
+                         int n_layers, int n_kv_heads, int head_dim);
 
 class KvCache {
  public:
-  KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs = 1);
+  // A pool for max_seqs sequences of up to max_ctx tokens each; or, with budget_bytes > 0, what fits in that many
+  // bytes, windows included (PagePool::for_budget: max_seqs slots, 0 = as many as the budget holds at max_ctx).
+  KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs = 1,
+          size_t budget_bytes = 0);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -67,7 +71,10 @@ class KvCache {
   int n_kv_heads() const { return n_kv_; }
   int head_dim() const { return d_; }
   int max_ctx() const { return max_ctx_; }
-  int block_tokens() const { return block_tokens_; }
+  int max_seqs() const { return pool_.n_slots(); }
+  int block_tokens() const { return layout_.block_tokens; }
+  const CacheLayout& layout() const { return layout_; }
+  const PagePool& pool() const { return pool_; }  // pages, block tables, admission arithmetic
 
   // Sequences: ids in [0, max_seqs). A new sequence holds no tokens and no pages.
   int new_sequence();
@@ -75,7 +82,8 @@ class KvCache {
   int length(int seq) const;  // tokens committed
 
   // Reserve room for positions [length, length + n_new) of seq (pages for what will be demoted). Throws
-  // kvq::Error on context overflow (beyond max_ctx), a chunk larger than max_chunk, or an exhausted pool.
+  // kvq::Error on context overflow (beyond max_ctx), a chunk larger than max_chunk, or an exhausted pool, before
+  // anything changes.
   void reserve(int seq, int n_new);
   // Store keys / values of one layer for positions [pos0, pos0 + n), k and v: [n, n_kv_heads, d], then demote
   // what leaves the recent window by pos0 + n. Call for every layer, then commit().
@@ -99,27 +107,25 @@ class KvCache {
 
   CacheFootprint footprint(int n_tokens) const;
   size_t bytes_allocated() const;  // pages + sinks + rings, all sequences
-  int token_capacity() const;      // tokens the pool holds across all sequences at max_ctx each
+  int token_capacity() const;      // tokens the pool holds in sequences of max_ctx each
 
  private:
   struct Sequence;
-  uint8_t* page_ptr(int page) const { return pool_.get() + size_t(page) * page_bytes_; }
-  size_t head_offset(int layer, int kv_head) const { return (size_t(layer) * n_kv_ + kv_head) * head_bytes_; }
+  uint8_t* page_ptr(int page) const { return pages_.get() + size_t(page) * size_t(layout_.page_bytes); }
+  size_t head_offset(int layer, int kv_head) const {
+    return (size_t(layer) * n_kv_ + kv_head) * size_t(layout_.head_bytes);
+  }
   uint8_t* sink_row(Sequence& s, int layer, int kv, int head, int pos) const;
   uint8_t* ring_row(Sequence& s, int layer, int kv, int head, int pos) const;
-  void demote(Sequence& s, int layer, int from, int to);
+  void demote(int seq, Sequence& s, int layer, int from, int to);
 
   CacheConfig cfg_;
-  int n_layers_, n_kv_, d_, max_ctx_, max_seqs_;
+  int n_layers_, n_kv_, d_, max_ctx_;
   std::unique_ptr<KvCodec> k_codec_, v_codec_, window_;
-  int block_tokens_;      // B: demotion granularity, lcm of the codecs' tokens_per_block
-  int ring_tokens_;       // ring slots per (layer, K/V, head)
-  size_t k_region_, v_region_, head_bytes_, page_bytes_;  // bytes of one page's K / V blocks of one head, etc.
-  size_t window_row_;     // bytes of one window row
-  int pages_per_seq_;     // pages a sequence needs at max_ctx
-  std::unique_ptr<uint8_t[]> pool_;
-  std::vector<int> free_pages_;
-  std::vector<std::unique_ptr<Sequence>> seqs_;
+  CacheLayout layout_;                 // region, page and window sizes
+  PagePool pool_;                      // free pages, block tables, sequence slots and lengths
+  std::unique_ptr<uint8_t[]> pages_;   // [pool_.n_pages()][page_bytes]
+  std::vector<std::unique_ptr<Sequence>> seqs_;  // windows per slot
 };
 
 }  // namespace kvq

@@ -25,10 +25,17 @@ void check_step(const Runner& r, const std::vector<int>& seqs, const std::vector
   KVQ_CHECK(rows <= r.max_rows(), "forward: a step of {} rows exceeds the runner's {}", rows, r.max_rows());
 }
 
-CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs)
+namespace {
+int checked_seqs(int max_seqs) {
+  KVQ_CHECK(max_seqs >= 1, "CpuRunner: max_seqs {} must be >= 1", max_seqs);
+  return max_seqs;
+}
+}  // namespace
+
+CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, size_t kv_budget_bytes)
     : model_(model),
       cache_(cache_cfg, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, max_ctx,
-             max_seqs),
+             checked_seqs(max_seqs), kv_budget_bytes),
       max_seqs_(max_seqs) {}
 
 std::string CpuRunner::describe() const {

@@ -60,6 +60,8 @@ class Runner {
   // The cache's own accounting (same structs on both devices) and the bytes it holds.
   virtual CacheFootprint footprint(int n_tokens) const = 0;
   virtual size_t cache_bytes() const = 0;
+  // The cache's page pool (kv/page_pool.h, the same on both devices): pages and slots used and free, admission.
+  virtual const PagePool& page_pool() const = 0;
   virtual size_t weight_bytes() const = 0;  // bytes of the weights the forward pass reads (per step, once)
 
   // Waits until the work queued by forward() has finished (timing); forward() returning logits has waited already.
@@ -74,7 +76,9 @@ using RunnerFactory = std::function<std::unique_ptr<Runner>(const CacheConfig& c
 class CpuRunner final : public Runner {
  public:
   // The model must outlive the runner; runners with different caches (and KV transforms) can share one model.
-  CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs = 1);
+  // The cache holds max_seqs sequences of up to max_ctx tokens; with kv_budget_bytes > 0 (--kv-budget-gib) its pool
+  // is what fits in that many bytes, windows of max_seqs slots included (KvCache).
+  CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs = 1, size_t kv_budget_bytes = 0);
 
   const ModelConfig& config() const override { return model_.config(); }
   const CacheConfig& cache_config() const override { return cache_.config(); }
@@ -91,6 +95,7 @@ class CpuRunner final : public Runner {
   void set_layer_hook(Model::LayerHook* hook) override { hook_ = hook; }
   CacheFootprint footprint(int n_tokens) const override { return cache_.footprint(n_tokens); }
   size_t cache_bytes() const override { return cache_.bytes_allocated(); }
+  const PagePool& page_pool() const override { return cache_.pool(); }
   size_t weight_bytes() const override { return model_.weights().n_params * sizeof(float); }
 
   KvCache& cache() { return cache_; }

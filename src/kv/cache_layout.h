@@ -1,0 +1,114 @@
+// The sizes of a paged KV cache (kv/cache.h): THE arithmetic of pages, windows and the quantized region, shared by
+// the CPU cache, the GPU cache (cuda/gpu_cache.cpp copies it into its CacheGeometry) and the page pool
+// (kv/page_pool.h). A plain value: no STL, includable from .cu files (KVQ_HD). Built on the host by
+// kvq::cache_layout() (kv/cache.h) from a validated CacheConfig and the codecs' block sizes.
+//
+//   page     [n_layers][n_kv] { K blocks [P / Bk][k.bytes] | V blocks [P / Bv][v.bytes] }     page_bytes
+//            page i of a sequence covers quantized positions [S0 + i P, S0 + (i + 1) P)
+//   windows  per sequence: sinks [n_layers][2][n_kv][S0] + ring [n_layers][2][n_kv][ring_tokens]
+//            rows of the window codec (window_row bytes each)                                  window_bytes()
+// A sequence of n tokens holds pages_for(n) pages: its quantized region is [S0, qe(n - 1)).
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/layout.h"  // KVQ_HD
+
+namespace kvq {
+
+// Bytes stored per token per layer for a context of n tokens, counted from the structures actually stored.
+struct CacheFootprint {
+  double bytes_per_token_per_layer;  // all layers' sinks + windows + quantized region, averaged over n tokens
+  double bits_per_element;           // effective bits per cached K/V element at n tokens (METHODS §6)
+  double quant_bits_per_element;     // b_q: the quantized region alone (scales, zeros included)
+};
+
+// qe(t): end of the quantized region for a query at position t >= -1 (kv/cache.h):
+//   qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B.
+KVQ_HD inline int quant_end(int t, int sink, int recent, int block_tokens) {
+  const int span = t + 1 - recent - sink;
+  return sink + (span > 0 ? span / block_tokens * block_tokens : 0);
+}
+
+// A codec's storage unit (KvCodec::tokens_per_block / bytes_per_block).
+struct CodecBlock {
+  int tokens;     // tokens per block: 1, or G for per-channel (KIVI) keys
+  int64_t bytes;  // bytes per block
+};
+
+struct CacheLayout {
+  int n_layers, n_kv, head_dim;  // the model's KV shape: layers, kv heads, d
+  int sink, recent;              // S0, W
+  int page_tokens;               // P: quantized positions per page
+  int max_chunk;                 // most tokens appended at once (sizes the ring)
+  int block_tokens;              // B: demotion granularity, lcm of the K / V codecs' tokens per block
+  int ring_tokens;               // ring slots per (layer, K/V, head): W + B + max_chunk
+  CodecBlock k, v;               // blocks of the K / V codecs (quantized region)
+  int64_t window_row;            // bytes of one window-codec row (sinks and ring)
+  int64_t k_region, v_region;    // bytes of one page's K / V blocks of one (layer, kv head)
+  int64_t head_bytes;            // k_region + v_region
+  int64_t page_bytes;            // one page: head_bytes * n_layers * n_kv
+
+  KVQ_HD int quant_end(int t) const { return kvq::quant_end(t, sink, recent, block_tokens); }
+  // Pages a sequence of n_tokens tokens holds (what reserve() has taken once its length is n_tokens).
+  KVQ_HD int pages_for(int n_tokens) const {
+    const int quant_tokens = n_tokens > 0 ? quant_end(n_tokens - 1) - sink : 0;
+    return (quant_tokens + page_tokens - 1) / page_tokens;
+  }
+  // Pages covering positions [S0, max_ctx): the width of a block table (today's pool: max_seqs of these).
+  KVQ_HD int pages_per_seq(int max_ctx) const {
+    const int quant_tokens = max_ctx > sink ? max_ctx - sink : 0;
+    return (quant_tokens + page_tokens - 1) / page_tokens;
+  }
+  KVQ_HD int64_t sink_bytes() const { return int64_t(n_layers) * 2 * n_kv * sink * window_row; }
+  KVQ_HD int64_t ring_bytes() const { return int64_t(n_layers) * 2 * n_kv * ring_tokens * window_row; }
+  // Windows of one sequence (sinks + ring), allocated per sequence slot.
+  KVQ_HD int64_t window_bytes() const { return sink_bytes() + ring_bytes(); }
+  // Everything one sequence of n_tokens takes: its windows and its pages.
+  KVQ_HD int64_t sequence_bytes(int n_tokens) const { return window_bytes() + pages_for(n_tokens) * page_bytes; }
+
+  // Per (token, layer): K and V rows of every kv head. Sinks and the W most recent tokens are window rows, the rest
+  // is stored by the codecs; residual tokens of a partly filled KIVI block are counted as window rows.
+  CacheFootprint footprint(int n) const {
+    const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
+    const double window = 2.0 * n_kv * double(window_row);
+    const double quant = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens);
+    const int in_quant = quant_end(n - 1) - sink;
+    const int n_window = n < n - in_quant ? n : n - in_quant;
+    const int n_quant = n - n_window;
+    const double total = n_window * window + n_quant * quant;
+    CacheFootprint f;
+    f.bytes_per_token_per_layer = total / n;
+    f.bits_per_element = 8.0 * total / (double(n) * elems);
+    f.quant_bits_per_element = 8.0 * quant / elems;
+    return f;
+  }
+};
+
+// The layout of already validated sizes (kvq::cache_layout in kv/cache.h validates a CacheConfig and calls this):
+// page_tokens a multiple of both codecs' tokens per block, window rows per token.
+inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int sink, int recent, int page_tokens,
+                                     int max_chunk, CodecBlock k, CodecBlock v, int64_t window_row) {
+  auto gcd = [](int a, int b) {
+    while (b) {
+      const int r = a % b;
+      a = b, b = r;
+    }
+    return a;
+  };
+  CacheLayout l{};
+  l.n_layers = n_layers, l.n_kv = n_kv, l.head_dim = head_dim;
+  l.sink = sink, l.recent = recent, l.page_tokens = page_tokens, l.max_chunk = max_chunk;
+  l.block_tokens = k.tokens / gcd(k.tokens, v.tokens) * v.tokens;
+  l.ring_tokens = recent + l.block_tokens + max_chunk;
+  l.k = k, l.v = v;
+  l.window_row = window_row;
+  l.k_region = int64_t(page_tokens / k.tokens) * k.bytes;
+  l.v_region = int64_t(page_tokens / v.tokens) * v.bytes;
+  l.head_bytes = l.k_region + l.v_region;
+  l.page_bytes = l.head_bytes * n_layers * n_kv;
+  return l;
+}
+
+}  // namespace kvq
