@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/half.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/gpu_model_kernels.h"
 #include "cuda/runtime.h"
 
@@ -210,12 +211,8 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   m.gemm = gemm;
   const ModelConfig& c = m.cfg;
   KVQ_CHECK(max_seqs >= 1 && max_ctx >= 1, "GpuModel: max_seqs {} and max_ctx {} must be >= 1", max_seqs, max_ctx);
-  CodecSpec ks = cache_cfg.k, vs = cache_cfg.v;
-  ks.head_dim = vs.head_dim = c.head_dim;
-  KVQ_CHECK(gpu_codec_supported(ks) && gpu_codec_supported(vs),
-            "--device cuda: cache {} at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 with groups "
-            "32/64/128, kivi2/kivi4 with keys per channel over 32/64/128 tokens, at head_dim 128)",
-            cache_cfg.describe(), c.head_dim);
+  const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
+  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
   m.max_seqs = max_seqs;
   m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
   m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs);
