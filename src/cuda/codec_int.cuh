@@ -16,7 +16,7 @@ struct IntRows {
   // Value c of a row with group G (row: unused).
   static __device__ __forceinline__ float value(const void* p, int /*row*/, int group, int c) {
     const uint8_t* r = static_cast<const uint8_t*>(p);
-    const uint16_t* params = reinterpret_cast<const uint16_t*>(r);  // rows are 4-byte aligned (sizes are multiples of 4)
+    const uint16_t* params = reinterpret_cast<const uint16_t*>(r);  // 4-byte aligned rows (sizes: multiples of 4)
     const int gi = c / group;
     const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
     const uint8_t* codes = r + layout::int_row_params_bytes(kHeadDim, group);
