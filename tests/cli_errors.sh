@@ -44,6 +44,9 @@ expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
 expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512
 expect_error "ppl: ctx beyond the model" ppl -m $M -f data/eval/linux.txt -c 9000
 expect_error "info: unknown cache type" info -m $M -ctv fp8
+expect_error "info: no model and no --codecs" info
+expect_error "info: --codecs with a model" info --codecs -m $M
+expect_error "info: --codecs with a cache flag" info --codecs -ctk int2
 expect_error "bench: unknown bench" bench nothing -m $M
 mkdir -p "$T/badmodel" && cp $M/config.json "$T/badmodel/"
 expect_error "model dir without weights" run -m "$T/badmodel" -p hi

@@ -1,6 +1,7 @@
 // KV codecs: stored codes bit-exact vs quantize_group, dequantization error within the bit-width budget,
 // degenerate groups, fast scores/accumulate vs the scalar references at every SIMD level, bits accounting,
 // and make_codec's errors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -489,4 +490,90 @@ TEST(CodecTable, UnknownTypesAndClipsACodecIgnoresAreRefusedByName) {
   EXPECT_THROW(codec_spec("kivi2", true, 128, 0.9f), Error);  // KIVI is plain min/max
   EXPECT_THROW(codec_spec("bf16", false, 128, 0.9f), Error);  // nothing to clip
   EXPECT_EQ(codec_spec("int2", true, 64, 0.9f).clip, 0.9f);
+}
+
+// quantize_group is written with the per-element maths it shares with the GPU's demotion kernels
+// (kv/group_quant.h, KVQ_HD): it must store the same bits as the implementation it replaced, here verbatim, on
+// random, heavy-tailed, clipped, constant, zero, signed-zero, tiny, huge and inf groups at every width.
+namespace {
+
+GroupQuant previous_quantize_group(const float* x, int n, int bits, float clip, uint8_t* codes) {
+  GroupQuant q{};
+  if (clip >= 1.0f) {
+    float m = 0.f;
+    for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+    q.thr = m;
+  } else {
+    const int k = std::min(int(std::floor(double(clip) * n)), n - 1);
+    std::vector<float> a(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) a[size_t(i)] = std::fabs(x[i]);
+    std::nth_element(a.begin(), a.begin() + k, a.end());
+    q.thr = a[size_t(k)];
+  }
+  float lo = INFINITY, hi = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    const float v = std::clamp(x[i], -q.thr, q.thr);
+    if (v < lo) lo = v, q.i_min = i;
+    if (v > hi) hi = v, q.i_max = i;
+  }
+  const float levels = float((1 << bits) - 1);
+  const float scale = fp16_to_f32(f32_to_fp16((hi - lo) / levels));
+  if (!(hi > lo) || !(scale > 0.f) || !std::isfinite(scale)) {
+    q.scale = f32_to_fp16(std::fabs(lo));
+    q.zero = f32_to_fp16(lo < 0.f ? 1.f : (lo > 0.f ? -1.f : 0.f));
+    std::fill(codes, codes + n, uint8_t(0));
+    return q;
+  }
+  q.scale = f32_to_fp16(scale);
+  q.zero = f32_to_fp16(-lo / scale);
+  const float zero = fp16_to_f32(q.zero);
+  for (int i = 0; i < n; ++i) {
+    const float v = std::clamp(x[i], -q.thr, q.thr);
+    const float c = std::floor(v / scale + zero + 0.5f);
+    codes[i] = uint8_t(std::clamp(c, 0.f, levels));
+  }
+  return q;
+}
+
+}  // namespace
+
+TEST(Codecs, SharedGroupQuantizerEqualsThePreviousOneBitForBit) {
+  std::mt19937 rng(18);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::student_t_distribution<float> heavy(2.f);
+  const float inf = INFINITY;
+  int checked = 0;
+  for (int n : {32, 64, 128})
+    for (int trial = 0; trial < 60; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      const float mag = std::pow(10.f, float(trial % 12) - 6.f);  // 1e-6 .. 1e5: fp16 subnormal scales to overflow
+      for (float& v : x) v = (trial % 2 ? heavy(rng) : normal(rng)) * mag;
+      switch (trial % 10) {
+        case 3: std::fill(x.begin(), x.end(), 0.75f); break;       // constant
+        case 4: std::fill(x.begin(), x.end(), -0.f); break;        // signed zeros
+        case 5: std::fill(x.begin(), x.end(), 0.f), x[7] = 3.f; break;  // one outlier
+        case 6: x[3] = inf; break;
+        case 8: x[1] = 70000.f, x[2] = -70000.f; break;              // an fp16-overflowing range
+        default: break;
+      }
+      for (int bits : {2, 4, 8})
+        for (float clip : {1.0f, 0.96f, 0.9f, 0.5f}) {
+          std::vector<uint8_t> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+          const GroupQuant a = quantize_group(x.data(), n, bits, clip, got.data());
+          const GroupQuant b = previous_quantize_group(x.data(), n, bits, clip, want.data());
+          ASSERT_EQ(a.scale, b.scale) << "n " << n << " trial " << trial << " bits " << bits << " clip " << clip;
+          ASSERT_EQ(a.zero, b.zero) << "n " << n << " trial " << trial << " bits " << bits << " clip " << clip;
+          ASSERT_EQ(std::memcmp(&a.thr, &b.thr, 4), 0);
+          ASSERT_EQ(a.i_min, b.i_min);
+          ASSERT_EQ(a.i_max, b.i_max);
+          ASSERT_EQ(got, want) << "n " << n << " trial " << trial << " bits " << bits << " clip " << clip;
+          for (int i = 0; i < n; ++i) {
+            const float d = dequant_value(got[size_t(i)], a.scale, a.zero);
+            const float e = (float(want[size_t(i)]) - fp16_to_f32(b.zero)) * fp16_to_f32(b.scale);
+            ASSERT_EQ(std::memcmp(&d, &e, 4), 0);
+          }
+          ++checked;
+        }
+    }
+  EXPECT_EQ(checked, 3 * 60 * 3 * 4);
 }

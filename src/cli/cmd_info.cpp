@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "common/error.h"
+#include "kv/support_matrix.h"
 
 namespace kvq::cli {
 
@@ -16,9 +17,27 @@ struct InfoOptions {
   CacheOptions cache;
   int ctx = 0;
   bool json = false;
+  bool codecs = false;  // --codecs: the support matrix, no model
 };
 
+// kvq info --codecs: the codec table's support matrix (kv/support_matrix.h), as a table or JSON rows.
+void print_codecs(bool as_json) {
+  const std::vector<SupportRow> rows = support_matrix();
+  if (!as_json) {
+    std::printf("%s", format_support_matrix(rows).c_str());
+    return;
+  }
+  nlohmann::json j = nlohmann::json::array();
+  for (const SupportRow& r : rows)
+    j.push_back({{"codec", r.codec}, {"kv", r.role}, {"head_dim", r.head_dim}, {"group", r.group},
+                 {"bytes_per_token", r.bytes_per_token}, {"bits", r.bits}, {"cpu", r.cpu},
+                 {"cuda", r.cuda.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.cuda)}});
+  std::printf("%s\n", j.dump().c_str());
+}
+
 void run(const InfoOptions& o) {
+  if (o.codecs) return print_codecs(o.json);
+  KVQ_CHECK(!o.model.dir.empty(), "info: -m DIR is required (or --codecs for the codec support matrix)");
   const Plan p = plan(o.model, o.cache, o.ctx);
   const ModelConfig& c = p.model;
   const int ctx = p.ctx;
@@ -66,9 +85,14 @@ void add_info(CLI::App& app) {
   auto o = std::make_shared<InfoOptions>();
   CLI::App* cmd = app.add_subcommand("info", "model architecture and KV-cache accounting");
   add_model_options(cmd, o->model);
+  cmd->get_option("--model")->required(false);  // --codecs needs no model; run() asks for -m otherwise
   add_cache_options(cmd, o->cache);
   cmd->add_option("-c,--ctx-size", o->ctx, "context for the effective-bits accounting (0: the model's maximum)");
-  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->add_flag("--json", o->json, "print one JSON object (with --codecs: an array of matrix rows)");
+  CLI::Option* codecs = cmd->add_flag("--codecs", o->codecs, "print the codec support matrix (codec x device x "
+                                      "head_dim x group: bytes and bits stored) and exit");
+  for (CLI::Option* other : cmd->get_options())  // the matrix takes no model, context or cache flag
+    if (other != codecs && other->get_name() != "--json" && other->get_name() != "--help") codecs->excludes(other);
   cmd->callback([o] { run(*o); });
 }
 

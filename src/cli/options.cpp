@@ -8,6 +8,7 @@
 #include "rotation/rotation_file.h"
 #ifdef KVQ_HAVE_CUDA
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
 #endif
@@ -106,12 +107,8 @@ void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim)
   check_device_available(m);
   if (m.device == "cpu") return;
 #ifdef KVQ_HAVE_CUDA
-  CodecSpec k = cache.k, v = cache.v;
-  k.head_dim = v.head_dim = head_dim;
-  KVQ_CHECK(cuda::gpu_codec_supported(k) && cuda::gpu_codec_supported(v) && cache.window == "bf16",
-            "--device cuda: cache {} (window {}) at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 "
-            "with groups 32/64/128, kivi2/kivi4 with keys per channel, at head_dim 128; bf16 windows)",
-            cache.describe(), cache.window, head_dim);
+  const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
+  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);
 #endif
 }
 

@@ -11,13 +11,15 @@
 //   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T.
 //
 // The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
-// row against the group's queries in shared memory, broadcast reads; int2 / int4 keys: per 32-value unit the
-// codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the inner loop; KIVI keys:
-// the row of the position's key block decoded per channel, (code - zero_c) scale_c, then q · k). Values: lane = 4
-// channels, the tile's probabilities are broadcast by shuffles, each V row is read by the warp in one sweep.
+// row against the group's queries in shared memory, broadcast reads, with the key codec's score: int2 / int4
+// keys: per 32-value unit the codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the
+// inner loop; KIVI keys: the row of the position's key block decoded per channel, (code - zero_c) scale_c, then
+// q · k). Values: lane = 4 channels (the value codec's values4), the tile's probabilities are broadcast by shuffles,
+// each V row is read by the warp in one sweep.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"
+#include "cuda/codecs.cuh"
 
 namespace kvq::cuda {
 
@@ -56,9 +58,10 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// GQ: register arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and
-// GQ = kMaxGroupHeads (any g <= 8 at run time).
-template <int GQ>
+// K, V: the device codecs of the quantized region's keys and values (the windows are WindowRows). GQ: register
+// arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and GQ = kMaxGroupHeads
+// (any g <= 8 at run time).
+template <class K, class V, int GQ>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -96,35 +99,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     for (int h = 0; h < GQ; ++h) s[h] = 0.f;
     if (valid) {
       const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
-      const int bits = kr.quant ? geo.k_bits : kBf16Bits;
-      const uint8_t* kp = static_cast<const uint8_t*>(kr.ptr);
-      if (kr.quant && kivi_keys(geo)) {  // KIVI key block: per-channel scale / zero, row kr.block_row
-        for (int c0 = 0; c0 < kD; c0 += 4) {
-          float kv4[4];
-          dev::kivi_values4(kp, kr.block_row, bits, c0, kv4);
-#pragma unroll
-          for (int h = 0; h < GQ; ++h)
-            if (h < g)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
-        }
-      } else if (bits == 2) {
-        dev::score_int_row<2, GQ>(kp, geo.k_group, qs, qsum, g, s);
-      } else if (bits == 4) {
-        dev::score_int_row<4, GQ>(kp, geo.k_group, qs, qsum, g, s);
-      } else if (bits == kBf16Bits) {
-        dev::score_bf16_row<GQ>(kp, qs, g, s);
-      } else {
-        for (int c0 = 0; c0 < kD; c0 += 4) {
-        float kv4[4];
-        dev::row_values4(kr.ptr, bits, geo.k_group, c0, kv4);
-#pragma unroll
-        for (int h = 0; h < GQ; ++h)
-          if (h < g)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
-        }
-      }
+      if (kr.quant) K::template score<GQ>(kr.ptr, kr.block_row, geo.k_group, qs, qsum, g, s);
+      else WindowRows::score<GQ>(kr.ptr, 0, kHeadDim, qs, qsum, g, s);
     }
     float pr[GQ];
 #pragma unroll
@@ -144,7 +120,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     for (int j = 0; j < n_valid; ++j) {
       const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, tile + j, qe);
       float v4[4];
-      dev::row_values4(vr.ptr, vr.quant ? geo.v_bits : kBf16Bits, geo.v_group, 4 * lane, v4);
+      if (vr.quant) V::values4(vr.ptr, 0, geo.v_group, 4 * lane, v4);
+      else WindowRows::values4(vr.ptr, 0, kHeadDim, 4 * lane, v4);
 #pragma unroll
       for (int h = 0; h < GQ; ++h) {
         if (h >= g) continue;
@@ -168,15 +145,30 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   dev::write_block_partial<kWarps>(w_m, w_l, w_acc, g, part, a);
 }
 
-// The CUDA-core kernel instance for a GQA group of gq query heads.
+// The CUDA-core kernel instance of codecs K, V for a GQA group of gq query heads (kGqa: the row's instances).
 using CudaCoreKernel = void (*)(CacheGeometry, AttentionLaunch);
-CudaCoreKernel cuda_core_kernel(int gq) {
-  switch (gq) {
-    case 1: return attention_kernel<1>;
-    case 2: return attention_kernel<2>;
-    case 4: return attention_kernel<4>;
-    default: return attention_kernel<kMaxGroupHeads>;
+template <class K, class V, GpuGqa kGqa>
+CudaCoreKernel gqa_instance(int gq) {
+  if constexpr (kGqa == GpuGqa::kGeneric) {
+    return attention_kernel<K, V, kMaxGroupHeads>;
+  } else {
+    switch (gq) {
+      case 1: return attention_kernel<K, V, 1>;
+      case 2: return attention_kernel<K, V, 2>;
+      case 4: return attention_kernel<K, V, 4>;
+      default: return attention_kernel<K, V, kMaxGroupHeads>;
+    }
   }
+}
+// The CUDA-core kernel of the cache's instance row (null for a tensor-core row or no row).
+CudaCoreKernel cuda_core_kernel(const CacheGeometry& geo, int gq) {
+  CudaCoreKernel k = nullptr;
+  with_instance(geo.instance, [&](auto row) {
+    constexpr int I = decltype(row)::value;
+    constexpr GpuInstance r = kGpuInstances[I];
+    if constexpr (r.path == GpuPath::kCudaCore) k = gqa_instance<RowKeys<I>, RowValues<I>, r.gqa>(gq);
+  });
+  return k;
 }
 
 // The max (Max = true) or sum of v over the block's kD threads, in every thread.
@@ -256,8 +248,9 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
   } else if (mma) {  // the quantized region's splits and, in n_win more slots, the windows, on tensor cores
     e = launch_attention_mma(g, a, stream);
   } else {
-    cuda_core_kernel(a.n_heads / g.n_kv)<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)),
-                                           kWarps * 32, 0, st>>>(g, a);
+    const CudaCoreKernel kernel = cuda_core_kernel(g, a.n_heads / g.n_kv);
+    if (!kernel) return cudaErrorInvalidValue;  // no instance row: refused on the host (gpu_instances.h)
+    kernel<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), kWarps * 32, 0, st>>>(g, a);
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) return e;
@@ -267,7 +260,9 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
 
 int attention_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks) {
   if (attention_mma_supported(g)) return attention_mma_blocks_per_sm(g, blocks);
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, cuda_core_kernel(n_heads / g.n_kv), kWarps * 32, 0);
+  const CudaCoreKernel kernel = cuda_core_kernel(g, n_heads / g.n_kv);
+  if (!kernel) return cudaErrorInvalidValue;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kWarps * 32, 0);
 }
 
 }  // namespace kvq::cuda

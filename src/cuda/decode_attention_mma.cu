@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "cuda/cache_device.cuh"
+#include "cuda/codecs.cuh"
 
 namespace kvq::cuda {
 
@@ -104,7 +105,7 @@ __device__ __forceinline__ float col_max(float v) {
 }
 
 // A tile's row sizes, fixed at compile time: the kernel takes int2 rows of one 128-value group and bf16 rows only
-// (attention_mma_supported).
+// (its instance rows in gpu_instances.h; mma_kernel checks them).
 constexpr int kInt2Row = layout::int_row_bytes(kD, kD, 2);  // 36: word 0 = (scale, zero), words 1 .. 8 = the codes
 constexpr int kBf16Row = layout::bf16_row_bytes(kD);        // 256
 template <bool Q>
@@ -477,32 +478,42 @@ __global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheG
 }  // namespace
 
 bool attention_mma_supported(const CacheGeometry& g) {
-  if (kivi_keys(g)) return false;  // per-channel key blocks: the CUDA-core kernel
-  const bool k_ok = g.k_bits == kBf16Bits || (g.k_bits == 2 && g.k_group == kD);
-  const bool v_ok = g.v_bits == kBf16Bits || (g.v_bits == 2 && g.v_group == kD);
-  return k_ok && v_ok && g.page_tokens % kTile == 0;
+  return g.instance >= 0 && g.instance < kGpuInstanceCount && kGpuInstances[g.instance].path == GpuPath::kTensorCore;
 }
 
 namespace {
-// The kernel instance for the cache's key and value formats.
+// The kernel instance of the cache's tensor-core instance row: KQ / VQ = keys / values are int2 rows of one
+// 128-value group, else bf16 rows (null for a CUDA-core row or no row).
 using MmaKernel = void (*)(CacheGeometry, AttentionLaunch);
 MmaKernel mma_kernel(const CacheGeometry& g) {
-  const bool kq = g.k_bits == 2, vq = g.v_bits == 2;
-  if (kq && vq) return quant_attention_mma_kernel<true, true>;
-  if (kq) return quant_attention_mma_kernel<true, false>;
-  if (vq) return quant_attention_mma_kernel<false, true>;
-  return quant_attention_mma_kernel<false, false>;
+  MmaKernel k = nullptr;
+  with_instance(g.instance, [&](auto row) {
+    constexpr GpuInstance r = kGpuInstances[decltype(row)::value];
+    if constexpr (r.path == GpuPath::kTensorCore) {
+      constexpr auto takes = [](CodecId id) { return id == CodecId::kInt2 || id == CodecId::kBf16; };
+      static_assert(takes(r.k) && takes(r.v), "the tensor-core kernel takes int2 and bf16 rows");
+      static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || r.groups == kG128,
+                    "the tensor-core kernel takes int2 rows of one 128-value group");
+      static_assert(r.page_multiple % kTile == 0, "tensor-core tiles never cross a page");
+      k = quant_attention_mma_kernel<r.k == CodecId::kInt2, r.v == CodecId::kInt2>;
+    }
+  });
+  return k;
 }
 }  // namespace
 
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
+  const MmaKernel kernel = mma_kernel(g);
+  if (!kernel) return cudaErrorInvalidValue;  // not a tensor-core row
   const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits + a.n_win));  // + the windows' blocks
-  mma_kernel(g)<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
+  kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
   return cudaGetLastError();
 }
 
 int attention_mma_blocks_per_sm(const CacheGeometry& g, int* blocks) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, mma_kernel(g), kWarps * 32, 0);
+  const MmaKernel kernel = mma_kernel(g);
+  if (!kernel) return cudaErrorInvalidValue;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kWarps * 32, 0);
 }
 
 }  // namespace kvq::cuda

@@ -1,10 +1,12 @@
 // The reference twin of the attention kernel (decode_attention.cu): same grid and partial format, written to be
 // obviously correct rather than fast. One block of d threads (thread = channel) walks the split's positions one
-// by one: decode the K row value of its channel (KIVI keys: from the position's key block and row), block-reduce q·k per query head, online softmax per head,
-// accumulate p · v of its channel.
+// by one: decode the K row value of its channel (the key codec's value; KIVI keys: from the position's key block
+// and row), block-reduce q·k per query head, online softmax per head, accumulate p · v of its channel. Templated on
+// the codecs of the cache's instance row (gpu_instances.h), whatever the row's fast path.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"
+#include "cuda/codecs.cuh"
 
 namespace kvq::cuda {
 
@@ -12,6 +14,7 @@ namespace {
 
 constexpr int kD = kHeadDim;
 
+template <class K, class V>
 __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z, c = threadIdx.x;
   const int g = a.n_heads / geo.n_kv;
@@ -28,8 +31,9 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   for (int p = begin; p < end; ++p) {
     const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
     const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, p, qe);
-    const float kc = dev::key_value(geo, kr, c);  // bf16, per-token codec row or KIVI key block
-    const float vc = dev::row_value(vr.ptr, vr.quant ? geo.v_bits : kBf16Bits, geo.v_group, c);
+    // bf16 window row, or the key codec's row / KIVI key block; the value codec's row
+    const float kc = kr.quant ? K::value(kr.ptr, kr.block_row, geo.k_group, c) : WindowRows::value(kr.ptr, 0, kD, c);
+    const float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : WindowRows::value(vr.ptr, 0, kD, c);
     for (int h = 0; h < g; ++h) red[h][c] = q[h] * kc;
     __syncthreads();
     for (int w = kD / 2; w > 0; w >>= 1) {
@@ -60,9 +64,14 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
 }  // namespace
 
 int launch_attention_ref(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
-  attention_ref_kernel<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), kD, 0,
-                         static_cast<cudaStream_t>(stream)>>>(g, a);
-  return cudaGetLastError();
+  int e = cudaErrorInvalidValue;  // no instance row: refused on the host (gpu_instances.h)
+  with_instance(g.instance, [&](auto row) {
+    constexpr int I = decltype(row)::value;
+    attention_ref_kernel<RowKeys<I>, RowValues<I>><<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)),
+                                                      kD, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
+    e = cudaGetLastError();
+  });
+  return e;
 }
 
 }  // namespace kvq::cuda

@@ -12,48 +12,37 @@
 #include <set>
 
 #include "common/error.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
+#include "kv/codec_registry.h"
 #include "kv/layout.h"
 
 namespace kvq::cuda {
 
 namespace {
 
-constexpr const char* kSupported =
-    "the GPU cache supports k/v types bf16, int8, int4, int2 (per-token groups of 32, 64 or 128), kivi2 / kivi4 "
-    "(keys per channel over 32, 64 or 128 tokens, values per-token groups), head_dim 128, bf16 windows";
-
-int codec_bits(const std::string& type) {
-  if (type == "bf16") return kBf16Bits;
-  if (type == "int8") return 8;
-  if (type == "int4" || type == "kivi4") return 4;
-  if (type == "int2" || type == "kivi2") return 2;
-  return 0;
-}
-
-bool is_kivi(const std::string& type) { return type == "kivi2" || type == "kivi4"; }
+// The traits row of a validated spec's type (gpu_instances.h has refused unknown types before any of these).
+const CodecTraits& traits(const CodecSpec& s) { return codec_traits(s.type); }
 
 // Bytes of one stored row: bf16, layout::IntRow, or (KIVI keys) one token's packed codes of a KiviKeyBlock.
 int row_bytes(const CodecSpec& s) {
-  const int bits = codec_bits(s.type);
-  if (bits == kBf16Bits) return layout::bf16_row_bytes(kHeadDim);
-  if (s.per_channel) return layout::packed_bytes(kHeadDim, bits);
-  return layout::int_row_bytes(kHeadDim, s.group, bits);
+  const CodecTraits& t = traits(s);
+  if (!t.grouped) return layout::bf16_row_bytes(kHeadDim);
+  if (s.per_channel) return layout::packed_bytes(kHeadDim, t.code_bits);
+  return layout::int_row_bytes(kHeadDim, s.group, t.code_bits);
 }
 
 // Quantile index of kv/group_quant.cpp: min(floor(clip n), n - 1), or -1 for clip >= 1 (plain max |x|).
 int clip_index(const CodecSpec& s) {
-  if (codec_bits(s.type) == kBf16Bits || s.clip >= 1.0f) return -1;
+  if (!traits(s).grouped || s.clip >= 1.0f) return -1;
   return std::min(int(std::floor(double(s.clip) * s.group)), s.group - 1);
 }
 
-void check_spec(CodecSpec s, const char* which, int head_dim) {
-  s.head_dim = head_dim;  // the cache's d, as kv/cache.cpp does
-  const bool value_blocks = s.per_channel && std::string(which) == "value";  // values are always per-token rows
-  KVQ_CHECK(gpu_codec_supported(s) && !value_blocks,
-            "GPU KV cache: {} type '{}' (group {}{}) with head_dim {} is not supported ({})", which, s.type, s.group,
-            s.per_channel ? ", per_channel" : "", head_dim, kSupported);
+// The cache must have an instance row (gpu_instances.h): one line naming the combination and what the GPU runs.
+void check_config(const CacheConfig& cfg, int head_dim) {
+  const std::string why = gpu_unsupported(cfg, head_dim);
+  KVQ_CHECK(why.empty(), "GPU KV cache: {}", why);
 }
 
 int sm_count() {
@@ -65,14 +54,7 @@ int sm_count() {
 
 }  // namespace
 
-bool gpu_codec_supported(const CodecSpec& spec) {
-  const int bits = codec_bits(spec.type);
-  if (bits == 0 || spec.head_dim != kHeadDim) return false;
-  if (spec.per_channel && !is_kivi(spec.type)) return false;  // per_channel: KIVI keys only (kv/codec.cpp)
-  if (bits == kBf16Bits) return true;
-  return (spec.group == 32 || spec.group == 64 || spec.group == 128) && std::isfinite(spec.clip) && spec.clip > 0.f &&
-         spec.clip <= 1.f;
-}
+bool gpu_codec_supported(const CodecSpec& spec) { return gpu_spec_stored(spec); }
 
 int auto_split_tokens(int64_t base, int max_view, int64_t resident) {
   // A block's fixed cost in positions: loading the queries, writing its partial and its share of the merge.
@@ -110,13 +92,15 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cfg, int max_ctx
   g.block_tokens = l.block_tokens;
   g.ring_tokens = l.ring_tokens;
   g.pages_per_seq = std::max(1, l.pages_per_seq(max_ctx));  // the page pool's block table width
-  g.k_bits = codec_bits(cfg.k.type), g.v_bits = codec_bits(cfg.v.type);
+  g.instance = gpu_instance(cfg, kHeadDim);
+  if (g.instance >= 0) g.k_codec = kGpuInstances[g.instance].k, g.v_codec = kGpuInstances[g.instance].v;
   g.k_block_tokens = cfg.k.per_channel ? cfg.k.group : 1;
-  g.k_group = g.k_bits == kBf16Bits ? kHeadDim : cfg.k.group;
-  g.v_group = g.v_bits == kBf16Bits ? kHeadDim : cfg.v.group;
+  g.k_group = traits(cfg.k).grouped ? cfg.k.group : kHeadDim;
+  g.v_group = traits(cfg.v).grouped ? cfg.v.group : kHeadDim;
   g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
   g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
-  g.k_block = cfg.k.per_channel ? layout::kivi_key_block_bytes(kHeadDim, cfg.k.group, g.k_bits) : g.k_row;
+  g.k_block = cfg.k.per_channel ? layout::kivi_key_block_bytes(kHeadDim, cfg.k.group, traits(cfg.k).code_bits)
+                                : g.k_row;
   g.k_region = l.k_region;
   g.head_bytes = l.head_bytes;
   g.page_bytes = l.page_bytes;
@@ -173,9 +157,7 @@ struct GpuKvCache::Impl {
 };
 
 CacheLayout GpuKvCache::layout_of(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
-  check_spec(cfg.k, "key", head_dim);
-  check_spec(cfg.v, "value", head_dim);
-  KVQ_CHECK(cfg.window == "bf16", "GPU KV cache: window type '{}' is not supported ({})", cfg.window, kSupported);
+  check_config(cfg, head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(n_layers > 0 && n_kv_heads > 0, "GPU KV cache: n_layers {} and n_kv_heads {} must be > 0", n_layers,
             n_kv_heads);
   // The layout validates everything else (sizes, page size, windows) with the CPU cache's messages.

@@ -27,10 +27,11 @@
 
 namespace kvq::cuda {
 
-// Codecs the GPU cache stores for keys and values, at d = 128: bf16; int8, int4, int2 and kivi2 / kivi4 without
-// per_channel (per-token groups G = 32/64/128); kivi2 / kivi4 with per_channel (KIVI keys: each channel quantized
-// over blocks of G = 32/64/128 tokens). The constructor also refuses per_channel values (the CPU codec would take
-// them, the GPU stores values as per-token rows only), with one line naming what is supported.
+// Whether some row of the GPU instance table (cuda/gpu_instances.h) stores this spec, for keys or values, at its
+// head_dim, whatever the other side: bf16; int8, int4, int2 and kivi2 / kivi4 without per_channel (per-token groups
+// G = 32/64/128); kivi2 / kivi4 with per_channel (KIVI keys over blocks of G = 32/64/128 tokens). A whole cache is
+// checked by gpu_instance / gpu_unsupported there: the constructor refuses a combination without a compiled
+// instance (and per_channel values) with one line naming it and what the GPU runs.
 bool gpu_codec_supported(const CodecSpec& spec);
 
 class GpuKvCache {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kv/cache_layout.h"  // quant_end
+#include "kv/codec_id.h"
 #include "kv/layout.h"        // KVQ_HD
 
 namespace kvq {
@@ -17,7 +18,6 @@ namespace kvq::cuda {
 
 constexpr int kHeadDim = 128;    // d: the only head dimension the GPU cache supports
 constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the attention kernel
-constexpr int kBf16Bits = 16;    // "bits" of a bf16 row in the format fields below
 
 // Where everything of the cache lives on the device and how it is laid out (same layouts as kv/cache.h; the sizes,
 // n_layers .. pages_per_seq and k_region .. page_bytes, are copied from the cache's kv/cache_layout.h CacheLayout):
@@ -34,7 +34,8 @@ struct CacheGeometry {
   int block_tokens;            // B: demotion granularity, lcm of the K / V tokens per block (1, or G of KIVI keys)
   int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + max_chunk, as kv/cache.cpp
   int pages_per_seq;           // columns of the page table (PagePool::table_width)
-  int k_bits, v_bits;          // 2 / 4 / 8, or kBf16Bits
+  int instance;                // the row of kGpuInstances (cuda/gpu_instances.h) that runs this cache; -1 = none
+  CodecId k_codec, v_codec;    // that row's codecs: the blocks stored for keys / values (device types: codecs.cuh)
   int k_group, v_group;        // G of the int codecs (values per scale/zero group; KIVI keys: tokens per block)
   int k_clip_index, v_clip_index;  // quantile index min(floor(clip G), G - 1); -1 = plain max |x| (clip >= 1)
   int k_block_tokens;          // Gk: tokens per stored K block, 1 (per-token rows) or G (KIVI keys, per channel)
@@ -96,8 +97,8 @@ struct AttentionLaunch {
   float* part_acc;         // [n_rows][n_kv][n_splits + n_win][g][d] scratch: unnormalised partial outputs
   float* part_ml;          // [n_rows][n_kv][n_splits + n_win][g][2] scratch: partial (max, sum)
 };
-// The tensor-core path (decode_attention_mma.cu) for caches of int2 rows of one 128-value group or bf16
-// rows, pages of a multiple of 16 rows; never KIVI keys (they take the CUDA-core kernel). One launch fills slots
+// The tensor-core path (decode_attention_mma.cu), for the caches whose instance row says so (int2 rows of one
+// 128-value group or bf16 rows, pages of a multiple of 16 rows; gpu_instances.h). One launch fills slots
 // [0, n_splits) with the splits and slots n_splits .. n_splits + n_win - 1 with the bf16 sink and recent windows
 // (n_slots = n_splits + n_win).
 bool attention_mma_supported(const CacheGeometry& g);

@@ -11,6 +11,7 @@
 #include "common/half.h"
 #include "cuda/bench_support.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/gpu_model_kernels.h"
 #include "cuda/runtime.h"
 
@@ -229,12 +230,8 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   m.gemm = gemm;
   const ModelConfig& c = m.cfg;
   KVQ_CHECK(max_seqs >= 1 && max_ctx >= 1, "GpuModel: max_seqs {} and max_ctx {} must be >= 1", max_seqs, max_ctx);
-  CodecSpec ks = cache_cfg.k, vs = cache_cfg.v;
-  ks.head_dim = vs.head_dim = c.head_dim;
-  KVQ_CHECK(gpu_codec_supported(ks) && gpu_codec_supported(vs),
-            "--device cuda: cache {} at head_dim {} is not supported on the GPU (bf16, int8, int4, int2 with groups "
-            "32/64/128, kivi2/kivi4 with keys per channel over 32/64/128 tokens, at head_dim 128)",
-            cache_cfg.describe(), c.head_dim);
+  const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
+  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
   GpuKvCache::layout_of(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim);  // the cache's checks, before any upload
   m.max_seqs = max_seqs;
   m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
@@ -309,7 +306,8 @@ const ModelConfig& GpuModel::config() const { return impl_->cfg; }
 const CacheConfig& GpuModel::cache_config() const { return impl_->cache->config(); }
 std::string GpuModel::describe() const {
   return "cuda: " + device_description() + ", " + std::string(gemm_precision_name(impl_->gemm)) + " GEMMs, " +
-         (impl_->graphs ? "CUDA graphs" : "no CUDA graphs");
+         (impl_->graphs ? "CUDA graphs" : "no CUDA graphs") + ", " +
+         gpu_path_text(impl_->cache->config(), impl_->cfg.head_dim);
 }
 int GpuModel::max_ctx() const { return impl_->cache->max_ctx(); }
 int GpuModel::max_seqs() const { return impl_->max_seqs; }

@@ -16,12 +16,12 @@
 #include <string_view>
 
 #include "kv/codec.h"
+#include "kv/codec_id.h"
 #include "kv/simd.h"
 
 namespace kvq {
 
-// Typed identity of a codec; the table's rows are in this order.
-enum class CodecId : uint8_t { kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4 };
+// Typed identity of a codec (kv/codec_id.h); the table's rows are in this order.
 
 struct CodecTraits {
   CodecId id;

@@ -37,27 +37,22 @@ GroupQuant quantize_group(const float* x, int n, int bits, float clip, uint8_t* 
   q.thr = clip_threshold(x, n, clip);
   float lo = INFINITY, hi = -INFINITY;
   for (int i = 0; i < n; ++i) {
-    const float v = std::clamp(x[i], -q.thr, q.thr);
+    const float v = clip_value(x[i], q.thr);
     if (v < lo) lo = v, q.i_min = i;
     if (v > hi) hi = v, q.i_max = i;
   }
-  const float levels = float((1 << bits) - 1);
-  const float scale = fp16_to_f32(f32_to_fp16((hi - lo) / levels));
-  if (!(hi > lo) || !(scale > 0.f) || !std::isfinite(scale)) {
+  const float scale = group_scale(lo, hi, bits);
+  if (group_degenerate(lo, hi, scale)) {
     // Degenerate: every value decodes to lo (exact when lo is representable in fp16).
-    q.scale = f32_to_fp16(std::fabs(lo));
-    q.zero = f32_to_fp16(lo < 0.f ? 1.f : (lo > 0.f ? -1.f : 0.f));
+    q.scale = degenerate_scale(lo);
+    q.zero = degenerate_zero(lo);
     std::fill(codes, codes + n, uint8_t(0));
     return q;
   }
   q.scale = f32_to_fp16(scale);
-  q.zero = f32_to_fp16(-lo / scale);
-  const float zero = fp16_to_f32(q.zero);
-  for (int i = 0; i < n; ++i) {
-    const float v = std::clamp(x[i], -q.thr, q.thr);
-    const float c = std::floor(v / scale + zero + 0.5f);
-    codes[i] = uint8_t(std::clamp(c, 0.f, levels));
-  }
+  q.zero = group_zero(lo, scale);
+  const float zero = fp16_to_f32(q.zero), levels = quant_levels(bits);
+  for (int i = 0; i < n; ++i) codes[i] = quant_code(clip_value(x[i], q.thr), scale, zero, levels);
   return q;
 }
 

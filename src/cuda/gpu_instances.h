@@ -1,0 +1,234 @@
+// The GPU cache's compiled kernel instances: ONE table of (key codec, value codec, attention path) rows, and the
+// GPU support predicate read from it. Plain C++ without CUDA, so host code (kvq_core included: `kvq info
+// --codecs`) and the .cu files share it.
+//
+// Every row compiles, for its (K, V) pair: the demotion kernel (kv_append.cu; KIVI keys: also the key-block
+// kernel), the attention kernel of its path — the tensor-core kernel (decode_attention_mma.cu: int2 rows of one
+// 128-value group or bf16 rows) or the CUDA-core kernel (decode_attention.cu; 4 instances: GQA groups 1, 2, 4 and
+// any g <= 8) — and the reference twin (decode_attention_ref.cu). The .cu files expand the table into their one
+// dispatch point (cuda/instances.cuh: with_instance), so a new combination is one row here, and its codecs are
+// the device codec types of cuda/codecs.cuh.
+//
+// Rows name codecs by the blocks they store: keys are per-token rows, or per-channel key blocks for a codec with
+// per_channel_keys (KIVI); values are per-token rows. The per-token rows of a KIVI type (its values, or keys
+// without per_channel) are the int rows of its bits (kv/codec_registry.cpp builds them as an IntCodec), so a
+// kivi2 value spec runs under a row whose values are int2. The first row that fits a cache runs it: tensor-core
+// rows come first.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda/gpu_kernels.h"  // kHeadDim
+#include "kv/cache.h"          // CacheConfig, CodecSpec
+#include "kv/codec_id.h"
+#include "kv/codec_registry.h"  // codec_traits, find_codec
+
+namespace kvq::cuda {
+
+enum class GpuPath : uint8_t {
+  kTensorCore,  // decode_attention_mma.cu: mma.sync over tiles of 16 positions, windows in extra blocks
+  kCudaCore,    // decode_attention.cu: one lane per position for scores, per 4 channels for values
+};
+
+// Groups G a quantized side may take (per-token rows: values per scale/zero group; KIVI keys: tokens per block).
+enum GpuGroups : uint8_t { kG32 = 1, kG64 = 2, kG128 = 4, kAnyGroup = kG32 | kG64 | kG128 };
+
+// The GQA instances of a CUDA-core row's attention kernel (the tensor-core kernel takes any g <= 8 in one).
+enum class GpuGqa : uint8_t {
+  kEvery,    // g = 1, 2, 4 each compiled for its g (registers for g heads), any other g <= 8 generic: 4 kernels
+  kGeneric,  // one generic kernel for any g <= 8: the same results, more registers per thread: 1 kernel
+};
+
+struct GpuInstance {
+  GpuPath path;
+  CodecId k;           // key blocks: per-token rows, or per-channel key blocks of a per_channel_keys codec
+  CodecId v;           // value rows (per token)
+  uint8_t groups;      // GpuGroups every quantized side takes (a bf16 side has no groups)
+  int page_multiple;   // page_tokens must be a multiple of this
+  GpuGqa gqa;          // CUDA-core rows: which GQA instances are compiled (tensor-core rows: kGeneric)
+};
+
+// The compiled instances (head_dim kHeadDim, bf16 sink / recent windows): the combinations the GPU tests run
+// (tests/test_gpu_cache.cpp, test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core
+// bf16 row for pages that tensor-core tiles do not fit. Budget (build time on 2 cores): a CUDA-core row costs 4
+// (kEvery) or 1 (kGeneric) attention kernels, each ~2 s of nvcc; every row also costs a reference twin and 1-2
+// demotion kernels (~0.3 s each, shared by rows of the same pair); a tensor-core row 1 attention kernel.
+// clang-format off
+inline constexpr GpuInstance kGpuInstances[] = {
+  // path                keys             values          groups     page  GQA instances
+  {GpuPath::kTensorCore, CodecId::kInt2,  CodecId::kInt2, kG128,     16,   GpuGqa::kGeneric},
+  {GpuPath::kTensorCore, CodecId::kInt2,  CodecId::kBf16, kG128,     16,   GpuGqa::kGeneric},
+  {GpuPath::kTensorCore, CodecId::kBf16,  CodecId::kInt2, kG128,     16,   GpuGqa::kGeneric},
+  {GpuPath::kTensorCore, CodecId::kBf16,  CodecId::kBf16, kAnyGroup, 16,   GpuGqa::kGeneric},
+  {GpuPath::kCudaCore,   CodecId::kInt8,  CodecId::kInt8, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kInt4,  CodecId::kInt4, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kInt2,  CodecId::kInt2, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kKivi2, CodecId::kInt2, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kKivi4, CodecId::kInt4, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kInt4,  CodecId::kInt2, kAnyGroup,  8,   GpuGqa::kGeneric},
+  {GpuPath::kCudaCore,   CodecId::kKivi2, CodecId::kInt4, kAnyGroup,  8,   GpuGqa::kGeneric},
+  {GpuPath::kCudaCore,   CodecId::kBf16,  CodecId::kBf16, kAnyGroup,  8,   GpuGqa::kGeneric},
+};
+// clang-format on
+inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpuInstances[0]));
+
+inline const char* gpu_path_name(GpuPath p) { return p == GpuPath::kTensorCore ? "tensor-core" : "CUDA-core"; }
+
+// --- The support predicate (host).
+
+namespace gpu_detail {
+
+inline bool takes_group(uint8_t groups, int g) {
+  return (g == 32 && (groups & kG32)) || (g == 64 && (groups & kG64)) || (g == 128 && (groups & kG128));
+}
+inline std::string groups_text(uint8_t groups) {
+  std::string s;
+  for (int g : {32, 64, 128})
+    if (takes_group(groups, g)) s += (s.empty() ? "g" : "/") + std::to_string(g);
+  return s;
+}
+// "int2/g64", "kivi2/g128 per channel", "bf16": a spec as the messages name it.
+inline std::string spec_text(const CodecSpec& s) {
+  const CodecTraits* t = find_codec(s.type);
+  std::string out = s.type;
+  if (t && t->grouped) out += "/g" + std::to_string(s.group);
+  if (s.per_channel) out += " per channel";
+  return out;
+}
+// One side of a row: "int2/g128", "kivi2/per-channel", "bf16".
+inline std::string side_text(CodecId id, bool is_key, uint8_t groups) {
+  const CodecTraits& t = codec_traits(id);
+  std::string out(t.name);
+  if (t.grouped && groups != kAnyGroup) out += "/" + groups_text(groups);
+  if (is_key && t.per_channel_keys) out += "/per-channel";
+  return out;
+}
+
+// The codec whose blocks spec `s` stores on the GPU (keys: is_key), into *id; false with *why when it has none.
+inline bool stored_codec(const CodecSpec& s, bool is_key, CodecId* id, std::string* why) {
+  const char* side = is_key ? "key" : "value";
+  const CodecTraits* t = find_codec(s.type);
+  if (!t) {
+    *why = std::string(side) + " type '" + s.type + "' is unknown";
+    return false;
+  }
+  if (s.per_channel && !(is_key && t->per_channel_keys)) {
+    *why = std::string(side) + " type " + spec_text(s) + " is not stored on the GPU (" +
+           (is_key ? "only per-channel-key codecs take per_channel" : "values are per-token rows") + ")";
+    return false;
+  }
+  if (t->grouped && !(std::isfinite(s.clip) && s.clip > 0.f && s.clip <= 1.f)) {
+    *why = std::string(side) + " type " + spec_text(s) + " has clip " + std::to_string(s.clip) +
+           " (must be in (0, 1])";
+    return false;
+  }
+  *id = t->id;
+  if (t->per_channel_keys && !s.per_channel) {  // per-token rows of a KIVI type: the int rows of its bits
+    for (const CodecTraits& r : codec_table())
+      if (r.grouped && !r.per_channel_keys && r.code_bits == t->code_bits) {
+        *id = r.id;
+        break;
+      }
+  }
+  return true;
+}
+
+inline bool row_fits(const GpuInstance& r, CodecId k, int k_group, CodecId v, int v_group, int page_tokens) {
+  const auto side_ok = [&](CodecId id, int g) { return !codec_traits(id).grouped || takes_group(r.groups, g); };
+  return r.k == k && r.v == v && side_ok(k, k_group) && side_ok(v, v_group) && page_tokens > 0 &&
+         page_tokens % r.page_multiple == 0;
+}
+
+// The first row that runs cfg at head_dim, or -1 with *why (when why is not null).
+inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
+  std::string w;
+  CodecId k{}, v{};
+  int found = -1;
+  if (head_dim != kHeadDim) {
+    w = "head_dim " + std::to_string(head_dim) + ": the GPU kernels take head_dim " + std::to_string(kHeadDim);
+  } else if (cfg.window != "bf16") {
+    w = "window type '" + cfg.window + "': the GPU keeps bf16 windows";
+  } else if (stored_codec(cfg.k, true, &k, &w) && stored_codec(cfg.v, false, &v, &w)) {
+    for (int i = 0; i < kGpuInstanceCount && found < 0; ++i)
+      if (row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens)) found = i;
+    if (found < 0)
+      w = "keys " + spec_text(cfg.k) + " with values " + spec_text(cfg.v) + " on pages of " +
+          std::to_string(cfg.page_tokens) + " tokens: no compiled GPU instance";
+  }
+  if (why) *why = found >= 0 ? std::string() : w;
+  return found;
+}
+
+}  // namespace gpu_detail
+
+// The compiled instances as one line, from the table: "the GPU runs head_dim 128, bf16 windows and keys / values
+// tensor-core (pages a multiple of 16): k=int2/g128 v=int2/g128, ...; CUDA-core (pages a multiple of 8): k=int8
+// v=int8, ... (groups ...)".
+inline std::string gpu_instances_text() {
+  std::string out = "the GPU runs head_dim " + std::to_string(kHeadDim) + ", bf16 windows and keys / values";
+  for (GpuPath p : {GpuPath::kTensorCore, GpuPath::kCudaCore}) {
+    std::string rows;
+    int page = 0;
+    for (const GpuInstance& r : kGpuInstances) {
+      if (r.path != p) continue;
+      rows += std::string(rows.empty() ? "" : ", ") + "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" +
+              gpu_detail::side_text(r.v, false, r.groups);
+      page = r.page_multiple;
+    }
+    if (!rows.empty())
+      out += std::string(p == GpuPath::kTensorCore ? " " : "; ") + gpu_path_name(p) + " (pages a multiple of " +
+             std::to_string(page) + "): " + rows;
+  }
+  return out + " (groups " + gpu_detail::groups_text(kAnyGroup) +
+         " unless named; per-channel keys over G tokens; kivi values are the int rows of their bits)";
+}
+
+// The row of kGpuInstances that runs cfg with head_dim, or -1 when none does.
+inline int gpu_instance(const CacheConfig& cfg, int head_dim) { return gpu_detail::select(cfg, head_dim, nullptr); }
+
+// "" when some row runs cfg with head_dim; else one line (a kvq::Error message) that names the combination, why it
+// is refused, and what the GPU runs: "keys int8/g128 with values int4/g128 on pages of 128 tokens: no compiled GPU
+// instance; the GPU runs ...".
+inline std::string gpu_unsupported(const CacheConfig& cfg, int head_dim) {
+  std::string why;
+  if (gpu_detail::select(cfg, head_dim, &why) >= 0) return {};
+  return why + "; " + gpu_instances_text();
+}
+
+// Which attention path runs cfg and why, for the startup log: "tensor-core attention (instance k=int2/g128
+// v=int2/g128)", or "CUDA-core attention (instance k=int4 v=int4; tensor cores take k=int2/g128 v=int2/g128, ...)".
+inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
+  const int i = gpu_instance(cfg, head_dim);
+  if (i < 0) return "no GPU instance";
+  const GpuInstance& r = kGpuInstances[i];
+  std::string out = std::string(gpu_path_name(r.path)) + " attention (instance k=" +
+                    gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups);
+  if (r.path != GpuPath::kTensorCore) {
+    std::string tc;
+    for (const GpuInstance& t : kGpuInstances)
+      if (t.path == GpuPath::kTensorCore)
+        tc += std::string(tc.empty() ? "" : ", ") + "k=" + gpu_detail::side_text(t.k, true, t.groups) + " v=" +
+              gpu_detail::side_text(t.v, false, t.groups);
+    out += "; tensor cores take " + tc;
+  }
+  return out + ")";
+}
+
+// Whether some row stores spec s for keys or values (per_channel: keys) at the spec's head_dim, whatever the other
+// side and the page size.
+inline bool gpu_spec_stored(const CodecSpec& s) {
+  if (s.head_dim != kHeadDim) return false;
+  std::string why;
+  for (bool is_key : {true, false}) {
+    CodecId id{};
+    if ((s.per_channel && !is_key) || !gpu_detail::stored_codec(s, is_key, &id, &why)) continue;
+    const bool grouped = codec_traits(id).grouped;
+    for (const GpuInstance& r : kGpuInstances)
+      if ((is_key ? r.k : r.v) == id && (!grouped || gpu_detail::takes_group(r.groups, s.group))) return true;
+  }
+  return false;
+}
+
+}  // namespace kvq::cuda

@@ -1,0 +1,194 @@
+// The GPU instance table (cuda/gpu_instances.h) on the host, without CUDA: every row's codecs are codec-table rows
+// the GPU can store, the support predicate runs every row and refuses every other combination with one line that
+// names it and lists what the GPU runs, and the combinations the GPU tests exercise all have a row.
+#include <set>
+#include <string>
+#include <tuple>
+
+#include <gtest/gtest.h>
+
+#include "cuda/gpu_instances.h"
+#include "kv/codec_registry.h"
+
+using namespace kvq;
+using namespace kvq::cuda;
+
+namespace {
+
+// A cache of key spec type kt (per channel when its codec has per-channel keys) and value type vt, group G.
+CacheConfig config(std::string_view kt, std::string_view vt, int group, int page = 128) {
+  CacheConfig c;
+  c.k = codec_spec(kt, true, group, 0.f);
+  c.v = codec_spec(vt, false, group, 0.f);
+  c.k.head_dim = c.v.head_dim = kHeadDim;
+  c.page_tokens = page;
+  return c;
+}
+
+bool has(const std::string& s, std::string_view what) { return s.find(what) != std::string::npos; }
+
+}  // namespace
+
+TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
+  const auto table = codec_table();
+  std::set<std::tuple<GpuPath, CodecId, CodecId>> seen;
+  for (int i = 0; i < kGpuInstanceCount; ++i) {
+    const GpuInstance& r = kGpuInstances[i];
+    SCOPED_TRACE("row " + std::to_string(i));
+    ASSERT_LT(size_t(r.k), table.size());
+    ASSERT_LT(size_t(r.v), table.size());
+    const CodecTraits &k = codec_traits(r.k), &v = codec_traits(r.v);
+    EXPECT_EQ(k.id, r.k);
+    EXPECT_EQ(v.id, r.v);
+    EXPECT_NE(r.k, CodecId::kF32);  // the GPU stores no f32 rows
+    EXPECT_NE(r.v, CodecId::kF32);
+    EXPECT_FALSE(v.per_channel_keys) << v.name << ": values are per-token rows (KIVI values are int rows)";
+    EXPECT_TRUE(r.groups != 0 && (r.groups & ~kAnyGroup) == 0);
+    EXPECT_TRUE(r.page_multiple > 0 && r.page_multiple % 8 == 0) << "aligned row loads";
+    if (r.path == GpuPath::kTensorCore) {  // decode_attention_mma.cu: int2 rows of one 128-value group, bf16 rows
+      for (CodecId id : {r.k, r.v}) EXPECT_TRUE(id == CodecId::kInt2 || id == CodecId::kBf16);
+      if (r.k == CodecId::kInt2 || r.v == CodecId::kInt2) {
+        EXPECT_EQ(r.groups, kG128);
+      }
+      EXPECT_EQ(r.page_multiple % 16, 0) << "tiles of 16 positions never cross a page";
+    }
+    EXPECT_TRUE(seen.insert({r.path, r.k, r.v}).second) << "duplicate row";
+  }
+  // Tensor-core rows come first: the predicate takes the first row that fits.
+  for (int i = 1; i < kGpuInstanceCount; ++i)
+    EXPECT_FALSE(kGpuInstances[i].path == GpuPath::kTensorCore && kGpuInstances[i - 1].path == GpuPath::kCudaCore);
+}
+
+TEST(GpuInstances, PredicateRunsEveryRowOfTheTable) {
+  for (int i = 0; i < kGpuInstanceCount; ++i) {
+    const GpuInstance& r = kGpuInstances[i];
+    const std::string_view kt = codec_traits(r.k).name, vt = codec_traits(r.v).name;
+    bool selected = false;  // some group and page size select exactly this row
+    for (int group : {32, 64, 128})
+      for (int page = 8; page <= 256; page += 8) {
+        if (!gpu_detail::takes_group(r.groups, group)) continue;
+        const CacheConfig c = config(kt, vt, group, page);
+        const int got = gpu_instance(c, kHeadDim);
+        if (page % r.page_multiple == 0) {
+          ASSERT_GE(got, 0) << kt << "/" << vt << " g" << group << " page " << page;
+          EXPECT_EQ(kGpuInstances[got].k, r.k);
+          EXPECT_EQ(kGpuInstances[got].v, r.v);
+          EXPECT_LE(got, i) << "the first row that fits runs the cache";
+          EXPECT_EQ(gpu_unsupported(c, kHeadDim), "");
+        }
+        selected |= got == i;
+      }
+    EXPECT_TRUE(selected) << "row " << i << " (" << kt << " / " << vt << ") is never selected";
+  }
+}
+
+// The combinations tests/test_gpu_cache.cpp and tests/test_gpu_model.cpp run (as their configs build them), and the
+// path each takes.
+TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
+  struct Case {
+    const char *k, *v;
+    int group;
+    GpuPath path;
+  };
+  const Case cases[] = {
+      {"bf16", "bf16", 128, GpuPath::kTensorCore},  {"int2", "int2", 128, GpuPath::kTensorCore},
+      {"int2", "int2", 64, GpuPath::kCudaCore},     {"int2", "int2", 32, GpuPath::kCudaCore},
+      {"int4", "int4", 128, GpuPath::kCudaCore},    {"int4", "int4", 32, GpuPath::kCudaCore},
+      {"int8", "int8", 128, GpuPath::kCudaCore},    {"int8", "int8", 32, GpuPath::kCudaCore},
+      {"kivi2", "kivi2", 128, GpuPath::kCudaCore},  {"kivi2", "kivi2", 64, GpuPath::kCudaCore},
+      {"kivi2", "kivi2", 32, GpuPath::kCudaCore},   {"kivi4", "kivi4", 128, GpuPath::kCudaCore},
+      {"kivi4", "kivi4", 32, GpuPath::kCudaCore},   {"int4", "int2", 64, GpuPath::kCudaCore},
+      {"kivi2", "int4", 64, GpuPath::kCudaCore},
+  };
+  for (const Case& c : cases)
+    for (int page : {128, 32}) {
+      const CacheConfig cfg = config(c.k, c.v, c.group, page);
+      const int i = gpu_instance(cfg, kHeadDim);
+      ASSERT_GE(i, 0) << cfg.describe() << ": " << gpu_unsupported(cfg, kHeadDim);
+      EXPECT_EQ(kGpuInstances[i].path, c.path) << cfg.describe();
+    }
+  // KIVI keys without per_channel are int rows of their bits; so are KIVI values.
+  CacheConfig per_token = config("kivi2", "kivi2", 128);
+  per_token.k.per_channel = false;
+  EXPECT_EQ(kGpuInstances[gpu_instance(per_token, kHeadDim)].k, CodecId::kInt2);
+  // A page of 8 rows: no tensor-core tile fits, the CUDA-core rows run int2 and bf16.
+  EXPECT_EQ(kGpuInstances[gpu_instance(config("int2", "int2", 128, 8), kHeadDim)].path, GpuPath::kCudaCore);
+  EXPECT_EQ(kGpuInstances[gpu_instance(config("bf16", "bf16", 128, 24), kHeadDim)].path, GpuPath::kCudaCore);
+}
+
+TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
+  int refused = 0;
+  for (const CodecTraits& k : codec_table())
+    for (const CodecTraits& v : codec_table())
+      for (int group : {32, 64, 128}) {
+        const CacheConfig c = config(k.name, v.name, group);
+        const std::string why = gpu_unsupported(c, kHeadDim);
+        if (gpu_instance(c, kHeadDim) >= 0) {
+          EXPECT_EQ(why, "");
+          continue;
+        }
+        ++refused;
+        SCOPED_TRACE(c.describe());
+        EXPECT_TRUE(has(why, k.name)) << why;
+        EXPECT_TRUE(has(why, v.name)) << why;
+        EXPECT_TRUE(has(why, "int2") && has(why, "kivi2") && has(why, "tensor-core")) << why;  // lists the rows
+        EXPECT_FALSE(has(why, "\n")) << why;
+      }
+  EXPECT_GT(refused, 0);
+  // Named refusals: no row for the pair, f32, per-channel values, head_dim, windows, page size, group, clip.
+  EXPECT_TRUE(has(gpu_unsupported(config("int8", "int4", 128), kHeadDim), "keys int8/g128 with values int4/g128"));
+  EXPECT_TRUE(has(gpu_unsupported(config("f32", "f32", 128), kHeadDim), "f32"));
+  CacheConfig kivi = config("kivi2", "kivi2", 128);
+  kivi.v.per_channel = true;
+  const std::string pc = gpu_unsupported(kivi, kHeadDim);
+  EXPECT_TRUE(has(pc, "value type kivi2/g128 per channel")) << pc;
+  CacheConfig int2_pc = config("int2", "int2", 128);
+  int2_pc.k.per_channel = true;
+  EXPECT_TRUE(has(gpu_unsupported(int2_pc, kHeadDim), "key type int2/g128 per channel"));
+  EXPECT_TRUE(has(gpu_unsupported(config("int2", "int2", 128), 64), "head_dim 64"));
+  CacheConfig f32w = config("int2", "int2", 128);
+  f32w.window = "f32";
+  EXPECT_TRUE(has(gpu_unsupported(f32w, kHeadDim), "window type 'f32'"));
+  EXPECT_TRUE(has(gpu_unsupported(config("int2", "int2", 128, 12), kHeadDim), "pages of 12 tokens"));
+  EXPECT_TRUE(has(gpu_unsupported(config("int2", "bf16", 64), kHeadDim), "keys int2/g64 with values bf16"));
+  CacheConfig bad_clip = config("int2", "int2", 128);
+  bad_clip.v.clip = 1.5f;
+  EXPECT_TRUE(has(gpu_unsupported(bad_clip, kHeadDim), "clip"));
+  CacheConfig unknown = config("int2", "int2", 128);
+  unknown.k.type = "kivi8";
+  EXPECT_TRUE(has(gpu_unsupported(unknown, kHeadDim), "'kivi8' is unknown"));
+  EXPECT_EQ(gpu_instance(unknown, kHeadDim), -1);
+}
+
+// gpu_spec_stored (behind cuda::gpu_codec_supported): one spec, keys or values, whatever the other side.
+TEST(GpuInstances, SpecStoredForKeysOrValues) {
+  for (const char* type : {"bf16", "int8", "int4", "int2", "kivi2", "kivi4"})
+    for (int group : {32, 64, 128}) {
+      CodecSpec s = codec_spec(type, false, group, 0.f);
+      s.head_dim = kHeadDim;
+      EXPECT_TRUE(gpu_spec_stored(s)) << type << "/g" << group;
+      s = codec_spec(type, true, group, 0.f);
+      s.head_dim = kHeadDim;
+      EXPECT_TRUE(gpu_spec_stored(s)) << type << "/g" << group << " keys";
+    }
+  EXPECT_FALSE(gpu_spec_stored({.type = "kivi2", .head_dim = 64, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "kivi2", .head_dim = kHeadDim, .group = 16, .per_channel = true}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "int2", .head_dim = kHeadDim, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "bf16", .head_dim = kHeadDim, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "kivi8", .head_dim = kHeadDim, .group = 128}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "f32", .head_dim = kHeadDim, .group = 128}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "int2", .head_dim = kHeadDim, .group = 128, .clip = 0.f}));
+}
+
+TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
+  const std::string s = gpu_instances_text();
+  EXPECT_FALSE(has(s, "\n"));
+  EXPECT_TRUE(has(s, "head_dim 128"));
+  for (const GpuInstance& r : kGpuInstances) {
+    EXPECT_TRUE(has(s, gpu_path_name(r.path)));
+    EXPECT_TRUE(has(s, codec_traits(r.k).name));
+    EXPECT_TRUE(has(s, codec_traits(r.v).name));
+  }
+  EXPECT_TRUE(has(s, "k=int2/g128 v=int2/g128")) << s;
+  EXPECT_TRUE(has(s, "k=kivi2/per-channel v=int2")) << s;
+}

@@ -1,0 +1,62 @@
+// The support matrix of `kvq info --codecs` (kv/support_matrix.h): every codec of the table at head_dim 64 and 128,
+// the bytes and bits its CPU codec stores, and the GPU path from the instance table (cuda/gpu_instances.h).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "kv/codec_registry.h"
+#include "kv/support_matrix.h"
+
+using namespace kvq;
+
+namespace {
+
+const SupportRow* find_row(const std::vector<SupportRow>& rows, const std::string& codec, const std::string& role,
+                           int d, int group) {
+  for (const SupportRow& r : rows)
+    if (r.codec == codec && r.role == role && r.head_dim == d && r.group == group) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(SupportMatrix, ListsEveryCodecOfTheTableAtEveryHeadDim) {
+  const std::vector<SupportRow> rows = support_matrix({64, 128});
+  std::set<std::pair<std::string, int>> seen;
+  for (const SupportRow& r : rows) seen.insert({r.codec, r.head_dim});
+  for (const CodecTraits& t : codec_table())
+    for (int d : {64, 128}) EXPECT_TRUE(seen.count({std::string(t.name), d})) << t.name << " d " << d;
+}
+
+TEST(SupportMatrix, BytesAndBitsAreWhatTheCodecsStore) {
+  const std::vector<SupportRow> rows = support_matrix({64, 128});
+  const SupportRow* int2 = find_row(rows, "int2", "k,v", 128, 128);
+  ASSERT_NE(int2, nullptr);
+  EXPECT_TRUE(int2->cpu);
+  EXPECT_DOUBLE_EQ(int2->bytes_per_token, 36.0);  // layout::IntRow<128, 128, 2>
+  EXPECT_DOUBLE_EQ(int2->bits, 2.25);
+  const SupportRow* bf16 = find_row(rows, "bf16", "k,v", 64, 0);
+  ASSERT_NE(bf16, nullptr);
+  EXPECT_DOUBLE_EQ(bf16->bytes_per_token, 128.0);
+  EXPECT_DOUBLE_EQ(bf16->bits, 16.0);
+  const SupportRow* kivi_k = find_row(rows, "kivi2", "k", 128, 32);  // 4·128 + 32·32 bytes per 32 tokens
+  ASSERT_NE(kivi_k, nullptr);
+  EXPECT_DOUBLE_EQ(kivi_k->bytes_per_token, (4.0 * 128 + 32 * 32) / 32);
+  EXPECT_DOUBLE_EQ(kivi_k->bits, 3.0);
+  const SupportRow* odd = find_row(rows, "int4", "k,v", 64, 128);  // a group larger than head_dim
+  ASSERT_NE(odd, nullptr);
+  EXPECT_FALSE(odd->cpu);
+}
+
+TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
+  const std::vector<SupportRow> rows = support_matrix({64, 128});
+  EXPECT_EQ(find_row(rows, "int2", "k,v", 128, 128)->cuda, "tensor-core");
+  EXPECT_EQ(find_row(rows, "bf16", "k,v", 128, 0)->cuda, "tensor-core");
+  EXPECT_EQ(find_row(rows, "int8", "k,v", 128, 64)->cuda, "CUDA-core");
+  EXPECT_EQ(find_row(rows, "int2", "k,v", 64, 32)->cuda, "");  // the GPU kernels take head_dim 128
+  EXPECT_EQ(find_row(rows, "f32", "k,v", 128, 0)->cuda, "");   // CPU only
+  const std::string text = format_support_matrix(rows);
+  EXPECT_NE(text.find("codec"), std::string::npos);
+  EXPECT_NE(text.find("tensor-core"), std::string::npos);
+}
