@@ -26,7 +26,7 @@ struct VScalar {
   static F min(F a, F b) { return a < b ? a : b; }
   static F max(F a, F b) { return a > b ? a : b; }
   static F round(F a) { return std::rint(a); }
-  static F exp2i(F n) { return std::bit_cast<float>(uint32_t(int(n) + 127) << 23); }
+  static F exp2i(F n) { return n >= -126.f ? std::bit_cast<float>(uint32_t(int(n) + 127) << 23) : 0.f; }
   static F zero_below(F x, F lo, F y) { return x >= lo ? y : 0.f; }
   static F load_partial(const float* p, int n, float fill) { return n > 0 ? *p : fill; }  // kW = 1: unused
   static void store_partial(float* p, F v, int n) {

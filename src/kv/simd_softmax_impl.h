@@ -4,13 +4,13 @@
 //
 // Besides F, kW, zero, loadu, storeu, bcast, fma, add and hsum, V provides: sub(a, b), mul(a, b), min(a, b) and
 // max(a, b) (a < b ? a : b and a > b ? a : b, as minps / maxps), fnma(a, b, c) = c - a·b, round(a) (to nearest
-// even), exp2i(n) = 2^n built in the exponent bits (n integral in [-126, 127]), zero_below(x, lo, y) = y where
-// x >= lo and 0 elsewhere, hmax(F), and load_partial(p, n, fill) / store_partial(p, v, n) for the lanes [0, n) of
+// even), exp2i(n) = 2^n built in the exponent bits (n integral, <= 127; any value below -126), zero_below(x, lo, y)
+// = y where x >= lo and 0 elsewhere (also where x is NaN), hmax(F), and load_partial(p, n, fill) / store_partial(p, v, n) for the lanes [0, n) of
 // one vector, 0 < n < kW (lanes >= n read as fill, and are not written).
 
 // exp(x) as Cephes expf: x = n·ln2 + r, |r| <= ln2/2 (ln2 split in a high part exact in n·ln2_hi and a low part),
-// exp(r) = 1 + r + r²·P(r) with P of degree 5, times 2^n. x is clamped to [kExpMinX, kExpMaxX] so that 2^n stays
-// a normal float; x < kExpMinX (and -inf) gives 0.
+// exp(r) = 1 + r + r²·P(r) with P of degree 5, times 2^n. x is clamped to kExpMaxX so that 2^n stays a normal
+// float; x < kExpMinX (and -inf, whose r is NaN) gives 0 through zero_below, so the low side needs no clamp.
 constexpr float kExpLog2e = 1.44269504088896341f, kExpLn2Hi = 0.693359375f, kExpLn2Lo = -2.12194440e-4f;
 constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f, kExpP2 = 8.3334519073e-3f,
                 kExpP3 = 4.1665795894e-2f, kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f;
@@ -19,7 +19,7 @@ constexpr float kExpMinX = -87.3f, kExpMaxX = 88.3f;  // n = round(x·log2e) in 
 template <class V>
 inline typename V::F exp_cephes(typename V::F x) {  // inline: called once per vector in the loops below
   using F = typename V::F;
-  const F xc = V::min(V::max(x, V::bcast(kExpMinX)), V::bcast(kExpMaxX));
+  const F xc = V::min(x, V::bcast(kExpMaxX));
   const F n = V::round(V::mul(xc, V::bcast(kExpLog2e)));
   F r = V::fnma(n, V::bcast(kExpLn2Hi), xc);
   r = V::fnma(n, V::bcast(kExpLn2Lo), r);
