@@ -11,7 +11,6 @@
 
 #include "attention/attention.h"
 #include "attention/attention_ref.h"
-#include "attention/softmax_simd.h"
 #include "kv/simd.h"
 #include "common/error.h"
 #include "eval/perplexity.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "attention/softmax_simd.h"
+#include "kv/simd.h"
 #include "common/error.h"
 
 namespace kvq {

@@ -1,5 +1,7 @@
 #include "kv/simd.h"
 
+#include <cmath>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -66,6 +68,30 @@ RowKernels row_kernels(RowFormat format, SimdLevel level) {
     case SimdLevel::kScalar: break;
   }
   return row_kernels_scalar(format);
+}
+
+SoftmaxKernels softmax_kernels(SimdLevel level) {
+  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
+            simd_level_name(level), simd_level_name(best_simd_level()));
+  switch (level) {
+    case SimdLevel::kAvx512Vnni:
+    case SimdLevel::kAvx512: return softmax_kernels_avx512();
+    case SimdLevel::kAvx2: return softmax_kernels_avx2();
+    case SimdLevel::kScalar: break;
+  }
+  return softmax_kernels_scalar();
+}
+
+float softmax_max_ref(const float* x, int n) {
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+float softmax_exp_sum_ref(float* x, int n, float m) {
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - m));
+  return sum;
 }
 
 }  // namespace kvq

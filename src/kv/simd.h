@@ -1,9 +1,11 @@
 // Row kernels of the KV codecs: dot products and weighted sums read straight from packed rows
-// (layout.h), one implementation per instruction-set level, chosen at run time.
+// (layout.h), and the online softmax's row max and exp-and-sum; one implementation per instruction-set
+// level, written once over a vector-traits type (simd_kernels_impl.h, simd_softmax_impl.h), chosen at run time.
 //
 // The project is compiled without -mavx flags: the AVX2+FMA and AVX-512 kernels are compiled under
 // `#pragma GCC target` in their own files (simd_avx2.cpp, simd_avx512.cpp) and only called after
-// __builtin_cpu_supports said yes. Tests and benchmarks force a level through row_kernels(fmt, level).
+// __builtin_cpu_supports said yes. Tests and benchmarks force a level through row_kernels(fmt, level) and
+// softmax_kernels(level).
 //
 // Math (per row t, group g with fp16 scale s and zero z, x̂ = (code - z)·s):
 //   scores:     q·x̂ = Σ_g s_g·(q_g·code_g) - Σ_g s_g·z_g·Σq_g      (Σq_g precomputed per query and group)
@@ -57,6 +59,31 @@ RowKernels row_kernels_scalar(RowFormat format);
 RowKernels row_kernels_avx2(RowFormat format);
 RowKernels row_kernels_avx512(RowFormat format);
 RowKernels row_kernels_avx512_vnni(RowFormat format);
+
+// The row primitives of the online softmax in attention/attention.cpp: max and exp-and-sum over one row of
+// scores, written once over the same vector traits as the row kernels (simd_softmax_impl.h).
+//
+// The levels compute exp with a Cephes-style polynomial: x = n·ln2 + r, |r| <= ln2/2, degree-6 polynomial in r,
+// times 2^n built in the exponent bits. Relative error <= 2e-7 (about 2 float ulp) against std::exp for x in
+// [-87, 0]; inputs below -87.3 give 0 (std::exp gives < 1.2e-38 there). Attention only calls exp on
+// x = s - max <= 0, so the results are weights in [0, 1].
+struct SoftmaxKernels {
+  float (*max)(const float* x, int n);         // max of x[0, n); -inf for n == 0
+  float (*exp_sum)(float* x, int n, float m);  // x[i] <- exp(x[i] - m) for i < n; returns the sum of the new x
+};
+
+// The softmax primitives at one level (kAvx512Vnni uses the kAvx512 ones). Throws kvq::Error if this CPU does
+// not support the level.
+SoftmaxKernels softmax_kernels(SimdLevel level);
+
+// Per-level tables (one per file); used only by softmax_kernels.
+SoftmaxKernels softmax_kernels_scalar();
+SoftmaxKernels softmax_kernels_avx2();
+SoftmaxKernels softmax_kernels_avx512();
+
+// The scalar reference twins, the spec of every level (plain loops, std::exp).
+float softmax_max_ref(const float* x, int n);
+float softmax_exp_sum_ref(float* x, int n, float m);
 
 }  // namespace kvq
 

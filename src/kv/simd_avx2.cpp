@@ -1,6 +1,7 @@
-// AVX2 + FMA + F16C row kernels (8 floats per vector). Compiled for that target by the pragma below,
-// called only when simd_level_supported(kAvx2). Every header is included BEFORE the pragma so that no
+// AVX2 + FMA + F16C row kernels and softmax primitives (8 floats per vector). Compiled for that target by the
+// pragma below, called only when simd_level_supported(kAvx2). Every header is included BEFORE the pragma so that no
 // inline function shared with other files is compiled for AVX2.
+#include <cmath>
 #include <cstring>
 
 #include <immintrin.h>
@@ -29,10 +30,35 @@ struct VAvx2 {
   static F bcast(float x) { return _mm256_set1_ps(x); }
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F exp2i(F n) {
+    const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+  }
+  static F zero_below(F x, F lo, F y) { return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), y); }
+  static __m256i lanes_below(int n) {  // all-ones in lanes [0, n)
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static F load_partial(const float* p, int n, float fill) {
+    const __m256i m = lanes_below(n);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+  }
+  static void store_partial(float* p, F v, int n) { _mm256_maskstore_ps(p, lanes_below(n), v); }
   static float hsum(F v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float hmax(F v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
   static void hsum4(const F* v, float* out) {
@@ -76,10 +102,12 @@ struct VAvx2 {
 };
 
 #include "kv/simd_kernels_impl.h"
+#include "kv/simd_softmax_impl.h"
 
 }  // namespace
 
 RowKernels row_kernels_avx2(RowFormat format) { return row_kernels_for<VAvx2>(format); }
+SoftmaxKernels softmax_kernels_avx2() { return softmax_kernels_for<VAvx2>(); }
 
 }  // namespace kvq
 
@@ -92,5 +120,6 @@ RowKernels row_kernels_avx2(RowFormat format) { return row_kernels_for<VAvx2>(fo
 #include "common/error.h"
 namespace kvq {
 RowKernels row_kernels_avx2(RowFormat) { KVQ_FAIL("AVX2 kernels are not built for this architecture"); }
+SoftmaxKernels softmax_kernels_avx2() { KVQ_FAIL("AVX2 kernels are not built for this architecture"); }
 }  // namespace kvq
 #endif

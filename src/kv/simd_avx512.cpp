@@ -1,6 +1,7 @@
-// AVX-512 (F/BW/VL/DQ) + FMA + F16C row kernels (16 floats per vector). Compiled for that target by the
-// pragma below, called only when simd_level_supported(kAvx512). Every header is included BEFORE the
+// AVX-512 (F/BW/VL/DQ) + FMA + F16C row kernels and softmax primitives (16 floats per vector). Compiled for that
+// target by the pragma below, called only when simd_level_supported(kAvx512). Every header is included BEFORE the
 // pragma so that no inline function shared with other files is compiled for AVX-512.
+#include <cmath>
 #include <cstring>
 
 #include <immintrin.h>
@@ -16,10 +17,12 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
-// GCC 12 flags the _mm512_undefined_* passthrough operands of the conversion intrinsics (false positive).
+// GCC 12 flags the _mm512_undefined_* passthrough operands of the conversion and min / max intrinsics (false
+// positive).
 #if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace kvq {
@@ -34,6 +37,22 @@ struct VAvx512 {
   static F bcast(float x) { return _mm512_set1_ps(x); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F exp2i(F n) {
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static F zero_below(F x, F lo, F y) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y); }
+  static F load_partial(const float* p, int n, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), __mmask16((1u << n) - 1), p);
+  }
+  static void store_partial(float* p, F v, int n) { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v); }
+  static float hmax(F v) { return _mm512_reduce_max_ps(v); }
   static float hsum(F v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -79,10 +98,12 @@ struct VAvx512 {
 };
 
 #include "kv/simd_kernels_impl.h"
+#include "kv/simd_softmax_impl.h"
 
 }  // namespace
 
 RowKernels row_kernels_avx512(RowFormat format) { return row_kernels_for<VAvx512>(format); }
+SoftmaxKernels softmax_kernels_avx512() { return softmax_kernels_for<VAvx512>(); }
 
 }  // namespace kvq
 
@@ -96,5 +117,6 @@ RowKernels row_kernels_avx512(RowFormat format) { return row_kernels_for<VAvx512
 #include "common/error.h"
 namespace kvq {
 RowKernels row_kernels_avx512(RowFormat) { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
+SoftmaxKernels softmax_kernels_avx512() { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
 }  // namespace kvq
 #endif

@@ -1,4 +1,7 @@
-// Portable row kernels (no intrinsics): the same algorithm as the SIMD levels with one float per "vector".
+// Portable row kernels and softmax primitives (no intrinsics): the same algorithm as the SIMD levels with one
+// float per "vector".
+#include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "common/half.h"
@@ -17,10 +20,23 @@ struct VScalar {
   static F bcast(float x) { return x; }
   static F fma(F a, F b, F c) { return a * b + c; }
   static F add(F a, F b) { return a + b; }
+  static F sub(F a, F b) { return a - b; }
+  static F mul(F a, F b) { return a * b; }
+  static F fnma(F a, F b, F c) { return c - a * b; }
+  static F min(F a, F b) { return a < b ? a : b; }
+  static F max(F a, F b) { return a > b ? a : b; }
+  static F round(F a) { return std::rint(a); }
+  static F exp2i(F n) { return n >= -126.f ? std::bit_cast<float>(uint32_t(int(n) + 127) << 23) : 0.f; }
+  static F zero_below(F x, F lo, F y) { return x >= lo ? y : 0.f; }
+  static F load_partial(const float* p, int n, float fill) { return n > 0 ? *p : fill; }  // kW = 1: unused
+  static void store_partial(float* p, F v, int n) {
+    if (n > 0) *p = v;
+  }
   static float hsum(F v) { return v; }
   static void hsum4(const F* v, float* out) {
     for (int j = 0; j < 4; ++j) out[j] = v[j];
   }
+  static float hmax(F v) { return v; }
   static float half(uint16_t h) { return fp16_to_f32(h); }
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
@@ -38,9 +54,11 @@ struct VScalar {
 };
 
 #include "kv/simd_kernels_impl.h"
+#include "kv/simd_softmax_impl.h"
 
 }  // namespace
 
 RowKernels row_kernels_scalar(RowFormat format) { return row_kernels_for<VScalar>(format); }
+SoftmaxKernels softmax_kernels_scalar() { return softmax_kernels_for<VScalar>(); }
 
 }  // namespace kvq
