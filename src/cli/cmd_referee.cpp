@@ -1,5 +1,5 @@
 // kvq referee: every cache method × window setting on the same model, data, seeds and group, with calibration on
-// data disjoint from the eval data (METHODS.md §6-8). Writes OUT/results.json, report.md, report.html and prints
+// data disjoint from the eval data (docs/METHODS.md §6-8). Writes OUT/results.json, report.md, report.html and prints
 // the summary table.
 #include <algorithm>
 #include <cstdio>

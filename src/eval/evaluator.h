@@ -1,4 +1,4 @@
-// kvq eval: the fidelity metrics of METHODS.md §8 for one KV-cache configuration, decode-faithful (§2):
+// kvq eval: the fidelity metrics of docs/METHODS.md §8 for one KV-cache configuration, decode-faithful (§2):
 //   ppl      per domain, with a bootstrap 95% CI over windows
 //   kl       KL(p_bf16 ‖ p_method) per token and top-1 agreement against a BF16-cache run in lockstep
 //   passkey  needle retrieval accuracy over context lengths × depths × trials, Wilson 95% CIs

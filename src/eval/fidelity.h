@@ -1,4 +1,4 @@
-// Lockstep fidelity pass (METHODS.md §8): the BF16-cache run and the method's run over the same tokens in the same
+// Lockstep fidelity pass (docs/METHODS.md §8): the BF16-cache run and the method's run over the same tokens in the same
 // process, chunk by chunk — forward the BF16 chunk, forward the method chunk, compare the two [chunk, vocab] logit
 // blocks, accumulate — so at most one chunk of logits per run is held. Both runs are decode-faithful (the method's
 // cache is read as decode would hold it). With layers, a third run (the method cache fed the BF16 run's layer

@@ -1,4 +1,4 @@
-// Perplexity over non-overlapping windows of ctx tokens, decode-faithful (METHODS.md §2): each window is a fresh
+// Perplexity over non-overlapping windows of ctx tokens, decode-faithful (docs/METHODS.md §2): each window is a fresh
 // sequence prefilled in chunks through the configured KV cache, and every position but the window's first is
 // scored against the next token.
 #pragma once

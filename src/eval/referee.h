@@ -1,4 +1,4 @@
-// kvq referee: the fair comparison of METHODS.md §7 — every cache method × every window setting on the same model,
+// kvq referee: the fair comparison of docs/METHODS.md §7 — every cache method × every window setting on the same model,
 // eval data, seeds, group (128) and layer policy (none), with the fidelity metrics of §8 (kvq::evaluate) and the
 // honest effective bits of §6 at each stated context.
 //

@@ -1,4 +1,4 @@
-// The referee's method table: one row per method (METHODS.md §5, §7) declares everything the referee does with it
+// The referee's method table: one row per method (docs/METHODS.md §5, §7) declares everything the referee does with it
 // — its caches, its rotation, what it is calibrated and tuned on, whether windows change it, what it is judged
 // against, whether the quick subset has it and its note for the report. The plan, the rotation and clip stores, the
 // run records and the reports read the row; none of them branches on a method's name or cache type. A new method is

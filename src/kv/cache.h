@@ -1,6 +1,6 @@
 // Paged KV cache with BF16 sink / recent windows and a quantized (codec) region.
 //
-// Positions of one sequence, for a query at position t (METHODS.md §2, decode-faithful):
+// Positions of one sequence, for a query at position t (docs/METHODS.md §2, decode-faithful):
 //   [0, S0)                 sinks, BF16, always
 //   [S0, qe(t))             quantized region, read through the K / V codecs from pages
 //   [max(S0, qe(t)), t]     recent window, BF16, from a ring buffer

@@ -24,7 +24,7 @@ struct CodecSpec {
   std::string type = "bf16";  // a codec table name (kv/codec_registry.h): bf16, int8, int4, int2, kivi2, ...
   int head_dim = 128;         // d, values per row
   int group = 128;            // G: values per scale/zero group (per token) or tokens per group (KIVI keys)
-  float clip = 1.0f;          // quantile clip ratio r (METHODS.md §1); 1.0 = plain min/max
+  float clip = 1.0f;          // quantile clip ratio r (docs/METHODS.md §1); 1.0 = plain min/max
   bool per_channel = false;   // KIVI keys: quantize each channel over G tokens instead of each token
 };
 

@@ -1,4 +1,4 @@
-// The INT-b group quantizer of METHODS.md §1 (OSCAR / OptR grid): the single definition shared by the
+// The INT-b group quantizer of docs/METHODS.md §1 (OSCAR / OptR grid): the single definition shared by the
 // cache codecs (int8/int4/int2, KIVI), by calibration's straight-through quantizer and (its per-element maths,
 // KVQ_HD) by the GPU cache's demotion kernels (cuda/group_quant.cuh), so both devices store the same bits.
 //
