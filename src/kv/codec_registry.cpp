@@ -31,15 +31,15 @@ constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
 
 // clang-format off
-// id            name     aliases       summary                                                              bits grouped clip   clip_k clip_v per_ch transform window fq    factory
+// id            name     aliases       summary                                                              bits grouped clip   clip_k clip_v per_ch transform fq    factory
 constexpr std::array kTable{
-  CodecTraits{CodecId::kF32,   "f32",   kF32Aliases,  "float32 rows, lossless (reference cache)",                       32, false, false, 1.0f,  1.0f,  false, "none", true,  false, make_f32},
-  CodecTraits{CodecId::kBf16,  "bf16",  kBf16Aliases, "bfloat16 rows",                                                  16, false, false, 1.0f,  1.0f,  false, "none", true,  false, make_bf16},
-  CodecTraits{CodecId::kInt8,  "int8",  {},           "8-bit codes per token, fp16 scale/zero per group of G values",  8,  true,  true,  1.0f,  1.0f,  false, "none", false, true,  make_int},
-  CodecTraits{CodecId::kInt4,  "int4",  {},           "4-bit codes per token, fp16 scale/zero per group of G values",  4,  true,  true,  1.0f,  1.0f,  false, "none", false, true,  make_int},
-  CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", false, true,  make_int},
-  CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, false, make_kivi},
-  CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, false, make_kivi},
+  CodecTraits{CodecId::kF32,   "f32",   kF32Aliases,  "float32 rows, lossless (reference cache)",                       32, false, false, 1.0f,  1.0f,  false, "none", false, make_f32},
+  CodecTraits{CodecId::kBf16,  "bf16",  kBf16Aliases, "bfloat16 rows",                                                  16, false, false, 1.0f,  1.0f,  false, "none", false, make_bf16},
+  CodecTraits{CodecId::kInt8,  "int8",  {},           "8-bit codes per token, fp16 scale/zero per group of G values",  8,  true,  true,  1.0f,  1.0f,  false, "none", true,  make_int},
+  CodecTraits{CodecId::kInt4,  "int4",  {},           "4-bit codes per token, fp16 scale/zero per group of G values",  4,  true,  true,  1.0f,  1.0f,  false, "none", true,  make_int},
+  CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
+  CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
+  CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
 };
 // clang-format on
 

@@ -34,13 +34,10 @@ struct CodecTraits {
   float default_clip_k, default_clip_v;     // defaults when not given (1.0 = plain min/max)
   bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI); values per token
   std::string_view transform;               // the key/value transform the codec implies ("none": only --rotation)
-  bool window_codec;                        // may store the sink / recent windows (per-token, lossless enough)
   bool fake_quant;                          // calibration's straight-through quantizer (calib/ste_quant.h) models
                                             // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
   // CPU factory for a validated spec (make_codec validates, then calls this).
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
-
-  bool quantized() const { return grouped; }  // has codes, scales and zeros (not a plain float format)
 };
 
 // The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
