@@ -6,10 +6,12 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "common/blas_core.h"
 #include "common/error.h"
 #include "common/version.h"
 
 int main(int argc, char** argv) {
+  kvq::reexec_for_blas_core(argv);  // OpenBLAS on CPUs newer than its table (common/blas_core.h)
   CLI::App app{"kvq — long-context LLM inference on 2-bit KV caches"};
   app.set_version_flag("--version", std::string(KVQ_VERSION) + " (" + kvq::git_describe() + ")");
   app.require_subcommand(1);

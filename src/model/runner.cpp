@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/blas_core.h"
 #include "common/error.h"
 #include "kv/simd.h"
 
@@ -40,7 +41,7 @@ CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, in
 
 std::string CpuRunner::describe() const {
   return "cpu, " + std::to_string(model_.pool().size()) + " threads, " + simd_level_name(best_simd_level()) +
-         " cache kernels";
+         " cache kernels, OpenBLAS " + blas_core_name();
 }
 
 void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
