@@ -119,13 +119,18 @@ inline bool stored_codec(const CodecSpec& s, bool is_key, CodecId* id, std::stri
            (is_key ? "only per-channel-key codecs take per_channel" : "values are per-token rows") + ")";
     return false;
   }
+  if (s.token_scale && !(is_key && t->token_scale_keys)) {
+    *why = std::string(side) + " type " + spec_text(s) + " with a token scale is not stored on the GPU (only keys of " +
+           "a token-scaled codec take one)";
+    return false;
+  }
   if (t->grouped && !(std::isfinite(s.clip) && s.clip > 0.f && s.clip <= 1.f)) {
     *why = std::string(side) + " type " + spec_text(s) + " has clip " + std::to_string(s.clip) +
            " (must be in (0, 1])";
     return false;
   }
   *id = t->id;
-  if (t->per_channel_keys && !s.per_channel) {  // per-token rows of a KIVI type: the int rows of its bits
+  if (t->per_channel_keys && t->grouped && !s.per_channel) {  // per-token rows of a KIVI type: the int rows of its bits
     for (const CodecTraits& r : codec_table())
       if (r.grouped && !r.per_channel_keys && r.code_bits == t->code_bits) {
         *id = r.id;
