@@ -41,8 +41,10 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
     if (cfg_.k.token_scale)  // ν of each position: the norm of its window key rows over all kv heads
       for (int i = 0; i < block_; ++i) {
         float sum = 0.f;
-        for (int h = 0; h < n_kv_; ++h)
-          sum = exact::add(sum, token_sum_squares(wk_.data() + (size_t(b0 + i) * n_kv_ + h) * d_, d_));
+        for (int h = 0; h < n_kv_; ++h) {
+          const float* row = wk_.data() + (size_t(b0 + i) * n_kv_ + h) * d_;
+          sum = exact::add(sum, token_sum_squares([&](int c) { return row[c]; }, d_));
+        }
         nu[size_t(i)] = token_scale(sum);
       }
     const bool scaled = cfg_.k.token_scale;

@@ -182,7 +182,7 @@ void KvCache::demote_scales(Sequence& s, int layer, int b0, float* nu) const {
     float sum = 0.f;
     for (int h = 0; h < n_kv_; ++h) {
       window_->decode(ring_row(s, layer, 0, h, b0 + i), row.data());
-      sum = exact::add(sum, token_sum_squares(row.data(), d_));
+      sum = exact::add(sum, token_sum_squares([&](int c) { return row[size_t(c)]; }, d_));
     }
     nu[i] = token_scale(sum);
   }

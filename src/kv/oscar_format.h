@@ -129,10 +129,14 @@ KVQ_HD inline float oscar_dequant(uint32_t code, fp16_t scale, fp16_t zero_dequa
 
 // --- The token scale ν (keys).
 
-// Σ_c x_c² over one head's row, in channel order: the per-head term of ν².
-KVQ_HD inline float token_sum_squares(const float* x, int d) {
+// Σ_c x_c² over one head's row x(0) .. x(d - 1) (X: c -> float), in channel order: the per-head term of ν².
+template <class X>
+KVQ_HD inline float token_sum_squares(const X& x, int d) {
   float s = 0.f;
-  for (int c = 0; c < d; ++c) s = exact::add(s, exact::mul(x[c], x[c]));
+  for (int c = 0; c < d; ++c) {
+    const float v = x(c);
+    s = exact::add(s, exact::mul(v, v));
+  }
   return s;
 }
 // ν from Σ_h (per-head sums, added in head order): sqrt; ν <= 0 or NaN -> 1.
