@@ -39,6 +39,9 @@ expect_error "run: bad clip" run -m $M -p hi -n 1 --kv-clip-k 1.5
 expect_error "run: a clip for keys that take none (KIVI)" run -m $M -p hi -n 1 -ctk kivi2 --kv-clip-k 0.9
 expect_error "run: a clip for bf16 values" run -m $M -p hi -n 1 -ctk int2 --kv-clip-v 0.9
 expect_error "run: a group with no grouped cache type" run -m $M -p hi -n 1 --kv-group 64
+expect_error "run: a group for OScaR (its groups are 32)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 --kv-group 64
+expect_error "run: a rotation with OScaR (it implies its Hadamard)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 \
+  --rotation tests/golden/golden.safetensors
 expect_error "run: not a number" run -m $M -p hi -n many
 expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
 expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512

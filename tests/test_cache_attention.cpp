@@ -31,6 +31,7 @@ CodecSpec spec(const std::string& type, int group, bool key) {
   s.group = group;
   s.clip = 1.0f;
   s.per_channel = key && codec_traits(type).per_channel_keys;
+  s.token_scale = key && codec_traits(type).token_scale_keys;
   return s;
 }
 

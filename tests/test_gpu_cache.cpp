@@ -23,6 +23,7 @@
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/cache.h"
+#include "kv/codec_registry.h"
 #include "kv/simd.h"
 #include "kv/transform.h"
 #include "test_helpers.h"
@@ -48,6 +49,10 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   if (type.rfind("kivi", 0) == 0) {  // KIVI as the CLI and the referee build it: keys per channel, plain min/max
     c.k.per_channel = true;
     c.k.clip = c.v.clip = 1.0f;
+  }
+  if (type == "oscar_int2") {  // as the CLI builds it: its own groups, keys per channel and token-scaled, no clip
+    c.k = codec_spec(type, true, group, 0.f), c.v = codec_spec(type, false, group, 0.f);
+    c.k.head_dim = c.v.head_dim = kD;
   }
   c.sink = sink;
   c.recent = recent;
@@ -210,6 +215,11 @@ struct Twin {
               ++*total;
               if (off + rb > g.size() || std::memcmp(g.data() + off, src + size_t(i) * rb, rb) != 0) ++bad;
             }
+            if (quant && kv == 0 && h == 0 && r.scale) {  // token-scaled keys: ν of the run's positions, once per layer
+              const std::vector<float> nu = gpu.download_scales(gs, l, r.pos0, r.n);
+              for (int i = 0; i < r.n; ++i, ++*total)
+                if (std::memcmp(&nu[size_t(i)], &r.scale[i], sizeof(float)) != 0) ++bad;
+            }
             pos = r.pos0 + r.n;
           }
           EXPECT_EQ(pos, len);
@@ -237,8 +247,9 @@ double operand_budget(const std::string& type, int group) {
 // before the CPU's int16 rounding (q'_c = q_c scale_c, one step for the whole row), a coarser rounding than per-token
 // groups (CPU vs the exact double reference on this heavy-tailed data, AVX-512 VNNI: up to 9e-8 for kivi2/g32 and
 // kivi4/g128): 1e-6, the CPU's own budget for its fast path (tests/test_cache_attention.cpp).
+// OScaR: keys fold the per-channel scale into q as KIVI's do, values per 32-channel group: KIVI's 1e-6.
 double budget(const std::string& type, int group, bool transform) {
-  const bool kivi = type.rfind("kivi", 0) == 0;
+  const bool kivi = type.rfind("kivi", 0) == 0 || type == "oscar_int2";
   const bool int8_operands =
       (type == "int2" || type == "kivi2") && group == 128 && best_simd_level() == SimdLevel::kAvx512Vnni;
   const double kernels = std::max(operand_budget(type, group), int8_operands ? 2e-3 : kivi ? 1e-6 : 1e-7);
@@ -301,6 +312,12 @@ INSTANTIATE_TEST_SUITE_P(Int, GpuVsCpu,
 INSTANTIATE_TEST_SUITE_P(Kivi, GpuVsCpu,
                          ::testing::Combine(::testing::Values("kivi2", "kivi4"), ::testing::Values(128),
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
+                         case_name);
+// OScaR (its own groups of 32; token-scaled key blocks of 32 tokens, ν compared too): every variant, the transform
+// one allowing a rare code flip as the int rows do.
+INSTANTIATE_TEST_SUITE_P(Oscar, GpuVsCpu,
+                         ::testing::Combine(::testing::Values("oscar_int2"), ::testing::Values(32),
+                                            ::testing::ValuesIn(kWindows), ::testing::Values(0, 1, 2)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(KiviG32, GpuVsCpu,
                          ::testing::Combine(::testing::Values("kivi2"), ::testing::Values(32),
@@ -382,7 +399,7 @@ TEST(GpuCache, SplitKvResultEqualsUnsplit) {
 
 TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
   REQUIRE_GPU();
-  for (const char* type : {"int2", "int4", "int8", "bf16", "kivi2", "kivi4"})
+  for (const char* type : {"int2", "int4", "int8", "bf16", "kivi2", "kivi4", "oscar_int2"})
     for (int group : {128, 32}) {
       const CacheConfig cfg = config(type, group, 16, 64);
       const auto fast = decode_once(cfg, 3001, 0, false), ref = decode_once(cfg, 3001, 0, true);
@@ -419,7 +436,7 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwinForEveryGqaGroup) {
 
 TEST(GpuCache, FootprintEqualsCpuAccounting) {
   REQUIRE_GPU();
-  for (const char* type : {"bf16", "int8", "int4", "int2", "kivi2", "kivi4"}) {
+  for (const char* type : {"bf16", "int8", "int4", "int2", "kivi2", "kivi4", "oscar_int2"}) {
     const CacheConfig cfg = config(type, 128, 64, 256);
     cuda::GpuKvCache g(cfg, 2, 2, kD, 8192, 1);
     KvCache c(cfg, 2, 2, kD, 8192, 1);
@@ -678,7 +695,7 @@ TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {
 
 // The geometry's sizes are the cache layout's (kv/cache_layout.h), the block table width the page pool's.
 TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
-  for (const char* type : {"bf16", "int2", "int4", "kivi2"}) {
+  for (const char* type : {"bf16", "int2", "int4", "kivi2", "oscar_int2"}) {
     for (int group : {32, 128}) {
       const CacheConfig cfg = config(type, group, 16, 64, 100);
       const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 3, 2, 5000);
@@ -692,9 +709,22 @@ TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
       EXPECT_EQ(g.k_block, l.k.bytes) << type << group;
       EXPECT_EQ(g.v_row, l.v.bytes) << type << group;
       EXPECT_EQ(g.pages_per_seq, pool.table_width()) << type << group;
+      EXPECT_EQ(g.scale_base, l.scale_offset(0)) << type << group;  // token-scaled keys: ν after the heads
+      EXPECT_EQ(g.scale_region, l.scale_region) << type << group;
+      EXPECT_EQ(g.k_block_tokens, l.k.tokens) << type << group;
       for (int t = -1; t < 600; ++t) ASSERT_EQ(cuda::quant_end(g, t), l.quant_end(t)) << type << group << " t " << t;
     }
   }
+  // OScaR: token-scaled key blocks of 32 tokens (layout::OscarKeyBlock), value rows of 32-channel groups, whatever
+  // --kv-group says, and ν (P fp32 per layer) at the end of every page.
+  const cuda::CacheGeometry o = cuda::cache_geometry(config("oscar_int2", 128, 16, 64, 100), 3, 2, 5000);
+  EXPECT_EQ(o.k_block_tokens, 32);
+  EXPECT_EQ(o.block_tokens, 32);
+  EXPECT_EQ(o.k_block, 1536);
+  EXPECT_EQ(o.k_row, 32);
+  EXPECT_EQ(o.v_row, 48);
+  EXPECT_EQ(o.scale_region, 128 * 4);
+  EXPECT_EQ(o.page_bytes, 3 * (2 * o.head_bytes + o.scale_region));
   // No quantized region at all: the block table keeps one column.
   EXPECT_EQ(cuda::cache_geometry(config("int2", 128, 64, 256), 1, 1, 32).pages_per_seq, 1);
 }

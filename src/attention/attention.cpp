@@ -19,6 +19,7 @@ struct Piece {
   int pos0, n;
   const uint8_t* k;
   const uint8_t* v;
+  const float* scale;  // token-scaled keys: ν of each row, multiplied onto its scores; else null
 };
 
 void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std::vector<Piece>& out) {
@@ -33,7 +34,8 @@ void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std
       const int n = std::min(step, run.n - off);
       out.push_back({run.kind, run.pos0 + off, n,
                      run.k + size_t(off / kc.tokens_per_block()) * kc.bytes_per_block(),
-                     run.v + size_t(off / vc.tokens_per_block()) * vc.bytes_per_block()});
+                     run.v + size_t(off / vc.tokens_per_block()) * vc.bytes_per_block(),
+                     run.scale ? run.scale + off : nullptr});
     }
   }
 }
@@ -83,6 +85,9 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
     if (pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1], cache);
     const int n = pc.n;
     kc.scores(q_rows, rows, pc.k, n, s.data());
+    if (pc.scale)  // token-scaled keys (METHODS §5.4): ν_t · q·k̂_t
+      for (int r = 0; r < rows; ++r)
+        for (int t = 0; t < n; ++t) s[size_t(r) * n + t] *= pc.scale[t];
     for (int r = 0; r < rows; ++r) {
       int lo, hi;
       valid_range(cache, pc.kind, t_first + r / group, lo, hi);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kv/oscar_format.h"
 
 namespace kvq {
 
@@ -34,9 +35,19 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
   }
   // Quantized twins of every whole block after the sinks: the codec round trip of the window rows of the block.
   const int S0 = cfg_.sink;
-  std::vector<float> in(size_t(block_) * d_), out(in.size());
+  std::vector<float> in(size_t(block_) * d_), out(in.size()), nu(size_t(block_), 1.f);
   while (S0 + n_quantized_ + block_ <= n_tokens_) {
     const int b0 = S0 + n_quantized_;
+    if (cfg_.k.token_scale)  // ν of each position: the norm of its window key rows over all kv heads
+      for (int i = 0; i < block_; ++i) {
+        float sum = 0.f;
+        for (int h = 0; h < n_kv_; ++h) {
+          const float* row = wk_.data() + (size_t(b0 + i) * n_kv_ + h) * d_;
+          sum = exact::add(sum, token_sum_squares([&](int c) { return row[c]; }, d_));
+        }
+        nu[size_t(i)] = token_scale(sum);
+      }
+    const bool scaled = cfg_.k.token_scale;
     for (int h = 0; h < n_kv_; ++h)
       for (int kv = 0; kv < 2; ++kv) {
         const KvCodec& codec = kv ? *v_codec_ : *k_codec_;
@@ -45,11 +56,17 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
         const int tpb = codec.tokens_per_block();
         for (int t0 = b0; t0 < b0 + block_; t0 += tpb) {
           for (int r = 0; r < tpb; ++r)
-            std::copy_n(src.data() + (size_t(t0 + r) * n_kv_ + h) * d_, d_, in.data() + size_t(r) * d_);
+            for (int c = 0; c < d_; ++c) {
+              const float x = src[(size_t(t0 + r) * n_kv_ + h) * d_ + c];
+              in[size_t(r) * d_ + c] = kv == 0 && scaled ? x / nu[size_t(t0 + r - b0)] : x;
+            }
           codec.encode(in.data(), block.data());
           codec.decode(block.data(), out.data());
           for (int r = 0; r < tpb; ++r)
-            std::copy_n(out.data() + size_t(r) * d_, d_, dst.data() + (size_t(t0 + r) * n_kv_ + h) * d_);
+            for (int c = 0; c < d_; ++c) {
+              const float x = out[size_t(r) * d_ + c];
+              dst[(size_t(t0 + r) * n_kv_ + h) * d_ + c] = kv == 0 && scaled ? x * nu[size_t(t0 + r - b0)] : x;
+            }
         }
       }
     n_quantized_ += block_;

@@ -20,8 +20,9 @@ CacheConfig CacheOptions::config() const {
   const std::string& tk = type_both.empty() ? type_k : type_both;
   const std::string& tv = type_both.empty() ? type_v : type_both;
   const CodecTraits &kt = codec_traits(tk), &vt = codec_traits(tv);
-  KVQ_CHECK(group == 0 || kt.grouped || vt.grouped, "--kv-group {}: neither cache type ({}, {}) has groups", group,
-            kt.name, vt.name);
+  KVQ_CHECK(group == 0 || kt.grouped || vt.grouped,
+            "--kv-group {}: neither cache type ({}, {}) takes a group size (unquantized rows, or a format with its own "
+            "groups)", group, kt.name, vt.name);
   const int g = group > 0 ? group : kDefaultGroup;
   c.k = codec_spec(tk, true, g, clip_k);
   c.v = codec_spec(tv, false, g, clip_v);
@@ -152,6 +153,21 @@ void log_runner(const Runner& r, const char* what) {
                pool.sequences_at(r.max_ctx()), r.max_ctx(), f.bits_per_element, r.max_ctx());
 }
 
+namespace {
+
+// The transform the cache's codecs imply (the codec table's transform column): "none" or "hadamard".
+std::string implied_transform(const CacheConfig& cache) {
+  const std::string_view k = codec_traits(cache.k.type).transform, v = codec_traits(cache.v.type).transform;
+  KVQ_CHECK(k == "none" || v == "none" || k == v, "cache types {} and {} imply different transforms ({}, {})",
+            cache.k.type, cache.v.type, k, v);
+  const std::string t(k != "none" ? k : v);
+  KVQ_CHECK(t == "none" || t == "hadamard", "cache {} implies the transform '{}', which kvq does not build",
+            cache.describe(), t);
+  return t;
+}
+
+}  // namespace
+
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx) {
   Plan p;
   p.model = ModelConfig::load(m.dir + "/config.json");
@@ -165,11 +181,18 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   // --device cuda without a device or with a CPU-only cache: refused before any work.
   check_device(m, p.cache, p.model.head_dim);
   const ModelConfig& mc = p.model;
-  if (c.rotation == "hadamard") {
-    KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
+  // A codec that implies its transform (the codec table's transform column: OScaR's Hadamard) always runs with it.
+  const std::string implied = implied_transform(p.cache);
+  KVQ_CHECK(implied == "none" || c.rotation == "none" || c.rotation == implied,
+            "--rotation {}: cache types {} / {} imply the {} rotation (leave --rotation out)", c.rotation,
+            p.cache.k.type, p.cache.v.type, implied);
+  const std::string rotation = implied != "none" ? implied : c.rotation;
+  if (rotation == "hadamard") {
+    KVQ_CHECK(is_power_of_two(mc.head_dim), "{} needs a power-of-two head_dim (model has {})",
+              implied != "none" ? "the Hadamard rotation of cache " + p.cache.describe() : "--rotation hadamard",
               mc.head_dim);
     p.cache.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
-  } else if (c.rotation != "none") {
+  } else if (rotation != "none") {
     RotationFile f = load_rotation_file(c.rotation);
     check_rotation_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim, p.cache);
     p.cache.transform = std::make_shared<KvTransform>(std::move(f.transform));

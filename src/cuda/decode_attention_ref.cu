@@ -41,8 +41,12 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
         for (int h = 0; h < g; ++h) red[h][c] += red[h][c + w];
       __syncthreads();
     }
+    float nu = 1.f;  // token-scaled keys (OScaR): scores ν_p · q·k̂ in the quantized region
+    if constexpr (dev::token_scaled<K>()) {
+      if (kr.quant) nu = *dev::token_scales(geo, rd.seq, a.layer, p);
+    }
     for (int h = 0; h < g; ++h) {
-      const float s = red[h][0];
+      const float s = red[h][0] * nu;
       const float m_new = fmaxf(m[h], s);
       const float corr = expf(m[h] - m_new), pr = expf(s - m_new);
       l[h] = l[h] * corr + pr;

@@ -17,6 +17,7 @@
 #include "cuda/runtime.h"
 #include "kv/codec_registry.h"
 #include "kv/layout.h"
+#include "kv/oscar_format.h"
 
 namespace kvq::cuda {
 
@@ -25,12 +26,25 @@ namespace {
 // The traits row of a validated spec's type (gpu_instances.h has refused unknown types before any of these).
 const CodecTraits& traits(const CodecSpec& s) { return codec_traits(s.type); }
 
-// Bytes of one stored row: bf16, layout::IntRow, or (KIVI keys) one token's packed codes of a KiviKeyBlock.
+bool is_oscar(const CodecSpec& s) { return traits(s).id == CodecId::kOscarInt2; }
+
+// Bytes of one stored row: bf16, layout::IntRow, layout::OscarValueRow, or (KIVI / OScaR keys) one token's packed
+// codes of a key block.
 int row_bytes(const CodecSpec& s) {
   const CodecTraits& t = traits(s);
-  if (!t.grouped) return layout::bf16_row_bytes(kHeadDim);
   if (s.per_channel) return layout::packed_bytes(kHeadDim, t.code_bits);
+  if (is_oscar(s)) return layout::oscar_value_row_bytes(kHeadDim);
+  if (!t.grouped) return layout::bf16_row_bytes(kHeadDim);
   return layout::int_row_bytes(kHeadDim, s.group, t.code_bits);
+}
+// Tokens and bytes of one stored K block: a row, or a KIVI / OScaR key block.
+int key_block_tokens(const CodecSpec& s) {
+  return !s.per_channel ? 1 : is_oscar(s) ? layout::kOscarGroup : s.group;
+}
+int key_block_bytes(const CodecSpec& s) {
+  if (!s.per_channel) return row_bytes(s);
+  if (is_oscar(s)) return layout::oscar_key_block_bytes(kHeadDim);
+  return layout::kivi_key_block_bytes(kHeadDim, s.group, traits(s).code_bits);
 }
 
 // Quantile index of kv/group_quant.cpp: min(floor(clip n), n - 1), or -1 for clip >= 1 (plain max |x|).
@@ -94,16 +108,17 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cfg, int max_ctx
   g.pages_per_seq = std::max(1, l.pages_per_seq(max_ctx));  // the page pool's block table width
   g.instance = gpu_instance(cfg, kHeadDim);
   if (g.instance >= 0) g.k_codec = kGpuInstances[g.instance].k, g.v_codec = kGpuInstances[g.instance].v;
-  g.k_block_tokens = cfg.k.per_channel ? cfg.k.group : 1;
+  g.k_block_tokens = key_block_tokens(cfg.k);
   g.k_group = traits(cfg.k).grouped ? cfg.k.group : kHeadDim;
   g.v_group = traits(cfg.v).grouped ? cfg.v.group : kHeadDim;
   g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
   g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
-  g.k_block = cfg.k.per_channel ? layout::kivi_key_block_bytes(kHeadDim, cfg.k.group, traits(cfg.k).code_bits)
-                                : g.k_row;
+  g.k_block = key_block_bytes(cfg.k);
   g.k_region = l.k_region;
   g.head_bytes = l.head_bytes;
   g.page_bytes = l.page_bytes;
+  g.scale_base = l.scale_offset(0);
+  g.scale_region = l.scale_region;
   return g;
 }
 
@@ -402,11 +417,33 @@ size_t GpuKvCache::step_bytes_read(int layer) const {
     const int n_sink = std::min(m.cfg.sink, t + 1);
     const int n_quant = std::max(0, m.quant_end(t) - m.cfg.sink);
     const int n_recent = t + 1 - n_sink - n_quant;
-    // n_quant is a multiple of B, so of the K block's tokens.
-    const size_t quant = size_t(n_quant / m.geo.k_block_tokens) * m.geo.k_block + size_t(n_quant) * m.geo.v_row;
+    // n_quant is a multiple of B, so of the K block's tokens; token-scaled keys read ν of every position too.
+    const size_t quant = size_t(n_quant / m.geo.k_block_tokens) * m.geo.k_block + size_t(n_quant) * m.geo.v_row +
+                         (m.geo.scale_region > 0 ? size_t(n_quant) * sizeof(float) : 0);
     bytes += size_t(m.n_kv) * (2 * bf16_row * size_t(n_sink + n_recent) + quant);
   }
   return bytes;
+}
+
+std::vector<float> GpuKvCache::download_scales(int seq, int layer, int pos0, int n) const {
+  const Impl& m = *impl_;
+  const CacheGeometry& g = m.geo;
+  KVQ_CHECK(g.scale_region > 0, "GPU KV cache: download_scales of a cache whose keys are not token-scaled");
+  KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
+  const int qe = m.quant_end(m.pool->length(seq) - 1);
+  KVQ_CHECK(layer >= 0 && layer < m.n_layers && pos0 >= g.sink && n >= 0 && pos0 + n <= qe,
+            "GPU KV cache: download_scales(seq {}, layer {}, [{}, {})) outside the quantized region [{}, {})", seq,
+            layer, pos0, pos0 + n, g.sink, qe);
+  check(cudaStreamSynchronize(m.stream), "GPU KV cache: download_scales");
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int p = pos0; p < pos0 + n; ++p) {
+    const int q = p - g.sink;
+    const size_t at = size_t(m.pool->page(seq, q / g.page_tokens)) * g.page_bytes + size_t(g.scale_base) +
+                      size_t(layer) * g.scale_region + sizeof(float) * size_t(q % g.page_tokens);
+    check(cudaMemcpy(&out[size_t(p - pos0)], m.pages.as<uint8_t>() + at, sizeof(float), cudaMemcpyDeviceToHost),
+          "GPU KV cache: download_scales");
+  }
+  return out;
 }
 
 std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const {

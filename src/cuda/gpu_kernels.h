@@ -23,7 +23,8 @@ constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the 
 // n_layers .. pages_per_seq and k_region .. page_bytes, are copied from the cache's kv/cache_layout.h CacheLayout):
 //   pool   [n_pages][n_layers][n_kv] { K blocks [P / Gk][k_block] | V rows [P][v_row] }
 //          K blocks are rows (Gk = 1: layout::IntRow / Bf16Row) or, for KIVI keys, layout::KiviKeyBlock of Gk = G
-//          tokens; V blocks are always rows (layout::IntRow / Bf16Row)
+//          tokens (OScaR keys: layout::OscarKeyBlock, Gk = 32); V blocks are always rows (layout::IntRow / Bf16Row /
+//          OscarValueRow); token-scaled keys (OScaR) end each page with ν [n_layers][P] fp32 (kv/cache_layout.h)
 //   sinks  [max_seqs][n_layers][2][n_kv][S0][d] bf16
 //   ring   [max_seqs][n_layers][2][n_kv][ring_tokens][d] bf16, position s at slot s % ring_tokens
 //   pages  [max_seqs][pages_per_seq] page ids, quantized position S0 + i P + j in page pages[i], row j
@@ -43,6 +44,8 @@ struct CacheGeometry {
   int k_block;                 // bytes of one stored K block: k_row, or the layout::KiviKeyBlock for KIVI keys
   int64_t k_region, head_bytes;  // bytes of one page's K blocks of one head; K + V blocks of one head
   int64_t page_bytes;          // bytes of one page (all layers, all heads)
+  int64_t scale_base;          // token-scaled keys: byte offset of ν in a page (CacheLayout::scale_offset(0))
+  int64_t scale_region;        // bytes of one layer's ν in a page (P fp32); 0 = keys not token-scaled
   uint8_t* pool;               // page pool
   uint16_t* sinks;             // sink rows (bf16 bits)
   uint16_t* ring;              // recent rows (bf16 bits)
@@ -58,7 +61,7 @@ CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_head
 KVQ_HD inline int quant_end(const CacheGeometry& g, int t) {
   return kvq::quant_end(t, g.sink, g.recent, g.block_tokens);
 }
-// True for KIVI keys (per-channel blocks of G tokens) in the quantized region.
+// True for KIVI / OScaR keys (per-channel blocks of Gk tokens) in the quantized region.
 KVQ_HD inline bool kivi_keys(const CacheGeometry& g) { return g.k_block_tokens > 1; }
 
 // One row of a step: which sequence, which position.

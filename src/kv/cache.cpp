@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "kv/oscar_format.h"
 
 namespace kvq {
 
@@ -50,13 +51,15 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
               "KV cache: transform '{}' of (layers {}, kv heads {}, d {}) does not fit the cache ({}, {}, {})", t->name,
               t->n_layers, t->n_kv_heads, t->head_dim, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(window.tokens_per_block() == 1, "KV cache: window type '{}' is not a per-token codec", cfg.window);
+  KVQ_CHECK(!cfg.v.token_scale, "KV cache: value type '{}' with a token scale (only keys take one)", cfg.v.type);
   const int block_tokens = std::lcm(k.tokens_per_block(), v.tokens_per_block());
   KVQ_CHECK(cfg.page_tokens > 0 && cfg.page_tokens % block_tokens == 0,
             "KV cache: page size {} is not a multiple of the codec block of {} tokens ({} keys, {} values)",
             cfg.page_tokens, block_tokens, k.name(), v.name());
   return make_cache_layout(n_layers, n_kv_heads, head_dim, cfg.sink, cfg.recent, cfg.page_tokens, cfg.max_chunk,
                            {k.tokens_per_block(), int64_t(k.bytes_per_block())},
-                           {v.tokens_per_block(), int64_t(v.bytes_per_block())}, int64_t(window.bytes_per_block()));
+                           {v.tokens_per_block(), int64_t(v.bytes_per_block())}, int64_t(window.bytes_per_block()),
+                           cfg.k.token_scale);
 }
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
@@ -147,7 +150,10 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
   for (int b0 = from; b0 < to; b0 += B) {
     const int q = b0 - S0;
     KVQ_CHECK(q / P < pool_.pages(seq), "KV cache: demotion past the reserved pages (reserve() not called)");
-    uint8_t* page = page_ptr(pool_.page(seq, q / P));
+    const int page_id = pool_.page(seq, q / P);
+    uint8_t* page = page_ptr(page_id);
+    float* nu = cfg_.k.token_scale ? page_scales(page_id, layer) + q % P : nullptr;  // ν of the block's positions
+    if (nu) demote_scales(s, layer, b0, nu);
     for (int h = 0; h < n_kv_; ++h) {
       uint8_t* head = page + head_offset(layer, h);
       for (int kv = 0; kv < 2; ++kv) {
@@ -155,11 +161,30 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
         const int tpb = codec.tokens_per_block();
         uint8_t* region = head + (kv ? layout_.k_region : 0);
         for (int t0 = b0; t0 < b0 + B; t0 += tpb) {
-          for (int r = 0; r < tpb; ++r) window_->decode(ring_row(s, layer, kv, h, t0 + r), rows.data() + size_t(r) * d_);
+          for (int r = 0; r < tpb; ++r) {
+            float* row = rows.data() + size_t(r) * d_;
+            window_->decode(ring_row(s, layer, kv, h, t0 + r), row);
+            if (kv == 0 && nu)
+              for (int c = 0; c < d_; ++c) row[c] = exact::div(row[c], nu[t0 + r - b0]);
+          }
           codec.encode(rows.data(), region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
         }
       }
     }
+  }
+}
+
+// nu[i] = ν of position b0 + i for the B positions of a block: the norm of its key rows over all kv heads
+// (kv/oscar_format.h), from the window rows the codecs will encode.
+void KvCache::demote_scales(Sequence& s, int layer, int b0, float* nu) const {
+  std::vector<float> row(static_cast<size_t>(d_));
+  for (int i = 0; i < layout_.block_tokens; ++i) {
+    float sum = 0.f;
+    for (int h = 0; h < n_kv_; ++h) {
+      window_->decode(ring_row(s, layer, 0, h, b0 + i), row.data());
+      sum = exact::add(sum, token_sum_squares([&](int c) { return row[size_t(c)]; }, d_));
+    }
+    nu[i] = token_scale(sum);
   }
 }
 
@@ -172,17 +197,20 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
   const int n_sink = std::min(S0, t_last + 1);
   if (n_sink > 0)
     out.push_back({RunKind::Sink, 0, n_sink,
-                   sink_row(s, layer, 0, kv_head, 0), sink_row(s, layer, 1, kv_head, 0)});
+                   sink_row(s, layer, 0, kv_head, 0), sink_row(s, layer, 1, kv_head, 0), nullptr});
   const int q_end = quant_end(t_last);
   for (int p0 = S0; p0 < q_end; p0 += P) {
-    const uint8_t* head = page_ptr(pool_.page(seq, (p0 - S0) / P)) + head_offset(layer, kv_head);
-    out.push_back({RunKind::Quant, p0, std::min(P, q_end - p0), head, head + layout_.k_region});
+    const int page = pool_.page(seq, (p0 - S0) / P);
+    const uint8_t* head = page_ptr(page) + head_offset(layer, kv_head);
+    out.push_back({RunKind::Quant, p0, std::min(P, q_end - p0), head, head + layout_.k_region,
+                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr});
   }
   // Recent rows: everything from the first query's window start to the last query, split at the ring's wrap.
   for (int p0 = std::max(S0, quant_end(t_first)); p0 <= t_last;) {
     const int slot = p0 % layout_.ring_tokens;
     const int n = std::min(t_last + 1 - p0, layout_.ring_tokens - slot);
-    out.push_back({RunKind::Recent, p0, n, ring_row(s, layer, 0, kv_head, p0), ring_row(s, layer, 1, kv_head, p0)});
+    out.push_back({RunKind::Recent, p0, n, ring_row(s, layer, 0, kv_head, p0), ring_row(s, layer, 1, kv_head, p0),
+                   nullptr});
     p0 += n;
   }
 }

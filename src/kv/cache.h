@@ -14,8 +14,13 @@
 //          page i of a sequence's block table covers quantized positions [S0 + i P, S0 + (i + 1) P); P = page_tokens
 //   sinks  per sequence [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
 //   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
+//          token-scaled keys (CodecSpec::token_scale, OScaR): the page ends with ν [n_layers][P] fp32 (cache_layout.h)
 // Keys and values are stored exactly as given: the config's transform (centring, rotation) is applied by the caller
-// before append() (Model::attention_block).
+// before append() (Model::attention_block). With token-scaled keys, demotion computes ν_t over the window rows of
+// all kv heads, stores it in the page and encodes k / ν_t; a Quant run carries ν and attention multiplies the
+// run's scores by it (METHODS §5.4). A key group of G tokens (per-channel keys) is demoted whole once its last token
+// left the window, so a group that is not yet full is still read exactly; groups are aligned to S0 + multiples of
+// B, which are absolute positions whenever S0 is a multiple of B (S0 = 0 as OScaR ships, or kvq's default 64).
 #pragma once
 
 #include <cstdint>
@@ -101,6 +106,7 @@ class KvCache {
     int n;               // rows
     const uint8_t* k;    // K blocks (codec k_codec() for Quant, window_codec() otherwise)
     const uint8_t* v;    // V blocks
+    const float* scale;  // Quant runs of token-scaled keys: ν of each row [n] (scores are ν · q·k̂); else null
   };
   // Runs covering everything queries in [t_first, t_last] may read (the union of their views), in position order.
   void runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const;
@@ -115,9 +121,13 @@ class KvCache {
   size_t head_offset(int layer, int kv_head) const {
     return (size_t(layer) * n_kv_ + kv_head) * size_t(layout_.head_bytes);
   }
+  float* page_scales(int page, int layer) const {  // ν of the page's positions, token-scaled keys only
+    return reinterpret_cast<float*>(page_ptr(page) + layout_.scale_offset(layer));
+  }
   uint8_t* sink_row(Sequence& s, int layer, int kv, int head, int pos) const;
   uint8_t* ring_row(Sequence& s, int layer, int kv, int head, int pos) const;
   void demote(int seq, Sequence& s, int layer, int from, int to);
+  void demote_scales(Sequence& s, int layer, int b0, float* nu) const;
 
   CacheConfig cfg_;
   int n_layers_, n_kv_, d_, max_ctx_;

@@ -4,10 +4,17 @@
 // kvq::cache_layout() (kv/cache.h) from a validated CacheConfig and the codecs' block sizes.
 //
 //   page     [n_layers][n_kv] { K blocks [P / Bk][k.bytes] | V blocks [P / Bv][v.bytes] }     page_bytes
+//            then, for token-scaled keys only, ν [n_layers][P] fp32                              scale_region
 //            page i of a sequence covers quantized positions [S0 + i P, S0 + (i + 1) P)
 //   windows  per sequence: sinks [n_layers][2][n_kv][S0] + ring [n_layers][2][n_kv][ring_tokens]
 //            rows of the window codec (window_row bytes each)                                  window_bytes()
 // A sequence of n tokens holds pages_for(n) pages: its quantized region is [S0, qe(n - 1)).
+//
+// Token-scaled keys (CodecSpec::token_scale, OScaR: METHODS §5.4, kv/oscar_format.h) need one scale per (token,
+// layer) across the kv heads, which no per-head codec block can hold: the page ends with a token-scale region, ν of
+// quantized position S0 + i P + j of layer l at float [l][j]. The cache computes ν over all heads when a block is
+// demoted (from the window rows), divides the key rows by it before encode, and attention multiplies the quantized
+// region's scores by it; windows keep plain rows. 4 bytes per token per layer: 4 / n_kv per (token, kv head).
 #pragma once
 
 #include <stddef.h>
@@ -48,9 +55,12 @@ struct CacheLayout {
   int64_t window_row;            // bytes of one window-codec row (sinks and ring)
   int64_t k_region, v_region;    // bytes of one page's K / V blocks of one (layer, kv head)
   int64_t head_bytes;            // k_region + v_region
-  int64_t page_bytes;            // one page: head_bytes * n_layers * n_kv
+  int64_t scale_region;          // bytes of one page's token scales ν of one layer: P fp32, or 0 (not token-scaled)
+  int64_t page_bytes;            // one page: head_bytes * n_layers * n_kv + scale_region * n_layers
 
   KVQ_HD int quant_end(int t) const { return kvq::quant_end(t, sink, recent, block_tokens); }
+  // Byte offset in a page of layer l's token scales (float [P]); meaningful when scale_region > 0.
+  KVQ_HD int64_t scale_offset(int layer) const { return head_bytes * n_layers * n_kv + layer * scale_region; }
   // Pages a sequence of n_tokens tokens holds (what reserve() has taken once its length is n_tokens).
   KVQ_HD int pages_for(int n_tokens) const {
     const int quant_tokens = n_tokens > 0 ? quant_end(n_tokens - 1) - sink : 0;
@@ -69,11 +79,13 @@ struct CacheLayout {
   KVQ_HD int64_t sequence_bytes(int n_tokens) const { return window_bytes() + pages_for(n_tokens) * page_bytes; }
 
   // Per (token, layer): K and V rows of every kv head. Sinks and the W most recent tokens are window rows, the rest
-  // is stored by the codecs; residual tokens of a partly filled KIVI block are counted as window rows.
+  // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted
+  // as window rows.
   CacheFootprint footprint(int n) const {
     const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
     const double window = 2.0 * n_kv * double(window_row);
-    const double quant = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens);
+    const double quant = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens) +
+                         double(scale_region) / page_tokens;
     const int in_quant = quant_end(n - 1) - sink;
     const int n_window = n < n - in_quant ? n : n - in_quant;
     const int n_quant = n - n_window;
@@ -87,9 +99,10 @@ struct CacheLayout {
 };
 
 // The layout of already validated sizes (kvq::cache_layout in kv/cache.h validates a CacheConfig and calls this):
-// page_tokens a multiple of both codecs' tokens per block, window rows per token.
+// page_tokens a multiple of both codecs' tokens per block, window rows per token; token_scale: keys scaled by ν.
 inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int sink, int recent, int page_tokens,
-                                     int max_chunk, CodecBlock k, CodecBlock v, int64_t window_row) {
+                                     int max_chunk, CodecBlock k, CodecBlock v, int64_t window_row,
+                                     bool token_scale = false) {
   auto gcd = [](int a, int b) {
     while (b) {
       const int r = a % b;
@@ -107,7 +120,8 @@ inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int s
   l.k_region = int64_t(page_tokens / k.tokens) * k.bytes;
   l.v_region = int64_t(page_tokens / v.tokens) * v.bytes;
   l.head_bytes = l.k_region + l.v_region;
-  l.page_bytes = l.head_bytes * n_layers * n_kv;
+  l.scale_region = token_scale ? int64_t(page_tokens) * 4 : 0;
+  l.page_bytes = (l.head_bytes * n_kv + l.scale_region) * n_layers;
   return l;
 }
 

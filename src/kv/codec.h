@@ -26,6 +26,11 @@ struct CodecSpec {
   int group = 128;            // G: values per scale/zero group (per token) or tokens per group (KIVI keys)
   float clip = 1.0f;          // quantile clip ratio r (docs/METHODS.md §1); 1.0 = plain min/max
   bool per_channel = false;   // KIVI keys: quantize each channel over G tokens instead of each token
+  // Keys only, a cache property of the key spec (the codec never sees it): the cache divides each token's keys by
+  // ν_t, their L2 norm over all kv heads of the layer, before encode(), stores ν once per (token, layer) and
+  // multiplies the quantized region's scores by it (OScaR, METHODS §5.4; kv/cache.h). codec_spec sets it for the
+  // rows that define it (token_scale_keys); any key codec takes it on the CPU.
+  bool token_scale = false;
 };
 
 class KvCodec {

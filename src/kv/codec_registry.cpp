@@ -7,6 +7,7 @@
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_oscar.h"
 
 namespace kvq {
 
@@ -27,6 +28,12 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   return make_int(s, level);
 }
 
+// OScaR: keys (per_channel) in blocks of 32 tokens, values per-token rows; both fix their groups at 32.
+std::unique_ptr<KvCodec> make_oscar(const CodecSpec& s, SimdLevel level) {
+  if (s.per_channel) return std::make_unique<OscarKeyCodec>(s.head_dim, level);
+  return std::make_unique<OscarValueCodec>(s.head_dim, level);
+}
+
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
 
@@ -40,6 +47,9 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
+  // OScaR (METHODS §5.4): groups fixed at 32, keys token-scaled (the last column), the Hadamard transform.
+  CodecTraits{CodecId::kOscarInt2, "oscar_int2", {}, "OScaR: keys / their norm over kv heads, per channel over 32 tokens; values per token over 32 channels; 2 bits",
+              2, false, false, 1.0f, 1.0f, true, "hadamard", false, make_oscar, true},
 };
 // clang-format on
 
@@ -80,6 +90,7 @@ CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) 
   s.group = group;
   s.clip = clip > 0 ? clip : (is_key ? t.default_clip_k : t.default_clip_v);
   s.per_channel = is_key && t.per_channel_keys;
+  s.token_scale = is_key && t.token_scale_keys;
   return s;
 }
 

@@ -29,15 +29,23 @@ struct CodecTraits {
   std::span<const std::string_view> aliases;  // other accepted names (e.g. "fp32"), canonicalised to name
   std::string_view summary;                 // one line: what a row / block stores
   int code_bits;                            // bits of one stored value code: 32 (f32), 16 (bf16), 8, 4, 2
-  bool grouped;                             // fp16 scale/zero per group of --kv-group values (KIVI keys: tokens)
+  bool grouped;                             // fp16 scale/zero per group of --kv-group values (KIVI keys: tokens);
+                                            // false: unquantized rows, or a format that fixes its own groups
+                                            // (fixed_format: OScaR's 32)
   bool takes_clip;                          // the quantile clip of METHODS §1 applies (--kv-clip-k / --kv-clip-v)
   float default_clip_k, default_clip_v;     // defaults when not given (1.0 = plain min/max)
-  bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI); values per token
-  std::string_view transform;               // the key/value transform the codec implies ("none": only --rotation)
+  bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI; OScaR: 32); values
+                                            // per token
+  std::string_view transform;               // the key/value transform the codec implies ("none": only --rotation;
+                                            // "hadamard": the QuaRot rotation of keys and values, which the CLI
+                                            // builds for the cache: cli/options.cpp plan())
   bool fake_quant;                          // calibration's straight-through quantizer (calib/ste_quant.h) models
                                             // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
   // CPU factory for a validated spec (make_codec validates, then calls this).
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
+  // Keys divided by their per-token norm over all kv heads, which then scales the scores (OScaR;
+  // CodecSpec::token_scale). Last, with a default, so that the rows without it need not name it.
+  bool token_scale_keys = false;
 };
 
 // The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
@@ -45,6 +53,9 @@ struct CodecTraits {
 inline constexpr int kCpuMaxHeadDim = 256;
 inline constexpr int kGroups[] = {32, 64, 128};
 inline constexpr int kDefaultGroup = 128;  // G when --kv-group is not given
+
+// A quantized format that fixes its own groups and blocks (--kv-group does not apply): OScaR.
+inline bool fixed_format(const CodecTraits& t) { return !t.grouped && t.code_bits < 16; }
 
 std::span<const CodecTraits> codec_table();
 const CodecTraits& codec_traits(CodecId id);
@@ -65,8 +76,8 @@ inline std::string codec_names(std::string_view sep) {
 }
 
 // The CodecSpec of a --cache-type value for keys (is_key) or values, with the flags' group and clip
-// (clip <= 0: the codec's default; a codec without a clip stores 1.0). The type is canonicalised (aliases) and
-// KIVI keys get per_channel. Throws kvq::Error for an unknown type.
+// (clip <= 0: the codec's default; a codec without a clip stores 1.0). The type is canonicalised (aliases), KIVI
+// and OScaR keys get per_channel, OScaR keys token_scale. Throws kvq::Error for an unknown type.
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip);
 
 }  // namespace kvq
