@@ -83,7 +83,7 @@ DecodedView decode_view(const KvCache& cache, int seq, int h, int t_first, int t
       EXPECT_EQ(r.n % tpb, 0);
       std::vector<float> rows(size_t(tpb) * d);
       for (int t0 = 0; t0 < r.n; t0 += tpb) {
-        codec.decode((kv ? r.v : r.k) + size_t(t0 / tpb) * codec.bytes_per_block(), rows.data());
+        codec.decode_at((kv ? r.v : r.k) + size_t(t0 / tpb) * codec.bytes_per_block(), r.pos0 + t0, rows.data());
         for (int i = 0; i < tpb; ++i) {
           auto& dst = quant ? (kv ? dv.quant_v : dv.quant_k) : (kv ? dv.window_v : dv.window_k);
           dst[size_t(r.pos0 + t0 + i)].assign(rows.begin() + i * d, rows.begin() + (i + 1) * d);

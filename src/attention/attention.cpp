@@ -82,7 +82,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
     if (!any) continue;
     if (pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1], cache);
     const int n = pc.n;
-    kc.scores(q_rows, rows, pc.k, n, s.data());
+    kc.scores_at(q_rows, rows, pc.k, pc.pos0, n, s.data());
     for (int r = 0; r < rows; ++r) {
       int lo, hi;
       valid_range(cache, pc.kind, t_first + r / group, lo, hi);

@@ -46,8 +46,8 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
         for (int t0 = b0; t0 < b0 + block_; t0 += tpb) {
           for (int r = 0; r < tpb; ++r)
             std::copy_n(src.data() + (size_t(t0 + r) * n_kv_ + h) * d_, d_, in.data() + size_t(r) * d_);
-          codec.encode(in.data(), block.data());
-          codec.decode(block.data(), out.data());
+          codec.encode_at(in.data(), t0, block.data());
+          codec.decode_at(block.data(), t0, out.data());
           for (int r = 0; r < tpb; ++r)
             std::copy_n(out.data() + size_t(r) * d_, d_, dst.data() + (size_t(t0 + r) * n_kv_ + h) * d_);
         }

@@ -156,7 +156,7 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
         uint8_t* region = head + (kv ? layout_.k_region : 0);
         for (int t0 = b0; t0 < b0 + B; t0 += tpb) {
           for (int r = 0; r < tpb; ++r) window_->decode(ring_row(s, layer, kv, h, t0 + r), rows.data() + size_t(r) * d_);
-          codec.encode(rows.data(), region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
+          codec.encode_at(rows.data(), t0, region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
         }
       }
     }

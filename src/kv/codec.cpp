@@ -18,10 +18,15 @@ void KvCodec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_t
 }
 
 void KvCodec::scores_ref(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
+  KVQ_CHECK(!positional(), "{}: a positional codec scores through scores_ref_at (rows need their positions)", name());
+  scores_ref_at(q, n_q, blocks, 0, n_tokens, s);
+}
+
+void KvCodec::scores_ref_at(const float* q, int n_q, const uint8_t* blocks, int pos0, int n_tokens, float* s) const {
   const int d = head_dim(), tpb = tokens_per_block();
   std::vector<float> rows(size_t(tpb) * d);
   for (int t0 = 0; t0 < n_tokens; t0 += tpb) {
-    decode(blocks + size_t(t0 / tpb) * bytes_per_block(), rows.data());
+    decode_at(blocks + size_t(t0 / tpb) * bytes_per_block(), pos0 + t0, rows.data());
     for (int r = 0; r < tpb; ++r)
       for (int i = 0; i < n_q; ++i) {
         float dot = 0.f;
