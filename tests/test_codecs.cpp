@@ -116,12 +116,14 @@ std::vector<CodecSpec> quantized_specs() {
   return v;
 }
 
-// The quantized specs, and every unquantized codec of the table at several head_dims.
+// The quantized specs, and every codec of the table without groups at several head_dims (the powers of two for a
+// codec that needs one).
 std::vector<CodecSpec> all_specs() {
   std::vector<CodecSpec> v = quantized_specs();
   for (const CodecTraits& t : codec_table())
     if (!t.grouped)
-      for (int d : {64, 96, 128, 256}) v.push_back(spec(std::string(t.name), d, 128));
+      for (int d : {64, 96, 128, 256})
+        if (!t.pow2_head_dim || (d & (d - 1)) == 0) v.push_back(spec(std::string(t.name), d, 128));
   return v;
 }
 
@@ -433,6 +435,8 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       {spec("int2", 128, 128, NAN), "clip"},
       {spec("int2", 128, 128, 1.f, true), "per_channel is only for kivi"},
       {spec("kivi2", 128, 256, 1.f, true), "group must be 32, 64 or 128"},
+      {spec("nexusquant", 96, 128), "power-of-two head_dim"},
+      {spec("e8_2", 160, 128), "power-of-two head_dim"},
   };
   for (const Case& c : cases) {
     try {
@@ -469,7 +473,7 @@ TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
       for (const CodecSpec& s : {k, v}) {
         const auto codec = make_codec(s);
         EXPECT_EQ(codec->name(), t.name);
-        const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0);
+        const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0) + 8.0 * t.row_bytes / s.head_dim;
         EXPECT_DOUBLE_EQ(codec->bits_per_element(), want) << t.name << " G " << g << (s.per_channel ? " keys" : "");
       }
     }

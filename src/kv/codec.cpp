@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "kv/codec_registry.h"
 #include "kv/simd.h"
+#include "rotation/hadamard.h"
 
 namespace kvq {
 
@@ -57,11 +58,11 @@ std::string per_channel_names() { return codec_names_if([](const CodecTraits& t)
 std::string supported_list() {
   return fmt::format(
       "supported: {}; {} (per token, group 32, 64 or 128 dividing head_dim); {} (per_channel keys: group = 32, 64 or "
-      "128 tokens; values: per-token rows, group 32, 64 or 128 dividing head_dim); head_dim a multiple of 32 up to "
-      "{}; clip in (0, 1]",
-      codec_names_if([](const CodecTraits& t) { return !t.grouped; }),
+      "128 tokens; values: per-token rows, group 32, 64 or 128 dividing head_dim); {} (head_dim a power of two); "
+      "head_dim a multiple of 32 up to {}; clip in (0, 1]",
+      codec_names_if([](const CodecTraits& t) { return !t.grouped && !t.pow2_head_dim; }),
       codec_names_if([](const CodecTraits& t) { return t.grouped && !t.per_channel_keys; }), per_channel_names(),
-      kCpuMaxHeadDim);
+      codec_names_if([](const CodecTraits& t) { return t.pow2_head_dim; }), kCpuMaxHeadDim);
 }
 
 bool valid_group(int g) {
@@ -79,6 +80,9 @@ std::unique_ptr<KvCodec> make_codec_at(const CodecSpec& spec, SimdLevel level) {
   KVQ_CHECK(t, "KV cache {} is not supported: unknown type ({})", combo, supported_list());
   KVQ_CHECK(spec.head_dim > 0 && spec.head_dim % 32 == 0 && spec.head_dim <= kCpuMaxHeadDim,
             "KV cache {} is not supported: head_dim must be a multiple of 32 up to {} ({})", combo, kCpuMaxHeadDim,
+            supported_list());
+  KVQ_CHECK(!t->pow2_head_dim || is_power_of_two(spec.head_dim),
+            "KV cache {} is not supported: {} needs a power-of-two head_dim for its Hadamard ({})", combo, t->name,
             supported_list());
   KVQ_CHECK(!spec.per_channel || t->per_channel_keys,
             "KV cache {} is not supported: per_channel is only for {} keys ({})", combo, per_channel_names(),

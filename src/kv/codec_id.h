@@ -7,6 +7,9 @@
 
 namespace kvq {
 
-enum class CodecId : uint8_t { kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4 };
+enum class CodecId : uint8_t {
+  kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4,
+  kNexusquant, kNexusquantStrict, kE8_2, kE8_2Strict, kE8_2PostRope,  // NexusQuant (kv/codec_nexus.h)
+};
 
 }  // namespace kvq

@@ -7,6 +7,7 @@
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_nexus.h"
 
 namespace kvq {
 
@@ -27,6 +28,15 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   return make_int(s, level);
 }
 
+// NexusQuant: the storage format and the E8 rule of each row (keys without RoPE: kv/codec_rope.h, by the cache).
+std::unique_ptr<KvCodec> make_nexus(const CodecSpec& s, SimdLevel) {
+  const CodecId id = codec_traits(s.type).id;
+  const bool int8 = id == CodecId::kNexusquant || id == CodecId::kNexusquantStrict;
+  const bool strict = id == CodecId::kNexusquantStrict || id == CodecId::kE8_2Strict;
+  return std::make_unique<NexusCodec>(s.type, s.head_dim, int8 ? NexusFormat::kInt8 : NexusFormat::kE8_2,
+                                      strict ? E8Rule::kStrict : E8Rule::kShipped);
+}
+
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
 
@@ -40,6 +50,13 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
+  // NexusQuant (METHODS §5.3): Hadamard inside the codec, fp16 scale per row; the last three columns: row bytes,
+  // power-of-two head_dim, keys stored without RoPE.
+  CodecTraits{CodecId::kNexusquant,       "nexusquant",        {}, "NexusQuant E8 (shipped rule, L = 4): int8 code 2·point per value, fp16 scale per row",   8, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kNexusquantStrict, "nexusquant_strict", {}, "nexusquant with the strict Conway-Sloane E8 nearest point (ablation)",                    8, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2,             "e8_2",              {}, "E8_2: 2-bit codes over {-1.5,-0.5,0.5,1.5}·d, fp16 d = max|y|/2 per row, parity relaxed", 2, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2Strict,       "e8_2_strict",       {}, "e8_2 with the strict D8+1/2 coset parity (ablation)",                                     2, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2PostRope,     "e8_2_postrope",     {}, "e8_2 with keys quantized post-RoPE, no RoPE removal (ablation)",                          2, false, false, 1.0f, 1.0f, false, "hadamard",                    false, make_nexus, 2, true, false},
 };
 // clang-format on
 
