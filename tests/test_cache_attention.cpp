@@ -43,6 +43,7 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   c.page_tokens = page;
   c.max_chunk = chunk;
   if (type == "f32") c.window = "f32";
+  c.key_rope = test::rope_inv_freq(128);  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   return c;
 }
 
@@ -116,7 +117,8 @@ void expect_view_matches(const KvCache& cache, const ReferenceKv& ref, const Dec
 // Appends n_tokens in chunks and checks the decode view of the first and last query of every chunk.
 void run_demotion_case(const std::string& type, int sink, int recent, int page, int chunk, int n_tokens) {
   const int n_kv = 2, d = 64, group = 32;
-  const CacheConfig cfg = config(type, group, sink, recent, page, chunk);
+  CacheConfig cfg = config(type, group, sink, recent, page, chunk);
+  cfg.key_rope = test::rope_inv_freq(d);
   const std::string what = fmt::format("{} chunk={} page={}", cfg.describe(), chunk, page);
   KvCache cache(cfg, 1, n_kv, d, n_tokens);
   ReferenceKv ref(cfg, n_kv, d);
@@ -193,6 +195,8 @@ TEST(CacheDemotion, RowsMatchReferenceOverPageSizes) {
       run_demotion_case("int4", 4, 16, page, chunk, 700);
       if (HasFatalFailure()) return;
       if (page % 32 == 0) run_demotion_case("kivi2", 4, 16, page, chunk, 700);
+      if (HasFatalFailure()) return;
+      run_demotion_case("nexusquant", 4, 16, page, chunk, 700);  // keys stored without RoPE: positional
       if (HasFatalFailure()) return;
     }
 }

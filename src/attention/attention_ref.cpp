@@ -5,14 +5,15 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kv/codec_rope.h"
 
 namespace kvq {
 
 ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
     : cfg_(cfg), n_kv_(n_kv_heads), d_(head_dim) {
-  CodecSpec ks = cfg.k, vs = cfg.v;
-  ks.head_dim = vs.head_dim = head_dim;
-  k_codec_ = make_codec(ks);
+  CodecSpec vs = cfg.v;
+  vs.head_dim = head_dim;
+  k_codec_ = make_key_codec(cfg, head_dim);
   v_codec_ = make_codec(vs);
   window_ = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
   block_ = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());

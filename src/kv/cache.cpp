@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_rope.h"
 
 namespace kvq {
 
@@ -61,7 +62,7 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
-  const auto k = make_codec(with_head_dim(cfg.k, head_dim)), v = make_codec(with_head_dim(cfg.v, head_dim));
+  const auto k = make_key_codec(cfg, head_dim), v = make_codec(with_head_dim(cfg.v, head_dim));
   const auto window = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
   return cache_layout(cfg, *k, *v, *window, n_layers, n_kv_heads, head_dim);
 }
@@ -82,7 +83,7 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       n_kv_(n_kv_heads),
       d_(head_dim),
       max_ctx_(max_ctx),
-      k_codec_(make_codec(with_head_dim(cfg.k, head_dim))),
+      k_codec_(make_key_codec(cfg, head_dim)),
       v_codec_(make_codec(with_head_dim(cfg.v, head_dim))),
       window_(make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim})),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),

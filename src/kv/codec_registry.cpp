@@ -91,7 +91,9 @@ const CodecTraits& codec_traits(std::string_view name) {
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) {
   const CodecTraits& t = codec_traits(type);
   KVQ_CHECK(clip <= 0 || t.takes_clip, "--kv-clip-{}: cache type '{}' takes no clip ({})", is_key ? "k" : "v", t.name,
-            t.grouped ? "it is plain min/max" : "it stores unquantized rows");
+            t.grouped ? "it is plain min/max"
+            : t.code_bits >= 16 ? "it stores unquantized rows"
+                                : "its quantizer defines its own scale");
   CodecSpec s;
   s.type = std::string(t.name);
   s.group = group;

@@ -1,0 +1,57 @@
+// Keys stored without RoPE (docs/METHODS.md §5.3: NexusQuant removes RoPE from a key before quantizing it and
+// re-applies it after dequantizing). The model hands the cache post-RoPE keys; a cache whose key codec's row has
+// pre_rope_keys (kv/codec_registry.h) wraps that codec in a RopeKeyCodec, the one positional codec (kv/codec.h):
+//   encode_at(x, pos0)   x_r -> RoPE^-1 at pos0 + r (rotation/rope.h, the model's frequencies), then the inner encode
+//   decode_at(b, pos0)   the inner decode, then RoPE at pos0 + r
+//   scores_at            q · RoPE_pos(x̂_t): each piece's rows decoded into a scratch [n, d], one rope_rows over them,
+//                        then the dots (the fast path); scores_ref_at (KvCodec) is decode_at per row + plain loops.
+// Decode cost: without RoPE removal the inner codec's Hadamard folds into q once per call (as QuaRot's); with it
+// every key is decoded (inverse Hadamard) and re-rotated at its own position before the dot.
+//
+// Positions are NOT stored. NexusQuant's vLLM page keeps an int32 absolute position per token because vLLM's blocks
+// do not know their positions; kvq's cache does (sinks are [0, S0), page i of a sequence covers [S0 + i P, ...), the
+// ring slot of position s is s % ring), so kvq stores nothing for them and counts nothing (bytes_per_block is the
+// inner codec's).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kv/cache.h"
+#include "kv/codec.h"
+
+namespace kvq {
+
+class RopeKeyCodec final : public KvCodec {
+ public:
+  // inv_freq: head_dim / 2 RoPE inverse frequencies (ModelConfig::rope_inv_freq), checked.
+  RopeKeyCodec(std::unique_ptr<KvCodec> inner, std::vector<float> inv_freq);
+
+  std::string_view name() const override { return inner_->name(); }
+  int head_dim() const override { return inner_->head_dim(); }
+  int tokens_per_block() const override { return inner_->tokens_per_block(); }
+  size_t bytes_per_block() const override { return inner_->bytes_per_block(); }
+  const KvCodec& inner() const { return *inner_; }
+
+  bool positional() const override { return true; }
+  void encode_at(const float* x, int pos0, uint8_t* block) const override;
+  void decode_at(const uint8_t* block, int pos0, float* x) const override;
+  void scores_at(const float* q, int n_q, const uint8_t* blocks, int pos0, int n_tokens, float* s) const override;
+
+  // Position-free calls: refused (kvq::Error), a row's RoPE needs its position.
+  void encode(const float* x, uint8_t* block) const override;
+  void decode(const uint8_t* block, float* x) const override;
+  void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
+  void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
+
+ private:
+  std::unique_ptr<KvCodec> inner_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+};
+
+// The key codec of a cache of cfg at head_dim: cfg.k's codec, wrapped in a RopeKeyCodec when its row stores keys
+// without RoPE. That needs cfg.key_rope (head_dim / 2 frequencies, from the model) and no KV transform (the keys must
+// reach the cache as the model's post-RoPE keys); kvq::Error naming what is missing otherwise.
+std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim);
+
+}  // namespace kvq
