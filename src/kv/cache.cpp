@@ -83,7 +83,7 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       n_kv_(n_kv_heads),
       d_(head_dim),
       max_ctx_(max_ctx),
-      k_codec_(make_key_codec(cfg, head_dim)),
+      k_codec_(make_key_codec(cfg, head_dim, max_ctx)),
       v_codec_(make_codec(with_head_dim(cfg.v, head_dim))),
       window_(make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim})),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),

@@ -22,7 +22,10 @@
 // RopeKeyCodec (kv/codec_rope.h), so this codec only ever sees plain vectors.
 //
 // Fast paths fold H out of the per-row loop (once per call): scores s_t = fp16(s_t) · ⟨q H, p_t⟩,
-// accumulate acc += (Σ_t w_t fp16(s_t) p_t) · H. Their scalar references decode every row (KvCodec::*_ref).
+// accumulate acc += (Σ_t w_t fp16(s_t) p_t) · H. e8_2's p = c - 1.5 are int2 codes with a fixed zero, so its rows go
+// through the SIMD row kernels (kv/simd.h, plain codes: Σ q'·c and Σ w·c, the 1.5 term subtracted once); nexusquant's
+// signed int8 codes through 8-lane float loops (kv/float_dot.h). The scalar references decode every row
+// (KvCodec::*_ref).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +34,7 @@
 #include "common/half.h"
 #include "kv/codec.h"
 #include "kv/e8_lattice.h"
+#include "kv/simd.h"
 
 namespace kvq {
 
@@ -58,8 +62,9 @@ static_assert(sizeof(E8_2Row<64>) == 18 && nexus_row_bytes(NexusFormat::kE8_2, 6
 
 class NexusCodec final : public KvCodec {
  public:
-  // name: the codec-table name reported by name(); head_dim a power of two in [32, 256] (checked).
-  NexusCodec(std::string name, int head_dim, NexusFormat format, E8Rule rule);
+  // name: the codec-table name reported by name(); head_dim a power of two in [32, 256] (checked). level: which row
+  // kernels e8_2's scores()/accumulate() run (tests force each level).
+  NexusCodec(std::string name, int head_dim, NexusFormat format, E8Rule rule, SimdLevel level = best_simd_level());
 
   std::string_view name() const override { return name_; }
   int head_dim() const override { return d_; }
@@ -77,10 +82,14 @@ class NexusCodec final : public KvCodec {
   float points(const uint8_t* block, float* p) const;
 
  private:
+  RowsView rows(const uint8_t* blocks, int n_tokens) const;  // e8_2 rows as plain int2 codes for the row kernels
+  float scale(const uint8_t* blocks, int t) const;             // fp16(s) of row t
+
   std::string name_;
   int d_;               // values per row
   NexusFormat format_;  // stored codes
   E8Rule rule_;         // nearest-point rule
+  RowKernels kernels_;  // int2 row kernels (e8_2)
 };
 
 }  // namespace kvq

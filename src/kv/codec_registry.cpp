@@ -29,12 +29,12 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
 }
 
 // NexusQuant: the storage format and the E8 rule of each row (keys without RoPE: kv/codec_rope.h, by the cache).
-std::unique_ptr<KvCodec> make_nexus(const CodecSpec& s, SimdLevel) {
+std::unique_ptr<KvCodec> make_nexus(const CodecSpec& s, SimdLevel level) {
   const CodecId id = codec_traits(s.type).id;
   const bool int8 = id == CodecId::kNexusquant || id == CodecId::kNexusquantStrict;
   const bool strict = id == CodecId::kNexusquantStrict || id == CodecId::kE8_2Strict;
   return std::make_unique<NexusCodec>(s.type, s.head_dim, int8 ? NexusFormat::kInt8 : NexusFormat::kE8_2,
-                                      strict ? E8Rule::kStrict : E8Rule::kShipped);
+                                      strict ? E8Rule::kStrict : E8Rule::kShipped, level);
 }
 
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};

@@ -15,4 +15,9 @@ namespace kvq {
 // (ModelConfig::rope_inv_freq). inverse: remove RoPE applied at the same positions.
 void rope_rows(float* x, int n, int heads, int d, int pos0, const float* inv_freq, bool inverse = false);
 
+// The two steps of rope_rows, for callers that keep the angles of many positions (kv/codec_rope.h):
+// cs, sn [d / 2] = cos and sin of position pos's angles; then one row [d] rotated by them (inverse: by their negation).
+void rope_angles(int pos, const float* inv_freq, int half, float* cs, float* sn);
+void rope_row(float* x, int d, const float* cs, const float* sn, bool inverse = false);
+
 }  // namespace kvq
