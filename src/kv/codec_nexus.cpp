@@ -99,7 +99,9 @@ RowsView NexusCodec::rows(const uint8_t* blocks, int n_tokens) const {
   return r;
 }
 
-float NexusCodec::scale(const uint8_t* blocks, int t) const { return stored_scale(blocks + size_t(t) * bytes_per_block()); }
+float NexusCodec::scale(const uint8_t* blocks, int t) const {
+  return stored_scale(blocks + size_t(t) * bytes_per_block());
+}
 
 void NexusCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: scores over n_q={} n_tokens={}", name_, n_q, n_tokens);

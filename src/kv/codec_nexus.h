@@ -54,7 +54,9 @@ struct E8_2Row {
   uint8_t codes[D / 4];  // 2-bit c = p + 1.5, kv/layout.h units
 };
 inline constexpr int kNexusCodesOffset = 2;  // both rows: the scale, then the codes
-constexpr int nexus_row_bytes(NexusFormat f, int d) { return kNexusCodesOffset + (f == NexusFormat::kInt8 ? d : d / 4); }
+constexpr int nexus_row_bytes(NexusFormat f, int d) {
+  return kNexusCodesOffset + (f == NexusFormat::kInt8 ? d : d / 4);
+}
 static_assert(sizeof(NexusRow<128>) == 130 && nexus_row_bytes(NexusFormat::kInt8, 128) == 130, "nexusquant: 8.125 b");
 static_assert(sizeof(NexusRow<64>) == 66 && nexus_row_bytes(NexusFormat::kInt8, 64) == 66, "nexusquant d=64");
 static_assert(sizeof(E8_2Row<128>) == 34 && nexus_row_bytes(NexusFormat::kE8_2, 128) == 34, "e8_2: 2.125 b");

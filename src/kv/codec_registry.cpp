@@ -52,11 +52,11 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   // NexusQuant (METHODS §5.3): Hadamard inside the codec, fp16 scale per row; the last three columns: row bytes,
   // power-of-two head_dim, keys stored without RoPE.
-  CodecTraits{CodecId::kNexusquant,       "nexusquant",        {}, "NexusQuant E8 (shipped rule, L = 4): int8 code 2·point per value, fp16 scale per row",   8, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
-  CodecTraits{CodecId::kNexusquantStrict, "nexusquant_strict", {}, "nexusquant with the strict Conway-Sloane E8 nearest point (ablation)",                    8, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
-  CodecTraits{CodecId::kE8_2,             "e8_2",              {}, "E8_2: 2-bit codes over {-1.5,-0.5,0.5,1.5}·d, fp16 d = max|y|/2 per row, parity relaxed", 2, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
-  CodecTraits{CodecId::kE8_2Strict,       "e8_2_strict",       {}, "e8_2 with the strict D8+1/2 coset parity (ablation)",                                     2, false, false, 1.0f, 1.0f, false, "hadamard; keys without RoPE", false, make_nexus, 2, true, true},
-  CodecTraits{CodecId::kE8_2PostRope,     "e8_2_postrope",     {}, "e8_2 with keys quantized post-RoPE, no RoPE removal (ablation)",                          2, false, false, 1.0f, 1.0f, false, "hadamard",                    false, make_nexus, 2, true, false},
+  CodecTraits{CodecId::kNexusquant,       "nexusquant",        {}, "NexusQuant E8, shipped rule, L=4: int8 2·p, fp16 scale", 8, false, false, 1.0f, 1.0f, false, "hadamard; keys RoPE-free", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kNexusquantStrict, "nexusquant_strict", {}, "nexusquant, strict Conway-Sloane E8 (ablation)",         8, false, false, 1.0f, 1.0f, false, "hadamard; keys RoPE-free", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2,             "e8_2",              {}, "E8_2: 2-bit levels ±0.5, ±1.5 · d, fp16 d = max|y|/2",  2, false, false, 1.0f, 1.0f, false, "hadamard; keys RoPE-free", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2Strict,       "e8_2_strict",       {}, "e8_2, strict D8 + 1/2 parity (ablation)",                2, false, false, 1.0f, 1.0f, false, "hadamard; keys RoPE-free", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2PostRope,     "e8_2_postrope",     {}, "e8_2 on post-RoPE keys (ablation)",                      2, false, false, 1.0f, 1.0f, false, "hadamard",                 false, make_nexus, 2, true, false},
 };
 // clang-format on
 
