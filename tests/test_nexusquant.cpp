@@ -637,9 +637,11 @@ TEST(NexusQuantCache, DemotedKeysDecodeAtTheirPositions) {
 }
 
 // End to end on models/ref (linux text, 256 tokens, no windows): the runner gives the cache the model's RoPE; every
-// NexusQuant cache is really read. nexusquant (9 levels per value, NMSE 0.15) and e8_2 (4 levels, 0.17) degrade
-// perplexity clearly (+10 % or more at this model and length, as int2 does) and stay within 2× bf16, e8_2 more than
-// nexusquant; e8_2 without RoPE removal gives another perplexity. (1024 tokens: see the closing figures.)
+// NexusQuant cache is really read. nexusquant (9 levels per value, NMSE 0.15) and e8_2 (4 levels, 0.17) both degrade
+// perplexity clearly (+10 % or more at this model and length, as int2 does) and stay within 2× bf16; e8_2 without RoPE
+// removal gives another perplexity (7-9 % apart here). Not asserted: nexusquant vs e8_2 (1-3 % apart), within what a
+// different float summation order alone moves one 256-token window through these discontinuous quantizers (measured:
+// a sequential instead of an 8-lane dot product moves nexusquant by 1.7 % and e8_2 by 2 %).
 TEST(NexusQuantPerplexity, ModelsRefDegradesPlausiblyAndRopeRemovalMatters) {
   const std::unique_ptr<Model> model = Model::load(std::string(KVQ_SOURCE_DIR) + "/models/ref", 2);
   const Tokenizer tok = Tokenizer::load(std::string(KVQ_SOURCE_DIR) + "/models/ref/tokenizer.json");
@@ -659,8 +661,9 @@ TEST(NexusQuantPerplexity, ModelsRefDegradesPlausiblyAndRopeRemovalMatters) {
   const double bf16 = ppl("bf16"), nq = ppl("nexusquant"), e8 = ppl("e8_2"), post = ppl("e8_2_postrope");
   std::printf("ppl models/ref linux 256, no windows: bf16 %.4f nexusquant %.4f e8_2 %.4f e8_2_postrope %.4f\n", bf16,
               nq, e8, post);
-  EXPECT_GT(nq / bf16, 1.10);
-  EXPECT_LT(e8 / bf16, 2.0);
-  EXPECT_GT(e8, nq) << "4 levels per value degrade more than 9";
-  EXPECT_GT(std::fabs(post / e8 - 1.0), 0.005) << "RoPE removal changes what the keys' quantizer sees";
+  for (double x : {nq, e8, post}) {
+    EXPECT_GT(x / bf16, 1.10);
+    EXPECT_LT(x / bf16, 2.0);
+  }
+  EXPECT_GT(std::fabs(post / e8 - 1.0), 0.02) << "RoPE removal changes what the keys' quantizer sees";
 }
