@@ -368,7 +368,7 @@ TEST(NexusCodec, NmseOnGaussianAndHeavyTailedRowsWithinBudget) {
 // e8_2_strict, k > 0: n = p - ½ = (1, 0, ..., 0) has an odd sum; moving u_1 from .5 to -.5 costs nothing (u_1 = 0
 // is a tie), so p = (1.5, -.5, .5, ...), x̂ = s·(4·e_0 + (1/8)·1 - H row 1) : x̂_0 = 16k, x̂_odd = k, x̂_even = 0.
 // One outlier of 100 among zeros: y = ±12.5 everywhere, u = ±2 (four of each sign per group of 8): nexusquant exact,
-// e8_2 (both rules) .75 of it, the top level.
+// e8_2 (both rules) .75 of it, the top level. A non-finite value is an error.
 TEST(NexusCodec, DegenerateRows) {
   const int d = 64;
   std::vector<float> xh(d);
@@ -397,6 +397,10 @@ TEST(NexusCodec, DegenerateRows) {
     codec->encode(x.data(), block.data());
     codec->decode(block.data(), xh.data());
     for (int c = 0; c < d; ++c) ASSERT_EQ(xh[size_t(c)], c == 21 ? (int8 ? 100.f : 75.f) : 0.f) << type << " " << c;
+    for (float bad : {NAN, INFINITY}) {  // refused by name, not stored as garbage codes
+      x[5] = bad;
+      EXPECT_THROW(codec->encode(x.data(), block.data()), Error) << type << " " << bad;
+    }
   }
   // d = 128 (1/√128 is not exact): a constant row round-trips through nexusquant to the fp16 scale's precision.
   const auto codec = nexus("nexusquant", 128);

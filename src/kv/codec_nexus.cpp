@@ -41,6 +41,8 @@ void NexusCodec::encode(const float* x, uint8_t* block) const {
   fwht_rows(y, 1, d_);
   float amax = 0.f;
   for (int c = 0; c < d_; ++c) amax = std::max(amax, std::fabs(y[c]));
+  KVQ_CHECK(std::isfinite(amax) && std::isfinite(y[0]), "{}: a row with a non-finite value (max |x·H| = {})", name_,
+            amax);
   const float s = std::max(amax, kMinAmax) / float(kNexusLevels / 2);
   for (int c = 0; c < d_; ++c) y[c] /= s;  // u, in [-L/2, L/2]
   for (int g = 0; g < d_; g += kE8Dim) {
