@@ -38,6 +38,8 @@ expect_error "run: bad temperature" run -m $M -p hi -n 1 --temp -1
 expect_error "run: bad clip" run -m $M -p hi -n 1 --kv-clip-k 1.5
 expect_error "run: a clip for keys that take none (KIVI)" run -m $M -p hi -n 1 -ctk kivi2 --kv-clip-k 0.9
 expect_error "run: a clip for bf16 values" run -m $M -p hi -n 1 -ctk int2 --kv-clip-v 0.9
+expect_error "run: keys without RoPE under a key rotation" run -m $M -p hi -n 1 -ctk e8_2 --rotation hadamard
+expect_error "run: a clip for nexusquant" run -m $M -p hi -n 1 --kv-cache-dtype nexusquant --kv-clip-k 0.9
 expect_error "run: a group with no grouped cache type" run -m $M -p hi -n 1 --kv-group 64
 expect_error "run: a group for OScaR (its groups are 32)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 --kv-group 64
 expect_error "run: a rotation with OScaR (it implies its Hadamard)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 \

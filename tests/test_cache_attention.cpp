@@ -44,6 +44,7 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   c.page_tokens = page;
   c.max_chunk = chunk;
   if (type == "f32") c.window = "f32";
+  c.key_rope = test::rope_inv_freq(128);  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   return c;
 }
 
@@ -84,7 +85,7 @@ DecodedView decode_view(const KvCache& cache, int seq, int h, int t_first, int t
       EXPECT_EQ(r.n % tpb, 0);
       std::vector<float> rows(size_t(tpb) * d);
       for (int t0 = 0; t0 < r.n; t0 += tpb) {
-        codec.decode((kv ? r.v : r.k) + size_t(t0 / tpb) * codec.bytes_per_block(), rows.data());
+        codec.decode_at((kv ? r.v : r.k) + size_t(t0 / tpb) * codec.bytes_per_block(), r.pos0 + t0, rows.data());
         for (int i = 0; i < tpb; ++i) {
           auto& dst = quant ? (kv ? dv.quant_v : dv.quant_k) : (kv ? dv.window_v : dv.window_k);
           dst[size_t(r.pos0 + t0 + i)].assign(rows.begin() + i * d, rows.begin() + (i + 1) * d);
@@ -117,7 +118,8 @@ void expect_view_matches(const KvCache& cache, const ReferenceKv& ref, const Dec
 // Appends n_tokens in chunks and checks the decode view of the first and last query of every chunk.
 void run_demotion_case(const std::string& type, int sink, int recent, int page, int chunk, int n_tokens) {
   const int n_kv = 2, d = 64, group = 32;
-  const CacheConfig cfg = config(type, group, sink, recent, page, chunk);
+  CacheConfig cfg = config(type, group, sink, recent, page, chunk);
+  cfg.key_rope = test::rope_inv_freq(d);
   const std::string what = fmt::format("{} chunk={} page={}", cfg.describe(), chunk, page);
   KvCache cache(cfg, 1, n_kv, d, n_tokens);
   ReferenceKv ref(cfg, n_kv, d);
@@ -194,6 +196,8 @@ TEST(CacheDemotion, RowsMatchReferenceOverPageSizes) {
       run_demotion_case("int4", 4, 16, page, chunk, 700);
       if (HasFatalFailure()) return;
       if (page % 32 == 0) run_demotion_case("kivi2", 4, 16, page, chunk, 700);
+      if (HasFatalFailure()) return;
+      run_demotion_case("nexusquant", 4, 16, page, chunk, 700);  // keys stored without RoPE: positional
       if (HasFatalFailure()) return;
     }
 }

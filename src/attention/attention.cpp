@@ -84,7 +84,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
     if (!any) continue;
     if (pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1], cache);
     const int n = pc.n;
-    kc.scores(q_rows, rows, pc.k, n, s.data());
+    kc.scores_at(q_rows, rows, pc.k, pc.pos0, n, s.data());
     if (pc.scale)  // token-scaled keys (METHODS §5.4): ν_t · q·k̂_t
       for (int r = 0; r < rows; ++r)
         for (int t = 0; t < n; ++t) s[size_t(r) * n + t] *= pc.scale[t];

@@ -263,11 +263,21 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Random rows come from no model: key codecs that store keys without RoPE (kv/codec_rope.h) get a RoPE of base 1e6
+// (Qwen3's) at head_dim, so that their decode cost (re-rotating every key) is timed.
+CacheConfig with_bench_rope(CacheConfig c, int head_dim) {
+  ModelConfig mc;
+  mc.head_dim = head_dim;
+  mc.rope.theta = 1e6;
+  c.key_rope = mc.rope_inv_freq();
+  return c;
+}
+
 AttentionFigures bench_attention_one(const BenchAttentionOptions& o, const CacheConfig& cfg, ThreadPool& pool,
                                      std::vector<uint8_t>& evict) {
   const int d = o.head_dim, hk = o.kv_heads, hq = o.q_heads;
   const int n_append = 64;  // tokens appended after the decode steps to time append + demote
-  CacheConfig c = cfg;
+  CacheConfig c = with_bench_rope(cfg, d);
   KvCache cache(c, 1, hk, d, o.ctx + n_append, o.batch);
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -338,7 +348,7 @@ void bench_attention(const BenchAttentionOptions& o) {
             "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
   KVQ_CHECK(o.cache.rotation == "none",
             "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
-  KvCache probe(o.cache.config(), 1, o.kv_heads, o.head_dim, 1);  // unsupported cache settings fail before work
+  KvCache probe(with_bench_rope(o.cache.config(), o.head_dim), 1, o.kv_heads, o.head_dim, 1);  // fails before work
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);

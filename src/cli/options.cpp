@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_rope.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 #ifdef KVQ_HAVE_CUDA
@@ -176,6 +177,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
             "context {} exceeds the model's maximum of {} tokens", ctx_request, p.model.max_ctx);
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
+  p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
   // --device cuda without a device or with a CPU-only cache: refused before any work.
@@ -197,6 +199,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
     check_rotation_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim, p.cache);
     p.cache.transform = std::make_shared<KvTransform>(std::move(f.transform));
   }
+  make_key_codec(p.cache, mc.head_dim);  // keys stored without RoPE refuse a key-side transform before any work
   return p;
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_rope.h"
 #include "kv/oscar_format.h"
 
 namespace kvq {
@@ -64,7 +65,7 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
-  const auto k = make_codec(with_head_dim(cfg.k, head_dim)), v = make_codec(with_head_dim(cfg.v, head_dim));
+  const auto k = make_key_codec(cfg, head_dim), v = make_codec(with_head_dim(cfg.v, head_dim));
   const auto window = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
   return cache_layout(cfg, *k, *v, *window, n_layers, n_kv_heads, head_dim);
 }
@@ -85,7 +86,7 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       n_kv_(n_kv_heads),
       d_(head_dim),
       max_ctx_(max_ctx),
-      k_codec_(make_codec(with_head_dim(cfg.k, head_dim))),
+      k_codec_(make_key_codec(cfg, head_dim, max_ctx)),
       v_codec_(make_codec(with_head_dim(cfg.v, head_dim))),
       window_(make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim})),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),
@@ -167,7 +168,7 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
             if (kv == 0 && nu)
               for (int c = 0; c < d_; ++c) row[c] = exact::div(row[c], nu[t0 + r - b0]);
           }
-          codec.encode(rows.data(), region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
+          codec.encode_at(rows.data(), t0, region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
         }
       }
     }

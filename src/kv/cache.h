@@ -49,6 +49,10 @@ struct CacheConfig {
   // attention (the CPU Model applies it around KvCache, GpuKvCache inside append() / attention()).
   std::shared_ptr<const KvTransform> transform;
   std::string rotation() const { return transform ? transform->name : "none"; }  // its label, for logs and reports
+  // The model's RoPE inverse frequencies [head_dim / 2] (ModelConfig::rope_inv_freq), for a key codec that stores keys
+  // without RoPE (the codec table's pre_rope_keys; kv/codec_rope.h). The runner fills it from the model; empty: such
+  // a key codec is refused.
+  std::vector<float> key_rope;
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 

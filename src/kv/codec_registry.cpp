@@ -7,6 +7,7 @@
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_nexus.h"
 #include "kv/codec_oscar.h"
 
 namespace kvq {
@@ -28,6 +29,15 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   return make_int(s, level);
 }
 
+// NexusQuant: the storage format and the E8 rule of each row (keys without RoPE: kv/codec_rope.h, by the cache).
+std::unique_ptr<KvCodec> make_nexus(const CodecSpec& s, SimdLevel level) {
+  const CodecId id = codec_traits(s.type).id;
+  const bool int8 = id == CodecId::kNexusquant || id == CodecId::kNexusquantStrict;
+  const bool strict = id == CodecId::kNexusquantStrict || id == CodecId::kE8_2Strict;
+  return std::make_unique<NexusCodec>(s.type, s.head_dim, int8 ? NexusFormat::kInt8 : NexusFormat::kE8_2,
+                                      strict ? E8Rule::kStrict : E8Rule::kShipped, level);
+}
+
 // OScaR: keys (per_channel) in blocks of 32 tokens, values per-token rows; both fix their groups at 32.
 std::unique_ptr<KvCodec> make_oscar(const CodecSpec& s, SimdLevel level) {
   if (s.per_channel) return std::make_unique<OscarKeyCodec>(s.head_dim, level);
@@ -47,9 +57,16 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
-  // OScaR (METHODS §5.4): groups fixed at 32, keys token-scaled (the last column), the Hadamard transform.
+  // NexusQuant (METHODS §5.3): the Hadamard is inside the codec (no cache transform), fp16 scale per row (2 row
+  // bytes), power-of-two head_dim; keys stored without RoPE except in the post-RoPE ablation.
+  CodecTraits{CodecId::kNexusquant,       "nexusquant",        {}, "NexusQuant E8, shipped rule, L=4: int8 2·p, fp16 scale", 8, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kNexusquantStrict, "nexusquant_strict", {}, "nexusquant, strict Conway-Sloane E8 (ablation)",         8, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2,             "e8_2",              {}, "E8_2: 2-bit levels ±0.5, ±1.5 · d, fp16 d = max|y|/2",  2, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2Strict,       "e8_2_strict",       {}, "e8_2, strict D8 + 1/2 parity (ablation)",                2, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2PostRope,     "e8_2_postrope",     {}, "e8_2 on post-RoPE keys (ablation)",                      2, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, false},
+  // OScaR (METHODS §5.4): groups fixed at 32, keys token-scaled, the Hadamard transform.
   CodecTraits{CodecId::kOscarInt2, "oscar_int2", {}, "OScaR: keys / their norm over kv heads, per channel over 32 tokens; values per token over 32 channels; 2 bits",
-              2, false, false, 1.0f, 1.0f, true, "hadamard", false, make_oscar, true},
+              2, false, false, 1.0f, 1.0f, true, "hadamard", false, make_oscar, 0, false, false, true},
 };
 // clang-format on
 
@@ -84,7 +101,9 @@ const CodecTraits& codec_traits(std::string_view name) {
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) {
   const CodecTraits& t = codec_traits(type);
   KVQ_CHECK(clip <= 0 || t.takes_clip, "--kv-clip-{}: cache type '{}' takes no clip ({})", is_key ? "k" : "v", t.name,
-            t.grouped ? "it is plain min/max" : "it stores unquantized rows");
+            t.grouped ? "it is plain min/max"
+            : t.code_bits >= 16 ? "it stores unquantized rows"
+                                : "its quantizer defines its own scale");
   CodecSpec s;
   s.type = std::string(t.name);
   s.group = group;

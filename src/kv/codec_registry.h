@@ -43,6 +43,11 @@ struct CodecTraits {
                                             // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
   // CPU factory for a validated spec (make_codec validates, then calls this).
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
+  // Columns after the factory; rows that leave them out take these defaults.
+  int row_bytes = 0;           // bytes per stored row besides its codes and group params (a per-row fp16 scale)
+  bool pow2_head_dim = false;  // head_dim must be a power of two (the codec applies a Sylvester Hadamard itself)
+  bool pre_rope_keys = false;  // keys stored without RoPE: the cache removes it at each key's position before encoding
+                               // and re-applies it after decoding (kv/codec_rope.h; needs the model's RoPE)
   // Keys divided by their per-token norm over all kv heads, which then scales the scores (OScaR;
   // CodecSpec::token_scale). Last, with a default, so that the rows without it need not name it.
   bool token_scale_keys = false;
