@@ -36,7 +36,11 @@ void RequestStream::deliver(GenerationOutput&& o, int generated) {
     std::lock_guard<std::mutex> lk(mu_);
     pending_.text += o.text;
     pending_.tokens.insert(pending_.tokens.end(), o.tokens.begin(), o.tokens.end());
-    if (o.finish != FinishReason::None) pending_.finish = o.finish, pending_.error = std::move(o.error), finished_ = true;
+    if (o.finish != FinishReason::None) {
+      pending_.finish = o.finish;
+      pending_.error = std::move(o.error);
+      finished_ = true;
+    }
     generated_ = generated;
   }
   cv_.notify_all();

@@ -93,8 +93,9 @@ std::vector<Scheduler::Item> Scheduler::plan_step(bool& blocked) {
   const int chunk = runner_.cache_config().max_chunk;
   std::vector<Item> items;
   int left = cfg_.token_budget;
-  const bool prefill_only = cfg_.policy == SchedulerConfig::kPrefillFirst &&
-                            std::any_of(running_.begin(), running_.end(), [](const auto& e) { return !e->gen->decoding(); });
+  const bool prefill_only =
+      cfg_.policy == SchedulerConfig::kPrefillFirst &&
+      std::any_of(running_.begin(), running_.end(), [](const auto& e) { return !e->gen->decoding(); });
   // Decode tokens first: one each (the budget holds max_seqs of them).
   for (auto& e : running_) {
     if (e->gen->next_chunk(chunk) != 1 || (prefill_only && e->gen->decoding())) continue;

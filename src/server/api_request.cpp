@@ -180,7 +180,8 @@ void parse_stop(const json& j, ApiRequest& r) {
   } else {
     bad("stop", fmt::format("'stop' must be a string or an array of strings, not {}", kind_of(*v)));
   }
-  if (int(r.stop.size()) > kMaxStops) bad("stop", fmt::format("'stop' holds {} strings, at most {}", r.stop.size(), kMaxStops));
+  if (int(r.stop.size()) > kMaxStops)
+    bad("stop", fmt::format("'stop' holds {} strings, at most {}", r.stop.size(), kMaxStops));
   for (const std::string& s : r.stop)
     if (s.empty()) bad("stop", "'stop' strings must not be empty");
 }
@@ -231,7 +232,8 @@ ApiRequest parse_api_request(std::string_view body, Endpoint endpoint) {
   r.stream = opt_bool(j, "stream").value_or(false);
   if (const json* so = field(j, "stream_options")) {
     if (!r.stream) bad("stream_options", "'stream_options' is only allowed with \"stream\": true");
-    if (!so->is_object()) bad("stream_options", fmt::format("'stream_options' must be an object, not {}", kind_of(*so)));
+    if (!so->is_object())
+      bad("stream_options", fmt::format("'stream_options' must be an object, not {}", kind_of(*so)));
     for (const auto& [key, value] : so->items())
       if (key != "include_usage") bad("stream_options." + key, fmt::format("unrecognized stream option: {}", key));
     r.include_usage = opt_bool(*so, "include_usage").value_or(false);
@@ -248,7 +250,9 @@ ApiRequest parse_api_request(std::string_view body, Endpoint endpoint) {
   if (const json* u = field(j, "user")) text_of(*u, "user");  // accepted, not used
 
   // Parameters kvq does not implement: their no-op values only.
-  auto is_int = [](int64_t want) { return [want](const json& v) { return v.is_number_integer() && v.get<int64_t>() == want; }; };
+  auto is_int = [](int64_t want) {
+    return [want](const json& v) { return v.is_number_integer() && v.get<int64_t>() == want; };
+  };
   auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
   auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
   auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };

@@ -3,6 +3,7 @@
 //   - greedy (temperature 0) completions equal `kvq run --temp 0` for the same prompt, streaming and not, with the
 //     bf16 cache and with int2 (small windows, so that the prompt reaches the quantized region);
 //   - chat, streaming and not; the model list; errors as the SDK's typed errors (400, 401, 404);
+//   - a --kv-budget-gib too small for the running requests: preemptions, and the replies of requests served alone;
 //   - SIGTERM drains: a stream in flight finishes, a new request gets 503, the process exits 0.
 // Run: KVQ=build/kvq node --test tests/server/openai.test.mjs   (from the repository root)
 import { test, after } from 'node:test';
@@ -18,7 +19,8 @@ const servers = [];
 // Starts `kvq serve` on a free port (--port 0) and resolves once its log names the port.
 function startServer(args) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(KVQ, ['serve', '-m', MODEL, '--port', '0', '-c', CTX, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const ctx = args.includes('-c') ? [] : ['-c', CTX];
+    const proc = spawn(KVQ, ['serve', '-m', MODEL, '--port', '0', ...ctx, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error(`kvq serve did not start in 60 s:\n${log}`)), 60_000);
     proc.stderr.on('data', (d) => {
@@ -145,6 +147,38 @@ test('chat, the model list and typed errors through the SDK', { timeout: 300_000
   assert.equal(await exited(server), 0);
 });
 
+test('a --kv-budget-gib too small for the running requests preempts, and every reply equals the one served alone',
+     { timeout: 300_000 }, async () => {
+  // Windows of 4 slots (sinks 4, recent 8, chunks of 16) and 16 pages of 8 tokens: one sequence of the 128-token
+  // context fits, four growing ones do not.
+  const server = await startServer(['-c', '128', '-np', '4', '--kv-sink', '4', '--kv-recent', '8', '--kv-page', '8',
+                                    '-b', '16', '--kv-budget-gib', '0.0019']);
+  const api = client(server);
+  const prompts = [0, 1, 2, 3].map((k) => Array.from({ length: 36 + 4 * k }, (_, i) => 1 + ((i * 7919 + k * 104729) % 8000)));
+  const ask = (prompt) => api.completions.create({ model: 'ref', prompt, max_tokens: 48, temperature: 0, ignore_eos: true });
+  const alone = [];
+  for (const p of prompts) alone.push(await ask(p));
+  const metric = async (name) => {
+    const text = await (await fetch(`http://127.0.0.1:${server.port}/metrics`)).text();
+    return Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))[1]);
+  };
+  assert.equal(await metric('kvq_preemptions_total'), 0);
+  const together = await Promise.all(prompts.map(ask));
+  assert.ok(await metric('kvq_preemptions_total') > 0, 'no preemption: the pool was not too small');
+  for (let k = 0; k < prompts.length; ++k) {
+    assert.equal(together[k].usage.completion_tokens, 48);
+    assert.equal(together[k].choices[0].text, alone[k].choices[0].text, `request ${k}`);
+  }
+  let used = -1;  // the gauges are published after the engine's step
+  for (let i = 0; i < 500 && used !== 0; ++i) {
+    used = await metric('kvq_kv_pages_used');
+    if (used !== 0) await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.equal(used, 0);
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
+});
+
 test('SIGTERM drains: the stream in flight finishes, a new request gets 503, then the process exits 0',
      { timeout: 300_000 }, async () => {
   const server = await startServer([]);
@@ -155,7 +189,14 @@ test('SIGTERM drains: the stream in flight finishes, a new request gets 503, the
   const first = await it.next();
   assert.equal(first.done, false);
   server.kill('SIGTERM');
-  await new Promise((r) => setTimeout(r, 200));  // the signal reaches the server (120 tokens take much longer)
+  // Draining once /health says so (120 tokens take far longer than the signal).
+  const base = `http://127.0.0.1:${server.port}`;
+  let draining = false;
+  for (let i = 0; i < 1500 && !draining; ++i) {
+    draining = (await fetch(`${base}/health`)).status === 503;
+    if (!draining) await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.ok(draining, '/health did not turn 503 after SIGTERM');
   await assert.rejects(api.completions.create({ model: 'ref', prompt: 'x', max_tokens: 1 }), (e) => {
     assert.ok(e instanceof OpenAI.InternalServerError || e.status === 503, String(e));
     assert.equal(e.status, 503);

@@ -126,7 +126,8 @@ TEST(ServerErrors, AFullQueueGets429AndDisconnectedClientsAreCancelled) {
   a.join();
   b.join();
   // Both went away mid-stream: cancelled, their pages and slots freed, far from their 200 tokens.
-  ASSERT_TRUE(eventually([&] { return metric(s, "kvq_requests_running") == 0 && metric(s, "kvq_requests_waiting") == 0; }));
+  ASSERT_TRUE(eventually(
+      [&] { return metric(s, "kvq_requests_running") == 0 && metric(s, "kvq_requests_waiting") == 0; }));
   EXPECT_EQ(metric(s, "kvq_requests_finished_total{reason=\"cancelled\"}"), 2);
   EXPECT_EQ(metric(s, "kvq_kv_pages_used"), 0);
   EXPECT_EQ(metric(s, "kvq_kv_sequences_live"), 0);
@@ -139,7 +140,8 @@ TEST(ServerErrors, DrainRefusesNewRequestsWith503AndFinishesTheStreamInFlight) {
   TestServer s(setup);
   Streamed st;
   std::thread client([&] {
-    st = post_stream(s, kCompletions, R"({"prompt": "The kernel", "max_tokens": 24, "ignore_eos": true, "stream": true})");
+    st = post_stream(s, kCompletions,
+                     R"({"prompt": "The kernel", "max_tokens": 60, "ignore_eos": true, "stream": true})");
   });
   ASSERT_TRUE(eventually([&] { return metric(s, "kvq_generation_tokens_total") >= 1; }));
   std::thread drain([&] { s.http().drain(); });

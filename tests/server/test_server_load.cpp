@@ -68,7 +68,8 @@ Answer ask(const TestServer& s, const json& body, bool stream) {
   a.text = st.text;
   for (const json& e : st.events) {
     if (e.contains("usage") && e["usage"].is_object()) a.completion_tokens = e["usage"]["completion_tokens"];
-    if (!e["choices"].empty() && e["choices"][0]["finish_reason"].is_string()) a.finish = e["choices"][0]["finish_reason"];
+    if (!e["choices"].empty() && e["choices"][0]["finish_reason"].is_string())
+      a.finish = e["choices"][0]["finish_reason"];
   }
   return a;
 }
