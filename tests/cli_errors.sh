@@ -87,6 +87,12 @@ expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt 
 expect_error "bench decode: a bad --cuda-graphs value" bench decode -m $M -c 64 --device cuda --cuda-graphs maybe
 expect_error "bench decode: a negative --warmup" bench decode -m $M -c 64 --warmup -1
 expect_error "bench decode: context + warm-up + timed steps past the model's" bench decode -m $M -c 8190 -n 2 --warmup 1
+expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
+expect_error "serve: zero running sequences" serve -m $M -np 0
+expect_error "serve: port out of range" serve -m $M --port 70000
+expect_error "serve: context larger than the model's" serve -m $M -c 100000
+mkdir -p "$T/badchat" && cp $M/config.json $M/*.safetensors* $M/tokenizer.json "$T/badchat/" && printf '%s' '{"chat_template": "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"}' > "$T/badchat/tokenizer_config.json"
+expect_error "serve: a chat template kvq does not render" serve -m "$T/badchat" --port 0
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).
 expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk f32 -ctv f32
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line

@@ -20,6 +20,7 @@
 #include "attention/attention.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
+#include "engine/scheduler.h"
 
 namespace kvq::cli {
 
@@ -67,8 +68,9 @@ PoolProbe probe_pool_cpu(const CacheConfig& cfg, int n_layers, int n_kv_heads, i
   return r;
 }
 
-// One context: prefill o.seqs sequences of random ids to ctx tokens (no logits), then o.warmup untimed and o.n_decode
-// timed batched greedy decode steps (each sequence feeds back its own argmax).
+// One context, through the one request loop (engine/scheduler.h, prefill first): o.seqs requests of ctx random ids
+// are prefilled (no logits but each one's last row), then o.warmup untimed and o.n_decode timed batched greedy decode
+// steps, each one token of every sequence (each feeds back its own argmax).
 void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int ctx) {
   const ModelConfig& c = m.config();
   auto runner = make_runner(m, o.model, p, ctx + o.decode_steps(), o.seqs);
@@ -78,28 +80,44 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
             "bench decode: the KV pool ({:.1f} MiB) holds {} sequences of {} tokens, fewer than --seqs {}",
             double(r.cache_bytes()) / double(1 << 20), r.page_pool().sequences_at(ctx + o.decode_steps()),
             ctx + o.decode_steps(), o.seqs);
+  SchedulerConfig sc;
+  sc.max_seqs = o.seqs;
+  sc.policy = SchedulerConfig::kPrefillFirst;
+  Scheduler sched(r, sc);
+  GenerateParams gp;
+  gp.max_tokens = o.decode_steps() + 1;  // the prefill's token, then one per decode step (the last one is not fed)
+  gp.sampler.temperature = 0;            // greedy: the argmax is taken where the logits are; no stop ids
   std::mt19937 rng(1234);
-  std::vector<int32_t> ids(static_cast<size_t>(ctx));
-  const int chunk = r.cache_config().max_chunk;
-  std::vector<int> seqs;
-  auto t0 = std::chrono::steady_clock::now();
   for (int b = 0; b < o.seqs; ++b) {
+    std::vector<int32_t> ids(static_cast<size_t>(ctx));
     for (auto& id : ids) id = int32_t(rng() % uint32_t(c.vocab_size));
-    const int seq = r.new_sequence();
-    seqs.push_back(seq);
-    for (int i = 0; i < ctx; i += chunk) r.forward({seq}, {std::min(chunk, ctx - i)}, ids.data() + i,
-                                                   LogitRows::None, nullptr, nullptr);
+    sched.add(std::make_unique<Generation>(std::move(ids), gp, nullptr));
   }
+  auto step = [&](StepInfo& info) {
+    int first_tokens = 0;
+    for (const Scheduler::Update& u : sched.step(&info)) {
+      KVQ_CHECK(u.output.finish != FinishReason::Error, "bench decode: {}", u.output.error);
+      first_tokens += u.generated_tokens == 1;
+    }
+    return first_tokens;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  StepInfo info;
+  for (int started = 0; started < o.seqs;) started += step(info);  // prefill: every sequence to its first token
   r.synchronize();
   const double prefill_s = seconds_since(t0);
-  std::vector<int32_t> next(size_t(o.seqs), 1);
-  const std::vector<int> ones(size_t(o.seqs), 1);
-  auto step = [&] { r.forward(seqs, ones, next.data(), LogitRows::Last, nullptr, next.data()); };
-  for (int i = 0; i < o.warmup; ++i) step();
+  auto decode_step = [&] {
+    step(info);
+    KVQ_CHECK(info.rows == o.seqs && info.decode_rows == o.seqs,
+              "bench decode: a decode step of {} rows ({} decode) where {} sequences decode", info.rows,
+              info.decode_rows, o.seqs);
+  };
+  for (int i = 0; i < o.warmup; ++i) decode_step();
   t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.n_decode; ++i) step();
+  for (int i = 0; i < o.n_decode; ++i) decode_step();
   r.synchronize();
   const double decode_s = seconds_since(t0);
+  KVQ_CHECK(sched.idle(), "bench decode: {} requests left after the decode steps", sched.n_running());
   // What a pool built from --kv-budget-gib really holds at ctx (allocated, not computed), with the timing runner gone.
   const CacheConfig cache_cfg = r.cache_config();
   const std::string runner_desc = r.describe();

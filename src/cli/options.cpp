@@ -219,6 +219,7 @@ std::vector<std::string> expand_aliases(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "-ctk") a = "--cache-type-k";
     else if (a == "-ctv") a = "--cache-type-v";
+    else if (a == "-np") a = "--parallel";
     args.push_back(a);
   }
   return args;

@@ -71,7 +71,7 @@ RunnerFactory make_runner_factory(Model& model, const ModelOptions& o);
 // One line on stderr: the runner's device and what its cache holds: pages, windows, MiB, tokens.
 void log_runner(const Runner& r, const char* what);
 
-// Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long names for CLI11.
+// Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv, -np) to their long names for CLI11.
 std::vector<std::string> expand_aliases(int argc, char** argv);
 
 // One line on stderr: what the cache holds and its memory.
