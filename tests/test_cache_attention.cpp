@@ -194,6 +194,8 @@ TEST(CacheDemotion, RowsMatchReferenceOverPageSizes) {
       if (HasFatalFailure()) return;
       if (page % 32 == 0) run_demotion_case("kivi2", 4, 16, page, chunk, 700);
       if (HasFatalFailure()) return;
+      if (page % 128 == 0) run_demotion_case("kitty_int2", 4, 16, page, chunk, 700);  // key blocks of 128 tokens
+      if (HasFatalFailure()) return;
     }
 }
 

@@ -154,6 +154,9 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   CacheConfig bad_clip = config("int2", "int2", 128);
   bad_clip.v.clip = 1.5f;
   EXPECT_TRUE(has(gpu_unsupported(bad_clip, kHeadDim), "clip"));
+  // Kitty's value rows are min / scale rows of its own (kv/codec_kitty.h), not the int2 rows a KIVI value maps to.
+  EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kHeadDim), "values kitty_int2"));
+  EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kHeadDim), "kitty_int2"));
   CacheConfig unknown = config("int2", "int2", 128);
   unknown.k.type = "kivi8";
   EXPECT_TRUE(has(gpu_unsupported(unknown, kHeadDim), "'kivi8' is unknown"));

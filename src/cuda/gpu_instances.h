@@ -125,7 +125,7 @@ inline bool stored_codec(const CodecSpec& s, bool is_key, CodecId* id, std::stri
     return false;
   }
   *id = t->id;
-  if (t->per_channel_keys && !s.per_channel) {  // per-token rows of a KIVI type: the int rows of its bits
+  if (t->per_channel_keys && t->grouped && !s.per_channel) {  // per-token rows of a KIVI type: its bits' int rows
     for (const CodecTraits& r : codec_table())
       if (r.grouped && !r.per_channel_keys && r.code_bits == t->code_bits) {
         *id = r.id;

@@ -7,6 +7,6 @@
 
 namespace kvq {
 
-enum class CodecId : uint8_t { kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4 };
+enum class CodecId : uint8_t { kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4, kKitty2, kKitty2At20 };
 
 }  // namespace kvq

@@ -7,6 +7,7 @@
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_kitty.h"
 
 namespace kvq {
 
@@ -26,6 +27,12 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   if (s.per_channel) return std::make_unique<KiviKeyCodec>(s.head_dim, s.group, bits, s.clip, level);
   return make_int(s, level);
 }
+// Kitty: keys per channel over 128-token blocks with boost_percent of the channels at 4 bits, values per token.
+template <int kBoostPercent>
+std::unique_ptr<KvCodec> make_kitty(const CodecSpec& s, SimdLevel level) {
+  if (s.per_channel) return std::make_unique<KittyKeyCodec>(s.type, s.head_dim, kBoostPercent, level);
+  return std::make_unique<KittyValueCodec>(s.type, s.head_dim, level);
+}
 
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
@@ -40,6 +47,8 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
+  CodecTraits{CodecId::kKitty2, "kitty_int2", {},     "Kitty: keys per channel over 128-token blocks, the 25% of channels of largest mean |k| at 4 bits, the rest 2; values per token, 2 bits", 2, false, false, 1.0f, 1.0f, true, "none", false, make_kitty<25>},
+  CodecTraits{CodecId::kKitty2At20, "kitty_int2_20", {}, "Kitty as in its accuracy runs: as kitty_int2 with 20% of the key channels at 4 bits", 2, false, false, 1.0f, 1.0f, true, "none", false, make_kitty<20>},
 };
 // clang-format on
 
@@ -74,7 +83,7 @@ const CodecTraits& codec_traits(std::string_view name) {
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) {
   const CodecTraits& t = codec_traits(type);
   KVQ_CHECK(clip <= 0 || t.takes_clip, "--kv-clip-{}: cache type '{}' takes no clip ({})", is_key ? "k" : "v", t.name,
-            t.grouped ? "it is plain min/max" : "it stores unquantized rows");
+            t.grouped || t.code_bits < 16 ? "it is plain min/max" : "it stores unquantized rows");
   CodecSpec s;
   s.type = std::string(t.name);
   s.group = group;
