@@ -1,5 +1,7 @@
 #include "kv/support_matrix.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -51,10 +53,12 @@ std::vector<SupportRow> support_matrix(const std::vector<int>& head_dims) {
 }
 
 std::string format_support_matrix(const std::vector<SupportRow>& rows) {
-  std::string out = fmt::format("{:<8} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", "codec", "kv", "head_dim", "group",
-                                "bytes/token", "bits", "cpu", "cuda (keys and values of this codec)");
+  size_t w = 8;  // the codec column: as wide as the longest name
+  for (const SupportRow& r : rows) w = std::max(w, r.codec.size());
+  std::string out = fmt::format("{:<{}} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", "codec", w, "kv", "head_dim",
+                                "group", "bytes/token", "bits", "cpu", "cuda (keys and values of this codec)");
   for (const SupportRow& r : rows)
-    out += fmt::format("{:<8} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", r.codec, r.role, r.head_dim,
+    out += fmt::format("{:<{}} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", r.codec, w, r.role, r.head_dim,
                        r.group ? std::to_string(r.group) : "-", r.cpu ? fmt::format("{:g}", r.bytes_per_token) : "-",
                        r.cpu ? fmt::format("{:.3f}", r.bits) : "-", r.cpu ? "yes" : "no",
                        r.cuda.empty() ? "no" : r.cuda);
