@@ -45,6 +45,12 @@ expect_error "run: a group for OScaR (its groups are 32)" run -m $M -p hi -n 1 -
 expect_error "run: a rotation with OScaR (it implies its Hadamard)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 \
   --rotation tests/golden/golden.safetensors
 expect_error "run: not a number" run -m $M -p hi -n many
+expect_error "run: --kv-skip-layers past the model's 8 layers" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 0,8
+expect_error "run: --kv-skip-layers naming a layer twice" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 1,1
+expect_error "run: --kv-skip-layers items naming one layer" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 1,-7
+expect_error "run: --kv-skip-layers not a list of integers" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 0,x
+expect_error "ppl: kitty on pages that are not a multiple of 128" ppl -m $M -f data/eval/linux.txt --kv-cache-dtype kitty_int2 --kv-page 64
+expect_error "run: kitty with a group" run -m $M -p hi -n 1 --kv-cache-dtype kitty_int2 --kv-group 64
 expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
 expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512
 expect_error "ppl: ctx beyond the model" ppl -m $M -f data/eval/linux.txt -c 9000

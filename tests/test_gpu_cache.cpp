@@ -204,8 +204,7 @@ struct Twin {
           int pos = 0;
           for (const auto& r : runs) {
             EXPECT_EQ(r.pos0, pos) << "runs out of order";
-            const bool quant = r.kind == KvCache::RunKind::Quant;
-            const KvCodec& codec = quant ? (kv ? cpu.v_codec() : cpu.k_codec()) : cpu.window_codec();
+            const KvCodec& codec = kv ? *r.v_codec : *r.k_codec;  // the layer's (bf16 for a skipped one) or the window's
             const size_t rb = codec.bytes_per_block();
             const uint8_t* src = kv ? r.v : r.k;
             // Blocks of the run: rows, or KIVI key blocks of G rows (whole blocks in download_rows, gpu_cache.h).
@@ -336,6 +335,24 @@ TEST(GpuCache, MixedKeyValueCodecsMatchTheCpuCache) {
   for (int s = 0; s < 3; ++s) tw.step({0, 1}, {1, 1}, rng, Data::HeavyTailed, true, 1e-8, "decode");
   int64_t total = 0;
   EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0);
+}
+
+// --kv-skip-layers: the skipped layer (1 of 2) stores bf16 rows and runs the bf16 instance, layer 0 its own codecs
+// (int2 on tensor cores; KIVI keys of 128-token blocks on CUDA cores); pages byte-identical to the CPU cache's.
+TEST(GpuCache, SkippedLayersMatchTheCpuCache) {
+  REQUIRE_GPU();
+  for (const char* type : {"int2", "kivi2"}) {
+    CacheConfig cfg = config(type, 128, 16, 64);
+    cfg.skip_layers = {-1};
+    std::mt19937 rng(21);
+    Twin tw(cfg, 2048, 2, KvTransform{});
+    const double b = std::max(budget(type, 128, false), budget("bf16", 128, false));
+    tw.prefill(0, 1500, rng, Data::HeavyTailed, b);
+    tw.prefill(1, 300, rng, Data::Gaussian, b);
+    for (int s = 0; s < 3; ++s) tw.step({0, 1}, {1, 1}, rng, Data::HeavyTailed, true, b, std::string(type) + " decode");
+    int64_t total = 0;
+    EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0) << type;
+  }
 }
 
 // KIVI keys with a quantile clip (the device's counting quantile over the G tokens of a channel) and per-token int4
@@ -727,6 +744,27 @@ TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
   EXPECT_EQ(o.page_bytes, 3 * (2 * o.head_bytes + o.scale_region));
   // No quantized region at all: the block table keeps one column.
   EXPECT_EQ(cuda::cache_geometry(config("int2", 128, 64, 256), 1, 1, 32).pages_per_seq, 1);
+}
+
+// A layer of --kv-skip-layers: the bf16 instance row, bf16 rows, and its part of the page at the layout's offset.
+TEST(GpuCacheGeometry, SkippedLayersGetTheBf16InstanceAtTheLayoutsOffsets) {
+  CacheConfig cfg = config("int2", 128, 16, 64, 100);
+  cfg.skip_layers = {0, -1};
+  const CacheLayout l = cache_layout(cfg, 4, 2, kD);
+  for (int layer = 0; layer < 4; ++layer) {
+    const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 4, 2, 5000, layer);
+    const bool skipped = layer == 0 || layer == 3;
+    ASSERT_GE(g.instance, 0) << layer;
+    EXPECT_EQ(g.k_codec, skipped ? CodecId::kBf16 : CodecId::kInt2) << layer;
+    EXPECT_EQ(g.v_codec, skipped ? CodecId::kBf16 : CodecId::kInt2) << layer;
+    EXPECT_EQ(g.k_row, skipped ? 2 * kD : 36) << layer;
+    EXPECT_EQ(g.layer_offset, l.layer_offset(layer)) << layer;
+    EXPECT_EQ(g.head_bytes, l.layer_head_bytes(layer)) << layer;
+    EXPECT_EQ(g.k_region, l.layer_k_region(layer)) << layer;
+    EXPECT_EQ(g.page_bytes, l.page_bytes) << layer;
+    EXPECT_EQ(g.block_tokens, l.block_tokens) << layer;
+  }
+  EXPECT_EQ(l.page_bytes, 2 * (2 * 128 * 2 * 256 + 2 * 128 * 2 * 36));
 }
 
 }  // namespace

@@ -244,18 +244,13 @@ double read_bandwidth(ThreadPool& pool, size_t bytes) {
 // Bytes a decode query at position t of seq reads from the cache of one layer: the quantized blocks and window
 // rows of its decode view, every kv head (counted from the runs the attention walks).
 double decode_bytes(const KvCache& cache, int seq, int t) {
-  const KvCodec &kc = cache.k_codec(), &vc = cache.v_codec(), &wc = cache.window_codec();
   std::vector<KvCache::Run> runs;
   double bytes = 0;
   for (int h = 0; h < cache.n_kv_heads(); ++h) {
     cache.runs(seq, 0, h, t, t, runs);
-    for (const auto& r : runs) {
-      if (r.kind == KvCache::RunKind::Quant)
-        bytes += double(r.n / kc.tokens_per_block()) * double(kc.bytes_per_block()) +
-                 double(r.n / vc.tokens_per_block()) * double(vc.bytes_per_block());
-      else
-        bytes += 2.0 * r.n * double(wc.bytes_per_block());
-    }
+    for (const auto& r : runs)  // each run's blocks in its codecs (the quantized region's, or the window's)
+      bytes += double(r.n / r.k_codec->tokens_per_block()) * double(r.k_codec->bytes_per_block()) +
+               double(r.n / r.v_codec->tokens_per_block()) * double(r.v_codec->bytes_per_block());
   }
   return bytes;
 }

@@ -31,6 +31,7 @@ CacheConfig CacheOptions::config() const {
   c.recent = recent;
   c.page_tokens = page;
   c.max_chunk = chunk;
+  c.skip_layers = parse_skip_layers(skip_layers);
   if (kt.id == CodecId::kF32 && vt.id == CodecId::kF32) c.window = "f32";  // a lossless cache keeps lossless windows
   return c;
 }
@@ -74,6 +75,9 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "
                   "kvq calibrate");
+  cmd->add_option("--kv-skip-layers", o.skip_layers,
+                  "comma-separated layers that keep BF16 rows for everything (negative: from the end), e.g. 0,1,-2,-1 "
+                  "(vLLM TurboQuant's boundary layers); counted in the effective bits");
 }
 
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o) {
@@ -179,7 +183,8 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   p.cache = c.config();
   p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
-  KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
+  // Builds the codecs and resolves the skipped layers: names what's unsupported.
+  KvCache probe(p.cache, p.model.n_layers, p.model.n_kv_heads, p.model.head_dim, 1);
   // --device cuda without a device or with a CPU-only cache: refused before any work.
   check_device(m, p.cache, p.model.head_dim);
   const ModelConfig& mc = p.model;

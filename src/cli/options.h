@@ -32,6 +32,7 @@ struct CacheOptions {
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
   std::string rotation = "none";                 // --rotation: none | hadamard | FILE
   double kv_budget_gib = 0;                      // --kv-budget-gib: bytes of the page pool + windows (0: default)
+  std::string skip_layers;                       // --kv-skip-layers: e.g. "0,1,-2,-1" ("": none)
   CacheConfig config() const;                    // validated later by KvCache / make_codec
 };
 

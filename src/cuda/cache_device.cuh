@@ -26,9 +26,10 @@ __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, i
          ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
              kHeadDim;
 }
-// The (layer, head) part of pool page `page`: { K blocks | V rows }.
+// The (layer, head) part of pool page `page`: { K blocks | V rows }; g is the geometry of `layer` (its layer_offset).
 __device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {
-  return g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
+  (void)layer;
+  return g.pool + int64_t(page) * g.page_bytes + g.layer_offset + int64_t(head) * g.head_bytes;
 }
 // The (layer, head) part of the page holding quantized position pos >= S0.
 __device__ __forceinline__ uint8_t* page_head(const CacheGeometry& g, int seq, int layer, int head, int pos) {

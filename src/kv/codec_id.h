@@ -11,6 +11,7 @@ enum class CodecId : uint8_t {
   kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4,
   kNexusquant, kNexusquantStrict, kE8_2, kE8_2Strict, kE8_2PostRope,  // NexusQuant (kv/codec_nexus.h)
   kOscarInt2,                                                         // OScaR (kv/codec_oscar.h)
+  kKitty2, kKitty2At20,                                               // Kitty (kv/codec_kitty.h)
 };
 
 }  // namespace kvq

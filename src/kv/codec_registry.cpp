@@ -7,6 +7,7 @@
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_kitty.h"
 #include "kv/codec_nexus.h"
 #include "kv/codec_oscar.h"
 
@@ -27,6 +28,12 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   const int bits = codec_traits(s.type).code_bits;
   if (s.per_channel) return std::make_unique<KiviKeyCodec>(s.head_dim, s.group, bits, s.clip, level);
   return make_int(s, level);
+}
+// Kitty: keys per channel over 128-token blocks with boost_percent of the channels at 4 bits, values per token.
+template <int kBoostPercent>
+std::unique_ptr<KvCodec> make_kitty(const CodecSpec& s, SimdLevel level) {
+  if (s.per_channel) return std::make_unique<KittyKeyCodec>(s.type, s.head_dim, kBoostPercent, level);
+  return std::make_unique<KittyValueCodec>(s.type, s.head_dim, level);
 }
 
 // NexusQuant: the storage format and the E8 rule of each row (keys without RoPE: kv/codec_rope.h, by the cache).
@@ -67,6 +74,9 @@ constexpr std::array kTable{
   // OScaR (METHODS §5.4): groups fixed at 32, keys token-scaled, the Hadamard transform.
   CodecTraits{CodecId::kOscarInt2, "oscar_int2", {}, "OScaR: keys / their norm over kv heads, per channel over 32 tokens; values per token over 32 channels; 2 bits",
               2, false, false, 1.0f, 1.0f, true, "hadamard", false, make_oscar, 0, false, false, true},
+  // Kitty (METHODS §5.5): per-channel keys over 128-token blocks, a quarter (or a fifth) of the channels at 4 bits.
+  CodecTraits{CodecId::kKitty2, "kitty_int2", {},     "Kitty: keys per channel over 128-token blocks, the 25% of channels of largest mean |k| at 4 bits, the rest 2; values per token, 2 bits", 2, false, false, 1.0f, 1.0f, true, "none", false, make_kitty<25>},
+  CodecTraits{CodecId::kKitty2At20, "kitty_int2_20", {}, "Kitty as in its accuracy runs: as kitty_int2 with 20% of the key channels at 4 bits", 2, false, false, 1.0f, 1.0f, true, "none", false, make_kitty<20>},
 };
 // clang-format on
 
