@@ -75,6 +75,7 @@ expect_error "calibrate: unknown method" calibrate -m $M --data data/calib/linux
 expect_error "calibrate: budget below one chunk" calibrate -m $M --data data/calib/linux.txt --tokens 100 -o "$T/r.safetensors"
 expect_error "calibrate: more chunks per layer than the budget holds" calibrate -m $M --data data/calib/linux.txt --method optr --calib-chunks 15 --heldout-chunks 2 -o "$T/r.safetensors"
 expect_error "calibrate: zero calibration chunks" calibrate -m $M --data data/calib/linux.txt --method optr --calib-chunks 0 -o "$T/r.safetensors"
+expect_error "calibrate: --kv-skip-layers" calibrate -m $M --data data/calib/linux.txt --kv-skip-layers 0 -o "$T/r.safetensors"
 expect_error "calibrate: missing data file" calibrate -m $M --data /nonexistent.txt -o "$T/r.safetensors"
 expect_error "eval: unknown task" eval -m $M --tasks ppl,bleu
 expect_error "eval: bad ctx list" eval -m $M --ctx 2048,abc

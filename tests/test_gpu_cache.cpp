@@ -204,7 +204,7 @@ struct Twin {
           int pos = 0;
           for (const auto& r : runs) {
             EXPECT_EQ(r.pos0, pos) << "runs out of order";
-            const KvCodec& codec = kv ? *r.v_codec : *r.k_codec;  // the layer's (bf16 for a skipped one) or the window's
+            const KvCodec& codec = kv ? *r.v_codec : *r.k_codec;  // the layer's (bf16 if skipped) or the window's
             const size_t rb = codec.bytes_per_block();
             const uint8_t* src = kv ? r.v : r.k;
             // Blocks of the run: rows, or KIVI key blocks of G rows (whole blocks in download_rows, gpu_cache.h).

@@ -48,7 +48,8 @@ std::vector<int> brute_force_slots(const std::vector<float>& x, int d, int nb) {
   std::vector<int> slot(static_cast<size_t>(d));
   for (int c = 0; c < d; ++c) {
     int rank = 0;
-    for (int o = 0; o < d; ++o) rank += mean[size_t(o)] > mean[size_t(c)] || (mean[size_t(o)] == mean[size_t(c)] && o < c);
+    for (int o = 0; o < d; ++o)
+      rank += mean[size_t(o)] > mean[size_t(c)] || (mean[size_t(o)] == mean[size_t(c)] && o < c);
     slot[size_t(c)] = rank < nb ? rank : nb;
   }
   return slot;
@@ -212,7 +213,8 @@ TEST(Kitty, KeyBlocksEqualTheSpecQuantizerBitForBit) {
           ASSERT_EQ(p.scale, g.scale) << type << " channel " << c;
           ASSERT_EQ(p.min, g.min) << type << " channel " << c;
           const uint8_t* low = block.data() + c * layout::kKittyPlaneBytes;
-          const uint8_t* high = block.data() + layout::kitty_high_offset(d) + slot[size_t(c)] * layout::kKittyPlaneBytes;
+          const uint8_t* high =
+              block.data() + layout::kitty_high_offset(d) + slot[size_t(c)] * layout::kKittyPlaneBytes;
           for (int t = 0; t < kT; ++t) {
             const int code = layout::unpack_code(low, t, 2) | (boosted ? layout::unpack_code(high, t, 2) << 2 : 0);
             ASSERT_EQ(code, g.codes[size_t(t)]) << type << " channel " << c << " token " << t;
@@ -289,7 +291,8 @@ TEST(Kitty, KeyNmseWithinTheBudgetOfItsBitsAndBelowUnboostedKivi) {
         const double step = fp16_to_f32(p.scale), mn = fp16_to_f32(p.min);
         for (int t = 0; t < kT; ++t) {
           const double v = xb[size_t(t) * d + c];
-          EXPECT_LE(std::fabs(v - xh[size_t(t) * d + c]), step / 2 + (levels * step + std::fabs(mn)) * 1.1 / 2048 + 1e-6)
+          EXPECT_LE(std::fabs(v - xh[size_t(t) * d + c]),
+                    step / 2 + (levels * step + std::fabs(mn)) * 1.1 / 2048 + 1e-6)
               << "channel " << c << " token " << t;
         }
       }
@@ -298,10 +301,14 @@ TEST(Kitty, KeyNmseWithinTheBudgetOfItsBitsAndBelowUnboostedKivi) {
     return se / ss;
   };
   double b25 = 0, b20 = 0;
-  const double k25 = nmse_of(*kitty("kitty_int2", true, d), &b25), k20 = nmse_of(*kitty("kitty_int2_20", true, d), &b20);
-  const double kivi = nmse_of(*make_codec({.type = "kivi2", .head_dim = d, .group = 128, .per_channel = true}), nullptr);
-  std::printf("key NMSE over 128-token blocks with outlier channels: kitty_int2 %.4f (budget %.4f), kitty_int2_20 "
-              "%.4f (budget %.4f), kivi2/g128 keys %.4f\n", k25, b25, k20, b20, kivi);
+  const double k25 = nmse_of(*kitty("kitty_int2", true, d), &b25),
+               k20 = nmse_of(*kitty("kitty_int2_20", true, d), &b20);
+  const double kivi =
+      nmse_of(*make_codec({.type = "kivi2", .head_dim = d, .group = 128, .per_channel = true}), nullptr);
+  std::printf(
+      "key NMSE over 128-token blocks with outlier channels: kitty_int2 %.4f (budget %.4f), kitty_int2_20 "
+      "%.4f (budget %.4f), kivi2/g128 keys %.4f\n",
+      k25, b25, k20, b20, kivi);
   EXPECT_LE(k25, b25);
   EXPECT_LE(k20, b20);
   EXPECT_LT(k25, k20);
@@ -320,7 +327,8 @@ TEST(Kitty, ValueNmseWithinTheTwoBitBudget) {
     for (float& v : x) v = nd(rng);
     codec->encode(x.data(), row.data());
     codec->decode(row.data(), xh.data());
-    for (int c = 0; c < d; ++c) se += double(x[size_t(c)] - xh[size_t(c)]) * (x[size_t(c)] - xh[size_t(c)]), ss += x[size_t(c)] * x[size_t(c)];
+    for (int c = 0; c < d; ++c)
+      se += double(x[size_t(c)] - xh[size_t(c)]) * (x[size_t(c)] - xh[size_t(c)]), ss += x[size_t(c)] * x[size_t(c)];
   }
   EXPECT_LE(se / ss, 2.93 / 9);
   EXPECT_GT(se / ss, 0.02);  // it really is 2 bits
@@ -399,7 +407,7 @@ TEST(Kitty, CacheDemotesWholeBlocksOf128TokensOnPagesOfAMultipleOf128) {
   cfg.page_tokens = 128;
   KvCache cache(cfg, 1, 1, 64, 400);
   EXPECT_EQ(cache.block_tokens(), 128);
-  EXPECT_EQ(cache.quant_end(126), 0);   // block [0, 128) still in the window
+  EXPECT_EQ(cache.quant_end(126), 0);  // block [0, 128) still in the window
   EXPECT_EQ(cache.quant_end(127), 128);
   EXPECT_EQ(cache.quant_end(300), 256);
   cfg.page_tokens = 64;

@@ -98,7 +98,8 @@ TEST(SkipLayers, ResolvedFromTheEndAndCheckedAgainstTheModel) {
   EXPECT_EQ(s.count_below(26), 2);
   const std::string out = error_of([] { skipped_layers(config("int2", 128, 0, 0, 16, {0, 8}), 8); });
   EXPECT_TRUE(has(out, "layer 8 is out of range for a model of 8 layers (0 .. 7, or -8 .. -1 from the end)")) << out;
-  EXPECT_TRUE(has(error_of([] { skipped_layers(config("int2", 128, 0, 0, 16, {-9}), 8); }), "layer -9 is out of range"));
+  EXPECT_TRUE(
+      has(error_of([] { skipped_layers(config("int2", 128, 0, 0, 16, {-9}), 8); }), "layer -9 is out of range"));
   const std::string same = error_of([] { skipped_layers(config("int2", 128, 0, 0, 16, {1, -7}), 8); });
   EXPECT_TRUE(has(same, "1 and -7 both name layer 1 of 8")) << same;
   // The cache refuses them when it is built, naming the flag.

@@ -501,7 +501,8 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
     } else if (p < qe) {
       const int q = p - g.sink;
       const int page = m.pool->page(seq, q / g.page_tokens);
-      const uint8_t* h = m.pages.as<uint8_t>() + size_t(page) * g.page_bytes + g.layer_offset + size_t(kv_head) * g.head_bytes;
+      const uint8_t* h =
+          m.pages.as<uint8_t>() + size_t(page) * g.page_bytes + g.layer_offset + size_t(kv_head) * g.head_bytes;
       const int j = q % g.page_tokens;
       if (kivi) {  // the whole key block, once: at its first position, or at pos0 inside it
         if (p != pos0 && j % g.k_block_tokens != 0) continue;

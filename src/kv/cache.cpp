@@ -72,8 +72,8 @@ LayerSet skipped_layers(const CacheConfig& cfg, int n_layers) {
     const int item = cfg.skip_layers[i];
     const int l = item < 0 ? n_layers + item : item;
     KVQ_CHECK(l >= 0 && l < n_layers,
-              "--kv-skip-layers: layer {} is out of range for a model of {} layers (0 .. {}, or -{} .. -1 from the end)",
-              item, n_layers, n_layers - 1, n_layers);
+              "--kv-skip-layers: layer {} is out of range for a model of {} layers (0 .. {}, or -{} .. -1 from the "
+              "end)", item, n_layers, n_layers - 1, n_layers);
     KVQ_CHECK(l < LayerSet::kMaxLayers, "--kv-skip-layers: layer {} of {}: at most {} layers can be skipped over",
               l, n_layers, LayerSet::kMaxLayers);
     KVQ_CHECK(named_by[size_t(l)] < 0, "--kv-skip-layers: {} and {} both name layer {} of {}",

@@ -50,7 +50,9 @@ void kitty_channel_map(const float* x, int d, int n_boost, uint8_t* slot) {
 // --- Keys.
 
 KittyKeyCodec::KittyKeyCodec(std::string name, int head_dim, int boost_percent, SimdLevel level)
-    : name_(std::move(name)), d_(head_dim), n_boost_(kitty_boosted_channels(head_dim, boost_percent)),
+    : name_(std::move(name)),
+      d_(head_dim),
+      n_boost_(kitty_boosted_channels(head_dim, boost_percent)),
       kernels_(row_kernels(RowFormat::kInt2, level)) {
   KVQ_CHECK(d_ > 0 && d_ % 32 == 0 && d_ <= 256 && (boost_percent == 25 || boost_percent == 20),
             "KittyKeyCodec: head_dim {} boost {}% (supported: head_dim a multiple of 32 up to 256, 25% or 20%)", d_,
@@ -79,8 +81,8 @@ void KittyKeyCodec::decode(const uint8_t* block, float* x) const {
   for (int c = 0; c < d_; ++c) {
     const layout::MinScale p = params_at(params, c);
     const uint8_t* low = block + layout::kitty_low_offset() + c * layout::kKittyPlaneBytes;
-    const uint8_t* high = slot[c] < n_boost_ ? block + layout::kitty_high_offset(d_) + slot[c] * layout::kKittyPlaneBytes
-                                             : nullptr;
+    const uint8_t* high =
+        slot[c] < n_boost_ ? block + layout::kitty_high_offset(d_) + slot[c] * layout::kKittyPlaneBytes : nullptr;
     for (int t = 0; t < kT; ++t) {
       const int code = layout::unpack_code(low, t, 2) | (high ? layout::unpack_code(high, t, 2) << 2 : 0);
       x[size_t(t) * d_ + c] = min_scale_dequant(uint8_t(code), p);
@@ -91,7 +93,8 @@ void KittyKeyCodec::decode(const uint8_t* block, float* x) const {
 void KittyKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0 && n_tokens % kT == 0, "{} keys: scores over n_q={} n_tokens={} (blocks of {})",
             name_, n_q, n_tokens, kT);
-  std::vector<float> q1(size_t(n_q) * d_), q2(size_t(n_q) * n_boost_), tmp(size_t(n_q) * kT), bias(static_cast<size_t>(n_q));
+  std::vector<float> q1(size_t(n_q) * d_), q2(size_t(n_q) * n_boost_), tmp(size_t(n_q) * kT),
+      bias(static_cast<size_t>(n_q));
   for (int b = 0; b < n_tokens / kT; ++b) {
     const uint8_t* block = blocks + size_t(b) * bytes_per_block();
     const uint8_t* slot = block + layout::kitty_slot_offset(d_, n_boost_);
@@ -110,10 +113,11 @@ void KittyKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n
     }
     std::fill(tmp.begin(), tmp.end(), 0.f);
     kernels_.accumulate(plane_rows(block + layout::kitty_low_offset(), d_), q1.data(), size_t(d_), n_q, tmp.data());
-    kernels_.accumulate(plane_rows(block + layout::kitty_high_offset(d_), n_boost_), q2.data(), size_t(n_boost_),
-                        n_q, tmp.data());
+    kernels_.accumulate(plane_rows(block + layout::kitty_high_offset(d_), n_boost_), q2.data(), size_t(n_boost_), n_q,
+                        tmp.data());
     for (int i = 0; i < n_q; ++i)
-      for (int t = 0; t < kT; ++t) s[size_t(i) * n_tokens + size_t(b) * kT + t] = tmp[size_t(i) * kT + t] + bias[size_t(i)];
+      for (int t = 0; t < kT; ++t)
+        s[size_t(i) * n_tokens + size_t(b) * kT + t] = tmp[size_t(i) * kT + t] + bias[size_t(i)];
   }
 }
 
@@ -125,7 +129,8 @@ void KittyKeyCodec::accumulate(const float* p, int n_q, const uint8_t* blocks, i
     const uint8_t* block = blocks + size_t(b) * bytes_per_block();
     const uint8_t* slot = block + layout::kitty_slot_offset(d_, n_boost_);
     const uint8_t* params = block + layout::kitty_params_offset(d_, n_boost_);
-    for (int i = 0; i < n_q; ++i) std::copy_n(p + size_t(i) * n_tokens + size_t(b) * kT, kT, pb.data() + size_t(i) * kT);
+    for (int i = 0; i < n_q; ++i)
+      std::copy_n(p + size_t(i) * n_tokens + size_t(b) * kT, kT, pb.data() + size_t(i) * kT);
     kernels_.scores(plane_rows(block + layout::kitty_low_offset(), d_), pb.data(), n_q, low.data(), size_t(d_));
     kernels_.scores(plane_rows(block + layout::kitty_high_offset(d_), n_boost_), pb.data(), n_q, high.data(),
                     size_t(n_boost_));

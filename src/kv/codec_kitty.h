@@ -24,7 +24,7 @@ namespace kvq {
 
 namespace layout {
 
-constexpr int kKittyBlockTokens = 128;                    // tokens of one key block (Kitty's PAGE_SIZE)
+constexpr int kKittyBlockTokens = 128;                   // tokens of one key block (Kitty's PAGE_SIZE)
 constexpr int kKittyPlaneBytes = kKittyBlockTokens / 4;  // one channel's 128 two-bit codes
 
 // Kitty key block: 128 tokens × D channels, N_BOOST of them boosted. A "plane row" is one channel's 128 codes in
@@ -99,8 +99,8 @@ class KittyKeyCodec final : public KvCodec {
 
  private:
   std::string name_;
-  int d_;        // channels per token
-  int n_boost_;  // boosted channels per block
+  int d_;               // channels per token
+  int n_boost_;         // boosted channels per block
   RowKernels kernels_;  // int2 plane rows of 128 values
 };
 
