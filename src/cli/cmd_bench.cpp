@@ -20,6 +20,7 @@
 #include "attention/attention.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
+#include "rotation/rotation_file.h"
 
 namespace kvq::cli {
 
@@ -197,6 +198,13 @@ void bench_attention_device(const BenchAttentionOptions& o) {
   bench_attention_cuda(g);
 }
 
+// The one-layer cache of a bench with the transform its codecs imply (TurboQuant's Hadamard on keys): the rows are
+// random, so it only has to be there; the CPU bench times attention on rotated queries, not the rotation.
+CacheConfig with_codec_transform(CacheConfig c, int kv_heads, int head_dim) {
+  c.transform = codec_transform(c, 1, kv_heads, head_dim);
+  return c;
+}
+
 // Streaming-read bandwidth (bytes/s) of the pool's threads over a buffer of `bytes`: best of a few passes.
 double read_bandwidth(ThreadPool& pool, size_t bytes) {
   const size_t n = bytes / sizeof(uint64_t);
@@ -338,7 +346,8 @@ void bench_attention(const BenchAttentionOptions& o) {
             "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
   KVQ_CHECK(o.cache.rotation == "none",
             "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
-  KvCache probe(o.cache.config(), 1, o.kv_heads, o.head_dim, 1);  // unsupported cache settings fail before work
+  const CacheConfig tested = with_codec_transform(o.cache.config(), o.kv_heads, o.head_dim);
+  KvCache probe(tested, 1, o.kv_heads, o.head_dim, 1);  // unsupported cache settings fail before work
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
@@ -347,7 +356,7 @@ void bench_attention(const BenchAttentionOptions& o) {
   bf.type_k = bf.type_v = "bf16";
   bf.group = 0, bf.clip_k = bf.clip_v = -1;  // the baseline takes none of the test cache's quantizer flags
   const AttentionFigures base = bench_attention_one(o, bf.config(), pool, evict);
-  const AttentionFigures test = bench_attention_one(o, o.cache.config(), pool, evict);
+  const AttentionFigures test = bench_attention_one(o, tested, pool, evict);
   double load[3] = {0, 0, 0};
   if (FILE* fl = std::fopen("/proc/loadavg", "r")) {
     if (std::fscanf(fl, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;

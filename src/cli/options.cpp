@@ -17,8 +17,16 @@ namespace kvq::cli {
 
 CacheConfig CacheOptions::config() const {
   CacheConfig c;
-  const std::string& tk = type_both.empty() ? type_k : type_both;
-  const std::string& tv = type_both.empty() ? type_v : type_both;
+  for (const std::string* t : {&type_k, &type_v})
+    KVQ_CHECK(!find_preset(*t), "--cache-type-{}: '{}' is a preset of keys and values: use --kv-cache-dtype {}",
+              t == &type_k ? "k" : "v", *t, *t);
+  // --kv-cache-dtype: a preset (its key and value codecs) or one codec for both.
+  const CodecPreset* preset = type_both.empty() ? nullptr : find_preset(type_both);
+  KVQ_CHECK(type_both.empty() || preset || find_codec(type_both),
+            "--kv-cache-dtype '{}' is neither a cache type ({}) nor a preset ({})", type_both, codec_names(", "),
+            preset_names());
+  const std::string tk = preset ? std::string(codec_traits(preset->k).name) : type_both.empty() ? type_k : type_both;
+  const std::string tv = preset ? std::string(codec_traits(preset->v).name) : type_both.empty() ? type_v : type_both;
   const CodecTraits &kt = codec_traits(tk), &vt = codec_traits(tv);
   KVQ_CHECK(group == 0 || kt.grouped || vt.grouped, "--kv-group {}: neither cache type ({}, {}) has groups", group,
             kt.name, vt.name);
@@ -58,7 +66,9 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   const std::string types = codec_names("|");
   cmd->add_option("--cache-type-k", o.type_k, "key cache type (" + types + "; alias -ctk)");
   cmd->add_option("--cache-type-v", o.type_v, "value cache type (" + types + "; alias -ctv)");
-  cmd->add_option("--kv-cache-dtype", o.type_both, "cache type for keys and values");
+  cmd->add_option("--kv-cache-dtype", o.type_both,
+                  "cache type for keys and values, or a preset of both: " + preset_names() +
+                      " (presets imply their transform: no --rotation)");
   cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32; KIVI keys: tokens); default 128")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio (default: the type's, " + clip_defaults(true) + ")")
@@ -161,11 +171,22 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
-  KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
+  const ModelConfig& mc = p.model;
+  {  // builds the codecs (with the transform they imply): names what's unsupported
+    CacheConfig one_layer = p.cache;
+    one_layer.transform = codec_transform(one_layer, 1, mc.n_kv_heads, mc.head_dim);
+    KvCache probe(one_layer, 1, mc.n_kv_heads, mc.head_dim, 1);
+  }
   // --device cuda without a device or with a CPU-only cache: refused before any work.
   check_device(m, p.cache, p.model.head_dim);
-  const ModelConfig& mc = p.model;
-  if (c.rotation == "hadamard") {
+  if (auto implied = codec_transform(p.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim)) {
+    // The codecs define their own transform (TurboQuant: the Hadamard on keys only); another rotation would replace it.
+    KVQ_CHECK(c.rotation == "none",
+              "--rotation {} conflicts with cache types k={} v={}{}: they imply their own transform ({}); drop --rotation",
+              c.rotation, p.cache.k.type, p.cache.v.type,
+              c.type_both.empty() ? "" : " (--kv-cache-dtype " + c.type_both + ")", implied->name);
+    p.cache.transform = std::move(implied);
+  } else if (c.rotation == "hadamard") {
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
               mc.head_dim);
     p.cache.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));

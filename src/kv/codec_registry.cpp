@@ -7,6 +7,7 @@
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_turboquant.h"
 
 namespace kvq {
 
@@ -27,7 +28,22 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   return make_int(s, level);
 }
 
+// TurboQuant: codebook keys (norm-corrected or not), FP8 keys, uniform values; the row supplies the bits.
+std::unique_ptr<KvCodec> make_tq_key(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<TqKeyCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, false, level);
+}
+std::unique_ptr<KvCodec> make_tq_key_nc(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<TqKeyCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, true, level);
+}
+std::unique_ptr<KvCodec> make_fp8(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<Fp8Codec>(s.head_dim, level);
+}
+std::unique_ptr<KvCodec> make_tq_value(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<TqValueCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, level);
+}
+
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
+constexpr std::string_view kFp8Aliases[] = {"fp8_e4m3"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
 
 // clang-format off
@@ -40,6 +56,27 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
+  // TurboQuant (METHODS §5.2, kv/turboquant.h); after the factory: per-row parameter bytes, keys only
+  CodecTraits{CodecId::kTq2,   "tq2",   {}, "TurboQuant keys: 2-bit Lloyd-Max codes of the Hadamard-rotated unit key, fp16 norm", 2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
+  CodecTraits{CodecId::kTq3,   "tq3",   {}, "TurboQuant keys: 3-bit Lloyd-Max codes of the Hadamard-rotated unit key, fp16 norm", 3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
+  CodecTraits{CodecId::kTq4,   "tq4",   {}, "TurboQuant keys: 4-bit Lloyd-Max codes of the Hadamard-rotated unit key, fp16 norm", 4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
+  CodecTraits{CodecId::kTq2nc, "tq2nc", {}, "TurboQuant keys as tq2, norm-corrected (centroid vector rescaled to unit norm)",  2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
+  CodecTraits{CodecId::kTq3nc, "tq3nc", {}, "TurboQuant keys as tq3, norm-corrected (centroid vector rescaled to unit norm)",  3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
+  CodecTraits{CodecId::kTq4nc, "tq4nc", {}, "TurboQuant keys as tq4, norm-corrected (centroid vector rescaled to unit norm)",  4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
+  CodecTraits{CodecId::kFp8e4m3, "fp8e4m3", kFp8Aliases, "FP8 e4m3 values, no scale (TurboQuant k8v4 keys; saturating)", 8, false, false, 1.0f, 1.0f, false, "none", false, make_fp8, 0, false},
+  CodecTraits{CodecId::kTqv2,  "tqv2",  {}, "TurboQuant values: 2-bit uniform codes per row over all d, fp16 scale and min",  2, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
+  CodecTraits{CodecId::kTqv3,  "tqv3",  {}, "TurboQuant values: 3-bit uniform codes per row over all d, fp16 scale and min",  3, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
+  CodecTraits{CodecId::kTqv4,  "tqv4",  {}, "TurboQuant values: 4-bit uniform codes per row over all d, fp16 scale and min",  4, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
+};
+
+// The --kv-cache-dtype presets: vLLM's TurboQuant presets (TQ_PRESETS: key bits / value bits / norm correction), then
+// kvq's own. Their layer policy as shipped (layers 0, 1, L-2, L-1 in BF16) and windows are not part of a preset.
+constexpr std::array kPresets{
+  CodecPreset{"turboquant_k8v4",    CodecId::kFp8e4m3, CodecId::kTqv4, "vLLM TurboQuant: FP8 keys, 4-bit values", false},
+  CodecPreset{"turboquant_4bit_nc",  CodecId::kTq4nc,   CodecId::kTqv4, "vLLM TurboQuant: 4-bit norm-corrected keys, 4-bit values", false},
+  CodecPreset{"turboquant_k3v4_nc",  CodecId::kTq3nc,   CodecId::kTqv4, "vLLM TurboQuant: 3-bit norm-corrected keys, 4-bit values", false},
+  CodecPreset{"turboquant_3bit_nc",  CodecId::kTq3nc,   CodecId::kTqv3, "vLLM TurboQuant: 3-bit norm-corrected keys, 3-bit values", false},
+  CodecPreset{"turboquant_2bit",     CodecId::kTq2nc,   CodecId::kTqv2, "kvq extension (no vLLM preset): 2-bit norm-corrected keys, 2-bit values", true},
 };
 // clang-format on
 
@@ -65,6 +102,29 @@ const CodecTraits* find_codec(std::string_view name) {
   return nullptr;
 }
 
+std::span<const CodecPreset> codec_presets() { return kPresets; }
+
+const CodecPreset* find_preset(std::string_view name) {
+  for (const CodecPreset& p : kPresets)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::string preset_names(std::string_view sep) {
+  std::string out;
+  for (const CodecPreset& p : kPresets)
+    out += fmt::format("{}{} ({} / {}{})", out.empty() ? "" : std::string(sep), p.name, codec_traits(p.k).name,
+                       codec_traits(p.v).name, p.kvq_extension ? ", kvq extension" : "");
+  return out;
+}
+
+std::string_view implied_transform(const CodecSpec& k, const CodecSpec& v) {
+  const std::string_view tk = codec_traits(k.type).transform, tv = codec_traits(v.type).transform;
+  KVQ_CHECK(tk == kTransformNone || tv == kTransformNone || tk == tv,
+            "cache types k={} and v={} imply different transforms ({}, {})", k.type, v.type, tk, tv);
+  return tk != kTransformNone ? tk : tv;
+}
+
 const CodecTraits& codec_traits(std::string_view name) {
   const CodecTraits* t = find_codec(name);
   KVQ_CHECK(t, "unknown KV cache type '{}' (supported: {})", name, codec_names(", "));
@@ -74,7 +134,7 @@ const CodecTraits& codec_traits(std::string_view name) {
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) {
   const CodecTraits& t = codec_traits(type);
   KVQ_CHECK(clip <= 0 || t.takes_clip, "--kv-clip-{}: cache type '{}' takes no clip ({})", is_key ? "k" : "v", t.name,
-            t.grouped ? "it is plain min/max" : "it stores unquantized rows");
+            t.grouped ? "it is plain min/max" : t.code_bits >= 16 ? "it stores unquantized rows" : "its format has no clip");
   CodecSpec s;
   s.type = std::string(t.name);
   s.group = group;
