@@ -453,7 +453,8 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
 }
 
 // The codec table: names and aliases resolve to their row, every row builds a CPU codec whose stored bits match
-// the row's code bits (+ 32 / G for grouped codecs), and the flags' defaults come from the row.
+// the row's code bits (+ 32 / G for grouped codecs, + its per-row parameters), and the flags' defaults come from the
+// row.
 TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
   ASSERT_FALSE(codec_table().empty());
   for (const CodecTraits& t : codec_table()) {
@@ -469,7 +470,7 @@ TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
       for (const CodecSpec& s : {k, v}) {
         const auto codec = make_codec(s);
         EXPECT_EQ(codec->name(), t.name);
-        const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0);
+        const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0) + 8.0 * t.row_param_bytes / s.head_dim;
         EXPECT_DOUBLE_EQ(codec->bits_per_element(), want) << t.name << " G " << g << (s.per_channel ? " keys" : "");
       }
     }
