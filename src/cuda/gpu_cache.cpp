@@ -16,6 +16,7 @@
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_turboquant.h"
 #include "kv/layout.h"
 
 namespace kvq::cuda {
@@ -25,10 +26,15 @@ namespace {
 // The traits row of a validated spec's type (gpu_instances.h has refused unknown types before any of these).
 const CodecTraits& traits(const CodecSpec& s) { return codec_traits(s.type); }
 
-// Bytes of one stored row: bf16, layout::IntRow, or (KIVI keys) one token's packed codes of a KiviKeyBlock.
+// Bytes of one stored row: layout::IntRow, (KIVI keys) one token's packed codes of a KiviKeyBlock, or the row of an
+// ungrouped codec (bf16, TurboQuant: the CPU codec's block).
 int row_bytes(const CodecSpec& s) {
   const CodecTraits& t = traits(s);
-  if (!t.grouped) return layout::bf16_row_bytes(kHeadDim);
+  if (!t.grouped) {
+    CodecSpec d = s;
+    d.head_dim = kHeadDim;
+    return int(make_codec(d)->bytes_per_block());
+  }
   if (s.per_channel) return layout::packed_bytes(kHeadDim, t.code_bits);
   return layout::int_row_bytes(kHeadDim, s.group, t.code_bits);
 }
@@ -125,6 +131,7 @@ struct GpuKvCache::Impl {
   bool table_dirty = false;             // the pool's block tables changed since the last upload
   DeviceBuffer mu, rk, rv;
   TransformPtrs tptrs{};
+  DeviceBuffer codebook;                // TurboQuant codebook keys: centroids | midpoints (CacheGeometry::k_codebook)
   // The step.
   bool in_step = false;
   std::vector<int> step_seqs, step_n;
@@ -208,6 +215,14 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   g.page_table = m.page_table_dev.as<int>();
   m.n_sms = sm_count();
   if (cfg.transform) m.upload_transform(*cfg.transform);
+  CodecSpec kspec = cfg.k;
+  kspec.head_dim = kHeadDim;
+  if (const auto kc = make_codec(kspec); const auto* tk = dynamic_cast<const TqKeyCodec*>(kc.get())) {
+    std::vector<float> cb = tk->codebook().centroids;  // the CPU codec's codebook, so both store the same codes
+    cb.insert(cb.end(), tk->codebook().midpoints.begin(), tk->codebook().midpoints.end());
+    m.upload(m.codebook, cb.data(), cb.size() * sizeof(float));
+    g.k_codebook = m.codebook.as<float>();
+  }
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
 }
 

@@ -24,14 +24,11 @@ SupportRow row_of(const CodecTraits& t, const CodecSpec& spec, const CodecSpec& 
   }
   CacheConfig both;  // this codec for keys and values, the default windows and pages
   both.k = k, both.v = v;
-  if (t.keys_only)  // keys only: with the values of the first GPU row that stores these keys
-    for (const cuda::GpuInstance& g : cuda::kGpuInstances)
-      if (g.k == t.id) {
-        both.v = codec_spec(codec_traits(g.v).name, false, spec.group, 0.f);
-        both.v.head_dim = spec.head_dim;
-        break;
-      }
-  const int gpu = cuda::gpu_instance(both, spec.head_dim);
+  int gpu = cuda::gpu_instance(both, spec.head_dim);
+  // No row pairs it with itself (TurboQuant's keys and values): the first row that stores it on either side.
+  if (gpu < 0 && (cuda::gpu_spec_stored(k) || cuda::gpu_spec_stored(v)))
+    for (int i = 0; i < cuda::kGpuInstanceCount && gpu < 0; ++i)
+      if (cuda::kGpuInstances[i].k == t.id || cuda::kGpuInstances[i].v == t.id) gpu = i;
   if (gpu >= 0) r.cuda = cuda::gpu_path_name(cuda::kGpuInstances[gpu].path);
   return r;
 }
@@ -59,7 +56,7 @@ std::vector<SupportRow> support_matrix(const std::vector<int>& head_dims) {
 
 std::string format_support_matrix(const std::vector<SupportRow>& rows) {
   std::string out = fmt::format("{:<8} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", "codec", "kv", "head_dim", "group",
-                                "bytes/token", "bits", "cpu", "cuda (keys and values of this codec; keys-only codecs: as keys)");
+                                "bytes/token", "bits", "cpu", "cuda (keys and values of this codec, or the side a GPU pair stores)");
   for (const SupportRow& r : rows)
     out += fmt::format("{:<8} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", r.codec, r.role, r.head_dim,
                        r.group ? std::to_string(r.group) : "-", r.cpu ? fmt::format("{:g}", r.bytes_per_token) : "-",

@@ -18,8 +18,8 @@ struct SupportRow {
   double bytes_per_token;  // bytes stored per (token, kv head): block bytes / tokens per block
   double bits;           // bits per element stored (scales and zeros included)
   bool cpu;              // the CPU codec takes it
-  std::string cuda;      // GPU attention path with this codec for keys and values (a keys-only codec: for keys, with
-                         // the first values a row pairs it with), "" = not on the GPU
+  std::string cuda;      // GPU attention path with this codec for keys and values, or else of the first GPU row that
+                         // stores it on one side (TurboQuant's keys and values), "" = not on the GPU
 };
 
 // head_dims: the shapes to list (real models use 64 and 128).

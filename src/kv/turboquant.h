@@ -25,7 +25,7 @@
 //   row = codes packed as below, then fp16(s), fp16(mn):      TqValueRow<d, b>: d·b/8 + 4 bytes (d = 128: 68 / 52 / 36)
 //   v̂_i = code_i · fp16(s) + fp16(mn)                            (the stored fp16 values: vLLM's mismatch, kept)
 //
-// Packing of b-bit codes (keys and values):
+// Packing of b-bit codes (keys and values), in each case the little-endian bit string with code i at bits b·i:
 //   b = 4: byte j = code[2j] | code[2j + 1] << 4                   (two per byte, low nibble first)
 //   b = 3: bytes 3g .. 3g + 2 = the 24-bit little-endian word Σ_t code[8g + t] << 3t (eight codes in three bytes)
 //   b = 2: byte j = Σ_t code[4j + t] << 2t                         (four per byte, low bits first)
@@ -76,22 +76,24 @@ static_assert(sizeof(Fp8Row<128>) == 128 && fp8_row_bytes(128) == 128, "fp8 keys
 
 // --- Packing.
 
-// Pack d one-per-byte codes (each < 2^bits, bits in {2, 3, 4}) into out[codes_bytes(d, bits)].
-KVQ_HD inline void pack(const uint8_t* codes, int d, int bits, uint8_t* out) {
+// Byte j of a packed row of one-per-byte codes (each < 2^bits, bits in {2, 3, 4}). Every width is the same little-endian
+// bit string: code i occupies bits [bits·i, bits·i + bits) (b = 3: the 24-bit words of 8 codes are exactly that).
+KVQ_HD inline uint8_t pack_byte(const uint8_t* codes, int j, int bits) {
   if (bits == 3) {
-    for (int g = 0; g < d / 8; ++g) {
-      uint32_t w = 0;
-      for (int t = 0; t < 8; ++t) w |= uint32_t(codes[8 * g + t]) << (3 * t);
-      out[3 * g] = uint8_t(w), out[3 * g + 1] = uint8_t(w >> 8), out[3 * g + 2] = uint8_t(w >> 16);
-    }
-    return;
+    const int g = j / 3;
+    uint32_t w = 0;
+    for (int t = 0; t < 8; ++t) w |= uint32_t(codes[8 * g + t]) << (3 * t);
+    return uint8_t(w >> (8 * (j % 3)));
   }
   const int per_byte = 8 / bits;
-  for (int j = 0; j < d / per_byte; ++j) {
-    uint32_t b = 0;
-    for (int t = 0; t < per_byte; ++t) b |= uint32_t(codes[per_byte * j + t]) << (bits * t);
-    out[j] = uint8_t(b);
-  }
+  uint32_t b = 0;
+  for (int t = 0; t < per_byte; ++t) b |= uint32_t(codes[per_byte * j + t]) << (bits * t);
+  return uint8_t(b);
+}
+
+// Pack d codes into out[codes_bytes(d, bits)].
+KVQ_HD inline void pack(const uint8_t* codes, int d, int bits, uint8_t* out) {
+  for (int j = 0; j < codes_bytes(d, bits); ++j) out[j] = pack_byte(codes, j, bits);
 }
 
 // Code i of a packed row.
