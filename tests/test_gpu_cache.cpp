@@ -641,7 +641,8 @@ TEST_P(GpuVsCpuTurboQuant, StoredRowsAreBitIdenticalAndAttentionMatchesTheCpuCac
 
 std::string tq_case_name(const ::testing::TestParamInfo<TqCase>& info) {
   const auto& [preset, win, variant] = info.param;
-  return preset + "_s" + std::to_string(win.first) + "_w" + std::to_string(win.second) + (variant ? "_heavy" : "_gauss");
+  return preset + "_s" + std::to_string(win.first) + "_w" + std::to_string(win.second) +
+         (variant ? "_heavy" : "_gauss");
 }
 
 INSTANTIATE_TEST_SUITE_P(TurboQuant, GpuVsCpuTurboQuant,

@@ -182,8 +182,8 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   if (auto implied = codec_transform(p.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim)) {
     // The codecs define their own transform (TurboQuant: the Hadamard on keys only); another rotation would replace it.
     KVQ_CHECK(c.rotation == "none",
-              "--rotation {} conflicts with cache types k={} v={}{}: they imply their own transform ({}); drop --rotation",
-              c.rotation, p.cache.k.type, p.cache.v.type,
+              "--rotation {} conflicts with cache types k={} v={}{}: they imply their own transform ({}); drop "
+              "--rotation", c.rotation, p.cache.k.type, p.cache.v.type,
               c.type_both.empty() ? "" : " (--kv-cache-dtype " + c.type_both + ")", implied->name);
     p.cache.transform = std::move(implied);
   } else if (c.rotation == "hadamard") {

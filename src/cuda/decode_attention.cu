@@ -14,8 +14,9 @@
 // row against the group's queries in shared memory, broadcast reads, with the key codec's score: int2 / int4
 // keys: per 32-value unit the codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the
 // inner loop; KIVI keys: the row of the position's key block decoded per channel, (code - zero_c) scale_c, then
-// q · k; TurboQuant keys: centroids of the codes, q · c, times the row's n (/ ||c||)). Values: lane = 4 channels (the value codec's values4), the tile's probabilities are broadcast by shuffles,
-// each V row is read by the warp in one sweep.
+// q · k; TurboQuant keys: centroids of the codes, q · c, times the row's n (/ ||c||)). Values: lane = 4 channels (the
+// value codec's values4), the tile's probabilities are broadcast by shuffles, each V row is read by the warp in one
+// sweep.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"

@@ -57,26 +57,26 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   // TurboQuant (METHODS §5.2, kv/turboquant.h); after the factory: per-row parameter bytes, keys only
-  CodecTraits{CodecId::kTq2,   "tq2",   {}, "TurboQuant keys: 2-bit Lloyd-Max codes of the Hadamard-rotated unit key, fp16 norm", 2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
-  CodecTraits{CodecId::kTq3,   "tq3",   {}, "TurboQuant keys: 3-bit Lloyd-Max codes of the Hadamard-rotated unit key, fp16 norm", 3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
-  CodecTraits{CodecId::kTq4,   "tq4",   {}, "TurboQuant keys: 4-bit Lloyd-Max codes of the Hadamard-rotated unit key, fp16 norm", 4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
-  CodecTraits{CodecId::kTq2nc, "tq2nc", {}, "TurboQuant keys as tq2, norm-corrected (centroid vector rescaled to unit norm)",  2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
-  CodecTraits{CodecId::kTq3nc, "tq3nc", {}, "TurboQuant keys as tq3, norm-corrected (centroid vector rescaled to unit norm)",  3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
-  CodecTraits{CodecId::kTq4nc, "tq4nc", {}, "TurboQuant keys as tq4, norm-corrected (centroid vector rescaled to unit norm)",  4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
-  CodecTraits{CodecId::kFp8e4m3, "fp8e4m3", kFp8Aliases, "FP8 e4m3 values, no scale (TurboQuant k8v4 keys; saturating)", 8, false, false, 1.0f, 1.0f, false, "none", false, make_fp8, 0, false},
-  CodecTraits{CodecId::kTqv2,  "tqv2",  {}, "TurboQuant values: 2-bit uniform codes per row over all d, fp16 scale and min",  2, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
-  CodecTraits{CodecId::kTqv3,  "tqv3",  {}, "TurboQuant values: 3-bit uniform codes per row over all d, fp16 scale and min",  3, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
-  CodecTraits{CodecId::kTqv4,  "tqv4",  {}, "TurboQuant values: 4-bit uniform codes per row over all d, fp16 scale and min",  4, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
+  CodecTraits{CodecId::kTq2,     "tq2",     {},          "TurboQuant keys: 2-bit Lloyd-Max codes of the rotated unit key, fp16 norm", 2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
+  CodecTraits{CodecId::kTq3,     "tq3",     {},          "TurboQuant keys: 3-bit Lloyd-Max codes of the rotated unit key, fp16 norm", 3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
+  CodecTraits{CodecId::kTq4,     "tq4",     {},          "TurboQuant keys: 4-bit Lloyd-Max codes of the rotated unit key, fp16 norm", 4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, true},
+  CodecTraits{CodecId::kTq2nc,   "tq2nc",   {},          "TurboQuant keys as tq2, norm-corrected (n c / ||c||)",                     2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
+  CodecTraits{CodecId::kTq3nc,   "tq3nc",   {},          "TurboQuant keys as tq3, norm-corrected (n c / ||c||)",                     3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
+  CodecTraits{CodecId::kTq4nc,   "tq4nc",   {},          "TurboQuant keys as tq4, norm-corrected (n c / ||c||)",                     4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, true},
+  CodecTraits{CodecId::kFp8e4m3, "fp8e4m3", kFp8Aliases, "FP8 e4m3 values, no scale, saturating (TurboQuant k8v4 keys)",         8, false, false, 1.0f, 1.0f, false, "none", false, make_fp8, 0, false},
+  CodecTraits{CodecId::kTqv2,    "tqv2",    {},          "TurboQuant values: 2-bit codes per row, fp16 scale and min",              2, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
+  CodecTraits{CodecId::kTqv3,    "tqv3",    {},          "TurboQuant values: 3-bit codes per row, fp16 scale and min",              3, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
+  CodecTraits{CodecId::kTqv4,    "tqv4",    {},          "TurboQuant values: 4-bit codes per row, fp16 scale and min",              4, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4, false},
 };
 
 // The --kv-cache-dtype presets: vLLM's TurboQuant presets (TQ_PRESETS: key bits / value bits / norm correction), then
 // kvq's own. Their layer policy as shipped (layers 0, 1, L-2, L-1 in BF16) and windows are not part of a preset.
 constexpr std::array kPresets{
   CodecPreset{"turboquant_k8v4",    CodecId::kFp8e4m3, CodecId::kTqv4, "vLLM TurboQuant: FP8 keys, 4-bit values", false},
-  CodecPreset{"turboquant_4bit_nc",  CodecId::kTq4nc,   CodecId::kTqv4, "vLLM TurboQuant: 4-bit norm-corrected keys, 4-bit values", false},
-  CodecPreset{"turboquant_k3v4_nc",  CodecId::kTq3nc,   CodecId::kTqv4, "vLLM TurboQuant: 3-bit norm-corrected keys, 4-bit values", false},
-  CodecPreset{"turboquant_3bit_nc",  CodecId::kTq3nc,   CodecId::kTqv3, "vLLM TurboQuant: 3-bit norm-corrected keys, 3-bit values", false},
-  CodecPreset{"turboquant_2bit",     CodecId::kTq2nc,   CodecId::kTqv2, "kvq extension (no vLLM preset): 2-bit norm-corrected keys, 2-bit values", true},
+  CodecPreset{"turboquant_4bit_nc", CodecId::kTq4nc,   CodecId::kTqv4, "vLLM TurboQuant: 4-bit norm-corrected keys, 4-bit values", false},
+  CodecPreset{"turboquant_k3v4_nc", CodecId::kTq3nc,   CodecId::kTqv4, "vLLM TurboQuant: 3-bit norm-corrected keys, 4-bit values", false},
+  CodecPreset{"turboquant_3bit_nc", CodecId::kTq3nc,   CodecId::kTqv3, "vLLM TurboQuant: 3-bit norm-corrected keys, 3-bit values", false},
+  CodecPreset{"turboquant_2bit",    CodecId::kTq2nc,   CodecId::kTqv2, "kvq extension: 2-bit norm-corrected keys, 2-bit values", true},
 };
 // clang-format on
 
@@ -134,7 +134,8 @@ const CodecTraits& codec_traits(std::string_view name) {
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) {
   const CodecTraits& t = codec_traits(type);
   KVQ_CHECK(clip <= 0 || t.takes_clip, "--kv-clip-{}: cache type '{}' takes no clip ({})", is_key ? "k" : "v", t.name,
-            t.grouped ? "it is plain min/max" : t.code_bits >= 16 ? "it stores unquantized rows" : "its format has no clip");
+            t.grouped ? "it is plain min/max"
+                      : t.code_bits >= 16 ? "it stores unquantized rows" : "its format has no clip");
   CodecSpec s;
   s.type = std::string(t.name);
   s.group = group;

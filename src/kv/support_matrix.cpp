@@ -56,7 +56,8 @@ std::vector<SupportRow> support_matrix(const std::vector<int>& head_dims) {
 
 std::string format_support_matrix(const std::vector<SupportRow>& rows) {
   std::string out = fmt::format("{:<8} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", "codec", "kv", "head_dim", "group",
-                                "bytes/token", "bits", "cpu", "cuda (keys and values of this codec, or the side a GPU pair stores)");
+                                "bytes/token", "bits", "cpu",
+                                "cuda (keys and values of this codec, or the side a GPU pair stores)");
   for (const SupportRow& r : rows)
     out += fmt::format("{:<8} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", r.codec, r.role, r.head_dim,
                        r.group ? std::to_string(r.group) : "-", r.cpu ? fmt::format("{:g}", r.bytes_per_token) : "-",

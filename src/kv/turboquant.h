@@ -31,8 +31,8 @@
 //   b = 2: byte j = Σ_t code[4j + t] << 2t                         (four per byte, low bits first)
 //
 // Canonical order of the sums of squares (n and the norm correction), the one a warp computes with shuffles: lane
-// l < 32 sums y_l², y_{l+32}², y_{l+64}², ... in that order, then the 32 partial sums are halved by pairs, p_l += p_{l+16},
-// p_l += p_{l+8}, ..., p_0 += p_1. d must be a multiple of 32.
+// l < 32 sums y_l², y_{l+32}², y_{l+64}², ... in that order, then the 32 partial sums are halved by pairs,
+// p_l += p_{l+16}, p_l += p_{l+8}, ..., p_0 += p_1. d must be a multiple of 32.
 #pragma once
 
 #include <stdint.h>
@@ -76,8 +76,8 @@ static_assert(sizeof(Fp8Row<128>) == 128 && fp8_row_bytes(128) == 128, "fp8 keys
 
 // --- Packing.
 
-// Byte j of a packed row of one-per-byte codes (each < 2^bits, bits in {2, 3, 4}). Every width is the same little-endian
-// bit string: code i occupies bits [bits·i, bits·i + bits) (b = 3: the 24-bit words of 8 codes are exactly that).
+// Byte j of a packed row of one-per-byte codes (each < 2^bits, bits in {2, 3, 4}). Every width is the same
+// little-endian bit string: code i occupies bits [bits·i, bits·i + bits) (b = 3: the 24-bit words of 8 codes are that).
 KVQ_HD inline uint8_t pack_byte(const uint8_t* codes, int j, int bits) {
   if (bits == 3) {
     const int g = j / 3;
