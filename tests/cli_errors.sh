@@ -40,6 +40,11 @@ expect_error "run: a clip for keys that take none (KIVI)" run -m $M -p hi -n 1 -
 expect_error "run: a clip for bf16 values" run -m $M -p hi -n 1 -ctk int2 --kv-clip-v 0.9
 expect_error "run: keys without RoPE under a key rotation" run -m $M -p hi -n 1 -ctk e8_2 --rotation hadamard
 expect_error "run: a clip for nexusquant" run -m $M -p hi -n 1 --kv-cache-dtype nexusquant --kv-clip-k 0.9
+expect_error "run: a TurboQuant preset with --rotation" run -m $M -p hi -n 1 --kv-cache-dtype turboquant_3bit_nc --rotation hadamard
+expect_error "run: a preset as a key type" run -m $M -p hi -n 1 -ctk turboquant_2bit
+expect_error "run: TurboQuant codebook keys as values" run -m $M -p hi -n 1 -ctv tq3nc
+expect_error "run: an unknown --kv-cache-dtype" run -m $M -p hi -n 1 --kv-cache-dtype turboquant_1bit
+expect_error "run: a clip for TurboQuant keys" run -m $M -p hi -n 1 -ctk tq2nc -ctv tqv2 --kv-clip-k 0.9
 expect_error "run: a group with no grouped cache type" run -m $M -p hi -n 1 --kv-group 64
 expect_error "run: a group for OScaR (its groups are 32)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 --kv-group 64
 expect_error "run: a rotation with OScaR (it implies its Hadamard)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 \

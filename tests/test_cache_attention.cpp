@@ -19,6 +19,7 @@
 #include "kv/codec_registry.h"
 #include "kv/transform.h"
 #include "model/model.h"
+#include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"
 #include "test_helpers.h"
 
@@ -267,13 +268,15 @@ TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengths) {
     const std::string type(t.name);
     double worst = 0;
     for (int n_tokens : {1, 63, 64, 65, 257, 1000, 4097}) {
-      const CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
+      CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
+      if (t.keys_only) cfg.v = spec("bf16", 128, false);  // keys-only codecs (TurboQuant's codebook keys)
+      cfg.transform = codec_transform(cfg, 1, 2, 128);    // the one they imply (random rows: not applied here)
       CacheConfig exact = cfg;
       exact.k.type = exact.v.type = "f32";
       exact.k.per_channel = exact.v.per_channel = false;
       double quant_error = 0;
       const double e = attention_nmse(cfg, n_tokens, &exact, &quant_error);
-      const bool relative = int8_operands && t.code_bits == 2;  // int2 rows of one group: int8 operands
+      const bool relative = int8_operands && t.grouped && t.code_bits == 2;  // int2 rows of one group: int8 operands
       const double budget = relative ? std::max(kBudget, 0.1 * quant_error) : kBudget;
       EXPECT_LE(e, budget) << cfg.describe() << " n_tokens=" << n_tokens << " quantization NMSE " << quant_error;
       worst = std::max(worst, e);

@@ -460,8 +460,9 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
 }
 
 // The codec table: names and aliases resolve to their row, every row builds a CPU codec whose stored bits match
-// the row's code bits (+ 32 / G for grouped codecs; a format with its own fixed blocks stores its code bits plus less
-// than one bit of metadata, its exact bytes tested in its own file), and the flags' defaults come from the row.
+// the row's code bits (+ 32 / G for grouped codecs, + its per-row parameters; a format with its own fixed blocks
+// stores its code bits plus less than one bit of metadata, its exact bytes tested in its own file), and the flags'
+// defaults come from the row.
 TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
   ASSERT_FALSE(codec_table().empty());
   for (const CodecTraits& t : codec_table()) {

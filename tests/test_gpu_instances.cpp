@@ -99,6 +99,8 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
       {"kivi2", "kivi2", 128, GpuPath::kCudaCore},  {"kivi2", "kivi2", 64, GpuPath::kCudaCore},
       {"kivi2", "kivi2", 32, GpuPath::kCudaCore},   {"kivi4", "kivi4", 128, GpuPath::kCudaCore},
       {"kivi4", "kivi4", 32, GpuPath::kCudaCore},   {"int4", "int2", 64, GpuPath::kCudaCore},
+      {"tq4nc", "tqv4", 128, GpuPath::kCudaCore},   {"tq3nc", "tqv4", 128, GpuPath::kCudaCore},
+      {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},   {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
       {"kivi2", "int4", 64, GpuPath::kCudaCore},    {"oscar_int2", "oscar_int2", 128, GpuPath::kCudaCore},
   };
   for (const Case& c : cases)

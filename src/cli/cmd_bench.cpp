@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "engine/scheduler.h"
+#include "rotation/rotation_file.h"
 
 namespace kvq::cli {
 
@@ -201,14 +202,35 @@ struct BenchAttentionOptions {
   std::string device = "cpu";   // cpu | cuda
   std::vector<int> ctx_list;    // --ctx values (cuda: a grid; cpu: one value)
   std::vector<int> batch_list;  // --batch values
+  std::vector<std::string> caches;  // --caches: cache types or presets timed in one run (empty: the cache flags')
 };
+
+// The one-layer cache of a bench with the transform its codecs imply (TurboQuant's Hadamard on keys): the rows are
+// random, so it only has to be there; the GPU bench times the query rotation with the attention, the CPU bench not.
+CacheConfig with_codec_transform(CacheConfig c, int kv_heads, int head_dim) {
+  c.transform = codec_transform(c, 1, kv_heads, head_dim);
+  return c;
+}
+
+// The caches under test: the cache flags', or each --caches entry (a --kv-cache-dtype value: a codec or a preset)
+// with the other cache flags (windows, page, chunk).
+std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
+  KVQ_CHECK(o.cache.rotation == "none",
+            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
+  std::vector<CacheConfig> out;
+  if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(), o.kv_heads, o.head_dim));
+  for (const std::string& t : o.caches) {
+    CacheOptions c = o.cache;
+    c.type_both = t;
+    out.push_back(with_codec_transform(c.config(), o.kv_heads, o.head_dim));
+  }
+  return out;
+}
 
 // --device cuda: the grid of shapes (defaults: batch {1, 8, 32, 64} x ctx {4K, 16K, 64K, 128K}).
 void bench_attention_device(const BenchAttentionOptions& o) {
-  KVQ_CHECK(o.cache.rotation == "none",
-            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
   GpuAttentionBench g;
-  g.cache = o.cache.config();
+  g.caches = tested_caches(o);
   g.batches = o.batch_list.empty() ? std::vector<int>{1, 8, 32, 64} : o.batch_list;
   g.ctxs = o.ctx_list.empty() ? std::vector<int>{4096, 16384, 65536, 131072} : o.ctx_list;
   g.q_heads = o.q_heads, g.kv_heads = o.kv_heads, g.head_dim = o.head_dim, g.iters = o.iters, g.json = o.json;
@@ -359,9 +381,9 @@ void bench_attention(const BenchAttentionOptions& o) {
             o.ctx, o.batch, o.iters);
   KVQ_CHECK(o.q_heads >= 1 && o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
             "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
-  KVQ_CHECK(o.cache.rotation == "none",
-            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
-  KvCache probe(with_bench_rope(o.cache.config(), o.head_dim), 1, o.kv_heads, o.head_dim, 1);  // fails before work
+  const std::vector<CacheConfig> tested = tested_caches(o);
+  for (const CacheConfig& c : tested)  // refused before any work
+    KvCache probe(with_bench_rope(c, o.head_dim), 1, o.kv_heads, o.head_dim, 1);
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
@@ -369,8 +391,9 @@ void bench_attention(const BenchAttentionOptions& o) {
   bf.type_both.clear();
   bf.type_k = bf.type_v = "bf16";
   bf.group = 0, bf.clip_k = bf.clip_v = -1;  // the baseline takes none of the test cache's quantizer flags
-  const AttentionFigures base = bench_attention_one(o, bf.config(), pool, evict);
-  const AttentionFigures test = bench_attention_one(o, o.cache.config(), pool, evict);
+  std::vector<AttentionFigures> figures = {bench_attention_one(o, bf.config(), pool, evict)};
+  for (const CacheConfig& c : tested) figures.push_back(bench_attention_one(o, c, pool, evict));
+  const AttentionFigures& base = figures[0];
   double load[3] = {0, 0, 0};
   if (FILE* fl = std::fopen("/proc/loadavg", "r")) {
     if (std::fscanf(fl, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
@@ -381,7 +404,8 @@ void bench_attention(const BenchAttentionOptions& o) {
                 "ctx %d batch %d q-heads %d kv-heads %d d %d | %s\n",
                 bw / 1e9, pool.size(), load[0], load[1], load[2], o.ctx, o.batch, o.q_heads, o.kv_heads, o.head_dim,
                 o.hot ? "hot caches" : "caches evicted before each step");
-  for (const AttentionFigures* f : {&base, &test}) {
+  for (const AttentionFigures& fig : figures) {
+    const AttentionFigures* f = &fig;
     const double gbps = f->bytes_read / (f->ms * 1e-3) / 1e9;
     const double speedup = base.ms / f->ms;
     const double append_pct = 100.0 * f->append_ms / (f->ms / o.batch);
@@ -443,6 +467,9 @@ void add_bench(CLI::App& app) {
   att->add_option("--iters", a->iters, "timed decode steps")->check(CLI::Range(1, 1 << 20));
   att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
+  att->add_option("--caches", a->caches, "cache types or presets to time in one run against one bf16 baseline, e.g. "
+                  "int2,turboquant_3bit_nc,turboquant_2bit (each a --kv-cache-dtype value with the other cache flags)")
+      ->delimiter(',');
   att->add_flag("--json", a->json, "print one JSON object per configuration (--device cuda: one JSON array)");
   att->callback([a] {
     if (a->device == "cuda") return bench_attention_device(*a);

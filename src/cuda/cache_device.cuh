@@ -109,6 +109,11 @@ constexpr bool token_scaled() {
   }
 }
 
+// A key codec that reads the cache's TurboQuant codebook (codec_turboquant.cuh) says kCodebook = true; its value, score
+// and encode_row take CacheGeometry::k_codebook in place of the group (and clip) arguments.
+template <class C>
+concept ReadsCodebook = requires { requires C::kCodebook; };
+
 // The end of an attention block: merges its warps' online-softmax states (w_m, w_l: [W][g] max and sum, w_acc:
 // [W][g][d] unnormalised outputs; -inf max = empty) and writes the block's partial of g heads to slot `part`
 // of the launch's buffers. Call after __syncthreads(); every thread of the block takes part.

@@ -16,6 +16,7 @@
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_turboquant.h"
 #include "kv/layout.h"
 #include "kv/oscar_format.h"
 
@@ -28,13 +29,17 @@ const CodecTraits& traits(const CodecSpec& s) { return codec_traits(s.type); }
 
 bool is_oscar(const CodecSpec& s) { return traits(s).id == CodecId::kOscarInt2; }
 
-// Bytes of one stored row: bf16, layout::IntRow, layout::OscarValueRow, or (KIVI / OScaR keys) one token's packed
-// codes of a key block.
+// Bytes of one stored row: layout::IntRow, (KIVI / OScaR keys) one token's packed codes of a key block,
+// layout::OscarValueRow, or the row of another ungrouped codec (bf16, TurboQuant: the CPU codec's block).
 int row_bytes(const CodecSpec& s) {
   const CodecTraits& t = traits(s);
   if (s.per_channel) return layout::packed_bytes(kHeadDim, t.code_bits);
   if (is_oscar(s)) return layout::oscar_value_row_bytes(kHeadDim);
-  if (!t.grouped) return layout::bf16_row_bytes(kHeadDim);
+  if (!t.grouped) {
+    CodecSpec d = s;
+    d.head_dim = kHeadDim;
+    return int(make_codec(d)->bytes_per_block());
+  }
   return layout::int_row_bytes(kHeadDim, s.group, t.code_bits);
 }
 // Tokens and bytes of one stored K block: a row, or a KIVI / OScaR key block.
@@ -155,6 +160,7 @@ struct GpuKvCache::Impl {
   bool table_dirty = false;             // the pool's block tables changed since the last upload
   DeviceBuffer mu, rk, rv;
   TransformPtrs tptrs{};
+  DeviceBuffer codebook;                // TurboQuant codebook keys: centroids | midpoints (CacheGeometry::k_codebook)
   // The step.
   bool in_step = false;
   std::vector<int> step_seqs, step_n;
@@ -245,6 +251,14 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   }
   m.n_sms = sm_count();
   if (cfg.transform) m.upload_transform(*cfg.transform);
+  CodecSpec kspec = cfg.k;
+  kspec.head_dim = kHeadDim;
+  if (const auto kc = make_codec(kspec); const auto* tk = dynamic_cast<const TqKeyCodec*>(kc.get())) {
+    std::vector<float> cb = tk->codebook().centroids;  // the CPU codec's codebook, so both store the same codes
+    cb.insert(cb.end(), tk->codebook().midpoints.begin(), tk->codebook().midpoints.end());
+    m.upload(m.codebook, cb.data(), cb.size() * sizeof(float));
+    g.k_codebook = m.codebook.as<float>();
+  }
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
 }
 

@@ -54,6 +54,8 @@ struct CacheGeometry {
   uint16_t* sinks;             // sink rows (bf16 bits)
   uint16_t* ring;              // recent rows (bf16 bits)
   const int* page_table;       // [max_seqs][pages_per_seq]
+  const float* k_codebook;     // TurboQuant codebook keys: [2^b centroids | 2^b - 1 midpoints] fp32 (kv/lloyd_max.h),
+                               // the CPU codec's; null for other key codecs
 };
 
 // The sizes and layout of layer `layer` of a cache (every field but the device pointers, which stay null): the one

@@ -96,6 +96,14 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
   KVQ_CHECK(!cfg.v.token_scale, "KV cache: value type '{}' with a token scale (only keys take one)", cfg.v.type);
   KVQ_CHECK(!cfg.k.token_scale || cfg.skip_layers.empty(),
             "KV cache: --kv-skip-layers with token-scaled keys ({}) is not supported", cfg.k.type);
+  KVQ_CHECK(!codec_traits(cfg.v.type).keys_only, "KV cache: value type '{}' stores keys only (value types: {})",
+            cfg.v.type, codec_names_if([](const CodecTraits& t) { return !t.keys_only; }));
+  // A codec that implies a transform (TurboQuant's keys: the Hadamard) is only that method with it: never silently
+  // without it, nor with another.
+  const std::string_view implied = implied_transform(cfg.k, cfg.v);
+  KVQ_CHECK(implied == kTransformNone || (cfg.transform && cfg.transform->name == implied),
+            "KV cache: cache types k={} v={} imply the transform '{}', the cache has '{}' (rotation/rotation_file.h: "
+            "codec_transform builds it)", cfg.k.type, cfg.v.type, implied, cfg.rotation());
   const int block_tokens = std::lcm(k.tokens_per_block(), v.tokens_per_block());
   KVQ_CHECK(cfg.page_tokens > 0 && cfg.page_tokens % block_tokens == 0,
             "KV cache: page size {} is not a multiple of the codec block of {} tokens ({} keys, {} values)",

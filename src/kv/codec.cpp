@@ -54,7 +54,7 @@ namespace {
 
 std::string per_channel_names() { return codec_names_if([](const CodecTraits& t) { return t.per_channel_keys; }); }
 
-// "f32, bf16; int8, int4, int2 (per token, ...); kivi2, kivi4 (...); oscar_int2, kitty_int2, ... (...)": the table's rows
+// "f32, bf16; int8, int4, int2 (per token, ...); kivi2, kivi4 (...); oscar_int2, kitty_int2, tq2, ... (...)": the table's rows
 // by kind (unquantized, grouped per token, grouped per-channel keys, formats with their own groups or blocks), then the
 // shapes.
 std::string supported_list() {

@@ -12,6 +12,8 @@ enum class CodecId : uint8_t {
   kNexusquant, kNexusquantStrict, kE8_2, kE8_2Strict, kE8_2PostRope,  // NexusQuant (kv/codec_nexus.h)
   kOscarInt2,                                                         // OScaR (kv/codec_oscar.h)
   kKitty2, kKitty2At20,                                               // Kitty (kv/codec_kitty.h)
+  // TurboQuant (kv/codec_turboquant.h): codebook keys, norm-corrected codebook keys, FP8 keys, uniform values
+  kTq2, kTq3, kTq4, kTq2nc, kTq3nc, kTq4nc, kFp8e4m3, kTqv2, kTqv3, kTqv4,
 };
 
 }  // namespace kvq
