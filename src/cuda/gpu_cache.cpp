@@ -257,7 +257,7 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     std::vector<float> cb = tk->codebook().centroids;  // the CPU codec's codebook, so both store the same codes
     cb.insert(cb.end(), tk->codebook().midpoints.begin(), tk->codebook().midpoints.end());
     m.upload(m.codebook, cb.data(), cb.size() * sizeof(float));
-    g.k_codebook = m.codebook.as<float>();
+    for (CacheGeometry& g : m.geo) g.k_codebook = m.codebook.as<float>();  // skipped (bf16) layers never read it
   }
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
 }
