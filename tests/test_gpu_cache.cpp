@@ -216,7 +216,7 @@ struct Twin {
               ++*total;
               if (off + rb > g.size() || std::memcmp(g.data() + off, src + size_t(i) * rb, rb) != 0) ++bad;
             }
-            if (quant && kv == 0 && h == 0 && r.scale) {  // token-scaled keys: ν of the run's positions, once per layer
+            if (r.kind == KvCache::RunKind::Quant && kv == 0 && h == 0 && r.scale) {  // ν of the run, once per layer
               const std::vector<float> nu = gpu.download_scales(gs, l, r.pos0, r.n);
               for (int i = 0; i < r.n; ++i, ++*total)
                 if (std::memcmp(&nu[size_t(i)], &r.scale[i], sizeof(float)) != 0) ++bad;
