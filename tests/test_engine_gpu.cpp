@@ -71,7 +71,9 @@ TEST(EngineGpu, AMixedStepOfDecodeAndPrefillChunksGivesEachSequenceItsLogitsAlon
       GpuModel g(m, cc, 256, 1);
       alone.push_back(feed(g, g.new_sequence(), c, {20}));
     }
-    GpuModel g(m, cc, 256, 3);
+    CacheConfig mixed = cc;  // the mixed step is 53 rows: the runner's activations hold max(chunk, seqs) rows
+    mixed.max_chunk = 64;
+    GpuModel g(m, mixed, 256, 3);
     const int sa = g.new_sequence(), sb = g.new_sequence(), sc = g.new_sequence();
     feed(g, sa, a, {32, 32, 32, 4});
     feed(g, sb, b, {32, 8});
