@@ -131,7 +131,7 @@ struct TqValueRows {
     const uint8_t* r = static_cast<const uint8_t*>(p);
     float s, mn;
     params(r, &s, &mn);
-    return tq::value_dequant(float(code_of<BITS>(r, c)), s, mn);
+    return min_scale_value(float(code_of<BITS>(r, c)), s, mn);
   }
 
   // Values c0 .. c0 + 3 (c0 a multiple of 4): bits [b c0, b c0 + 4b) of the row, one 16-bit (b = 4, 3) or 8-bit load.
@@ -149,7 +149,7 @@ struct TqValueRows {
       v = (uint32_t(r[bit / 8]) | uint32_t(r[bit / 8 + 1]) << 8) >> (bit % 8);
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = tq::value_dequant(float((v >> (BITS * i)) & ((1u << BITS) - 1u)), s, mn);
+    for (int i = 0; i < 4; ++i) out[i] = min_scale_value(float((v >> (BITS * i)) & ((1u << BITS) - 1u)), s, mn);
   }
 
   // Demotion of one bf16 ring row src into the page row dst by the warp: min and max with the CPU's first-index tie
@@ -169,7 +169,7 @@ struct TqValueRows {
     warp_argmax(hi, ihi);
     const float s = tq::value_scale(lo, hi, BITS);
     __syncwarp();
-    for (int i = lane; i < kHeadDim; i += 32) sh.codes[i] = tq::value_code(sh.x[i], lo, s, BITS);
+    for (int i = lane; i < kHeadDim; i += 32) sh.codes[i] = min_scale_code(sh.x[i], lo, s, BITS);
     __syncwarp();
     for (int j = lane; j < kCodeBytes; j += 32) dst[j] = tq::pack_byte(sh.codes, j, BITS);
     if (lane == 0) {

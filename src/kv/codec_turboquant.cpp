@@ -175,7 +175,7 @@ void TqValueCodec::encode(const float* v, uint8_t* block) const {
   }
   const float s = tq::value_scale(mn, mx, bits_);
   uint8_t code[256];
-  for (int i = 0; i < d_; ++i) code[i] = tq::value_code(v[i], mn, s, bits_);
+  for (int i = 0; i < d_; ++i) code[i] = min_scale_code(v[i], mn, s, bits_);
   tq::pack(code, d_, bits_, block);
   uint8_t* params = block + tq::codes_bytes(d_, bits_);
   store_u16(params, f32_to_fp16(s));
@@ -185,7 +185,7 @@ void TqValueCodec::encode(const float* v, uint8_t* block) const {
 void TqValueCodec::decode(const uint8_t* block, float* x) const {
   const uint8_t* params = block + tq::codes_bytes(d_, bits_);
   const float s = fp16_to_f32(load_u16(params)), mn = fp16_to_f32(load_u16(params + 2));
-  for (int i = 0; i < d_; ++i) x[i] = tq::value_dequant(float(tq::unpack(block, i, bits_)), s, mn);
+  for (int i = 0; i < d_; ++i) x[i] = min_scale_value(float(tq::unpack(block, i, bits_)), s, mn);
 }
 
 void TqValueCodec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const {

@@ -19,7 +19,7 @@
 // vLLM's store kernel does (Triton's fp32 -> float8e4nv cast, cvt.rn.satfinite on sm_89+). PyTorch's eager
 // tensor.to(torch.float8_e4m3fn) does not saturate (|x| > 464 becomes NaN); a KV cache must not make NaNs.
 //
-// Values (tqv2 / tqv3 / tqv4), per row over all d values, no clip, no rotation:
+// Values (tqv2 / tqv3 / tqv4), per row over all d values, no clip, no rotation (kv/min_scale_quant.h's grid):
 //   mn, mx = min, max (fp32);  s = (mx - mn) / (2^b - 1), then s = 1e-8 unless s > 1e-8
 //   code_i = clamp(floor((v_i - mn) / s + 0.5), 0, 2^b - 1)       with the fp32 s and mn
 //   row = codes packed as below, then fp16(s), fp16(mn):      TqValueRow<d, b>: d·b/8 + 4 bytes (d = 128: 68 / 52 / 36)
@@ -39,6 +39,7 @@
 
 #include "common/half.h"
 #include "common/hd.h"
+#include "kv/min_scale_quant.h"
 
 namespace kvq::tq {
 
@@ -147,20 +148,9 @@ KVQ_HD inline float centroid_norm(float sum_sq) { return sqrt_rn(exact::add(sum_
 
 // --- Values.
 
-KVQ_HD inline float value_levels(int bits) { return float((1 << bits) - 1); }
-// s = (mx - mn) / (2^b - 1), floored at 1e-8 (a constant row: every code 0, v̂ = fp16(mn)).
-KVQ_HD inline float value_scale(float mn, float mx, int bits) {
-  const float s = exact::div(exact::sub(mx, mn), value_levels(bits));
-  return s > 1e-8f ? s : 1e-8f;
-}
-// clamp(floor((v - mn) / s + 0.5), 0, 2^b - 1) with the fp32 s and mn.
-KVQ_HD inline uint8_t value_code(float v, float mn, float s, int bits) {
-  const float c = exact::floor(exact::add(exact::div(exact::sub(v, mn), s), 0.5f));
-  const float top = value_levels(bits);
-  return uint8_t(c >= 0.f ? (c < top ? c : top) : 0.f);  // NaN (a non-finite row): 0
-}
-// v̂ = code · s + mn, s and mn the stored fp16 values as floats.
-KVQ_HD inline float value_dequant(float code, float s16, float mn16) { return exact::add(exact::mul(code, s16), mn16); }
+// The min / scale grid of kv/min_scale_quant.h with TurboQuant's least scale.
+constexpr float kValueEps = 1e-8f;
+KVQ_HD inline float value_scale(float mn, float mx, int bits) { return min_scale_step(mn, mx, bits, kValueEps); }
 
 // --- FP8 e4m3fn (header comment: round to nearest even, saturating, NaN -> 0x7f).
 
