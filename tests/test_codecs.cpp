@@ -444,7 +444,10 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       EXPECT_NE(msg.find("head_dim " + std::to_string(c.s.head_dim)), std::string::npos) << msg;
       EXPECT_NE(msg.find("group " + std::to_string(c.s.group)), std::string::npos) << msg;
       EXPECT_NE(msg.find(c.must_mention), std::string::npos) << msg;
-      EXPECT_NE(msg.find("supported: f32, bf16; int8, int4, int2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("supported: f32, bf16, f16; q8_0, q5_0, q4_1, q4_0, iq4_nl (llama.cpp's blocks of 32 values); "
+                         "int8, int4, int2"),
+                std::string::npos)
+          << msg;
     }
   }
   // kivi keys: G tokens need not divide head_dim; kivi values do
@@ -453,7 +456,8 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
 }
 
 // The codec table: names and aliases resolve to their row, every row builds a CPU codec whose stored bits match
-// the row's code bits (+ 32 / G for grouped codecs), and the flags' defaults come from the row.
+// the row's code bits (+ 32 / G for grouped codecs; the fixed bits of llama.cpp's block types), and the flags'
+// defaults come from the row.
 TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
   ASSERT_FALSE(codec_table().empty());
   for (const CodecTraits& t : codec_table()) {
@@ -469,7 +473,7 @@ TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
       for (const CodecSpec& s : {k, v}) {
         const auto codec = make_codec(s);
         EXPECT_EQ(codec->name(), t.name);
-        const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0);
+        const double want = t.fixed_bits > 0.f ? double(t.fixed_bits) : t.code_bits + (t.grouped ? 32.0 / g : 0.0);
         EXPECT_DOUBLE_EQ(codec->bits_per_element(), want) << t.name << " G " << g << (s.per_channel ? " keys" : "");
       }
     }

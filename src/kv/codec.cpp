@@ -48,13 +48,15 @@ namespace {
 
 std::string per_channel_names() { return codec_names_if([](const CodecTraits& t) { return t.per_channel_keys; }); }
 
-// "f32, bf16; int8, int4, int2 (per token, ...); kivi2, kivi4 (...)": the table's rows by key layout, then the shapes.
+// "f32, bf16, f16; q8_0, ... (blocks of 32); int8, int4, int2 (per token, ...); kivi2, kivi4 (...)": the table's rows by
+// layout, then the shapes.
 std::string supported_list() {
   return fmt::format(
-      "supported: {}; {} (per token, group 32, 64 or 128 dividing head_dim); {} (per_channel keys: group = 32, 64 or "
-      "128 tokens; values: per-token rows, group 32, 64 or 128 dividing head_dim); head_dim a multiple of 32 up to "
-      "{}; clip in (0, 1]",
-      codec_names_if([](const CodecTraits& t) { return !t.grouped; }),
+      "supported: {}; {} (llama.cpp's blocks of 32 values); {} (per token, group 32, 64 or 128 dividing head_dim); {} "
+      "(per_channel keys: group = 32, 64 or 128 tokens; values: per-token rows, group 32, 64 or 128 dividing "
+      "head_dim); head_dim a multiple of 32 up to {}; clip in (0, 1]",
+      codec_names_if([](const CodecTraits& t) { return !t.grouped && t.fixed_bits == 0.f; }),
+      codec_names_if([](const CodecTraits& t) { return t.fixed_bits > 0.f; }),
       codec_names_if([](const CodecTraits& t) { return t.grouped && !t.per_channel_keys; }), per_channel_names(),
       kCpuMaxHeadDim);
 }

@@ -7,6 +7,9 @@
 
 namespace kvq {
 
-enum class CodecId : uint8_t { kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4 };
+enum class CodecId : uint8_t {
+  kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4,
+  kF16, kQ8_0, kQ5_0, kQ4_1, kQ4_0, kIq4Nl,  // llama.cpp's cache types (kv/codec_f16.h, kv/codec_llamacpp.h)
+};
 
 }  // namespace kvq

@@ -4,9 +4,11 @@
 
 #include "common/error.h"
 #include "kv/codec_bf16.h"
+#include "kv/codec_f16.h"
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_llamacpp.h"
 
 namespace kvq {
 
@@ -26,9 +28,16 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   if (s.per_channel) return std::make_unique<KiviKeyCodec>(s.head_dim, s.group, bits, s.clip, level);
   return make_int(s, level);
 }
+std::unique_ptr<KvCodec> make_f16(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<F16Codec>(s.head_dim, level);
+}
+std::unique_ptr<KvCodec> make_llamacpp(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<LlamaCppCodec>(codec_traits(s.type).id, s.head_dim, level);
+}
 
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
+constexpr std::string_view kF16Aliases[] = {"fp16", "float16"};
 
 // clang-format off
 // id            name     aliases       summary                                                              bits grouped clip   clip_k clip_v per_ch transform fq    factory
@@ -40,6 +49,14 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
+  // llama.cpp's -ctk / -ctv types (docs/research/llamacpp-kv.md): f16 rows; blocks of 32 values with an fp16 scale,
+  // bit-exact to its reference quantizers, rotated by its attn_rot (the last column: bits per element stored).
+  CodecTraits{CodecId::kF16,   "f16",   kF16Aliases,  "IEEE half rows (llama.cpp's default cache type)",                16, false, false, 1.0f,  1.0f,  false, "none", false, make_f16},
+  CodecTraits{CodecId::kQ8_0,  "q8_0",  {},           "llama.cpp q8_0: blocks of 32, fp16 absmax scale, 8-bit codes",   8,  false, false, 1.0f,  1.0f,  false, "attn_rot", false, make_llamacpp, 8.5f},
+  CodecTraits{CodecId::kQ5_0,  "q5_0",  {},           "llama.cpp q5_0: blocks of 32, fp16 absmax scale, 5-bit codes",   5,  false, false, 1.0f,  1.0f,  false, "attn_rot", false, make_llamacpp, 5.5f},
+  CodecTraits{CodecId::kQ4_1,  "q4_1",  {},           "llama.cpp q4_1: blocks of 32, fp16 scale and min, 4-bit codes",  4,  false, false, 1.0f,  1.0f,  false, "attn_rot", false, make_llamacpp, 5.0f},
+  CodecTraits{CodecId::kQ4_0,  "q4_0",  {},           "llama.cpp q4_0: blocks of 32, fp16 absmax scale, 4-bit codes",   4,  false, false, 1.0f,  1.0f,  false, "attn_rot", false, make_llamacpp, 4.5f},
+  CodecTraits{CodecId::kIq4Nl, "iq4_nl", {},          "llama.cpp iq4_nl: blocks of 32, fp16 scale, 4-bit table codes",  4,  false, false, 1.0f,  1.0f,  false, "attn_rot", false, make_llamacpp, 4.5f},
 };
 // clang-format on
 

@@ -33,11 +33,15 @@ struct CodecTraits {
   bool takes_clip;                          // the quantile clip of METHODS §1 applies (--kv-clip-k / --kv-clip-v)
   float default_clip_k, default_clip_v;     // defaults when not given (1.0 = plain min/max)
   bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI); values per token
-  std::string_view transform;               // the key/value transform the codec implies ("none": only --rotation)
+  std::string_view transform;               // the key/value transform the codec implies: "none" (only --rotation),
+                                            // "attn_rot" (llama.cpp's KV rotation, rotation/attn_rot.h)
   bool fake_quant;                          // calibration's straight-through quantizer (calib/ste_quant.h) models
                                             // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
   // CPU factory for a validated spec (make_codec validates, then calls this).
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
+  // Bits per element of a format of fixed blocks that carry their own scale (llama.cpp's q4_0: 4.5, 32 values per
+  // block whatever --kv-group says); 0: code_bits, plus 32 / G when grouped.
+  float fixed_bits = 0.f;
 };
 
 // The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
