@@ -4,7 +4,9 @@
 // for byte, what llama.cpp's own quantize_row_*_ref wrote for the same inputs (tests/golden/llamacpp_kv_blocks.*),
 // and its decode the floats of llama.cpp's dequantize_row_*. Fast scores / accumulate against their scalar twins at
 // every SIMD level: the table-driven AnyCodec tests of test_codecs.cpp, which take these rows from the codec table.
+// Then llama.cpp's KV rotation (attn_rot): when it is on, and its matrices.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -19,6 +21,8 @@
 #include "kv/codec_registry.h"
 #include "kv/llamacpp_blocks.h"
 #include "model/safetensors.h"
+#include "rotation/attn_rot.h"
+#include "rotation/hadamard.h"
 
 using namespace kvq;
 using namespace kvq::llamacpp;
@@ -402,4 +406,79 @@ TEST(LlamaCppTypes, F16RowsAreLlamaCppsFp16Bits) {
     c->encode(xb, got);
     ASSERT_EQ(std::memcmp(got, want + size_t(b) * 64, 64), 0) << "block " << b;
   }
+}
+
+// llama.cpp's KV rotation (rotation/attn_rot.h; docs/research/llamacpp-kv.md §3.2, §3.4).
+TEST(AttnRot, SizesAreLlamaCppsLargestPowerOfTwoForKeysAnd64ForValues) {
+  EXPECT_EQ(attn_rot_k_size(64), 64);
+  EXPECT_EQ(attn_rot_k_size(128), 128);
+  EXPECT_EQ(attn_rot_k_size(256), 256);
+  EXPECT_EQ(attn_rot_k_size(192), 64);
+  EXPECT_EQ(attn_rot_k_size(320), 64);
+  EXPECT_EQ(attn_rot_k_size(96), 0);
+  EXPECT_EQ(attn_rot_k_size(32), 0);
+}
+
+TEST(AttnRot, OnForKeysAndValuesIndependentlyWhenTheirTypeIsALlamaCppBlockType) {
+  auto cache = [](const char* k, const char* v) {
+    CacheConfig c;
+    c.k = codec_spec(k, true, 128, 0.f);
+    c.v = codec_spec(v, false, 128, 0.f);
+    return c;
+  };
+  struct Case { const char* k; const char* v; int d, n_k, n_v; };
+  for (const Case& c : {Case{"q4_0", "q4_0", 128, 128, 64}, Case{"q8_0", "f16", 128, 128, 0},
+                        Case{"f16", "iq4_nl", 128, 0, 64}, Case{"bf16", "q4_1", 64, 0, 64},
+                        Case{"q5_0", "q5_0", 256, 256, 64}, Case{"q4_0", "q4_0", 192, 64, 64},
+                        Case{"q4_0", "q4_0", 96, 0, 0}, Case{"f16", "f16", 128, 0, 0}, Case{"int4", "int4", 128, 0, 0},
+                        Case{"q8_0", "int4", 128, 128, 0}}) {
+    const AttnRot r = attn_rot_for(cache(c.k, c.v), c.d);
+    EXPECT_EQ(r.n_k, c.n_k) << c.k << "/" << c.v << " d " << c.d;
+    EXPECT_EQ(r.n_v, c.n_v) << c.k << "/" << c.v << " d " << c.d;
+  }
+  EXPECT_EQ(attn_rot_for(cache("q4_0", "q4_0"), 128).describe(), "k H_128, v H_64 (2 blocks per head)");
+  EXPECT_EQ(attn_rot_for(cache("f16", "f16"), 128).describe(), "off");
+}
+
+// The matrices are llama.cpp's: H_n[i][j] = (−1)^popcount(i & j) / √n (ggml_gen_hadamard's doubling), the same for
+// every layer and head, block-diagonal inside a head for V; applied to a row they equal the fast Walsh–Hadamard
+// transform llama.cpp's CPU backend runs on each n-slice; and each is its own inverse, so outputs() undoes values().
+TEST(AttnRot, TransformIsBlockDiagonalSylvesterHadamardEqualToTheFwhtAndSelfInverse) {
+  const int L = 2, H = 2, d = 128;
+  AttnRot rot;
+  rot.head_dim = d, rot.n_k = 128, rot.n_v = 64;
+  const KvTransform t = attn_rot_transform(rot, L, H, d);
+  EXPECT_EQ(t.name, "attn_rot");
+  EXPECT_TRUE(t.key_mean.empty());
+  ASSERT_EQ(t.r_k.size(), size_t(L) * H * d * d);
+  ASSERT_EQ(t.r_v.size(), size_t(L) * H * d * d);
+  for (int m = 0; m < L * H; ++m)
+    for (int i = 0; i < d; ++i)
+      for (int j = 0; j < d; ++j) {
+        const float sk = (std::popcount(unsigned(i & j)) & 1) ? -1.f : 1.f;
+        ASSERT_EQ(t.r_k[(size_t(m) * d + i) * d + j], float(sk / std::sqrt(128.0))) << i << "," << j;
+        const bool same_block = i / 64 == j / 64;
+        const float sv = (std::popcount(unsigned(i % 64 & j % 64)) & 1) ? -1.f : 1.f;
+        ASSERT_EQ(t.r_v[(size_t(m) * d + i) * d + j], same_block ? float(sv / 8.0) : 0.f) << i << "," << j;
+      }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> k(size_t(3) * H * d), v(k.size());
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  std::vector<float> k_rot = k, v_rot = v, k_fwht = k, v_fwht = v;
+  t.keys(1, 3, k_rot.data());
+  t.values(1, 3, v_rot.data());
+  fwht_rows(k_fwht.data(), 3 * H, 128);    // per head
+  fwht_rows(v_fwht.data(), 3 * H * 2, 64);  // per 64-slice of a head
+  for (size_t i = 0; i < k.size(); ++i) {
+    ASSERT_NEAR(k_rot[i], k_fwht[i], 1e-5f) << i;
+    ASSERT_NEAR(v_rot[i], v_fwht[i], 1e-5f) << i;
+  }
+  std::vector<float> back = v_rot;
+  t.outputs(1, 3, H, back.data());  // n_heads = n_kv_heads here: each output row is its value row
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_NEAR(back[i], v[i], 1e-5f) << i;
+  rot.n_v = 0;
+  EXPECT_EQ(attn_rot_transform(rot, L, H, d).name, "attn_rot_k");
+  EXPECT_TRUE(attn_rot_transform(rot, L, H, d).r_v.empty());
 }

@@ -1,9 +1,11 @@
 #include "cli/options.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 #ifdef KVQ_HAVE_CUDA
@@ -72,6 +74,12 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "
                   "kvq calibrate");
+  cmd->add_option("--attn-rot", o.attn_rot,
+                  "llama.cpp's KV rotation, implied by its cache types (" +
+                      codec_names_if([](const CodecTraits& t) { return t.transform == "attn_rot"; }) +
+                      "): auto (as llama.cpp: keys when -ctk is one, values when -ctv is one, head_dim % 64 == 0) or "
+                      "off (as llama.cpp's LLAMA_ATTN_ROT_DISABLE=1, which kvq also honours); default auto")
+      ->check(CLI::IsMember({"auto", "off"}));
 }
 
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o) {
@@ -110,6 +118,36 @@ void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim)
   const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);
 #endif
+}
+
+// llama.cpp's KV rotation for this cache (rotation/attn_rot.h): what its types imply unless --attn-rot off or
+// llama.cpp's own switch LLAMA_ATTN_ROT_DISABLE (read once here, as llama.cpp reads it once per cache) says off.
+// An explicit --rotation with a type that implies it is an error (never a silent override). Logs the decision whenever
+// a type implies it, as llama.cpp logs attn_rot_k / attn_rot_v.
+AttnRot attn_rot_plan(const CacheOptions& c, const CacheConfig& cache, int head_dim) {
+  const AttnRot implied = attn_rot_for(cache, head_dim);
+  const char* env = std::getenv("LLAMA_ATTN_ROT_DISABLE");
+  const bool env_off = env != nullptr && std::atoi(env) != 0;
+  KVQ_CHECK(!(env_off && c.attn_rot == "auto"),
+            "--attn-rot auto conflicts with LLAMA_ATTN_ROT_DISABLE={} in the environment (llama.cpp's switch, which "
+            "kvq honours): unset it or drop --attn-rot auto",
+            env);
+  const bool off = c.attn_rot == "off" || env_off;
+  KVQ_CHECK(off || !implied.on() || c.rotation == "none",
+            "--rotation {}: the cache types (k={}, v={}) imply llama.cpp's KV rotation (attn_rot: {}); give "
+            "--attn-rot off to use --rotation instead",
+            c.rotation, cache.k.type, cache.v.type, implied.describe());
+  const bool implies = codec_traits(cache.k.type).transform == "attn_rot" ||
+                       codec_traits(cache.v.type).transform == "attn_rot";
+  if (implies) {
+    if (off)
+      std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation) off: %s\n",
+                   c.attn_rot == "off" ? "--attn-rot off" : "LLAMA_ATTN_ROT_DISABLE in the environment");
+    else
+      std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation): %s (head_dim %d; --attn-rot off disables)\n",
+                   implied.describe().c_str(), head_dim);
+  }
+  return off ? AttnRot{} : implied;
 }
 
 }  // namespace
@@ -165,7 +203,9 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   // --device cuda without a device or with a CPU-only cache: refused before any work.
   check_device(m, p.cache, p.model.head_dim);
   const ModelConfig& mc = p.model;
-  if (c.rotation == "hadamard") {
+  if (const AttnRot ar = attn_rot_plan(c, p.cache, mc.head_dim); ar.on()) {
+    p.cache.transform = std::make_shared<KvTransform>(attn_rot_transform(ar, mc.n_layers, mc.n_kv_heads, mc.head_dim));
+  } else if (c.rotation == "hadamard") {
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
               mc.head_dim);
     p.cache.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
