@@ -189,6 +189,8 @@ struct BenchAttentionOptions {
 void bench_attention_device(const BenchAttentionOptions& o) {
   KVQ_CHECK(o.cache.rotation == "none",
             "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
+  KVQ_CHECK(o.cache.attn_rot.empty(),
+            "bench attention: --attn-rot does not apply (random rows; the query rotation is once per step)");
   GpuAttentionBench g;
   g.cache = o.cache.config();
   g.batches = o.batch_list.empty() ? std::vector<int>{1, 8, 32, 64} : o.batch_list;
@@ -338,6 +340,8 @@ void bench_attention(const BenchAttentionOptions& o) {
             "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
   KVQ_CHECK(o.cache.rotation == "none",
             "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
+  KVQ_CHECK(o.cache.attn_rot.empty(),
+            "bench attention: --attn-rot does not apply (random rows; the query rotation is once per step)");
   KvCache probe(o.cache.config(), 1, o.kv_heads, o.head_dim, 1);  // unsupported cache settings fail before work
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);

@@ -40,7 +40,7 @@ constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
 constexpr std::string_view kF16Aliases[] = {"fp16", "float16"};
 
 // clang-format off
-// id            name     aliases       summary                                                              bits grouped clip   clip_k clip_v per_ch transform fq    factory
+// id            name     aliases       summary                                                              bits grouped clip   clip_k clip_v per_ch transform fq    factory [fixed_bits]
 constexpr std::array kTable{
   CodecTraits{CodecId::kF32,   "f32",   kF32Aliases,  "float32 rows, lossless (reference cache)",                       32, false, false, 1.0f,  1.0f,  false, "none", false, make_f32},
   CodecTraits{CodecId::kBf16,  "bf16",  kBf16Aliases, "bfloat16 rows",                                                  16, false, false, 1.0f,  1.0f,  false, "none", false, make_bf16},
@@ -91,7 +91,9 @@ const CodecTraits& codec_traits(std::string_view name) {
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) {
   const CodecTraits& t = codec_traits(type);
   KVQ_CHECK(clip <= 0 || t.takes_clip, "--kv-clip-{}: cache type '{}' takes no clip ({})", is_key ? "k" : "v", t.name,
-            t.grouped ? "it is plain min/max" : "it stores unquantized rows");
+            t.grouped            ? "it is plain min/max"
+            : t.fixed_bits > 0.f ? "its blocks keep llama.cpp's own scales"
+                                 : "it stores unquantized rows");
   CodecSpec s;
   s.type = std::string(t.name);
   s.group = group;
