@@ -2,7 +2,7 @@
 // llama.cpp's own ppl on the same tokens, two eval domains (tests/golden/llamacpp_ppl.json; the llama.cpp commit,
 // command lines and what is scored: tests/golden/llamacpp_ppl.README.md). Short windows keep it fast: models/ref,
 // one window of 512 tokens per domain, every next-token prediction scored, no sink / recent windows (llama.cpp's
-// cache has none).
+// cache has none): what `kvq ppl -c 512 --chunks 1 -ctk T -ctv T --kv-sink 0 --kv-recent 0 [--attn-rot off]` scores.
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -29,6 +29,8 @@ namespace {
 
 const std::string kSrc = KVQ_SOURCE_DIR;
 
+class LlamaCppPpl : public ::testing::TestWithParam<const char*> {};
+
 const nlohmann::json& golden() {
   static const nlohmann::json j = [] {
     std::ifstream f(kSrc + "/tests/golden/llamacpp_ppl.json");
@@ -42,28 +44,25 @@ Model& model() {
   return *m;
 }
 
-// The first ctx · windows ids of a domain's eval text as kvq ppl tokenizes it (the file's first 40000 characters
-// tokenize to the same leading ids as the whole file), checked against the sha256 of the ids llama.cpp scored.
-const std::vector<int32_t>& ids(const std::string& domain) {
-  static std::map<std::string, std::vector<int32_t>> cache;
-  auto it = cache.find(domain);
-  if (it != cache.end()) return it->second;
-  const nlohmann::json& d = golden().at("domains").at(domain);
-  const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
+// The first ctx · windows ids of a domain's eval text as kvq ppl tokenizes it (the file's first 5 characters per id
+// needed tokenize to the same leading ids as the whole file), checked against the sha256 of the ids llama.cpp scored.
+std::vector<int32_t> ids(const nlohmann::json& protocol, const std::string& domain) {
+  const nlohmann::json& d = protocol.at("domains").at(domain);
+  const size_t n = size_t(protocol.at("ctx").get<int>()) * protocol.at("windows").get<int>();
+  static const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
   std::ifstream f(kSrc + "/" + d.at("file").get<std::string>(), std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
-  std::vector<int32_t> v = tok.encode(ss.str().substr(0, 40000));
-  const size_t n = size_t(golden().at("ctx").get<int>()) * golden().at("windows").get<int>();
+  std::vector<int32_t> v = tok.encode(ss.str().substr(0, 5 * n + 20000));
   EXPECT_GT(v.size(), n + 64) << domain;
   v.resize(n);
   Sha256 h;
   h.update(v.data(), v.size() * sizeof(int32_t));  // little-endian int32, as llama.cpp's llama_token
   EXPECT_EQ(h.hex_digest(), d.at("ids_sha256").get<std::string>()) << domain << ": not the tokens llama.cpp scored";
-  return cache[domain] = std::move(v);
+  return v;
 }
 
-double kvq_ppl(const std::string& domain, const std::string& type, bool attn_rot) {
+double kvq_ppl(const nlohmann::json& protocol, const std::vector<int32_t>& ids, const std::string& type, bool attn_rot) {
   CacheConfig c;
   c.k = codec_spec(type, true, kDefaultGroup, 0.f);
   c.v = codec_spec(type, false, kDefaultGroup, 0.f);
@@ -71,32 +70,44 @@ double kvq_ppl(const std::string& domain, const std::string& type, bool attn_rot
   const ModelConfig& mc = model().config();
   if (const AttnRot r = attn_rot_for(c, mc.head_dim); attn_rot && r.on())
     c.transform = std::make_shared<KvTransform>(attn_rot_transform(r, mc.n_layers, mc.n_kv_heads, mc.head_dim));
-  return perplexity(model(), c, ids(domain), golden().at("ctx").get<int>(), golden().at("windows").get<int>()).ppl();
+  return perplexity(model(), c, ids, protocol.at("ctx").get<int>(), protocol.at("windows").get<int>()).ppl();
 }
 
-class LlamaCppPpl : public ::testing::TestWithParam<std::string> {};
-
-}  // namespace
-
-// Budget: 0.1% relative wherever the two engines do the same arithmetic up to float rounding (16-bit caches, and
-// q8_0 with its 8-bit query); the runs' own "tolerance" field says otherwise and why (README).
-TEST_P(LlamaCppPpl, KvqPerplexityMatchesLlamaCppsOnTheSameTokens) {
-  const std::string type = GetParam();
+// Every run of one type in a protocol: kvq's ppl within the run's tolerance of llama.cpp's.
+void check_type(const std::string& protocol_name, const std::string& type) {
+  const nlohmann::json& p = golden().at("protocols").at(protocol_name);
+  std::map<std::string, std::vector<int32_t>> tokens;
   int checked = 0;
-  for (const nlohmann::json& r : golden().at("runs")) {
+  for (const nlohmann::json& r : p.at("runs")) {
     if (r.at("type") != type) continue;
     const std::string domain = r.at("domain");
+    if (!tokens.count(domain)) tokens[domain] = ids(p, domain);
     const bool rot = r.at("attn_rot");
-    const double want = r.at("ppl"), tol = r.value("tolerance", 0.001);
-    const double got = kvq_ppl(domain, type, rot);
-    std::printf("%s %s attn_rot %s: kvq %.4f llama.cpp %.4f (%+.3f%%, budget %.2f%%)\n", domain.c_str(), type.c_str(),
-                rot ? "on" : "off", got, want, 100 * (got / want - 1), 100 * tol);
+    const double want = r.at("ppl"), tol = r.at("tolerance");
+    const double got = kvq_ppl(p, tokens[domain], type, rot);
+    std::printf("%s %s %s attn_rot %s: kvq %.4f llama.cpp %.4f (%+.3f%%, budget %.2f%%)\n", protocol_name.c_str(),
+                domain.c_str(), type.c_str(), rot ? "on" : "off", got, want, 100 * (got / want - 1), 100 * tol);
     EXPECT_NEAR(got / want, 1.0, tol) << domain << " " << type << " attn_rot " << rot;
     ++checked;
   }
-  EXPECT_GE(checked, 2) << type;
+  EXPECT_GE(checked, 1) << type;
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, LlamaCppPpl,
-                         ::testing::Values("f16", "bf16", "q8_0", "q5_0", "q4_1", "q4_0", "iq4_nl"),
-                         [](const auto& info) { return info.param; });
+const char* const kTypes[] = {"f16", "bf16", "q8_0", "q5_0", "q4_1", "q4_0", "iq4_nl"};
+
+}  // namespace
+
+// The budgets (each run's "tolerance"; README): 0.1% for the 16-bit caches; q8_0 0.25% and the 4-5 bit types 1.5%,
+// the measured floor of a 511-token window: exact invariances at float-rounding scale already move kvq's own ppl by
+// up to 0.06% (q8_0) and 0.4% (4-5 bits), because a code that flips in one layer changes what the next layers quantize.
+TEST_P(LlamaCppPpl, KvqPerplexityMatchesLlamaCppsOnTheSameTokens) { check_type("short", GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Types, LlamaCppPpl, ::testing::ValuesIn(kTypes), [](const auto& info) {
+  return std::string(info.param);
+});
+
+// The long protocol (python, 4 windows of 2048 tokens: 8,188 predictions, the figures of docs/research/llamacpp-kv.md
+// §4): tighter budgets, too slow for CI (minutes); run with --gtest_also_run_disabled_tests.
+TEST(LlamaCppPplLong, DISABLED_KvqPerplexityMatchesLlamaCppsOverFourWindowsOf2048) {
+  for (const char* t : kTypes) check_type("long", t);
+}
