@@ -116,12 +116,17 @@ std::vector<CodecSpec> quantized_specs() {
   return v;
 }
 
-// The quantized specs, and every unquantized codec of the table at several head_dims.
+// The quantized specs, and every codec of the table without --kv-group groups (unquantized rows, and the formats
+// with their own groups: OScaR, keys too) at several head_dims (the powers of two for a codec that needs one).
 std::vector<CodecSpec> all_specs() {
   std::vector<CodecSpec> v = quantized_specs();
   for (const CodecTraits& t : codec_table())
     if (!t.grouped)
-      for (int d : {64, 96, 128, 256}) v.push_back(spec(std::string(t.name), d, 128));
+      for (int d : {64, 96, 128, 256}) {
+        if (t.pow2_head_dim && (d & (d - 1)) != 0) continue;
+        v.push_back(spec(std::string(t.name), d, 128));
+        if (t.per_channel_keys) v.push_back(spec(std::string(t.name), d, 128, 1.f, true));
+      }
   return v;
 }
 
@@ -433,6 +438,8 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       {spec("int2", 128, 128, NAN), "clip"},
       {spec("int2", 128, 128, 1.f, true), "per_channel is only for kivi"},
       {spec("kivi2", 128, 256, 1.f, true), "group must be 32, 64 or 128"},
+      {spec("nexusquant", 96, 128), "power-of-two head_dim"},
+      {spec("e8_2", 160, 128), "power-of-two head_dim"},
   };
   for (const Case& c : cases) {
     try {
@@ -444,10 +451,8 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       EXPECT_NE(msg.find("head_dim " + std::to_string(c.s.head_dim)), std::string::npos) << msg;
       EXPECT_NE(msg.find("group " + std::to_string(c.s.group)), std::string::npos) << msg;
       EXPECT_NE(msg.find(c.must_mention), std::string::npos) << msg;
-      EXPECT_NE(msg.find("supported: f32, bf16, f16; q8_0, q5_0, q4_1, q4_0, iq4_nl (llama.cpp's blocks of 32 values); "
-                         "int8, int4, int2"),
-                std::string::npos)
-          << msg;
+      EXPECT_NE(msg.find("supported: f32, bf16, f16; int8, int4, int2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("q8_0, q5_0, q4_1, q4_0, iq4_nl (their own groups or blocks"), std::string::npos) << msg;
     }
   }
   // kivi keys: G tokens need not divide head_dim; kivi values do
@@ -456,7 +461,9 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
 }
 
 // The codec table: names and aliases resolve to their row, every row builds a CPU codec whose stored bits match
-// the row's code bits (+ 32 / G for grouped codecs; the fixed bits of llama.cpp's block types), and the flags'
+// the row's code bits (+ 32 / G for grouped codecs, + its per-row parameters; a format with its own fixed blocks
+// stores its code bits plus less than one bit of metadata, its exact bytes tested in its own file: llama.cpp's in
+// test_llamacpp_types.cpp), and the flags'
 // defaults come from the row.
 TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
   ASSERT_FALSE(codec_table().empty());
@@ -468,13 +475,20 @@ TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
       const CodecSpec k = codec_spec(t.name, true, g, 0.f), v = codec_spec(t.name, false, g, 0.f);
       EXPECT_EQ(k.per_channel, t.per_channel_keys) << t.name;
       EXPECT_FALSE(v.per_channel) << t.name;
+      EXPECT_EQ(k.token_scale, t.token_scale_keys) << t.name;
+      EXPECT_FALSE(v.token_scale) << t.name;
       EXPECT_EQ(k.clip, t.default_clip_k) << t.name;
       EXPECT_EQ(v.clip, t.default_clip_v) << t.name;
       for (const CodecSpec& s : {k, v}) {
         const auto codec = make_codec(s);
         EXPECT_EQ(codec->name(), t.name);
-        const double want = t.fixed_bits > 0.f ? double(t.fixed_bits) : t.code_bits + (t.grouped ? 32.0 / g : 0.0);
-        EXPECT_DOUBLE_EQ(codec->bits_per_element(), want) << t.name << " G " << g << (s.per_channel ? " keys" : "");
+        const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0) + 8.0 * t.row_bytes / s.head_dim;
+        if (fixed_format(t) && t.row_bytes == 0) {  // its own blocks: its own test holds its bytes to METHODS
+          EXPECT_GE(codec->bits_per_element(), want) << t.name << (s.per_channel ? " keys" : "");  // (OScaR, Kitty)
+          EXPECT_LT(codec->bits_per_element(), want + 1.1) << t.name << (s.per_channel ? " keys" : "");
+        } else {
+          EXPECT_DOUBLE_EQ(codec->bits_per_element(), want) << t.name << " G " << g << (s.per_channel ? " keys" : "");
+        }
       }
     }
   }

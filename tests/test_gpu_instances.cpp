@@ -42,7 +42,8 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
     EXPECT_EQ(v.id, r.v);
     EXPECT_NE(r.k, CodecId::kF32);  // the GPU stores no f32 rows
     EXPECT_NE(r.v, CodecId::kF32);
-    EXPECT_FALSE(v.per_channel_keys) << v.name << ": values are per-token rows (KIVI values are int rows)";
+    // values are per-token rows: KIVI's are int rows; a format with its own groups (OScaR) names its own rows
+    EXPECT_TRUE(!v.per_channel_keys || fixed_format(v)) << v.name;
     EXPECT_TRUE(r.groups != 0 && (r.groups & ~kAnyGroup) == 0);
     EXPECT_TRUE(r.page_multiple > 0 && r.page_multiple % 8 == 0) << "aligned row loads";
     if (r.path == GpuPath::kTensorCore) {  // decode_attention_mma.cu: int2 rows of one 128-value group, bf16 rows
@@ -98,7 +99,9 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
       {"kivi2", "kivi2", 128, GpuPath::kCudaCore},  {"kivi2", "kivi2", 64, GpuPath::kCudaCore},
       {"kivi2", "kivi2", 32, GpuPath::kCudaCore},   {"kivi4", "kivi4", 128, GpuPath::kCudaCore},
       {"kivi4", "kivi4", 32, GpuPath::kCudaCore},   {"int4", "int2", 64, GpuPath::kCudaCore},
-      {"kivi2", "int4", 64, GpuPath::kCudaCore},
+      {"tq4nc", "tqv4", 128, GpuPath::kCudaCore},   {"tq3nc", "tqv4", 128, GpuPath::kCudaCore},
+      {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},   {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
+      {"kivi2", "int4", 64, GpuPath::kCudaCore},    {"oscar_int2", "oscar_int2", 128, GpuPath::kCudaCore},
   };
   for (const Case& c : cases)
     for (int page : {128, 32}) {
@@ -154,6 +157,21 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   CacheConfig bad_clip = config("int2", "int2", 128);
   bad_clip.v.clip = 1.5f;
   EXPECT_TRUE(has(gpu_unsupported(bad_clip, kHeadDim), "clip"));
+  // OScaR keys as the codec table defines them only: per-channel blocks with their token scale.
+  CacheConfig unscaled = config("oscar_int2", "oscar_int2", 128);
+  unscaled.k.token_scale = false;
+  EXPECT_TRUE(has(gpu_unsupported(unscaled, kHeadDim), "key type oscar_int2 per channel without a token scale"))
+      << gpu_unsupported(unscaled, kHeadDim);
+  CacheConfig per_token_oscar = config("oscar_int2", "oscar_int2", 128);
+  per_token_oscar.k.per_channel = false;
+  EXPECT_TRUE(has(gpu_unsupported(per_token_oscar, kHeadDim), "its keys are per-channel blocks"));
+  CacheConfig scaled_int2 = config("int2", "int2", 128);
+  scaled_int2.k.token_scale = true;
+  EXPECT_TRUE(has(gpu_unsupported(scaled_int2, kHeadDim), "key type int2/g128 with a token scale"));
+  EXPECT_TRUE(has(gpu_unsupported(config("oscar_int2", "oscar_int2", 128, 48), kHeadDim), "pages of 48 tokens"));
+  // Kitty's value rows are min / scale rows of its own (kv/codec_kitty.h), not the int2 rows a KIVI value maps to.
+  EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kHeadDim), "values kitty_int2"));
+  EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kHeadDim), "kitty_int2"));
   CacheConfig unknown = config("int2", "int2", 128);
   unknown.k.type = "kivi8";
   EXPECT_TRUE(has(gpu_unsupported(unknown, kHeadDim), "'kivi8' is unknown"));
@@ -162,7 +180,7 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
 
 // gpu_spec_stored (behind cuda::gpu_codec_supported): one spec, keys or values, whatever the other side.
 TEST(GpuInstances, SpecStoredForKeysOrValues) {
-  for (const char* type : {"bf16", "int8", "int4", "int2", "kivi2", "kivi4"})
+  for (const char* type : {"bf16", "int8", "int4", "int2", "kivi2", "kivi4", "oscar_int2"})
     for (int group : {32, 64, 128}) {
       CodecSpec s = codec_spec(type, false, group, 0.f);
       s.head_dim = kHeadDim;

@@ -5,14 +5,16 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kv/codec_rope.h"
+#include "kv/oscar_format.h"
 
 namespace kvq {
 
 ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
     : cfg_(cfg), n_kv_(n_kv_heads), d_(head_dim) {
-  CodecSpec ks = cfg.k, vs = cfg.v;
-  ks.head_dim = vs.head_dim = head_dim;
-  k_codec_ = make_codec(ks);
+  CodecSpec vs = cfg.v;
+  vs.head_dim = head_dim;
+  k_codec_ = make_key_codec(cfg, head_dim);
   v_codec_ = make_codec(vs);
   window_ = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
   block_ = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());
@@ -34,9 +36,19 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
   }
   // Quantized twins of every whole block after the sinks: the codec round trip of the window rows of the block.
   const int S0 = cfg_.sink;
-  std::vector<float> in(size_t(block_) * d_), out(in.size());
+  std::vector<float> in(size_t(block_) * d_), out(in.size()), nu(size_t(block_), 1.f);
   while (S0 + n_quantized_ + block_ <= n_tokens_) {
     const int b0 = S0 + n_quantized_;
+    if (cfg_.k.token_scale)  // ν of each position: the norm of its window key rows over all kv heads
+      for (int i = 0; i < block_; ++i) {
+        float sum = 0.f;
+        for (int h = 0; h < n_kv_; ++h) {
+          const float* row = wk_.data() + (size_t(b0 + i) * n_kv_ + h) * d_;
+          sum = exact::add(sum, token_sum_squares([&](int c) { return row[c]; }, d_));
+        }
+        nu[size_t(i)] = token_scale(sum);
+      }
+    const bool scaled = cfg_.k.token_scale;
     for (int h = 0; h < n_kv_; ++h)
       for (int kv = 0; kv < 2; ++kv) {
         const KvCodec& codec = kv ? *v_codec_ : *k_codec_;
@@ -45,11 +57,17 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
         const int tpb = codec.tokens_per_block();
         for (int t0 = b0; t0 < b0 + block_; t0 += tpb) {
           for (int r = 0; r < tpb; ++r)
-            std::copy_n(src.data() + (size_t(t0 + r) * n_kv_ + h) * d_, d_, in.data() + size_t(r) * d_);
-          codec.encode(in.data(), block.data());
-          codec.decode(block.data(), out.data());
+            for (int c = 0; c < d_; ++c) {
+              const float x = src[(size_t(t0 + r) * n_kv_ + h) * d_ + c];
+              in[size_t(r) * d_ + c] = kv == 0 && scaled ? x / nu[size_t(t0 + r - b0)] : x;
+            }
+          codec.encode_at(in.data(), t0, block.data());
+          codec.decode_at(block.data(), t0, out.data());
           for (int r = 0; r < tpb; ++r)
-            std::copy_n(out.data() + size_t(r) * d_, d_, dst.data() + (size_t(t0 + r) * n_kv_ + h) * d_);
+            for (int c = 0; c < d_; ++c) {
+              const float x = out[size_t(r) * d_ + c];
+              dst[(size_t(t0 + r) * n_kv_ + h) * d_ + c] = kv == 0 && scaled ? x * nu[size_t(t0 + r - b0)] : x;
+            }
         }
       }
     n_quantized_ += block_;

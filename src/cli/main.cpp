@@ -6,10 +6,12 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "common/blas_core.h"
 #include "common/error.h"
 #include "common/version.h"
 
 int main(int argc, char** argv) {
+  kvq::reexec_for_blas_core(argv);  // OpenBLAS on CPUs newer than its table (common/blas_core.h)
   CLI::App app{"kvq — long-context LLM inference on 2-bit KV caches"};
   app.set_version_flag("--version", std::string(KVQ_VERSION) + " (" + kvq::git_describe() + ")");
   app.require_subcommand(1);
@@ -20,6 +22,7 @@ int main(int argc, char** argv) {
   kvq::cli::add_calibrate(app);
   kvq::cli::add_eval(app);
   kvq::cli::add_referee(app);
+  kvq::cli::add_serve(app);
   std::vector<std::string> args = kvq::cli::expand_aliases(argc, argv);
   std::string commands;
   for (const CLI::App* sub : app.get_subcommands({})) commands += (commands.empty() ? "" : ", ") + sub->get_name();

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_rope.h"
 #include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
@@ -19,11 +20,20 @@ namespace kvq::cli {
 
 CacheConfig CacheOptions::config() const {
   CacheConfig c;
-  const std::string& tk = type_both.empty() ? type_k : type_both;
-  const std::string& tv = type_both.empty() ? type_v : type_both;
+  for (const std::string* t : {&type_k, &type_v})
+    KVQ_CHECK(!find_preset(*t), "--cache-type-{}: '{}' is a preset of keys and values: use --kv-cache-dtype {}",
+              t == &type_k ? "k" : "v", *t, *t);
+  // --kv-cache-dtype: a preset (its key and value codecs) or one codec for both.
+  const CodecPreset* preset = type_both.empty() ? nullptr : find_preset(type_both);
+  KVQ_CHECK(type_both.empty() || preset || find_codec(type_both),
+            "--kv-cache-dtype '{}' is neither a cache type ({}) nor a preset ({})", type_both, codec_names(", "),
+            preset_names());
+  const std::string tk = preset ? std::string(codec_traits(preset->k).name) : type_both.empty() ? type_k : type_both;
+  const std::string tv = preset ? std::string(codec_traits(preset->v).name) : type_both.empty() ? type_v : type_both;
   const CodecTraits &kt = codec_traits(tk), &vt = codec_traits(tv);
-  KVQ_CHECK(group == 0 || kt.grouped || vt.grouped, "--kv-group {}: neither cache type ({}, {}) has groups", group,
-            kt.name, vt.name);
+  KVQ_CHECK(group == 0 || kt.grouped || vt.grouped,
+            "--kv-group {}: neither cache type ({}, {}) takes a group size (unquantized rows, or a format with its own "
+            "groups)", group, kt.name, vt.name);
   const int g = group > 0 ? group : kDefaultGroup;
   c.k = codec_spec(tk, true, g, clip_k);
   c.v = codec_spec(tv, false, g, clip_v);
@@ -31,6 +41,7 @@ CacheConfig CacheOptions::config() const {
   c.recent = recent;
   c.page_tokens = page;
   c.max_chunk = chunk;
+  c.skip_layers = parse_skip_layers(skip_layers);
   if (kt.id == CodecId::kF32 && vt.id == CodecId::kF32) c.window = "f32";  // a lossless cache keeps lossless windows
   return c;
 }
@@ -60,7 +71,9 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   const std::string types = codec_names("|");
   cmd->add_option("--cache-type-k", o.type_k, "key cache type (" + types + "; alias -ctk)");
   cmd->add_option("--cache-type-v", o.type_v, "value cache type (" + types + "; alias -ctv)");
-  cmd->add_option("--kv-cache-dtype", o.type_both, "cache type for keys and values");
+  cmd->add_option("--kv-cache-dtype", o.type_both,
+                  "cache type for keys and values, or a preset of both: " + preset_names() +
+                      " (presets imply their transform: no --rotation)");
   cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32; KIVI keys: tokens); default 128")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio (default: the type's, " + clip_defaults(true) + ")")
@@ -74,9 +87,12 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "
                   "kvq calibrate");
+  cmd->add_option("--kv-skip-layers", o.skip_layers,
+                  "comma-separated layers that keep BF16 rows for everything (negative: from the end), e.g. 0,1,-2,-1 "
+                  "(vLLM TurboQuant's boundary layers); counted in the effective bits");
   cmd->add_option("--attn-rot", o.attn_rot,
                   "llama.cpp's KV rotation, implied by its cache types (" +
-                      codec_names_if([](const CodecTraits& t) { return t.transform == "attn_rot"; }) +
+                      codec_names_if([](const CodecTraits& t) { return t.transform == kTransformAttnRot; }) +
                       "): auto (as llama.cpp: keys when -ctk is one, values when -ctv is one, head_dim % 64 == 0) or "
                       "off (as llama.cpp's LLAMA_ATTN_ROT_DISABLE=1, which kvq also honours); default auto")
       ->check(CLI::IsMember({"auto", "off"}));
@@ -120,34 +136,27 @@ void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim)
 #endif
 }
 
-// llama.cpp's KV rotation for this cache (rotation/attn_rot.h): what its types imply unless --attn-rot off or
-// llama.cpp's own switch LLAMA_ATTN_ROT_DISABLE (read once here, as llama.cpp reads it once per cache) says off.
-// An explicit --rotation with a type that implies it is an error (never a silent override). Logs the decision whenever
-// a type implies it, as llama.cpp logs attn_rot_k / attn_rot_v.
-AttnRot attn_rot_plan(const CacheOptions& c, const CacheConfig& cache, int head_dim) {
-  const AttnRot implied = attn_rot_for(cache, head_dim);
+// Whether llama.cpp's KV rotation (rotation/attn_rot.h), which its cache types imply, is on: yes unless --attn-rot off
+// or llama.cpp's own switch LLAMA_ATTN_ROT_DISABLE (read once here, as llama.cpp reads it once per cache) says off;
+// --attn-rot auto against that switch is an error (never a silent override).
+bool attn_rot_on(const CacheOptions& c) {
   const char* env = std::getenv("LLAMA_ATTN_ROT_DISABLE");
   const bool env_off = env != nullptr && std::atoi(env) != 0;
   KVQ_CHECK(!(env_off && c.attn_rot == "auto"),
             "--attn-rot auto conflicts with LLAMA_ATTN_ROT_DISABLE={} in the environment (llama.cpp's switch, which "
             "kvq honours): unset it or drop --attn-rot auto",
             env);
-  const bool off = c.attn_rot == "off" || env_off;
-  KVQ_CHECK(off || !implied.on() || c.rotation == "none",
-            "--rotation {}: the cache types (k={}, v={}) imply llama.cpp's KV rotation (attn_rot: {}); give "
-            "--attn-rot off to use --rotation instead",
-            c.rotation, cache.k.type, cache.v.type, implied.describe());
-  const bool implies = codec_traits(cache.k.type).transform == "attn_rot" ||
-                       codec_traits(cache.v.type).transform == "attn_rot";
-  if (implies) {
-    if (off)
-      std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation) off: %s\n",
-                   c.attn_rot == "off" ? "--attn-rot off" : "LLAMA_ATTN_ROT_DISABLE in the environment");
-    else
-      std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation): %s (head_dim %d; --attn-rot off disables)\n",
-                   implied.describe().c_str(), head_dim);
-  }
-  return off ? AttnRot{} : implied;
+  return c.attn_rot != "off" && !env_off;
+}
+
+// Logs the attn_rot decision of a cache whose types imply it, as llama.cpp logs attn_rot_k / attn_rot_v.
+void log_attn_rot(const CacheOptions& c, const CacheConfig& cache, int head_dim, bool on) {
+  if (on)
+    std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation): %s (head_dim %d; --attn-rot off disables)\n",
+                 attn_rot_for(cache, head_dim).describe().c_str(), head_dim);
+  else
+    std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation) off: %s\n",
+                 c.attn_rot == "off" ? "--attn-rot off" : "LLAMA_ATTN_ROT_DISABLE in the environment");
 }
 
 }  // namespace
@@ -198,13 +207,28 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
             "context {} exceeds the model's maximum of {} tokens", ctx_request, p.model.max_ctx);
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
+  p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
-  KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
+  const ModelConfig& mc = p.model;
+  // The transform the codecs imply (the codec table's transform column: TurboQuant's Hadamard on keys, OScaR's on keys
+  // and values, llama.cpp's attn_rot unless --attn-rot off), built once; another --rotation would replace it.
+  const bool llama_rot = implied_transform(p.cache.k, p.cache.v) == kTransformAttnRot, attn_rot = attn_rot_on(c);
+  std::shared_ptr<const KvTransform> implied =
+      llama_rot && !attn_rot ? nullptr : codec_transform(p.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  {  // builds the codecs (with that transform) and resolves the skipped layers: names what's unsupported
+    CacheConfig probe_cfg = p.cache;
+    probe_cfg.transform = implied;
+    KvCache probe(probe_cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1);
+  }
   // --device cuda without a device or with a CPU-only cache: refused before any work.
   check_device(m, p.cache, p.model.head_dim);
-  const ModelConfig& mc = p.model;
-  if (const AttnRot ar = attn_rot_plan(c, p.cache, mc.head_dim); ar.on()) {
-    p.cache.transform = std::make_shared<KvTransform>(attn_rot_transform(ar, mc.n_layers, mc.n_kv_heads, mc.head_dim));
+  if (implied) {
+    KVQ_CHECK(c.rotation == "none",
+              "--rotation {} conflicts with cache types k={} v={}{}: they imply their own transform ({}); drop "
+              "--rotation{}", c.rotation, p.cache.k.type, p.cache.v.type,
+              c.type_both.empty() ? "" : " (--kv-cache-dtype " + c.type_both + ")", implied->name,
+              llama_rot ? " or give --attn-rot off" : "");
+    p.cache.transform = std::move(implied);
   } else if (c.rotation == "hadamard") {
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
               mc.head_dim);
@@ -214,6 +238,8 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
     check_rotation_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim, p.cache);
     p.cache.transform = std::make_shared<KvTransform>(std::move(f.transform));
   }
+  make_key_codec(p.cache, mc.head_dim);  // keys stored without RoPE refuse a key-side transform before any work
+  if (llama_rot) log_attn_rot(c, p.cache, mc.head_dim, attn_rot);
   return p;
 }
 
@@ -233,6 +259,7 @@ std::vector<std::string> expand_aliases(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "-ctk") a = "--cache-type-k";
     else if (a == "-ctv") a = "--cache-type-v";
+    else if (a == "-np") a = "--parallel";
     args.push_back(a);
   }
   return args;

@@ -81,6 +81,14 @@ KVQ_HD inline float abs(float x) {
   return std::fabs(x);
 #endif
 }
+// Correctly rounded square root (IEEE; __fsqrt_rn whatever nvcc's -prec-sqrt).
+KVQ_HD inline float sqrt(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
 KVQ_HD inline bool is_finite(float x) {
 #if defined(__CUDA_ARCH__)
   return isfinite(x);

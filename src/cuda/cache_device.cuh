@@ -26,9 +26,10 @@ __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, i
          ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
              kHeadDim;
 }
-// The (layer, head) part of pool page `page`: { K blocks | V rows }.
+// The (layer, head) part of pool page `page`: { K blocks | V rows }; g is the geometry of `layer` (its layer_offset).
 __device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {
-  return g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
+  (void)layer;
+  return g.pool + int64_t(page) * g.page_bytes + g.layer_offset + int64_t(head) * g.head_bytes;
 }
 // The (layer, head) part of the page holding quantized position pos >= S0.
 __device__ __forceinline__ uint8_t* page_head(const CacheGeometry& g, int seq, int layer, int head, int pos) {
@@ -47,6 +48,14 @@ __device__ __forceinline__ uint8_t* page_row(const CacheGeometry& g, int seq, in
 __device__ __forceinline__ uint8_t* kivi_block(const CacheGeometry& g, int seq, int layer, int head, int pos) {
   const int j = (pos - g.sink) % g.page_tokens;
   return page_head(g, seq, layer, head, pos) + int64_t(j / g.k_block_tokens) * g.k_block;
+}
+
+// Token-scaled keys: ν of quantized positions pos, pos + 1, ... (within pos's page) of `layer` (kv/cache_layout.h).
+__device__ __forceinline__ float* token_scales(const CacheGeometry& g, int seq, int layer, int pos) {
+  const int q = pos - g.sink;
+  const int page = g.page_table[int64_t(seq) * g.pages_per_seq + q / g.page_tokens];
+  return reinterpret_cast<float*>(g.pool + int64_t(page) * g.page_bytes + g.scale_base + layer * g.scale_region) +
+         q % g.page_tokens;
 }
 
 // Where row `pos` of the view of a query at t lives: a bf16 row (sink / recent), a codec row (quantized), or for
@@ -84,8 +93,26 @@ struct RowScratch {
 //   score<GQ>(p, row, group, qs, qsum, g, s)   s[h] += q_h · k for the g <= GQ queries qs (qsum: Σ q per 32 values)
 //   encode_row(src, dst, group, clip_index, RowScratch&)   rows: a warp demotes one bf16 ring row into dst
 //   encode_block(...)                   key blocks: a block of kHeadDim threads demotes G ring rows (codec_kivi.cuh)
+//   kTokenScaled (optional, key blocks) true: keys stored divided by ν, which multiplies their scores (codec_oscar.cuh)
+// DeviceCodecOf<id>::type is the codec's key blocks or rows; ::values, when present, its value rows (OScaR's are
+// their own type; KIVI's value specs run under int rows, gpu_instances.h).
 template <CodecId id>
 struct DeviceCodecOf;
+
+// Whether device codec C stores token-scaled keys (C::kTokenScaled, false when C does not say).
+template <class C>
+constexpr bool token_scaled() {
+  if constexpr (requires { C::kTokenScaled; }) {
+    return C::kTokenScaled;
+  } else {
+    return false;
+  }
+}
+
+// A key codec that reads the cache's TurboQuant codebook (codec_turboquant.cuh) says kCodebook = true; its value, score
+// and encode_row take CacheGeometry::k_codebook in place of the group (and clip) arguments.
+template <class C>
+concept ReadsCodebook = requires { requires C::kCodebook; };
 
 // The end of an attention block: merges its warps' online-softmax states (w_m, w_l: [W][g] max and sum, w_acc:
 // [W][g][d] unnormalised outputs; -inf max = empty) and writes the block's partial of g heads to slot `part`

@@ -7,15 +7,28 @@
 #include "cuda/codec_bf16.cuh"
 #include "cuda/codec_int.cuh"
 #include "cuda/codec_kivi.cuh"
+#include "cuda/codec_oscar.cuh"
+#include "cuda/codec_turboquant.cuh"
 #include "cuda/gpu_instances.h"
 
 namespace kvq::cuda {
+
+// The value rows of a DeviceCodecOf: its ::values when it names them (OScaR), else its ::type.
+template <class C>
+struct ValueRowsOf {
+  using type = typename C::type;
+};
+template <class C>
+  requires requires { typename C::values; }
+struct ValueRowsOf<C> {
+  using type = typename C::values;
+};
 
 // The device codec types of instance row I's keys and values.
 template <int I>
 using RowKeys = typename dev::DeviceCodecOf<kGpuInstances[I].k>::type;
 template <int I>
-using RowValues = typename dev::DeviceCodecOf<kGpuInstances[I].v>::type;
+using RowValues = typename ValueRowsOf<dev::DeviceCodecOf<kGpuInstances[I].v>>::type;
 // The window rows (sink and recent) of every cache.
 using WindowRows = dev::Bf16Rows;
 

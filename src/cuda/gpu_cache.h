@@ -2,9 +2,10 @@
 //
 // Same semantics as the CPU KvCache (kv/cache.h): BF16 sink [0, S0) and recent windows, a quantized paged region
 // [S0, qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves the
-// recent window (a whole block of B = block_tokens positions at once: G for KIVI keys, else 1). Same block layouts:
-// rows and blocks are kv/layout.h structs (Bf16Row, IntRow, KiviKeyBlock), byte for byte what the CPU codecs store,
-// so a page copied from the GPU decodes with the CPU codec.
+// recent window (a whole block of B = block_tokens positions at once: G for KIVI keys, 32 for OScaR's, else 1). Same
+// block layouts: rows and blocks are kv/layout.h / kv/oscar_format.h structs (Bf16Row, IntRow, KiviKeyBlock,
+// OscarKeyBlock, OscarValueRow) and, for token-scaled keys, the page's ν region, byte for byte what the CPU cache
+// stores, so a page copied from the GPU decodes with the CPU codec.
 //
 // A step works on a batch of sequences: sequence b contributes tokens [pos0_b, pos0_b + n_b) with pos0_b its
 // current length, and their rows are concatenated (vLLM "varlen"): row r of k/v/q belongs to one (b, i).
@@ -29,7 +30,8 @@ namespace kvq::cuda {
 
 // Whether some row of the GPU instance table (cuda/gpu_instances.h) stores this spec, for keys or values, at its
 // head_dim, whatever the other side: bf16; int8, int4, int2 and kivi2 / kivi4 without per_channel (per-token groups
-// G = 32/64/128); kivi2 / kivi4 with per_channel (KIVI keys over blocks of G = 32/64/128 tokens). A whole cache is
+// G = 32/64/128); kivi2 / kivi4 with per_channel (KIVI keys over blocks of G = 32/64/128 tokens); oscar_int2 (its
+// token-scaled per-channel key blocks of 32 tokens with ν once per token and layer, its value rows). A whole cache is
 // checked by gpu_instance / gpu_unsupported there: the constructor refuses a combination without a compiled
 // instance (and per_channel values) with one line naming it and what the GPU runs.
 bool gpu_codec_supported(const CodecSpec& spec);
@@ -112,6 +114,9 @@ class GpuKvCache {
   // layout::KiviKeyBlock (4 d + G d b / 8 bytes) holding a position of the range, once, in position order (a range
   // that starts or ends inside a block still gets the whole block). For comparing bytes with the CPU cache's blocks.
   std::vector<uint8_t> download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const;
+  // Token-scaled keys (OScaR): synchronously downloads ν of quantized positions [pos0, pos0 + n) of (seq, layer),
+  // as a query at position length(seq) - 1 reads them (the page's token-scale region, kv/cache_layout.h).
+  std::vector<float> download_scales(int seq, int layer, int pos0, int n) const;
   // End of the quantized region for a query at position t (kv/cache.h's qe(t)).
   int quant_end(int t) const;
 

@@ -10,10 +10,10 @@
 // the device codec types of cuda/codecs.cuh.
 //
 // Rows name codecs by the blocks they store: keys are per-token rows, or per-channel key blocks for a codec with
-// per_channel_keys (KIVI); values are per-token rows. The per-token rows of a KIVI type (its values, or keys
+// per_channel_keys (KIVI, OScaR); values are per-token rows. The per-token rows of a KIVI type (its values, or keys
 // without per_channel) are the int rows of its bits (kv/codec_registry.cpp builds them as an IntCodec), so a
-// kivi2 value spec runs under a row whose values are int2. The first row that fits a cache runs it: tensor-core
-// rows come first.
+// kivi2 value spec runs under a row whose values are int2; OScaR's values are its own rows (a format with its own
+// groups, fixed_format). The first row that fits a cache runs it: tensor-core rows come first.
 #pragma once
 
 #include <cmath>
@@ -70,6 +70,14 @@ inline constexpr GpuInstance kGpuInstances[] = {
   {GpuPath::kCudaCore,   CodecId::kInt4,  CodecId::kInt2, kAnyGroup,  8,   GpuGqa::kGeneric},
   {GpuPath::kCudaCore,   CodecId::kKivi2, CodecId::kInt4, kAnyGroup,  8,   GpuGqa::kGeneric},
   {GpuPath::kCudaCore,   CodecId::kBf16,  CodecId::kBf16, kAnyGroup,  8,   GpuGqa::kGeneric},
+  // OScaR: token-scaled keys in 32-token blocks, values in 32-channel groups (no --kv-group: its own groups)
+  {GpuPath::kCudaCore,   CodecId::kOscarInt2, CodecId::kOscarInt2, kAnyGroup, 32, GpuGqa::kEvery},
+  // TurboQuant presets (codec_turboquant.cuh; ungrouped sides): turboquant_3bit_nc and turboquant_2bit (the timed
+  // pairs) with every GQA instance, turboquant_4bit_nc and turboquant_k3v4_nc with the generic one
+  {GpuPath::kCudaCore,   CodecId::kTq3nc, CodecId::kTqv3, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kTq2nc, CodecId::kTqv2, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kTq4nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
+  {GpuPath::kCudaCore,   CodecId::kTq3nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
 };
 // clang-format on
 inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpuInstances[0]));
@@ -119,13 +127,23 @@ inline bool stored_codec(const CodecSpec& s, bool is_key, CodecId* id, std::stri
            (is_key ? "only per-channel-key codecs take per_channel" : "values are per-token rows") + ")";
     return false;
   }
+  if (is_key && fixed_format(*t) && s.per_channel != t->per_channel_keys) {
+    *why = "key type " + spec_text(s) + " is not stored on the GPU (its keys are " +
+           (t->per_channel_keys ? "per-channel blocks" : "per-token rows") + ")";
+    return false;
+  }
+  if (s.token_scale != (is_key && t->token_scale_keys)) {
+    *why = std::string(side) + " type " + spec_text(s) + (s.token_scale ? " with" : " without") +
+           " a token scale is not stored on the GPU (it keeps the token scale of keys whose codec defines one)";
+    return false;
+  }
   if (t->grouped && !(std::isfinite(s.clip) && s.clip > 0.f && s.clip <= 1.f)) {
     *why = std::string(side) + " type " + spec_text(s) + " has clip " + std::to_string(s.clip) +
            " (must be in (0, 1])";
     return false;
   }
   *id = t->id;
-  if (t->per_channel_keys && !s.per_channel) {  // per-token rows of a KIVI type: the int rows of its bits
+  if (t->per_channel_keys && t->grouped && !s.per_channel) {  // per-token rows of a KIVI type: the int rows of its bits
     for (const CodecTraits& r : codec_table())
       if (r.grouped && !r.per_channel_keys && r.code_bits == t->code_bits) {
         *id = r.id;

@@ -7,6 +7,9 @@
 //   demote KIVI keys: per (block of G positions, kv head), one thread per channel: the codec's encode_block (the
 //           same quantizer over the channel's G bf16 ring values, the CPU's serial loop order) -> its
 //           layout::KiviKeyBlock in the page.
+//   token scales (OScaR keys, before their blocks): per position, one warp: ν over the bf16 ring key rows of all
+//           kv heads (kv/oscar_format.h, the CPU's order) -> the page's token-scale region, which the key blocks'
+//           encode_block then divides by.
 // Both are templated on the codecs of the cache's instance row (gpu_instances.h), chosen at with_instance.
 #include <cuda_runtime.h>
 
@@ -55,14 +58,36 @@ __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* it
   const uint16_t* src = dev::ring_row(g, it.seq, layer, kv, head, it.pos);
   uint8_t* dst = dev::page_row(g, it.seq, layer, kv, head, it.pos);
   if (kv == 0) {
-    if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);
+    if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_codebook, sh);
+    else if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);
   } else {
     V::encode_row(src, dst, g.v_group, g.v_clip_index, sh);
   }
 }
 
+// Grid (item), one warp: ν of the item's position, the norm of its key rows over all kv heads of `layer`: per head
+// (lanes in parallel) the sum of squares in channel order, then lane 0 adds the heads' sums in head order.
+__global__ void demote_scales_kernel(CacheGeometry g, int layer, const RowDesc* items) {
+  const RowDesc it = items[blockIdx.x];
+  const int lane = threadIdx.x;
+  __shared__ float head_sums[32];
+  float total = 0.f;  // lane 0
+  for (int h0 = 0; h0 < g.n_kv; h0 += 32) {
+    if (h0 + lane < g.n_kv) {
+      const uint16_t* row = dev::ring_row(g, it.seq, layer, 0, h0 + lane, it.pos);
+      head_sums[lane] = token_sum_squares([&](int c) { return bf16_to_f32(row[c]); }, kD);
+    }
+    __syncwarp();
+    if (lane == 0)
+      for (int i = 0; i < 32 && h0 + i < g.n_kv; ++i) total = exact::add(total, head_sums[i]);
+    __syncwarp();
+  }
+  if (lane == 0) *dev::token_scales(g, it.seq, layer, it.pos) = token_scale(total);
+}
+
 // Grid (item, kv head), kD threads: the K block that starts at the item's position (items at other positions
-// return) demoted by the key-block codec K: its G bf16 ring rows gathered, then K::encode_block.
+// return) demoted by the key-block codec K: its G bf16 ring rows gathered, then K::encode_block (token-scaled keys:
+// with the block's ν, which demote_scales_kernel wrote).
 template <class K>
 __global__ void __launch_bounds__(kD) demote_key_blocks_kernel(CacheGeometry g, int layer, const RowDesc* items) {
   const int head = blockIdx.y, c = threadIdx.x;
@@ -70,10 +95,15 @@ __global__ void __launch_bounds__(kD) demote_key_blocks_kernel(CacheGeometry g, 
   const int G = g.k_block_tokens;
   if ((it.pos - g.sink) % G != 0) return;  // not a block start (uniform across the block)
   __shared__ uint16_t xs[dev::kMaxKiviG][kD];   // the block's G bf16 key rows, [token][channel]
-  __shared__ dev::GroupParamsF params[kD];      // per channel
   for (int t = 0; t < G; ++t) xs[t][c] = dev::ring_row(g, it.seq, layer, 0, head, it.pos + t)[c];
   __syncthreads();
-  K::encode_block(xs, G, g.k_clip_index, params, dev::kivi_block(g, it.seq, layer, head, it.pos));
+  uint8_t* dst = dev::kivi_block(g, it.seq, layer, head, it.pos);
+  if constexpr (dev::token_scaled<K>()) {
+    K::encode_block(xs, dev::token_scales(g, it.seq, layer, it.pos), dst);
+  } else {
+    __shared__ dev::GroupParamsF params[kD];  // per channel
+    K::encode_block(xs, G, g.k_clip_index, params, dst);
+  }
 }
 
 }  // namespace
@@ -100,6 +130,11 @@ int launch_demote_rows(const CacheGeometry& g, int layer, const RowDesc* d_items
       if (g.k_block_tokens > dev::kMaxKiviG) {  // validated on the host
         e = cudaErrorInvalidValue;
         return;
+      }
+      if constexpr (dev::token_scaled<K>()) {  // ν of every demoted position first, then the blocks divide by it
+        demote_scales_kernel<<<unsigned(n_items), 32, 0, st>>>(g, layer, d_items);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) return;
       }
       demote_key_blocks_kernel<K><<<dim3(unsigned(n_items), unsigned(g.n_kv)), kD, 0, st>>>(g, layer, d_items);
       e = cudaGetLastError();

@@ -29,19 +29,51 @@ struct CodecTraits {
   std::span<const std::string_view> aliases;  // other accepted names (e.g. "fp32"), canonicalised to name
   std::string_view summary;                 // one line: what a row / block stores
   int code_bits;                            // bits of one stored value code: 32 (f32), 16 (bf16), 8, 4, 2
-  bool grouped;                             // fp16 scale/zero per group of --kv-group values (KIVI keys: tokens)
+  bool grouped;                             // fp16 scale/zero per group of --kv-group values (KIVI keys: tokens);
+                                            // false: unquantized rows, or a format that fixes its own groups
+                                            // (fixed_format: OScaR's 32, llama.cpp's blocks of 32)
   bool takes_clip;                          // the quantile clip of METHODS §1 applies (--kv-clip-k / --kv-clip-v)
   float default_clip_k, default_clip_v;     // defaults when not given (1.0 = plain min/max)
-  bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI); values per token
-  std::string_view transform;               // the key/value transform the codec implies: "none" (only --rotation),
-                                            // "attn_rot" (llama.cpp's KV rotation, rotation/attn_rot.h)
+  bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI; OScaR: 32); values
+                                            // per token
+  std::string_view transform;               // the key/value transform the codec implies ("none": only --rotation;
+                                            // "hadamard": the QuaRot rotation of keys and values; "attn_rot":
+                                            // llama.cpp's KV rotation), which the CLI builds for the cache:
+                                            // codec_transform (rotation/rotation_file.h), in cli/options.cpp plan()
   bool fake_quant;                          // calibration's straight-through quantizer (calib/ste_quant.h) models
                                             // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
   // CPU factory for a validated spec (make_codec validates, then calls this).
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
-  // Bits per element of a format of fixed blocks that carry their own scale (llama.cpp's q4_0: 4.5, 32 values per
-  // block whatever --kv-group says); 0: code_bits, plus 32 / G when grouped.
-  float fixed_bits = 0.f;
+  // Columns after the factory; rows that leave them out take these defaults.
+  int row_bytes = 0;           // bytes per stored row besides its codes and group params (a per-row fp16 scale);
+                               // 0 for formats of fixed blocks, whose scales come per block (bytes_per_block)
+  bool pow2_head_dim = false;  // head_dim must be a power of two (the codec applies a Sylvester Hadamard itself)
+  bool pre_rope_keys = false;  // keys stored without RoPE: the cache removes it at each key's position before encoding
+                               // and re-applies it after decoding (kv/codec_rope.h; needs the model's RoPE)
+  // Keys divided by their per-token norm over all kv heads, which then scales the scores (OScaR;
+  // CodecSpec::token_scale). Last, with a default, so that the rows without it need not name it.
+  bool token_scale_keys = false;
+  bool keys_only = false;      // stores keys only (TurboQuant's codebook keys: their transform rotates keys, not values)
+};
+
+// The transforms a codec may imply (CodecTraits::transform).
+inline constexpr std::string_view kTransformNone = "none";
+// QuaRot's Hadamard on keys and values (OScaR, METHODS §5.4: --rotation hadamard's transform).
+inline constexpr std::string_view kTransformHadamard = "hadamard";
+// TurboQuant (METHODS §5.2): the normalised Sylvester Hadamard on keys, the same for every layer and head, queries
+// rotated once per step; values unrotated (rotation/rotation_file.h: hadamard_key_transform).
+inline constexpr std::string_view kTransformHadamardKeys = "hadamard_k";
+// llama.cpp's KV rotation (its cache types' attn_rot, rotation/attn_rot.h): block Walsh-Hadamard on the keys when the
+// key type is one of its quantized types, on the values when the value type is; both need head_dim % 64 == 0.
+inline constexpr std::string_view kTransformAttnRot = "attn_rot";
+
+// A named pair of key and value codecs, the --kv-cache-dtype values beside the codec names (vLLM's TurboQuant
+// presets, and kvq's turboquant_2bit). The transform a preset implies is its codecs' (the transform column).
+struct CodecPreset {
+  std::string_view name;     // the --kv-cache-dtype value
+  CodecId k, v;              // key codec, value codec
+  std::string_view summary;  // one line: what it stores and whose it is
+  bool kvq_extension;        // not a published preset: labelled "kvq extension" wherever it is printed
 };
 
 // The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
@@ -49,6 +81,9 @@ struct CodecTraits {
 inline constexpr int kCpuMaxHeadDim = 256;
 inline constexpr int kGroups[] = {32, 64, 128};
 inline constexpr int kDefaultGroup = 128;  // G when --kv-group is not given
+
+// A quantized format that fixes its own groups and blocks (--kv-group does not apply): e.g. OScaR, llama.cpp's q4_0.
+inline bool fixed_format(const CodecTraits& t) { return !t.grouped && t.code_bits < 16; }
 
 std::span<const CodecTraits> codec_table();
 const CodecTraits& codec_traits(CodecId id);
@@ -68,9 +103,18 @@ inline std::string codec_names(std::string_view sep) {
   return codec_names_if([](const CodecTraits&) { return true; }, sep);
 }
 
+std::span<const CodecPreset> codec_presets();
+const CodecPreset* find_preset(std::string_view name);  // null when unknown
+// "turboquant_k8v4 (fp8e4m3 / tqv4), ..., turboquant_2bit (tq2nc / tqv2, kvq extension)", joined by sep.
+std::string preset_names(std::string_view sep = ", ");
+
+// The transform a key / value codec pair implies: kTransformNone, or the one its codecs name (one pair implies at
+// most one; a conflict is a kvq::Error).
+std::string_view implied_transform(const CodecSpec& k, const CodecSpec& v);
+
 // The CodecSpec of a --cache-type value for keys (is_key) or values, with the flags' group and clip
-// (clip <= 0: the codec's default; a codec without a clip stores 1.0). The type is canonicalised (aliases) and
-// KIVI keys get per_channel. Throws kvq::Error for an unknown type.
+// (clip <= 0: the codec's default; a codec without a clip stores 1.0). The type is canonicalised (aliases), KIVI
+// and OScaR keys get per_channel, OScaR keys token_scale. Throws kvq::Error for an unknown type.
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip);
 
 }  // namespace kvq

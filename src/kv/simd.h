@@ -39,7 +39,7 @@ struct RowsView {
   const uint8_t* rows = nullptr;  // first row
   size_t row_stride = 0;          // bytes between consecutive rows
   int codes_offset = 0;           // bytes from a row's start to its values / packed codes
-  int d = 0;                      // values per row (multiple of 32, <= 256)
+  int d = 0;                      // values per row (multiple of 32; <= 256 for grouped rows)
   int group = 0;                  // values per GroupParams group (grouped rows); d otherwise
   bool grouped = false;           // rows start with GroupParams[d / group] (int rows); false: plain values or
                                   // llama.cpp blocks (group 32)

@@ -6,23 +6,11 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "rotation/rope.h"
 
 namespace kvq {
 
 namespace {
-
-// y[n, out] = x[n, in] · W[out, in]^T (+ bias[out])
-void linear(const float* x, int n, int in, const std::vector<float>& w, int out, float* y,
-            const std::vector<float>& bias = {}) {
-  if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, w.data(), in, x, 1, 0.f, y, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.f, x, in, w.data(), in, 0.f, y, out);
-  }
-  if (!bias.empty())
-    for (int i = 0; i < n; ++i)
-      for (int o = 0; o < out; ++o) y[size_t(i) * out + o] += bias[size_t(o)];
-}
 
 // RMSNorm of n_rows rows of width dim: y = w * x / sqrt(mean(x^2) + eps), as Hugging Face computes it in fp32.
 void rms_norm(const float* x, int n_rows, int dim, const std::vector<float>& w, float eps, float* y) {
@@ -33,27 +21,6 @@ void rms_norm(const float* x, int n_rows, int dim, const std::vector<float>& w, 
     for (int c = 0; c < dim; ++c) ss += double(xr[c]) * xr[c];
     const float inv = 1.f / std::sqrt(float(ss / dim) + eps);
     for (int c = 0; c < dim; ++c) yr[c] = w[size_t(c)] * (xr[c] * inv);
-  }
-}
-
-// Rotary embedding, "rotate half" (GPT-NeoX / Hugging Face) layout, on rows [n, heads, d] at positions pos0 + i.
-void rope(float* x, int n, int heads, int d, int pos0, const std::vector<float>& inv_freq) {
-  const int half = d / 2;
-  std::vector<float> cs(size_t(half) * 2);
-  for (int i = 0; i < n; ++i) {
-    for (int f = 0; f < half; ++f) {
-      const float angle = float(pos0 + i) * inv_freq[size_t(f)];  // fp32 product, as transformers does
-      cs[size_t(f) * 2] = float(std::cos(double(angle)));
-      cs[size_t(f) * 2 + 1] = float(std::sin(double(angle)));
-    }
-    for (int h = 0; h < heads; ++h) {
-      float* r = x + (size_t(i) * heads + h) * d;
-      for (int f = 0; f < half; ++f) {
-        const float a = r[f], b = r[f + half], c = cs[size_t(f) * 2], s = cs[size_t(f) * 2 + 1];
-        r[f] = a * c - b * s;
-        r[f + half] = b * c + a * s;
-      }
-    }
   }
 }
 
@@ -69,9 +36,24 @@ std::unique_ptr<Model> Model::load(const std::string& dir, int n_threads) {
   m->w_ = Weights::load(ckpt, m->cfg_, m->pool_.size());
   m->fingerprint_ = ckpt.fingerprint();
   m->inv_freq_ = m->cfg_.rope_inv_freq();
+  for (const LayerWeights& lw : m->w_.layers) {
+    const ModelConfig& c = m->cfg_;
+    const int H = c.hidden_size, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
+    m->linears_.push_back({Linear(lw.wq, qd, H, lw.bq), Linear(lw.wk, kvd, H, lw.bk), Linear(lw.wv, kvd, H, lw.bv),
+                           Linear(lw.wo, H, qd), Linear(lw.w_gate, c.intermediate_size, H),
+                           Linear(lw.w_up, c.intermediate_size, H), Linear(lw.w_down, H, c.intermediate_size)});
+  }
+  m->head_ = Linear(m->w_.output(), m->cfg_.vocab_size, m->cfg_.hidden_size);
   openblas_set_num_threads(m->pool_.size());
   m->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
+}
+
+size_t Model::decode_weight_bytes() const {
+  size_t bytes = head_.decode_bytes();
+  for (const LayerLinears& l : linears_)
+    for (const Linear* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) bytes += x->decode_bytes();
+  return bytes;
 }
 
 void Model::forward(KvCache& cache, int seq, const int32_t* ids, int n, float* logits, bool all_logits) {
@@ -98,7 +80,7 @@ void Model::forward(KvCache& cache, int seq, const int32_t* ids, int n, float* l
 
   const int first = all_logits ? 0 : n - 1, rows = n - first;
   rms_norm(x_.data() + size_t(first) * H, rows, H, w_.final_norm, c.rms_eps, h_.data());
-  linear(h_.data(), rows, H, w_.output(), c.vocab_size, logits);
+  head_.apply(h_.data(), rows, logits, pool_);
   for (size_t i = 0; i < size_t(rows) * c.vocab_size; ++i)
     KVQ_CHECK(std::isfinite(logits[i]), "non-finite logits at position {} (numerical overflow in the model)",
               pos0 + first + int(i / size_t(c.vocab_size)));
@@ -107,21 +89,22 @@ void Model::forward(KvCache& cache, int seq, const int32_t* ids, int n, float* l
 void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
   const ModelConfig& c = cfg_;
   const LayerWeights& lw = w_.layers[size_t(l)];
+  const LayerLinears& ll = linears_[size_t(l)];
   const int H = c.hidden_size, d = c.head_dim, hq = c.n_heads, hk = c.n_kv_heads;
   q_.resize(size_t(n) * hq * d);
   k_.resize(size_t(n) * hk * d);
   v_.resize(size_t(n) * hk * d);
   att_.resize(size_t(n) * hq * d);
   rms_norm(x_.data(), n, H, lw.attn_norm, c.rms_eps, h_.data());
-  linear(h_.data(), n, H, lw.wq, hq * d, q_.data(), lw.bq);
-  linear(h_.data(), n, H, lw.wk, hk * d, k_.data(), lw.bk);
-  linear(h_.data(), n, H, lw.wv, hk * d, v_.data(), lw.bv);
+  ll.q.apply(h_.data(), n, q_.data(), pool_);
+  ll.k.apply(h_.data(), n, k_.data(), pool_);
+  ll.v.apply(h_.data(), n, v_.data(), pool_);
   if (c.qk_norm) {
     rms_norm(q_.data(), n * hq, d, lw.q_norm, c.rms_eps, q_.data());
     rms_norm(k_.data(), n * hk, d, lw.k_norm, c.rms_eps, k_.data());
   }
-  rope(q_.data(), n, hq, d, pos0, inv_freq_);
-  rope(k_.data(), n, hk, d, pos0, inv_freq_);
+  rope_rows(q_.data(), n, hq, d, pos0, inv_freq_.data());
+  rope_rows(k_.data(), n, hk, d, pos0, inv_freq_.data());
   if (tap_) tap_->on_qkv(l, pos0, n, q_.data(), k_.data(), v_.data());
 
   const float scale = 1.f / std::sqrt(float(d));
@@ -136,7 +119,7 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
   cache_attention(cache, seq, l, pos0, n, q_.data(), att_.data(), AttentionShape{hq, hk, d}, pool_);
   if (t) t->outputs(l, n, hq, att_.data());
 
-  linear(att_.data(), n, hq * d, lw.wo, H, h_.data());
+  ll.o.apply(att_.data(), n, h_.data(), pool_);
   if (hook_) hook_->on_attention_output(l, pos0, n, h_.data());
   for (size_t i = 0; i < size_t(n) * H; ++i) x_[i] += h_[i];
 }
@@ -144,17 +127,18 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
 void Model::mlp_block(int l, int n) {
   const ModelConfig& c = cfg_;
   const LayerWeights& lw = w_.layers[size_t(l)];
+  const LayerLinears& ll = linears_[size_t(l)];
   const int H = c.hidden_size, I = c.intermediate_size;
   gate_.resize(size_t(n) * I);
   up_.resize(size_t(n) * I);
   rms_norm(x_.data(), n, H, lw.mlp_norm, c.rms_eps, h_.data());
-  linear(h_.data(), n, H, lw.w_gate, I, gate_.data());
-  linear(h_.data(), n, H, lw.w_up, I, up_.data());
+  ll.gate.apply(h_.data(), n, gate_.data(), pool_);
+  ll.up.apply(h_.data(), n, up_.data(), pool_);
   for (size_t i = 0; i < size_t(n) * I; ++i) {
     const float g = gate_[i];
     gate_[i] = g / (1.f + std::exp(-g)) * up_[i];
   }
-  linear(gate_.data(), n, I, lw.w_down, H, h_.data());
+  ll.down.apply(gate_.data(), n, h_.data(), pool_);
   for (size_t i = 0; i < size_t(n) * H; ++i) x_[i] += h_[i];
 }
 

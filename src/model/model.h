@@ -1,5 +1,6 @@
-// The decoder-only transformer (Qwen3, Qwen2, Llama 3) on CPU: fp32 weights and activations, OpenBLAS GEMMs,
-// chunked prefill and decode through the paged KV cache.
+// The decoder-only transformer (Qwen3, Qwen2, Llama 3) on CPU: fp32 weights and activations, OpenBLAS GEMMs for
+// prefill, bf16 weight reads for decode steps when exact (model/linear.h), chunked prefill and decode through the
+// paged KV cache.
 //
 // Per layer:  h = RMSNorm(x);  q, k, v = h W_q/k/v (+ bias);  QK-norm (Qwen3);  RoPE;  append k, v to the cache;
 //             x += Attention(q, cache) W_o;  x += W_down(SiLU(W_gate h') * W_up h'),  h' = RMSNorm(x)
@@ -14,6 +15,7 @@
 #include "kv/cache.h"
 #include "kv/transform.h"
 #include "model/config.h"
+#include "model/linear.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -26,6 +28,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const Weights& weights() const { return w_; }
+  size_t decode_weight_bytes() const;  // weight bytes one decode step reads (bf16 copies counted at 2 bytes)
   const std::string& dir() const { return dir_; }
   const std::string& fingerprint() const { return fingerprint_; }  // sha256 of config + tensor headers
   ThreadPool& pool() { return pool_; }
@@ -64,6 +67,11 @@ class Model {
   std::string dir_;
   ModelConfig cfg_;
   Weights w_;
+  struct LayerLinears {
+    Linear q, k, v, o, gate, up, down;
+  };
+  std::vector<LayerLinears> linears_;  // over w_'s tensors (bf16 copies for decode steps when exact)
+  Linear head_;                        // the output projection
   std::string fingerprint_;
   ThreadPool pool_;
   double load_seconds_ = 0;

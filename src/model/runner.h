@@ -96,7 +96,7 @@ class CpuRunner final : public Runner {
   CacheFootprint footprint(int n_tokens) const override { return cache_.footprint(n_tokens); }
   size_t cache_bytes() const override { return cache_.bytes_allocated(); }
   const PagePool& page_pool() const override { return cache_.pool(); }
-  size_t weight_bytes() const override { return model_.weights().n_params * sizeof(float); }
+  size_t weight_bytes() const override { return model_.decode_weight_bytes(); }
 
   KvCache& cache() { return cache_; }
   Model& model() { return model_; }

@@ -10,7 +10,7 @@ namespace kvq {
 
 namespace {
 
-bool implies_attn_rot(const CodecSpec& s) { return codec_traits(s.type).transform == "attn_rot"; }
+bool implies_attn_rot(const CodecSpec& s) { return codec_traits(s.type).transform == kTransformAttnRot; }
 
 // [n_layers · n_kv_heads] copies of the d×d block-diagonal matrix of H_n blocks, row-major.
 std::vector<float> block_hadamard(int n, int d, int copies) {
@@ -63,7 +63,7 @@ KvTransform attn_rot_transform(const AttnRot& rot, int n_layers, int n_kv_heads,
   t.n_layers = n_layers;
   t.n_kv_heads = n_kv_heads;
   t.head_dim = head_dim;
-  t.name = rot.n_k && rot.n_v ? "attn_rot" : rot.n_k ? "attn_rot_k" : "attn_rot_v";
+  t.name = std::string(kTransformAttnRot) + (rot.n_k && rot.n_v ? "" : rot.n_k ? "_k" : "_v");
   if (rot.n_k) t.r_k = block_hadamard(rot.n_k, head_dim, n_layers * n_kv_heads);
   if (rot.n_v) t.r_v = block_hadamard(rot.n_v, head_dim, n_layers * n_kv_heads);
   return t;
