@@ -20,7 +20,7 @@
 #include "kv/cache.h"
 #include "kv/codec_registry.h"
 #include "model/model.h"
-#include "rotation/attn_rot.h"
+#include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace kvq;
@@ -68,8 +68,7 @@ double kvq_ppl(const nlohmann::json& protocol, const std::vector<int32_t>& ids, 
   c.v = codec_spec(type, false, kDefaultGroup, 0.f);
   c.sink = 0, c.recent = 0;
   const ModelConfig& mc = model().config();
-  if (const AttnRot r = attn_rot_for(c, mc.head_dim); attn_rot && r.on())
-    c.transform = std::make_shared<KvTransform>(attn_rot_transform(r, mc.n_layers, mc.n_kv_heads, mc.head_dim));
+  if (attn_rot) c.transform = codec_transform(c, mc.n_layers, mc.n_kv_heads, mc.head_dim);  // as kvq ppl builds it
   return perplexity(model(), c, ids, protocol.at("ctx").get<int>(), protocol.at("windows").get<int>()).ppl();
 }
 

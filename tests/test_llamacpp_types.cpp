@@ -23,6 +23,7 @@
 #include "model/safetensors.h"
 #include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
+#include "rotation/rotation_file.h"
 
 using namespace kvq;
 using namespace kvq::llamacpp;
@@ -438,6 +439,36 @@ TEST(AttnRot, OnForKeysAndValuesIndependentlyWhenTheirTypeIsALlamaCppBlockType) 
   }
   EXPECT_EQ(attn_rot_for(cache("q4_0", "q4_0"), 128).describe(), "k H_128, v H_64 (2 blocks per head)");
   EXPECT_EQ(attn_rot_for(cache("f16", "f16"), 128).describe(), "off");
+}
+
+// The codec table's transform column names it, and codec_transform (the one builder of implied transforms, which
+// kvq's plan() calls) builds it as llama.cpp does: keys only for -ctk q8_0 -ctv f16, nothing at head_dim 96, and a
+// pair whose other side implies another transform is refused.
+TEST(AttnRot, IsTheTransformTheTableImpliesAndCodecTransformBuildsIt) {
+  auto cache = [](const char* k, const char* v) {
+    CacheConfig c;
+    c.k = codec_spec(k, true, 128, 0.f);
+    c.v = codec_spec(v, false, 128, 0.f);
+    return c;
+  };
+  for (const char* t : {"q8_0", "q5_0", "q4_1", "q4_0", "iq4_nl"})
+    EXPECT_EQ(codec_traits(t).transform, kTransformAttnRot) << t;
+  EXPECT_EQ(codec_traits("f16").transform, kTransformNone);
+  EXPECT_EQ(implied_transform(cache("f16", "q4_0").k, cache("f16", "q4_0").v), kTransformAttnRot);
+  const auto both = codec_transform(cache("q4_0", "q4_0"), 2, 2, 128);
+  ASSERT_NE(both, nullptr);
+  EXPECT_EQ(both->name, "attn_rot");
+  AttnRot rot;
+  rot.head_dim = 128, rot.n_k = 128, rot.n_v = 64;
+  EXPECT_EQ(both->r_k, attn_rot_transform(rot, 2, 2, 128).r_k);
+  EXPECT_EQ(both->r_v, attn_rot_transform(rot, 2, 2, 128).r_v);
+  const auto keys = codec_transform(cache("q8_0", "f16"), 2, 2, 128);
+  ASSERT_NE(keys, nullptr);
+  EXPECT_EQ(keys->name, "attn_rot_k");
+  EXPECT_TRUE(keys->r_v.empty());
+  EXPECT_EQ(codec_transform(cache("f16", "iq4_nl"), 2, 2, 64)->name, "attn_rot_v");
+  EXPECT_EQ(codec_transform(cache("q4_0", "q4_0"), 2, 2, 96), nullptr);  // llama.cpp rotates nothing
+  EXPECT_THROW(codec_transform(cache("tq4", "q4_0"), 2, 2, 128), Error);  // hadamard_k and attn_rot
 }
 
 // The matrices are llama.cpp's: H_n[i][j] = (−1)^popcount(i & j) / √n (ggml_gen_hadamard's doubling), the same for
