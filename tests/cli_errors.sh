@@ -74,6 +74,11 @@ mkdir -p "$T/badtok" && cp $M/config.json $M/*.safetensors* "$T/badtok/" && echo
 expect_error "unsupported tokenizer" run -m "$T/badtok" -p hi
 expect_error "rotation file missing" ppl -m $M -f data/eval/linux.txt --rotation /nonexistent.safetensors
 expect_error "rotation file of the wrong kind" ppl -m $M -f data/eval/linux.txt --rotation tests/golden/golden.safetensors
+expect_error "ppl: --rotation with a type that implies llama.cpp's attn_rot" ppl -m $M -f data/eval/linux.txt -ctk q4_0 --rotation hadamard
+LLAMA_ATTN_ROT_DISABLE=1 expect_error "ppl: --attn-rot auto against LLAMA_ATTN_ROT_DISABLE" ppl -m $M -f data/eval/linux.txt -ctk q4_0 --attn-rot auto
+expect_error "ppl: bad --attn-rot" ppl -m $M -f data/eval/linux.txt -ctk q4_0 --attn-rot on
+expect_error "run: a clip for a llama.cpp type" run -m $M -p hi -n 1 -ctk q4_0 --kv-clip-k 0.9
+expect_error "run: a group for llama.cpp types" run -m $M -p hi -n 1 -ctk q8_0 -ctv iq4_nl --kv-group 64
 head -c 100 tests/golden/golden.safetensors > "$T/trunc.safetensors"
 expect_error "truncated rotation file" ppl -m $M -f data/eval/linux.txt --rotation "$T/trunc.safetensors"
 expect_error "calibrate: unknown method" calibrate -m $M --data data/calib/linux.txt --method spinquant -o "$T/r.safetensors"

@@ -451,7 +451,8 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       EXPECT_NE(msg.find("head_dim " + std::to_string(c.s.head_dim)), std::string::npos) << msg;
       EXPECT_NE(msg.find("group " + std::to_string(c.s.group)), std::string::npos) << msg;
       EXPECT_NE(msg.find(c.must_mention), std::string::npos) << msg;
-      EXPECT_NE(msg.find("supported: f32, bf16; int8, int4, int2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("supported: f32, bf16, f16; int8, int4, int2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("q8_0, q5_0, q4_1, q4_0, iq4_nl (their own groups or blocks"), std::string::npos) << msg;
     }
   }
   // kivi keys: G tokens need not divide head_dim; kivi values do
@@ -461,7 +462,8 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
 
 // The codec table: names and aliases resolve to their row, every row builds a CPU codec whose stored bits match
 // the row's code bits (+ 32 / G for grouped codecs, + its per-row parameters; a format with its own fixed blocks
-// stores its code bits plus less than one bit of metadata, its exact bytes tested in its own file), and the flags'
+// stores its code bits plus less than one bit of metadata, its exact bytes tested in its own file: llama.cpp's in
+// test_llamacpp_types.cpp), and the flags'
 // defaults come from the row.
 TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
   ASSERT_FALSE(codec_table().empty());

@@ -172,6 +172,10 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   // Kitty's value rows are min / scale rows of its own (kv/codec_kitty.h), not the int2 rows a KIVI value maps to.
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kHeadDim), "values kitty_int2"));
   EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kHeadDim), "kitty_int2"));
+  // llama.cpp's types have no GPU kernels: refused by name, never run as another codec's rows.
+  EXPECT_TRUE(has(gpu_unsupported(config("q8_0", "q4_0", 128), kHeadDim), "keys q8_0 with values q4_0"));
+  EXPECT_TRUE(has(gpu_unsupported(config("f16", "f16", 128), kHeadDim), "keys f16 with values f16"));
+  EXPECT_FALSE(gpu_spec_stored({.type = "q8_0", .head_dim = kHeadDim, .group = 128}));
   CacheConfig unknown = config("int2", "int2", 128);
   unknown.k.type = "kivi8";
   EXPECT_TRUE(has(gpu_unsupported(unknown, kHeadDim), "'kivi8' is unknown"));

@@ -217,6 +217,8 @@ CacheConfig with_codec_transform(CacheConfig c, int kv_heads, int head_dim) {
 std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
   KVQ_CHECK(o.cache.rotation == "none",
             "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
+  KVQ_CHECK(o.cache.attn_rot.empty(),
+            "bench attention: --attn-rot does not apply (random rows; the query rotation is once per step)");
   std::vector<CacheConfig> out;
   if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(), o.kv_heads, o.head_dim));
   for (const std::string& t : o.caches) {

@@ -1,10 +1,12 @@
 #include "cli/options.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
+#include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 #ifdef KVQ_HAVE_CUDA
@@ -88,6 +90,12 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("--kv-skip-layers", o.skip_layers,
                   "comma-separated layers that keep BF16 rows for everything (negative: from the end), e.g. 0,1,-2,-1 "
                   "(vLLM TurboQuant's boundary layers); counted in the effective bits");
+  cmd->add_option("--attn-rot", o.attn_rot,
+                  "llama.cpp's KV rotation, implied by its cache types (" +
+                      codec_names_if([](const CodecTraits& t) { return t.transform == kTransformAttnRot; }) +
+                      "): auto (as llama.cpp: keys when -ctk is one, values when -ctv is one, head_dim % 64 == 0) or "
+                      "off (as llama.cpp's LLAMA_ATTN_ROT_DISABLE=1, which kvq also honours); default auto")
+      ->check(CLI::IsMember({"auto", "off"}));
 }
 
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o) {
@@ -126,6 +134,29 @@ void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim)
   const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);
 #endif
+}
+
+// Whether llama.cpp's KV rotation (rotation/attn_rot.h), which its cache types imply, is on: yes unless --attn-rot off
+// or llama.cpp's own switch LLAMA_ATTN_ROT_DISABLE (read once here, as llama.cpp reads it once per cache) says off;
+// --attn-rot auto against that switch is an error (never a silent override).
+bool attn_rot_on(const CacheOptions& c) {
+  const char* env = std::getenv("LLAMA_ATTN_ROT_DISABLE");
+  const bool env_off = env != nullptr && std::atoi(env) != 0;
+  KVQ_CHECK(!(env_off && c.attn_rot == "auto"),
+            "--attn-rot auto conflicts with LLAMA_ATTN_ROT_DISABLE={} in the environment (llama.cpp's switch, which "
+            "kvq honours): unset it or drop --attn-rot auto",
+            env);
+  return c.attn_rot != "off" && !env_off;
+}
+
+// Logs the attn_rot decision of a cache whose types imply it, as llama.cpp logs attn_rot_k / attn_rot_v.
+void log_attn_rot(const CacheOptions& c, const CacheConfig& cache, int head_dim, bool on) {
+  if (on)
+    std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation): %s (head_dim %d; --attn-rot off disables)\n",
+                 attn_rot_for(cache, head_dim).describe().c_str(), head_dim);
+  else
+    std::fprintf(stderr, "kvq: attn_rot (llama.cpp's KV rotation) off: %s\n",
+                 c.attn_rot == "off" ? "--attn-rot off" : "LLAMA_ATTN_ROT_DISABLE in the environment");
 }
 
 }  // namespace
@@ -180,8 +211,10 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   const ModelConfig& mc = p.model;
   // The transform the codecs imply (the codec table's transform column: TurboQuant's Hadamard on keys, OScaR's on keys
-  // and values), built once; another --rotation would replace it.
-  std::shared_ptr<const KvTransform> implied = codec_transform(p.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  // and values, llama.cpp's attn_rot unless --attn-rot off), built once; another --rotation would replace it.
+  const bool llama_rot = implied_transform(p.cache.k, p.cache.v) == kTransformAttnRot, attn_rot = attn_rot_on(c);
+  std::shared_ptr<const KvTransform> implied =
+      llama_rot && !attn_rot ? nullptr : codec_transform(p.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   {  // builds the codecs (with that transform) and resolves the skipped layers: names what's unsupported
     CacheConfig probe_cfg = p.cache;
     probe_cfg.transform = implied;
@@ -192,8 +225,9 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   if (implied) {
     KVQ_CHECK(c.rotation == "none",
               "--rotation {} conflicts with cache types k={} v={}{}: they imply their own transform ({}); drop "
-              "--rotation", c.rotation, p.cache.k.type, p.cache.v.type,
-              c.type_both.empty() ? "" : " (--kv-cache-dtype " + c.type_both + ")", implied->name);
+              "--rotation{}", c.rotation, p.cache.k.type, p.cache.v.type,
+              c.type_both.empty() ? "" : " (--kv-cache-dtype " + c.type_both + ")", implied->name,
+              llama_rot ? " or give --attn-rot off" : "");
     p.cache.transform = std::move(implied);
   } else if (c.rotation == "hadamard") {
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
@@ -205,6 +239,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
     p.cache.transform = std::make_shared<KvTransform>(std::move(f.transform));
   }
   make_key_codec(p.cache, mc.head_dim);  // keys stored without RoPE refuse a key-side transform before any work
+  if (llama_rot) log_attn_rot(c, p.cache, mc.head_dim, attn_rot);
   return p;
 }
 

@@ -59,6 +59,14 @@ KVQ_HD inline float round_even(float x) {
   return std::nearbyint(x);
 #endif
 }
+// Nearest integer, ties away from zero (C's roundf).
+KVQ_HD inline float round_away(float x) {
+#if defined(__CUDA_ARCH__)
+  return roundf(x);
+#else
+  return std::round(x);
+#endif
+}
 KVQ_HD inline float floor(float x) {
 #if defined(__CUDA_ARCH__)
   return floorf(x);

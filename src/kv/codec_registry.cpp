@@ -4,10 +4,12 @@
 
 #include "common/error.h"
 #include "kv/codec_bf16.h"
+#include "kv/codec_f16.h"
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
 #include "kv/codec_kitty.h"
+#include "kv/codec_llamacpp.h"
 #include "kv/codec_nexus.h"
 #include "kv/codec_oscar.h"
 #include "kv/codec_turboquant.h"
@@ -65,10 +67,18 @@ std::unique_ptr<KvCodec> make_fp8(const CodecSpec& s, SimdLevel level) {
 std::unique_ptr<KvCodec> make_tq_value(const CodecSpec& s, SimdLevel level) {
   return std::make_unique<TqValueCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, level);
 }
+// llama.cpp's cache types: f16 rows; blocks of 32 values (the row's id names the block type).
+std::unique_ptr<KvCodec> make_f16(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<F16Codec>(s.head_dim, level);
+}
+std::unique_ptr<KvCodec> make_llamacpp(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<LlamaCppCodec>(codec_traits(s.type).id, s.head_dim, level);
+}
 
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
 constexpr std::string_view kFp8Aliases[] = {"fp8_e4m3"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
+constexpr std::string_view kF16Aliases[] = {"fp16", "float16"};
 
 // clang-format off
 // id            name     aliases       summary                                                              bits grouped clip   clip_k clip_v per_ch transform fq    factory
@@ -104,6 +114,15 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kTqv2,    "tqv2",    {},          "TurboQuant values: 2-bit codes per row, fp16 scale and min",              2, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4},
   CodecTraits{CodecId::kTqv3,    "tqv3",    {},          "TurboQuant values: 3-bit codes per row, fp16 scale and min",              3, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4},
   CodecTraits{CodecId::kTqv4,    "tqv4",    {},          "TurboQuant values: 4-bit codes per row, fp16 scale and min",              4, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4},
+  // llama.cpp's -ctk / -ctv types (docs/research/llamacpp-kv.md): f16 rows; blocks of 32 values with an fp16 scale,
+  // bit-exact to its reference quantizers, rotated by its attn_rot; fixed formats (no row bytes): the bits, 8.5, 5.5,
+  // 5, 4.5 and 4.5, are their blocks' bytes (kv/llamacpp_blocks.h).
+  CodecTraits{CodecId::kF16,   "f16",   kF16Aliases,  "IEEE half rows (llama.cpp's default cache type)",                16, false, false, 1.0f,  1.0f,  false, "none", false, make_f16},
+  CodecTraits{CodecId::kQ8_0,  "q8_0",  {},           "llama.cpp q8_0: blocks of 32, fp16 absmax scale, 8-bit codes",   8,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
+  CodecTraits{CodecId::kQ5_0,  "q5_0",  {},           "llama.cpp q5_0: blocks of 32, fp16 absmax scale, 5-bit codes",   5,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
+  CodecTraits{CodecId::kQ4_1,  "q4_1",  {},           "llama.cpp q4_1: blocks of 32, fp16 scale and min, 4-bit codes",  4,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
+  CodecTraits{CodecId::kQ4_0,  "q4_0",  {},           "llama.cpp q4_0: blocks of 32, fp16 absmax scale, 4-bit codes",   4,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
+  CodecTraits{CodecId::kIq4Nl, "iq4_nl", {},          "llama.cpp iq4_nl: blocks of 32, fp16 scale, 4-bit table codes",  4,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
 };
 
 // The --kv-cache-dtype presets: vLLM's TurboQuant presets (TQ_PRESETS: key bits / value bits / norm correction), then

@@ -31,20 +31,22 @@ struct CodecTraits {
   int code_bits;                            // bits of one stored value code: 32 (f32), 16 (bf16), 8, 4, 2
   bool grouped;                             // fp16 scale/zero per group of --kv-group values (KIVI keys: tokens);
                                             // false: unquantized rows, or a format that fixes its own groups
-                                            // (fixed_format: OScaR's 32)
+                                            // (fixed_format: OScaR's 32, llama.cpp's blocks of 32)
   bool takes_clip;                          // the quantile clip of METHODS §1 applies (--kv-clip-k / --kv-clip-v)
   float default_clip_k, default_clip_v;     // defaults when not given (1.0 = plain min/max)
   bool per_channel_keys;                    // keys per channel over blocks of G tokens (KIVI; OScaR: 32); values
                                             // per token
   std::string_view transform;               // the key/value transform the codec implies ("none": only --rotation;
-                                            // "hadamard": the QuaRot rotation of keys and values, which the CLI
-                                            // builds for the cache: cli/options.cpp plan())
+                                            // "hadamard": the QuaRot rotation of keys and values; "attn_rot":
+                                            // llama.cpp's KV rotation), which the CLI builds for the cache:
+                                            // codec_transform (rotation/rotation_file.h), in cli/options.cpp plan()
   bool fake_quant;                          // calibration's straight-through quantizer (calib/ste_quant.h) models
                                             // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
   // CPU factory for a validated spec (make_codec validates, then calls this).
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
   // Columns after the factory; rows that leave them out take these defaults.
-  int row_bytes = 0;           // bytes per stored row besides its codes and group params (a per-row fp16 scale)
+  int row_bytes = 0;           // bytes per stored row besides its codes and group params (a per-row fp16 scale);
+                               // 0 for formats of fixed blocks, whose scales come per block (bytes_per_block)
   bool pow2_head_dim = false;  // head_dim must be a power of two (the codec applies a Sylvester Hadamard itself)
   bool pre_rope_keys = false;  // keys stored without RoPE: the cache removes it at each key's position before encoding
                                // and re-applies it after decoding (kv/codec_rope.h; needs the model's RoPE)
@@ -61,6 +63,9 @@ inline constexpr std::string_view kTransformHadamard = "hadamard";
 // TurboQuant (METHODS §5.2): the normalised Sylvester Hadamard on keys, the same for every layer and head, queries
 // rotated once per step; values unrotated (rotation/rotation_file.h: hadamard_key_transform).
 inline constexpr std::string_view kTransformHadamardKeys = "hadamard_k";
+// llama.cpp's KV rotation (its cache types' attn_rot, rotation/attn_rot.h): block Walsh-Hadamard on the keys when the
+// key type is one of its quantized types, on the values when the value type is; both need head_dim % 64 == 0.
+inline constexpr std::string_view kTransformAttnRot = "attn_rot";
 
 // A named pair of key and value codecs, the --kv-cache-dtype values beside the codec names (vLLM's TurboQuant
 // presets, and kvq's turboquant_2bit). The transform a preset implies is its codecs' (the transform column).
@@ -77,7 +82,7 @@ inline constexpr int kCpuMaxHeadDim = 256;
 inline constexpr int kGroups[] = {32, 64, 128};
 inline constexpr int kDefaultGroup = 128;  // G when --kv-group is not given
 
-// A quantized format that fixes its own groups and blocks (--kv-group does not apply): OScaR.
+// A quantized format that fixes its own groups and blocks (--kv-group does not apply): e.g. OScaR, llama.cpp's q4_0.
 inline bool fixed_format(const CodecTraits& t) { return !t.grouped && t.code_bits < 16; }
 
 std::span<const CodecTraits> codec_table();

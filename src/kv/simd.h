@@ -27,8 +27,12 @@ const char* simd_level_name(SimdLevel level);
 bool simd_level_supported(SimdLevel level);  // this CPU can run it
 SimdLevel best_simd_level();                  // the highest supported level
 
-// How the values of one row are stored.
-enum class RowFormat : int { kBf16 = 0, kInt2 = 1, kInt4 = 2, kInt8 = 3 };
+// How the values of one row are stored: bf16 / f16 values, int codes after GroupParams (layout.h), or llama.cpp's
+// blocks of 32 values, each with its own fp16 scale (kv/llamacpp_blocks.h; kernels in simd_blocks_impl.h).
+enum class RowFormat : int {
+  kBf16 = 0, kInt2 = 1, kInt4 = 2, kInt8 = 3,
+  kF16 = 4, kQ8_0 = 5, kQ5_0 = 6, kQ4_1 = 7, kQ4_0 = 8, kIq4Nl = 9,
+};
 
 // n_rows rows of d values, row t at rows + t·row_stride.
 struct RowsView {
@@ -37,7 +41,8 @@ struct RowsView {
   int codes_offset = 0;           // bytes from a row's start to its values / packed codes
   int d = 0;                      // values per row (multiple of 32; <= 256 for grouped rows)
   int group = 0;                  // values per GroupParams group (grouped rows); d otherwise
-  bool grouped = false;           // rows start with GroupParams[d / group] (int rows); false: plain values
+  bool grouped = false;           // rows start with GroupParams[d / group] (int rows); false: plain values or
+                                  // llama.cpp blocks (group 32)
   int n_rows = 0;                 // rows to read
 };
 

@@ -8,6 +8,7 @@
 
 #include "common/half.h"
 #include "kv/layout.h"
+#include "kv/llamacpp_blocks.h"
 #include "kv/simd.h"
 
 #if defined(__x86_64__)
@@ -20,6 +21,8 @@
 
 namespace kvq {
 namespace {
+
+#include "kv/simd_blocks_x86.h"
 
 struct VAvx2 {
   using F = __m256;
@@ -70,6 +73,7 @@ struct VAvx2 {
   }
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight_bytes)); }
+  static F i8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_bytes)); }
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
     if constexpr (Fmt == RowFormat::kBf16) {
@@ -77,6 +81,8 @@ struct VAvx2 {
         const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)));
         out[k] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
       }
+    } else if constexpr (Fmt == RowFormat::kF16) {
+      for (int k = 0; k < 4; ++k) out[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)));
     } else if constexpr (Fmt == RowFormat::kInt2) {
       int64_t x;
       std::memcpy(&x, p, 8);
@@ -98,6 +104,15 @@ struct VAvx2 {
     } else {
       for (int k = 0; k < 4; ++k) out[k] = u8_to_f(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * k)));
     }
+  }
+  template <RowFormat Fmt>
+  static void block(const uint8_t* p, F* out) {
+    __m128i lo, hi;
+    block_levels_i8<Fmt>(p, lo, hi);
+    out[0] = i8_to_f(lo);
+    out[1] = i8_to_f(_mm_unpackhi_epi64(lo, lo));
+    out[2] = i8_to_f(hi);
+    out[3] = i8_to_f(_mm_unpackhi_epi64(hi, hi));
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "common/half.h"
 #include "kv/layout.h"
+#include "kv/llamacpp_blocks.h"
 #include "kv/simd.h"
 
 #if defined(__x86_64__)
@@ -27,6 +28,8 @@
 
 namespace kvq {
 namespace {
+
+#include "kv/simd_blocks_x86.h"
 
 struct VAvx512 {
   using F = __m512;
@@ -70,6 +73,7 @@ struct VAvx512 {
   }
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sixteen_bytes)); }
+  static F i8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sixteen_bytes)); }
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
     if constexpr (Fmt == RowFormat::kBf16) {
@@ -78,6 +82,9 @@ struct VAvx512 {
             _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
         out[k] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       }
+    } else if constexpr (Fmt == RowFormat::kF16) {
+      for (int k = 0; k < 2; ++k)
+        out[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
     } else if constexpr (Fmt == RowFormat::kInt2) {
       int64_t x;
       std::memcpy(&x, p, 8);
@@ -94,6 +101,13 @@ struct VAvx512 {
       out[0] = u8_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
       out[1] = u8_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
     }
+  }
+  template <RowFormat Fmt>
+  static void block(const uint8_t* p, F* out) {
+    __m128i lo, hi;
+    block_levels_i8<Fmt>(p, lo, hi);
+    out[0] = i8_to_f(lo);
+    out[1] = i8_to_f(hi);
   }
 };
 

@@ -18,6 +18,7 @@
 
 #include "common/half.h"
 #include "kv/layout.h"
+#include "kv/llamacpp_blocks.h"
 #include "kv/simd.h"
 
 #if defined(__x86_64__)
@@ -547,7 +548,7 @@ RowKernels row_kernels_avx512_vnni(RowFormat format) {
     case RowFormat::kInt2: return {scores_int2, accumulate_int2};
     case RowFormat::kInt4: return {scores_vnni<RowFormat::kInt4>, accumulate_vnni<RowFormat::kInt4>};
     case RowFormat::kInt8: return {scores_vnni<RowFormat::kInt8>, accumulate_vnni<RowFormat::kInt8>};
-    case RowFormat::kBf16: break;
+    default: break;  // bf16, f16 and llama.cpp's blocks: the AVX-512 float kernels
   }
   return row_kernels_avx512(format);
 }

@@ -1,12 +1,14 @@
 // The row kernels written once over a vector-traits type V; included by simd_scalar.cpp, simd_avx2.cpp
 // and simd_avx512.cpp INSIDE `namespace kvq { namespace {` after each file defines its V (and, for the
 // SIMD files, after `#pragma GCC target`), so every level gets its own internal-linkage instantiations.
-// No #includes here: everything it needs (simd.h, layout.h, <cstring>) is included by the file before.
+// No #includes here but its sibling fragment simd_blocks_impl.h: everything they need (simd.h, layout.h,
+// llamacpp_blocks.h, <cstring>) is included by the file before.
 //
 // V provides: F (vector of kW floats), kW, kMaxQBScores, kMaxQBAcc (query-block sizes that fit the
 // registers), zero(), loadu(const float*), storeu(float*, F), bcast(float), fma(a, b, c) = a·b + c,
-// add(a, b), hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, and unit<Fmt>(const uint8_t* unit, F out[32 / kW])
-// that turns one packed unit of 32 values (layout.h) into floats in value order.
+// add(a, b), hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, unit<Fmt>(const uint8_t* unit, F out[32 / kW])
+// that turns one packed unit of 32 values (layout.h) into floats in value order, and block<Fmt>(const uint8_t* block,
+// F out[32 / kW]) that turns one llama.cpp block's codes into their levels (simd_blocks_impl.h).
 
 // Fixed-trip loops over the query block and the vectors of a unit must be unrolled so that their arrays
 // of vectors live in registers (-O2 does not unroll by itself).
@@ -18,7 +20,10 @@ constexpr int kMaxGroups = 8;   // d <= 256, group >= 32
 
 template <RowFormat Fmt>
 constexpr int fmt_unit_bytes() {
-  return Fmt == RowFormat::kBf16 ? 64 : Fmt == RowFormat::kInt2 ? 8 : Fmt == RowFormat::kInt4 ? 16 : 32;
+  return Fmt == RowFormat::kBf16 || Fmt == RowFormat::kF16 ? 64
+         : Fmt == RowFormat::kInt2                        ? 8
+         : Fmt == RowFormat::kInt4                        ? 16
+                                                          : 32;
 }
 
 inline layout::GroupParams row_params(const uint8_t* row, int g) {
@@ -213,10 +218,18 @@ void accumulate_impl(const RowsView& r, const float* p, size_t p_stride, int n_q
   }
 }
 
+#include "kv/simd_blocks_impl.h"  // llama.cpp's block formats, on the helpers above
+
 template <class V>
 RowKernels row_kernels_for(RowFormat format) {
   switch (format) {
     case RowFormat::kBf16: return {scores_impl<V, RowFormat::kBf16>, accumulate_impl<V, RowFormat::kBf16>};
+    case RowFormat::kF16: return {scores_impl<V, RowFormat::kF16>, accumulate_impl<V, RowFormat::kF16>};
+    case RowFormat::kQ8_0: return block_row_kernels<V, RowFormat::kQ8_0>();
+    case RowFormat::kQ5_0: return block_row_kernels<V, RowFormat::kQ5_0>();
+    case RowFormat::kQ4_1: return block_row_kernels<V, RowFormat::kQ4_1>();
+    case RowFormat::kQ4_0: return block_row_kernels<V, RowFormat::kQ4_0>();
+    case RowFormat::kIq4Nl: return block_row_kernels<V, RowFormat::kIq4Nl>();
     case RowFormat::kInt2: return {scores_impl<V, RowFormat::kInt2>, accumulate_impl<V, RowFormat::kInt2>};
     case RowFormat::kInt4: return {scores_impl<V, RowFormat::kInt4>, accumulate_impl<V, RowFormat::kInt4>};
     case RowFormat::kInt8: return {scores_impl<V, RowFormat::kInt8>, accumulate_impl<V, RowFormat::kInt8>};

@@ -6,6 +6,7 @@
 
 #include "common/half.h"
 #include "kv/layout.h"
+#include "kv/llamacpp_blocks.h"
 #include "kv/simd.h"
 
 namespace kvq {
@@ -46,10 +47,30 @@ struct VScalar {
         std::memcpy(&b, p + 2 * v, 2);
         out[v] = bf16_to_f32(b);
       }
+    } else if constexpr (Fmt == RowFormat::kF16) {
+      for (int v = 0; v < 32; ++v) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * v, 2);
+        out[v] = fp16_to_f32(h);
+      }
     } else {
       constexpr int bits = Fmt == RowFormat::kInt2 ? 2 : Fmt == RowFormat::kInt4 ? 4 : 8;
       for (int v = 0; v < 32; ++v) out[v] = float(layout::unpack_code(p, v, bits));
     }
+  }
+  template <RowFormat Fmt>
+  static void block(const uint8_t* p, F* out) {
+    if constexpr (Fmt == RowFormat::kQ8_0) levels<llamacpp::BlockQ8_0>(p, out);
+    else if constexpr (Fmt == RowFormat::kQ5_0) levels<llamacpp::BlockQ5_0>(p, out);
+    else if constexpr (Fmt == RowFormat::kQ4_1) levels<llamacpp::BlockQ4_1>(p, out);
+    else if constexpr (Fmt == RowFormat::kQ4_0) levels<llamacpp::BlockQ4_0>(p, out);
+    else levels<llamacpp::BlockIq4Nl>(p, out);
+  }
+  template <class Block>
+  static void levels(const uint8_t* p, F* out) {
+    Block b;
+    std::memcpy(&b, p, sizeof b);
+    for (int j = 0; j < 32; ++j) out[j] = float(llamacpp::level(b, j));
   }
 };
 

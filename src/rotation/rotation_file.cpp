@@ -6,6 +6,7 @@
 #include "common/version.h"
 #include "kv/codec_registry.h"
 #include "model/safetensors.h"
+#include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
 
 namespace kvq {
@@ -168,6 +169,11 @@ std::shared_ptr<const KvTransform> codec_transform(const CacheConfig& cache, int
                                                    int head_dim) {
   const std::string_view kind = implied_transform(cache.k, cache.v);
   if (kind == kTransformNone) return nullptr;
+  if (kind == kTransformAttnRot) {  // llama.cpp's: keys and values decide apart; head_dim % 64 != 0 rotates nothing
+    const AttnRot rot = attn_rot_for(cache, head_dim);
+    if (!rot.on()) return nullptr;
+    return std::make_shared<KvTransform>(attn_rot_transform(rot, n_layers, n_kv_heads, head_dim));
+  }
   KVQ_CHECK(kind == kTransformHadamardKeys || kind == kTransformHadamard,
             "cache types k={} v={} imply transform '{}', which kvq cannot build", cache.k.type, cache.v.type, kind);
   const bool keys_only = kind == kTransformHadamardKeys;

@@ -42,7 +42,8 @@ KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim);
 KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim);
 
 // The transform a cache's codecs imply (the codec table's transform column: implied_transform), or null when they
-// imply none. The Hadamard needs a power-of-two head_dim: otherwise a kvq::Error names the codecs.
+// imply none. The Hadamard needs a power-of-two head_dim: otherwise a kvq::Error names the codecs. llama.cpp's
+// attn_rot (rotation/attn_rot.h) is built as llama.cpp builds it, so it is null when head_dim % 64 != 0.
 std::shared_ptr<const KvTransform> codec_transform(const CacheConfig& cache, int n_layers, int n_kv_heads,
                                                    int head_dim);
 
