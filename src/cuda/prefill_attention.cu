@@ -139,10 +139,11 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, int
 #pragma unroll
   for (int nt = 0; nt < kKeys / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
   const uint16_t(*q)[kPitch] = KI ? *qh : sh.qb;
-  const int qrow = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);  // A: matrix lane / 8 = rows + 8 (lane / 8 % 2)
+  // A fragments of Q: matrix lane / 8 holds rows + 8 (lane / 8 % 2), cols + 8 (lane / 16)
+  const int qrow = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);
 #pragma unroll
   for (int kc = 0; kc < kD / 16; ++kc) {
-    const int qcol = 16 * kc + 8 * (lane >> 4);  //                                       cols + 8 (lane / 16)
+    const int qcol = 16 * kc + 8 * (lane >> 4);
     uint32_t a[4], alo[4];
     ldmatrix_x4(a, &q[qrow][qcol]);
     if constexpr (kWin) ldmatrix_x4(alo, &sh.ql[qrow][qcol]);
