@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "cuda/gpu_cache.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
 #include "eval/evaluator.h"
@@ -229,6 +230,33 @@ TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForBf16Int2AndKivi2Caches) {
                             << " gpu " << got;
     }
   }
+}
+
+// The same ppl window scored through the tensor-core prefill kernel (the default: chunks of 512 rows) and through the
+// per-row path (GpuKvCache::set_prefill_rows(0): every chunk row on the decode kernels) in one GpuModel: equal within
+// 0.05%. Both round their attention operands alike (windows in bf16 hi + lo, bf16 rows to bf16, int2 rows to f16), so
+// what remains is rounding against another softmax bound and summation order.
+TEST(GpuModel, PerplexityThroughThePrefillKernelEqualsThePerRowPath) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const int ctx = 2048;
+  const std::vector<int32_t> ids = python_tokens(size_t(ctx));
+  ASSERT_EQ(ids.size(), size_t(ctx));
+  for (const std::string type : {"bf16", "int2"})
+    for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+      GpuModel gpu(m, cache_config(type, 64, 256, 128, 512), ctx, 1, p);
+      const double fast = perplexity(gpu, ids, ctx, 1).ppl();
+      const int64_t calls = gpu.cache().prefill_kernel_calls();
+      EXPECT_EQ(calls, int64_t(ctx / 512) * m.config().n_layers) << type << ": every chunk and layer on the kernel";
+      gpu.cache().set_prefill_rows(0);
+      const double rows = perplexity(gpu, ids, ctx, 1).ppl();
+      EXPECT_EQ(gpu.cache().prefill_kernel_calls(), calls) << type << ": the per-row pass ran the prefill kernel";
+      const double rel = std::abs(fast - rows) / rows;
+      std::printf("cache %s gemm %s: ppl prefill kernel %.5f per-row %.5f, relative difference %.3g%%\n", type.c_str(),
+                  std::string(cuda::gemm_precision_name(p)).c_str(), fast, rows, 100 * rel);
+      EXPECT_LE(rel, 5e-4) << "cache " << type << " gemm " << cuda::gemm_precision_name(p) << ": prefill kernel "
+                           << fast << " per-row " << rows;
+    }
 }
 
 // Four sequences of different lengths (inside the sink, across the recent window, with pages demoted), decoded

@@ -1,5 +1,6 @@
 // kvq bench attention --device cuda (cmd_bench_cuda.cpp): decode-step attention of the GPU cache over a grid of
-// batch x context shapes, against kvq's bf16 GPU kernel and the device's measured read bandwidth.
+// batch x context shapes, against kvq's bf16 GPU kernel and the device's measured read bandwidth; or (--prefill) one
+// prefill chunk's attention per context, the tensor-core prefill kernel against the per-row path.
 #pragma once
 
 #include <string>
@@ -16,6 +17,8 @@ struct GpuAttentionBench {
   std::vector<int> ctxs;     // tokens in every sequence's cache
   int q_heads = 32, kv_heads = 8, head_dim = 128;
   int iters = 20;            // timed steps per shape (median reported)
+  int prefill = 0;           // > 0: time one prefill chunk of this many queries at each ctx (batch 1), the prefill
+                             // kernel against the per-row path, instead of the decode grid
   bool json = false;         // one JSON array of records instead of the table
 };
 

@@ -195,6 +195,7 @@ struct BenchAttentionOptions {
   int kv_heads = 8;       // kv heads
   int head_dim = 128;     // d
   int batch = 1;          // sequences, one decode query each per step
+  int prefill = 0;        // --device cuda, > 0: time one prefill chunk of this many queries instead of decode steps
   int iters = 20;         // timed decode steps per configuration
   int threads = 0;        // worker threads (0: all cores)
   bool hot = false;       // keep the cache in the CPU caches between steps (default: evict it)
@@ -236,6 +237,7 @@ void bench_attention_device(const BenchAttentionOptions& o) {
   g.batches = o.batch_list.empty() ? std::vector<int>{1, 8, 32, 64} : o.batch_list;
   g.ctxs = o.ctx_list.empty() ? std::vector<int>{4096, 16384, 65536, 131072} : o.ctx_list;
   g.q_heads = o.q_heads, g.kv_heads = o.kv_heads, g.head_dim = o.head_dim, g.iters = o.iters, g.json = o.json;
+  g.prefill = o.prefill;
   bench_attention_cuda(g);
 }
 
@@ -467,6 +469,9 @@ void add_bench(CLI::App& app) {
   att->add_option("--device", a->device, "cpu, or cuda (GPU cache and kernels; shape grid, JSON array)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   att->add_option("--iters", a->iters, "timed decode steps")->check(CLI::Range(1, 1 << 20));
+  att->add_option("--prefill", a->prefill, "--device cuda: time one prefill chunk of this many queries at each --ctx "
+                  "(one sequence), the tensor-core prefill kernel against the per-row path")
+      ->check(CLI::Range(1, 1 << 16));
   att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
   att->add_option("--caches", a->caches, "cache types or presets to time in one run against one bf16 baseline, e.g. "
@@ -475,6 +480,7 @@ void add_bench(CLI::App& app) {
   att->add_flag("--json", a->json, "print one JSON object per configuration (--device cuda: one JSON array)");
   att->callback([a] {
     if (a->device == "cuda") return bench_attention_device(*a);
+    KVQ_CHECK(a->prefill == 0, "bench attention: --prefill needs --device cuda");
     KVQ_CHECK(a->ctx_list.size() <= 1 && a->batch_list.size() <= 1,
               "bench attention: lists of --ctx / --batch need --device cuda (the CPU bench runs one shape)");
     if (!a->ctx_list.empty()) a->ctx = a->ctx_list[0];

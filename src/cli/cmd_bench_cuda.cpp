@@ -101,6 +101,89 @@ std::optional<ShapeResult> run_shape(const GpuAttentionBench& o, CacheConfig cfg
   return r;
 }
 
+// --prefill: one sequence filled to ctx, then one step of `o.prefill` queries appended once; the attention of that
+// chunk timed with the prefill kernel and with every row on the decode kernels (the same cache and rows).
+struct PrefillResult {
+  double kernel_us = 0, per_row_us = 0;  // median microseconds of one attention call
+  double flops = 0;                      // 4 d n_heads Σ (view length): QK^T and PV over every row's view
+  bool kernel_ran = false;               // the cache took the prefill kernel (its codecs have it)
+};
+
+std::optional<PrefillResult> run_prefill(const GpuAttentionBench& o, CacheConfig cfg, int ctx) {
+  const int fill = std::max(1, std::min(2048, ctx));
+  cfg.max_chunk = std::max(fill, o.prefill);
+  const double need = bytes_needed(o, cfg, 1, ctx + o.prefill, cfg.max_chunk) +
+                      double(o.prefill) * o.q_heads * o.head_dim * 4 * 4;  // q, out and the partials
+  const double avail = 0.92 * double(cuda::free_device_memory());
+  if (need > avail) {
+    std::fprintf(stderr, "note: skipping prefill ctx %d k=%s v=%s: needs %.1f GB, %.1f GB free\n", ctx,
+                 cfg.k.type.c_str(), cfg.v.type.c_str(), need / 1e9, avail / 1e9);
+    return std::nullopt;
+  }
+  cuda::GpuKvCache cache(cfg, 1, o.kv_heads, o.head_dim, ctx + o.prefill, 1);
+  const int seq = cache.new_sequence();
+  const size_t row_floats = size_t(o.kv_heads) * o.head_dim;
+  const int rows = std::max(fill, o.prefill);
+  cuda::DeviceBuffer k(size_t(rows) * row_floats * 4), v(k.bytes());
+  cuda::DeviceBuffer q(size_t(o.prefill) * o.q_heads * o.head_dim * 4), out(q.bytes());
+  uint64_t seed = 1;
+  for (int p = 0; p < ctx; p += fill) {
+    const int n = std::min(fill, ctx - p);
+    cuda::fill_normal(k.as<float>(), size_t(n) * row_floats, seed++, 1.f, cache.stream());
+    cuda::fill_normal(v.as<float>(), size_t(n) * row_floats, seed++, 1.f, cache.stream());
+    cache.begin_step({seq}, {n});
+    cache.append(0, k.as<float>(), v.as<float>());
+    cache.commit_step();
+  }
+  cuda::fill_normal(k.as<float>(), size_t(o.prefill) * row_floats, seed++, 1.f, cache.stream());
+  cuda::fill_normal(v.as<float>(), size_t(o.prefill) * row_floats, seed++, 1.f, cache.stream());
+  cuda::fill_normal(q.as<float>(), size_t(o.prefill) * o.q_heads * o.head_dim, seed++, 1.f, cache.stream());
+  cache.begin_step({seq}, {o.prefill});
+  cache.append(0, k.as<float>(), v.as<float>());
+  PrefillResult r;
+  auto time = [&](int prefill_rows) {
+    cache.set_prefill_rows(prefill_rows);
+    return 1e3 * cuda::median_step_ms([&] { cache.attention(0, q.as<float>(), o.q_heads, out.as<float>()); }, 2,
+                                      o.iters, cache.stream());
+  };
+  r.kernel_us = time(1);
+  r.kernel_ran = cache.prefill_kernel_calls() > 0;
+  r.per_row_us = time(0);
+  cache.commit_step();
+  cuda::sync("bench attention --prefill");
+  for (int i = 0; i < o.prefill; ++i) r.flops += 4.0 * o.head_dim * o.q_heads * double(ctx + i + 1);
+  return r;
+}
+
+// --prefill: per context and cache, the chunk's attention on the prefill kernel against the per-row path.
+void bench_prefill(const GpuAttentionBench& o) {
+  if (!o.json)
+    std::printf("%s | one chunk of %d queries per context, batch 1 | q-heads %d kv-heads %d d %d | median of %d\n"
+                "%7s %-24s %12s %12s %9s %12s %9s\n",
+                cuda::device_description().c_str(), o.prefill, o.q_heads, o.kv_heads, o.head_dim, o.iters, "ctx",
+                "cache", "kernel us", "per-row us", "speedup", "kernel tok/s", "TFLOP/s");
+  nlohmann::json records = nlohmann::json::array();
+  for (int ctx : o.ctxs)
+    for (const CacheConfig& cache : o.caches) {
+      const std::optional<PrefillResult> r = run_prefill(o, cache, ctx);
+      if (!r) continue;
+      const double speedup = r->per_row_us / r->kernel_us, tps = o.prefill / (r->kernel_us * 1e-6);
+      const double tflops = r->flops / (r->kernel_us * 1e-6) / 1e12;
+      const std::string name = "k=" + cache.k.type + " v=" + cache.v.type + (r->kernel_ran ? "" : " (per-row)");
+      if (o.json) {
+        records.push_back({{"ctx", ctx}, {"prefill_rows", o.prefill}, {"type_k", cache.k.type},
+                           {"type_v", cache.v.type}, {"prefill_kernel", r->kernel_ran}, {"kernel_us", r->kernel_us},
+                           {"per_row_us", r->per_row_us}, {"speedup", speedup}, {"tokens_per_second", tps},
+                           {"tflops", tflops}});
+      } else {
+        std::printf("%7d %-24s %12.1f %12.1f %8.2fx %12.0f %9.1f\n", ctx, name.c_str(), r->kernel_us, r->per_row_us,
+                    speedup, tps, tflops);
+        std::fflush(stdout);
+      }
+    }
+  if (o.json) std::printf("%s\n", records.dump(1).c_str());
+}
+
 }  // namespace
 
 void bench_attention_cuda(const GpuAttentionBench& o) {
@@ -115,6 +198,7 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
   KVQ_CHECK(!o.caches.empty(), "bench attention: no cache to time");
   cuda::require_device();
   for (const CacheConfig& c : o.caches) cuda::GpuKvCache probe(c, 1, o.kv_heads, o.head_dim, 1, 1);  // refused early
+  if (o.prefill > 0) return bench_prefill(o);
   const double probe_bw = cuda::read_bandwidth_probe(std::min<size_t>(size_t(2) << 30, cuda::free_device_memory() / 4));
   CacheConfig bf = o.caches[0];
   bf.k = CodecSpec{.type = "bf16", .head_dim = o.head_dim}, bf.v = bf.k;

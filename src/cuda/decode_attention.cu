@@ -1,6 +1,8 @@
 // Decode-faithful attention over the GPU cache, one layer, every row of a step (decode: one row per sequence;
 // prefill: one row per chunk token), in three launches:
 //   1. prepare_queries: q <- (q · scale) R_K per (row, head)            (double accumulation, like the CPU)
+//      (the rows of a launch are the step's, or those that AttentionLaunch::row_index names: the decode rows of a
+//      step whose prefill chunks take the prefill kernel, prefill_attention.cu, which shares steps 1 and 3)
 //   2. attention: grid (row, kv head, KV split); the view of the row's query at t, positions [0, t], split into
 //      ranges of split_tokens positions; each position is a sink row, a quantized row or a recent row (view_row);
 //      each K / V row is read ONCE for the whole GQA group (g query heads). Online softmax; writes the split's
@@ -8,7 +10,7 @@
 //      caches it supports (int2 of one group, bf16), with the windows in n_win more slots of the same launch; this
 //      CUDA-core kernel the others (int4, int8, KIVI). The reference twin (decode_attention_ref.cu) has this
 //      kernel's grid and output and replaces it when asked.
-//   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T.
+//   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T, into the step row.
 //
 // The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
 // row against the group's queries in shared memory, broadcast reads, with the key codec's score: int2 / int4
@@ -31,11 +33,13 @@ namespace {
 constexpr int kD = kHeadDim;
 constexpr int kWarps = 4;
 
-__global__ void prepare_queries_kernel(const float* q, int n_heads, int n_kv, int layer, float scale, const float* r_k,
-                                       float* q_out) {
+// Grid (launch row, query head), thread = channel; the query of step row row_index[row] (row when null).
+__global__ void prepare_queries_kernel(const float* q, const int* row_index, int n_heads, int n_kv, int layer,
+                                       float scale, const float* r_k, float* q_out) {
   const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
   const int64_t off = (int64_t(row) * n_heads + j) * kD;
-  const float x = __fmul_rn(q[off + c], scale);
+  const int in_row = row_index ? row_index[row] : row;
+  const float x = __fmul_rn(q[(int64_t(in_row) * n_heads + j) * kD + c], scale);
   if (!r_k) {
     q_out[off + c] = x;
     return;
@@ -226,7 +230,7 @@ __global__ void __launch_bounds__(kD) merge_kernel(AttentionLaunch a, int n_kv, 
   }
   L = block_reduce<false>(L);
   const float o = A / L;  // L > 0: every view holds position t itself
-  const int64_t off = (int64_t(row) * a.n_heads + j) * kD;
+  const int64_t off = (int64_t(a.row_index ? a.row_index[row] : row) * a.n_heads + j) * kD;
   if (!r_v) {
     out[off + c] = o;
     return;
@@ -243,6 +247,20 @@ __global__ void __launch_bounds__(kD) merge_kernel(AttentionLaunch a, int n_kv, 
 
 }  // namespace
 
+int launch_prepare_queries(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
+                           void* stream) {
+  prepare_queries_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, static_cast<cudaStream_t>(stream)>>>(
+      d_q, a.row_index, a.n_heads, g.n_kv, a.layer, a.scale, t.r_k, a.q_work);
+  return cudaGetLastError();
+}
+
+int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, float* d_out,
+                          void* stream) {
+  merge_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, static_cast<cudaStream_t>(stream)>>>(
+      a, g.n_kv, a.layer, t.r_v, d_out);
+  return cudaGetLastError();
+}
+
 int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const TransformPtrs& t, const float* d_q,
                      float* d_out, bool reference, void* stream) {
   if (a_in.n_rows <= 0) return cudaSuccess;
@@ -250,9 +268,7 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
   const bool mma = !reference && attention_mma_supported(g);
   AttentionLaunch a = a_in;
   a.n_slots = a.n_splits + (mma ? a.n_win : 0);
-  prepare_queries_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(d_q, a.n_heads, g.n_kv, a.layer,
-                                                                                       a.scale, t.r_k, a.q_work);
-  int e = cudaGetLastError();
+  int e = launch_prepare_queries(g, a, t, d_q, stream);
   if (e != cudaSuccess) return e;
   if (reference) {
     e = launch_attention_ref(g, a, stream);
@@ -265,8 +281,7 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) return e;
-  merge_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, st>>>(a, g.n_kv, a.layer, t.r_v, d_out);
-  return cudaGetLastError();
+  return launch_merge_partials(g, a, t, d_out, stream);
 }
 
 int attention_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks) {

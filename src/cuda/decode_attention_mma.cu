@@ -29,57 +29,23 @@
 
 #include "cuda/cache_device.cuh"
 #include "cuda/codecs.cuh"
+#include "cuda/mma.cuh"
 
 namespace kvq::cuda {
 
 namespace {
 
+using namespace tc;  // mma, pack2, round16, exp2_ftz, kLog2e, kLn2, params_scale / params_zero
+
 constexpr int kD = kHeadDim;
 constexpr int kWarps = 4;
 constexpr int kTile = 16;
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// Two 16-bit elements (lo = first) of the operand type.
-template <bool F16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (F16) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-template <bool F16>
-__device__ __forceinline__ float round16(float x) {
-  if constexpr (F16) return __half2float(__float2half_rn(x)); else return __bfloat162float(__float2bfloat16_rn(x));
-}
 
 // The 2-bit codes at bits [2k, 2k + 2) of bytes 0 and 2 of w as an f16 pair (byte 0 low): masked in place, each
 // half holds c·4^k in its mantissa with a zero exponent, the subnormal c·4^k·2^-24 (exact). k is a compile-time
 // constant after unrolling: one LOP3.
 __device__ __forceinline__ uint32_t codes_sub2(uint32_t w, int k) { return w & (0x00030003u << (2 * k)); }
 constexpr float kTwo24 = 16777216.f;  // 2^24: undoes the subnormal exponent of codes_sub2
-constexpr float kLog2e = 1.4426950409f;  // scores are kept in base 2: s·log2(e), so p = 2^(s - m)
-constexpr float kLn2 = 0.6931471806f;    // m back to base e for the merge
-
-// 2^x in one MUFU.EX2; results below 2^-126 flush to zero, which p = 2^(s - m) <= 1 never needs.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // The 8x8 16-bit matrix whose row gid, columns 2tid and 2tid + 1 this lane holds (low half first), transposed: the
 // lane then holds its column gid, rows 2tid and 2tid + 1.
@@ -88,9 +54,6 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
 }
-
-__device__ __forceinline__ float params_scale(uint32_t p) { return __half2float(__ushort_as_half(uint16_t(p))); }
-__device__ __forceinline__ float params_zero(uint32_t p) { return __half2float(__ushort_as_half(uint16_t(p >> 16))); }
 
 // Sum over the 8 lanes of a quad column (lanes with the same lane % 4).
 __device__ __forceinline__ float col_sum(float v) {

@@ -165,19 +165,29 @@ struct GpuKvCache::Impl {
   bool in_step = false;
   std::vector<int> step_seqs, step_n;
   std::vector<RowDesc> rows_host;       // [rows] then [demote items]
-  int n_rows = 0, n_items = 0, max_view = 0;
+  int n_rows = 0, n_items = 0;
   DeviceBuffer desc;                    // RowDesc[rows + items]
   DeviceBuffer q_work, part_acc, part_ml;
   int split_tokens = 0;                 // 0 = automatic
-  // The step's attention plan (plan_attention), the same for every layer.
+  // The step's attention plan (plan_attention), the same for every layer: which rows take which kernel, and each
+  // kernel's splits.
   struct Plan {
     int n_heads = 0;                    // query heads it is for; 0 = not planned yet this step
-    int split = 0, n_splits = 0;        // positions per KV split, splits of the longest view
-    int n_win = 1;                      // tensor-core path: blocks per (row, kv head) over the bf16 windows
+    int n_dec = 0;                      // rows of the decode kernels: all n_rows, or the subset decode_desc names
+    bool dec_subset = false;            // some rows take the prefill kernel: decode rows from decode_desc / _index
+    int split = 0, n_splits = 0;        // decode: positions per KV split, splits of the longest view
+    int n_win = 1;                      // decode, tensor-core path: blocks per (row, kv head) over the bf16 windows
+    int n_pf = 0, n_tiles = 0;          // prefill kernel: rows (prefill_index) and query tiles (prefill_tiles)
+    int pf_split = 0, pf_splits = 0;    // prefill kernel: positions per KV split, splits of its longest view
   } plan;
   int resident_heads = 0;               // n_heads that `resident` was measured for (0 = not yet)
   int64_t resident = 0;                 // attention blocks the GPU holds at once (SMs x blocks per SM)
+  int64_t prefill_resident = 0;         // prefill blocks the GPU holds at once (0 = not measured yet)
   bool reference = false;
+  bool prefill_ok = false;              // every layer's instance row has the prefill kernel (gpu_prefill_kernel)
+  int prefill_rows = kPrefillMinRows;   // set_prefill_rows
+  int64_t prefill_calls = 0;
+  DeviceBuffer decode_desc, decode_index, prefill_tiles, prefill_index;  // the kernels' rows of a mixed step
 
   int quant_end(int t) const { return layout.quant_end(t); }
   const Plan& plan_attention(int n_heads);
@@ -250,6 +260,9 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     g.page_table = m.page_table_dev.as<int>();
   }
   m.n_sms = sm_count();
+  m.prefill_ok = std::all_of(m.geo.begin(), m.geo.end(), [](const CacheGeometry& g) {
+    return attention_prefill_supported(g);
+  });
   if (cfg.transform) m.upload_transform(*cfg.transform);
   CodecSpec kspec = cfg.k;
   kspec.head_dim = kHeadDim;
@@ -283,6 +296,12 @@ void GpuKvCache::set_split_tokens(int n) {
   impl_->split_tokens = (n + 127) / 128 * 128;
 }
 void GpuKvCache::set_reference_attention(bool on) { impl_->reference = on; }
+void GpuKvCache::set_prefill_rows(int n) {
+  KVQ_CHECK(n >= 0, "GPU KV cache: prefill rows {} must be >= 0 (0 = every chunk row by row)", n);
+  impl_->prefill_rows = n;
+  impl_->plan = {};  // the next attention() re-plans, also inside a step
+}
+int64_t GpuKvCache::prefill_kernel_calls() const { return impl_->prefill_calls; }
 
 void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
   Impl& m = *this;
@@ -338,13 +357,11 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
   m.pool->reserve(seqs, n);
   if (m.pool->used_pages() != used) m.table_dirty = true;
   m.rows_host.clear();
-  m.max_view = 0;
   std::vector<RowDesc> items;
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int s = seqs[b], len = m.pool->length(s), end = len + n[b];
     for (int i = 0; i < n[b]; ++i) m.rows_host.push_back({s, len + i});
     for (int p = std::max(m.cfg.sink, m.quant_end(len - 1)); p < m.quant_end(end - 1); ++p) items.push_back({s, p});
-    m.max_view = std::max(m.max_view, end);
   }
   m.n_rows = int(m.rows_host.size());
   m.n_items = int(items.size());
@@ -374,35 +391,92 @@ void GpuKvCache::append(int layer, const float* d_k, const float* d_v) {
   check(launch_demote_rows(g, layer, rows + m.n_rows, m.n_items, m.stream), "GPU KV cache: demote kernel");
 }
 
-// Split size for the step's longest view and n_heads query heads, and scratch for its partials.
+// Which rows take which kernel (the one dispatch point of attention()), the split sizes of each for the step's views
+// and n_heads query heads, and scratch for their partials.
 const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
   KVQ_CHECK(in_step, "GPU KV cache: attention outside a step (begin_step first)");
   if (plan.n_heads == n_heads) return plan;
   KVQ_CHECK(n_heads >= n_kv && n_heads % n_kv == 0 && n_heads / n_kv <= kMaxGroupHeads,
             "GPU attention: {} query heads over {} kv heads is not supported (GQA group of 1 .. {})", n_heads, n_kv,
             kMaxGroupHeads);
+  const int g = n_heads / n_kv;
   if (resident_heads != n_heads) {  // one plan for every layer: the fewest resident blocks of the layers' instances
     int per_sm = 0, last_instance = -2;
-    for (const CacheGeometry& g : geo) {
-      if (g.instance == last_instance) continue;
+    for (const CacheGeometry& geo_l : geo) {
+      if (geo_l.instance == last_instance) continue;
       int n = 0;
-      check(attention_blocks_per_sm(g, n_heads, &n), "GPU attention: occupancy query");
+      check(attention_blocks_per_sm(geo_l, n_heads, &n), "GPU attention: occupancy query");
       per_sm = last_instance == -2 ? n : std::min(per_sm, n);
-      last_instance = g.instance;
+      last_instance = geo_l.instance;
     }
     resident = int64_t(std::max(per_sm, 1)) * n_sms;
     resident_heads = n_heads;
   }
-  const int64_t base = int64_t(n_rows) * n_kv;  // (row, kv head) pairs
-  const int n_win = window_blocks(geo[0], base, resident);  // the windows: the same in every layer
-  int split = split_tokens ? split_tokens : auto_split_tokens(base, max_view, resident);
-  split = std::max(split, (max_view + 65534 - n_win) / (65535 - n_win));  // grid z = splits + n_win <= 65535
-  split = (split + 127) / 128 * 128;
+
+  // The dispatch: a sequence of >= prefill_rows rows takes the prefill kernel, the other rows the decode kernels.
+  std::vector<RowDesc> dec_rows;
+  std::vector<int> dec_index, pf_index;
+  std::vector<PrefillTile> tiles;
+  int row = 0, dec_view = 0, pf_view = 0;
+  for (size_t b = 0; b < step_seqs.size(); ++b) {
+    const int s = step_seqs[b], n = step_n[b], pos0 = pool->length(s);
+    if (prefill_ok && !reference && prefill_rows > 0 && n >= prefill_rows) {
+      const int lrow0 = int(pf_index.size());
+      for (int i = 0; i < n; ++i) pf_index.push_back(row + i);
+      for (int r0 = 0; r0 < n * g; r0 += kPrefillTileRows) tiles.push_back({s, pos0, n, lrow0, r0});
+      pf_view = std::max(pf_view, pos0 + n);
+    } else {
+      for (int i = 0; i < n; ++i) dec_rows.push_back({s, pos0 + i}), dec_index.push_back(row + i);
+      dec_view = std::max(dec_view, pos0 + n);
+    }
+    row += n;
+  }
+  plan = {};
   plan.n_heads = n_heads;
-  plan.split = split;
-  plan.n_splits = (max_view + split - 1) / split;
-  plan.n_win = n_win;
-  const size_t parts = size_t(base) * (plan.n_splits + n_win) * (n_heads / n_kv);
+  plan.n_dec = int(dec_rows.size());
+  plan.dec_subset = !tiles.empty() && !dec_rows.empty();
+  if (plan.dec_subset) {
+    upload(decode_desc, dec_rows.data(), dec_rows.size() * sizeof(RowDesc));
+    upload(decode_index, dec_index.data(), dec_index.size() * sizeof(int));
+  }
+  size_t parts = 0;  // partial slots x g of the larger launch (they run one after the other and share the scratch)
+  if (plan.n_dec > 0) {
+    const int64_t base = int64_t(plan.n_dec) * n_kv;  // (row, kv head) pairs
+    const int n_win = window_blocks(geo[0], base, resident);  // the windows: the same in every layer
+    int split = split_tokens ? split_tokens : auto_split_tokens(base, dec_view, resident);
+    split = std::max(split, (dec_view + 65534 - n_win) / (65535 - n_win));  // grid z = splits + n_win <= 65535
+    split = (split + 127) / 128 * 128;
+    plan.split = split;
+    plan.n_splits = (dec_view + split - 1) / split;
+    plan.n_win = n_win;
+    parts = size_t(base) * (plan.n_splits + n_win) * g;
+  }
+  if (!tiles.empty()) {
+    if (prefill_resident == 0) {
+      int per_sm = 0;
+      for (size_t l = 0; l < geo.size(); ++l) {
+        int n = 0;
+        check(attention_prefill_blocks_per_sm(geo[l], &n), "GPU prefill attention: occupancy query");
+        per_sm = l == 0 ? n : std::min(per_sm, n);
+      }
+      prefill_resident = int64_t(std::max(per_sm, 1)) * n_sms;
+    }
+    // Splits of >= 1024 positions while the grid holds fewer than two waves of blocks.
+    const int64_t base = int64_t(tiles.size()) * n_kv;
+    int64_t splits = 1;
+    if (base < 2 * prefill_resident)
+      splits = std::min<int64_t>((2 * prefill_resident + base - 1) / base, std::max(1, pf_view / 1024));
+    int split = split_tokens ? split_tokens : int((pf_view + splits - 1) / splits);
+    split = std::max(split, (pf_view + 65534) / 65535);  // grid z <= 65535
+    split = (split + kPrefillKeys - 1) / kPrefillKeys * kPrefillKeys;
+    plan.n_pf = int(pf_index.size());
+    plan.n_tiles = int(tiles.size());
+    plan.pf_split = split;
+    plan.pf_splits = (pf_view + split - 1) / split;
+    upload(prefill_tiles, tiles.data(), tiles.size() * sizeof(PrefillTile));
+    upload(prefill_index, pf_index.data(), pf_index.size() * sizeof(int));
+    parts = std::max(parts, size_t(plan.n_pf) * n_kv * plan.pf_splits * g);
+  }
   grow(q_work, size_t(n_rows) * n_heads * kHeadDim * sizeof(float));
   grow(part_acc, parts * kHeadDim * sizeof(float));
   grow(part_ml, parts * 2 * sizeof(float));
@@ -413,27 +487,46 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
   Impl& m = *impl_;
   KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
   const Impl::Plan& p = m.plan_attention(n_heads);
-  AttentionLaunch a{};
-  a.layer = layer;
-  a.n_rows = m.n_rows;
-  a.rows = m.desc.as<RowDesc>();
-  a.n_heads = n_heads;
-  a.scale = 1.f / std::sqrt(float(m.d));
-  a.split_tokens = p.split;
-  a.n_splits = p.n_splits;
-  a.n_win = p.n_win;
-  a.n_slots = p.n_splits;  // launch_attention adds the window slots when it takes the tensor-core path
-  a.q_work = m.q_work.as<float>();
-  a.part_acc = m.part_acc.as<float>();
-  a.part_ml = m.part_ml.as<float>();
-  check(launch_attention(m.geo[size_t(layer)], a, m.tptrs, d_q, d_out, m.reference, m.stream), "GPU attention kernel");
+  const CacheGeometry& g = m.geo[size_t(layer)];
+  AttentionLaunch base{};
+  base.layer = layer;
+  base.n_heads = n_heads;
+  base.scale = 1.f / std::sqrt(float(m.d));
+  base.q_work = m.q_work.as<float>();
+  base.part_acc = m.part_acc.as<float>();
+  base.part_ml = m.part_ml.as<float>();
+  if (p.n_dec > 0) {  // the decode kernels: every row, or the rows of the step's short sequences
+    AttentionLaunch a = base;
+    a.n_rows = p.n_dec;
+    a.rows = p.dec_subset ? m.decode_desc.as<RowDesc>() : m.desc.as<RowDesc>();
+    a.row_index = p.dec_subset ? m.decode_index.as<int>() : nullptr;
+    a.split_tokens = p.split;
+    a.n_splits = p.n_splits;
+    a.n_win = p.n_win;
+    a.n_slots = p.n_splits;  // launch_attention adds the window slots when it takes the tensor-core path
+    check(launch_attention(g, a, m.tptrs, d_q, d_out, m.reference, m.stream), "GPU attention kernel");
+  }
+  if (p.n_tiles > 0) {  // the prefill kernel: the chunks of >= prefill_rows rows
+    AttentionLaunch a = base;
+    a.n_rows = p.n_pf;
+    a.row_index = m.prefill_index.as<int>();
+    a.tiles = m.prefill_tiles.as<PrefillTile>();
+    a.n_tiles = p.n_tiles;
+    a.split_tokens = p.pf_split;
+    a.n_splits = a.n_slots = p.pf_splits;
+    check(launch_attention_prefill(g, a, m.tptrs, d_q, d_out, m.stream), "GPU prefill attention kernel");
+    ++m.prefill_calls;
+  }
 }
 
 GpuKvCache::StepSignature GpuKvCache::step_signature(int n_heads) {
   Impl& m = *impl_;
   const Impl::Plan& p = m.plan_attention(n_heads);
-  return {m.n_rows, m.n_items, n_heads, p.split, p.n_splits, p.n_win, m.reference, m.desc.get(), m.q_work.get(),
-          m.part_acc.get(), m.part_ml.get(), m.tptrs.key_mean, m.tptrs.r_k, m.tptrs.r_v};
+  return {m.n_rows,        m.n_items,          n_heads,           p.split,           p.n_splits,
+          p.n_win,         p.n_dec,            p.n_tiles,         p.pf_split,        p.pf_splits,
+          m.reference,     m.desc.get(),       m.q_work.get(),    m.part_acc.get(),  m.part_ml.get(),
+          m.decode_desc.get(), m.decode_index.get(), m.prefill_tiles.get(), m.prefill_index.get(),
+          m.tptrs.key_mean, m.tptrs.r_k,      m.tptrs.r_v};
 }
 
 void GpuKvCache::commit_step() {

@@ -74,6 +74,9 @@ class GpuKvCache {
   // d_q: [rows, n_heads, d] fp32 post-RoPE queries; d_out: [rows, n_heads, d] fp32 attention outputs (before W_O).
   // Each query at position t reads its decode-faithful view; split-KV with an exact LSE merge.
   // The softmax scale 1/sqrt(d) is applied here (q is NOT pre-scaled, unlike kvq::cache_attention's input).
+  // THE dispatch of the attention kernels: a sequence of the step with at least set_prefill_rows rows takes the
+  // tensor-core prefill kernel (prefill_attention.cu) when every layer's instance row has it (gpu_prefill_kernel,
+  // named by gpu_path_text) and the reference twin is off; every other row takes the decode kernel of its row.
   void attention(int layer, const float* d_q, int n_heads, float* d_out);
   // Ends the step: lengths += n.
   void commit_step();
@@ -84,9 +87,11 @@ class GpuKvCache {
   // n_heads query heads and grows its buffers now, so that no allocation falls inside a capture.
   struct StepSignature {
     int n_rows, n_items;                        // rows appended and attended; rows demoted per layer
-    int n_heads, split_tokens, n_splits, n_win;  // the attention plan
+    int n_heads, split_tokens, n_splits, n_win;  // the attention plan: the decode kernel's
+    int n_decode_rows, n_prefill_tiles, prefill_split, prefill_splits;  // the rows of each kernel; the prefill plan
     bool reference;                             // set_reference_attention
     const void *desc, *q_work, *part_acc, *part_ml;  // step descriptors and attention scratch
+    const void *decode_desc, *decode_index, *prefill_tiles, *prefill_index;  // each kernel's rows (mixed steps)
     const void *key_mean, *r_k, *r_v;           // the transform (CacheConfig::transform, uploaded once)
     bool operator==(const StepSignature&) const = default;
   };
@@ -102,11 +107,18 @@ class GpuKvCache {
   void* stream() const;  // the cudaStream_t everything runs on
 
   // --- Testing and benchmarking knobs (defaults are what production uses).
-  // Positions per KV split of attention(): 0 = automatic (whole waves of resident blocks, auto_split_tokens); else a
-  // multiple of 128 (rounded up). The split-KV merge is exact, so results do not depend on it beyond float rounding.
+  // Positions per KV split of attention(), the decode and the prefill kernel's: 0 = automatic (whole waves of resident
+  // blocks, auto_split_tokens; prefill: splits of >= 1024 positions up to two waves); else a multiple of 128 (rounded
+  // up). The split-KV merge is exact, so results do not depend on it beyond float rounding.
   void set_split_tokens(int n);
-  // Run the simple reference twin of the attention kernel instead of the fast path.
+  // Run the simple reference twin of the attention kernel instead of the fast path (prefill chunks too: row by row).
   void set_reference_attention(bool on);
+  // A step's sequence of at least n rows takes the prefill kernel (default kPrefillMinRows, cuda/gpu_kernels.h; 1: every
+  // row, decode rows too; 0: none, every chunk row by row on the decode kernels, the path it is tested against). Takes
+  // effect at the next attention(), also inside a step.
+  void set_prefill_rows(int n);
+  // attention() calls that ran the prefill kernel (for one step's layer, once each), since construction.
+  int64_t prefill_kernel_calls() const;
   // Synchronously downloads the stored rows of positions [pos0, pos0 + n) of (seq, layer, kv_head), K
   // (values = false) or V, as a query at position length(seq) - 1 reads them: bf16 rows (2 d bytes) for sinks and
   // the recent window, codec rows (layout::IntRow, or bf16 for a bf16 codec) for the quantized region; rows

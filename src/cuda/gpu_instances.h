@@ -84,6 +84,11 @@ inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpu
 
 inline const char* gpu_path_name(GpuPath p) { return p == GpuPath::kTensorCore ? "tensor-core" : "CUDA-core"; }
 
+// Whether a row's prefill chunks can take the tensor-core prefill kernel (prefill_attention.cu: int2 rows of one
+// 128-value group and bf16 rows, the tensor-core rows'); the others attend every chunk row by row with their decode
+// kernel. GpuKvCache's attention dispatch reads it (with its set_prefill_rows threshold), and gpu_path_text names it.
+constexpr bool gpu_prefill_kernel(const GpuInstance& r) { return r.path == GpuPath::kTensorCore; }
+
 // --- The support predicate (host).
 
 namespace gpu_detail {
@@ -216,7 +221,8 @@ inline std::string gpu_unsupported(const CacheConfig& cfg, int head_dim) {
 }
 
 // Which attention path runs cfg and why, for the startup log: "tensor-core attention (instance k=int2/g128
-// v=int2/g128)", or "CUDA-core attention (instance k=int4 v=int4; tensor cores take k=int2/g128 v=int2/g128, ...)".
+// v=int2/g128), prefill chunks of >= 16 rows on the tensor-core prefill kernel", or "CUDA-core attention (instance
+// k=int4 v=int4; tensor cores take k=int2/g128 v=int2/g128, ...), prefill row by row".
 inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
   const int i = gpu_instance(cfg, head_dim);
   if (i < 0) return "no GPU instance";
@@ -231,7 +237,10 @@ inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
               gpu_detail::side_text(t.v, false, t.groups);
     out += "; tensor cores take " + tc;
   }
-  return out + ")";
+  return out + ")" +
+         (gpu_prefill_kernel(r) ? ", prefill chunks of >= " + std::to_string(kPrefillMinRows) +
+                                      " rows on the tensor-core prefill kernel"
+                                : std::string(", prefill row by row"));
 }
 
 // Whether some row stores spec s for keys or values (per_channel: keys) at the spec's head_dim, whatever the other

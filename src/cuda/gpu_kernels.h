@@ -91,21 +91,45 @@ int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows,
 // block of its G positions per channel (layout::KiviKeyBlock).
 int launch_demote_rows(const CacheGeometry& g, int layer, const RowDesc* d_items, int n_items, void* stream);
 
-// Attention of one layer over the decode-faithful view of every row.
+// A query tile of the prefill kernel (prefill_attention.cu): kPrefillTileRows rows (position, query head) of one
+// chunk, flattened as i * g + h for the chunk's row i (position pos0 + i) and head h of the GQA group.
+struct PrefillTile {
+  int seq;    // sequence slot
+  int pos0;   // position of the chunk's first row
+  int n;      // rows (positions) of the chunk
+  int lrow0;  // launch row of the chunk's first row (q_work and partial rows)
+  int r0;     // the tile's first flattened row, a multiple of kPrefillTileRows
+};
+constexpr int kPrefillTileRows = 64;  // (position, head) rows per query tile: 4 warps x 16
+constexpr int kPrefillKeys = 64;      // positions per key / value tile
+// Default of GpuKvCache::set_prefill_rows: a step's sequence of at least this many rows takes the prefill kernel.
+constexpr int kPrefillMinRows = 16;
+
+// Attention of one layer over the decode-faithful view of every row of a launch: the step's rows, or the part of them
+// that one path takes (row_index).
 struct AttentionLaunch {
   int layer;
-  int n_rows;              // query rows of the step
-  const RowDesc* rows;     // [n_rows] device
+  int n_rows;              // query rows of the launch
+  const RowDesc* rows;     // [n_rows] device (the decode kernels)
+  const int* row_index;    // [n_rows] device: the step row (of q and out) of launch row r; null = r itself
+  const PrefillTile* tiles;  // [n_tiles] device (the prefill kernel; null for the decode kernels)
+  int n_tiles;
   int n_heads;             // query heads; g = n_heads / n_kv <= kMaxGroupHeads
   float scale;             // softmax scale applied to q before the key rotation (1 / sqrt(d))
   int split_tokens;        // positions per KV split (multiple of 128)
   int n_splits;            // splits per (row, kv head): ceil(max view length / split_tokens)
   int n_win;               // tensor-core path: blocks per (row, kv head) over the bf16 sink and recent windows
   int n_slots;             // partial slots per (row, kv head): n_splits, + n_win on the tensor-core path
-  float* q_work;           // [n_rows][n_heads][d] scratch: scaled, rotated queries
-  float* part_acc;         // [n_rows][n_kv][n_splits + n_win][g][d] scratch: unnormalised partial outputs
-  float* part_ml;          // [n_rows][n_kv][n_splits + n_win][g][2] scratch: partial (max, sum)
+  float* q_work;           // [n_rows][n_heads][d] scratch: scaled, rotated queries of the launch rows
+  float* part_acc;         // [n_rows][n_kv][n_slots][g][d] scratch: unnormalised partial outputs
+  float* part_ml;          // [n_rows][n_kv][n_slots][g][2] scratch: partial (max, sum)
 };
+// The first and last launch of every attention path: q_work <- (q[row_index[r]] · scale) R_K for every launch row r,
+// and out[row_index[r]] <- (the exact log-sum-exp merge of r's n_slots partials) R_V^T.
+int launch_prepare_queries(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
+                           void* stream);
+int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, float* d_out,
+                          void* stream);
 // The tensor-core path (decode_attention_mma.cu), for the caches whose instance row says so (int2 rows of one
 // 128-value group or bf16 rows, pages of a multiple of 16 rows; gpu_instances.h). One launch fills slots
 // [0, n_splits) with the splits and slots n_splits .. n_splits + n_win - 1 with the bf16 sink and recent windows
@@ -114,7 +138,18 @@ bool attention_mma_supported(const CacheGeometry& g);
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
 // *blocks = how many blocks of the tensor-core kernel for g one SM holds at once.
 int attention_mma_blocks_per_sm(const CacheGeometry& g, int* blocks);
-// q: [n_rows][n_heads][d] fp32 post-RoPE queries (unscaled); out: [n_rows][n_heads][d] plain outputs.
+// The prefill kernel (prefill_attention.cu): FlashAttention-2 tiles of a chunk's queries x key / value tiles of its
+// decode-faithful views, on tensor cores, for the caches of a tensor-core instance row (gpu_prefill_kernel in
+// gpu_instances.h). Grid (tile, kv head, KV split of split_tokens positions, a multiple of kPrefillKeys): every
+// block writes its partial of slot z (n_slots = n_splits); then the merge. q: the step's [rows][n_heads][d]
+// queries, out: the step's outputs; a.row_index maps the launch's rows to them.
+bool attention_prefill_supported(const CacheGeometry& g);
+int launch_attention_prefill(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t,
+                             const float* d_q, float* d_out, void* stream);
+// *blocks = how many blocks of the prefill kernel for g one SM holds at once.
+int attention_prefill_blocks_per_sm(const CacheGeometry& g, int* blocks);
+// q: the step's [rows][n_heads][d] fp32 post-RoPE queries (unscaled); out: the step's [rows][n_heads][d] plain
+// outputs; the launch's rows are a.row_index's (all of them when null).
 // reference = true runs the simple one-thread-per-token twin (decode_attention_ref.cu) instead of the fast path.
 int launch_attention(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
                      float* d_out, bool reference, void* stream);

@@ -1,0 +1,84 @@
+// Tensor-core building blocks shared by the attention kernels (decode_attention_mma.cu, prefill_attention.cu):
+// mma.sync m16n8k16 with f32 accumulation on f16 or bf16 operands, ldmatrix from shared memory, the operand
+// rounding, the base-2 exponential, and the (scale, zero) word of an int row. Fragment layouts (PTX ISA, per lane
+// gid = lane / 4, tid = lane % 4):
+//   A (16 x 16, row-major)  a0: row gid, cols 2tid, 2tid+1   a1: row gid+8, same cols   a2 / a3: cols + 8
+//   B (16 x 8,  "col")      b0: rows (k) 2tid, 2tid+1, col gid   b1: rows 2tid+8, 2tid+9
+//   C (16 x 8,  f32)        c0, c1: row gid, cols 2tid, 2tid+1   c2, c3: row gid+8
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace kvq::cuda::tc {
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// The mma of the operand type: f16 (F16) or bf16.
+template <bool F16>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (F16) mma_f16(c, a, b); else mma_bf16(c, a, b);
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory: lane l gives the address of row l % 8 of matrix l / 8;
+// r[i] is this lane's part of matrix i: elements (row gid, cols 2tid, 2tid + 1) as stored, an A fragment or the B
+// fragment of a matrix stored [n][k]. trans: elements (rows 2tid, 2tid + 1, col gid), the B fragment of a matrix
+// stored [k][n]. Row addresses must be 16-byte aligned.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// Two 16-bit elements (lo = first) of the operand type.
+template <bool F16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (F16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+// x rounded to the operand type, as a float.
+template <bool F16>
+__device__ __forceinline__ float round16(float x) {
+  if constexpr (F16) return __half2float(__float2half_rn(x)); else return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+constexpr float kLog2e = 1.4426950409f;  // scores are kept in base 2: s·log2(e), so p = 2^(s - m)
+constexpr float kLn2 = 0.6931471806f;    // m back to base e for the merge
+
+// 2^x in one MUFU.EX2; results below 2^-126 flush to zero, which p = 2^(s - m) <= 1 never needs; 2^-inf = 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The (scale, zero) word of an int row of one group (layout::IntRow: fp16 scale, then fp16 zero).
+__device__ __forceinline__ float params_scale(uint32_t p) { return __half2float(__ushort_as_half(uint16_t(p))); }
+__device__ __forceinline__ float params_zero(uint32_t p) { return __half2float(__ushort_as_half(uint16_t(p >> 16))); }
+
+}  // namespace kvq::cuda::tc

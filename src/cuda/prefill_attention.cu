@@ -1,0 +1,402 @@
+// Tensor-core prefill attention (FlashAttention-2 style), decode-faithful: the query at position t sees position s
+// exactly (a bf16 sink or recent-window row) when s < S0 or qe(t) <= s <= t, through the codec's rows when
+// S0 <= s < qe(t), and not at all when s > t, the same view as the per-row decode kernels (cache_device.cuh
+// view_row), so a chunk's outputs are what decoding its rows one by one gives, up to operand rounding.
+//
+// Grid (query tile, kv head, KV split). A query tile is kPrefillTileRows = 64 rows (position, head) of one chunk and
+// the GQA group of one kv head, rows i * g + h; 4 warps take 16 rows each (mma M). Its key positions are walked in
+// three ranges, each in key tiles of kPrefillKeys = 64 positions loaded into shared memory by the whole block:
+//   sink   [0, min(S0, t1 + 1))        bf16 sink rows             valid: s <= t
+//   quant  [S0, qe(t1))                the codec's page rows      valid: s < qe(t)
+//   ring   [max(S0, qe(t0)), t1 + 1)   bf16 recent-window rows    valid: qe(t) <= s <= t
+// (t0, t1: the tile's first and last position). Every (t, s) with s <= t is valid in exactly one range; the ranges
+// overlap only on [qe(t0), qe(t1)), where each row takes its own side of qe(t). A tile where every row takes every
+// key (known from t0, t1, qe(t0), qe(t1)) runs without a mask; only tiles that a window edge or the causal diagonal
+// crosses compute the per-element predicate. Block z takes the positions [z S, (z + 1) S) of every range, S =
+// split_tokens; the merge kernel (decode_attention.cu) combines the splits exactly.
+//
+// Per key tile: S = Q K^T (mma m16n8k16, queries on M, keys on N), an online softmax per row in base 2 (log2 e
+// folded into q), O += P V (P from the score C fragments straight into A fragments, V through ldmatrix.trans). The
+// operands are rounded as the decode kernel rounds them (decode_attention_mma.cu), so both paths carry the same
+// error: the windows' bf16 rows (the cache's exact part) take q and P as bf16 hi + lo pairs (16 significant bits,
+// one more mma each); bf16 rows of the quantized region take q and P rounded to bf16 (as FlashAttention does); int2
+// rows of one 128-value group are expanded to their codes 0 .. 3 as f16 (exact) and take q and P' in f16, with scale
+// and zero outside the mma:
+//   s = scale_k (Σ code q - zero_k Σ q)          O = Σ P' code - Σ P' zero_v,  P' = p scale_v
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "cuda/cache_device.cuh"
+#include "cuda/codecs.cuh"
+#include "cuda/mma.cuh"
+
+namespace kvq::cuda {
+
+namespace {
+
+using namespace tc;
+
+constexpr int kD = kHeadDim;
+constexpr int kWarps = kPrefillTileRows / 16;
+constexpr int kRows = kPrefillTileRows;
+constexpr int kKeys = kPrefillKeys;
+constexpr int kPitch = kD + 8;  // shared row pitch (16-bit elements): 272 bytes, so ldmatrix's 8 rows hit 8 bank groups
+static_assert(kWarps == 4 && kKeys % 16 == 0, "4 warps of 16 query rows; key tiles of whole mma k-steps");
+
+enum class Range { kSink, kQuant, kRing };
+
+// A block's shared memory (dynamic: 70 KB, and 17 KB more of f16 queries for int2 keys: smem_bytes).
+struct Smem {
+  uint16_t k[kKeys][kPitch];   // key tile: bf16 bits, or the f16 codes of int2 rows
+  uint16_t v[kKeys][kPitch];   // value tile, the same
+  uint16_t qb[kRows][kPitch];  // the tile's queries · log2 e rounded to bf16 (hi)
+  uint16_t ql[kRows][kPitch];  // the rest, q - hi, rounded to bf16 (lo; the windows' rows)
+  float k_scale[kKeys], k_zero[kKeys], v_scale[kKeys], v_zero[kKeys];  // int2 rows' (scale, zero); 0 past the tile
+  float qsum[kRows];           // int2 keys: Σ_d of the f16 queries' row (the zero term)
+};
+using QRows = uint16_t[kRows][kPitch];  // int2 keys: the queries · log2 e in f16, after Smem
+template <bool KQ>
+constexpr size_t smem_bytes = sizeof(Smem) + (KQ ? sizeof(QRows) : 0);
+static_assert(sizeof(Smem) % 16 == 0, "the f16 queries start 16-byte aligned");
+
+static_assert(layout::int_row_bytes(kD, kD, 2) == 4 + 8 * 4, "an int2 row of one group: (scale, zero), 8 code words");
+
+// The f16 bits of a code 0 .. 3 (exact).
+__device__ __forceinline__ uint32_t f16_code(uint32_t c) { return __half_as_ushort(__ushort2half_rn(uint16_t(c))); }
+
+// One side (K: kv = 0, V: kv = 1) of a key tile, positions [s0, s0 + nv) of range R, into dst / scale / zero; rows
+// nv .. kKeys - 1 are zero (their scores are masked; zero rows and scales keep P V finite).
+template <Range R, bool INT2>
+__device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int layer, int kv, int head, int s0,
+                                          int nv, uint16_t (*dst)[kPitch], float* scale, float* zero) {
+  if constexpr (INT2) {
+    static_assert(R == Range::kQuant, "int2 rows are the quantized region's");
+    // Thread = (row r, code word j): word j holds code bytes 4j .. 4j + 3 = values 32 (j / 2) + 4 (j % 2) + b + 8k
+    // (byte b, bits 2k: layout.h), i.e. for each k four consecutive values, one 8-byte store.
+    for (int i = threadIdx.x; i < kKeys * 8; i += blockDim.x) {
+      const int r = i / 8, j = i % 8;
+      uint32_t params = 0, w = 0;
+      if (r < nv) {
+        const uint8_t* row = dev::page_row(geo, seq, layer, kv, head, s0 + r);
+        params = *reinterpret_cast<const uint32_t*>(row);
+        w = *reinterpret_cast<const uint32_t*>(row + 4 + 4 * j);
+      }
+      const int base = 32 * (j / 2) + 4 * (j % 2);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t h[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) h[b] = f16_code((w >> (8 * b + 2 * k)) & 3u);
+        *reinterpret_cast<uint2*>(&dst[r][base + 8 * k]) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+      }
+      if (j == 0) {
+        scale[r] = r < nv ? params_scale(params) : 0.f;
+        zero[r] = r < nv ? params_zero(params) : 0.f;
+      }
+    }
+  } else {
+    // bf16 rows: thread = (row r, 16-byte chunk c)
+    for (int i = threadIdx.x; i < kKeys * (kD / 8); i += blockDim.x) {
+      const int r = i / (kD / 8), c = i % (kD / 8);
+      uint4 x = make_uint4(0, 0, 0, 0);
+      if (r < nv) {
+        const int s = s0 + r;
+        const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row(geo, seq, layer, kv, head, s))
+                          : R == Range::kRing ? static_cast<const void*>(dev::ring_row(geo, seq, layer, kv, head, s))
+                                              : static_cast<const void*>(dev::page_row(geo, seq, layer, kv, head, s));
+        x = static_cast<const uint4*>(row)[c];  // bf16 rows start at multiples of 16 bytes (cache_geometry)
+      }
+      *reinterpret_cast<uint4*>(&dst[r][8 * c]) = x;
+    }
+  }
+}
+
+// A warp's state over its 16 query rows: this lane's rows gid (j = 0) and gid + 8 (j = 1).
+struct RowState {
+  float o[kD / 8][4];  // O in the C layout: n-tile dt = dims 8dt .., [row gid: 2tid, 2tid+1 | row gid+8: the same]
+  float m[2];          // running max (base 2), -inf before any valid key
+  float l[2];          // this lane's share of the running sum (its keys), summed over the quad at the end
+  float zsum[2];       // int2 values: this lane's share of Σ P' zero_v
+  int t[2];            // positions of the rows
+  int qe[2];           // qe(t)
+};
+
+// One key tile of range R at positions s0 .. (valid below hi), KI / VI: keys / values are int2 codes (f16
+// operands), else bf16 rows (hi + lo operands for the windows' rows). masked: compute the per-element predicate (a
+// window edge or the diagonal crosses the tile), else every key is valid for every row. qh: the f16 queries (KI).
+template <Range R, bool KI, bool VI>
+__device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, int s0, int hi, bool masked,
+                                            RowState& st) {
+  constexpr bool kWin = R != Range::kQuant;  // the windows' exact rows: hi + lo operands
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = lane & 3;
+  [[maybe_unused]] const int gid = lane >> 2;
+
+  // ---- S = Q K^T: 8 n-tiles of 8 keys x 8 k-steps of 16 dims
+  float s[kKeys / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kKeys / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  const uint16_t(*q)[kPitch] = KI ? *qh : sh.qb;
+  // A fragments of Q: matrix lane / 8 holds rows + 8 (lane / 8 % 2), cols + 8 (lane / 16)
+  const int qrow = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);
+#pragma unroll
+  for (int kc = 0; kc < kD / 16; ++kc) {
+    const int qcol = 16 * kc + 8 * (lane >> 4);
+    uint32_t a[4], alo[4];
+    ldmatrix_x4(a, &q[qrow][qcol]);
+    if constexpr (kWin) ldmatrix_x4(alo, &sh.ql[qrow][qcol]);
+#pragma unroll
+    for (int np = 0; np < kKeys / 16; ++np) {
+      uint32_t b[4];  // b0, b1 of n-tile 2np, then of 2np + 1
+      ldmatrix_x4(b, &sh.k[8 * (2 * np + (lane >> 4)) + (lane & 7)][16 * kc + 8 * ((lane >> 3) & 1)]);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma<KI>(s[2 * np], a, b0);
+      mma<KI>(s[2 * np + 1], a, b1);
+      if constexpr (kWin) {
+        mma_bf16(s[2 * np], alo, b0);
+        mma_bf16(s[2 * np + 1], alo, b1);
+      }
+    }
+  }
+  if constexpr (KI) {  // s = scale_k (Σ code q - zero_k Σ q)
+    const float qs[2] = {sh.qsum[16 * warp + gid], sh.qsum[16 * warp + gid + 8]};
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = 8 * nt + 2 * tid + (e & 1);
+        s[nt][e] = sh.k_scale[key] * (s[nt][e] - sh.k_zero[key] * qs[e >> 1]);
+      }
+  }
+  if (masked) {
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = s0 + 8 * nt + 2 * tid + (e & 1), t = st.t[e >> 1], qe = st.qe[e >> 1];
+        bool ok = pos < hi && pos <= t;
+        if constexpr (R == Range::kQuant) ok = ok && pos < qe;
+        if constexpr (R == Range::kRing) ok = ok && pos >= qe;
+        if (!ok) s[nt][e] = -INFINITY;
+      }
+  }
+
+  // ---- online softmax per row (base 2); a row with no valid key yet keeps m = -inf and p = 0
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * j], s[nt][2 * j + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(st.m[j], mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float corr = exp2_ftz(st.m[j] - m_use);  // 0 while m was -inf
+    st.m[j] = m_new;
+    st.l[j] *= corr, st.zsum[j] *= corr;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) st.o[dt][2 * j] *= corr, st.o[dt][2 * j + 1] *= corr;
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; ++nt) {
+      s[nt][2 * j] = exp2_ftz(s[nt][2 * j] - m_use);
+      s[nt][2 * j + 1] = exp2_ftz(s[nt][2 * j + 1] - m_use);
+      st.l[j] += s[nt][2 * j] + s[nt][2 * j + 1];
+    }
+  }
+
+  // ---- O += P V: k-step kk = keys 16kk .. (n-tiles 2kk, 2kk + 1 of S), 16 n-tiles of 8 dims
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    // A: rows gid / gid + 8 (a0 / a1) x keys 16kk + 2tid, +1, and keys + 8 (a2 / a3)
+    uint32_t a[4];
+    [[maybe_unused]] uint32_t alo[4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float* p = s[2 * kk + half];
+      float x[4] = {p[0], p[1], p[2], p[3]};
+      if constexpr (VI) {  // P' = p scale_v; the zero term takes P' unrounded
+        const int key = 16 * kk + 8 * half + 2 * tid;
+        const float w0 = sh.v_scale[key], w1 = sh.v_scale[key + 1];
+        const float z0 = sh.v_zero[key], z1 = sh.v_zero[key + 1];
+        x[0] *= w0, x[1] *= w1, x[2] *= w0, x[3] *= w1;
+        st.zsum[0] += x[0] * z0 + x[1] * z1;
+        st.zsum[1] += x[2] * z0 + x[3] * z1;
+      }
+      a[2 * half] = pack2<VI>(x[0], x[1]);
+      a[2 * half + 1] = pack2<VI>(x[2], x[3]);
+      if constexpr (kWin) {  // the rounding error of the bf16 hi as a second bf16 term
+        alo[2 * half] = pack2<false>(x[0] - round16<false>(x[0]), x[1] - round16<false>(x[1]));
+        alo[2 * half + 1] = pack2<false>(x[2] - round16<false>(x[2]), x[3] - round16<false>(x[3]));
+      }
+    }
+#pragma unroll
+    for (int dp = 0; dp < kD / 16; ++dp) {
+      uint32_t b[4];  // b0, b1 of dim n-tile 2dp, then of 2dp + 1 (matrix lane / 8: keys + 8 (lane / 8 % 2))
+      ldmatrix_x4_trans(b, &sh.v[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (2 * dp + (lane >> 4))]);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma<VI>(st.o[2 * dp], a, b0);
+      mma<VI>(st.o[2 * dp + 1], a, b1);
+      if constexpr (kWin) {
+        mma_bf16(st.o[2 * dp], alo, b0);
+        mma_bf16(st.o[2 * dp + 1], alo, b1);
+      }
+    }
+  }
+}
+
+// KQ / VQ: the quantized region's keys / values are int2 rows of one 128-value group, else bf16 rows.
+template <bool KQ, bool VQ>
+__global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeometry geo, AttentionLaunch a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
+  [[maybe_unused]] QRows* qh = reinterpret_cast<QRows*>(smem_raw + sizeof(Smem));  // KQ only
+  const PrefillTile tile = a.tiles[blockIdx.x];
+  const int head = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+  const int g = a.n_heads / geo.n_kv;
+  const int n_flat = tile.n * g;                            // rows of the chunk x heads
+  const int n_here = min(kRows, n_flat - tile.r0);          // rows of this tile
+  const int t0 = tile.pos0 + tile.r0 / g, t1 = tile.pos0 + (tile.r0 + n_here - 1) / g;
+  const int qe0 = quant_end(geo, t0), qe1 = quant_end(geo, t1);
+
+  // ---- the tile's queries · log2 e: bf16 hi + lo, and f16 for int2 keys (rows past the chunk: zero)
+  for (int i = threadIdx.x; i < kRows * (kD / 4); i += blockDim.x) {
+    const int r = i / (kD / 4), c = 4 * (i % (kD / 4));
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < n_here) {
+      const int fr = tile.r0 + r, pi = fr / g, h = fr % g;
+      x = *reinterpret_cast<const float4*>(a.q_work + ((int64_t(tile.lrow0 + pi) * a.n_heads + head * g + h) * kD + c));
+      x.x *= kLog2e, x.y *= kLog2e, x.z *= kLog2e, x.w *= kLog2e;
+    }
+    const float4 lo = make_float4(x.x - round16<false>(x.x), x.y - round16<false>(x.y), x.z - round16<false>(x.z),
+                                  x.w - round16<false>(x.w));
+    *reinterpret_cast<uint2*>(&sh.qb[r][c]) = make_uint2(pack2<false>(x.x, x.y), pack2<false>(x.z, x.w));
+    *reinterpret_cast<uint2*>(&sh.ql[r][c]) = make_uint2(pack2<false>(lo.x, lo.y), pack2<false>(lo.z, lo.w));
+    if constexpr (KQ)
+      *reinterpret_cast<uint2*>(&(*qh)[r][c]) = make_uint2(pack2<true>(x.x, x.y), pack2<true>(x.z, x.w));
+  }
+  __syncthreads();
+  if constexpr (KQ) {
+    if (threadIdx.x < kRows) {
+      float sum = 0.f;
+      for (int c = 0; c < kD; ++c) sum += __half2float(__ushort_as_half((*qh)[threadIdx.x][c]));
+      sh.qsum[threadIdx.x] = sum;
+    }
+  }
+
+  RowState st;
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) st.o[dt][0] = st.o[dt][1] = st.o[dt][2] = st.o[dt][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = min(16 * warp + gid + 8 * j, n_here - 1);  // rows past the chunk act as the last row (not written)
+    st.t[j] = tile.pos0 + (tile.r0 + r) / g;
+    st.qe[j] = quant_end(geo, st.t[j]);
+    st.m[j] = -INFINITY, st.l[j] = 0.f, st.zsum[j] = 0.f;
+  }
+
+  // ---- the three ranges, clipped to this block's split, in key tiles
+  const int z0 = split * a.split_tokens, z1 = z0 + a.split_tokens;
+  auto walk = [&](auto range, int lo, int hi) {
+    constexpr Range R = decltype(range)::value;
+    constexpr bool KI = R == Range::kQuant && KQ, VI = R == Range::kQuant && VQ;
+    lo = max(lo, z0), hi = min(hi, z1);
+    for (int s0 = lo; s0 < hi; s0 += kKeys) {
+      const int nv = min(kKeys, hi - s0);
+      // every row takes every key of the tile: no mask
+      const bool full = nv == kKeys && (R == Range::kSink    ? s0 + kKeys - 1 <= t0
+                                        : R == Range::kQuant ? s0 + kKeys <= qe0
+                                                             : s0 >= qe1 && s0 + kKeys - 1 <= t0);
+      __syncthreads();  // the previous tile's reads (and the queries' writes) are done
+      load_side<R, KI>(geo, tile.seq, a.layer, 0, head, s0, nv, sh.k, sh.k_scale, sh.k_zero);
+      load_side<R, VI>(geo, tile.seq, a.layer, 1, head, s0, nv, sh.v, sh.v_scale, sh.v_zero);
+      __syncthreads();
+      attend_tile<R, KI, VI>(sh, qh, s0, hi, !full, st);
+    }
+  };
+  walk(std::integral_constant<Range, Range::kSink>{}, 0, min(geo.sink, t1 + 1));
+  walk(std::integral_constant<Range, Range::kQuant>{}, geo.sink, qe1);
+  walk(std::integral_constant<Range, Range::kRing>{}, max(geo.sink, qe0), t1 + 1);
+
+  // ---- this split's partial of every row of the tile (m back to base e; an empty split: m = -inf, l = 0, acc = 0)
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+      st.l[j] += __shfl_xor_sync(0xffffffffu, st.l[j], x);
+      st.zsum[j] += __shfl_xor_sync(0xffffffffu, st.zsum[j], x);
+    }
+    const int r = 16 * warp + gid + 8 * j;
+    if (r >= n_here) continue;
+    const int fr = tile.r0 + r, pi = fr / g, h = fr % g;
+    const int64_t part = (int64_t(tile.lrow0 + pi) * geo.n_kv + head) * a.n_slots + split;
+    float* acc = a.part_acc + (part * g + h) * kD;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt)
+      *reinterpret_cast<float2*>(acc + 8 * dt + 2 * tid) =
+          make_float2(st.o[dt][2 * j] - st.zsum[j], st.o[dt][2 * j + 1] - st.zsum[j]);
+    if (tid == 0) {
+      a.part_ml[(part * g + h) * 2] = st.m[j] == -INFINITY ? -INFINITY : st.m[j] * kLn2;
+      a.part_ml[(part * g + h) * 2 + 1] = st.l[j];
+    }
+  }
+}
+
+// The kernel instance of the cache's tensor-core instance row and its dynamic shared memory (null for a CUDA-core
+// row or no row).
+using PrefillKernelFn = void (*)(CacheGeometry, AttentionLaunch);
+struct PrefillKernel {
+  PrefillKernelFn fn = nullptr;
+  int smem = 0;  // bytes of dynamic shared memory
+};
+PrefillKernel prefill_kernel(const CacheGeometry& g) {
+  PrefillKernel k;
+  with_instance(g.instance, [&](auto row) {
+    constexpr GpuInstance r = kGpuInstances[decltype(row)::value];
+    if constexpr (gpu_prefill_kernel(r)) {
+      constexpr auto takes = [](CodecId id) { return id == CodecId::kInt2 || id == CodecId::kBf16; };
+      static_assert(takes(r.k) && takes(r.v), "the prefill kernel takes int2 and bf16 rows");
+      static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || r.groups == kG128,
+                    "the prefill kernel takes int2 rows of one 128-value group");
+      constexpr bool KQ = r.k == CodecId::kInt2, VQ = r.v == CodecId::kInt2;
+      k = {prefill_attention_kernel<KQ, VQ>, int(smem_bytes<KQ>)};
+    }
+  });
+  return k;
+}
+
+// Raises the instance's dynamic shared memory limit past the 48 KB default (cheap; every launch does it).
+int allow_smem(const PrefillKernel& k) {
+  return cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+}
+
+}  // namespace
+
+bool attention_prefill_supported(const CacheGeometry& g) { return prefill_kernel(g).fn != nullptr; }
+
+int launch_attention_prefill(const CacheGeometry& g, const AttentionLaunch& a_in, const TransformPtrs& t,
+                             const float* d_q, float* d_out, void* stream) {
+  if (a_in.n_rows <= 0) return cudaSuccess;
+  const PrefillKernel kernel = prefill_kernel(g);
+  if (!kernel.fn) return cudaErrorInvalidValue;  // not a tensor-core row: the cache keeps the per-row path
+  AttentionLaunch a = a_in;
+  a.n_slots = a.n_splits;
+  int e = launch_prepare_queries(g, a, t, d_q, stream);
+  if (e != cudaSuccess) return e;
+  if ((e = allow_smem(kernel)) != cudaSuccess) return e;
+  const dim3 grid(unsigned(a.n_tiles), unsigned(g.n_kv), unsigned(a.n_splits));
+  kernel.fn<<<grid, kWarps * 32, size_t(kernel.smem), static_cast<cudaStream_t>(stream)>>>(g, a);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  return launch_merge_partials(g, a, t, d_out, stream);
+}
+
+int attention_prefill_blocks_per_sm(const CacheGeometry& g, int* blocks) {
+  const PrefillKernel kernel = prefill_kernel(g);
+  if (!kernel.fn) return cudaErrorInvalidValue;
+  if (const int e = allow_smem(kernel); e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel.fn, kWarps * 32, size_t(kernel.smem));
+}
+
+}  // namespace kvq::cuda
