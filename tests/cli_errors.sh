@@ -85,6 +85,18 @@ expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt 
 expect_error "bench decode: a bad --cuda-graphs value" bench decode -m $M -c 64 --device cuda --cuda-graphs maybe
 expect_error "bench decode: a negative --warmup" bench decode -m $M -c 64 --warmup -1
 expect_error "bench decode: context + warm-up + timed steps past the model's" bench decode -m $M -c 8190 -n 2 --warmup 1
+S=models/shapes/qwen3-8b  # a config without weights: only --dummy-weights runs it
+expect_error "ppl: dummy weights" ppl -m $M -f data/eval/linux.txt --dummy-weights
+expect_error "eval: dummy weights" eval -m $M --tasks ppl --dummy-weights
+expect_error "referee: dummy weights" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --quick --dummy-weights
+expect_error "calibrate: dummy weights" calibrate -m $M --data data/calib/linux.txt -o "$T/r.safetensors" --dummy-weights
+expect_error "run: dummy weights" run -m $S -p hi -n 1 --dummy-weights
+expect_error "bench decode: a shape config without --dummy-weights" bench decode -m $S -c 64
+expect_error "bench decode: a rotation file with dummy weights" bench decode -m $M -c 64 --dummy-weights --rotation tests/golden/golden.safetensors
+expect_error "bench decode: a bad --seqs" bench decode -m $M -c 64 --seqs many
+expect_error "bench decode: --seqs 0" bench decode -m $M -c 64 --seqs 0
+expect_error "bench decode: --seqs max on the CPU without a budget" bench decode -m $M -c 64 --seqs max --dummy-weights
+expect_error "bench decode: --seqs max with a budget that holds no sequence" bench decode -m $M -c 4096 --seqs max --kv-budget-gib 0.001 --dummy-weights
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).
 expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk f32 -ctv f32
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line

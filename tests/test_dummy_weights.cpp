@@ -172,10 +172,10 @@ TEST(DummyWeights, ModelOfTheReferenceShapeGivesFiniteLogitsOverHundredsOfTokens
   EXPECT_TRUE(m->dummy());
   CacheConfig cc;
   cc.max_chunk = 128;
-  CpuRunner r(*m, cc, 400);
+  CpuRunner r(*m, cc, 300);
   EXPECT_NE(r.describe().find("dummy weights (timing only)"), std::string::npos) << r.describe();
   const int seq = r.new_sequence(), V = cfg.vocab_size;
-  std::vector<int32_t> ids(384);
+  std::vector<int32_t> ids(256);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 2654435761u) % uint32_t(V));
   std::vector<float> logits(size_t(128) * V);
   double sum = 0, sum2 = 0, n = 0;
@@ -196,5 +196,5 @@ TEST(DummyWeights, ModelOfTheReferenceShapeGivesFiniteLogitsOverHundredsOfTokens
     r.forward({seq}, {1}, next.data(), LogitRows::Last, logits.data(), next.data());
     for (int v = 0; v < V; ++v) ASSERT_TRUE(std::isfinite(logits[size_t(v)]));
   }
-  EXPECT_EQ(r.length(seq), 384 + 8);
+  EXPECT_EQ(r.length(seq), 256 + 8);
 }

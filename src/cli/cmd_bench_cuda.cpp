@@ -32,6 +32,10 @@ PoolProbe probe_pool_cuda(const CacheConfig&, int, int, int, int, size_t) {
   KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
 }
 
+double read_bandwidth_cuda() {
+  KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
+}
+
 #else
 
 namespace {
@@ -114,7 +118,7 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
   for (int c : o.ctxs) KVQ_CHECK(c >= 1, "bench attention: --ctx {} must be >= 1", c);
   cuda::require_device();
   { cuda::GpuKvCache probe(o.cache, 1, o.kv_heads, o.head_dim, 1, 1); }  // unsupported settings fail before work
-  const double probe_bw = cuda::read_bandwidth_probe(std::min<size_t>(size_t(2) << 30, cuda::free_device_memory() / 4));
+  const double probe_bw = read_bandwidth_cuda();
   CacheConfig bf = o.cache;
   bf.k.type = bf.v.type = "bf16";
   bf.k.clip = bf.v.clip = 1.f;
@@ -147,6 +151,11 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
       }
     }
   if (o.json) std::printf("%s\n", records.dump(1).c_str());
+}
+
+double read_bandwidth_cuda() {
+  cuda::require_device();
+  return cuda::read_bandwidth_probe(std::min<size_t>(size_t(2) << 30, cuda::free_device_memory() / 4));
 }
 
 PoolProbe probe_pool_cuda(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int ctx,
