@@ -31,9 +31,14 @@ struct TensorSpec {
   std::vector<int64_t> shape;  // [out, in] for linear weights and the embedding, [n] for norms and biases
   TensorInit init;             // transformers' from_config initialisation (--dummy-weights)
   size_t numel() const;
-  // The tensor's dummy RNG stream: distinct for every (role, layer) of a model.
-  uint32_t stream() const { return uint32_t(layer + 1) * uint32_t(TensorRole::kCount) + uint32_t(role); }
+  uint32_t stream() const;  // tensor_stream(role, layer)
 };
+
+// The dummy RNG stream of a tensor, distinct for every (role, layer) of a model: [0, (n_layers + 1) * kCount).
+inline uint32_t tensor_stream(TensorRole role, int layer) {
+  return uint32_t(layer + 1) * uint32_t(TensorRole::kCount) + uint32_t(role);
+}
+inline uint32_t TensorSpec::stream() const { return tensor_stream(role, layer); }
 
 // Every tensor the config calls for, in checkpoint order (embed, final norm, lm_head unless tied, then per layer).
 std::vector<TensorSpec> model_tensors(const ModelConfig& cfg);
