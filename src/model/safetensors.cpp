@@ -509,7 +509,8 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     }
   } else {
     throw Error(fmt::format("checkpoint directory '{}' has neither model.safetensors nor "
-                            "model.safetensors.index.json",
+                            "model.safetensors.index.json (a config without weights, as models/shapes/: "
+                            "--dummy-weights times random ones)",
                             dir),
                 dir);
   }
