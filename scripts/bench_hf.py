@@ -20,6 +20,7 @@ What it runs, per (ctx, seqs), printing one JSON line each on stdout (notes on s
 A shape whose cache does not fit the free memory is reported as skipped.
 """
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -69,7 +70,9 @@ def build_model(model_dir, seed):
     with torch.device("cuda"):               # ... on the GPU, and initialised there by transformers
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     torch.set_default_dtype(torch.float32)
-    model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+    model = model.to("cuda").eval()
+    if next(model.parameters()).dtype != torch.bfloat16:  # a cast would also round fp32 buffers (RoPE): only if needed
+        model = model.to(torch.bfloat16)
     return config, model
 
 
@@ -91,7 +94,7 @@ def kv_bytes(config, seqs, tokens):
 
 def time_prefill(model, config, ctx, n_seqs, gen):
     """Tokens/s of n_seqs batch-1 prefills of ctx tokens (after a short warm-up), and the SDPA backend used."""
-    decoder = model.get_decoder()
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     flash = flash_context()
 
     def prefill(n):
@@ -100,23 +103,21 @@ def time_prefill(model, config, ctx, n_seqs, gen):
         decoder(input_ids=ids, past_key_values=cache, use_cache=True)
         return cache
 
-    backend = "flash (forced)"
+    backend, attention = "flash (forced)", flash
     try:
-        with torch.inference_mode(), flash():
-            prefill(min(ctx, 1024))
-    except RuntimeError as e:  # SDPA refused flash for this model's attention call: say so, run the default
+        with torch.inference_mode(), attention():
+            prefill(min(ctx, 1024))  # warm-up
+    except RuntimeError as e:  # SDPA refused flash for this model's attention call: say so, run its default
         backend = f"default (flash refused: {str(e).splitlines()[0][:160]})"
+        attention = contextlib.nullcontext
         print(f"note: prefill: {backend}", file=sys.stderr)
-    ctx_mgr = flash if backend.startswith("flash") else None
+        with torch.inference_mode():
+            prefill(min(ctx, 1024))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n_seqs):
-        with torch.inference_mode():
-            if ctx_mgr:
-                with ctx_mgr():
-                    cache = prefill(ctx)
-            else:
-                cache = prefill(ctx)
+        with torch.inference_mode(), attention():
+            cache = prefill(ctx)
         torch.cuda.synchronize()
         del cache
     seconds = time.perf_counter() - t0

@@ -95,6 +95,7 @@ expect_error "bench decode: a shape config without --dummy-weights" bench decode
 expect_error "bench decode: a rotation file with dummy weights" bench decode -m $M -c 64 --dummy-weights --rotation tests/golden/golden.safetensors
 expect_error "bench decode: a bad --seqs" bench decode -m $M -c 64 --seqs many
 expect_error "bench decode: --seqs 0" bench decode -m $M -c 64 --seqs 0
+expect_error "bench decode: --vs-bf16 of a bf16 cache" bench decode -m $M -c 64 --vs-bf16
 expect_error "bench decode: --seqs max on the CPU without a budget" bench decode -m $M -c 64 --seqs max --dummy-weights
 expect_error "bench decode: --seqs max with a budget that holds no sequence" bench decode -m $M -c 4096 --seqs max --kv-budget-gib 0.001 --dummy-weights
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).

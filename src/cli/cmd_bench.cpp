@@ -269,6 +269,8 @@ void bench_decode(const BenchDecodeOptions& o) {
   const int max_ctx = *std::max_element(o.ctx.begin(), o.ctx.end());
   const int max_len = max_ctx + o.decode_steps();
   const Plan p = plan(o.model, o.cache, max_len, o.beyond_trained_ctx);
+  KVQ_CHECK(!o.vs_bf16 || !(p.cache.k.type == "bf16" && p.cache.v.type == "bf16" && !p.cache.transform),
+            "--vs-bf16: the cache is bf16 already (give the cache to compare with -ctk / -ctv)");
   std::optional<Plan> base;  // --vs-bf16: checked with the other before any weights are read
   if (o.vs_bf16) base = plan(o.model, bf16_options(o.cache), max_len, o.beyond_trained_ctx);
   // A KV budget that holds no sequence of the longest context (or not the slots asked for): refused before any
