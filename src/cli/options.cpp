@@ -54,8 +54,8 @@ void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o) {
 
 void require_checkpoint(const ModelOptions& o, std::string_view command) {
   KVQ_CHECK(!o.dummy_weights,
-            "{}: --dummy-weights are random weights for timing only (kvq bench decode); {} needs a checkpoint's weights",
-            command, command);
+            "{}: --dummy-weights are random weights for timing only (kvq bench decode); {} needs a checkpoint's "
+            "weights", command, command);
 }
 
 namespace {
@@ -259,7 +259,8 @@ ModelSource load_model_source(const ModelOptions& o, const Plan& p) {
                                        model_params(c), c.initializer_range, m.seed);
   if (o.device == "cpu") {
     m.host = Model::dummy(o.dir, c, m.seed, o.threads);
-    fmt::print(stderr, "kvq: dummy weights for {}: {}, generated in host memory on {} threads in {:.2f} s: timing only\n",
+    fmt::print(stderr,
+               "kvq: dummy weights for {}: {}, generated in host memory on {} threads in {:.2f} s: timing only\n",
                o.dir, what, m.host->pool().size(), m.host->load_seconds());
   } else {
     fmt::print(stderr, "kvq: dummy weights for {}: {}, generated in device memory by each runner: timing only\n",

@@ -399,7 +399,8 @@ void GpuModel::Impl::build_weights(const WeightSource& src) {
     layers.push_back(std::move(dl));
   }
   // A decode step gathers its rows of an untied embedding table; a tied one is read whole as the output projection.
-  weight_bytes += (cfg.tie_embeddings ? embed.w.bytes() : 0) + lm_head.w.bytes() + final_norm.bytes() + inv_freq.bytes();
+  weight_bytes +=
+      (cfg.tie_embeddings ? embed.w.bytes() : 0) + lm_head.w.bytes() + final_norm.bytes() + inv_freq.bytes();
 }
 
 void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg, int max_ctx, int n_seqs,

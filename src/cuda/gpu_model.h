@@ -1,7 +1,8 @@
 // The decoder forward pass on the GPU (issue #8): the CPU Model's weights uploaded once (or dummy weights generated
 // in device memory, --dummy-weights), cuBLAS GEMMs with fp32 accumulation, fp32 residual stream and norms, and the
-// KV cache in GPU memory (GpuKvCache, which also applies the cache's KV transform). One forward() is one GpuKvCache step: chunked prefill of a sequence, or batched decode of
-// many (model/runner.h). Same arithmetic as model/model.cpp, in the same order, except:
+// KV cache in GPU memory (GpuKvCache, which also applies the cache's KV transform). One forward() is one GpuKvCache
+// step: chunked prefill of a sequence, or batched decode of many (model/runner.h). Same arithmetic as
+// model/model.cpp, in the same order, except:
 //   - GEMM precision (GemmPrecision): Bf16 rounds the GEMM inputs (activations) to bf16 — the weights are bf16 in
 //     the checkpoint, so only the activation rounding differs from the CPU; Fp32 keeps them fp32 (no TF32).
 //   - reductions (GEMM dot products, attention softmax) run in another order.

@@ -54,7 +54,8 @@ void run_fill(const std::vector<FillJob>& jobs, int n_threads) {
   if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<const FillJob*> by_size;
   for (const FillJob& job : jobs) by_size.push_back(&job);
-  std::stable_sort(by_size.begin(), by_size.end(), [](const FillJob* a, const FillJob* b) { return a->numel > b->numel; });
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [](const FillJob* a, const FillJob* b) { return a->numel > b->numel; });
   parallel_for(by_size.size(), n_threads, [&](size_t i) { by_size[i]->dst->assign(by_size[i]->numel, 0.0f); });
 
   constexpr size_t kChunk = size_t(1) << 20;
