@@ -1,5 +1,6 @@
 // Micro-benchmark of the codecs' decode-attention primitives: scores (over K blocks) + accumulate (over
-// V blocks) for one kv head, d = 128, a GQA group of n_q = 4 queries, 32K tokens, on one core.
+// V blocks) for one kv head, d = 128, a GQA group of n_q = 4 queries, 32K tokens, on one core. Keys and values are
+// one codec, or a TurboQuant preset's pair.
 // The K/V regions are cycled through `copies` distinct buffers (> last-level cache for every codec) so
 // the blocks stream from DRAM as they would in a real multi-layer cache.
 // Prints per run: block bytes read, GB/s of block bytes, ns per token (scores + accumulate, all n_q).
@@ -17,8 +18,9 @@ namespace {
 constexpr int kD = 128, kTokens = 32768, kNq = 4;
 
 struct Case {
-  kvq::CodecSpec spec;
+  kvq::CodecSpec spec;      // keys (and values, unless value_spec names a type)
   kvq::SimdLevel level;
+  kvq::CodecSpec value_spec{.type = ""};  // values of another codec (TurboQuant: key and value codecs differ)
 };
 
 void BM_ScoresAccumulate(benchmark::State& state, Case c) {
@@ -27,35 +29,41 @@ void BM_ScoresAccumulate(benchmark::State& state, Case c) {
     return;
   }
   const auto codec = kvq::make_codec_at(c.spec, c.level);
+  const auto vcodec = kvq::make_codec_at(c.value_spec.type.empty() ? c.spec : c.value_spec, c.level);
   const size_t bytes = size_t(kTokens / codec->tokens_per_block()) * codec->bytes_per_block();
+  const size_t vbytes = size_t(kTokens / vcodec->tokens_per_block()) * vcodec->bytes_per_block();
   // enough copies that K+V of all copies exceed 256 MiB (at least 2)
-  const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / (2 * bytes) + 1));
+  const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / (bytes + vbytes) + 1));
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> rows(size_t(codec->tokens_per_block()) * kD);
-  std::vector<uint8_t> one(bytes);
-  for (size_t b = 0; b < bytes / codec->bytes_per_block(); ++b) {
-    for (auto& v : rows) v = normal(rng);
-    codec->encode(rows.data(), &one[b * codec->bytes_per_block()]);
-  }
-  std::vector<std::vector<uint8_t>> k(size_t(copies), one), v(size_t(copies), one);
+  auto fill = [&](const kvq::KvCodec& cd, size_t n_bytes) {
+    std::vector<float> rows(size_t(cd.tokens_per_block()) * kD);
+    std::vector<uint8_t> one(n_bytes);
+    for (size_t b = 0; b < n_bytes / cd.bytes_per_block(); ++b) {
+      for (auto& x : rows) x = normal(rng);
+      cd.encode(rows.data(), &one[b * cd.bytes_per_block()]);
+    }
+    return one;
+  };
+  std::vector<std::vector<uint8_t>> k(size_t(copies), fill(*codec, bytes)), v(size_t(copies), fill(*vcodec, vbytes));
   std::vector<float> q(size_t(kNq) * kD), s(size_t(kNq) * kTokens), acc(size_t(kNq) * kD, 0.f);
   for (auto& x : q) x = normal(rng);
   int i = 0;
   for (auto _ : state) {
     codec->scores(q.data(), kNq, k[size_t(i)].data(), kTokens, s.data());
     // s stands in for the softmax weights (values do not change the cost)
-    codec->accumulate(s.data(), kNq, v[size_t(i)].data(), kTokens, acc.data());
+    vcodec->accumulate(s.data(), kNq, v[size_t(i)].data(), kTokens, acc.data());
     benchmark::DoNotOptimize(acc.data());
     i = (i + 1) % copies;
   }
   const double it = double(state.iterations());
-  state.counters["block_bytes_read"] = double(2 * bytes);
-  state.counters["GB/s"] = benchmark::Counter(it * 2 * double(bytes), benchmark::Counter::kIsRate);
+  state.counters["block_bytes_read"] = double(bytes + vbytes);
+  state.counters["GB/s"] = benchmark::Counter(it * double(bytes + vbytes), benchmark::Counter::kIsRate);
   state.counters["ns/token"] = benchmark::Counter(it * kTokens * 1e-9, benchmark::Counter::kIsRate |
                                                                            benchmark::Counter::kInvert);
-  state.SetLabel(std::string(codec->name()) + " G" + std::to_string(c.spec.group) + " " +
-                 kvq::simd_level_name(c.level) + " copies " + std::to_string(copies));
+  state.SetLabel(std::string(codec->name()) + (c.value_spec.type.empty() ? "" : "/" + std::string(vcodec->name())) +
+                 " G" + std::to_string(c.spec.group) + " " + kvq::simd_level_name(c.level) + " copies " +
+                 std::to_string(copies));
 }
 
 kvq::CodecSpec spec(const char* type, int group, bool per_channel = false) {
@@ -79,6 +87,18 @@ void register_all() {
     for (L level : {L::kAvx512Vnni, L::kAvx512, L::kAvx2, L::kScalar})
       benchmark::RegisterBenchmark((std::string(sp.name) + "/" + kvq::simd_level_name(level)).c_str(),
                                    BM_ScoresAccumulate, Case{sp.spec, level})
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.3);
+  // TurboQuant presets: codebook (or FP8) keys with uniform values (kv/codec_turboquant.h).
+  const struct {
+    const char* name;
+    const char *k, *v;
+  } pairs[] = {{"turboquant_3bit_nc", "tq3nc", "tqv3"}, {"turboquant_2bit", "tq2nc", "tqv2"},
+               {"turboquant_k8v4", "fp8e4m3", "tqv4"}};
+  for (const auto& pr : pairs)
+    for (L level : {L::kAvx512, L::kAvx2, L::kScalar})
+      benchmark::RegisterBenchmark((std::string(pr.name) + "/" + kvq::simd_level_name(level)).c_str(),
+                                   BM_ScoresAccumulate, Case{spec(pr.k, 128), level, spec(pr.v, 128)})
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.3);
 }

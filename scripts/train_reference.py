@@ -30,6 +30,10 @@ from qwen3_torch import Qwen3, Qwen3Config, PASSKEY, passkey_example, save_hf_ch
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Hugging Face's ChatML template, written into tokenizer_config.json (kvq serve renders it natively as "chatml").
+CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                   "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                   "{% endif %}")
 
 
 def train_tokenizer(texts, vocab_size, path):
@@ -208,7 +212,8 @@ def main():
     save_hf_checkpoint(model, cfg, args.out, n_shards=3)
     with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
-                   "pad_token": "<|endoftext|>", "model_max_length": args.ctx}, f, indent=2)
+                   "pad_token": "<|endoftext|>", "model_max_length": args.ctx,
+                   "chat_template": CHATML_TEMPLATE}, f, indent=2)
     metrics = {
         "recipe": {k: v for k, v in vars(args).items()},
         "steps": total_steps, "tokens_seen": total_steps * args.batch * args.ctx,

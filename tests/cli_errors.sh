@@ -38,11 +38,24 @@ expect_error "run: bad temperature" run -m $M -p hi -n 1 --temp -1
 expect_error "run: bad clip" run -m $M -p hi -n 1 --kv-clip-k 1.5
 expect_error "run: a clip for keys that take none (KIVI)" run -m $M -p hi -n 1 -ctk kivi2 --kv-clip-k 0.9
 expect_error "run: a clip for bf16 values" run -m $M -p hi -n 1 -ctk int2 --kv-clip-v 0.9
+expect_error "run: keys without RoPE under a key rotation" run -m $M -p hi -n 1 -ctk e8_2 --rotation hadamard
+expect_error "run: a clip for nexusquant" run -m $M -p hi -n 1 --kv-cache-dtype nexusquant --kv-clip-k 0.9
+expect_error "run: a TurboQuant preset with --rotation" run -m $M -p hi -n 1 --kv-cache-dtype turboquant_3bit_nc --rotation hadamard
+expect_error "run: a preset as a key type" run -m $M -p hi -n 1 -ctk turboquant_2bit
+expect_error "run: TurboQuant codebook keys as values" run -m $M -p hi -n 1 -ctv tq3nc
+expect_error "run: an unknown --kv-cache-dtype" run -m $M -p hi -n 1 --kv-cache-dtype turboquant_1bit
+expect_error "run: a clip for TurboQuant keys" run -m $M -p hi -n 1 -ctk tq2nc -ctv tqv2 --kv-clip-k 0.9
 expect_error "run: a group with no grouped cache type" run -m $M -p hi -n 1 --kv-group 64
 expect_error "run: a group for OScaR (its groups are 32)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 --kv-group 64
 expect_error "run: a rotation with OScaR (it implies its Hadamard)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 \
   --rotation tests/golden/golden.safetensors
 expect_error "run: not a number" run -m $M -p hi -n many
+expect_error "run: --kv-skip-layers past the model's 8 layers" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 0,8
+expect_error "run: --kv-skip-layers naming a layer twice" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 1,1
+expect_error "run: --kv-skip-layers items naming one layer" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 1,-7
+expect_error "run: --kv-skip-layers not a list of integers" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 0,x
+expect_error "ppl: kitty on pages that are not a multiple of 128" ppl -m $M -f data/eval/linux.txt --kv-cache-dtype kitty_int2 --kv-page 64
+expect_error "run: kitty with a group" run -m $M -p hi -n 1 --kv-cache-dtype kitty_int2 --kv-group 64
 expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
 expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512
 expect_error "ppl: ctx beyond the model" ppl -m $M -f data/eval/linux.txt -c 9000
@@ -67,6 +80,7 @@ expect_error "calibrate: unknown method" calibrate -m $M --data data/calib/linux
 expect_error "calibrate: budget below one chunk" calibrate -m $M --data data/calib/linux.txt --tokens 100 -o "$T/r.safetensors"
 expect_error "calibrate: more chunks per layer than the budget holds" calibrate -m $M --data data/calib/linux.txt --method optr --calib-chunks 15 --heldout-chunks 2 -o "$T/r.safetensors"
 expect_error "calibrate: zero calibration chunks" calibrate -m $M --data data/calib/linux.txt --method optr --calib-chunks 0 -o "$T/r.safetensors"
+expect_error "calibrate: --kv-skip-layers" calibrate -m $M --data data/calib/linux.txt --kv-skip-layers 0 -o "$T/r.safetensors"
 expect_error "calibrate: missing data file" calibrate -m $M --data /nonexistent.txt -o "$T/r.safetensors"
 expect_error "eval: unknown task" eval -m $M --tasks ppl,bleu
 expect_error "eval: bad ctx list" eval -m $M --ctx 2048,abc
@@ -98,6 +112,12 @@ expect_error "bench decode: --seqs 0" bench decode -m $M -c 64 --seqs 0
 expect_error "bench decode: --vs-bf16 of a bf16 cache" bench decode -m $M -c 64 --vs-bf16
 expect_error "bench decode: --seqs max on the CPU without a budget" bench decode -m $M -c 64 --seqs max --dummy-weights
 expect_error "bench decode: --seqs max with a budget that holds no sequence" bench decode -m $M -c 4096 --seqs max --kv-budget-gib 0.001 --dummy-weights
+expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
+expect_error "serve: zero running sequences" serve -m $M -np 0
+expect_error "serve: port out of range" serve -m $M --port 70000
+expect_error "serve: context larger than the model's" serve -m $M -c 100000
+mkdir -p "$T/badchat" && cp $M/config.json $M/*.safetensors* $M/tokenizer.json "$T/badchat/" && printf '%s' '{"chat_template": "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"}' > "$T/badchat/tokenizer_config.json"
+expect_error "serve: a chat template kvq does not render" serve -m "$T/badchat" --port 0
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).
 expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk f32 -ctv f32
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line

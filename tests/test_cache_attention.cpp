@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "kv/codec_registry.h"
 #include "kv/transform.h"
 #include "model/model.h"
+#include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"
 #include "test_helpers.h"
 
@@ -44,6 +46,7 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   c.page_tokens = page;
   c.max_chunk = chunk;
   if (type == "f32") c.window = "f32";
+  c.key_rope = test::rope_inv_freq(128);  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   return c;
 }
 
@@ -84,7 +87,7 @@ DecodedView decode_view(const KvCache& cache, int seq, int h, int t_first, int t
       EXPECT_EQ(r.n % tpb, 0);
       std::vector<float> rows(size_t(tpb) * d);
       for (int t0 = 0; t0 < r.n; t0 += tpb) {
-        codec.decode((kv ? r.v : r.k) + size_t(t0 / tpb) * codec.bytes_per_block(), rows.data());
+        codec.decode_at((kv ? r.v : r.k) + size_t(t0 / tpb) * codec.bytes_per_block(), r.pos0 + t0, rows.data());
         for (int i = 0; i < tpb; ++i) {
           auto& dst = quant ? (kv ? dv.quant_v : dv.quant_k) : (kv ? dv.window_v : dv.window_k);
           dst[size_t(r.pos0 + t0 + i)].assign(rows.begin() + i * d, rows.begin() + (i + 1) * d);
@@ -117,7 +120,8 @@ void expect_view_matches(const KvCache& cache, const ReferenceKv& ref, const Dec
 // Appends n_tokens in chunks and checks the decode view of the first and last query of every chunk.
 void run_demotion_case(const std::string& type, int sink, int recent, int page, int chunk, int n_tokens) {
   const int n_kv = 2, d = 64, group = 32;
-  const CacheConfig cfg = config(type, group, sink, recent, page, chunk);
+  CacheConfig cfg = config(type, group, sink, recent, page, chunk);
+  cfg.key_rope = test::rope_inv_freq(d);
   const std::string what = fmt::format("{} chunk={} page={}", cfg.describe(), chunk, page);
   KvCache cache(cfg, 1, n_kv, d, n_tokens);
   ReferenceKv ref(cfg, n_kv, d);
@@ -195,6 +199,9 @@ TEST(CacheDemotion, RowsMatchReferenceOverPageSizes) {
       if (HasFatalFailure()) return;
       if (page % 32 == 0) run_demotion_case("kivi2", 4, 16, page, chunk, 700);
       if (HasFatalFailure()) return;
+      run_demotion_case("nexusquant", 4, 16, page, chunk, 700);  // keys stored without RoPE: positional
+      if (page % 128 == 0) run_demotion_case("kitty_int2", 4, 16, page, chunk, 700);  // key blocks of 128 tokens
+      if (HasFatalFailure()) return;
     }
 }
 
@@ -261,13 +268,15 @@ TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengths) {
     const std::string type(t.name);
     double worst = 0;
     for (int n_tokens : {1, 63, 64, 65, 257, 1000, 4097}) {
-      const CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
+      CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
+      if (t.keys_only) cfg.v = spec("bf16", 128, false);  // keys-only codecs (TurboQuant's codebook keys)
+      cfg.transform = codec_transform(cfg, 1, 2, 128);    // the one they imply (random rows: not applied here)
       CacheConfig exact = cfg;
       exact.k.type = exact.v.type = "f32";
       exact.k.per_channel = exact.v.per_channel = false;
       double quant_error = 0;
       const double e = attention_nmse(cfg, n_tokens, &exact, &quant_error);
-      const bool relative = int8_operands && t.code_bits == 2;  // int2 rows of one group: int8 operands
+      const bool relative = int8_operands && t.grouped && t.code_bits == 2;  // int2 rows of one group: int8 operands
       const double budget = relative ? std::max(kBudget, 0.1 * quant_error) : kBudget;
       EXPECT_LE(e, budget) << cfg.describe() << " n_tokens=" << n_tokens << " quantization NMSE " << quant_error;
       worst = std::max(worst, e);
@@ -395,7 +404,9 @@ TEST(CacheAttention, F32CacheIsInvariantToKeyCenteringAndOrthogonalRotations) {
 
 namespace {
 
-double ref_ppl(const std::string& type, int sink, int recent, float clip) {
+// Perplexity of models/ref over the first 1024 tokens of data/eval/linux.txt through a cache of `type` (clip: both
+// sides' where the codec takes one), memoised by the cache's description so that tests share their runs.
+double ref_ppl(const std::string& type, int sink, int recent, float clip, std::vector<int> skip_layers = {}) {
   static std::unique_ptr<Model> model = Model::load(std::string(KVQ_SOURCE_DIR) + "/models/ref", 2);
   static const std::vector<int32_t> ids = [] {
     const Tokenizer tok = Tokenizer::load(std::string(KVQ_SOURCE_DIR) + "/models/ref/tokenizer.json");
@@ -409,7 +420,11 @@ double ref_ppl(const std::string& type, int sink, int recent, float clip) {
   EXPECT_EQ(ids.size(), 1024u);
   CacheConfig c = config(type, 128, sink, recent, 128, 512);
   c.k.clip = c.v.clip = clip;
-  return perplexity(*model, c, ids, 1024, 1).ppl();
+  c.skip_layers = std::move(skip_layers);
+  static std::map<std::string, double> done;
+  const auto [it, fresh] = done.try_emplace(c.describe(), 0.0);
+  if (fresh) it->second = perplexity(*model, c, ids, 1024, 1).ppl();
+  return it->second;
 }
 
 }  // namespace
@@ -422,6 +437,20 @@ TEST(CachePerplexity, Bf16MatchesF32AndInt8MatchesBf16AndInt2WithoutWindowsDegra
   EXPECT_NEAR(bf16 / f32, 1.0, 0.002);
   EXPECT_NEAR(int8 / bf16, 1.0, 0.005);
   EXPECT_GT(int2 / bf16, 1.10);
+}
+
+// End to end on models/ref (8 layers), no windows: keeping layers 0, 1, -2, -1 in bf16 (vLLM TurboQuant's policy; half
+// of this model's layers) recovers part of int2's loss; Kitty's 2.53-bit cache (keys per channel over 128-token blocks,
+// the largest quarter boosted) loses far less than per-token int2 and still reads its quantized rows.
+TEST(CachePerplexity, SkippedBf16LayersReduceTheInt2ErrorAndKittyDegradesPlausibly) {
+  const double bf16 = ref_ppl("bf16", 64, 256, 1.f), int2 = ref_ppl("int2", 0, 0, 1.f);
+  const double skip = ref_ppl("int2", 0, 0, 1.f, {0, 1, -2, -1}), kitty = ref_ppl("kitty_int2", 0, 0, 1.f);
+  std::printf("ppl models/ref linux 1024, no windows: bf16 %.4f int2 %.4f int2+skip(0,1,-2,-1) %.4f kitty_int2 %.4f\n",
+              bf16, int2, skip, kitty);
+  EXPECT_LT(std::log(skip / bf16), 0.8 * std::log(int2 / bf16));  // the skipped layers' share of the error is gone
+  EXPECT_GT(skip / bf16, 1.005);                                  // the other half is still int2
+  EXPECT_GT(kitty / bf16, 1.005);                                 // the quantized rows are read
+  EXPECT_LT(kitty, int2);
 }
 
 // The vectorized exp of the online softmax: relative error <= 2e-7 (about 2 ulp; the Cephes polynomial's bound

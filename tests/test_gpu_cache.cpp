@@ -20,12 +20,14 @@
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/cache.h"
 #include "kv/codec_registry.h"
 #include "kv/simd.h"
 #include "kv/transform.h"
+#include "rotation/rotation_file.h"
 #include "test_helpers.h"
 
 using namespace kvq;
@@ -204,8 +206,7 @@ struct Twin {
           int pos = 0;
           for (const auto& r : runs) {
             EXPECT_EQ(r.pos0, pos) << "runs out of order";
-            const bool quant = r.kind == KvCache::RunKind::Quant;
-            const KvCodec& codec = quant ? (kv ? cpu.v_codec() : cpu.k_codec()) : cpu.window_codec();
+            const KvCodec& codec = kv ? *r.v_codec : *r.k_codec;  // the layer's (bf16 if skipped) or the window's
             const size_t rb = codec.bytes_per_block();
             const uint8_t* src = kv ? r.v : r.k;
             // Blocks of the run: rows, or KIVI key blocks of G rows (whole blocks in download_rows, gpu_cache.h).
@@ -215,7 +216,7 @@ struct Twin {
               ++*total;
               if (off + rb > g.size() || std::memcmp(g.data() + off, src + size_t(i) * rb, rb) != 0) ++bad;
             }
-            if (quant && kv == 0 && h == 0 && r.scale) {  // token-scaled keys: ν of the run's positions, once per layer
+            if (r.kind == KvCache::RunKind::Quant && kv == 0 && h == 0 && r.scale) {  // ν of the run, once per layer
               const std::vector<float> nu = gpu.download_scales(gs, l, r.pos0, r.n);
               for (int i = 0; i < r.n; ++i, ++*total)
                 if (std::memcmp(&nu[size_t(i)], &r.scale[i], sizeof(float)) != 0) ++bad;
@@ -336,6 +337,24 @@ TEST(GpuCache, MixedKeyValueCodecsMatchTheCpuCache) {
   for (int s = 0; s < 3; ++s) tw.step({0, 1}, {1, 1}, rng, Data::HeavyTailed, true, 1e-8, "decode");
   int64_t total = 0;
   EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0);
+}
+
+// --kv-skip-layers: the skipped layer (1 of 2) stores bf16 rows and runs the bf16 instance, layer 0 its own codecs
+// (int2 on tensor cores; KIVI keys of 128-token blocks on CUDA cores); pages byte-identical to the CPU cache's.
+TEST(GpuCache, SkippedLayersMatchTheCpuCache) {
+  REQUIRE_GPU();
+  for (const char* type : {"int2", "kivi2"}) {
+    CacheConfig cfg = config(type, 128, 16, 64);
+    cfg.skip_layers = {-1};
+    std::mt19937 rng(21);
+    Twin tw(cfg, 2048, 2, KvTransform{});
+    const double b = std::max(budget(type, 128, false), budget("bf16", 128, false));
+    tw.prefill(0, 1500, rng, Data::HeavyTailed, b);
+    tw.prefill(1, 300, rng, Data::Gaussian, b);
+    for (int s = 0; s < 3; ++s) tw.step({0, 1}, {1, 1}, rng, Data::HeavyTailed, true, b, std::string(type) + " decode");
+    int64_t total = 0;
+    EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0) << type;
+  }
 }
 
 // KIVI keys with a quantile clip (the device's counting quantile over the G tokens of a channel) and per-token int4
@@ -609,6 +628,87 @@ TEST(GpuCache, ExhaustedPoolRefusesTheStepBeforeAnythingChanges) {
   EXPECT_EQ(c.length(a), 768);
 }
 
+// --- TurboQuant (cuda/codec_turboquant.cuh): codebook keys with the Hadamard their codecs imply, uniform values.
+
+// The cache of a --kv-cache-dtype preset with the transform its codecs imply (the Hadamard on keys), for n_layers x
+// n_kv heads.
+CacheConfig preset_config(const std::string& preset, int sink, int recent, int n_layers, int n_kv, int chunk = 512) {
+  const CodecPreset* p = find_preset(preset);
+  EXPECT_NE(p, nullptr) << preset;
+  CacheConfig c = config("bf16", 128, sink, recent, chunk);
+  c.k = codec_spec(codec_traits(p->k).name, true, 128, 0.f);
+  c.v = codec_spec(codec_traits(p->v).name, false, 128, 0.f);
+  c.k.head_dim = c.v.head_dim = kD;
+  c.transform = codec_transform(c, n_layers, n_kv, kD);
+  return c;
+}
+
+using TqCase = std::tuple<std::string, std::pair<int, int>, int>;  // preset, (sink, recent), 0 Gaussian / 1 heavy
+class GpuVsCpuTurboQuant : public ::testing::TestWithParam<TqCase> {};
+
+// Both caches rotate keys and queries by H with the same double accumulation (append, prepare_queries vs
+// kv/transform.cpp) and encode with kv/turboquant.h's operations, so every stored row is bit-identical: bf16
+// windows, codebook keys (n in the canonical order, the same midpoints) and uniform values. Attention differs by
+// float summation order only (no int operands on either side): 1e-6.
+TEST_P(GpuVsCpuTurboQuant, StoredRowsAreBitIdenticalAndAttentionMatchesTheCpuCache) {
+  REQUIRE_GPU();
+  const auto& [preset, win, variant] = GetParam();
+  const CacheConfig cfg = preset_config(preset, win.first, win.second, Twin::kLayers, Twin::kKv);
+  std::mt19937 rng(2000 + variant * 17 + win.first);
+  const Data data = variant == 0 ? Data::Gaussian : Data::HeavyTailed;
+  const std::vector<int> lengths = {1, 63, 64, 65, 257, 1000, 4097};
+  Twin tw(cfg, 4097 + 64, int(lengths.size()), *cfg.transform);
+  const double b = 1e-6;
+  for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, data, b);
+  std::vector<int> all, ones(lengths.size(), 1), mixed;
+  for (size_t i = 0; i < lengths.size(); ++i) all.push_back(int(i)), mixed.push_back(1 + int(i) * 5);
+  for (int s = 0; s < 3; ++s) tw.step(all, ones, rng, data, true, b, "decode step " + std::to_string(s));
+  tw.step(all, mixed, rng, data, true, b, "mixed step");
+  int64_t total = 0, bad = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) bad += tw.row_mismatches(int(i), &total);
+  std::printf("[ gpu    ] %s sink %d recent %d %s: worst NMSE %.3g, %lld of %lld stored rows differ\n", preset.c_str(),
+              win.first, win.second, variant ? "heavy" : "gauss", tw.worst_nmse, (long long)bad, (long long)total);
+  EXPECT_EQ(bad, 0) << "identical inputs must give bit-identical stored rows";
+  EXPECT_GT(total, 0);
+}
+
+std::string tq_case_name(const ::testing::TestParamInfo<TqCase>& info) {
+  const auto& [preset, win, variant] = info.param;
+  return preset + "_s" + std::to_string(win.first) + "_w" + std::to_string(win.second) +
+         (variant ? "_heavy" : "_gauss");
+}
+
+INSTANTIATE_TEST_SUITE_P(TurboQuant, GpuVsCpuTurboQuant,
+                         ::testing::Combine(::testing::Values("turboquant_4bit_nc", "turboquant_k3v4_nc",
+                                                              "turboquant_3bit_nc", "turboquant_2bit"),
+                                            ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
+                         tq_case_name);
+
+// The fast CUDA-core kernel against the reference twin (per channel: n · c_i / ||c||, block-reduced), at every GQA
+// instance of the timed presets and over the windows.
+TEST(GpuCache, FastAttentionMatchesReferenceTwinForTurboQuant) {
+  REQUIRE_GPU();
+  for (const char* preset : {"turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "turboquant_2bit"})
+    for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{64, 256}, {0, 0}})
+      for (int heads : {8, 16, 24, 32}) {
+        const CacheConfig cfg = preset_config(preset, sink, recent, 1, 8);
+        const auto fast = decode_once(cfg, 2000, 0, false, heads), ref = decode_once(cfg, 2000, 0, true, heads);
+        const double e = nmse(fast, ref);
+        EXPECT_LT(e, 1e-9) << preset << " sink " << sink << " recent " << recent << " g " << heads / 8;
+        if (heads == 32)
+          std::printf("[ gpu    ] fast vs reference twin, %s sink %d recent %d: NMSE %.3g\n", preset, sink, recent, e);
+      }
+}
+
+// A TurboQuant cache is refused on the GPU without the transform its codecs imply (and so is the CPU one).
+TEST(GpuCache, TurboQuantWithoutItsHadamardIsRefused) {
+  REQUIRE_GPU();
+  CacheConfig cfg = preset_config("turboquant_3bit_nc", 64, 256, 1, 2);
+  EXPECT_NO_THROW(cuda::GpuKvCache(cfg, 1, 2, kD, 1024, 1));
+  cfg.transform = nullptr;
+  EXPECT_THROW(cuda::GpuKvCache(cfg, 1, 2, kD, 1024, 1), Error);
+}
+
 // --- Host side, no GPU needed: the geometry the kernels address the cache with, against the CPU cache.
 
 TEST(GpuCacheGeometry, SupportsKiviKeysPerChannelAndPerTokenValues) {
@@ -693,6 +793,27 @@ TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {
   }
 }
 
+// TurboQuant presets on the host: their instance rows (CUDA-core), row sizes from the CPU codecs (keys 2-byte aligned,
+// values and pages 4-byte), and no device codebook in a host-only geometry.
+TEST(GpuCacheGeometry, TurboQuantPresetsHaveRowsAndTheCpuRowSizes) {
+  const struct {
+    const char* preset;
+    int k_row, v_row;
+  } cases[] = {{"turboquant_4bit_nc", 66, 68}, {"turboquant_k3v4_nc", 50, 68}, {"turboquant_3bit_nc", 50, 52},
+               {"turboquant_2bit", 34, 36}};
+  for (const auto& c : cases) {
+    const CacheConfig cfg = preset_config(c.preset, 64, 256, 2, 3);
+    const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 2, 3, 4096);
+    ASSERT_GE(g.instance, 0) << c.preset;
+    EXPECT_EQ(cuda::kGpuInstances[g.instance].path, cuda::GpuPath::kCudaCore) << c.preset;
+    EXPECT_EQ(g.k_row, c.k_row) << c.preset;
+    EXPECT_EQ(g.v_row, c.v_row) << c.preset;
+    EXPECT_EQ(g.k_region % 16, 0) << c.preset;  // the value rows start aligned
+    EXPECT_EQ(g.head_bytes % 4, 0) << c.preset;
+    EXPECT_EQ(g.k_codebook, nullptr) << c.preset;  // uploaded by GpuKvCache only
+  }
+}
+
 // The geometry's sizes are the cache layout's (kv/cache_layout.h), the block table width the page pool's.
 TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
   for (const char* type : {"bf16", "int2", "int4", "kivi2", "oscar_int2"}) {
@@ -727,6 +848,27 @@ TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
   EXPECT_EQ(o.page_bytes, 3 * (2 * o.head_bytes + o.scale_region));
   // No quantized region at all: the block table keeps one column.
   EXPECT_EQ(cuda::cache_geometry(config("int2", 128, 64, 256), 1, 1, 32).pages_per_seq, 1);
+}
+
+// A layer of --kv-skip-layers: the bf16 instance row, bf16 rows, and its part of the page at the layout's offset.
+TEST(GpuCacheGeometry, SkippedLayersGetTheBf16InstanceAtTheLayoutsOffsets) {
+  CacheConfig cfg = config("int2", 128, 16, 64, 100);
+  cfg.skip_layers = {0, -1};
+  const CacheLayout l = cache_layout(cfg, 4, 2, kD);
+  for (int layer = 0; layer < 4; ++layer) {
+    const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 4, 2, 5000, layer);
+    const bool skipped = layer == 0 || layer == 3;
+    ASSERT_GE(g.instance, 0) << layer;
+    EXPECT_EQ(g.k_codec, skipped ? CodecId::kBf16 : CodecId::kInt2) << layer;
+    EXPECT_EQ(g.v_codec, skipped ? CodecId::kBf16 : CodecId::kInt2) << layer;
+    EXPECT_EQ(g.k_row, skipped ? 2 * kD : 36) << layer;
+    EXPECT_EQ(g.layer_offset, l.layer_offset(layer)) << layer;
+    EXPECT_EQ(g.head_bytes, l.layer_head_bytes(layer)) << layer;
+    EXPECT_EQ(g.k_region, l.layer_k_region(layer)) << layer;
+    EXPECT_EQ(g.page_bytes, l.page_bytes) << layer;
+    EXPECT_EQ(g.block_tokens, l.block_tokens) << layer;
+  }
+  EXPECT_EQ(l.page_bytes, 2 * (2 * 128 * 2 * 256 + 2 * 128 * 2 * 36));
 }
 
 }  // namespace

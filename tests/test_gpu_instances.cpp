@@ -99,6 +99,8 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
       {"kivi2", "kivi2", 128, GpuPath::kCudaCore},  {"kivi2", "kivi2", 64, GpuPath::kCudaCore},
       {"kivi2", "kivi2", 32, GpuPath::kCudaCore},   {"kivi4", "kivi4", 128, GpuPath::kCudaCore},
       {"kivi4", "kivi4", 32, GpuPath::kCudaCore},   {"int4", "int2", 64, GpuPath::kCudaCore},
+      {"tq4nc", "tqv4", 128, GpuPath::kCudaCore},   {"tq3nc", "tqv4", 128, GpuPath::kCudaCore},
+      {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},   {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
       {"kivi2", "int4", 64, GpuPath::kCudaCore},    {"oscar_int2", "oscar_int2", 128, GpuPath::kCudaCore},
   };
   for (const Case& c : cases)
@@ -167,6 +169,9 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   scaled_int2.k.token_scale = true;
   EXPECT_TRUE(has(gpu_unsupported(scaled_int2, kHeadDim), "key type int2/g128 with a token scale"));
   EXPECT_TRUE(has(gpu_unsupported(config("oscar_int2", "oscar_int2", 128, 48), kHeadDim), "pages of 48 tokens"));
+  // Kitty's value rows are min / scale rows of its own (kv/codec_kitty.h), not the int2 rows a KIVI value maps to.
+  EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kHeadDim), "values kitty_int2"));
+  EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kHeadDim), "kitty_int2"));
   CacheConfig unknown = config("int2", "int2", 128);
   unknown.k.type = "kivi8";
   EXPECT_TRUE(has(gpu_unsupported(unknown, kHeadDim), "'kivi8' is unknown"));

@@ -5,7 +5,18 @@
 #include <random>
 #include <vector>
 
+#include "model/config.h"
+
 namespace kvq::test {
+
+// The RoPE inverse frequencies (ModelConfig::rope_inv_freq, default RoPE of base theta) of head_dim d: what the runner
+// puts in CacheConfig::key_rope for key codecs that store keys without RoPE.
+inline std::vector<float> rope_inv_freq(int d, double theta = 10000.0) {
+  ModelConfig mc;
+  mc.head_dim = d;
+  mc.rope.theta = theta;
+  return mc.rope_inv_freq();
+}
 
 // A random orthogonal d×d matrix (Gram–Schmidt of a Gaussian matrix, in double), row-major.
 inline std::vector<float> random_orthogonal(int d, std::mt19937& rng) {

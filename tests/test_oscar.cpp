@@ -40,6 +40,12 @@ CacheConfig oscar_config(int sink, int recent, int page, int chunk) {
   return c;
 }
 
+// c for a cache of (n_layers, n_kv, d), with the Hadamard its codecs imply (the cache refuses to run without it).
+CacheConfig shaped(CacheConfig c, int n_layers, int n_kv, int d) {
+  c.transform = codec_transform(c, n_layers, n_kv, d);
+  return c;
+}
+
 // n values of N(0, 1) with a per-channel offset and 1% outliers x20 (rows of d).
 std::vector<float> rows_of(std::mt19937& rng, size_t n, int d, float offset = 0.f) {
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -249,7 +255,7 @@ TEST(OscarBytes, PerBlockAndPerTokenAsMethods) {
   // The cache: K 32 + 16 + 4 / n_kv, V 32 + 16 per (token, kv head): 96.5 B at n_kv = 8 (3.016 bits).
   const CacheConfig cfg = oscar_config(0, 0, 128, 64);
   for (int n_kv : {8, 2}) {
-    const CacheLayout l = cache_layout(cfg, 3, n_kv, 128);
+    const CacheLayout l = cache_layout(shaped(cfg, 3, n_kv, 128), 3, n_kv, 128);
     EXPECT_EQ(l.scale_region, 128 * 4);
     EXPECT_EQ(l.page_bytes, 3 * (int64_t(n_kv) * (4 * 1536 + 128 * 48) + 128 * 4));
     const CacheFootprint f = l.footprint(1 << 14);
@@ -257,22 +263,22 @@ TEST(OscarBytes, PerBlockAndPerTokenAsMethods) {
     EXPECT_DOUBLE_EQ(f.bytes_per_token_per_layer, n_kv * per_token_head);
     EXPECT_DOUBLE_EQ(f.quant_bits_per_element, 8.0 * per_token_head / 256.0);
   }
-  EXPECT_DOUBLE_EQ(cache_layout(cfg, 1, 8, 128).footprint(1 << 14).quant_bits_per_element, 3.015625);  // 96.5 B
+  EXPECT_DOUBLE_EQ(cache_layout(shaped(cfg, 1, 8, 128), 1, 8, 128).footprint(1 << 14).quant_bits_per_element, 3.015625);  // 96.5 B
   // Without the token scale the page has no scale region (the ablation: OScaR's codecs without ν).
   CacheConfig plain = cfg;
   plain.k.token_scale = false;
-  EXPECT_EQ(cache_layout(plain, 1, 8, 128).scale_region, 0);
+  EXPECT_EQ(cache_layout(shaped(plain, 1, 8, 128), 1, 8, 128).scale_region, 0);
   // Keys of 32-token blocks: pages a multiple of 32; values never take the token scale.
-  EXPECT_THROW(cache_layout(oscar_config(0, 0, 48, 64), 1, 2, 128), Error);
+  EXPECT_THROW(cache_layout(shaped(oscar_config(0, 0, 48, 64), 1, 2, 128), 1, 2, 128), Error);
   CacheConfig bad = cfg;
   bad.v.token_scale = true;
-  EXPECT_THROW(cache_layout(bad, 1, 2, 128), Error);
+  EXPECT_THROW(cache_layout(shaped(bad, 1, 2, 128), 1, 2, 128), Error);
 }
 
 TEST(OscarTable, TheRowDeclaresItsLayoutScaleAndTransform) {
   const CodecTraits& t = codec_traits("oscar_int2");
   EXPECT_EQ(t.id, CodecId::kOscarInt2);
-  EXPECT_EQ(&t, &codec_table().back());  // the last row
+  EXPECT_EQ(&t, &codec_traits(CodecId::kOscarInt2));
   EXPECT_TRUE(t.per_channel_keys && t.token_scale_keys && fixed_format(t));
   EXPECT_FALSE(t.takes_clip || t.fake_quant);
   EXPECT_EQ(t.transform, "hadamard");
@@ -333,7 +339,7 @@ std::vector<float> stored_scales(const KvCache& cache, int seq, int t) {
 // encoding of the rows divided by ν.
 TEST(OscarTokenScale, NuIsTheNormOverAllKvHeadsStoredOncePerTokenAndLayer) {
   const int n_kv = 2, d = 64, n = 70;
-  KvCache cache(oscar_config(4, 0, 32, 16), 1, n_kv, d, n);
+  KvCache cache(shaped(oscar_config(4, 0, 32, 16), 1, n_kv, d), 1, n_kv, d, n);
   std::vector<float> k(size_t(n) * n_kv * d, 0.f), v(k.size(), 0.25f);
   for (int t = 0; t < n; ++t) {
     k[(size_t(t) * n_kv + 0) * d + 0] = 3.f * float(t + 1);
@@ -437,7 +443,7 @@ TEST(OscarCache, ViewRowsTimesNuEqualTheReferenceBitForBit) {
   for (auto [sink, recent] : {std::pair{0, 0}, {4, 16}, {64, 256}})
     for (int chunk : {7, 300}) {
       const int n = sink + recent + 200;
-      const CacheConfig cfg = oscar_config(sink, recent, 64, chunk);
+      const CacheConfig cfg = shaped(oscar_config(sink, recent, 64, chunk), 1, n_kv, d);
       KvCache cache(cfg, 1, n_kv, d, n);
       ReferenceKv ref(cfg, n_kv, d);
       ASSERT_EQ(cache.block_tokens(), 32);

@@ -60,3 +60,27 @@ TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
   EXPECT_NE(text.find("codec"), std::string::npos);
   EXPECT_NE(text.find("tensor-core"), std::string::npos);
 }
+
+// TurboQuant: keys-only codebook rows ("k"), the GPU column from the preset pairs' rows, and the presets' own table
+// (bytes of both codecs, the implied transform, kvq's extension labelled).
+TEST(SupportMatrix, TurboQuantRowsAndPresets) {
+  const std::vector<SupportRow> rows = support_matrix({64, 128});
+  const SupportRow* k3 = find_row(rows, "tq3nc", "k", 128, 0);
+  ASSERT_NE(k3, nullptr);
+  EXPECT_DOUBLE_EQ(k3->bytes_per_token, 50.0);
+  EXPECT_DOUBLE_EQ(k3->bits, 3.125);
+  EXPECT_EQ(k3->cuda, "CUDA-core");
+  EXPECT_EQ(find_row(rows, "tq3", "k", 128, 0)->cuda, "");  // no GPU row stores uncorrected keys
+  EXPECT_EQ(find_row(rows, "tqv2", "k,v", 128, 0)->cuda, "CUDA-core");
+  EXPECT_EQ(find_row(rows, "fp8e4m3", "k,v", 128, 0)->cuda, "");
+  const std::vector<PresetRow> presets = preset_matrix({128});
+  ASSERT_EQ(presets.size(), codec_presets().size());
+  for (const PresetRow& p : presets) {
+    EXPECT_TRUE(p.cpu) << p.preset;
+    EXPECT_EQ(p.kvq_extension, p.preset == "turboquant_2bit") << p.preset;
+    EXPECT_EQ(p.transform, p.k == "fp8e4m3" ? "none" : "hadamard_k") << p.preset;
+    EXPECT_EQ(p.cuda, p.k == "fp8e4m3" ? "" : "CUDA-core") << p.preset;
+  }
+  EXPECT_DOUBLE_EQ(presets.back().bytes_per_token, 70.0);
+  EXPECT_NE(format_preset_matrix(presets).find("(kvq extension)"), std::string::npos);
+}

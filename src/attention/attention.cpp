@@ -13,21 +13,22 @@ namespace {
 constexpr int kTileRows = 64;     // query rows (queries × GQA group) per work item
 constexpr int kPieceTokens = 128; // cached rows scored at once
 
-// A piece of one run: rows [pos0, pos0 + n) read through one codec pair.
+// A piece of one run: rows [pos0, pos0 + n) read through one codec pair (the run's).
 struct Piece {
   KvCache::RunKind kind;
   int pos0, n;
   const uint8_t* k;
   const uint8_t* v;
   const float* scale;  // token-scaled keys: ν of each row, multiplied onto its scores; else null
+  const KvCodec* kc;
+  const KvCodec* vc;
 };
 
 void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std::vector<Piece>& out) {
   out.clear();
   for (const auto& run : runs) {
     const bool quant = run.kind == KvCache::RunKind::Quant;
-    const KvCodec& kc = quant ? cache.k_codec() : cache.window_codec();
-    const KvCodec& vc = quant ? cache.v_codec() : cache.window_codec();
+    const KvCodec &kc = *run.k_codec, &vc = *run.v_codec;
     // Quantized pieces must start on codec blocks; kPieceTokens is a multiple of every supported block.
     const int step = quant ? std::max(kPieceTokens, cache.block_tokens()) : kPieceTokens;
     for (int off = 0; off < run.n; off += step) {
@@ -35,7 +36,7 @@ void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std
       out.push_back({run.kind, run.pos0 + off, n,
                      run.k + size_t(off / kc.tokens_per_block()) * kc.bytes_per_block(),
                      run.v + size_t(off / vc.tokens_per_block()) * vc.bytes_per_block(),
-                     run.scale ? run.scale + off : nullptr});
+                     run.scale ? run.scale + off : nullptr, &kc, &vc});
     }
   }
 }
@@ -53,10 +54,8 @@ inline void valid_range(const KvCache& cache, KvCache::RunKind kind, int t, int&
 
 // Asks for the next piece's K and V blocks (into L2) while the current one is computed: the rows stream from
 // DRAM, and a piece starts a new page region the hardware prefetchers have not seen yet.
-inline void prefetch_piece(const Piece& pc, const KvCache& cache) {
-  const bool quant = pc.kind == KvCache::RunKind::Quant;
-  const KvCodec& kc = quant ? cache.k_codec() : cache.window_codec();
-  const KvCodec& vc = quant ? cache.v_codec() : cache.window_codec();
+inline void prefetch_piece(const Piece& pc) {
+  const KvCodec &kc = *pc.kc, &vc = *pc.vc;
   const size_t kb = size_t(pc.n) / kc.tokens_per_block() * kc.bytes_per_block();
   const size_t vb = size_t(pc.n) / vc.tokens_per_block() * vc.bytes_per_block();
   for (size_t b = 0; b < kb; b += 64) __builtin_prefetch(pc.k + b, 0, 2);
@@ -71,9 +70,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
   s.resize(size_t(rows) * kPieceTokens * 2);
   for (int pi = 0; pi < n_pieces; ++pi) {
     const Piece& pc = pieces[pi];
-    const bool quant = pc.kind == KvCache::RunKind::Quant;
-    const KvCodec& kc = quant ? cache.k_codec() : cache.window_codec();
-    const KvCodec& vc = quant ? cache.v_codec() : cache.window_codec();
+    const KvCodec &kc = *pc.kc, &vc = *pc.vc;
     // Skip pieces no row of the tile reads (e.g. recent rows past every query's window).
     bool any = false;
     for (int r = 0; r < rows && !any; r += group) {
@@ -82,9 +79,9 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
       any = std::max(lo, pc.pos0) < std::min(hi, pc.pos0 + pc.n);
     }
     if (!any) continue;
-    if (pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1], cache);
+    if (pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1]);
     const int n = pc.n;
-    kc.scores(q_rows, rows, pc.k, n, s.data());
+    kc.scores_at(q_rows, rows, pc.k, pc.pos0, n, s.data());
     if (pc.scale)  // token-scaled keys (METHODS §5.4): ν_t · q·k̂_t
       for (int r = 0; r < rows; ++r)
         for (int t = 0; t < n; ++t) s[size_t(r) * n + t] *= pc.scale[t];

@@ -5,15 +5,16 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kv/codec_rope.h"
 #include "kv/oscar_format.h"
 
 namespace kvq {
 
 ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
     : cfg_(cfg), n_kv_(n_kv_heads), d_(head_dim) {
-  CodecSpec ks = cfg.k, vs = cfg.v;
-  ks.head_dim = vs.head_dim = head_dim;
-  k_codec_ = make_codec(ks);
+  CodecSpec vs = cfg.v;
+  vs.head_dim = head_dim;
+  k_codec_ = make_key_codec(cfg, head_dim);
   v_codec_ = make_codec(vs);
   window_ = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
   block_ = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());
@@ -60,8 +61,8 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
               const float x = src[(size_t(t0 + r) * n_kv_ + h) * d_ + c];
               in[size_t(r) * d_ + c] = kv == 0 && scaled ? x / nu[size_t(t0 + r - b0)] : x;
             }
-          codec.encode(in.data(), block.data());
-          codec.decode(block.data(), out.data());
+          codec.encode_at(in.data(), t0, block.data());
+          codec.decode_at(block.data(), t0, out.data());
           for (int r = 0; r < tpb; ++r)
             for (int c = 0; c < d_; ++c) {
               const float x = out[size_t(r) * d_ + c];

@@ -4,8 +4,8 @@
 //
 // Row of position pos as read by a query at t (kv/cache.h, docs/METHODS.md §2):
 //   pos < S0 or pos >= qe(t):  the window codec's decode(encode(x))                       (bf16-rounded rows)
-//   S0 <= pos < qe(t):         the K / V codec's decode(encode(block)) of the window-codec rows of pos's block;
-//                              token-scaled keys: ν_t · decode(encode(rows / ν_t)), ν_t over all kv heads
+//   S0 <= pos < qe(t):         the K / V codec's decode_at(encode_at(block)) of the window-codec rows of pos's block;
+//                              token-scaled keys: ν_t · decode_at(encode_at(rows / ν_t)), ν_t over all kv heads
 //   qe(t) = S0 + (number of whole B-token blocks after the sinks whose last token has left the W-token window)
 #pragma once
 

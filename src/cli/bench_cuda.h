@@ -10,7 +10,8 @@
 namespace kvq::cli {
 
 struct GpuAttentionBench {
-  CacheConfig cache;         // codecs and windows under test (the bf16 baseline uses the same windows)
+  std::vector<CacheConfig> caches;  // codecs and windows under test, each against one bf16 baseline of the first's
+                                    // windows (with the transform their codecs imply)
   std::vector<int> batches;  // sequences per decode step, one query each
   std::vector<int> ctxs;     // tokens in every sequence's cache
   int q_heads = 32, kv_heads = 8, head_dim = 128;

@@ -23,6 +23,8 @@
 #include "attention/attention.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
+#include "engine/scheduler.h"
+#include "rotation/rotation_file.h"
 
 namespace kvq::cli {
 
@@ -79,6 +81,7 @@ CacheOptions bf16_options(const CacheOptions& c) {
   bf.type_k = bf.type_v = "bf16";
   bf.group = 0, bf.clip_k = bf.clip_v = -1;
   bf.rotation = "none";
+  bf.skip_layers.clear();  // every layer is bf16 already
   return bf;
 }
 
@@ -155,9 +158,10 @@ struct DecodeResult {
   double decode_tps = 0;  // tokens/s of all sequences
 };
 
-// One context and cache: prefill the sequences (--seqs, or what the KV budget holds) with random ids to ctx tokens
-// (no logits), then o.warmup untimed and o.n_decode timed batched greedy decode steps (each sequence feeds back its
-// own argmax). base: the bf16 run of the same context (--vs-bf16), whose ratio is printed.
+// One context and cache, through the one request loop (engine/scheduler.h, prefill first): the sequences (--seqs, or
+// what the KV budget holds) as requests of ctx random ids are prefilled (no logits but each one's last row), then
+// o.warmup untimed and o.n_decode timed batched greedy decode steps, each one token of every sequence (each feeds
+// back its own argmax). base: the bf16 run of the same context (--vs-bf16), whose ratio is printed.
 DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const Plan& p, int ctx, int requested,
                               double probe, const DecodeResult* base) {
   const ModelConfig& c = m.config;
@@ -166,28 +170,44 @@ DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const
   Runner& r = *runner;
   log_runner(r, "bench:");
   const int n_seqs = sequences_to_run(r, requested, len);
+  SchedulerConfig sc;
+  sc.max_seqs = n_seqs;
+  sc.policy = SchedulerConfig::kPrefillFirst;
+  Scheduler sched(r, sc);
+  GenerateParams gp;
+  gp.max_tokens = o.decode_steps() + 1;  // the prefill's token, then one per decode step (the last one is not fed)
+  gp.sampler.temperature = 0;            // greedy: the argmax is taken where the logits are; no stop ids
   std::mt19937 rng(1234);
-  std::vector<int32_t> ids(static_cast<size_t>(ctx));
-  const int chunk = r.cache_config().max_chunk;
-  std::vector<int> seqs;
-  auto t0 = std::chrono::steady_clock::now();
   for (int b = 0; b < n_seqs; ++b) {
+    std::vector<int32_t> ids(static_cast<size_t>(ctx));
     for (auto& id : ids) id = int32_t(rng() % uint32_t(c.vocab_size));
-    const int seq = r.new_sequence();
-    seqs.push_back(seq);
-    for (int i = 0; i < ctx; i += chunk) r.forward({seq}, {std::min(chunk, ctx - i)}, ids.data() + i,
-                                                   LogitRows::None, nullptr, nullptr);
+    sched.add(std::make_unique<Generation>(std::move(ids), gp, nullptr));
   }
+  auto step = [&](StepInfo& info) {
+    int first_tokens = 0;
+    for (const Scheduler::Update& u : sched.step(&info)) {
+      KVQ_CHECK(u.output.finish != FinishReason::Error, "bench decode: {}", u.output.error);
+      first_tokens += u.generated_tokens == 1;
+    }
+    return first_tokens;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  StepInfo info;
+  for (int started = 0; started < n_seqs;) started += step(info);  // prefill: every sequence to its first token
   r.synchronize();
   const double prefill_s = seconds_since(t0);
-  std::vector<int32_t> next(size_t(n_seqs), 1);
-  const std::vector<int> ones(size_t(n_seqs), 1);
-  auto step = [&] { r.forward(seqs, ones, next.data(), LogitRows::Last, nullptr, next.data()); };
-  for (int i = 0; i < o.warmup; ++i) step();
+  auto decode_step = [&] {
+    step(info);
+    KVQ_CHECK(info.rows == n_seqs && info.decode_rows == n_seqs,
+              "bench decode: a decode step of {} rows ({} decode) where {} sequences decode", info.rows,
+              info.decode_rows, n_seqs);
+  };
+  for (int i = 0; i < o.warmup; ++i) decode_step();
   t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.n_decode; ++i) step();
+  for (int i = 0; i < o.n_decode; ++i) decode_step();
   r.synchronize();
   const double decode_s = seconds_since(t0);
+  KVQ_CHECK(sched.idle(), "bench decode: {} requests left after the decode steps", sched.n_running());
   // What a pool built from --kv-budget-gib really holds at ctx (allocated, not computed), with the timing runner gone.
   const CacheConfig cache_cfg = r.cache_config();
   const std::string runner_desc = r.describe();
@@ -306,14 +326,35 @@ struct BenchAttentionOptions {
   std::string device = "cpu";   // cpu | cuda
   std::vector<int> ctx_list;    // --ctx values (cuda: a grid; cpu: one value)
   std::vector<int> batch_list;  // --batch values
+  std::vector<std::string> caches;  // --caches: cache types or presets timed in one run (empty: the cache flags')
 };
+
+// The one-layer cache of a bench with the transform its codecs imply (TurboQuant's Hadamard on keys): the rows are
+// random, so it only has to be there; the GPU bench times the query rotation with the attention, the CPU bench not.
+CacheConfig with_codec_transform(CacheConfig c, int kv_heads, int head_dim) {
+  c.transform = codec_transform(c, 1, kv_heads, head_dim);
+  return c;
+}
+
+// The caches under test: the cache flags', or each --caches entry (a --kv-cache-dtype value: a codec or a preset)
+// with the other cache flags (windows, page, chunk).
+std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
+  KVQ_CHECK(o.cache.rotation == "none",
+            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
+  std::vector<CacheConfig> out;
+  if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(), o.kv_heads, o.head_dim));
+  for (const std::string& t : o.caches) {
+    CacheOptions c = o.cache;
+    c.type_both = t;
+    out.push_back(with_codec_transform(c.config(), o.kv_heads, o.head_dim));
+  }
+  return out;
+}
 
 // --device cuda: the grid of shapes (defaults: batch {1, 8, 32, 64} x ctx {4K, 16K, 64K, 128K}).
 void bench_attention_device(const BenchAttentionOptions& o) {
-  KVQ_CHECK(o.cache.rotation == "none",
-            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
   GpuAttentionBench g;
-  g.cache = o.cache.config();
+  g.caches = tested_caches(o);
   g.batches = o.batch_list.empty() ? std::vector<int>{1, 8, 32, 64} : o.batch_list;
   g.ctxs = o.ctx_list.empty() ? std::vector<int>{4096, 16384, 65536, 131072} : o.ctx_list;
   g.q_heads = o.q_heads, g.kv_heads = o.kv_heads, g.head_dim = o.head_dim, g.iters = o.iters, g.json = o.json;
@@ -323,18 +364,13 @@ void bench_attention_device(const BenchAttentionOptions& o) {
 // Bytes a decode query at position t of seq reads from the cache of one layer: the quantized blocks and window
 // rows of its decode view, every kv head (counted from the runs the attention walks).
 double decode_bytes(const KvCache& cache, int seq, int t) {
-  const KvCodec &kc = cache.k_codec(), &vc = cache.v_codec(), &wc = cache.window_codec();
   std::vector<KvCache::Run> runs;
   double bytes = 0;
   for (int h = 0; h < cache.n_kv_heads(); ++h) {
     cache.runs(seq, 0, h, t, t, runs);
-    for (const auto& r : runs) {
-      if (r.kind == KvCache::RunKind::Quant)
-        bytes += double(r.n / kc.tokens_per_block()) * double(kc.bytes_per_block()) +
-                 double(r.n / vc.tokens_per_block()) * double(vc.bytes_per_block());
-      else
-        bytes += 2.0 * r.n * double(wc.bytes_per_block());
-    }
+    for (const auto& r : runs)  // each run's blocks in its codecs (the quantized region's, or the window's)
+      bytes += double(r.n / r.k_codec->tokens_per_block()) * double(r.k_codec->bytes_per_block()) +
+               double(r.n / r.v_codec->tokens_per_block()) * double(r.v_codec->bytes_per_block());
   }
   return bytes;
 }
@@ -360,11 +396,21 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Random rows come from no model: key codecs that store keys without RoPE (kv/codec_rope.h) get a RoPE of base 1e6
+// (Qwen3's) at head_dim, so that their decode cost (re-rotating every key) is timed.
+CacheConfig with_bench_rope(CacheConfig c, int head_dim) {
+  ModelConfig mc;
+  mc.head_dim = head_dim;
+  mc.rope.theta = 1e6;
+  c.key_rope = mc.rope_inv_freq();
+  return c;
+}
+
 AttentionFigures bench_attention_one(const BenchAttentionOptions& o, const CacheConfig& cfg, ThreadPool& pool,
                                      std::vector<uint8_t>& evict) {
   const int d = o.head_dim, hk = o.kv_heads, hq = o.q_heads;
   const int n_append = 64;  // tokens appended after the decode steps to time append + demote
-  CacheConfig c = cfg;
+  CacheConfig c = with_bench_rope(cfg, d);
   KvCache cache(c, 1, hk, d, o.ctx + n_append, o.batch);
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -433,14 +479,15 @@ void bench_attention(const BenchAttentionOptions& o) {
             o.ctx, o.batch, o.iters);
   KVQ_CHECK(o.q_heads >= 1 && o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
             "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
-  KVQ_CHECK(o.cache.rotation == "none",
-            "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
-  KvCache probe(o.cache.config(), 1, o.kv_heads, o.head_dim, 1);  // unsupported cache settings fail before work
+  const std::vector<CacheConfig> tested = tested_caches(o);
+  for (const CacheConfig& c : tested)  // refused before any work
+    KvCache probe(with_bench_rope(c, o.head_dim), 1, o.kv_heads, o.head_dim, 1);
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
-  const AttentionFigures base = bench_attention_one(o, bf16_options(o.cache).config(), pool, evict);
-  const AttentionFigures test = bench_attention_one(o, o.cache.config(), pool, evict);
+  std::vector<AttentionFigures> figures = {bench_attention_one(o, bf16_options(o.cache).config(), pool, evict)};
+  for (const CacheConfig& c : tested) figures.push_back(bench_attention_one(o, c, pool, evict));
+  const AttentionFigures& base = figures[0];
   double load[3] = {0, 0, 0};
   if (FILE* fl = std::fopen("/proc/loadavg", "r")) {
     if (std::fscanf(fl, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
@@ -451,7 +498,8 @@ void bench_attention(const BenchAttentionOptions& o) {
                 "ctx %d batch %d q-heads %d kv-heads %d d %d | %s\n",
                 bw / 1e9, pool.size(), load[0], load[1], load[2], o.ctx, o.batch, o.q_heads, o.kv_heads, o.head_dim,
                 o.hot ? "hot caches" : "caches evicted before each step");
-  for (const AttentionFigures* f : {&base, &test}) {
+  for (const AttentionFigures& fig : figures) {
+    const AttentionFigures* f = &fig;
     const double gbps = f->bytes_read / (f->ms * 1e-3) / 1e9;
     const double speedup = base.ms / f->ms;
     const double append_pct = 100.0 * f->append_ms / (f->ms / o.batch);
@@ -516,6 +564,9 @@ void add_bench(CLI::App& app) {
   att->add_option("--iters", a->iters, "timed decode steps")->check(CLI::Range(1, 1 << 20));
   att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
+  att->add_option("--caches", a->caches, "cache types or presets to time in one run against one bf16 baseline, e.g. "
+                  "int2,turboquant_3bit_nc,turboquant_2bit (each a --kv-cache-dtype value with the other cache flags)")
+      ->delimiter(',');
   att->add_flag("--json", a->json, "print one JSON object per configuration (--device cuda: one JSON array)");
   att->callback([a] {
     if (a->device == "cuda") return bench_attention_device(*a);

@@ -116,38 +116,41 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
   KVQ_CHECK(!o.batches.empty() && !o.ctxs.empty(), "bench attention: empty --batch or --ctx list");
   for (int b : o.batches) KVQ_CHECK(b >= 1, "bench attention: --batch {} must be >= 1", b);
   for (int c : o.ctxs) KVQ_CHECK(c >= 1, "bench attention: --ctx {} must be >= 1", c);
+  KVQ_CHECK(!o.caches.empty(), "bench attention: no cache to time");
   cuda::require_device();
-  { cuda::GpuKvCache probe(o.cache, 1, o.kv_heads, o.head_dim, 1, 1); }  // unsupported settings fail before work
+  for (const CacheConfig& c : o.caches) cuda::GpuKvCache probe(c, 1, o.kv_heads, o.head_dim, 1, 1);  // refused early
   const double probe_bw = read_bandwidth_cuda();
-  CacheConfig bf = o.cache;
-  bf.k.type = bf.v.type = "bf16";
-  bf.k.clip = bf.v.clip = 1.f;
-  const bool test_is_bf16 = o.cache.k.type == "bf16" && o.cache.v.type == "bf16";
+  CacheConfig bf = o.caches[0];
+  bf.k = CodecSpec{.type = "bf16", .head_dim = o.head_dim}, bf.v = bf.k;
+  bf.transform = nullptr;
+  auto name = [](const CacheConfig& c) { return "k=" + c.k.type + " v=" + c.v.type; };
   if (!o.json)
-    std::printf("%s | read probe %.2f TB/s | q-heads %d kv-heads %d d %d | k=%s v=%s | median of %d steps\n"
-                "%6s %7s %10s %12s %7s %7s %8s\n",
-                cuda::device_description().c_str(), probe_bw / 1e12, o.q_heads, o.kv_heads, o.head_dim,
-                o.cache.k.type.c_str(), o.cache.v.type.c_str(), o.iters, "batch", "ctx", "us", "MB read", "TB/s",
-                "%probe", "vs bf16");
+    std::printf("%s | read probe %.2f TB/s | q-heads %d kv-heads %d d %d | median of %d steps\n"
+                "%6s %7s %-24s %10s %12s %7s %7s %8s\n",
+                cuda::device_description().c_str(), probe_bw / 1e12, o.q_heads, o.kv_heads, o.head_dim, o.iters,
+                "batch", "ctx", "cache", "us", "MB read", "TB/s", "%probe", "vs bf16");
   nlohmann::json records = nlohmann::json::array();
   for (int batch : o.batches)
     for (int ctx : o.ctxs) {
       const std::optional<ShapeResult> base = run_shape(o, bf, batch, ctx);
-      const std::optional<ShapeResult> test = test_is_bf16 ? base : run_shape(o, o.cache, batch, ctx);
-      if (!test) continue;
-      const double tbps = test->bytes_read / (test->us * 1e-6) / 1e12;
-      const double pct = 100.0 * tbps * 1e12 / probe_bw;
-      const double speedup = base ? base->us / test->us : NAN;
-      if (o.json) {
-        nlohmann::json j = {{"batch", batch}, {"ctx", ctx}, {"type_k", o.cache.k.type}, {"type_v", o.cache.v.type},
-                            {"us", test->us}, {"bytes_read", test->bytes_read}, {"tbps", tbps}, {"pct_probe", pct},
-                            {"probe_tbps", probe_bw / 1e12}};
-        j["speedup_vs_bf16"] = base ? nlohmann::json(speedup) : nlohmann::json(nullptr);
-        records.push_back(j);
-      } else {
-        std::printf("%6d %7d %10.1f %12.2f %7.3f %6.1f%% %7.2fx\n", batch, ctx, test->us, test->bytes_read / 1e6, tbps,
-                    pct, speedup);
-        std::fflush(stdout);
+      for (const CacheConfig& cache : o.caches) {
+        const bool is_bf16 = cache.k.type == "bf16" && cache.v.type == "bf16" && !cache.transform;
+        const std::optional<ShapeResult> test = is_bf16 ? base : run_shape(o, cache, batch, ctx);
+        if (!test) continue;
+        const double tbps = test->bytes_read / (test->us * 1e-6) / 1e12;
+        const double pct = 100.0 * tbps * 1e12 / probe_bw;
+        const double speedup = base ? base->us / test->us : NAN;
+        if (o.json) {
+          nlohmann::json j = {{"batch", batch}, {"ctx", ctx}, {"type_k", cache.k.type}, {"type_v", cache.v.type},
+                              {"transform", cache.rotation()}, {"us", test->us}, {"bytes_read", test->bytes_read},
+                              {"tbps", tbps}, {"pct_probe", pct}, {"probe_tbps", probe_bw / 1e12}};
+          j["speedup_vs_bf16"] = base ? nlohmann::json(speedup) : nlohmann::json(nullptr);
+          records.push_back(j);
+        } else {
+          std::printf("%6d %7d %-24s %10.1f %12.2f %7.3f %6.1f%% %7.2fx\n", batch, ctx, name(cache).c_str(), test->us,
+                      test->bytes_read / 1e6, tbps, pct, speedup);
+          std::fflush(stdout);
+        }
       }
     }
   if (o.json) std::printf("%s\n", records.dump(1).c_str());

@@ -37,6 +37,8 @@ void run(CalibrateOptions o) {
   KVQ_CHECK(o.center == "auto" || o.center == "on" || o.center == "off", "--center-keys must be auto, on or off");
   o.calib.center_keys = o.center == "auto" ? -1 : o.center == "on";
   KVQ_CHECK(o.cache.rotation == "none", "calibrate builds a rotation: --rotation must not be given");
+  KVQ_CHECK(o.cache.skip_layers.empty(), "calibrate makes rotations for every layer: --kv-skip-layers is a cache "
+            "policy of run, ppl, eval and bench");
   const Plan p = plan(o.model, o.cache, 0);
   o.calib.cache = p.cache;
   o.calib.validate(p.model);

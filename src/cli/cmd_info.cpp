@@ -24,7 +24,8 @@ struct InfoOptions {
 void print_codecs(bool as_json) {
   const std::vector<SupportRow> rows = support_matrix();
   if (!as_json) {
-    std::printf("%s", format_support_matrix(rows).c_str());
+    std::printf("%s\n--kv-cache-dtype presets (a key and a value codec; bytes and bits of both):\n%s",
+                format_support_matrix(rows).c_str(), format_preset_matrix(preset_matrix()).c_str());
     return;
   }
   nlohmann::json j = nlohmann::json::array();

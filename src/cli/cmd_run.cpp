@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "common/error.h"
+#include "engine/scheduler.h"
 #include "model/sampler.h"
 
 namespace kvq::cli {
@@ -40,36 +41,38 @@ void run(const RunOptions& o) {
   log_runner(r, "run:");
   std::fprintf(stderr, "kvq: sampling temp %.2f top-k %d top-p %.2f seed %llu\n", sc.temperature, sc.top_k,
                sc.top_p, (unsigned long long)sc.seed);
-  const int seq = r.new_sequence();
-  const int V = r.config().vocab_size, chunk = r.cache_config().max_chunk;
-  std::vector<float> logits(static_cast<size_t>(V));
+  GenerateParams gp;
+  gp.max_tokens = o.n_predict;
+  gp.sampler = sc;
+  gp.stop_ids = r.config().eos_token_ids;
+  const size_t n_prompt = ids.size();
+  Scheduler sched(r);
+  sched.add(std::make_unique<Generation>(std::move(ids), gp, &tok));
   std::fputs(o.prompt.c_str(), stdout);
   std::fflush(stdout);
 
+  // The one request loop (engine/scheduler.h): chunked prefill, then one token per step.
   const auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < ids.size(); i += size_t(chunk)) {
-    const int n = int(std::min(ids.size() - i, size_t(chunk)));
-    r.forward(seq, ids.data() + i, n, logits.data(), false);
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  Sampler sampler(sc);
-  StreamDecoder stream(tok);
-  const auto& eos = r.config().eos_token_ids;
+  auto t1 = t0;  // the first token (or the end of the prefill)
   int generated = 0;
-  for (; generated < o.n_predict; ++generated) {
-    int32_t next = sampler.sample(logits.data(), V);
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
-    std::fputs(stream.push(next).c_str(), stdout);
-    std::fflush(stdout);
-    if (generated + 1 < o.n_predict) r.forward(seq, &next, 1, logits.data(), false);
+  bool first = true;
+  while (!sched.idle()) {
+    for (Scheduler::Update& u : sched.step()) {
+      if (first) t1 = std::chrono::steady_clock::now(), first = false;
+      std::fputs(u.output.text.c_str(), stdout);
+      std::fflush(stdout);
+      generated = u.generated_tokens;
+      KVQ_CHECK(u.output.finish != FinishReason::Error, "{}", u.output.error);
+    }
   }
-  std::fputs(stream.flush().c_str(), stdout);
+  if (first) t1 = std::chrono::steady_clock::now();
   std::fputs("\n", stdout);
+  std::fflush(stdout);
   const auto t2 = std::chrono::steady_clock::now();
   const double pre = std::chrono::duration<double>(t1 - t0).count();
   const double dec = std::chrono::duration<double>(t2 - t1).count();
   std::fprintf(stderr, "kvq: prefill %zu tokens in %.2f s (%.1f tok/s), generated %d tokens in %.2f s (%.1f tok/s)\n",
-               ids.size(), pre, double(ids.size()) / pre, generated, dec, generated / std::max(dec, 1e-9));
+               n_prompt, pre, double(n_prompt) / pre, generated, dec, generated / std::max(dec, 1e-9));
 }
 
 }  // namespace

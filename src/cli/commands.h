@@ -12,5 +12,6 @@ void add_bench(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_referee(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace kvq::cli

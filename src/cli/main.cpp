@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   kvq::cli::add_calibrate(app);
   kvq::cli::add_eval(app);
   kvq::cli::add_referee(app);
+  kvq::cli::add_serve(app);
   std::vector<std::string> args = kvq::cli::expand_aliases(argc, argv);
   std::string commands;
   for (const CLI::App* sub : app.get_subcommands({})) commands += (commands.empty() ? "" : ", ") + sub->get_name();

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_rope.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 #ifdef KVQ_HAVE_CUDA
@@ -21,8 +22,16 @@ constexpr uint64_t kDummyWeightsSeed = 0;  // --dummy-weights: one fixed seed, s
 
 CacheConfig CacheOptions::config() const {
   CacheConfig c;
-  const std::string& tk = type_both.empty() ? type_k : type_both;
-  const std::string& tv = type_both.empty() ? type_v : type_both;
+  for (const std::string* t : {&type_k, &type_v})
+    KVQ_CHECK(!find_preset(*t), "--cache-type-{}: '{}' is a preset of keys and values: use --kv-cache-dtype {}",
+              t == &type_k ? "k" : "v", *t, *t);
+  // --kv-cache-dtype: a preset (its key and value codecs) or one codec for both.
+  const CodecPreset* preset = type_both.empty() ? nullptr : find_preset(type_both);
+  KVQ_CHECK(type_both.empty() || preset || find_codec(type_both),
+            "--kv-cache-dtype '{}' is neither a cache type ({}) nor a preset ({})", type_both, codec_names(", "),
+            preset_names());
+  const std::string tk = preset ? std::string(codec_traits(preset->k).name) : type_both.empty() ? type_k : type_both;
+  const std::string tv = preset ? std::string(codec_traits(preset->v).name) : type_both.empty() ? type_v : type_both;
   const CodecTraits &kt = codec_traits(tk), &vt = codec_traits(tv);
   KVQ_CHECK(group == 0 || kt.grouped || vt.grouped,
             "--kv-group {}: neither cache type ({}, {}) takes a group size (unquantized rows, or a format with its own "
@@ -34,6 +43,7 @@ CacheConfig CacheOptions::config() const {
   c.recent = recent;
   c.page_tokens = page;
   c.max_chunk = chunk;
+  c.skip_layers = parse_skip_layers(skip_layers);
   if (kt.id == CodecId::kF32 && vt.id == CodecId::kF32) c.window = "f32";  // a lossless cache keeps lossless windows
   return c;
 }
@@ -76,7 +86,9 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   const std::string types = codec_names("|");
   cmd->add_option("--cache-type-k", o.type_k, "key cache type (" + types + "; alias -ctk)");
   cmd->add_option("--cache-type-v", o.type_v, "value cache type (" + types + "; alias -ctv)");
-  cmd->add_option("--kv-cache-dtype", o.type_both, "cache type for keys and values");
+  cmd->add_option("--kv-cache-dtype", o.type_both,
+                  "cache type for keys and values, or a preset of both: " + preset_names() +
+                      " (presets imply their transform: no --rotation)");
   cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32; KIVI keys: tokens); default 128")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio (default: the type's, " + clip_defaults(true) + ")")
@@ -90,6 +102,9 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "
                   "kvq calibrate");
+  cmd->add_option("--kv-skip-layers", o.skip_layers,
+                  "comma-separated layers that keep BF16 rows for everything (negative: from the end), e.g. 0,1,-2,-1 "
+                  "(vLLM TurboQuant's boundary layers); counted in the effective bits");
 }
 
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o) {
@@ -185,21 +200,6 @@ void log_runner(const Runner& r, const char* what) {
                pool.sequences_at(r.max_ctx()), r.max_ctx(), f.bits_per_element, r.max_ctx());
 }
 
-namespace {
-
-// The transform the cache's codecs imply (the codec table's transform column): "none" or "hadamard".
-std::string implied_transform(const CacheConfig& cache) {
-  const std::string_view k = codec_traits(cache.k.type).transform, v = codec_traits(cache.v.type).transform;
-  KVQ_CHECK(k == "none" || v == "none" || k == v, "cache types {} and {} imply different transforms ({}, {})",
-            cache.k.type, cache.v.type, k, v);
-  const std::string t(k != "none" ? k : v);
-  KVQ_CHECK(t == "none" || t == "hadamard", "cache {} implies the transform '{}', which kvq does not build",
-            cache.describe(), t);
-  return t;
-}
-
-}  // namespace
-
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx) {
   Plan p;
   p.model = ModelConfig::load(m.dir + "/config.json");
@@ -208,29 +208,37 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
             "context {} exceeds the model's maximum of {} tokens", ctx_request, p.model.max_ctx);
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
+  p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
-  KvCache probe(p.cache, 1, p.model.n_kv_heads, p.model.head_dim, 1);  // builds the codecs: names what's unsupported
+  const ModelConfig& mc = p.model;
+  // The transform the codecs imply (the codec table's transform column: TurboQuant's Hadamard on keys, OScaR's on keys
+  // and values), built once; another --rotation would replace it.
+  std::shared_ptr<const KvTransform> implied = codec_transform(p.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  {  // builds the codecs (with that transform) and resolves the skipped layers: names what's unsupported
+    CacheConfig probe_cfg = p.cache;
+    probe_cfg.transform = implied;
+    KvCache probe(probe_cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1);
+  }
   // --device cuda without a device or with a CPU-only cache: refused before any work.
   check_device(m, p.cache, p.model.head_dim);
-  const ModelConfig& mc = p.model;
-  // A codec that implies its transform (the codec table's transform column: OScaR's Hadamard) always runs with it.
-  const std::string implied = implied_transform(p.cache);
-  KVQ_CHECK(implied == "none" || c.rotation == "none" || c.rotation == implied,
-            "--rotation {}: cache types {} / {} imply the {} rotation (leave --rotation out)", c.rotation,
-            p.cache.k.type, p.cache.v.type, implied);
-  const std::string rotation = implied != "none" ? implied : c.rotation;
-  if (rotation == "hadamard") {
-    KVQ_CHECK(is_power_of_two(mc.head_dim), "{} needs a power-of-two head_dim (model has {})",
-              implied != "none" ? "the Hadamard rotation of cache " + p.cache.describe() : "--rotation hadamard",
+  if (implied) {
+    KVQ_CHECK(c.rotation == "none",
+              "--rotation {} conflicts with cache types k={} v={}{}: they imply their own transform ({}); drop "
+              "--rotation", c.rotation, p.cache.k.type, p.cache.v.type,
+              c.type_both.empty() ? "" : " (--kv-cache-dtype " + c.type_both + ")", implied->name);
+    p.cache.transform = std::move(implied);
+  } else if (c.rotation == "hadamard") {
+    KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
               mc.head_dim);
     p.cache.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
-  } else if (rotation != "none") {
+  } else if (c.rotation != "none") {
     KVQ_CHECK(!m.dummy_weights, "--rotation {}: a rotation file is calibrated for a checkpoint's weights; with "
               "--dummy-weights use none or hadamard", c.rotation);
     RotationFile f = load_rotation_file(c.rotation);
     check_rotation_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim, p.cache);
     p.cache.transform = std::make_shared<KvTransform>(std::move(f.transform));
   }
+  make_key_codec(p.cache, mc.head_dim);  // keys stored without RoPE refuse a key-side transform before any work
   return p;
 }
 
@@ -275,6 +283,7 @@ std::vector<std::string> expand_aliases(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "-ctk") a = "--cache-type-k";
     else if (a == "-ctv") a = "--cache-type-v";
+    else if (a == "-np") a = "--parallel";
     args.push_back(a);
   }
   return args;

@@ -34,6 +34,7 @@ struct CacheOptions {
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
   std::string rotation = "none";                 // --rotation: none | hadamard | FILE
   double kv_budget_gib = 0;                      // --kv-budget-gib: bytes of the page pool + windows (0: default)
+  std::string skip_layers;                       // --kv-skip-layers: e.g. "0,1,-2,-1" ("": none)
   CacheConfig config() const;                    // validated later by KvCache / make_codec
 };
 
@@ -97,7 +98,7 @@ RunnerFactory make_runner_factory(Model& model, const ModelOptions& o);
 // One line on stderr: the runner's device and what its cache holds: pages, windows, MiB, tokens.
 void log_runner(const Runner& r, const char* what);
 
-// Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long names for CLI11.
+// Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv, -np) to their long names for CLI11.
 std::vector<std::string> expand_aliases(int argc, char** argv);
 
 // One line on stderr: what the cache holds and its memory.

@@ -26,9 +26,10 @@ __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, i
          ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
              kHeadDim;
 }
-// The (layer, head) part of pool page `page`: { K blocks | V rows }.
+// The (layer, head) part of pool page `page`: { K blocks | V rows }; g is the geometry of `layer` (its layer_offset).
 __device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {
-  return g.pool + int64_t(page) * g.page_bytes + (int64_t(layer) * g.n_kv + head) * g.head_bytes;
+  (void)layer;
+  return g.pool + int64_t(page) * g.page_bytes + g.layer_offset + int64_t(head) * g.head_bytes;
 }
 // The (layer, head) part of the page holding quantized position pos >= S0.
 __device__ __forceinline__ uint8_t* page_head(const CacheGeometry& g, int seq, int layer, int head, int pos) {
@@ -107,6 +108,11 @@ constexpr bool token_scaled() {
     return false;
   }
 }
+
+// A key codec that reads the cache's TurboQuant codebook (codec_turboquant.cuh) says kCodebook = true; its value, score
+// and encode_row take CacheGeometry::k_codebook in place of the group (and clip) arguments.
+template <class C>
+concept ReadsCodebook = requires { requires C::kCodebook; };
 
 // The end of an attention block: merges its warps' online-softmax states (w_m, w_l: [W][g] max and sum, w_acc:
 // [W][g][d] unnormalised outputs; -inf max = empty) and writes the block's partial of g heads to slot `part`

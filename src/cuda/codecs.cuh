@@ -8,6 +8,7 @@
 #include "cuda/codec_int.cuh"
 #include "cuda/codec_kivi.cuh"
 #include "cuda/codec_oscar.cuh"
+#include "cuda/codec_turboquant.cuh"
 #include "cuda/gpu_instances.h"
 
 namespace kvq::cuda {

@@ -14,8 +14,9 @@
 // row against the group's queries in shared memory, broadcast reads, with the key codec's score: int2 / int4
 // keys: per 32-value unit the codes' dot product Σ c q, then scale (Σ c q - zero Σ q), so scale and zero leave the
 // inner loop; KIVI keys: the row of the position's key block decoded per channel, (code - zero_c) scale_c, then
-// q · k; OScaR keys: the same with code · scale_c + zero_dequant_c, the score then times ν of the position). Values: lane = 4 channels (the value codec's values4), the tile's probabilities are broadcast by shuffles,
-// each V row is read by the warp in one sweep.
+// q · k; OScaR keys: the same with code · scale_c + zero_dequant_c, the score then times ν of the position;
+// TurboQuant keys: centroids of the codes, q · c, times the row's n (/ ||c||)). Values: lane = 4 channels (the value
+// codec's values4), the tile's probabilities are broadcast by shuffles, each V row is read by the warp in one sweep.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"
@@ -99,15 +100,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     for (int h = 0; h < GQ; ++h) s[h] = 0.f;
     if (valid) {
       const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
-      if (kr.quant) {
+      if (!kr.quant) {
+        WindowRows::score<GQ>(kr.ptr, 0, kHeadDim, qs, qsum, g, s);
+      } else if constexpr (dev::ReadsCodebook<K>) {
+        K::template score<GQ>(kr.ptr, geo.k_codebook, qs, g, s);
+      } else {
         K::template score<GQ>(kr.ptr, kr.block_row, geo.k_group, qs, qsum, g, s);
         if constexpr (dev::token_scaled<K>()) {  // OScaR: ν_p · q·k̂
           const float nu = *dev::token_scales(geo, rd.seq, a.layer, p);
 #pragma unroll
           for (int h = 0; h < GQ; ++h) s[h] *= nu;
         }
-      } else {
-        WindowRows::score<GQ>(kr.ptr, 0, kHeadDim, qs, qsum, g, s);
       }
     }
     float pr[GQ];

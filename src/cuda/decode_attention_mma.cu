@@ -407,7 +407,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     constexpr int kStride = kWarps * kTile;
     const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
     const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
-    const uint8_t* heads = geo.pool + (int64_t(a.layer) * geo.n_kv + head) * geo.head_bytes;  // page 0's (layer, head)
+    const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;  // page 0's (layer, head)
     auto kbase = [&](TileAt at) { return heads + int64_t(at.page) * geo.page_bytes + at.row * row_bytes<KQ>; };
     auto vbase = [&](TileAt at) {
       return heads + int64_t(at.page) * geo.page_bytes + geo.k_region + at.row * row_bytes<VQ>;

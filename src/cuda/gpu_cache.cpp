@@ -16,6 +16,7 @@
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_turboquant.h"
 #include "kv/layout.h"
 #include "kv/oscar_format.h"
 
@@ -28,13 +29,17 @@ const CodecTraits& traits(const CodecSpec& s) { return codec_traits(s.type); }
 
 bool is_oscar(const CodecSpec& s) { return traits(s).id == CodecId::kOscarInt2; }
 
-// Bytes of one stored row: bf16, layout::IntRow, layout::OscarValueRow, or (KIVI / OScaR keys) one token's packed
-// codes of a key block.
+// Bytes of one stored row: layout::IntRow, (KIVI / OScaR keys) one token's packed codes of a key block,
+// layout::OscarValueRow, or the row of another ungrouped codec (bf16, TurboQuant: the CPU codec's block).
 int row_bytes(const CodecSpec& s) {
   const CodecTraits& t = traits(s);
   if (s.per_channel) return layout::packed_bytes(kHeadDim, t.code_bits);
   if (is_oscar(s)) return layout::oscar_value_row_bytes(kHeadDim);
-  if (!t.grouped) return layout::bf16_row_bytes(kHeadDim);
+  if (!t.grouped) {
+    CodecSpec d = s;
+    d.head_dim = kHeadDim;
+    return int(make_codec(d)->bytes_per_block());
+  }
   return layout::int_row_bytes(kHeadDim, s.group, t.code_bits);
 }
 // Tokens and bytes of one stored K block: a row, or a KIVI / OScaR key block.
@@ -53,10 +58,23 @@ int clip_index(const CodecSpec& s) {
   return std::min(int(std::floor(double(s.clip) * s.group)), s.group - 1);
 }
 
-// The cache must have an instance row (gpu_instances.h): one line naming the combination and what the GPU runs.
+// What a layer of --kv-skip-layers stores: bf16 rows for keys and values (kv/cache.h), run by the bf16 instance row.
+CacheConfig skipped_layer_config(const CacheConfig& cfg) {
+  CacheConfig c = cfg;
+  c.k = CodecSpec{.type = "bf16", .head_dim = cfg.k.head_dim};
+  c.v = CodecSpec{.type = "bf16", .head_dim = cfg.v.head_dim};
+  c.skip_layers.clear();
+  return c;
+}
+
+// The cache must have an instance row (gpu_instances.h), and so must its skipped layers' bf16 rows: one line naming
+// the combination and what the GPU runs.
 void check_config(const CacheConfig& cfg, int head_dim) {
   const std::string why = gpu_unsupported(cfg, head_dim);
   KVQ_CHECK(why.empty(), "GPU KV cache: {}", why);
+  if (cfg.skip_layers.empty()) return;
+  const std::string skip_why = gpu_unsupported(skipped_layer_config(cfg), head_dim);
+  KVQ_CHECK(skip_why.empty(), "GPU KV cache: the bf16 rows of --kv-skip-layers: {}", skip_why);
 }
 
 int sm_count() {
@@ -97,9 +115,10 @@ int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident) {
 
 namespace {
 
-// The geometry of a cache: its sizes copied from the layout (kv/cache_layout.h, the CPU cache's), the codec fields
-// from the GPU codecs.
-CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cfg, int max_ctx) {
+// The geometry of layer `layer` of a cache: its sizes copied from the layout (kv/cache_layout.h, the CPU cache's), the
+// codec fields from the GPU codecs of what the layer stores (the config's, or bf16 rows for a skipped layer).
+CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int max_ctx, int layer) {
+  const CacheConfig cfg = l.skipped.has(layer) ? skipped_layer_config(cache_cfg) : cache_cfg;
   CacheGeometry g{};
   g.n_layers = l.n_layers, g.n_kv = l.n_kv;
   g.sink = l.sink, g.recent = l.recent, g.page_tokens = l.page_tokens;
@@ -114,8 +133,9 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cfg, int max_ctx
   g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
   g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
   g.k_block = key_block_bytes(cfg.k);
-  g.k_region = l.k_region;
-  g.head_bytes = l.head_bytes;
+  g.k_region = l.layer_k_region(layer);
+  g.head_bytes = l.layer_head_bytes(layer);
+  g.layer_offset = l.layer_offset(layer);
   g.page_bytes = l.page_bytes;
   g.scale_base = l.scale_offset(0);
   g.scale_region = l.scale_region;
@@ -124,8 +144,8 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cfg, int max_ctx
 
 }  // namespace
 
-CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx) {
-  return geometry(kvq::cache_layout(cfg, n_layers, n_kv_heads, kHeadDim), cfg, max_ctx);
+CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx, int layer) {
+  return geometry(kvq::cache_layout(cfg, n_layers, n_kv_heads, kHeadDim), cfg, max_ctx, layer);
 }
 
 struct GpuKvCache::Impl {
@@ -133,13 +153,14 @@ struct GpuKvCache::Impl {
   int n_layers, n_kv, d, max_ctx;
   CacheLayout layout{};                 // sizes, as the CPU cache's (footprint() too)
   std::optional<PagePool> pool;         // pages, block tables ([slots][pages_per_seq], uploaded), slots, lengths
-  CacheGeometry geo{};
+  std::vector<CacheGeometry> geo;       // [n_layers]: each layer's codecs, instance row and part of a page
   cudaStream_t stream = nullptr;
   int n_sms = 0;
   DeviceBuffer pages, sinks, ring, page_table_dev;
   bool table_dirty = false;             // the pool's block tables changed since the last upload
   DeviceBuffer mu, rk, rv;
   TransformPtrs tptrs{};
+  DeviceBuffer codebook;                // TurboQuant codebook keys: centroids | midpoints (CacheGeometry::k_codebook)
   // The step.
   bool in_step = false;
   std::vector<int> step_seqs, step_n;
@@ -158,7 +179,7 @@ struct GpuKvCache::Impl {
   int64_t resident = 0;                 // attention blocks the GPU holds at once (SMs x blocks per SM)
   bool reference = false;
 
-  int quant_end(int t) const { return cuda::quant_end(geo, t); }
+  int quant_end(int t) const { return layout.quant_end(t); }
   const Plan& plan_attention(int n_heads);
   // The config's transform on the device (identity() = none).
   void upload_transform(const KvTransform& t);
@@ -196,18 +217,23 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
                                   : PagePool::for_sequences(m.layout, max_ctx, max_seqs));
   require_device();
 
-  m.geo = geometry(m.layout, cfg, max_ctx);
-  CacheGeometry& g = m.geo;
-  KVQ_CHECK(g.k_block == m.layout.k.bytes && g.k_block_tokens == m.layout.k.tokens && g.v_row == m.layout.v.bytes &&
-                m.layout.v.tokens == 1 && g.pages_per_seq == m.pool->table_width(),
-            "GPU KV cache: blocks of {} / {} bytes differ from the CPU codecs' {} / {} (internal)", g.k_block, g.v_row,
-            m.layout.k.bytes, m.layout.v.bytes);
+  m.geo.reserve(size_t(n_layers));
+  for (int l = 0; l < n_layers; ++l) {
+    const CacheGeometry& g = m.geo.emplace_back(geometry(m.layout, cfg, max_ctx, l));
+    const bool skipped = m.layout.skipped.has(l);
+    const CodecBlock k = skipped ? CodecBlock{1, m.layout.skip_row} : m.layout.k;
+    const CodecBlock v = skipped ? CodecBlock{1, m.layout.skip_row} : m.layout.v;
+    KVQ_CHECK(g.k_block == k.bytes && g.k_block_tokens == k.tokens && g.v_row == v.bytes && v.tokens == 1 &&
+                  g.pages_per_seq == m.pool->table_width(),
+              "GPU KV cache: layer {}: blocks of {} / {} bytes differ from the CPU codecs' {} / {} (internal)", l,
+              g.k_block, g.v_row, k.bytes, v.bytes);
+  }
 
   const PagePool& pool = *m.pool;
   const size_t window_rows = size_t(pool.n_slots()) * n_layers * 2 * n_kv_heads;
-  m.pages = DeviceBuffer(size_t(pool.n_pages()) * size_t(g.page_bytes));
+  m.pages = DeviceBuffer(size_t(pool.n_pages()) * size_t(m.layout.page_bytes));
   m.sinks = DeviceBuffer(window_rows * size_t(cfg.sink) * kHeadDim * 2);
-  m.ring = DeviceBuffer(window_rows * size_t(g.ring_tokens) * kHeadDim * 2);
+  m.ring = DeviceBuffer(window_rows * size_t(m.layout.ring_tokens) * kHeadDim * 2);
   m.page_table_dev = DeviceBuffer(pool.table().size() * sizeof(int));
   check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   // Zeroed storage: a stale row can never decode to NaN; the page table starts as all -1 (never read).
@@ -217,12 +243,22 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   check(cudaMemcpyAsync(m.page_table_dev.get(), pool.table().data(), pool.table().size() * sizeof(int),
                         cudaMemcpyHostToDevice, m.stream),
         "page table upload");
-  g.pool = m.pages.as<uint8_t>();
-  g.sinks = m.sinks.as<uint16_t>();
-  g.ring = m.ring.as<uint16_t>();
-  g.page_table = m.page_table_dev.as<int>();
+  for (CacheGeometry& g : m.geo) {
+    g.pool = m.pages.as<uint8_t>();
+    g.sinks = m.sinks.as<uint16_t>();
+    g.ring = m.ring.as<uint16_t>();
+    g.page_table = m.page_table_dev.as<int>();
+  }
   m.n_sms = sm_count();
   if (cfg.transform) m.upload_transform(*cfg.transform);
+  CodecSpec kspec = cfg.k;
+  kspec.head_dim = kHeadDim;
+  if (const auto kc = make_codec(kspec); const auto* tk = dynamic_cast<const TqKeyCodec*>(kc.get())) {
+    std::vector<float> cb = tk->codebook().centroids;  // the CPU codec's codebook, so both store the same codes
+    cb.insert(cb.end(), tk->codebook().midpoints.begin(), tk->codebook().midpoints.end());
+    m.upload(m.codebook, cb.data(), cb.size() * sizeof(float));
+    for (CacheGeometry& g : m.geo) g.k_codebook = m.codebook.as<float>();  // skipped (bf16) layers never read it
+  }
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
 }
 
@@ -333,8 +369,9 @@ void GpuKvCache::append(int layer, const float* d_k, const float* d_v) {
   KVQ_CHECK(m.in_step, "GPU KV cache: append outside a step (begin_step first)");
   KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
   const RowDesc* rows = m.desc.as<RowDesc>();
-  check(launch_append_rows(m.geo, layer, rows, m.n_rows, d_k, d_v, m.tptrs, m.stream), "GPU KV cache: append kernel");
-  check(launch_demote_rows(m.geo, layer, rows + m.n_rows, m.n_items, m.stream), "GPU KV cache: demote kernel");
+  const CacheGeometry& g = m.geo[size_t(layer)];
+  check(launch_append_rows(g, layer, rows, m.n_rows, d_k, d_v, m.tptrs, m.stream), "GPU KV cache: append kernel");
+  check(launch_demote_rows(g, layer, rows + m.n_rows, m.n_items, m.stream), "GPU KV cache: demote kernel");
 }
 
 // Split size for the step's longest view and n_heads query heads, and scratch for its partials.
@@ -344,14 +381,20 @@ const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
   KVQ_CHECK(n_heads >= n_kv && n_heads % n_kv == 0 && n_heads / n_kv <= kMaxGroupHeads,
             "GPU attention: {} query heads over {} kv heads is not supported (GQA group of 1 .. {})", n_heads, n_kv,
             kMaxGroupHeads);
-  if (resident_heads != n_heads) {
-    int per_sm = 0;
-    check(attention_blocks_per_sm(geo, n_heads, &per_sm), "GPU attention: occupancy query");
+  if (resident_heads != n_heads) {  // one plan for every layer: the fewest resident blocks of the layers' instances
+    int per_sm = 0, last_instance = -2;
+    for (const CacheGeometry& g : geo) {
+      if (g.instance == last_instance) continue;
+      int n = 0;
+      check(attention_blocks_per_sm(g, n_heads, &n), "GPU attention: occupancy query");
+      per_sm = last_instance == -2 ? n : std::min(per_sm, n);
+      last_instance = g.instance;
+    }
     resident = int64_t(std::max(per_sm, 1)) * n_sms;
     resident_heads = n_heads;
   }
   const int64_t base = int64_t(n_rows) * n_kv;  // (row, kv head) pairs
-  const int n_win = window_blocks(geo, base, resident);
+  const int n_win = window_blocks(geo[0], base, resident);  // the windows: the same in every layer
   int split = split_tokens ? split_tokens : auto_split_tokens(base, max_view, resident);
   split = std::max(split, (max_view + 65534 - n_win) / (65535 - n_win));  // grid z = splits + n_win <= 65535
   split = (split + 127) / 128 * 128;
@@ -383,7 +426,7 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
   a.q_work = m.q_work.as<float>();
   a.part_acc = m.part_acc.as<float>();
   a.part_ml = m.part_ml.as<float>();
-  check(launch_attention(m.geo, a, m.tptrs, d_q, d_out, m.reference, m.stream), "GPU attention kernel");
+  check(launch_attention(m.geo[size_t(layer)], a, m.tptrs, d_q, d_out, m.reference, m.stream), "GPU attention kernel");
 }
 
 GpuKvCache::StepSignature GpuKvCache::step_signature(int n_heads) {
@@ -410,6 +453,7 @@ size_t GpuKvCache::bytes_allocated() const {
 
 size_t GpuKvCache::step_bytes_read(int layer) const {
   const Impl& m = *impl_;
+  const CacheGeometry& g = m.geo.at(size_t(layer));
   const size_t bf16_row = layout::bf16_row_bytes(kHeadDim);
   size_t bytes = 0;
   for (int r = 0; r < m.n_rows; ++r) {
@@ -418,8 +462,8 @@ size_t GpuKvCache::step_bytes_read(int layer) const {
     const int n_quant = std::max(0, m.quant_end(t) - m.cfg.sink);
     const int n_recent = t + 1 - n_sink - n_quant;
     // n_quant is a multiple of B, so of the K block's tokens; token-scaled keys read ν of every position too.
-    const size_t quant = size_t(n_quant / m.geo.k_block_tokens) * m.geo.k_block + size_t(n_quant) * m.geo.v_row +
-                         (m.geo.scale_region > 0 ? size_t(n_quant) * sizeof(float) : 0);
+    const size_t quant = size_t(n_quant / g.k_block_tokens) * g.k_block + size_t(n_quant) * g.v_row +
+                         (g.scale_region > 0 ? size_t(n_quant) * sizeof(float) : 0);
     bytes += size_t(m.n_kv) * (2 * bf16_row * size_t(n_sink + n_recent) + quant);
   }
   return bytes;
@@ -427,7 +471,8 @@ size_t GpuKvCache::step_bytes_read(int layer) const {
 
 std::vector<float> GpuKvCache::download_scales(int seq, int layer, int pos0, int n) const {
   const Impl& m = *impl_;
-  const CacheGeometry& g = m.geo;
+  KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: download_scales of layer {} of {}", layer, m.n_layers);
+  const CacheGeometry& g = m.geo[size_t(layer)];
   KVQ_CHECK(g.scale_region > 0, "GPU KV cache: download_scales of a cache whose keys are not token-scaled");
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   const int qe = m.quant_end(m.pool->length(seq) - 1);
@@ -448,7 +493,8 @@ std::vector<float> GpuKvCache::download_scales(int seq, int layer, int pos0, int
 
 std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const {
   const Impl& m = *impl_;
-  const CacheGeometry& g = m.geo;
+  KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: download_rows of layer {} of {}", layer, m.n_layers);
+  const CacheGeometry& g = m.geo[size_t(layer)];
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   const int len = m.pool->length(seq);
   KVQ_CHECK(layer >= 0 && layer < m.n_layers && kv_head >= 0 && kv_head < m.n_kv && pos0 >= 0 && n >= 0 &&
@@ -469,7 +515,8 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
     } else if (p < qe) {
       const int q = p - g.sink;
       const int page = m.pool->page(seq, q / g.page_tokens);
-      const uint8_t* h = m.pages.as<uint8_t>() + size_t(page) * g.page_bytes + (size_t(layer) * g.n_kv + kv_head) * g.head_bytes;
+      const uint8_t* h =
+          m.pages.as<uint8_t>() + size_t(page) * g.page_bytes + g.layer_offset + size_t(kv_head) * g.head_bytes;
       const int j = q % g.page_tokens;
       if (kivi) {  // the whole key block, once: at its first position, or at pos0 inside it
         if (p != pos0 && j % g.k_block_tokens != 0) continue;

@@ -72,6 +72,12 @@ inline constexpr GpuInstance kGpuInstances[] = {
   {GpuPath::kCudaCore,   CodecId::kBf16,  CodecId::kBf16, kAnyGroup,  8,   GpuGqa::kGeneric},
   // OScaR: token-scaled keys in 32-token blocks, values in 32-channel groups (no --kv-group: its own groups)
   {GpuPath::kCudaCore,   CodecId::kOscarInt2, CodecId::kOscarInt2, kAnyGroup, 32, GpuGqa::kEvery},
+  // TurboQuant presets (codec_turboquant.cuh; ungrouped sides): turboquant_3bit_nc and turboquant_2bit (the timed
+  // pairs) with every GQA instance, turboquant_4bit_nc and turboquant_k3v4_nc with the generic one
+  {GpuPath::kCudaCore,   CodecId::kTq3nc, CodecId::kTqv3, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kTq2nc, CodecId::kTqv2, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kTq4nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
+  {GpuPath::kCudaCore,   CodecId::kTq3nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
 };
 // clang-format on
 inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpuInstances[0]));

@@ -20,8 +20,10 @@ constexpr int kHeadDim = 128;    // d: the only head dimension the GPU cache sup
 constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the attention kernel
 
 // Where everything of the cache lives on the device and how it is laid out (same layouts as kv/cache.h; the sizes,
-// n_layers .. pages_per_seq and k_region .. page_bytes, are copied from the cache's kv/cache_layout.h CacheLayout):
-//   pool   [n_pages][n_layers][n_kv] { K blocks [P / Gk][k_block] | V rows [P][v_row] }
+// n_layers .. pages_per_seq and k_region .. page_bytes, are copied from the cache's kv/cache_layout.h CacheLayout).
+// A geometry is that of ONE layer (the codecs, instance and page part of that layer; cache_geometry): a layer of
+// --kv-skip-layers stores bf16 rows and runs the bf16 instance row; the windows are the same for every layer.
+//   pool   [n_pages][n_layers][n_kv] { K blocks [P / Gk][k_block] | V rows [P][v_row] }, the layer at layer_offset
 //          K blocks are rows (Gk = 1: layout::IntRow / Bf16Row) or, for KIVI keys, layout::KiviKeyBlock of Gk = G
 //          tokens (OScaR keys: layout::OscarKeyBlock, Gk = 32); V blocks are always rows (layout::IntRow / Bf16Row /
 //          OscarValueRow); token-scaled keys (OScaR) end each page with ν [n_layers][P] fp32 (kv/cache_layout.h)
@@ -42,7 +44,9 @@ struct CacheGeometry {
   int k_block_tokens;          // Gk: tokens per stored K block, 1 (per-token rows) or G (KIVI keys, per channel)
   int k_row, v_row;            // bytes of one stored K / V row (KIVI keys: one token's packed codes, d b / 8)
   int k_block;                 // bytes of one stored K block: k_row, or the layout::KiviKeyBlock for KIVI keys
-  int64_t k_region, head_bytes;  // bytes of one page's K blocks of one head; K + V blocks of one head
+  int64_t k_region, head_bytes;  // bytes of one page's K blocks of one head; K + V blocks of one head (this layer)
+  int64_t layer_offset;        // bytes of a page before this layer (CacheLayout::layer_offset): head h at
+                               // layer_offset + h · head_bytes
   int64_t page_bytes;          // bytes of one page (all layers, all heads)
   int64_t scale_base;          // token-scaled keys: byte offset of ν in a page (CacheLayout::scale_offset(0))
   int64_t scale_region;        // bytes of one layer's ν in a page (P fp32); 0 = keys not token-scaled
@@ -50,11 +54,13 @@ struct CacheGeometry {
   uint16_t* sinks;             // sink rows (bf16 bits)
   uint16_t* ring;              // recent rows (bf16 bits)
   const int* page_table;       // [max_seqs][pages_per_seq]
+  const float* k_codebook;     // TurboQuant codebook keys: [2^b centroids | 2^b - 1 midpoints] fp32 (kv/lloyd_max.h),
+                               // the CPU codec's; null for other key codecs
 };
 
-// The sizes and layout of a cache (every field but the device pointers, which stay null): the one place that
-// turns a validated CacheConfig into a geometry; host only (gpu_cache.cpp), testable without a GPU.
-CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx);
+// The sizes and layout of layer `layer` of a cache (every field but the device pointers, which stay null): the one
+// place that turns a validated CacheConfig into a geometry; host only (gpu_cache.cpp), testable without a GPU.
+CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx, int layer = 0);
 
 // qe(t): end of the quantized region for a query at position t (kv/cache.h), t >= -1:
 //   qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B.

@@ -458,6 +458,7 @@ std::string GpuModel::describe() const {
   return "cuda: " + device_description() + ", " + std::string(gemm_precision_name(impl_->gemm)) + " GEMMs, " +
          (impl_->graphs ? "CUDA graphs" : "no CUDA graphs") + ", " +
          gpu_path_text(impl_->cache->config(), impl_->cfg.head_dim) +
+         (impl_->cache->config().skip_layers.empty() ? "" : ", the skipped layers' bf16 rows on the bf16 instance") +
          (impl_->dummy ? ", dummy weights (timing only)" : "");
 }
 int GpuModel::max_ctx() const { return impl_->cache->max_ctx(); }

@@ -58,7 +58,8 @@ __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* it
   const uint16_t* src = dev::ring_row(g, it.seq, layer, kv, head, it.pos);
   uint8_t* dst = dev::page_row(g, it.seq, layer, kv, head, it.pos);
   if (kv == 0) {
-    if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);
+    if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_codebook, sh);
+    else if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);
   } else {
     V::encode_row(src, dst, g.v_group, g.v_clip_index, sh);
   }

@@ -14,6 +14,7 @@ CacheConfig bf16_reference_cache(const CacheConfig& method) {
   c.v = CodecSpec{};
   c.k.type = c.v.type = "bf16";
   c.window = "bf16";
+  c.skip_layers.clear();  // bf16 everywhere already
   c.transform = nullptr;  // the reference stores the plain keys and values
   return c;
 }

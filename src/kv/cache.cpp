@@ -1,11 +1,13 @@
 #include "kv/cache.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <numeric>
 
 #include "common/error.h"
 #include "kv/codec_registry.h"
+#include "kv/codec_rope.h"
 #include "kv/oscar_format.h"
 
 namespace kvq {
@@ -42,6 +44,46 @@ PagePool::Size pool_size(const CacheLayout& layout, int max_ctx, int max_seqs, s
 
 }  // namespace
 
+std::vector<int> parse_skip_layers(const std::string& list) {
+  std::vector<int> out;
+  if (list.empty()) return out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    int l = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), l);
+    KVQ_CHECK(!item.empty(), "--kv-skip-layers '{}': empty item (a comma-separated list of layer indices, e.g. "
+              "0,1,-2,-1)", list);
+    KVQ_CHECK(ec == std::errc() && ptr == item.data() + item.size(),
+              "--kv-skip-layers '{}': '{}' is not a layer index (integers; negative = from the end, -1 = the last)",
+              list, item);
+    KVQ_CHECK(std::find(out.begin(), out.end(), l) == out.end(), "--kv-skip-layers '{}': layer {} is named twice",
+              list, l);
+    out.push_back(l);
+    at = end + 1;
+  }
+  return out;
+}
+
+LayerSet skipped_layers(const CacheConfig& cfg, int n_layers) {
+  LayerSet set{};
+  std::vector<int> named_by(size_t(std::max(n_layers, 0)), -1);  // the index of the item that named each layer
+  for (size_t i = 0; i < cfg.skip_layers.size(); ++i) {
+    const int item = cfg.skip_layers[i];
+    const int l = item < 0 ? n_layers + item : item;
+    KVQ_CHECK(l >= 0 && l < n_layers,
+              "--kv-skip-layers: layer {} is out of range for a model of {} layers (0 .. {}, or -{} .. -1 from the "
+              "end)", item, n_layers, n_layers - 1, n_layers);
+    KVQ_CHECK(l < LayerSet::kMaxLayers, "--kv-skip-layers: layer {} of {}: at most {} layers can be skipped over",
+              l, n_layers, LayerSet::kMaxLayers);
+    KVQ_CHECK(named_by[size_t(l)] < 0, "--kv-skip-layers: {} and {} both name layer {} of {}",
+              cfg.skip_layers[size_t(std::max(named_by[size_t(l)], 0))], item, l, n_layers);
+    named_by[size_t(l)] = int(i);
+    set.add(l);
+  }
+  return set;
+}
+
 CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec& v, const KvCodec& window,
                          int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
@@ -52,6 +94,18 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
               t->n_layers, t->n_kv_heads, t->head_dim, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(window.tokens_per_block() == 1, "KV cache: window type '{}' is not a per-token codec", cfg.window);
   KVQ_CHECK(!cfg.v.token_scale, "KV cache: value type '{}' with a token scale (only keys take one)", cfg.v.type);
+  KVQ_CHECK(!cfg.k.token_scale || cfg.skip_layers.empty(),
+            "KV cache: --kv-skip-layers with token-scaled keys ({}) is not supported", cfg.k.type);
+  KVQ_CHECK(!codec_traits(cfg.v.type).keys_only, "KV cache: value type '{}' stores keys only (value types: {})",
+            cfg.v.type, codec_names_if([](const CodecTraits& t) { return !t.keys_only; }));
+  // TurboQuant's codebook is the Lloyd-Max quantizer of Hadamard-rotated unit keys: its codes mean nothing without
+  // that rotation, so the cache refuses them without it (never silently without it, nor with another). OScaR's
+  // Hadamard improves its quantizer but is not part of its format: storage tests may run it under any transform; the
+  // CLI always builds the implied one (cli/options.cpp plan()).
+  const std::string_view implied = implied_transform(cfg.k, cfg.v);
+  KVQ_CHECK(implied != kTransformHadamardKeys || (cfg.transform && cfg.transform->name == implied),
+            "KV cache: cache types k={} v={} imply the transform '{}', the cache has '{}' (rotation/rotation_file.h: "
+            "codec_transform builds it)", cfg.k.type, cfg.v.type, implied, cfg.rotation());
   const int block_tokens = std::lcm(k.tokens_per_block(), v.tokens_per_block());
   KVQ_CHECK(cfg.page_tokens > 0 && cfg.page_tokens % block_tokens == 0,
             "KV cache: page size {} is not a multiple of the codec block of {} tokens ({} keys, {} values)",
@@ -59,12 +113,12 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
   return make_cache_layout(n_layers, n_kv_heads, head_dim, cfg.sink, cfg.recent, cfg.page_tokens, cfg.max_chunk,
                            {k.tokens_per_block(), int64_t(k.bytes_per_block())},
                            {v.tokens_per_block(), int64_t(v.bytes_per_block())}, int64_t(window.bytes_per_block()),
-                           cfg.k.token_scale);
+                           skipped_layers(cfg, n_layers), cfg.k.token_scale);
 }
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
-  const auto k = make_codec(with_head_dim(cfg.k, head_dim)), v = make_codec(with_head_dim(cfg.v, head_dim));
+  const auto k = make_key_codec(cfg, head_dim), v = make_codec(with_head_dim(cfg.v, head_dim));
   const auto window = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
   return cache_layout(cfg, *k, *v, *window, n_layers, n_kv_heads, head_dim);
 }
@@ -74,8 +128,10 @@ std::string CacheConfig::describe() const {
     if (!codec_traits(c.type).grouped) return c.type;
     return fmt::format("{}/g{}/r{:g}", c.type, c.group, c.clip);
   };
-  return fmt::format("k={} v={} sink={} recent={} window={} rotation={}", one(k), one(v), sink, recent, window,
-                     rotation());
+  std::string skip;
+  for (int l : skip_layers) skip += (skip.empty() ? " skip_layers=" : ",") + std::to_string(l);
+  return fmt::format("k={} v={} sink={} recent={} window={} rotation={}{}", one(k), one(v), sink, recent, window,
+                     rotation(), skip);
 }
 
 KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
@@ -85,11 +141,13 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       n_kv_(n_kv_heads),
       d_(head_dim),
       max_ctx_(max_ctx),
-      k_codec_(make_codec(with_head_dim(cfg.k, head_dim))),
+      k_codec_(make_key_codec(cfg, head_dim, max_ctx)),
       v_codec_(make_codec(with_head_dim(cfg.v, head_dim))),
       window_(make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim})),
+      skip_codec_(make_codec(CodecSpec{.type = "bf16", .head_dim = head_dim})),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),
       pool_(layout_, max_ctx, pool_size(layout_, max_ctx, max_seqs, budget_bytes)) {
+  for (int l = 0; l < n_layers; ++l) layer_offset_.push_back(layout_.layer_offset(l));
   pages_.reset(new uint8_t[std::max<size_t>(1, size_t(pool_.n_pages()) * size_t(layout_.page_bytes))]);
   seqs_.resize(size_t(pool_.n_slots()));
   for (auto& s : seqs_) s = std::make_unique<Sequence>();
@@ -157,9 +215,9 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
     for (int h = 0; h < n_kv_; ++h) {
       uint8_t* head = page + head_offset(layer, h);
       for (int kv = 0; kv < 2; ++kv) {
-        const KvCodec& codec = kv ? *v_codec_ : *k_codec_;
+        const KvCodec& codec = kv ? v_codec(layer) : k_codec(layer);
         const int tpb = codec.tokens_per_block();
-        uint8_t* region = head + (kv ? layout_.k_region : 0);
+        uint8_t* region = head + (kv ? layout_.layer_k_region(layer) : 0);
         for (int t0 = b0; t0 < b0 + B; t0 += tpb) {
           for (int r = 0; r < tpb; ++r) {
             float* row = rows.data() + size_t(r) * d_;
@@ -167,7 +225,7 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
             if (kv == 0 && nu)
               for (int c = 0; c < d_; ++c) row[c] = exact::div(row[c], nu[t0 + r - b0]);
           }
-          codec.encode(rows.data(), region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
+          codec.encode_at(rows.data(), t0, region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
         }
       }
     }
@@ -196,21 +254,21 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
   out.clear();
   const int n_sink = std::min(S0, t_last + 1);
   if (n_sink > 0)
-    out.push_back({RunKind::Sink, 0, n_sink,
-                   sink_row(s, layer, 0, kv_head, 0), sink_row(s, layer, 1, kv_head, 0), nullptr});
+    out.push_back({RunKind::Sink, 0, n_sink, sink_row(s, layer, 0, kv_head, 0), sink_row(s, layer, 1, kv_head, 0),
+                   nullptr, window_.get(), window_.get()});
   const int q_end = quant_end(t_last);
   for (int p0 = S0; p0 < q_end; p0 += P) {
     const int page = pool_.page(seq, (p0 - S0) / P);
     const uint8_t* head = page_ptr(page) + head_offset(layer, kv_head);
-    out.push_back({RunKind::Quant, p0, std::min(P, q_end - p0), head, head + layout_.k_region,
-                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr});
+    out.push_back({RunKind::Quant, p0, std::min(P, q_end - p0), head, head + layout_.layer_k_region(layer),
+                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr, &k_codec(layer), &v_codec(layer)});
   }
   // Recent rows: everything from the first query's window start to the last query, split at the ring's wrap.
   for (int p0 = std::max(S0, quant_end(t_first)); p0 <= t_last;) {
     const int slot = p0 % layout_.ring_tokens;
     const int n = std::min(t_last + 1 - p0, layout_.ring_tokens - slot);
     out.push_back({RunKind::Recent, p0, n, ring_row(s, layer, 0, kv_head, p0), ring_row(s, layer, 1, kv_head, p0),
-                   nullptr});
+                   nullptr, window_.get(), window_.get()});
     p0 += n;
   }
 }

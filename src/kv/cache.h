@@ -12,6 +12,7 @@
 // Storage (sizes: kv/cache_layout.h; pages and sequence slots: kv/page_pool.h):
 //   pages  [n_pages][n_layers][n_kv_heads] { K blocks [P / Bk][bytes_k] | V blocks [P / Bv][bytes_v] }
 //          page i of a sequence's block table covers quantized positions [S0 + i P, S0 + (i + 1) P); P = page_tokens
+//          a layer of CacheConfig::skip_layers stores bf16 rows there (its K / V codec is bf16), at the same positions
 //   sinks  per sequence [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
 //   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
 //          token-scaled keys (CodecSpec::token_scale, OScaR): the page ends with ν [n_layers][P] fp32 (cache_layout.h)
@@ -44,16 +45,30 @@ struct CacheConfig {
   int page_tokens = 128;      // P: tokens per page of the quantized region
   int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
   std::string window = "bf16";  // codec of the sink and recent windows: bf16 (METHODS §2), f32, or int8 (KV4-RL)
+  // --kv-skip-layers: layers whose quantized region keeps bf16 rows (vLLM's TurboQuant keeps 0, 1, L-2, L-1), as
+  // given: negative = from the end (-1 = the last layer). Resolved against the model by skipped_layers().
+  std::vector<int> skip_layers;
   // The key/value transform of what is stored (centring, R_K, R_V; kv/transform.h), null = none. The cache owns it on
   // both devices: keys and values are transformed before they are stored, queries before and outputs after
   // attention (the CPU Model applies it around KvCache, GpuKvCache inside append() / attention()).
   std::shared_ptr<const KvTransform> transform;
   std::string rotation() const { return transform ? transform->name : "none"; }  // its label, for logs and reports
+  // The model's RoPE inverse frequencies [head_dim / 2] (ModelConfig::rope_inv_freq), for a key codec that stores keys
+  // without RoPE (the codec table's pre_rope_keys; kv/codec_rope.h). The runner fills it from the model; empty: such
+  // a key codec is refused.
+  std::vector<float> key_rope;
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 
-// The sizes of a cache of cfg for a model's KV shape: validates the windows, the chunk and the page size against the
-// codecs (kvq::Error naming what is wrong) and lays them out. The first form builds the codecs itself.
+// "0,1,-2,-1" -> {0, 1, -2, -1} (--kv-skip-layers); kvq::Error on an empty item, a non-integer or a repeat.
+std::vector<int> parse_skip_layers(const std::string& list);
+// cfg.skip_layers resolved for a model of n_layers layers (negative = from the end), as a set; kvq::Error naming a
+// layer out of range or two items that name one layer.
+LayerSet skipped_layers(const CacheConfig& cfg, int n_layers);
+
+// The sizes of a cache of cfg for a model's KV shape: validates the windows, the chunk, the page size against the
+// codecs and the skipped layers (kvq::Error naming what is wrong) and lays them out. The first form builds the codecs
+// itself.
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim);
 CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec& v, const KvCodec& window,
                          int n_layers, int n_kv_heads, int head_dim);
@@ -69,8 +84,12 @@ class KvCache {
   KvCache& operator=(const KvCache&) = delete;
 
   const CacheConfig& config() const { return cfg_; }
-  const KvCodec& k_codec() const { return *k_codec_; }
+  const KvCodec& k_codec() const { return *k_codec_; }  // the configured codecs: the layers not skipped
   const KvCodec& v_codec() const { return *v_codec_; }
+  // The codecs of layer l's quantized region: the configured ones, or bf16 for a skipped layer.
+  const KvCodec& k_codec(int l) const { return layout_.skipped.has(l) ? *skip_codec_ : *k_codec_; }
+  const KvCodec& v_codec(int l) const { return layout_.skipped.has(l) ? *skip_codec_ : *v_codec_; }
+  bool layer_skipped(int l) const { return layout_.skipped.has(l); }
   const KvCodec& window_codec() const { return *window_; }
   int n_layers() const { return n_layers_; }
   int n_kv_heads() const { return n_kv_; }
@@ -104,9 +123,11 @@ class KvCache {
     RunKind kind;
     int pos0;            // position of the first row
     int n;               // rows
-    const uint8_t* k;    // K blocks (codec k_codec() for Quant, window_codec() otherwise)
+    const uint8_t* k;    // K blocks
     const uint8_t* v;    // V blocks
     const float* scale;  // Quant runs of token-scaled keys: ν of each row [n] (scores are ν · q·k̂); else null
+    const KvCodec* k_codec;  // what they are read with: k_codec(layer) / v_codec(layer) for Quant, window_codec()
+    const KvCodec* v_codec;  // otherwise
   };
   // Runs covering everything queries in [t_first, t_last] may read (the union of their views), in position order.
   void runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const;
@@ -119,7 +140,7 @@ class KvCache {
   struct Sequence;
   uint8_t* page_ptr(int page) const { return pages_.get() + size_t(page) * size_t(layout_.page_bytes); }
   size_t head_offset(int layer, int kv_head) const {
-    return (size_t(layer) * n_kv_ + kv_head) * size_t(layout_.head_bytes);
+    return size_t(layer_offset_[size_t(layer)] + kv_head * layout_.layer_head_bytes(layer));
   }
   float* page_scales(int page, int layer) const {  // ν of the page's positions, token-scaled keys only
     return reinterpret_cast<float*>(page_ptr(page) + layout_.scale_offset(layer));
@@ -132,7 +153,9 @@ class KvCache {
   CacheConfig cfg_;
   int n_layers_, n_kv_, d_, max_ctx_;
   std::unique_ptr<KvCodec> k_codec_, v_codec_, window_;
+  std::unique_ptr<KvCodec> skip_codec_;  // bf16 rows of the skipped layers
   CacheLayout layout_;                 // region, page and window sizes
+  std::vector<int64_t> layer_offset_;  // [n_layers] layout_.layer_offset(l)
   PagePool pool_;                      // free pages, block tables, sequence slots and lengths
   std::unique_ptr<uint8_t[]> pages_;   // [pool_.n_pages()][page_bytes]
   std::vector<std::unique_ptr<Sequence>> seqs_;  // windows per slot

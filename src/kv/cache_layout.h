@@ -4,8 +4,10 @@
 // kvq::cache_layout() (kv/cache.h) from a validated CacheConfig and the codecs' block sizes.
 //
 //   page     [n_layers][n_kv] { K blocks [P / Bk][k.bytes] | V blocks [P / Bv][v.bytes] }     page_bytes
-//            then, for token-scaled keys only, ν [n_layers][P] fp32                              scale_region
-//            page i of a sequence covers quantized positions [S0 + i P, S0 + (i + 1) P)
+//            page i of a sequence covers quantized positions [S0 + i P, S0 + (i + 1) P); a layer in the skip set
+//            (--kv-skip-layers) stores bf16 rows instead, { K rows [P][skip_row] | V rows [P][skip_row] }, so layer
+//            l starts at layer_offset(l) and its heads are layer_head_bytes(l) apart
+//            then, for token-scaled keys only, ν [n_layers][P] fp32 after every layer's heads  scale_region
 //   windows  per sequence: sinks [n_layers][2][n_kv][S0] + ring [n_layers][2][n_kv][ring_tokens]
 //            rows of the window codec (window_row bytes each)                                  window_bytes()
 // A sequence of n tokens holds pages_for(n) pages: its quantized region is [S0, qe(n - 1)).
@@ -38,6 +40,19 @@ KVQ_HD inline int quant_end(int t, int sink, int recent, int block_tokens) {
   return sink + (span > 0 ? span / block_tokens * block_tokens : 0);
 }
 
+// A set of layers (--kv-skip-layers), as a bit mask over layers [0, kMaxLayers).
+struct LayerSet {
+  static constexpr int kMaxLayers = 256;
+  uint64_t bits[kMaxLayers / 64];  // bit l % 64 of word l / 64: layer l is in the set
+  KVQ_HD bool has(int l) const { return l >= 0 && l < kMaxLayers && ((bits[l / 64] >> (l % 64)) & 1u); }
+  KVQ_HD void add(int l) { bits[l / 64] |= uint64_t(1) << (l % 64); }
+  KVQ_HD int count_below(int l) const {  // members < l
+    int n = 0;
+    for (int i = 0; i < l && i < kMaxLayers; ++i) n += has(i);
+    return n;
+  }
+};
+
 // A codec's storage unit (KvCodec::tokens_per_block / bytes_per_block).
 struct CodecBlock {
   int tokens;     // tokens per block: 1, or G for per-channel (KIVI) keys
@@ -51,16 +66,27 @@ struct CacheLayout {
   int max_chunk;                 // most tokens appended at once (sizes the ring)
   int block_tokens;              // B: demotion granularity, lcm of the K / V codecs' tokens per block
   int ring_tokens;               // ring slots per (layer, K/V, head): W + B + max_chunk
-  CodecBlock k, v;               // blocks of the K / V codecs (quantized region)
+  CodecBlock k, v;               // blocks of the K / V codecs (quantized region of the layers not skipped)
   int64_t window_row;            // bytes of one window-codec row (sinks and ring)
-  int64_t k_region, v_region;    // bytes of one page's K / V blocks of one (layer, kv head)
+  int64_t k_region, v_region;    // bytes of one page's K / V blocks of one (layer, kv head), layers not skipped
   int64_t head_bytes;            // k_region + v_region
+  LayerSet skipped;              // layers that keep bf16 rows in their quantized region too (--kv-skip-layers)
+  int n_skipped;                 // layers in `skipped`
+  int64_t skip_row;              // bytes of one bf16 row: the K and V blocks of a skipped layer
+  int64_t skip_head_bytes;       // one page's K + V rows of one (skipped layer, kv head): 2 P skip_row
   int64_t scale_region;          // bytes of one page's token scales ν of one layer: P fp32, or 0 (not token-scaled)
-  int64_t page_bytes;            // one page: head_bytes * n_layers * n_kv + scale_region * n_layers
+  int64_t page_bytes;            // one page: every layer's heads, n_kv * Σ_l layer_head_bytes(l), + n_layers * scale_region
 
   KVQ_HD int quant_end(int t) const { return kvq::quant_end(t, sink, recent, block_tokens); }
+  // Layer l's part of a page: its heads' { K | V } blocks, at layer_offset(l), layer_head_bytes(l) per head.
+  KVQ_HD int64_t layer_head_bytes(int l) const { return skipped.has(l) ? skip_head_bytes : head_bytes; }
+  KVQ_HD int64_t layer_k_region(int l) const { return skipped.has(l) ? skip_head_bytes / 2 : k_region; }
+  KVQ_HD int64_t layer_offset(int l) const {
+    const int s = skipped.count_below(l);
+    return int64_t(n_kv) * ((l - s) * head_bytes + s * skip_head_bytes);
+  }
   // Byte offset in a page of layer l's token scales (float [P]); meaningful when scale_region > 0.
-  KVQ_HD int64_t scale_offset(int layer) const { return head_bytes * n_layers * n_kv + layer * scale_region; }
+  KVQ_HD int64_t scale_offset(int l) const { return layer_offset(n_layers) + l * scale_region; }
   // Pages a sequence of n_tokens tokens holds (what reserve() has taken once its length is n_tokens).
   KVQ_HD int pages_for(int n_tokens) const {
     const int quant_tokens = n_tokens > 0 ? quant_end(n_tokens - 1) - sink : 0;
@@ -79,12 +105,14 @@ struct CacheLayout {
   KVQ_HD int64_t sequence_bytes(int n_tokens) const { return window_bytes() + pages_for(n_tokens) * page_bytes; }
 
   // Per (token, layer): K and V rows of every kv head. Sinks and the W most recent tokens are window rows, the rest
-  // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted
-  // as window rows.
+  // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted as window rows. Skipped layers'
+  // bf16 rows count in the quantized region (averaged over the layers), so b_q and b_eff include them.
   CacheFootprint footprint(int n) const {
     const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
     const double window = 2.0 * n_kv * double(window_row);
-    const double quant = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens) +
+    const double coded = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens);
+    const double quant = (double(n_layers - n_skipped) * coded + double(n_skipped) * 2.0 * n_kv * double(skip_row)) /
+                         double(n_layers) +
                          double(scale_region) / page_tokens;
     const int in_quant = quant_end(n - 1) - sink;
     const int n_window = n < n - in_quant ? n : n - in_quant;
@@ -99,10 +127,11 @@ struct CacheLayout {
 };
 
 // The layout of already validated sizes (kvq::cache_layout in kv/cache.h validates a CacheConfig and calls this):
-// page_tokens a multiple of both codecs' tokens per block, window rows per token; token_scale: keys scaled by ν.
+// page_tokens a multiple of both codecs' tokens per block, window rows per token, skipped layers < n_layers;
+// token_scale: keys scaled by ν (never with skipped layers: kvq::cache_layout refuses the pair).
 inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int sink, int recent, int page_tokens,
                                      int max_chunk, CodecBlock k, CodecBlock v, int64_t window_row,
-                                     bool token_scale = false) {
+                                     LayerSet skipped = {}, bool token_scale = false) {
   auto gcd = [](int a, int b) {
     while (b) {
       const int r = a % b;
@@ -120,8 +149,12 @@ inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int s
   l.k_region = int64_t(page_tokens / k.tokens) * k.bytes;
   l.v_region = int64_t(page_tokens / v.tokens) * v.bytes;
   l.head_bytes = l.k_region + l.v_region;
+  l.skipped = skipped;
+  l.n_skipped = skipped.count_below(n_layers);
+  l.skip_row = layout::bf16_row_bytes(head_dim);
+  l.skip_head_bytes = 2 * int64_t(page_tokens) * l.skip_row;
   l.scale_region = token_scale ? int64_t(page_tokens) * 4 : 0;
-  l.page_bytes = (l.head_bytes * n_kv + l.scale_region) * n_layers;
+  l.page_bytes = l.layer_offset(n_layers) + l.scale_region * n_layers;
   return l;
 }
 

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "kv/codec_registry.h"
 #include "kv/simd.h"
+#include "rotation/hadamard.h"
 
 namespace kvq {
 
@@ -18,10 +19,15 @@ void KvCodec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_t
 }
 
 void KvCodec::scores_ref(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
+  KVQ_CHECK(!positional(), "{}: a positional codec scores through scores_ref_at (rows need their positions)", name());
+  scores_ref_at(q, n_q, blocks, 0, n_tokens, s);
+}
+
+void KvCodec::scores_ref_at(const float* q, int n_q, const uint8_t* blocks, int pos0, int n_tokens, float* s) const {
   const int d = head_dim(), tpb = tokens_per_block();
   std::vector<float> rows(size_t(tpb) * d);
   for (int t0 = 0; t0 < n_tokens; t0 += tpb) {
-    decode(blocks + size_t(t0 / tpb) * bytes_per_block(), rows.data());
+    decode_at(blocks + size_t(t0 / tpb) * bytes_per_block(), pos0 + t0, rows.data());
     for (int r = 0; r < tpb; ++r)
       for (int i = 0; i < n_q; ++i) {
         float dot = 0.f;
@@ -48,17 +54,19 @@ namespace {
 
 std::string per_channel_names() { return codec_names_if([](const CodecTraits& t) { return t.per_channel_keys; }); }
 
-// "f32, bf16; int8, int4, int2 (per token, ...); kivi2, kivi4 (...); oscar_int2 (...)": the table's rows by key
-// layout, then the shapes.
+// "f32, bf16; int8, int4, int2 (per token, ...); kivi2, kivi4 (...); oscar_int2, kitty_int2, tq2, ... (...)": the table's rows
+// by kind (unquantized, grouped per token, grouped per-channel keys, formats with their own groups or blocks), then the
+// shapes.
 std::string supported_list() {
   return fmt::format(
       "supported: {}; {} (per token, group 32, 64 or 128 dividing head_dim); {} (per_channel keys: group = 32, 64 or "
-      "128 tokens; values: per-token rows, group 32, 64 or 128 dividing head_dim); {} (their own groups; "
-      "per_channel keys); head_dim a multiple of 32 up to {}; clip in (0, 1]",
+      "128 tokens; values: per-token rows, group 32, 64 or 128 dividing head_dim); {} (their own groups or blocks; "
+      "{}: head_dim a power of two); head_dim a multiple of 32 up to {}; clip in (0, 1]",
       codec_names_if([](const CodecTraits& t) { return !t.grouped && !fixed_format(t); }),
       codec_names_if([](const CodecTraits& t) { return t.grouped && !t.per_channel_keys; }),
       codec_names_if([](const CodecTraits& t) { return t.grouped && t.per_channel_keys; }),
-      codec_names_if([](const CodecTraits& t) { return fixed_format(t); }), kCpuMaxHeadDim);
+      codec_names_if([](const CodecTraits& t) { return fixed_format(t); }),
+      codec_names_if([](const CodecTraits& t) { return t.pow2_head_dim; }), kCpuMaxHeadDim);
 }
 
 bool valid_group(int g) {
@@ -76,6 +84,9 @@ std::unique_ptr<KvCodec> make_codec_at(const CodecSpec& spec, SimdLevel level) {
   KVQ_CHECK(t, "KV cache {} is not supported: unknown type ({})", combo, supported_list());
   KVQ_CHECK(spec.head_dim > 0 && spec.head_dim % 32 == 0 && spec.head_dim <= kCpuMaxHeadDim,
             "KV cache {} is not supported: head_dim must be a multiple of 32 up to {} ({})", combo, kCpuMaxHeadDim,
+            supported_list());
+  KVQ_CHECK(!t->pow2_head_dim || is_power_of_two(spec.head_dim),
+            "KV cache {} is not supported: {} needs a power-of-two head_dim for its Hadamard ({})", combo, t->name,
             supported_list());
   KVQ_CHECK(!spec.per_channel || t->per_channel_keys,
             "KV cache {} is not supported: per_channel is only for {} keys ({})", combo, per_channel_names(),

@@ -61,6 +61,21 @@ class KvCodec {
   // Scalar references the fast paths are tested against (decode, then plain loops).
   void scores_ref(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const;
   void accumulate_ref(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const;
+
+  // The position seam. A positional codec needs the position of a block's first row (rows follow at pos0 + 1, ...):
+  // a key codec that stores keys without RoPE removes it at each row's position before encoding and re-applies it
+  // after decoding (kv/codec_rope.h; NexusQuant, docs/METHODS.md §5.3). The cache calls encode_at when it demotes
+  // a block and attention calls scores_at per piece, both with the block's position; for a codec that is not
+  // positional they are the position-free calls above, and a positional codec refuses the position-free ones.
+  // Values are never positional (accumulate has no position).
+  virtual bool positional() const { return false; }
+  virtual void encode_at(const float* x, int pos0, uint8_t* block) const { encode(x, block); }
+  virtual void decode_at(const uint8_t* block, int pos0, float* x) const { decode(block, x); }
+  virtual void scores_at(const float* q, int n_q, const uint8_t* blocks, int pos0, int n_tokens, float* s) const {
+    scores(q, n_q, blocks, n_tokens, s);
+  }
+  // The scalar reference of scores_at: decode_at, then plain loops (scores_ref is this at pos0 = 0).
+  void scores_ref_at(const float* q, int n_q, const uint8_t* blocks, int pos0, int n_tokens, float* s) const;
 };
 
 // The one dispatch point from a spec to a codec. Throws kvq::Error naming the unsupported combination

@@ -7,6 +7,13 @@
 
 namespace kvq {
 
-enum class CodecId : uint8_t { kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4, kOscarInt2 };
+enum class CodecId : uint8_t {
+  kF32, kBf16, kInt8, kInt4, kInt2, kKivi2, kKivi4,
+  kNexusquant, kNexusquantStrict, kE8_2, kE8_2Strict, kE8_2PostRope,  // NexusQuant (kv/codec_nexus.h)
+  kOscarInt2,                                                         // OScaR (kv/codec_oscar.h)
+  kKitty2, kKitty2At20,                                               // Kitty (kv/codec_kitty.h)
+  // TurboQuant (kv/codec_turboquant.h): codebook keys, norm-corrected codebook keys, FP8 keys, uniform values
+  kTq2, kTq3, kTq4, kTq2nc, kTq3nc, kTq4nc, kFp8e4m3, kTqv2, kTqv3, kTqv4,
+};
 
 }  // namespace kvq

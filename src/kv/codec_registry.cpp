@@ -7,7 +7,10 @@
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
+#include "kv/codec_kitty.h"
+#include "kv/codec_nexus.h"
 #include "kv/codec_oscar.h"
+#include "kv/codec_turboquant.h"
 
 namespace kvq {
 
@@ -27,6 +30,21 @@ std::unique_ptr<KvCodec> make_kivi(const CodecSpec& s, SimdLevel level) {
   if (s.per_channel) return std::make_unique<KiviKeyCodec>(s.head_dim, s.group, bits, s.clip, level);
   return make_int(s, level);
 }
+// Kitty: keys per channel over 128-token blocks with boost_percent of the channels at 4 bits, values per token.
+template <int kBoostPercent>
+std::unique_ptr<KvCodec> make_kitty(const CodecSpec& s, SimdLevel level) {
+  if (s.per_channel) return std::make_unique<KittyKeyCodec>(s.type, s.head_dim, kBoostPercent, level);
+  return std::make_unique<KittyValueCodec>(s.type, s.head_dim, level);
+}
+
+// NexusQuant: the storage format and the E8 rule of each row (keys without RoPE: kv/codec_rope.h, by the cache).
+std::unique_ptr<KvCodec> make_nexus(const CodecSpec& s, SimdLevel level) {
+  const CodecId id = codec_traits(s.type).id;
+  const bool int8 = id == CodecId::kNexusquant || id == CodecId::kNexusquantStrict;
+  const bool strict = id == CodecId::kNexusquantStrict || id == CodecId::kE8_2Strict;
+  return std::make_unique<NexusCodec>(s.type, s.head_dim, int8 ? NexusFormat::kInt8 : NexusFormat::kE8_2,
+                                      strict ? E8Rule::kStrict : E8Rule::kShipped, level);
+}
 
 // OScaR: keys (per_channel) in blocks of 32 tokens, values per-token rows; both fix their groups at 32.
 std::unique_ptr<KvCodec> make_oscar(const CodecSpec& s, SimdLevel level) {
@@ -34,7 +52,22 @@ std::unique_ptr<KvCodec> make_oscar(const CodecSpec& s, SimdLevel level) {
   return std::make_unique<OscarValueCodec>(s.head_dim, level);
 }
 
+// TurboQuant: codebook keys (norm-corrected or not), FP8 keys, uniform values; the row supplies the bits.
+std::unique_ptr<KvCodec> make_tq_key(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<TqKeyCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, false, level);
+}
+std::unique_ptr<KvCodec> make_tq_key_nc(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<TqKeyCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, true, level);
+}
+std::unique_ptr<KvCodec> make_fp8(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<Fp8Codec>(s.head_dim, level);
+}
+std::unique_ptr<KvCodec> make_tq_value(const CodecSpec& s, SimdLevel level) {
+  return std::make_unique<TqValueCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, level);
+}
+
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
+constexpr std::string_view kFp8Aliases[] = {"fp8_e4m3"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
 
 // clang-format off
@@ -47,9 +80,40 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kInt2,  "int2",  {},           "2-bit codes per token, fp16 scale/zero per group of G values",  2,  true,  true,  0.96f, 0.92f, false, "none", true,  make_int},
   CodecTraits{CodecId::kKivi2, "kivi2", {},           "KIVI: keys per channel over G tokens, values per token, 2 bits", 2,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
   CodecTraits{CodecId::kKivi4, "kivi4", {},           "KIVI: keys per channel over G tokens, values per token, 4 bits", 4,  true,  false, 1.0f,  1.0f,  true,  "none", false, make_kivi},
-  // OScaR (METHODS §5.4): groups fixed at 32, keys token-scaled (the last column), the Hadamard transform.
+  // NexusQuant (METHODS §5.3): the Hadamard is inside the codec (no cache transform), fp16 scale per row (2 row
+  // bytes), power-of-two head_dim; keys stored without RoPE except in the post-RoPE ablation.
+  CodecTraits{CodecId::kNexusquant,       "nexusquant",        {}, "NexusQuant E8, shipped rule, L=4: int8 2·p, fp16 scale", 8, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kNexusquantStrict, "nexusquant_strict", {}, "nexusquant, strict Conway-Sloane E8 (ablation)",         8, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2,             "e8_2",              {}, "E8_2: 2-bit levels ±0.5, ±1.5 · d, fp16 d = max|y|/2",  2, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2Strict,       "e8_2_strict",       {}, "e8_2, strict D8 + 1/2 parity (ablation)",                2, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, true},
+  CodecTraits{CodecId::kE8_2PostRope,     "e8_2_postrope",     {}, "e8_2 on post-RoPE keys (ablation)",                      2, false, false, 1.0f, 1.0f, false, "none", false, make_nexus, 2, true, false},
+  // OScaR (METHODS §5.4): groups fixed at 32, keys token-scaled, the Hadamard transform.
   CodecTraits{CodecId::kOscarInt2, "oscar_int2", {}, "OScaR: keys / their norm over kv heads, per channel over 32 tokens; values per token over 32 channels; 2 bits",
-              2, false, false, 1.0f, 1.0f, true, "hadamard", false, make_oscar, true},
+              2, false, false, 1.0f, 1.0f, true, kTransformHadamard, false, make_oscar, 0, false, false, true},
+  // Kitty (METHODS §5.5): per-channel keys over 128-token blocks, a quarter (or a fifth) of the channels at 4 bits.
+  CodecTraits{CodecId::kKitty2, "kitty_int2", {},     "Kitty: keys per channel over 128-token blocks, the 25% of channels of largest mean |k| at 4 bits, the rest 2; values per token, 2 bits", 2, false, false, 1.0f, 1.0f, true, "none", false, make_kitty<25>},
+  CodecTraits{CodecId::kKitty2At20, "kitty_int2_20", {}, "Kitty as in its accuracy runs: as kitty_int2 with 20% of the key channels at 4 bits", 2, false, false, 1.0f, 1.0f, true, "none", false, make_kitty<20>},
+  // TurboQuant (METHODS §5.2, kv/turboquant.h): per-row parameter bytes (fp16 norm; fp16 scale and min), keys only
+  CodecTraits{CodecId::kTq2,     "tq2",     {},          "TurboQuant keys: 2-bit Lloyd-Max codes of the rotated unit key, fp16 norm", 2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, false, false, false, true},
+  CodecTraits{CodecId::kTq3,     "tq3",     {},          "TurboQuant keys: 3-bit Lloyd-Max codes of the rotated unit key, fp16 norm", 3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, false, false, false, true},
+  CodecTraits{CodecId::kTq4,     "tq4",     {},          "TurboQuant keys: 4-bit Lloyd-Max codes of the rotated unit key, fp16 norm", 4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key, 2, false, false, false, true},
+  CodecTraits{CodecId::kTq2nc,   "tq2nc",   {},          "TurboQuant keys as tq2, norm-corrected (n c / ||c||)",                     2, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, false, false, false, true},
+  CodecTraits{CodecId::kTq3nc,   "tq3nc",   {},          "TurboQuant keys as tq3, norm-corrected (n c / ||c||)",                     3, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, false, false, false, true},
+  CodecTraits{CodecId::kTq4nc,   "tq4nc",   {},          "TurboQuant keys as tq4, norm-corrected (n c / ||c||)",                     4, false, false, 1.0f, 1.0f, false, kTransformHadamardKeys, false, make_tq_key_nc, 2, false, false, false, true},
+  CodecTraits{CodecId::kFp8e4m3, "fp8e4m3", kFp8Aliases, "FP8 e4m3 values, no scale, saturating (TurboQuant k8v4 keys)",         8, false, false, 1.0f, 1.0f, false, "none", false, make_fp8},
+  CodecTraits{CodecId::kTqv2,    "tqv2",    {},          "TurboQuant values: 2-bit codes per row, fp16 scale and min",              2, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4},
+  CodecTraits{CodecId::kTqv3,    "tqv3",    {},          "TurboQuant values: 3-bit codes per row, fp16 scale and min",              3, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4},
+  CodecTraits{CodecId::kTqv4,    "tqv4",    {},          "TurboQuant values: 4-bit codes per row, fp16 scale and min",              4, false, false, 1.0f, 1.0f, false, "none", false, make_tq_value, 4},
+};
+
+// The --kv-cache-dtype presets: vLLM's TurboQuant presets (TQ_PRESETS: key bits / value bits / norm correction), then
+// kvq's own. Their layer policy as shipped (layers 0, 1, L-2, L-1 in BF16) and windows are not part of a preset.
+constexpr std::array kPresets{
+  CodecPreset{"turboquant_k8v4",    CodecId::kFp8e4m3, CodecId::kTqv4, "vLLM TurboQuant: FP8 keys, 4-bit values", false},
+  CodecPreset{"turboquant_4bit_nc", CodecId::kTq4nc,   CodecId::kTqv4, "vLLM TurboQuant: 4-bit norm-corrected keys, 4-bit values", false},
+  CodecPreset{"turboquant_k3v4_nc", CodecId::kTq3nc,   CodecId::kTqv4, "vLLM TurboQuant: 3-bit norm-corrected keys, 4-bit values", false},
+  CodecPreset{"turboquant_3bit_nc", CodecId::kTq3nc,   CodecId::kTqv3, "vLLM TurboQuant: 3-bit norm-corrected keys, 3-bit values", false},
+  CodecPreset{"turboquant_2bit",    CodecId::kTq2nc,   CodecId::kTqv2, "kvq extension: 2-bit norm-corrected keys, 2-bit values", true},
 };
 // clang-format on
 
@@ -75,6 +139,29 @@ const CodecTraits* find_codec(std::string_view name) {
   return nullptr;
 }
 
+std::span<const CodecPreset> codec_presets() { return kPresets; }
+
+const CodecPreset* find_preset(std::string_view name) {
+  for (const CodecPreset& p : kPresets)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::string preset_names(std::string_view sep) {
+  std::string out;
+  for (const CodecPreset& p : kPresets)
+    out += fmt::format("{}{} ({} / {}{})", out.empty() ? "" : std::string(sep), p.name, codec_traits(p.k).name,
+                       codec_traits(p.v).name, p.kvq_extension ? ", kvq extension" : "");
+  return out;
+}
+
+std::string_view implied_transform(const CodecSpec& k, const CodecSpec& v) {
+  const std::string_view tk = codec_traits(k.type).transform, tv = codec_traits(v.type).transform;
+  KVQ_CHECK(tk == kTransformNone || tv == kTransformNone || tk == tv,
+            "cache types k={} and v={} imply different transforms ({}, {})", k.type, v.type, tk, tv);
+  return tk != kTransformNone ? tk : tv;
+}
+
 const CodecTraits& codec_traits(std::string_view name) {
   const CodecTraits* t = find_codec(name);
   KVQ_CHECK(t, "unknown KV cache type '{}' (supported: {})", name, codec_names(", "));
@@ -84,7 +171,8 @@ const CodecTraits& codec_traits(std::string_view name) {
 CodecSpec codec_spec(std::string_view type, bool is_key, int group, float clip) {
   const CodecTraits& t = codec_traits(type);
   KVQ_CHECK(clip <= 0 || t.takes_clip, "--kv-clip-{}: cache type '{}' takes no clip ({})", is_key ? "k" : "v", t.name,
-            t.grouped ? "it is plain min/max" : "it stores unquantized rows");
+            t.grouped ? "it is plain min/max"
+                      : t.code_bits >= 16 ? "it stores unquantized rows" : "its format has no clip");
   CodecSpec s;
   s.type = std::string(t.name);
   s.group = group;

@@ -43,9 +43,32 @@ struct CodecTraits {
                                             // it: the METHODS §1 grid per token at code_bits (OptR calibrates for it)
   // CPU factory for a validated spec (make_codec validates, then calls this).
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level);
+  // Columns after the factory; rows that leave them out take these defaults.
+  int row_bytes = 0;           // bytes per stored row besides its codes and group params (a per-row fp16 scale)
+  bool pow2_head_dim = false;  // head_dim must be a power of two (the codec applies a Sylvester Hadamard itself)
+  bool pre_rope_keys = false;  // keys stored without RoPE: the cache removes it at each key's position before encoding
+                               // and re-applies it after decoding (kv/codec_rope.h; needs the model's RoPE)
   // Keys divided by their per-token norm over all kv heads, which then scales the scores (OScaR;
   // CodecSpec::token_scale). Last, with a default, so that the rows without it need not name it.
   bool token_scale_keys = false;
+  bool keys_only = false;      // stores keys only (TurboQuant's codebook keys: their transform rotates keys, not values)
+};
+
+// The transforms a codec may imply (CodecTraits::transform).
+inline constexpr std::string_view kTransformNone = "none";
+// QuaRot's Hadamard on keys and values (OScaR, METHODS §5.4: --rotation hadamard's transform).
+inline constexpr std::string_view kTransformHadamard = "hadamard";
+// TurboQuant (METHODS §5.2): the normalised Sylvester Hadamard on keys, the same for every layer and head, queries
+// rotated once per step; values unrotated (rotation/rotation_file.h: hadamard_key_transform).
+inline constexpr std::string_view kTransformHadamardKeys = "hadamard_k";
+
+// A named pair of key and value codecs, the --kv-cache-dtype values beside the codec names (vLLM's TurboQuant
+// presets, and kvq's turboquant_2bit). The transform a preset implies is its codecs' (the transform column).
+struct CodecPreset {
+  std::string_view name;     // the --kv-cache-dtype value
+  CodecId k, v;              // key codec, value codec
+  std::string_view summary;  // one line: what it stores and whose it is
+  bool kvq_extension;        // not a published preset: labelled "kvq extension" wherever it is printed
 };
 
 // The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
@@ -74,6 +97,15 @@ std::string codec_names_if(Pred pred, std::string_view sep = ", ") {
 inline std::string codec_names(std::string_view sep) {
   return codec_names_if([](const CodecTraits&) { return true; }, sep);
 }
+
+std::span<const CodecPreset> codec_presets();
+const CodecPreset* find_preset(std::string_view name);  // null when unknown
+// "turboquant_k8v4 (fp8e4m3 / tqv4), ..., turboquant_2bit (tq2nc / tqv2, kvq extension)", joined by sep.
+std::string preset_names(std::string_view sep = ", ");
+
+// The transform a key / value codec pair implies: kTransformNone, or the one its codecs name (one pair implies at
+// most one; a conflict is a kvq::Error).
+std::string_view implied_transform(const CodecSpec& k, const CodecSpec& v);
 
 // The CodecSpec of a --cache-type value for keys (is_key) or values, with the flags' group and clip
 // (clip <= 0: the codec's default; a codec without a clip stores 1.0). The type is canonicalised (aliases), KIVI

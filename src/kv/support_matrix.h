@@ -11,17 +11,35 @@ namespace kvq {
 
 struct SupportRow {
   std::string codec;     // codec table name
-  std::string role;      // "k,v" (same layout for keys and values), or "k" / "v" where they differ (KIVI)
+  std::string role;      // "k,v" (same layout for keys and values), "k" / "v" where they differ (KIVI), "k" for a
+                         // keys-only codec (TurboQuant's codebook keys)
   int head_dim;          // d
   int group;             // G (values per group; KIVI keys: tokens per block); 0 = ungrouped
   double bytes_per_token;  // bytes stored per (token, kv head): block bytes / tokens per block
   double bits;           // bits per element stored (scales and zeros included)
   bool cpu;              // the CPU codec takes it
-  std::string cuda;      // GPU attention path with this codec for keys and values, "" = not on the GPU
+  std::string cuda;      // GPU attention path with this codec for keys and values, or else of the first GPU row that
+                         // stores it on one side (TurboQuant's keys and values), "" = not on the GPU
 };
 
 // head_dims: the shapes to list (real models use 64 and 128).
 std::vector<SupportRow> support_matrix(const std::vector<int>& head_dims = {64, 128});
 std::string format_support_matrix(const std::vector<SupportRow>& rows);
+
+// The --kv-cache-dtype presets (kv/codec_registry.h) at each head_dim: their codecs, the bytes both store, the
+// transform they imply and where they run.
+struct PresetRow {
+  std::string preset;      // preset name
+  std::string k, v;        // key and value codecs
+  bool kvq_extension;      // kvq's own preset, not a published one
+  int head_dim;            // d
+  double bytes_per_token;  // K + V bytes per (token, kv head)
+  double bits;             // bits per element, K and V together
+  std::string transform;   // the transform the codecs imply ("none", "hadamard_k")
+  bool cpu;                // the CPU codecs take it
+  std::string cuda;        // GPU attention path of the pair, "" = not on the GPU
+};
+std::vector<PresetRow> preset_matrix(const std::vector<int>& head_dims = {64, 128});
+std::string format_preset_matrix(const std::vector<PresetRow>& rows);
 
 }  // namespace kvq

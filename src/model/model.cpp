@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "rotation/rope.h"
 
 namespace kvq {
 
@@ -20,27 +21,6 @@ void rms_norm(const float* x, int n_rows, int dim, const std::vector<float>& w, 
     for (int c = 0; c < dim; ++c) ss += double(xr[c]) * xr[c];
     const float inv = 1.f / std::sqrt(float(ss / dim) + eps);
     for (int c = 0; c < dim; ++c) yr[c] = w[size_t(c)] * (xr[c] * inv);
-  }
-}
-
-// Rotary embedding, "rotate half" (GPT-NeoX / Hugging Face) layout, on rows [n, heads, d] at positions pos0 + i.
-void rope(float* x, int n, int heads, int d, int pos0, const std::vector<float>& inv_freq) {
-  const int half = d / 2;
-  std::vector<float> cs(size_t(half) * 2);
-  for (int i = 0; i < n; ++i) {
-    for (int f = 0; f < half; ++f) {
-      const float angle = float(pos0 + i) * inv_freq[size_t(f)];  // fp32 product, as transformers does
-      cs[size_t(f) * 2] = float(std::cos(double(angle)));
-      cs[size_t(f) * 2 + 1] = float(std::sin(double(angle)));
-    }
-    for (int h = 0; h < heads; ++h) {
-      float* r = x + (size_t(i) * heads + h) * d;
-      for (int f = 0; f < half; ++f) {
-        const float a = r[f], b = r[f + half], c = cs[size_t(f) * 2], s = cs[size_t(f) * 2 + 1];
-        r[f] = a * c - b * s;
-        r[f + half] = b * c + a * s;
-      }
-    }
   }
 }
 
@@ -137,8 +117,8 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
     rms_norm(q_.data(), n * hq, d, lw.q_norm, c.rms_eps, q_.data());
     rms_norm(k_.data(), n * hk, d, lw.k_norm, c.rms_eps, k_.data());
   }
-  rope(q_.data(), n, hq, d, pos0, inv_freq_);
-  rope(k_.data(), n, hk, d, pos0, inv_freq_);
+  rope_rows(q_.data(), n, hq, d, pos0, inv_freq_.data());
+  rope_rows(k_.data(), n, hk, d, pos0, inv_freq_.data());
   if (tap_) tap_->on_qkv(l, pos0, n, q_.data(), k_.data(), v_.data());
 
   const float scale = 1.f / std::sqrt(float(d));

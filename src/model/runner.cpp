@@ -32,12 +32,18 @@ int checked_seqs(int max_seqs, size_t kv_budget_bytes) {
             "CpuRunner: max_seqs {} must be >= 1 (0, as many as fit, needs a KV budget)", max_seqs);
   return max_seqs;
 }
+// The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h).
+CacheConfig with_model_rope(CacheConfig c, const ModelConfig& mc) {
+  c.key_rope = mc.rope_inv_freq();
+  return c;
+}
+
 }  // namespace
 
 CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, size_t kv_budget_bytes)
     : model_(model),
-      cache_(cache_cfg, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, max_ctx,
-             checked_seqs(max_seqs, kv_budget_bytes), kv_budget_bytes),
+      cache_(with_model_rope(cache_cfg, model.config()), model.config().n_layers, model.config().n_kv_heads,
+             model.config().head_dim, max_ctx, checked_seqs(max_seqs, kv_budget_bytes), kv_budget_bytes),
       max_seqs_(cache_.max_seqs()) {}
 
 std::string CpuRunner::describe() const {

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/version.h"
+#include "kv/codec_registry.h"
 #include "model/safetensors.h"
 #include "rotation/hadamard.h"
 
@@ -141,20 +142,41 @@ void check_rotation_fits(const RotationFile& f, const std::string& model_fingerp
   mismatch("--kv-recent", std::to_string(c.value("recent", -1)), std::to_string(cache.recent));
 }
 
-KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim) {
+KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim) {
   KvTransform t;
   t.n_layers = n_layers;
   t.n_kv_heads = n_kv_heads;
   t.head_dim = head_dim;
-  t.name = "hadamard";
+  t.name = std::string(kTransformHadamardKeys);
   const Eigen::MatrixXd h = hadamard_matrix(head_dim);
   const size_t mat = size_t(head_dim) * head_dim;
   t.r_k.resize(size_t(n_layers) * n_kv_heads * mat);
   for (size_t m = 0; m < size_t(n_layers) * n_kv_heads; ++m)
     for (int i = 0; i < head_dim; ++i)
       for (int j = 0; j < head_dim; ++j) t.r_k[m * mat + size_t(i) * head_dim + j] = float(h(i, j));
+  return t;
+}
+
+KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim) {
+  KvTransform t = hadamard_key_transform(n_layers, n_kv_heads, head_dim);
+  t.name = std::string(kTransformHadamard);
   t.r_v = t.r_k;
   return t;
+}
+
+std::shared_ptr<const KvTransform> codec_transform(const CacheConfig& cache, int n_layers, int n_kv_heads,
+                                                   int head_dim) {
+  const std::string_view kind = implied_transform(cache.k, cache.v);
+  if (kind == kTransformNone) return nullptr;
+  KVQ_CHECK(kind == kTransformHadamardKeys || kind == kTransformHadamard,
+            "cache types k={} v={} imply transform '{}', which kvq cannot build", cache.k.type, cache.v.type, kind);
+  const bool keys_only = kind == kTransformHadamardKeys;
+  KVQ_CHECK(is_power_of_two(head_dim),
+            "cache types k={} v={} imply the Hadamard on {} ({}), which needs a power-of-two head_dim (the model has {})",
+            cache.k.type, cache.v.type, keys_only ? "keys" : "keys and values", keys_only ? "TurboQuant" : "OScaR",
+            head_dim);
+  return std::make_shared<KvTransform>(keys_only ? hadamard_key_transform(n_layers, n_kv_heads, head_dim)
+                                                 : hadamard_transform(n_layers, n_kv_heads, head_dim));
 }
 
 }  // namespace kvq

@@ -9,6 +9,7 @@
 // Rotations are row-vector convention: a cached key is (k - mu) R_K, a query q R_K; values v R_V, outputs o R_V^T.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -36,5 +37,13 @@ void check_rotation_fits(const RotationFile& f, const std::string& model_fingerp
 
 // The data-free QuaRot transform: R_K = R_V = H_d / sqrt(d) for every layer and head (no centering).
 KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim);
+// TurboQuant's key transform (METHODS §5.2): R_K = H_d / sqrt(d) for every layer and head, values unrotated (no R_V,
+// no centering); named kTransformHadamardKeys (kv/codec_registry.h).
+KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim);
+
+// The transform a cache's codecs imply (the codec table's transform column: implied_transform), or null when they
+// imply none. The Hadamard needs a power-of-two head_dim: otherwise a kvq::Error names the codecs.
+std::shared_ptr<const KvTransform> codec_transform(const CacheConfig& cache, int n_layers, int n_kv_heads,
+                                                   int head_dim);
 
 }  // namespace kvq

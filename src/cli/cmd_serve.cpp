@@ -1,0 +1,142 @@
+// kvq serve: an OpenAI-compatible HTTP server (server/http_server.h) over the continuous-batching engine
+// (engine/engine.h), with llama-server's flags. SIGTERM / SIGINT drain: new requests get 503, those in flight
+// finish, then the process exits 0; a second signal stops at once.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "common/error.h"
+#include "engine/engine.h"
+#include "server/http_server.h"
+
+namespace kvq::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  CacheOptions cache;
+  int ctx = 0;            // -c: tokens per sequence (0: the model's maximum)
+  int parallel = 4;       // -np: running sequences at most
+  int max_queue = 64;     // queued requests beyond the running ones
+  std::string chat_template;  // --chat-template NAME (default: the model's)
+  server::ServerOptions http;
+};
+
+// "at 1024: 12, at 4096: 3, at 8192: 1": the sequences the empty pool holds at a few lengths up to ctx.
+std::string concurrency_line(const PagePool& pool, int ctx) {
+  std::string s;
+  for (int n : {1024, 4096, 32768, ctx})
+    if (n <= ctx && (n == ctx || n * 2 <= ctx))
+      s += fmt::format("{}{} at {} tokens", s.empty() ? "" : ", ", pool.sequences_at(n), n);
+  return s;
+}
+
+// SIGTERM / SIGINT reach whichever thread the kernel picks (OpenBLAS starts its threads before main), so the handler
+// only writes the signal's number to a pipe; one thread reads it and drains.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const char c = char(sig);
+  [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &c, 1);
+}
+
+int next_signal() {  // blocks; 0: woken by the process itself
+  char c = 0;
+  while (read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
+  }
+  return c;
+}
+
+void serve(const ServeOptions& o) {
+  KVQ_CHECK(pipe(g_signal_pipe) == 0, "serve: pipe: {}", std::strerror(errno));
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a signal
+
+  const Plan p = plan(o.model, o.cache, o.ctx);
+  const Tokenizer tok = load_tokenizer(o.model);
+  const std::optional<server::ChatTemplate> chat = server::load_chat_template(o.model.dir, o.chat_template);
+  server::ServerOptions http = o.http;
+  if (http.model_name.empty()) http.model_name = std::filesystem::path(o.model.dir).lexically_normal().filename();
+  if (http.model_name.empty() || http.model_name == ".") http.model_name = "kvq";
+  auto model = load_model(o.model, p);
+  auto runner = make_runner(*model, o.model, p, p.ctx, o.parallel);
+  Runner& r = *runner;
+  log_runner(r, "serve:");
+  EngineConfig ec;
+  ec.scheduler.max_seqs = o.parallel;
+  ec.max_queue = o.max_queue;
+  Engine engine(r, ec);
+  const PagePool& pool = r.page_pool();
+  const ModelConfig& mc = r.config();
+  std::fprintf(stderr, "kvq: serve: model '%s' (%s, %d layers, vocab %d, context %d), chat template %s\n",
+               http.model_name.c_str(), std::string(arch_name(mc.arch)).c_str(), mc.n_layers, mc.vocab_size, p.ctx,
+               chat ? (chat->name + " (" + chat->source + ")").c_str() : "none (chat requests are refused)");
+  std::fprintf(stderr,
+               "kvq: serve: KV cache %s: %.1f MiB, %d pages x %d tokens + %d sequence slots, holds %d tokens in "
+               "sequences of %d; concurrent sequences: %s\n",
+               r.cache_config().describe().c_str(), double(pool.bytes()) / double(1 << 20), pool.n_pages(),
+               pool.layout().page_tokens, pool.n_slots(), pool.sequences_at(p.ctx) * p.ctx, p.ctx,
+               concurrency_line(pool, p.ctx).c_str());
+  std::fprintf(stderr, "kvq: serve: %d running at most (-np), %d queued (--max-queue), %d tokens per step (prefill "
+               "chunks of %d)%s\n",
+               engine.scheduler_config().max_seqs, o.max_queue, engine.scheduler_config().token_budget,
+               r.cache_config().max_chunk, http.api_key.empty() ? "" : ", API key required on /v1");
+
+  server::HttpServer srv(engine, tok, mc, r.cache_config(), p.ctx, chat, http);
+  const int port = srv.bind();
+  std::fprintf(stderr, "kvq: serve: listening on http://%s:%d\n", http.host.c_str(), port);
+
+  std::thread signals([&] {
+    const int sig = next_signal();
+    if (sig == 0) return;
+    std::fprintf(stderr, "kvq: serve: %s: draining %d request(s), then exiting (again: stop now)\n",
+                 sig == SIGTERM ? "SIGTERM" : "SIGINT", engine.in_flight());
+    std::thread drain([&] { srv.drain(); });
+    if (next_signal() != 0) {
+      std::fprintf(stderr, "kvq: serve: second signal: stopping now\n");
+      srv.stop();
+    }
+    drain.join();
+  });
+  srv.run();
+  const char wake = 0;  // the signal thread, wherever it waits
+  [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &wake, 1);
+  signals.join();
+  std::fprintf(stderr, "kvq: serve: stopped\n");
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server with continuous batching");
+  add_model_options(cmd, o->model);
+  add_cache_options(cmd, o->cache);
+  add_kv_budget_option(cmd, o->cache);
+  add_device_options(cmd, o->model);
+  cmd->add_option("-c,--ctx-size", o->ctx, "tokens per sequence: prompt + completion (0: the model's maximum)");
+  cmd->add_option("--parallel", o->parallel, "sequences running at once (alias -np)")->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-queue", o->max_queue, "requests queued beyond the running ones; more get 429")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--host", o->http.host, "address to listen on");
+  cmd->add_option("--port", o->http.port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->http.api_key, "require \"Authorization: Bearer KEY\" on /v1/*");
+  cmd->add_option("--alias", o->http.model_name, "the model's id in the API (default: the model directory's name)");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "chat template by name: " + server::chat_template_names() + " (default: the model's chat_template)");
+  cmd->callback([o] { serve(*o); });
+}
+
+}  // namespace kvq::cli

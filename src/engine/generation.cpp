@@ -1,0 +1,103 @@
+#include "engine/generation.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "engine/logprobs.h"
+
+namespace kvq {
+
+void GenerateParams::validate() const {
+  KVQ_CHECK(max_tokens >= 0, "max_tokens must be >= 0 (got {})", max_tokens);
+  KVQ_CHECK(top_logprobs >= -1, "top_logprobs must be >= 0 (got {})", top_logprobs);
+  sampler.validate();
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "?";
+}
+
+Generation::Generation(std::vector<int32_t> prompt, GenerateParams params, const Tokenizer* tok)
+    : prompt_(std::move(prompt)), params_(std::move(params)), tok_(tok), sampler_(params_.sampler),
+      stop_(params_.stop) {
+  params_.validate();
+  KVQ_CHECK(!prompt_.empty(), "the prompt is empty (a request needs at least one token)");
+  if (tok_) decoder_.emplace(*tok_);
+  tokens_ = prompt_;
+  tokens_.reserve(prompt_.size() + size_t(params_.max_tokens));
+}
+
+int Generation::next_chunk(int max_chunk) const {
+  if (chunk_fixed()) return steps_[cursor_].n;
+  return std::min(known() - fed_, max_chunk);
+}
+
+void Generation::fed_chunk(int n) {
+  KVQ_CHECK(n >= 1 && fed_ + n <= known(), "generation: a chunk of {} tokens at {} of {} known", n, fed_, known());
+  if (chunk_fixed()) {
+    KVQ_CHECK(n == steps_[cursor_].n, "generation: replayed a chunk of {} tokens where the run had {}", n,
+              steps_[cursor_].n);
+    if (++cursor_done_ == steps_[cursor_].count) ++cursor_, cursor_done_ = 0;
+  } else {
+    if (!steps_.empty() && steps_.back().n == n)
+      ++steps_.back().count;
+    else
+      steps_.push_back({n, 1});
+    cursor_ = steps_.size();
+  }
+  fed_ += n;
+}
+
+void Generation::preempt() {
+  fed_ = 0;
+  cursor_ = 0;
+  cursor_done_ = 0;
+}
+
+void Generation::accept(const float* logits, int vocab, int32_t argmax) {
+  KVQ_CHECK(!finished() && fed_ == known(), "generation: logits accepted at {} of {} known tokens", fed_, known());
+  if (generated_tokens() >= params_.max_tokens) return finish(FinishReason::Length);
+  KVQ_CHECK(logits || !needs_logits(), "generation: sampling needs the logits");
+  const int32_t id = logits ? sampler_.sample(logits, vocab) : argmax;
+  tokens_.push_back(id);
+  out_.tokens.push_back(params_.top_logprobs >= 0 ? token_logprobs(logits, vocab, id, params_.top_logprobs)
+                                                  : GeneratedToken{id, 0.f, {}});
+  if (std::find(params_.stop_ids.begin(), params_.stop_ids.end(), id) != params_.stop_ids.end())
+    return finish(FinishReason::Stop);
+  emit(id);
+  if (stop_.stopped()) return finish(FinishReason::Stop);
+  if (generated_tokens() >= params_.max_tokens) finish(FinishReason::Length);
+}
+
+void Generation::emit(int32_t id) {
+  if (decoder_) out_.text += stop_.push(decoder_->push(id));
+}
+
+void Generation::finish_text() {
+  if (!decoder_) return;
+  out_.text += stop_.push(decoder_->flush());
+  out_.text += stop_.flush();
+}
+
+void Generation::finish(FinishReason reason, std::string message) {
+  if (finished()) return;
+  finish_ = reason;
+  if (reason != FinishReason::Cancelled && reason != FinishReason::Error) finish_text();
+  out_.finish = reason;
+  out_.error = std::move(message);
+}
+
+GenerationOutput Generation::take_output() {
+  GenerationOutput o = std::move(out_);
+  out_ = {};
+  return o;
+}
+
+}  // namespace kvq

@@ -1,0 +1,86 @@
+// One request's generate loop, step by step: which tokens its next forward feeds (prefill chunks of the prompt, then
+// one token per decode step), what to do with the logits of a chunk's last row (sample with the request's own
+// Sampler, log-probabilities, detokenise incrementally, stop at a stop id, a stop string or max_tokens), and how to
+// rebuild its cache after a preemption.
+//
+// Recompute replays the request's own step shapes: every forward it took (its chunk sizes from position 0) is kept
+// in order, and after a preemption the same chunks are fed again before anything new. A CPU forward of a sequence
+// depends only on that sequence's chunks (not on what else is in the step: tests/test_runner.cpp), so a preempted
+// request's cache, logits and tokens are bit-identical to an unpreempted run. Its sampler is not rewound: the
+// tokens it already chose are fed, not sampled again.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/stop_matcher.h"
+#include "model/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvq {
+
+class Generation {
+ public:
+  // tok: for the text (null: ids only, as bench decode). It must outlive the generation.
+  Generation(std::vector<int32_t> prompt, GenerateParams params, const Tokenizer* tok);
+
+  const GenerateParams& params() const { return params_; }
+  int prompt_tokens() const { return int(prompt_.size()); }
+  int generated_tokens() const { return int(tokens_.size()) - prompt_tokens(); }
+  int known() const { return int(tokens_.size()); }  // prompt + generated
+  int fed() const { return fed_; }                    // tokens the cache holds
+  // Tokens its cache holds at most: the prompt and every generated token but the last (which is never fed).
+  int max_cache_length() const { return prompt_tokens() + std::max(params_.max_tokens - 1, 0); }
+
+  // The next forward. next_chunk: its size when nothing limits it (a replayed chunk, else a prefill chunk of at most
+  // max_chunk tokens, else 1 for decode); chunk_fixed: it is replayed and must be fed whole, not cut to a budget.
+  int next_chunk(int max_chunk) const;
+  bool chunk_fixed() const { return cursor_ < steps_.size(); }
+  bool decoding() const { return !chunk_fixed() && known() - fed_ == 1; }
+  const int32_t* ids() const { return tokens_.data() + fed_; }  // the tokens the next chunk starts with
+  // Whether a chunk of n tokens ends at the last known token: its last row's logits choose the next token.
+  bool predicts(int n) const { return fed_ + n == known(); }
+  // Whether choosing needs the logits themselves (sampling, logprobs) rather than only their argmax.
+  bool needs_logits() const { return params_.sampler.temperature > 0.f || params_.top_logprobs >= 0; }
+
+  // The forward of n tokens from ids() ran (the cache holds them now).
+  void fed_chunk(int n);
+  // The logits of the last row after a chunk for which predicts(n) held: chooses the next token (logits: [vocab], or
+  // null when !needs_logits(); argmax: the row's argmax) or finishes at max_tokens.
+  void accept(const float* logits, int vocab, int32_t argmax);
+  // The scheduler freed this sequence's cache: the next chunks replay its steps from position 0.
+  void preempt();
+  // Ends it now with reason (Cancelled, Error: message).
+  void finish(FinishReason reason, std::string message = {});
+
+  bool finished() const { return finish_ != FinishReason::None; }
+  FinishReason finish_reason() const { return finish_; }
+  // What it produced since the last take (the text, the tokens, and the finish once it has finished).
+  GenerationOutput take_output();
+
+ private:
+  struct Run {  // steps_: `count` forwards of `n` tokens each
+    int n, count;
+  };
+  void emit(int32_t id);
+  void finish_text();
+
+  std::vector<int32_t> prompt_;
+  GenerateParams params_;
+  const Tokenizer* tok_;
+  Sampler sampler_;
+  std::optional<StreamDecoder> decoder_;
+  StopMatcher stop_;
+  std::vector<int32_t> tokens_;  // prompt, then the generated tokens
+  int fed_ = 0;
+  std::vector<Run> steps_;       // every forward so far, in order
+  size_t cursor_ = 0;            // == steps_.size() unless replaying; replay: the step to feed next
+  int cursor_done_ = 0;          // forwards of steps_[cursor_] already replayed
+  FinishReason finish_ = FinishReason::None;
+  GenerationOutput out_;         // pending output
+};
+
+}  // namespace kvq

@@ -1,0 +1,110 @@
+// Continuous batching over Runner::forward: the one request loop of kvq run, bench decode and kvq serve.
+//
+// Each step() is one forward over the running requests: every decoding request's next token, then prefill chunks in
+// admission order, within a token budget (rows per step). A prefill chunk is at most the cache's chunk size and is
+// cut to fit only when it would be the step's first chunk, so while the budget holds a whole chunk beside every
+// decode token (the CPU default) a request's chunks do not depend on the load. A replayed chunk (recompute after a
+// preemption, engine/generation.h) is never cut.
+//
+// Admission (first come, first served): a waiting request is admitted while a sequence slot is free and the page
+// pool, after the pages the running requests still need to hold their known tokens + 1, holds pages for its own
+// known tokens + 1 (the pool's own arithmetic: PagePool::pages_short, CacheLayout::pages_for). Requests grow as they
+// decode; when the next step needs more pages than are free, the newest running request is preempted: its sequence
+// is freed and it goes back to the front of the queue, to be recomputed. No request is dropped: the pool holds one
+// sequence of the full context (PagePool::for_budget), and a request is accepted only when its cache fits that
+// context.
+//
+// Policy kPrefillFirst (bench decode): a step holds only prefill chunks while any request is prefilling, so every
+// sequence reaches its context before the decode steps run, all together.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/generation.h"
+#include "model/runner.h"
+
+namespace kvq {
+
+struct SchedulerConfig {
+  enum Policy { kMixed, kPrefillFirst };
+  int max_seqs = 0;      // running requests at most (0: the runner's max_seqs)
+  int token_budget = 0;  // rows per step (0: min(runner max_rows, max_chunk + max_seqs)); >= max_chunk and max_seqs
+  Policy policy = kMixed;
+};
+
+// What one step did.
+struct StepInfo {
+  int rows = 0;          // tokens fed (Σ n)
+  int decode_rows = 0;   // of which one-token decode steps
+  int seqs = 0;          // sequences in the step
+  int preempted = 0;     // requests preempted before it
+  int admitted = 0;      // requests admitted before it
+};
+
+class Scheduler {
+ public:
+  using Id = uint64_t;
+  // The runner must outlive the scheduler; the scheduler owns its sequences (none may be live when it starts).
+  Scheduler(Runner& runner, SchedulerConfig cfg = {});
+  ~Scheduler();
+
+  const SchedulerConfig& config() const { return cfg_; }
+  Runner& runner() { return runner_; }
+
+  // Queues a request. Throws kvq::Error when its cache would outgrow the runner's context
+  // (Generation::max_cache_length).
+  Id add(std::unique_ptr<Generation> g);
+  // Ends a request now (running: its sequence is freed; waiting: removed). Its final update comes from the next
+  // step() (or at once from take_cancelled()). Unknown or finished ids are ignored.
+  void cancel(Id id);
+
+  struct Update {
+    Id id;
+    GenerationOutput output;  // output.finish != None: the request is gone
+    int prompt_tokens;
+    int generated_tokens;
+  };
+  // One forward (when anything is runnable) and the updates of every request it touched; finished requests are
+  // removed. A kvq::Error from the forward finishes every request of the step with FinishReason::Error.
+  std::vector<Update> step(StepInfo* info = nullptr);
+
+  bool idle() const { return running_.empty() && waiting_.empty() && cancelled_.empty(); }
+  int n_running() const { return int(running_.size()); }
+  int n_waiting() const { return int(waiting_.size()); }
+  int64_t preemptions() const { return preemptions_; }
+  const Generation* find(Id id) const;
+
+ private:
+  struct Entry {
+    Id id;
+    std::unique_ptr<Generation> gen;
+    int seq = -1;  // runner sequence while running
+  };
+  struct Item {  // one sequence of a step
+    Entry* e;
+    int n;
+  };
+  void admit(StepInfo& info);
+  std::vector<Item> plan_step(bool& blocked);
+  int pages_needed(const std::vector<Item>& items) const;
+  void preempt_newest(std::vector<Item>& items);
+  void release(Entry& e);
+  static Update update_of(Entry& e);
+
+  Runner& runner_;
+  SchedulerConfig cfg_;
+  Id next_id_ = 1;
+  std::vector<std::unique_ptr<Entry>> running_;  // admission order (oldest first)
+  std::deque<std::unique_ptr<Entry>> waiting_;   // arrival order (a preempted request goes back in its place)
+  std::vector<std::unique_ptr<Entry>> cancelled_;  // cancelled since the last step, their updates not given yet
+  bool blocked_ = false;        // a running request could not be scheduled last step: hold admissions
+  int64_t preemptions_ = 0;
+  std::vector<int> seqs_, n_;   // step buffers
+  std::vector<int32_t> ids_, argmax_;
+  std::vector<float> logits_;
+};
+
+}  // namespace kvq

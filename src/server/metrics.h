@@ -1,0 +1,14 @@
+// GET /metrics: the engine's counters in the Prometheus text format (version 0.0.4), names prefixed kvq_.
+#pragma once
+
+#include <string>
+
+#include "engine/engine.h"
+#include "kv/cache.h"
+
+namespace kvq::server {
+
+// model: the served name; cache: the cache's configuration (its types and windows go in kvq_cache_info's labels).
+std::string render_metrics(const EngineStats& s, const std::string& model, const CacheConfig& cache);
+
+}  // namespace kvq::server

@@ -1,0 +1,211 @@
+// kvq serve driven by a client nobody here wrote: the official OpenAI SDK for Node.js (npm package `openai`, pinned
+// in package.json / package-lock.json, installed by `npm ci` from ctest). On loopback, every wait bounded:
+//   - greedy (temperature 0) completions equal `kvq run --temp 0` for the same prompt, streaming and not, with the
+//     bf16 cache and with int2 (small windows, so that the prompt reaches the quantized region);
+//   - chat, streaming and not; the model list; errors as the SDK's typed errors (400, 401, 404);
+//   - a --kv-budget-gib too small for the running requests: preemptions, and the replies of requests served alone;
+//   - SIGTERM drains: a stream in flight finishes, a new request gets 503, the process exits 0.
+// Run: KVQ=build/kvq node --test tests/server/openai.test.mjs   (from the repository root)
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFileSync } from 'node:child_process';
+import OpenAI from 'openai';
+
+const KVQ = process.env.KVQ ?? 'build/kvq';
+const MODEL = 'models/ref';
+const CTX = '1024';
+const servers = [];
+
+// Starts `kvq serve` on a free port (--port 0) and resolves once its log names the port.
+function startServer(args) {
+  return new Promise((resolve, reject) => {
+    const ctx = args.includes('-c') ? [] : ['-c', CTX];
+    const proc = spawn(KVQ, ['serve', '-m', MODEL, '--port', '0', ...ctx, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    const timer = setTimeout(() => reject(new Error(`kvq serve did not start in 60 s:\n${log}`)), 60_000);
+    proc.stderr.on('data', (d) => {
+      log += d;
+      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m && !proc.port) {
+        clearTimeout(timer);
+        proc.port = Number(m[1]);
+        proc.log = () => log;
+        servers.push(proc);
+        resolve(proc);
+      }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); if (!proc.port) reject(new Error(`kvq serve exited ${code}:\n${log}`)); });
+  });
+}
+
+function exited(proc) {
+  return new Promise((resolve, reject) => {
+    if (proc.exitCode !== null) return resolve(proc.exitCode);
+    const timer = setTimeout(() => reject(new Error('kvq serve did not exit in 60 s')), 60_000);
+    proc.on('exit', (code) => { clearTimeout(timer); resolve(code); });
+  });
+}
+
+after(() => { for (const p of servers) if (p.exitCode === null) p.kill('SIGKILL'); });
+
+function client(proc, apiKey = 'none') {
+  return new OpenAI({ baseURL: `http://127.0.0.1:${proc.port}/v1`, apiKey, maxRetries: 0, timeout: 120_000 });
+}
+
+// `kvq run` prints the prompt, the generated text and a newline.
+function kvqRun(prompt, n, cacheArgs) {
+  const out = execFileSync(KVQ, ['run', '-m', MODEL, '-c', CTX, '-p', prompt, '-n', String(n), '--temp', '0', ...cacheArgs],
+                           { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 120_000 });
+  assert.ok(out.startsWith(prompt) && out.endsWith('\n'), `kvq run output: ${JSON.stringify(out)}`);
+  return out.slice(prompt.length, -1);
+}
+
+const PROMPT = 'The page cache keeps recently used file data in memory, so that a later read of the same blocks ' +
+  'does not have to wait for the disk. When memory runs short, the kernel writes dirty pages back and reclaims ' +
+  'the least recently used ones first. Applications that stream large files can tell the kernel';
+
+const caches = {
+  bf16: [],
+  int2: ['-ctk', 'int2', '-ctv', 'int2', '--kv-sink', '4', '--kv-recent', '16'],
+};
+
+for (const [name, cacheArgs] of Object.entries(caches)) {
+  test(`greedy completions equal kvq run --temp 0 (${name}), streaming and not`, { timeout: 300_000 }, async () => {
+    const server = await startServer(cacheArgs);
+    const api = client(server);
+    const want = kvqRun(PROMPT, 24, cacheArgs);
+    assert.ok(want.length > 0);
+    const whole = await api.completions.create({ model: 'ref', prompt: PROMPT, max_tokens: 24, temperature: 0 });
+    assert.equal(whole.object, 'text_completion');
+    assert.equal(whole.choices[0].text, want);
+    assert.equal(whole.usage.completion_tokens <= 24, true);
+    assert.equal(whole.usage.prompt_tokens > 16 + 4, true);  // past the windows: the int2 region is read
+    let streamed = '';
+    let finish = null;
+    const stream = await api.completions.create({ model: 'ref', prompt: PROMPT, max_tokens: 24, temperature: 0, stream: true });
+    for await (const chunk of stream) {
+      streamed += chunk.choices[0]?.text ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(streamed, want);
+    assert.equal(finish, whole.choices[0].finish_reason);
+    server.kill('SIGTERM');
+    assert.equal(await exited(server), 0);
+  });
+}
+
+test('chat, the model list and typed errors through the SDK', { timeout: 300_000 }, async () => {
+  const server = await startServer(['--api-key', 'sekret']);
+  const api = client(server, 'sekret');
+  const models = await api.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), ['ref']);
+
+  const messages = [{ role: 'system', content: 'You answer briefly.' }, { role: 'user', content: 'What does a kernel do?' }];
+  const reply = await api.chat.completions.create({ model: 'ref', messages, max_tokens: 12, temperature: 0 });
+  assert.equal(reply.object, 'chat.completion');
+  assert.equal(reply.choices[0].message.role, 'assistant');
+  assert.equal(typeof reply.choices[0].message.content, 'string');
+  assert.ok(['stop', 'length'].includes(reply.choices[0].finish_reason));
+  assert.equal(reply.usage.total_tokens, reply.usage.prompt_tokens + reply.usage.completion_tokens);
+  let content = '';
+  let role = null;
+  let usage = null;
+  const stream = await api.chat.completions.create({ model: 'ref', messages, max_tokens: 12, temperature: 0, stream: true,
+                                                     stream_options: { include_usage: true } });
+  for await (const chunk of stream) {
+    role = chunk.choices[0]?.delta?.role ?? role;
+    content += chunk.choices[0]?.delta?.content ?? '';
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assert.equal(role, 'assistant');
+  assert.equal(content, reply.choices[0].message.content);
+  assert.deepEqual(usage, reply.usage);
+
+  // Seeded sampling is reproducible.
+  const a = await api.completions.create({ model: 'ref', prompt: 'The', max_tokens: 8, temperature: 0.9, seed: 17 });
+  const b = await api.completions.create({ model: 'ref', prompt: 'The', max_tokens: 8, temperature: 0.9, seed: 17 });
+  assert.equal(a.choices[0].text, b.choices[0].text);
+
+  await assert.rejects(api.completions.create({ model: 'ref', prompt: 'x', max_tokens: 5000 }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError);
+    assert.equal(e.status, 400);
+    assert.equal(e.code, 'context_length_exceeded');
+    assert.equal(e.param, 'max_tokens');
+    return true;
+  });
+  await assert.rejects(api.completions.create({ model: 'gpt-4', prompt: 'x' }), (e) => {
+    assert.ok(e instanceof OpenAI.NotFoundError);
+    assert.equal(e.code, 'model_not_found');
+    return true;
+  });
+  await assert.rejects(client(server, 'wrong').models.list(), (e) => {
+    assert.ok(e instanceof OpenAI.AuthenticationError);
+    assert.equal(e.code, 'invalid_api_key');
+    return true;
+  });
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
+});
+
+test('a --kv-budget-gib too small for the running requests preempts, and every reply equals the one served alone',
+     { timeout: 300_000 }, async () => {
+  // Windows of 4 slots (sinks 4, recent 8, chunks of 16) and 16 pages of 8 tokens: one sequence of the 128-token
+  // context fits, four growing ones do not.
+  const server = await startServer(['-c', '128', '-np', '4', '--kv-sink', '4', '--kv-recent', '8', '--kv-page', '8',
+                                    '-b', '16', '--kv-budget-gib', '0.0019']);
+  const api = client(server);
+  const prompts = [0, 1, 2, 3].map((k) => Array.from({ length: 36 + 4 * k }, (_, i) => 1 + ((i * 7919 + k * 104729) % 8000)));
+  const ask = (prompt) => api.completions.create({ model: 'ref', prompt, max_tokens: 48, temperature: 0, ignore_eos: true });
+  const alone = [];
+  for (const p of prompts) alone.push(await ask(p));
+  const metric = async (name) => {
+    const text = await (await fetch(`http://127.0.0.1:${server.port}/metrics`)).text();
+    return Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))[1]);
+  };
+  assert.equal(await metric('kvq_preemptions_total'), 0);
+  const together = await Promise.all(prompts.map(ask));
+  assert.ok(await metric('kvq_preemptions_total') > 0, 'no preemption: the pool was not too small');
+  for (let k = 0; k < prompts.length; ++k) {
+    assert.equal(together[k].usage.completion_tokens, 48);
+    assert.equal(together[k].choices[0].text, alone[k].choices[0].text, `request ${k}`);
+  }
+  let used = -1;  // the gauges are published after the engine's step
+  for (let i = 0; i < 500 && used !== 0; ++i) {
+    used = await metric('kvq_kv_pages_used');
+    if (used !== 0) await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.equal(used, 0);
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
+});
+
+test('SIGTERM drains: the stream in flight finishes, a new request gets 503, then the process exits 0',
+     { timeout: 300_000 }, async () => {
+  const server = await startServer([]);
+  const api = client(server);
+  const stream = await api.completions.create({ model: 'ref', prompt: 'The kernel', max_tokens: 120, temperature: 0,
+                                                stream: true, stream_options: { include_usage: true }, ignore_eos: true });
+  const it = stream[Symbol.asyncIterator]();
+  const first = await it.next();
+  assert.equal(first.done, false);
+  server.kill('SIGTERM');
+  // Draining once /health says so (120 tokens take far longer than the signal).
+  const base = `http://127.0.0.1:${server.port}`;
+  let draining = false;
+  for (let i = 0; i < 1500 && !draining; ++i) {
+    draining = (await fetch(`${base}/health`)).status === 503;
+    if (!draining) await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.ok(draining, '/health did not turn 503 after SIGTERM');
+  await assert.rejects(api.completions.create({ model: 'ref', prompt: 'x', max_tokens: 1 }), (e) => {
+    assert.ok(e instanceof OpenAI.InternalServerError || e.status === 503, String(e));
+    assert.equal(e.status, 503);
+    assert.equal(e.code, 'shutting_down');
+    return true;
+  });
+  let usage = null;
+  for (let next = await it.next(); !next.done; next = await it.next()) if (next.value.usage) usage = next.value.usage;
+  assert.equal(usage.completion_tokens, 120);
+  assert.equal(await exited(server), 0);
+  assert.match(server.log(), /SIGTERM: draining/);
+});

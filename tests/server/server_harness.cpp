@@ -1,0 +1,165 @@
+#include "server_harness.h"
+
+#include "common/error.h"
+#include "server/chat_template.h"
+
+namespace kvq::test {
+
+const std::string& source_dir() {
+  static const std::string s = KVQ_SOURCE_DIR;
+  return s;
+}
+
+Model& ref_model() {
+  static std::unique_ptr<Model> m = Model::load(source_dir() + "/models/ref", 2);
+  return *m;
+}
+
+const Tokenizer& ref_tokenizer() {
+  static const Tokenizer t = Tokenizer::load(source_dir() + "/models/ref/tokenizer.json");
+  return t;
+}
+
+TestServer::TestServer(const ServerSetup& s) {
+  Model& m = ref_model();
+  const ModelConfig& mc = m.config();
+  size_t budget = 0;
+  if (s.kv_pages > 0) {
+    const CacheLayout l = cache_layout(s.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+    budget = size_t(s.np) * size_t(l.window_bytes()) + size_t(s.kv_pages) * size_t(l.page_bytes);
+  }
+  runner_ = std::make_unique<CpuRunner>(m, s.cache, s.ctx, s.np, budget);
+  if (s.kv_pages > 0) {
+    EXPECT_EQ(runner_->page_pool().n_pages(), s.kv_pages);
+  }
+  EngineConfig ec;
+  ec.scheduler.max_seqs = s.np;
+  ec.max_queue = s.max_queue;
+  engine_ = std::make_unique<Engine>(*runner_, ec);
+  server::ServerOptions opt;
+  opt.host = "127.0.0.1";
+  opt.port = 0;
+  opt.api_key = s.api_key;
+  opt.model_name = "ref";
+  opt.max_body_bytes = s.max_body_bytes;
+  auto chat = s.chat ? server::load_chat_template(source_dir() + "/models/ref", "") : std::nullopt;
+  http_ = std::make_unique<server::HttpServer>(*engine_, ref_tokenizer(), mc, s.cache, s.ctx, chat, opt);
+  port_ = http_->bind();
+  thread_ = std::thread([this] { http_->run(); });
+}
+
+TestServer::~TestServer() {
+  if (thread_.joinable()) {
+    http_->stop();
+    thread_.join();
+  }
+}
+
+void TestServer::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+httplib::Client TestServer::client() const {
+  httplib::Client c("127.0.0.1", port_);
+  c.set_read_timeout(120, 0);
+  c.set_write_timeout(30, 0);
+  c.set_connection_timeout(10, 0);
+  return c;
+}
+
+namespace {
+Reply reply_of(const httplib::Result& r) {
+  Reply out;
+  if (!r) return out;
+  out.status = r->status;
+  out.raw = r->body;
+  out.body = json::parse(r->body, nullptr, false);
+  return out;
+}
+}  // namespace
+
+Reply post(const TestServer& s, const std::string& path, const std::string& body, const httplib::Headers& headers) {
+  httplib::Client c = s.client();
+  return reply_of(c.Post(path.c_str(), headers, body, "application/json"));
+}
+
+Reply get(const TestServer& s, const std::string& path, const httplib::Headers& headers) {
+  httplib::Client c = s.client();
+  return reply_of(c.Get(path.c_str(), headers));
+}
+
+Streamed post_stream(const TestServer& s, const std::string& path, const std::string& body, int stop_after,
+                     const std::atomic<bool>* stop) {
+  Streamed out;
+  std::string buf;
+  httplib::Client c = s.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buf.append(data, n);
+    for (size_t end; (end = buf.find("\n\n")) != std::string::npos;) {
+      const std::string event = buf.substr(0, end);
+      buf.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;
+      const std::string data_text = event.substr(6);
+      if (data_text == "[DONE]") {
+        out.done = true;
+        continue;
+      }
+      const json j = json::parse(data_text, nullptr, false);
+      out.events.push_back(j);
+      if (j.contains("choices") && !j["choices"].empty()) {
+        const json& ch = j["choices"][0];
+        if (ch.contains("text")) out.text += ch["text"].get<std::string>();
+        if (ch.contains("delta") && ch["delta"].contains("content"))
+          out.text += ch["delta"]["content"].get<std::string>();
+      }
+      if (stop_after > 0 && int(out.events.size()) >= stop_after) return false;  // the client goes away
+      if (stop && *stop) return false;
+    }
+    return true;
+  };
+  httplib::Result r = c.send(req);
+  if (r) out.status = r->status;
+  return out;
+}
+
+double metric(const TestServer& s, const std::string& name) {
+  const Reply r = get(s, "/metrics");
+  EXPECT_EQ(r.status, 200);
+  size_t pos = 0;
+  while ((pos = r.raw.find(name + " ", pos)) != std::string::npos) {
+    if (pos == 0 || r.raw[pos - 1] == '\n') return std::stod(r.raw.substr(pos + name.size() + 1));
+    pos += name.size();
+  }
+  ADD_FAILURE() << "no metric " << name;
+  return -1;
+}
+
+bool eventually(const std::function<bool()>& pred, std::chrono::seconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
+void expect_error(const Reply& r, int status, const std::string& type, const std::string& param,
+                  const std::string& code, const std::string& message_part) {
+  EXPECT_EQ(r.status, status) << r.raw;
+  ASSERT_TRUE(r.body.is_object() && r.body.contains("error")) << r.raw;
+  const json& e = r.body["error"];
+  ASSERT_TRUE(e.is_object()) << r.raw;
+  ASSERT_EQ(e.size(), 4u) << r.raw;  // message, type, param, code: nothing else
+  EXPECT_EQ(e["type"], type) << r.raw;
+  EXPECT_EQ(e["param"], param.empty() ? json(nullptr) : json(param)) << r.raw;
+  EXPECT_EQ(e["code"], code.empty() ? json(nullptr) : json(code)) << r.raw;
+  ASSERT_TRUE(e["message"].is_string()) << r.raw;
+  EXPECT_NE(e["message"].get<std::string>().find(message_part), std::string::npos) << r.raw;
+}
+
+}  // namespace kvq::test

@@ -1,0 +1,92 @@
+// kvq serve in-process for the server tests: models/ref on the CPU behind an Engine and an HttpServer on a free
+// loopback port, and a few HTTP helpers (JSON requests, server-sent-event streams, /metrics values). Every wait is
+// bounded: HTTP timeouts, polling loops with a deadline.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "model/runner.h"
+#include "server/http_server.h"
+
+namespace kvq::test {
+
+using nlohmann::json;
+
+struct ServerSetup {
+  CacheConfig cache;           // bf16 by default
+  int ctx = 256;               // tokens per sequence
+  int np = 4;                  // running requests at most
+  int max_queue = 32;
+  int kv_pages = 0;            // > 0: a pool of the windows of np slots and this many pages (a tight budget)
+  std::string api_key;
+  bool chat = true;            // models/ref's ChatML template, or none
+  size_t max_body_bytes = size_t(1) << 20;
+};
+
+const std::string& source_dir();
+Model& ref_model();
+const Tokenizer& ref_tokenizer();
+
+class TestServer {
+ public:
+  explicit TestServer(const ServerSetup& s);
+  ~TestServer();  // stops the server (if a drain has not) and joins it
+  int port() const { return port_; }
+  httplib::Client client() const;  // a new client with 120 s timeouts
+  server::HttpServer& http() { return *http_; }
+  Engine& engine() { return *engine_; }
+  Runner& runner() { return *runner_; }
+  void join();  // waits for run() to return (after a drain)
+
+ private:
+  std::unique_ptr<CpuRunner> runner_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<server::HttpServer> http_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+struct Reply {
+  int status = 0;      // 0: no response
+  json body;           // the parsed body (discarded when not JSON)
+  std::string raw;
+};
+Reply post(const TestServer& s, const std::string& path, const std::string& body,
+           const httplib::Headers& headers = {});
+Reply get(const TestServer& s, const std::string& path, const httplib::Headers& headers = {});
+
+// A streamed response: the JSON of every "data:" event before [DONE], whether [DONE] came, and the text of the
+// choices joined (text or delta.content).
+struct Streamed {
+  int status = 0;
+  std::vector<json> events;
+  bool done = false;
+  std::string text;
+};
+// The client closes the connection after stop_after events (0: reads to the end), or at the first event after *stop
+// is set.
+Streamed post_stream(const TestServer& s, const std::string& path, const std::string& body, int stop_after = 0,
+                     const std::atomic<bool>* stop = nullptr);
+
+// The value of an unlabelled (or exactly labelled, e.g. kvq_requests_finished_total{reason="cancelled"}) metric.
+double metric(const TestServer& s, const std::string& name);
+// Polls until pred() or the deadline; returns pred().
+bool eventually(const std::function<bool()>& pred, std::chrono::seconds deadline = std::chrono::seconds(60));
+
+// The OpenAI error body: {"error": {"message", "type", "param", "code"}} with these values (param / code: "" is null).
+void expect_error(const Reply& r, int status, const std::string& type, const std::string& param,
+                  const std::string& code, const std::string& message_part);
+
+}  // namespace kvq::test
