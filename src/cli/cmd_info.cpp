@@ -43,11 +43,15 @@ void run(const InfoOptions& o) {
   const ModelConfig& c = p.model;
   const int ctx = p.ctx;
   const CacheConfig& cc = p.cache;
-  // --dummy-weights: the parameters the config calls for (model/weights.h's table), no checkpoint to read.
+  // --dummy-weights, or a config without weights (models/shapes/): the parameters the config calls for
+  // (model/weights.h's table), no checkpoint to read.
   size_t n_params = 0;
   std::string fingerprint = "none (dummy weights)";
   if (o.model.dummy_weights) {
     n_params = model_params(c);
+  } else if (!Checkpoint::has_weights(o.model.dir)) {
+    n_params = model_params(c);
+    fingerprint = "none (config.json without weights: parameters counted from the config)";
   } else {
     const Checkpoint ckpt = Checkpoint::open(o.model.dir);
     for (const auto& name : ckpt.names()) n_params += size_t(ckpt.get(name).info->numel());
