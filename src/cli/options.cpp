@@ -18,6 +18,18 @@ namespace kvq::cli {
 
 namespace {
 constexpr uint64_t kDummyWeightsSeed = 0;  // --dummy-weights: one fixed seed, so runs time the same weights
+
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read (then nothing is checked against it).
+size_t available_host_bytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return size_t(kib) * 1024;
+}
 }  // namespace
 
 CacheConfig CacheOptions::config() const {
@@ -266,6 +278,13 @@ ModelSource load_model_source(const ModelOptions& o, const Plan& p) {
   const std::string what = fmt::format("{}, {} parameters ~ N(0, {:g}^2), norms 1 (seed {})", arch_name(c.arch),
                                        model_params(c), c.initializer_range, m.seed);
   if (o.device == "cpu") {
+    // The CPU model holds fp32 weights and the bf16 copy its decode steps read (model/linear.h): 6 bytes a
+    // parameter. Refused up front rather than found out by the kernel's OOM killer after minutes of generation.
+    const double need = 6.0 * double(model_params(c)), avail = double(available_host_bytes()), gib = 1ull << 30;
+    KVQ_CHECK(avail == 0 || need < avail,
+              "--dummy-weights --device cpu: {}'s {} parameters take ~{:.1f} GiB of host memory (fp32 and bf16), "
+              "{:.1f} GiB are available; use a smaller config or --device cuda", o.dir, model_params(c), need / gib,
+              avail / gib);
     m.host = Model::dummy(o.dir, c, m.seed, o.threads);
     fmt::print(stderr,
                "kvq: dummy weights for {}: {}, generated in host memory on {} threads in {:.2f} s: timing only\n",
