@@ -113,6 +113,7 @@ expect_error "bench decode: --vs-bf16 of a bf16 cache" bench decode -m $M -c 64 
 expect_error "bench decode: --seqs max on the CPU without a budget" bench decode -m $M -c 64 --seqs max --dummy-weights
 expect_error "bench decode: --seqs max with a budget that holds no sequence" bench decode -m $M -c 4096 --seqs max --kv-budget-gib 0.001 --dummy-weights
 expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
+expect_error "serve: a chat template with dummy weights (token ids only)" serve -m $S --dummy-weights --chat-template chatml
 # ~197 GiB of fp32 + bf16 weights: more host memory than a CI machine has
 expect_error "bench decode: dummy weights larger than the host's memory" bench decode -m models/shapes/qwen3-32b --dummy-weights -c 64
 expect_error "serve: zero running sequences" serve -m $M -np 0

@@ -71,13 +71,14 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
 void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o) {
   cmd->add_flag("--dummy-weights", o.dummy_weights,
                 "random weights of config.json's shapes (transformers' init), generated where the model runs: no "
-                "safetensors are read; timing only (bench decode and info; the other commands refuse them)");
+                "safetensors are read; timing only (bench decode, serve with token ids only, and info; the other "
+                "commands refuse them)");
 }
 
 void require_checkpoint(const ModelOptions& o, std::string_view command) {
   KVQ_CHECK(!o.dummy_weights,
-            "{}: --dummy-weights are random weights for timing only (kvq bench decode); {} needs a checkpoint's "
-            "weights", command, command);
+            "{}: --dummy-weights are random weights for timing only (kvq bench decode, kvq serve); {} needs a "
+            "checkpoint's weights", command, command);
 }
 
 namespace {
