@@ -104,7 +104,23 @@ expect_error "ppl: unknown GPU GEMM precision" ppl -m $M -f data/eval/linux.txt 
 expect_error "bench decode: a bad --cuda-graphs value" bench decode -m $M -c 64 --device cuda --cuda-graphs maybe
 expect_error "bench decode: a negative --warmup" bench decode -m $M -c 64 --warmup -1
 expect_error "bench decode: context + warm-up + timed steps past the model's" bench decode -m $M -c 8190 -n 2 --warmup 1
+S=models/shapes/qwen3-8b  # a config without weights: only --dummy-weights runs it
+expect_error "ppl: dummy weights" ppl -m $M -f data/eval/linux.txt --dummy-weights
+expect_error "eval: dummy weights" eval -m $M --tasks ppl --dummy-weights
+expect_error "referee: dummy weights" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --quick --dummy-weights
+expect_error "calibrate: dummy weights" calibrate -m $M --data data/calib/linux.txt -o "$T/r.safetensors" --dummy-weights
+expect_error "run: dummy weights" run -m $S -p hi -n 1 --dummy-weights
+expect_error "bench decode: a shape config without --dummy-weights" bench decode -m $S -c 64
+expect_error "bench decode: a rotation file with dummy weights" bench decode -m $M -c 64 --dummy-weights --rotation tests/golden/golden.safetensors
+expect_error "bench decode: a bad --seqs" bench decode -m $M -c 64 --seqs many
+expect_error "bench decode: --seqs 0" bench decode -m $M -c 64 --seqs 0
+expect_error "bench decode: --vs-bf16 of a bf16 cache" bench decode -m $M -c 64 --vs-bf16
+expect_error "bench decode: --seqs max on the CPU without a budget" bench decode -m $M -c 64 --seqs max --dummy-weights
+expect_error "bench decode: --seqs max with a budget that holds no sequence" bench decode -m $M -c 4096 --seqs max --kv-budget-gib 0.001 --dummy-weights
 expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
+expect_error "serve: a chat template with dummy weights (token ids only)" serve -m $S --dummy-weights --chat-template chatml
+# ~197 GiB of fp32 + bf16 weights: more host memory than a CI machine has
+expect_error "bench decode: dummy weights larger than the host's memory" bench decode -m models/shapes/qwen3-32b --dummy-weights -c 64
 expect_error "serve: zero running sequences" serve -m $M -np 0
 expect_error "serve: port out of range" serve -m $M --port 70000
 expect_error "serve: context larger than the model's" serve -m $M -c 100000

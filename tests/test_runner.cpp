@@ -111,3 +111,43 @@ TEST(CpuRunner, KvBudgetSizesThePoolAndAnExhaustedStepIsRefusedBeforeWork) {
   r.forward({b}, {16}, ids.data(), LogitRows::None, nullptr, nullptr);
   EXPECT_EQ(r.length(b), 44);
 }
+
+// bench decode --seqs max: a runner built with max_seqs 0 and a KV budget takes as many sequences as PagePool's
+// arithmetic says the budget holds at max_ctx (windows and pages), admits exactly those, and refuses a budget that
+// holds none with one clear error.
+TEST(CpuRunner, SeqsMaxFillsTheKvBudgetWithWhatThePagePoolSaysFits) {
+  Model& m = ref_model();
+  CacheConfig c = small_cache();
+  c.sink = 4, c.recent = 8, c.page_tokens = 16;
+  const ModelConfig& mc = m.config();
+  const CacheLayout l = cache_layout(c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  const int len = 40;
+  for (double n : {1.0, 3.4}) {
+    const size_t budget = size_t(n * double(l.sequence_bytes(len)));
+    CpuRunner r(m, c, len, 0, budget);
+    const int fit = PagePool::for_budget(l, len, 0, budget).n_slots;
+    EXPECT_EQ(fit, int(n)) << "budget " << budget;
+    EXPECT_EQ(r.max_seqs(), fit);
+    EXPECT_EQ(r.page_pool().sequences_at(len), fit);
+    EXPECT_LE(r.cache_bytes(), budget);
+    // Every one of them reaches len tokens; the next is refused.
+    std::vector<int> seqs;
+    for (int s = 0; s < fit; ++s) seqs.push_back(r.new_sequence());
+    const std::vector<int32_t> ids(size_t(16) * fit, 3);
+    for (int done = 0; done < len;) {
+      const int k = std::min(16, len - done);
+      r.forward(seqs, std::vector<int>(size_t(fit), k), ids.data(), LogitRows::None, nullptr, nullptr);
+      done += k;
+    }
+    for (int s : seqs) EXPECT_EQ(r.length(s), len);
+    EXPECT_THROW(r.new_sequence(), Error);
+  }
+  try {
+    CpuRunner r(m, c, len, 0, size_t(l.sequence_bytes(len) - 1));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not hold the windows of 1 sequence slot"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(CpuRunner(m, c, len, 0, 0), Error);  // max_seqs 0 needs a budget
+}

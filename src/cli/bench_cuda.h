@@ -25,6 +25,10 @@ struct GpuAttentionBench {
 // Throws kvq::Error when built without CUDA or when no device is available.
 void bench_attention_cuda(const GpuAttentionBench& o);
 
+// The device's streaming-read bandwidth, bytes/s (cuda::read_bandwidth_probe over up to 2 GiB of free memory): what
+// bench attention and bench decode set their steps against. Throws without CUDA.
+double read_bandwidth_cuda();
+
 // kvq bench decode --kv-budget-gib: what a cache built from a byte budget really holds, sequences opened and
 // reserved to ctx tokens each until the pool refused one (allocated, not computed).
 struct PoolProbe {

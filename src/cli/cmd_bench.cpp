@@ -1,8 +1,11 @@
-// kvq bench decode: prefill and decode speed of a model through the configured KV cache.
+// kvq bench decode: prefill and decode speed of a model through the configured KV cache, the share of the read probe
+// a decode step reaches, at a given concurrency or (--seqs max) at what the KV budget holds, optionally against the
+// bf16 cache in the same call (--vs-bf16); with --dummy-weights at real model shapes (models/shapes/, timing only).
 // kvq bench attention: decode-step attention over a KvCache filled with random rows (no model), against the
 // bf16 cache of the same shapes, with bytes read, GB/s, the append cost and the machine's read bandwidth.
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -33,7 +36,9 @@ struct BenchDecodeOptions {
   std::vector<int> ctx = {512};  // contexts to prefill before decoding, one run each
   int n_decode = 32;             // timed decode steps
   int warmup = 4;                // untimed decode steps before them (the first steps of a shape capture its CUDA graph)
-  int seqs = 1;                  // concurrent sequences, one token each per decode step
+  std::string seqs = "1";        // concurrent sequences (one token each per decode step), or "max": what the KV
+                                 // budget holds at each context
+  bool vs_bf16 = false;          // also run the bf16 cache of the same windows first, and print the ratio
   bool beyond_trained_ctx = false;  // allow ctx past max_position_embeddings (throughput only)
   bool json = false;
   int decode_steps() const { return warmup + n_decode; }  // tokens each sequence decodes past its prefill
@@ -43,7 +48,86 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Streaming-read bandwidth (bytes/s) of the pool's threads over a buffer of `bytes`: best of a few passes.
+double read_bandwidth(ThreadPool& pool, size_t bytes) {
+  const size_t n = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  const int parts = pool.size() * 4;
+  pool.parallel_for(parts, [&](int64_t p, int) {  // first touch by the threads that read it
+    for (size_t i = n * size_t(p) / parts; i < n * size_t(p + 1) / parts; ++i) buf[i] = i;
+  });
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(parts, [&](int64_t p, int) {
+      uint64_t a[8] = {};
+      const size_t b = n * size_t(p) / parts, e = n * size_t(p + 1) / parts;
+      size_t i = b;
+      for (; i + 8 <= e; i += 8)
+        for (int k = 0; k < 8; ++k) a[k] += buf[i + size_t(k)];
+      for (; i < e; ++i) a[0] += buf[i];
+      sink += a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+    });
+    best = std::max(best, double(n * sizeof(uint64_t)) / seconds_since(t0));
+  }
+  return sink.load() == 1 ? 0 : best;  // (sink keeps the reads alive)
+}
+
+// The bf16 cache a quantized one is timed against: the same windows, page and chunk, none of its quantizer flags.
+CacheOptions bf16_options(const CacheOptions& c) {
+  CacheOptions bf = c;
+  bf.type_both.clear();
+  bf.type_k = bf.type_v = "bf16";
+  bf.group = 0, bf.clip_k = bf.clip_v = -1;
+  bf.rotation = "none";
+  bf.skip_layers.clear();  // every layer is bf16 already
+  return bf;
+}
+
 constexpr double kDefaultFigureGib = 8;  // budget of the computed sequences-that-fit figure without --kv-budget-gib
+
+// --seqs: a count, or 0 for "max".
+int parse_seqs(const std::string& s) {
+  if (s == "max") return 0;
+  int n = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  KVQ_CHECK(ec == std::errc() && end == s.data() + s.size() && n >= 1 && n <= (1 << 16),
+            "--seqs '{}': give a count in [1, 65536] or max", s);
+  return n;
+}
+
+// The sequences a run decodes: --seqs max (requested 0) takes what the runner's pool admits at len tokens
+// (PagePool::sequences_at; the runner was built to fill its KV budget), a count must fit in it.
+int sequences_to_run(const Runner& r, int requested, int len) {
+  const int fit = r.page_pool().sequences_at(len);
+  const double mib = double(r.cache_bytes()) / double(1 << 20);
+  KVQ_CHECK(fit >= std::max(requested, 1),
+            "bench decode: the KV pool ({:.1f} MiB) holds {} sequences of {} tokens, fewer than --seqs {}", mib, fit,
+            len, requested > 0 ? std::to_string(requested) : "max (at least 1)");
+  return requested > 0 ? requested : std::min(fit, r.max_seqs());
+}
+
+// What a decode step reads and the share of the read probe it reaches.
+struct StepReads {
+  double bytes = 0;  // the weights a step reads (Runner::weight_bytes) + every sequence's stored cache
+  double gbps = 0;   // bytes over the step's time
+  double share = 0;  // of the read probe measured in the same run
+};
+StepReads step_reads(double weight_bytes, double cache_bytes, double step_seconds, double probe_bytes_per_s) {
+  StepReads s;
+  s.bytes = weight_bytes + cache_bytes;
+  s.gbps = s.bytes / step_seconds / 1e9;
+  s.share = probe_bytes_per_s > 0 ? s.gbps * 1e9 / probe_bytes_per_s : 0;
+  return s;
+}
+
+// The read bandwidth (bytes/s) decode steps are set against, measured in the same run before any runner: the
+// device's streaming-read probe, or the CPU threads' (as bench attention).
+double read_probe(const BenchDecodeOptions& o, ModelSource& m) {
+  if (o.model.device == "cuda") return read_bandwidth_cuda();
+  return read_bandwidth(m.host->pool(), size_t(512) << 20);
+}
 
 // --kv-budget-gib on the CPU: a KvCache built from the budget at ctx tokens per sequence, filled with sequences
 // reserved to ctx until the pool refuses one.
@@ -69,27 +153,32 @@ PoolProbe probe_pool_cpu(const CacheConfig& cfg, int n_layers, int n_kv_heads, i
   return r;
 }
 
-// One context, through the one request loop (engine/scheduler.h, prefill first): o.seqs requests of ctx random ids
-// are prefilled (no logits but each one's last row), then o.warmup untimed and o.n_decode timed batched greedy decode
-// steps, each one token of every sequence (each feeds back its own argmax).
-void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int ctx) {
-  const ModelConfig& c = m.config();
-  auto runner = make_runner(m, o.model, p, ctx + o.decode_steps(), o.seqs);
+struct DecodeResult {
+  int seqs = 0;
+  double decode_tps = 0;  // tokens/s of all sequences
+};
+
+// One context and cache, through the one request loop (engine/scheduler.h, prefill first): the sequences (--seqs, or
+// what the KV budget holds) as requests of ctx random ids are prefilled (no logits but each one's last row), then
+// o.warmup untimed and o.n_decode timed batched greedy decode steps, each one token of every sequence (each feeds
+// back its own argmax). base: the bf16 run of the same context (--vs-bf16), whose ratio is printed.
+DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const Plan& p, int ctx, int requested,
+                              double probe, const DecodeResult* base) {
+  const ModelConfig& c = m.config;
+  const int len = ctx + o.decode_steps();
+  auto runner = make_runner(m, o.model, p, len, requested);
   Runner& r = *runner;
   log_runner(r, "bench:");
-  KVQ_CHECK(r.page_pool().sequences_at(ctx + o.decode_steps()) >= o.seqs,
-            "bench decode: the KV pool ({:.1f} MiB) holds {} sequences of {} tokens, fewer than --seqs {}",
-            double(r.cache_bytes()) / double(1 << 20), r.page_pool().sequences_at(ctx + o.decode_steps()),
-            ctx + o.decode_steps(), o.seqs);
+  const int n_seqs = sequences_to_run(r, requested, len);
   SchedulerConfig sc;
-  sc.max_seqs = o.seqs;
+  sc.max_seqs = n_seqs;
   sc.policy = SchedulerConfig::kPrefillFirst;
   Scheduler sched(r, sc);
   GenerateParams gp;
   gp.max_tokens = o.decode_steps() + 1;  // the prefill's token, then one per decode step (the last one is not fed)
   gp.sampler.temperature = 0;            // greedy: the argmax is taken where the logits are; no stop ids
   std::mt19937 rng(1234);
-  for (int b = 0; b < o.seqs; ++b) {
+  for (int b = 0; b < n_seqs; ++b) {
     std::vector<int32_t> ids(static_cast<size_t>(ctx));
     for (auto& id : ids) id = int32_t(rng() % uint32_t(c.vocab_size));
     sched.add(std::make_unique<Generation>(std::move(ids), gp, nullptr));
@@ -104,14 +193,14 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
   };
   auto t0 = std::chrono::steady_clock::now();
   StepInfo info;
-  for (int started = 0; started < o.seqs;) started += step(info);  // prefill: every sequence to its first token
+  for (int started = 0; started < n_seqs;) started += step(info);  // prefill: every sequence to its first token
   r.synchronize();
   const double prefill_s = seconds_since(t0);
   auto decode_step = [&] {
     step(info);
-    KVQ_CHECK(info.rows == o.seqs && info.decode_rows == o.seqs,
+    KVQ_CHECK(info.rows == n_seqs && info.decode_rows == n_seqs,
               "bench decode: a decode step of {} rows ({} decode) where {} sequences decode", info.rows,
-              info.decode_rows, o.seqs);
+              info.decode_rows, n_seqs);
   };
   for (int i = 0; i < o.warmup; ++i) decode_step();
   t0 = std::chrono::steady_clock::now();
@@ -133,59 +222,94 @@ void bench_decode_one(const BenchDecodeOptions& o, Model& m, const Plan& p, int 
 
   // KV memory from the cache's own accounting: bytes stored per sequence at ctx, and how many fit the budget.
   const double seq_bytes = f.bytes_per_token_per_layer * c.n_layers * ctx;
-  const double kv_mib = seq_bytes * o.seqs / double(1 << 20);
+  const double kv_mib = seq_bytes * n_seqs / double(1 << 20);
   const double budget_gib = o.cache.kv_budget_gib > 0 ? o.cache.kv_budget_gib : kDefaultFigureGib;
   const double budget = budget_gib * double(1ull << 30);
   const long fit = long(std::floor(budget / seq_bytes));
-  const double prefill_tps = double(o.seqs) * ctx / prefill_s, decode_tps = double(o.seqs) * o.n_decode / decode_s;
+  const double prefill_tps = double(n_seqs) * ctx / prefill_s, decode_tps = double(n_seqs) * o.n_decode / decode_s;
   const double ms_step = 1e3 * decode_s / o.n_decode;
-  // A decode step reads every weight once (an untied embedding only in part) and every sequence's cache (approximate).
-  const double step_bytes = double(weight_bytes) + seq_bytes * o.seqs;
-  const double gbps = step_bytes / (ms_step * 1e-3) / 1e9;
+  // A decode step reads every weight once (an untied embedding only at its rows) and every sequence's cache
+  // (approximately: its stored bytes at ctx).
+  const StepReads reads = step_reads(double(weight_bytes), seq_bytes * n_seqs, ms_step * 1e-3, probe);
+  const DecodeResult result{n_seqs, decode_tps};
+  const std::string timing_only = m.dummy ? "dummy weights: timing only" : "";
   if (o.json) {
     nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode}, {"warmup", o.warmup},
-                        {"threads", m.pool().size()}, {"cache", cache_cfg.describe()},
+                        {"threads", m.threads()}, {"cache", cache_cfg.describe()},
                         {"kv_bits_effective", f.bits_per_element}, {"load_seconds", m.load_seconds()},
                         {"prefill_tokens_per_second", prefill_tps}, {"decode_tokens_per_second", decode_tps},
-                        {"decode_ms_per_token", ms_step / o.seqs}, {"device", o.model.device},
-                        {"runner", runner_desc}, {"seqs", o.seqs}, {"decode_ms_per_step", ms_step},
-                        {"kv_mib", kv_mib}, {"kv_mib_allocated", double(cache_bytes) / double(1 << 20)},
+                        {"decode_ms_per_token", ms_step / n_seqs}, {"device", o.model.device},
+                        {"runner", runner_desc}, {"seqs", n_seqs}, {"seqs_max", requested == 0},
+                        {"decode_ms_per_step", ms_step}, {"kv_mib", kv_mib},
+                        {"kv_mib_allocated", double(cache_bytes) / double(1 << 20)},
                         {"kv_bytes_per_token", f.bytes_per_token_per_layer * c.n_layers},
                         {"kv_budget_gib", budget_gib}, {"max_seqs_in_budget", fit},
-                        {"weight_bytes", weight_bytes}, {"step_bytes_read_approx", step_bytes},
-                        {"step_read_gbps", gbps}};
+                        {"weight_bytes", weight_bytes}, {"step_bytes_read_approx", reads.bytes},
+                        {"step_read_gbps", reads.gbps}, {"read_probe_gbps", probe / 1e9},
+                        {"fraction_of_read_probe", reads.share},
+                        {"weights", m.dummy ? "dummy (timing only)" : "checkpoint"}, {"timing_only", m.dummy}};
     if (held)
       j.update({{"seqs_held_in_budget", held->held}, {"pool_slots", held->n_slots}, {"pool_pages", held->n_pages},
                 {"pool_mib_allocated", double(held->bytes) / double(1 << 20)}, {"pool_refused", held->refusal}});
+    if (base)
+      j["vs_bf16"] = {{"decode_tokens_per_second", decode_tps / base->decode_tps},
+                      {"seqs", double(n_seqs) / double(base->seqs)}, {"bf16_seqs", base->seqs},
+                      {"bf16_decode_tokens_per_second", base->decode_tps}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d at ctx %d (after %d "
-                "untimed): %.1f tok/s (%.3f ms/step, ~%.1f MB read/step, %.1f GB/s) | KV %.1f MiB (%.0f B/token), %ld "
-                "sequences fit in %.1f GiB | %s | %s",
-                m.load_seconds(), o.seqs, ctx, prefill_tps, o.n_decode, o.seqs, ctx, o.warmup, decode_tps, ms_step,
-                step_bytes / 1e6, gbps, kv_mib,
-                f.bytes_per_token_per_layer * c.n_layers, fit, budget_gib, runner_desc.c_str(),
+    std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d%s at ctx %d (after %d "
+                "untimed): %.1f tok/s (%.3f ms/step, ~%.1f MB read/step, %.1f GB/s = %.0f%% of the %.1f GB/s read "
+                "probe) | KV %.1f MiB (%.0f B/token), %ld sequences fit in %g GiB | %s | %s",
+                m.load_seconds(), n_seqs, ctx, prefill_tps, o.n_decode, n_seqs, requested == 0 ? " (--seqs max)" : "",
+                ctx, o.warmup, decode_tps, ms_step, reads.bytes / 1e6, reads.gbps, 100.0 * reads.share, probe / 1e9,
+                kv_mib, f.bytes_per_token_per_layer * c.n_layers, fit, budget_gib, runner_desc.c_str(),
                 cache_cfg.describe().c_str());
     if (held)  // allocated, not computed: next to the figure above
       std::printf(" | a pool of %g GiB holds %d sequences of %d tokens (%d slots + %d pages allocated, %.1f MiB; the "
                   "next refused: %s)",
                   budget_gib, held->held, ctx, held->n_slots, held->n_pages, double(held->bytes) / double(1 << 20),
                   held->refusal.c_str());
+    if (base)
+      std::printf(" | vs bf16: %.2fx tokens/s at %.2fx the sequences (%d)", decode_tps / base->decode_tps,
+                  double(n_seqs) / double(base->seqs), base->seqs);
+    if (m.dummy) std::printf(" | %s", timing_only.c_str());
     std::printf("\n");
   }
+  std::fflush(stdout);
+  return result;
 }
 
 void bench_decode(const BenchDecodeOptions& o) {
   KVQ_CHECK(!o.ctx.empty(), "--ctx-size: give at least one context");
   for (int ctx : o.ctx) KVQ_CHECK(ctx >= 1, "--ctx-size {} must be >= 1", ctx);
+  const int requested = parse_seqs(o.seqs);
+  KVQ_CHECK(requested > 0 || o.model.device == "cuda" || o.cache.kv_budget_gib > 0,
+            "bench decode --seqs max --device cpu needs --kv-budget-gib (the CPU cache allocates its whole pool up "
+            "front, so kvq does not size it from the machine's free memory)");
   const int max_ctx = *std::max_element(o.ctx.begin(), o.ctx.end());
   const int max_len = max_ctx + o.decode_steps();
   const Plan p = plan(o.model, o.cache, max_len, o.beyond_trained_ctx);
+  KVQ_CHECK(!o.vs_bf16 || !(p.cache.k.type == "bf16" && p.cache.v.type == "bf16" && !p.cache.transform),
+            "--vs-bf16: the cache is bf16 already (give the cache to compare with -ctk / -ctv)");
+  std::optional<Plan> base;  // --vs-bf16: checked with the other before any weights are read
+  if (o.vs_bf16) base = plan(o.model, bf16_options(o.cache), max_len, o.beyond_trained_ctx);
+  // A KV budget that holds no sequence of the longest context (or not the slots asked for): refused before any
+  // weights are read, with the pool's own message.
+  const ModelConfig& mc = p.model;
+  for (const Plan* q : std::initializer_list<const Plan*>{&p, base ? &*base : nullptr})
+    if (q && q->kv_budget_bytes > 0)
+      PagePool::for_budget(cache_layout(q->cache, mc.n_layers, mc.n_kv_heads, mc.head_dim), max_len, requested,
+                           q->kv_budget_bytes);
   if (max_len > p.model.max_ctx)
     fmt::print(stderr, "kvq: bench: context {} is past the model's trained {} tokens (--beyond-trained-ctx): timing only\n",
                max_len, p.model.max_ctx);
-  auto model = load_model(o.model, p);
-  for (int ctx : o.ctx) bench_decode_one(o, *model, p, ctx);
+  ModelSource model = load_model_source(o.model, p);
+  const double probe = read_probe(o, model);
+  for (int ctx : o.ctx) {
+    std::optional<DecodeResult> b;
+    if (base) b = bench_decode_one(o, model, *base, ctx, requested, probe, nullptr);
+    bench_decode_one(o, model, p, ctx, requested, probe, b ? &*b : nullptr);
+  }
 }
 
 struct BenchAttentionOptions {
@@ -239,32 +363,6 @@ void bench_attention_device(const BenchAttentionOptions& o) {
   g.q_heads = o.q_heads, g.kv_heads = o.kv_heads, g.head_dim = o.head_dim, g.iters = o.iters, g.json = o.json;
   g.prefill = o.prefill;
   bench_attention_cuda(g);
-}
-
-// Streaming-read bandwidth (bytes/s) of the pool's threads over a buffer of `bytes`: best of a few passes.
-double read_bandwidth(ThreadPool& pool, size_t bytes) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::vector<uint64_t> buf(n);
-  const int parts = pool.size() * 4;
-  pool.parallel_for(parts, [&](int64_t p, int) {  // first touch by the threads that read it
-    for (size_t i = n * size_t(p) / parts; i < n * size_t(p + 1) / parts; ++i) buf[i] = i;
-  });
-  std::atomic<uint64_t> sink{0};
-  double best = 0;
-  for (int pass = 0; pass < 4; ++pass) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(parts, [&](int64_t p, int) {
-      uint64_t a[8] = {};
-      const size_t b = n * size_t(p) / parts, e = n * size_t(p + 1) / parts;
-      size_t i = b;
-      for (; i + 8 <= e; i += 8)
-        for (int k = 0; k < 8; ++k) a[k] += buf[i + size_t(k)];
-      for (; i < e; ++i) a[0] += buf[i];
-      sink += a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
-    });
-    best = std::max(best, double(n * sizeof(uint64_t)) / seconds_since(t0));
-  }
-  return sink.load() == 1 ? 0 : best;  // (sink keeps the reads alive)
 }
 
 // Bytes a decode query at position t of seq reads from the cache of one layer: the quantized blocks and window
@@ -391,11 +489,7 @@ void bench_attention(const BenchAttentionOptions& o) {
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
-  CacheOptions bf = o.cache;
-  bf.type_both.clear();
-  bf.type_k = bf.type_v = "bf16";
-  bf.group = 0, bf.clip_k = bf.clip_v = -1;  // the baseline takes none of the test cache's quantizer flags
-  std::vector<AttentionFigures> figures = {bench_attention_one(o, bf.config(), pool, evict)};
+  std::vector<AttentionFigures> figures = {bench_attention_one(o, bf16_options(o.cache).config(), pool, evict)};
   for (const CacheConfig& c : tested) figures.push_back(bench_attention_one(o, c, pool, evict));
   const AttentionFigures& base = figures[0];
   double load[3] = {0, 0, 0};
@@ -446,8 +540,11 @@ void add_bench(CLI::App& app) {
   dec->add_option("-n,--n-decode", o->n_decode, "timed decode steps")->check(CLI::Range(1, 1 << 20));
   dec->add_option("--warmup", o->warmup, "untimed decode steps before the timed ones (the first steps of a shape run "
                   "eagerly and capture its CUDA graph)")->check(CLI::Range(0, 1 << 20));
-  dec->add_option("--seqs", o->seqs, "concurrent sequences (one token each per decode step)")
-      ->check(CLI::Range(1, 1 << 16));
+  dec->add_option("--seqs", o->seqs, "concurrent sequences (one token each per decode step), or max: as many as "
+                  "the KV budget holds at each context (--kv-budget-gib, or on the GPU 0.9 of the memory free after "
+                  "the weights)");
+  dec->add_flag("--vs-bf16", o->vs_bf16, "also time the bf16 cache of the same windows first (its own --seqs max) and "
+                "print the ratio");
   add_kv_budget_option(dec, o->cache);  // also: the sequences a pool of this budget holds at each context
   dec->add_flag("--beyond-trained-ctx", o->beyond_trained_ctx,
                 "allow contexts past the model's max_position_embeddings (throughput only: the tokens are meaningless)");

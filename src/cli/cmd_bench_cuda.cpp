@@ -32,6 +32,10 @@ PoolProbe probe_pool_cuda(const CacheConfig&, int, int, int, int, size_t) {
   KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
 }
 
+double read_bandwidth_cuda() {
+  KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
+}
+
 #else
 
 namespace {
@@ -199,7 +203,7 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
   cuda::require_device();
   for (const CacheConfig& c : o.caches) cuda::GpuKvCache probe(c, 1, o.kv_heads, o.head_dim, 1, 1);  // refused early
   if (o.prefill > 0) return bench_prefill(o);
-  const double probe_bw = cuda::read_bandwidth_probe(std::min<size_t>(size_t(2) << 30, cuda::free_device_memory() / 4));
+  const double probe_bw = read_bandwidth_cuda();
   CacheConfig bf = o.caches[0];
   bf.k = CodecSpec{.type = "bf16", .head_dim = o.head_dim}, bf.v = bf.k;
   bf.transform = nullptr;
@@ -234,6 +238,11 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
       }
     }
   if (o.json) std::printf("%s\n", records.dump(1).c_str());
+}
+
+double read_bandwidth_cuda() {
+  cuda::require_device();
+  return cuda::read_bandwidth_probe(std::min<size_t>(size_t(2) << 30, cuda::free_device_memory() / 4));
 }
 
 PoolProbe probe_pool_cuda(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int ctx,

@@ -33,6 +33,7 @@ std::string read_file(const std::string& path) {
 }
 
 void run(CalibrateOptions o) {
+  require_checkpoint(o.model, "calibrate");
   KVQ_CHECK(o.center == "auto" || o.center == "on" || o.center == "off", "--center-keys must be auto, on or off");
   o.calib.center_keys = o.center == "auto" ? -1 : o.center == "on";
   KVQ_CHECK(o.cache.rotation == "none", "calibrate builds a rotation: --rotation must not be given");

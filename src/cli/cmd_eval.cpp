@@ -32,6 +32,7 @@ std::string fmt_eta(double s) {
 }
 
 void run(const EvalOptions& o) {
+  require_checkpoint(o.model, "eval");
   EvalConfig c;
   c.tasks = parse_eval_tasks(o.tasks);
   c.ctx = parse_ctx_list(o.ctx);

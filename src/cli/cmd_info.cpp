@@ -43,9 +43,20 @@ void run(const InfoOptions& o) {
   const ModelConfig& c = p.model;
   const int ctx = p.ctx;
   const CacheConfig& cc = p.cache;
-  const Checkpoint ckpt = Checkpoint::open(o.model.dir);
+  // --dummy-weights, or a config without weights (models/shapes/): the parameters the config calls for
+  // (model/weights.h's table), no checkpoint to read.
   size_t n_params = 0;
-  for (const auto& name : ckpt.names()) n_params += size_t(ckpt.get(name).info->numel());
+  std::string fingerprint = "none (dummy weights)";
+  if (o.model.dummy_weights) {
+    n_params = model_params(c);
+  } else if (!Checkpoint::has_weights(o.model.dir)) {
+    n_params = model_params(c);
+    fingerprint = "none (config.json without weights: parameters counted from the config)";
+  } else {
+    const Checkpoint ckpt = Checkpoint::open(o.model.dir);
+    for (const auto& name : ckpt.names()) n_params += size_t(ckpt.get(name).info->numel());
+    fingerprint = ckpt.fingerprint();
+  }
   KvCache cache(cc, c.n_layers, c.n_kv_heads, c.head_dim, ctx);
   const CacheFootprint f = cache.footprint(ctx);
   const double bf16_per_token = 2.0 * c.n_kv_heads * c.head_dim * 2.0 * c.n_layers;
@@ -54,7 +65,7 @@ void run(const InfoOptions& o) {
     nlohmann::json j = {{"architecture", arch_name(c.arch)}, {"parameters", n_params}, {"layers", c.n_layers},
                         {"hidden", c.hidden_size}, {"heads", c.n_heads}, {"kv_heads", c.n_kv_heads},
                         {"head_dim", c.head_dim}, {"vocab", c.vocab_size}, {"max_ctx", c.max_ctx},
-                        {"fingerprint", ckpt.fingerprint()}, {"cache", cc.describe()}, {"ctx", ctx},
+                        {"fingerprint", fingerprint}, {"cache", cc.describe()}, {"ctx", ctx},
                         {"kv_bytes_per_token_bf16", bf16_per_token}, {"kv_bytes_per_token", per_token},
                         {"kv_bytes_per_token_per_layer", f.bytes_per_token_per_layer},
                         {"kv_bits_quantized", f.quant_bits_per_element}, {"kv_bits_effective", f.bits_per_element},
@@ -70,7 +81,7 @@ void run(const InfoOptions& o) {
   std::printf("attention    %d query heads, %d kv heads, head_dim %d%s%s\n", c.n_heads, c.n_kv_heads, c.head_dim,
               c.qk_norm ? ", QK-norm" : "", c.qkv_bias ? ", qkv bias" : "");
   std::printf("rope         theta %g, %s; max context %d\n", c.rope.theta, c.rope.type.c_str(), c.max_ctx);
-  std::printf("fingerprint  %s\n", ckpt.fingerprint().c_str());
+  std::printf("fingerprint  %s\n", fingerprint.c_str());
   std::printf("KV cache     %s\n", cc.describe().c_str());
   std::printf("  bf16 cache           %.0f bytes/token (%.0f per layer)\n", bf16_per_token,
               bf16_per_token / c.n_layers);

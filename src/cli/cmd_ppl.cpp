@@ -32,6 +32,7 @@ std::string read_text(const std::string& path) {
 }
 
 void run(const PplOptions& o) {
+  require_checkpoint(o.model, "ppl");
   const Plan p = plan(o.model, o.cache, o.ctx);
   const int ctx = p.ctx;
   const CacheConfig& cc = p.cache;

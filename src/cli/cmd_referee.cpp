@@ -32,6 +32,7 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 void run(RefereeOptions o, const CLI::App* cmd) {
+  require_checkpoint(o.model, "referee");
   RefereeConfig& c = o.cfg;
   auto given = [&](const char* flag) { return cmd->count(flag) > 0; };
   if (o.quick) {  // the demo / CI subset; explicit flags still win
@@ -115,6 +116,7 @@ void add_referee(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-t,--threads", c.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   add_device_options(cmd, o->model);
+  add_dummy_weights_option(cmd, o->model);  // refused in run(): the referee needs a checkpoint's weights
   cmd->add_option("--seed", c.seed, "seed of the passkey prompts and the bootstrap");
   cmd->add_option("--bootstrap", c.bootstrap, "bootstrap resamples")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--calib-tokens", c.calib_tokens, "calibration token budget")->check(CLI::Range(2, 1 << 26));

@@ -24,6 +24,7 @@ struct RunOptions {
 };
 
 void run(const RunOptions& o) {
+  require_checkpoint(o.model, "run");
   SamplerConfig sc = o.sampler;
   sc.seed = o.seed >= 0 ? uint64_t(o.seed) : std::random_device{}();
   sc.validate();

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -65,13 +66,19 @@ void serve(const ServeOptions& o) {
   signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a signal
 
   const Plan p = plan(o.model, o.cache, o.ctx);
-  const Tokenizer tok = load_tokenizer(o.model);
-  const std::optional<server::ChatTemplate> chat = server::load_chat_template(o.model.dir, o.chat_template);
+  // --dummy-weights (timing only): no tokenizer and no chat template: the server takes token ids and replies with
+  // token counts (server/http_server.h); random weights sample ids that no tokenizer need have.
+  const bool dummy = o.model.dummy_weights;
+  KVQ_CHECK(!dummy || o.chat_template.empty(),
+            "serve: --chat-template needs text; with --dummy-weights the server takes token ids only");
+  const std::optional<Tokenizer> tok = dummy ? std::nullopt : std::optional<Tokenizer>(load_tokenizer(o.model));
+  const std::optional<server::ChatTemplate> chat =
+      dummy ? std::nullopt : server::load_chat_template(o.model.dir, o.chat_template);
   server::ServerOptions http = o.http;
   if (http.model_name.empty()) http.model_name = std::filesystem::path(o.model.dir).lexically_normal().filename();
   if (http.model_name.empty() || http.model_name == ".") http.model_name = "kvq";
-  auto model = load_model(o.model, p);
-  auto runner = make_runner(*model, o.model, p, p.ctx, o.parallel);
+  ModelSource model = load_model_source(o.model, p);
+  auto runner = make_runner(model, o.model, p, p.ctx, o.parallel);
   Runner& r = *runner;
   log_runner(r, "serve:");
   EngineConfig ec;
@@ -83,6 +90,9 @@ void serve(const ServeOptions& o) {
   std::fprintf(stderr, "kvq: serve: model '%s' (%s, %d layers, vocab %d, context %d), chat template %s\n",
                http.model_name.c_str(), std::string(arch_name(mc.arch)).c_str(), mc.n_layers, mc.vocab_size, p.ctx,
                chat ? (chat->name + " (" + chat->source + ")").c_str() : "none (chat requests are refused)");
+  if (dummy)
+    std::fprintf(stderr, "kvq: serve: dummy weights: timing only; no tokenizer: prompts of token ids on "
+                 "/v1/completions, replies with token counts, not text\n");
   std::fprintf(stderr,
                "kvq: serve: KV cache %s: %.1f MiB, %d pages x %d tokens + %d sequence slots, holds %d tokens in "
                "sequences of %d; concurrent sequences: %s\n",
@@ -94,7 +104,7 @@ void serve(const ServeOptions& o) {
                engine.scheduler_config().max_seqs, o.max_queue, engine.scheduler_config().token_budget,
                r.cache_config().max_chunk, http.api_key.empty() ? "" : ", API key required on /v1");
 
-  server::HttpServer srv(engine, tok, mc, r.cache_config(), p.ctx, chat, http);
+  server::HttpServer srv(engine, tok ? &*tok : nullptr, mc, r.cache_config(), p.ctx, chat, http);
   const int port = srv.bind();
   std::fprintf(stderr, "kvq: serve: listening on http://%s:%d\n", http.host.c_str(), port);
 

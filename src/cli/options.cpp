@@ -18,6 +18,22 @@
 
 namespace kvq::cli {
 
+namespace {
+constexpr uint64_t kDummyWeightsSeed = 0;  // --dummy-weights: one fixed seed, so runs time the same weights
+
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read (then nothing is checked against it).
+size_t available_host_bytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return size_t(kib) * 1024;
+}
+}  // namespace
+
 CacheConfig CacheOptions::config() const {
   CacheConfig c;
   for (const std::string* t : {&type_k, &type_v})
@@ -51,6 +67,20 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
       ->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("-t,--threads", o.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  add_dummy_weights_option(cmd, o);
+}
+
+void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o) {
+  cmd->add_flag("--dummy-weights", o.dummy_weights,
+                "random weights of config.json's shapes (transformers' init), generated where the model runs: no "
+                "safetensors are read; timing only (bench decode, serve with token ids only, and info; the other "
+                "commands refuse them)");
+}
+
+void require_checkpoint(const ModelOptions& o, std::string_view command) {
+  KVQ_CHECK(!o.dummy_weights,
+            "{}: --dummy-weights are random weights for timing only (kvq bench decode, kvq serve); {} needs a "
+            "checkpoint's weights", command, command);
 }
 
 namespace {
@@ -174,6 +204,21 @@ std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const P
 #endif
 }
 
+std::unique_ptr<Runner> make_runner(ModelSource& model, const ModelOptions& o, const Plan& p, int max_ctx,
+                                    int max_seqs) {
+  if (model.host) return make_runner(*model.host, o, p, max_ctx, max_seqs);
+  check_device(o, p.cache, p.model.head_dim);
+  KVQ_CHECK(o.device == "cuda", "internal: dummy weights without a host model on --device {}", o.device);
+#ifdef KVQ_HAVE_CUDA
+  auto g = std::make_unique<cuda::GpuModel>(model.config, cuda::DeviceDummyWeights{model.seed}, p.cache, max_ctx,
+                                            max_seqs, cuda::parse_gemm_precision(o.gpu_gemm), p.kv_budget_bytes);
+  g->set_cuda_graphs(o.cuda_graphs == "on");
+  return g;
+#else
+  KVQ_FAIL("--device cuda: this kvq was built without the CUDA backend");
+#endif
+}
+
 RunnerFactory make_runner_factory(Model& model, const ModelOptions& o) {
   if (o.device == "cpu") return cpu_runner_factory(model);
   check_device_available(o);  // each cache is checked when its runner is built
@@ -234,6 +279,8 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
               mc.head_dim);
     p.cache.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
   } else if (c.rotation != "none") {
+    KVQ_CHECK(!m.dummy_weights, "--rotation {}: a rotation file is calibrated for a checkpoint's weights; with "
+              "--dummy-weights use none or hadamard", c.rotation);
     RotationFile f = load_rotation_file(c.rotation);
     check_rotation_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim, p.cache);
     p.cache.transform = std::make_shared<KvTransform>(std::move(f.transform));
@@ -246,10 +293,42 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
 Tokenizer load_tokenizer(const ModelOptions& o) { return Tokenizer::load(o.dir + "/tokenizer.json"); }
 
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p) {
+  KVQ_CHECK(!o.dummy_weights, "internal: --dummy-weights reached load_model (use load_model_source)");
   auto m = Model::load(o.dir, o.threads);
   std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
                std::string(arch_name(m->config().arch)).c_str(), m->weights().n_params, m->pool().size(),
                m->load_seconds());
+  return m;
+}
+
+ModelSource load_model_source(const ModelOptions& o, const Plan& p) {
+  ModelSource m;
+  m.config = p.model;
+  if (!o.dummy_weights) {
+    m.host = load_model(o, p);
+    return m;
+  }
+  m.dummy = true;
+  m.seed = kDummyWeightsSeed;
+  const ModelConfig& c = p.model;
+  const std::string what = fmt::format("{}, {} parameters ~ N(0, {:g}^2), norms 1 (seed {})", arch_name(c.arch),
+                                       model_params(c), c.initializer_range, m.seed);
+  if (o.device == "cpu") {
+    // The CPU model holds fp32 weights and the bf16 copy its decode steps read (model/linear.h): 6 bytes a
+    // parameter. Refused up front rather than found out by the kernel's OOM killer after minutes of generation.
+    const double need = 6.0 * double(model_params(c)), avail = double(available_host_bytes()), gib = 1ull << 30;
+    KVQ_CHECK(avail == 0 || need < avail,
+              "--dummy-weights --device cpu: {}'s {} parameters take ~{:.1f} GiB of host memory (fp32 and bf16), "
+              "{:.1f} GiB are available; use a smaller config or --device cuda", o.dir, model_params(c), need / gib,
+              avail / gib);
+    m.host = Model::dummy(o.dir, c, m.seed, o.threads);
+    fmt::print(stderr,
+               "kvq: dummy weights for {}: {}, generated in host memory on {} threads in {:.2f} s: timing only\n",
+               o.dir, what, m.host->pool().size(), m.host->load_seconds());
+  } else {
+    fmt::print(stderr, "kvq: dummy weights for {}: {}, generated in device memory by each runner: timing only\n",
+               o.dir, what);
+  }
   return m;
 }
 

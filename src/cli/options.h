@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@ struct ModelOptions {
   std::string device = "cpu";     // --device: cpu | cuda (run, ppl, bench decode, eval, referee)
   std::string gpu_gemm = "bf16";  // --gpu-gemm: bf16 | fp32 GEMM inputs on the GPU
   std::string cuda_graphs = "on";  // --cuda-graphs: on | off, decode steps replayed as CUDA graphs
+  bool dummy_weights = false;     // --dummy-weights: random weights of config.json's shapes (timing only)
 };
 
 struct CacheOptions {
@@ -38,7 +40,9 @@ struct CacheOptions {
   CacheConfig config() const;                    // validated later by KvCache / make_codec
 };
 
-void add_model_options(CLI::App* cmd, ModelOptions& o);
+void add_model_options(CLI::App* cmd, ModelOptions& o);  // -m, -t, --dummy-weights
+// --dummy-weights alone, for a command with its own -m (referee), so that it refuses them by name.
+void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
 // --kv-budget-gib, for the commands whose runner's cache it sizes (run, ppl, bench decode).
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o);
@@ -59,13 +63,35 @@ struct Plan {
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx = false);
 
 Tokenizer load_tokenizer(const ModelOptions& o);
-// Loads the weights (logs one line: parameters, threads, load time).
+// Loads the weights (logs one line: parameters, threads, load time). Refuses --dummy-weights (ModelSource takes them).
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
+
+// --dummy-weights are for timing only: the commands that need a checkpoint's weights (run, ppl, eval, referee,
+// calibrate) call this first and refuse them with one line naming the command.
+void require_checkpoint(const ModelOptions& o, std::string_view command);
+
+// The weights a command's runners read (bench decode): a host Model — a checkpoint's weights, or --dummy-weights
+// --device cpu generated in host memory — or, for --dummy-weights --device cuda, none on the host: each GpuModel
+// generates them in device memory (model/dummy_weights.h: the same values for the same seed).
+struct ModelSource {
+  ModelConfig config;
+  std::unique_ptr<Model> host;  // null: dummy weights generated on the device
+  bool dummy = false;           // random weights: timing only
+  uint64_t seed = 0;            // the dummy weights' seed
+  double load_seconds() const { return host ? host->load_seconds() : 0.0; }
+  int threads() const { return host ? host->pool().size() : 0; }
+};
+// Loads or generates the weights as above; logs one line (dummy weights: "... timing only").
+ModelSource load_model_source(const ModelOptions& o, const Plan& p);
 
 // The one dispatch point between devices: a CpuRunner over model, or (--device cuda) a GpuModel built from its
 // weights, with the plan's cache for max_seqs sequences of up to max_ctx tokens (its pool sized by the plan's
 // kv_budget_bytes). model must outlive a CpuRunner.
 std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs = 1);
+// The same over a ModelSource: its host model, or a GpuModel generating dummy weights on the device. max_seqs 0: as
+// many sequences of max_ctx tokens as the KV budget holds (CpuRunner / GpuModel; the CPU needs --kv-budget-gib).
+std::unique_ptr<Runner> make_runner(ModelSource& model, const ModelOptions& o, const Plan& p, int max_ctx,
+                                    int max_seqs = 1);
 // --device cpu, or cuda with a device present and a valid --gpu-gemm; one kvq::Error line otherwise.
 void check_device_available(const ModelOptions& o);
 // The same dispatch for evaluation passes (kvq eval / referee): each call builds a runner of the given cache (and

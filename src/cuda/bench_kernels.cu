@@ -7,21 +7,15 @@
 #include <vector>
 
 #include "cuda/gpu_kernels.h"
+#include "model/dummy_weights.h"  // splitmix64
 
 namespace kvq::cuda {
 
 namespace {
 
-__device__ __forceinline__ uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 __global__ void fill_normal_kernel(float* d, size_t n, uint64_t seed, float scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint64_t r = mix64(seed * 0x100000001b3ull ^ mix64(i));
+    const uint64_t r = splitmix64(seed * 0x100000001b3ull ^ splitmix64(i));
     const float u1 = (float(uint32_t(r >> 40)) + 1.f) * (1.f / 16777217.f);  // (0, 1]
     const float u2 = float(uint32_t(r) & 0xffffffu) * (1.f / 16777216.f);
     d[i] = scale * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);

@@ -40,41 +40,11 @@ DeviceBuffer upload_f32(const std::vector<float>& v) {
 
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
-// A linear weight [out, in] in the GEMM precision. Bf16 is exact for a bf16 checkpoint (checked: the round trip of
-// every value must be exact, otherwise the upload would silently change the model).
+// A linear weight [out, in] in the GEMM precision.
 struct DeviceLinear {
   DeviceBuffer w;  // [out, in] row-major, bf16 bits or fp32
   int out = 0, in = 0;
 };
-
-DeviceLinear upload_linear(const std::vector<float>& w, int out, int in, GemmPrecision p, const char* name) {
-  KVQ_CHECK(w.size() == size_t(out) * in, "GpuModel: weight {} has {} values, expected {} x {}", name, w.size(), out,
-            in);
-  DeviceLinear d;
-  d.out = out;
-  d.in = in;
-  if (p == GemmPrecision::Fp32) {
-    d.w = upload_f32(w);
-    return d;
-  }
-  std::vector<uint16_t> bits(w.size());
-  for (size_t i = 0; i < w.size(); ++i) {
-    bits[i] = f32_to_bf16(w[i]);
-    KVQ_CHECK(bf16_to_f32(bits[i]) == w[i] || std::isnan(w[i]),
-              "GpuModel: weight {} holds {} at {}, not a bf16 value; use --gpu-gemm fp32 for this checkpoint", name,
-              w[i], i);
-  }
-  d.w = DeviceBuffer(bits.size() * sizeof(uint16_t));
-  d.w.upload(bits.data(), bits.size() * sizeof(uint16_t));
-  return d;
-}
-
-// The rows of several weights [out_i, in] stacked into one [Σ out_i, in], so one GEMM computes them all.
-std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> parts) {
-  std::vector<float> all;
-  for (const std::vector<float>* p : parts) all.insert(all.end(), p->begin(), p->end());
-  return all;
-}
 
 struct DeviceLayer {
   DeviceBuffer attn_norm, mlp_norm;  // [hidden] fp32
@@ -83,6 +53,122 @@ struct DeviceLayer {
   DeviceLinear wqkv;                 // [(n_heads + 2 n_kv) d, hidden]: q_proj, k_proj, v_proj stacked
   DeviceLinear w_gate_up;            // [2 intermediate, hidden]: gate_proj, up_proj stacked
   DeviceLinear wo, w_down;
+};
+
+// Where a GpuModel's weights come from, tensor by tensor of model/weights.h's table. The layer-building code
+// (GpuModel::Impl::build) asks a source for every vector and linear and does not know which source it is: a host
+// Weights uploaded (HostWeightSource), or random weights generated in device memory (DeviceDummySource).
+class WeightSource {
+ public:
+  WeightSource(const ModelConfig& cfg, GemmPrecision gemm) : cfg_(cfg), gemm_(gemm), table_(model_tensors(cfg)) {
+    by_stream_.assign(size_t(cfg.n_layers + 1) * size_t(TensorRole::kCount), nullptr);
+    for (const TensorSpec& t : table_) by_stream_[t.stream()] = &t;
+  }
+  virtual ~WeightSource() = default;
+
+  // fp32 [Σ n_i]: the vectors of parts stacked (a norm weight; the q, k, v biases); empty when the config has none.
+  DeviceBuffer vector(std::initializer_list<TensorRole> parts, int layer) const {
+    const std::vector<const TensorSpec*> ts = present(parts, layer);
+    if (ts.empty()) return {};
+    KVQ_CHECK(ts.size() == parts.size(), "GpuModel: layer {} has {} of {} stacked vectors", layer, ts.size(),
+              parts.size());
+    std::vector<float> all;
+    for (const TensorSpec* t : ts) {
+      const std::vector<float> v = host_vector(*t);
+      KVQ_CHECK(v.size() == t->numel(), "GpuModel: {} has {} values, expected {}", t->name, v.size(), t->numel());
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return upload_f32(all);
+  }
+
+  // [Σ out_i, in] in the GEMM precision: the rows of parts stacked, so one GEMM computes them all.
+  DeviceLinear linear(std::initializer_list<TensorRole> parts, int layer, const char* name) const {
+    const std::vector<const TensorSpec*> ts = present(parts, layer);
+    KVQ_CHECK(!ts.empty() && ts.size() == parts.size(), "GpuModel: {} of layer {}: the config has {} of its {} parts",
+              name, layer, ts.size(), parts.size());
+    DeviceLinear d;
+    d.in = int(ts[0]->shape.at(1));
+    for (const TensorSpec* t : ts) {
+      KVQ_CHECK(t->shape.size() == 2 && t->shape[1] == d.in, "GpuModel: {} parts of different widths", name);
+      d.out += int(t->shape[0]);
+    }
+    d.w = DeviceBuffer(size_t(d.out) * size_t(d.in) * (gemm_ == GemmPrecision::Bf16 ? 2 : 4));
+    size_t offset = 0;  // elements
+    for (const TensorSpec* t : ts) {
+      fill_rows(*t, d.w, offset);
+      offset += t->numel();
+    }
+    return d;
+  }
+
+ protected:
+  // The values of a small tensor (norm weights, biases) on the host.
+  virtual std::vector<float> host_vector(const TensorSpec& t) const = 0;
+  // Writes tensor t into dst from element `offset` on, in the GEMM precision.
+  virtual void fill_rows(const TensorSpec& t, DeviceBuffer& dst, size_t offset) const = 0;
+
+  const ModelConfig& cfg_;
+  GemmPrecision gemm_;
+
+ private:
+  // The entries of parts in this layer that the config has (a Llama has no QK-norms, a Qwen3 no biases).
+  std::vector<const TensorSpec*> present(std::initializer_list<TensorRole> parts, int layer) const {
+    std::vector<const TensorSpec*> ts;
+    for (TensorRole r : parts)
+      if (const TensorSpec* t = by_stream_.at(tensor_stream(r, layer))) ts.push_back(t);
+    return ts;
+  }
+  std::vector<TensorSpec> table_;
+  std::vector<const TensorSpec*> by_stream_;  // [(n_layers + 1) * kCount] table entry of each stream, or null
+};
+
+// A host Weights (a checkpoint's, or Weights::dummy) uploaded. Bf16 is exact for a bf16 checkpoint (checked: the
+// round trip of every value must be exact, otherwise the upload would silently change the model).
+class HostWeightSource final : public WeightSource {
+ public:
+  HostWeightSource(const ModelConfig& cfg, GemmPrecision gemm, const Weights& w) : WeightSource(cfg, gemm), w_(w) {}
+
+ protected:
+  std::vector<float> host_vector(const TensorSpec& t) const override { return w_.tensor(t.role, t.layer); }
+  void fill_rows(const TensorSpec& t, DeviceBuffer& dst, size_t offset) const override {
+    const std::vector<float>& v = w_.tensor(t.role, t.layer);
+    KVQ_CHECK(v.size() == t.numel(), "GpuModel: weight {} has {} values, expected {}", t.name, v.size(), t.numel());
+    if (gemm_ == GemmPrecision::Fp32) return dst.upload(v.data(), v.size() * sizeof(float), offset * sizeof(float));
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      bits[i] = f32_to_bf16(v[i]);
+      KVQ_CHECK(bf16_to_f32(bits[i]) == v[i] || std::isnan(v[i]),
+                "GpuModel: weight {} holds {} at {}, not a bf16 value; use --gpu-gemm fp32 for this checkpoint", t.name,
+                v[i], i);
+    }
+    dst.upload(bits.data(), bits.size() * sizeof(uint16_t), offset * sizeof(uint16_t));
+  }
+
+ private:
+  const Weights& w_;
+};
+
+// --dummy-weights on the device: every linear generated in place by kernels::dummy_fill, the values Weights::dummy
+// makes on the host for the seed (model/dummy_weights.h); the norm weights and biases (kilobytes) on the host.
+class DeviceDummySource final : public WeightSource {
+ public:
+  DeviceDummySource(const ModelConfig& cfg, GemmPrecision gemm, uint64_t seed) : WeightSource(cfg, gemm), seed_(seed) {}
+
+ protected:
+  std::vector<float> host_vector(const TensorSpec& t) const override {
+    std::vector<float> v(t.numel());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = dummy_value(t.init, cfg_.initializer_range, seed_, t.stream(), i);
+    return v;
+  }
+  void fill_rows(const TensorSpec& t, DeviceBuffer& dst, size_t offset) const override {
+    const kernels::RowsOut out = gemm_ == GemmPrecision::Bf16 ? kernels::RowsOut{nullptr, dst.as<uint16_t>() + offset}
+                                                              : kernels::RowsOut{dst.as<float>() + offset, nullptr};
+    check(kernels::dummy_fill(out, int64_t(t.numel()), t.init, cfg_.initializer_range, seed_, t.stream(), nullptr),
+          "dummy weights");
+  }
+
+ private:
+  uint64_t seed_;
 };
 
 }  // namespace
@@ -94,7 +180,8 @@ struct GpuModel::Impl {
   std::unique_ptr<GpuKvCache> cache;
   cudaStream_t stream = nullptr;  // the cache's stream: every kernel, GEMM and copy of a step runs on it
   cublasHandle_t blas = nullptr;
-  size_t weight_bytes = 0;
+  size_t weight_bytes = 0;       // what a decode step reads: all weights but an untied embedding table (gathered)
+  bool dummy = false;            // random weights (--dummy-weights): timing only
 
   // Weights.
   std::vector<DeviceLayer> layers;
@@ -202,6 +289,18 @@ struct GpuModel::Impl {
   int64_t graph_replays = 0;         // steps run from graph.exec
   DeviceBuffer blas_workspace;       // cuBLAS's workspace, ours so that no allocation falls inside a capture
   void run_graphed(const StepKey& key);  // replays, captures, or runs eagerly (see run_graphed)
+
+  // Construction (both constructors): checks, weights from src, activations, then the KV cache.
+  void build(const WeightSource& src, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, size_t kv_budget_bytes);
+  void build_weights(const WeightSource& src);
+  // The activation buffers of a step of `rows` rows for max_seqs sequences and their bytes: one list, allocated by
+  // build() and counted by sequences_filling().
+  using ActivationPlan = std::vector<std::pair<DeviceBuffer Impl::*, size_t>>;
+  ActivationPlan activation_plan(int rows, int max_seqs) const;
+  size_t activation_bytes(int rows, int max_seqs) const;
+  // max_seqs 0 (bench decode --seqs max): the most sequences of max_ctx tokens whose pages and windows fit in the KV
+  // budget once the activations of that many rows are allocated (see the constructor's comment).
+  int sequences_filling(const CacheLayout& layout, int max_ctx, int chunk, size_t asked) const;
 };
 
 namespace {
@@ -221,83 +320,134 @@ size_t kv_budget(const CacheConfig& cfg, const ModelConfig& c, int max_ctx, int 
 
 }  // namespace
 
-GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, GemmPrecision gemm,
-                   size_t kv_budget_bytes)
-    : impl_(std::make_unique<Impl>()) {
-  require_device();
-  Impl& m = *impl_;
-  m.cfg = model.config();
-  m.gemm = gemm;
-  const ModelConfig& c = m.cfg;
-  KVQ_CHECK(max_seqs >= 1 && max_ctx >= 1, "GpuModel: max_seqs {} and max_ctx {} must be >= 1", max_seqs, max_ctx);
-  const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
-  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
-  GpuKvCache::layout_of(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim);  // the cache's checks, before any upload
-  m.max_seqs = max_seqs;
-  m.max_rows = std::max(cache_cfg.max_chunk, max_seqs);
-  check_cublas(cublasCreate(&m.blas), "cublasCreate");
-  m.blas_workspace = DeviceBuffer(kBlasWorkspaceBytes);
-  check_cublas(cublasSetWorkspace(m.blas, m.blas_workspace.get(), m.blas_workspace.bytes()), "cublasSetWorkspace");
+GpuModel::Impl::ActivationPlan GpuModel::Impl::activation_plan(int rows, int n_seqs) const {
+  const ModelConfig& c = cfg;
+  const size_t R = size_t(rows), f = sizeof(float), H = size_t(c.hidden_size), I = size_t(c.intermediate_size);
+  const size_t qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
+  ActivationPlan p = {{&Impl::x, R * H * f},
+                      {&Impl::h, R * H * f},
+                      {&Impl::qkv, R * (qd + 2 * kvd) * f},
+                      {&Impl::q, R * qd * f},
+                      {&Impl::att, R * qd * f},
+                      {&Impl::k, R * kvd * f},
+                      {&Impl::v, R * kvd * f},
+                      {&Impl::gu, R * 2 * I * f},
+                      {&Impl::ids, R * sizeof(int32_t)},
+                      {&Impl::pos, R * sizeof(int32_t)},
+                      {&Impl::last_rows, size_t(n_seqs) * sizeof(int32_t)},
+                      {&Impl::logits, R * size_t(c.vocab_size) * f},
+                      {&Impl::argmax, R * sizeof(int32_t)},
+                      {&Impl::finite, R * sizeof(int32_t)}};
+  if (gemm == GemmPrecision::Fp32) p.push_back({&Impl::act, R * I * f});
+  if (gemm == GemmPrecision::Bf16) p.push_back({&Impl::xb, R * std::max({H, I, qd}) * sizeof(uint16_t)});
+  return p;
+}
 
-  // Weights.
-  const Weights& w = model.weights();
-  const int H = c.hidden_size, I = c.intermediate_size, d = c.head_dim, hq = c.n_heads, hk = c.n_kv_heads;
-  m.embed = upload_linear(w.embed, c.vocab_size, H, gemm, "embed");
-  if (!w.lm_head.empty()) m.lm_head = upload_linear(w.lm_head, c.vocab_size, H, gemm, "lm_head");
-  m.final_norm = upload_f32(w.final_norm);
-  m.inv_freq = upload_f32(c.rope_inv_freq());
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& lw = w.layers[size_t(l)];
+size_t GpuModel::Impl::activation_bytes(int rows, int n_seqs) const {
+  size_t bytes = 0;
+  for (const auto& [buffer, b] : activation_plan(rows, n_seqs)) bytes += b;
+  return bytes;
+}
+
+int GpuModel::Impl::sequences_filling(const CacheLayout& layout, int max_ctx, int chunk, size_t asked) const {
+  const size_t free = free_device_memory();
+  const int64_t one_seq = layout.sequence_bytes(max_ctx);  // windows + pages: PagePool::for_budget's unit
+  // n sequences fit when their activations (max(chunk, n) rows) leave room for the budget and the budget holds them.
+  constexpr size_t kSlack = size_t(64) << 20;  // cudaMalloc's rounding of the activation buffers, with room to spare
+  auto fits = [&](int64_t n) {
+    const size_t act = activation_bytes(int(std::max<int64_t>(chunk, n)), int(n)) + kSlack;
+    if (act >= free || (asked > 0 && asked > free - act)) return false;
+    const double budget = asked > 0 ? double(asked) : kGpuMemoryUtilization * double(free - act);
+    return double(n) * double(one_seq) <= budget;
+  };
+  int64_t lo = 0, hi = int64_t(free / size_t(std::max<int64_t>(one_seq, 1))) + 1;  // fits(lo), !fits(hi)
+  hi = std::min<int64_t>(hi, INT32_MAX);
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  const double gib = double(1ull << 30);
+  KVQ_CHECK(lo >= 1,
+            "--seqs max: {} not hold one sequence of {} tokens ({:.2f} GiB of pages and windows; {:.2f} GiB of device "
+            "memory free after the weights)",
+            asked > 0 ? fmt::format("--kv-budget-gib {:.2f} does", double(asked) / gib)
+                      : fmt::format("{:.0f}% of the free memory does", 100 * kGpuMemoryUtilization),
+            max_ctx, double(one_seq) / gib, double(free) / gib);
+  return int(lo);
+}
+
+void GpuModel::Impl::build_weights(const WeightSource& src) {
+  using R = TensorRole;
+  embed = src.linear({R::Embed}, -1, "embed");
+  if (!cfg.tie_embeddings) lm_head = src.linear({R::LmHead}, -1, "lm_head");
+  final_norm = src.vector({R::FinalNorm}, -1);
+  inv_freq = upload_f32(cfg.rope_inv_freq());
+  for (int l = 0; l < cfg.n_layers; ++l) {
     DeviceLayer dl;
-    dl.attn_norm = upload_f32(lw.attn_norm);
-    dl.mlp_norm = upload_f32(lw.mlp_norm);
-    dl.q_norm = upload_f32(lw.q_norm);
-    dl.k_norm = upload_f32(lw.k_norm);
-    KVQ_CHECK(lw.bq.empty() == lw.bk.empty() && lw.bq.empty() == lw.bv.empty(),
-              "GpuModel: layer {} has biases on some of q/k/v_proj only", l);
-    KVQ_CHECK(lw.q_norm.empty() == lw.k_norm.empty(), "GpuModel: layer {} has one of q_norm / k_norm only", l);
-    KVQ_CHECK(lw.wq.size() == size_t(hq) * d * H && lw.wk.size() == size_t(hk) * d * H &&
-                  lw.wv.size() == size_t(hk) * d * H,
-              "GpuModel: layer {} q/k/v_proj sizes differ from the config", l);
-    KVQ_CHECK(lw.w_gate.size() == size_t(I) * H && lw.w_up.size() == size_t(I) * H,
-              "GpuModel: layer {} gate/up_proj sizes differ from the config", l);
-    dl.bqkv = upload_f32(stack_rows({&lw.bq, &lw.bk, &lw.bv}));
-    dl.wqkv = upload_linear(stack_rows({&lw.wq, &lw.wk, &lw.wv}), (hq + 2 * hk) * d, H, gemm, "q/k/v_proj");
-    dl.wo = upload_linear(lw.wo, H, hq * d, gemm, "o_proj");
-    dl.w_gate_up = upload_linear(stack_rows({&lw.w_gate, &lw.w_up}), 2 * I, H, gemm, "gate/up_proj");
-    dl.w_down = upload_linear(lw.w_down, H, I, gemm, "down_proj");
+    dl.attn_norm = src.vector({R::AttnNorm}, l);
+    dl.mlp_norm = src.vector({R::MlpNorm}, l);
+    dl.q_norm = src.vector({R::QNorm}, l);
+    dl.k_norm = src.vector({R::KNorm}, l);
+    dl.bqkv = src.vector({R::Bq, R::Bk, R::Bv}, l);
+    dl.wqkv = src.linear({R::Wq, R::Wk, R::Wv}, l, "q/k/v_proj");
+    dl.wo = src.linear({R::Wo}, l, "o_proj");
+    dl.w_gate_up = src.linear({R::WGate, R::WUp}, l, "gate/up_proj");
+    dl.w_down = src.linear({R::WDown}, l, "down_proj");
     for (const DeviceBuffer* b : {&dl.attn_norm, &dl.mlp_norm, &dl.q_norm, &dl.k_norm, &dl.bqkv, &dl.wqkv.w, &dl.wo.w,
                                   &dl.w_gate_up.w, &dl.w_down.w})
-      m.weight_bytes += b->bytes();
-    m.layers.push_back(std::move(dl));
+      weight_bytes += b->bytes();
+    layers.push_back(std::move(dl));
   }
-  m.weight_bytes += m.embed.w.bytes() + m.lm_head.w.bytes() + m.final_norm.bytes() + m.inv_freq.bytes();
+  // A decode step gathers its rows of an untied embedding table; a tied one is read whole as the output projection.
+  weight_bytes +=
+      (cfg.tie_embeddings ? embed.w.bytes() : 0) + lm_head.w.bytes() + final_norm.bytes() + inv_freq.bytes();
+}
 
-  // Activations.
-  const size_t R = size_t(m.max_rows), f = sizeof(float);
-  m.x = DeviceBuffer(R * H * f);
-  m.h = DeviceBuffer(R * H * f);
-  m.qkv = DeviceBuffer(R * (hq + 2 * hk) * d * f);
-  m.q = DeviceBuffer(R * hq * d * f);
-  m.att = DeviceBuffer(R * hq * d * f);
-  m.k = DeviceBuffer(R * hk * d * f);
-  m.v = DeviceBuffer(R * hk * d * f);
-  m.gu = DeviceBuffer(R * 2 * I * f);
-  if (gemm == GemmPrecision::Fp32) m.act = DeviceBuffer(R * I * f);
-  if (gemm == GemmPrecision::Bf16) m.xb = DeviceBuffer(R * size_t(std::max({H, I, hq * d})) * sizeof(uint16_t));
-  m.ids = DeviceBuffer(R * sizeof(int32_t));
-  m.pos = DeviceBuffer(R * sizeof(int32_t));
-  m.last_rows = DeviceBuffer(size_t(max_seqs) * sizeof(int32_t));
-  m.logits = DeviceBuffer(R * size_t(c.vocab_size) * f);
-  m.argmax = DeviceBuffer(R * sizeof(int32_t));
-  m.finite = DeviceBuffer(R * sizeof(int32_t));
-  sync("GpuModel: upload");
+void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg, int max_ctx, int n_seqs,
+                           size_t kv_budget_bytes) {
+  require_device();
+  const ModelConfig& c = cfg;
+  KVQ_CHECK(n_seqs >= 0 && max_ctx >= 1, "GpuModel: max_seqs {} and max_ctx {} must be >= 1 (max_seqs 0: as many as "
+            "fit)", n_seqs, max_ctx);
+  const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
+  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
+  // The cache's checks, before any upload.
+  const CacheLayout layout = GpuKvCache::layout_of(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim);
+  check_cublas(cublasCreate(&blas), "cublasCreate");
+  blas_workspace = DeviceBuffer(kBlasWorkspaceBytes);
+  check_cublas(cublasSetWorkspace(blas, blas_workspace.get(), blas_workspace.bytes()), "cublasSetWorkspace");
+
+  build_weights(src);
+  sync("GpuModel: weights");
+
+  max_seqs = n_seqs > 0 ? n_seqs : sequences_filling(layout, max_ctx, cache_cfg.max_chunk, kv_budget_bytes);
+  max_rows = std::max(cache_cfg.max_chunk, max_seqs);
+  for (const auto& [buffer, bytes] : activation_plan(max_rows, max_seqs)) this->*buffer = DeviceBuffer(bytes);
+  sync("GpuModel: activations");
 
   // The KV cache last, from the memory the weights and activations left.
   const size_t budget = kv_budget(cache_cfg, c, max_ctx, max_seqs, kv_budget_bytes);
-  m.cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs, budget);
-  m.stream = static_cast<cudaStream_t>(m.cache->stream());
-  check_cublas(cublasSetStream(m.blas, m.stream), "cublasSetStream");
+  cache = std::make_unique<GpuKvCache>(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx, max_seqs, budget);
+  stream = static_cast<cudaStream_t>(cache->stream());
+  check_cublas(cublasSetStream(blas, stream), "cublasSetStream");
+}
+
+GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, GemmPrecision gemm,
+                   size_t kv_budget_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = model.config();
+  impl_->gemm = gemm;
+  impl_->dummy = model.dummy();
+  impl_->build(HostWeightSource(impl_->cfg, gemm, model.weights()), cache_cfg, max_ctx, max_seqs, kv_budget_bytes);
+}
+
+GpuModel::GpuModel(const ModelConfig& cfg, DeviceDummyWeights dummy, const CacheConfig& cache_cfg, int max_ctx,
+                   int max_seqs, GemmPrecision gemm, size_t kv_budget_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = cfg;
+  impl_->gemm = gemm;
+  impl_->dummy = true;
+  impl_->build(DeviceDummySource(impl_->cfg, gemm, dummy.seed), cache_cfg, max_ctx, max_seqs, kv_budget_bytes);
 }
 
 GpuModel::~GpuModel() = default;
@@ -308,7 +458,8 @@ std::string GpuModel::describe() const {
   return "cuda: " + device_description() + ", " + std::string(gemm_precision_name(impl_->gemm)) + " GEMMs, " +
          (impl_->graphs ? "CUDA graphs" : "no CUDA graphs") + ", " +
          gpu_path_text(impl_->cache->config(), impl_->cfg.head_dim) +
-         (impl_->cache->config().skip_layers.empty() ? "" : ", the skipped layers' bf16 rows on the bf16 instance");
+         (impl_->cache->config().skip_layers.empty() ? "" : ", the skipped layers' bf16 rows on the bf16 instance") +
+         (impl_->dummy ? ", dummy weights (timing only)" : "");
 }
 int GpuModel::max_ctx() const { return impl_->cache->max_ctx(); }
 int GpuModel::max_seqs() const { return impl_->max_seqs; }

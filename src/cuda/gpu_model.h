@@ -1,7 +1,8 @@
-// The decoder forward pass on the GPU (issue #8): the CPU Model's weights uploaded once, cuBLAS GEMMs with fp32
-// accumulation, fp32 residual stream and norms, and the KV cache in GPU memory (GpuKvCache, which also applies the
-// cache's KV transform). One forward() is one GpuKvCache step: chunked prefill of a sequence, or batched decode of
-// many (model/runner.h). Same arithmetic as model/model.cpp, in the same order, except:
+// The decoder forward pass on the GPU (issue #8): the CPU Model's weights uploaded once (or dummy weights generated
+// in device memory, --dummy-weights), cuBLAS GEMMs with fp32 accumulation, fp32 residual stream and norms, and the
+// KV cache in GPU memory (GpuKvCache, which also applies the cache's KV transform). One forward() is one GpuKvCache
+// step: chunked prefill of a sequence, or batched decode of many (model/runner.h). Same arithmetic as
+// model/model.cpp, in the same order, except:
 //   - GEMM precision (GemmPrecision): Bf16 rounds the GEMM inputs (activations) to bf16 — the weights are bf16 in
 //     the checkpoint, so only the activation rounding differs from the CPU; Fp32 keeps them fp32 (no TF32).
 //   - reductions (GEMM dot products, attention softmax) run in another order.
@@ -34,15 +35,26 @@ std::string_view gemm_precision_name(GemmPrecision p);
 // gpu_memory_utilization, but of the memory left, not of the total).
 constexpr double kGpuMemoryUtilization = 0.90;
 
+// --dummy-weights on the device: random weights of the config's shapes generated in device memory (the values
+// Weights::dummy makes on the host for this seed, model/dummy_weights.h); nothing is read or kept on the host.
+struct DeviceDummyWeights {
+  uint64_t seed = 0;
+};
+
 class GpuModel final : public Runner {
  public:
   // Uploads model's weights, allocates the activations of max(cache_cfg.max_chunk, max_seqs) rows, then a GpuKvCache
   // of cache_cfg (which uploads its KV transform) for max_seqs sequences of up to max_ctx tokens whose pages and
   // windows fit in kv_budget_bytes (--kv-budget-gib; it must be free), or by default in kGpuMemoryUtilization of the
   // memory free then, at most what max_seqs x max_ctx tokens need.
+  // max_seqs 0 (bench decode --seqs max): as many sequences of max_ctx tokens as that budget holds once the
+  // activations of as many rows are allocated (PagePool::for_budget's arithmetic); throws when not even one fits.
   // Requires a device (throws "--device cuda: ..." otherwise) and a GPU-supported cache configuration.
   // The CPU model is read only here; it need not outlive the GpuModel.
   GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs,
+           GemmPrecision gemm = GemmPrecision::Bf16, size_t kv_budget_bytes = 0);
+  // The same with dummy weights generated on the device (timing only): no host model at all.
+  GpuModel(const ModelConfig& cfg, DeviceDummyWeights dummy, const CacheConfig& cache_cfg, int max_ctx, int max_seqs,
            GemmPrecision gemm = GemmPrecision::Bf16, size_t kv_budget_bytes = 0);
   ~GpuModel() override;
   GpuModel(const GpuModel&) = delete;
@@ -65,7 +77,7 @@ class GpuModel final : public Runner {
   size_t cache_bytes() const override;
   const PagePool& page_pool() const override;
   void synchronize() const override;
-  size_t weight_bytes() const override;  // device bytes of the uploaded weights
+  size_t weight_bytes() const override;  // device bytes of the weights but an untied embedding table (gathered)
 
   GemmPrecision gemm_precision() const;
   // Decode steps (one token per sequence, no layer hook) replay a CUDA graph of the whole step once the same shape has

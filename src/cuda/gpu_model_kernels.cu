@@ -230,4 +230,25 @@ int finite_rows(const float* x, int rows, int cols, int32_t* out, void* stream) 
   return launched();
 }
 
+namespace {
+
+__global__ void dummy_fill_kernel(RowsOut out, int64_t n, TensorInit init, float std, uint64_t seed,
+                                  uint32_t rng_stream) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = dummy_value(init, std, seed, rng_stream, uint64_t(i));
+    if (out.bf16)
+      out.bf16[i] = f32_to_bf16(v);  // exact: v is a bf16 value
+    else
+      out.f32[i] = v;
+  }
+}
+
+}  // namespace
+
+int dummy_fill(RowsOut out, int64_t n, TensorInit init, float std, uint64_t seed, uint32_t rng_stream, void* stream) {
+  if (n == 0) return int(cudaSuccess);
+  dummy_fill_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(out, n, init, std, seed, rng_stream);
+  return launched();
+}
+
 }  // namespace kvq::cuda::kernels

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "model/dummy_weights.h"
+
 namespace kvq::cuda::kernels {
 
 // x[r, :] = table[ids[r], :] for r < rows; table [vocab, dim] in bf16 (uint16 bits) or fp32.
@@ -58,5 +60,9 @@ int argmax_rows(const float* x, int rows, int cols, int32_t* out, void* stream);
 
 // out[r] = 1 if every x[r, :] is finite else 0, for r < rows (one block per row).
 int finite_rows(const float* x, int rows, int cols, int32_t* out, void* stream);
+
+// --dummy-weights: out[i] = dummy_value(init, std, seed, rng_stream, i) for i < n (model/dummy_weights.h: the
+// host's Weights::dummy values, bit for bit), as bf16 bits or fp32 as `out` says.
+int dummy_fill(RowsOut out, int64_t n, TensorInit init, float std, uint64_t seed, uint32_t rng_stream, void* stream);
 
 }  // namespace kvq::cuda::kernels

@@ -215,6 +215,11 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
     }
     c.bos_token_id = *bos;
   }
+  const double init_std = opt_double(j, "initializer_range", where).value_or(0.02);  // transformers' default
+  if (!(init_std > 0) || !(init_std < 1)) {
+    config_fail(where, fmt::format("initializer_range {} must be in (0, 1)", init_std));
+  }
+  c.initializer_range = float(init_std);
   c.torch_dtype = opt_string(j, "torch_dtype", where);
   if (c.torch_dtype.empty()) c.torch_dtype = opt_string(j, "dtype", where);  // transformers >= 5
   return c;

@@ -42,6 +42,7 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;   // end-of-sequence ids (may be empty)
   int bos_token_id = -1;            // -1 when the config has none
   std::string torch_dtype;          // "bfloat16", "float32", ... ("" when absent)
+  float initializer_range = 0.02f;  // std of transformers' random init of linears and embeddings (--dummy-weights)
 
   // Reads and parses path (config.json); throws kvq::Error naming the file and the field.
   static ModelConfig load(const std::string& path);

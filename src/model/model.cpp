@@ -35,18 +35,32 @@ std::unique_ptr<Model> Model::load(const std::string& dir, int n_threads) {
   m->cfg_ = ModelConfig::load(ckpt.config_path());
   m->w_ = Weights::load(ckpt, m->cfg_, m->pool_.size());
   m->fingerprint_ = ckpt.fingerprint();
-  m->inv_freq_ = m->cfg_.rope_inv_freq();
-  for (const LayerWeights& lw : m->w_.layers) {
-    const ModelConfig& c = m->cfg_;
-    const int H = c.hidden_size, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
-    m->linears_.push_back({Linear(lw.wq, qd, H, lw.bq), Linear(lw.wk, kvd, H, lw.bk), Linear(lw.wv, kvd, H, lw.bv),
-                           Linear(lw.wo, H, qd), Linear(lw.w_gate, c.intermediate_size, H),
-                           Linear(lw.w_up, c.intermediate_size, H), Linear(lw.w_down, H, c.intermediate_size)});
-  }
-  m->head_ = Linear(m->w_.output(), m->cfg_.vocab_size, m->cfg_.hidden_size);
-  openblas_set_num_threads(m->pool_.size());
+  m->build_linears();
   m->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
+}
+
+std::unique_ptr<Model> Model::dummy(const std::string& dir, const ModelConfig& cfg, uint64_t seed, int n_threads) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Model> m(new Model(dir, n_threads));
+  m->cfg_ = cfg;
+  m->w_ = Weights::dummy(cfg, seed, m->pool_.size());
+  m->build_linears();
+  m->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return m;
+}
+
+void Model::build_linears() {
+  inv_freq_ = cfg_.rope_inv_freq();
+  const ModelConfig& c = cfg_;
+  const int H = c.hidden_size, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
+  for (const LayerWeights& lw : w_.layers) {
+    linears_.push_back({Linear(lw.wq, qd, H, lw.bq), Linear(lw.wk, kvd, H, lw.bk), Linear(lw.wv, kvd, H, lw.bv),
+                        Linear(lw.wo, H, qd), Linear(lw.w_gate, c.intermediate_size, H),
+                        Linear(lw.w_up, c.intermediate_size, H), Linear(lw.w_down, H, c.intermediate_size)});
+  }
+  head_ = Linear(w_.output(), c.vocab_size, H);
+  openblas_set_num_threads(pool_.size());
 }
 
 size_t Model::decode_weight_bytes() const {

@@ -25,12 +25,16 @@ class Model {
  public:
   // Loads config.json and the safetensors weights of a Hugging Face checkpoint directory. n_threads <= 0: all cores.
   static std::unique_ptr<Model> load(const std::string& dir, int n_threads);
+  // Random weights of cfg's shapes in host memory (Weights::dummy; --dummy-weights --device cpu): timing only.
+  // dir is where cfg came from (messages); no checkpoint is read.
+  static std::unique_ptr<Model> dummy(const std::string& dir, const ModelConfig& cfg, uint64_t seed, int n_threads);
 
   const ModelConfig& config() const { return cfg_; }
   const Weights& weights() const { return w_; }
   size_t decode_weight_bytes() const;  // weight bytes one decode step reads (bf16 copies counted at 2 bytes)
   const std::string& dir() const { return dir_; }
-  const std::string& fingerprint() const { return fingerprint_; }  // sha256 of config + tensor headers
+  const std::string& fingerprint() const { return fingerprint_; }  // sha256 of config + tensor headers; dummy: ""
+  bool dummy() const { return w_.is_dummy; }  // random weights: timing only
   ThreadPool& pool() { return pool_; }
   double load_seconds() const { return load_seconds_; }
 
@@ -61,6 +65,7 @@ class Model {
 
  private:
   Model(std::string dir, int n_threads);
+  void build_linears();  // linears_ and head_ over w_
   void attention_block(KvCache& cache, int seq, int layer, int pos0, int n);
   void mlp_block(int layer, int n);
 

@@ -27,8 +27,9 @@ void check_step(const Runner& r, const std::vector<int>& seqs, const std::vector
 }
 
 namespace {
-int checked_seqs(int max_seqs) {
-  KVQ_CHECK(max_seqs >= 1, "CpuRunner: max_seqs {} must be >= 1", max_seqs);
+int checked_seqs(int max_seqs, size_t kv_budget_bytes) {
+  KVQ_CHECK(max_seqs >= 1 || (max_seqs == 0 && kv_budget_bytes > 0),
+            "CpuRunner: max_seqs {} must be >= 1 (0, as many as fit, needs a KV budget)", max_seqs);
   return max_seqs;
 }
 // The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h).
@@ -42,12 +43,12 @@ CacheConfig with_model_rope(CacheConfig c, const ModelConfig& mc) {
 CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, size_t kv_budget_bytes)
     : model_(model),
       cache_(with_model_rope(cache_cfg, model.config()), model.config().n_layers, model.config().n_kv_heads,
-             model.config().head_dim, max_ctx, checked_seqs(max_seqs), kv_budget_bytes),
-      max_seqs_(max_seqs) {}
+             model.config().head_dim, max_ctx, checked_seqs(max_seqs, kv_budget_bytes), kv_budget_bytes),
+      max_seqs_(cache_.max_seqs()) {}
 
 std::string CpuRunner::describe() const {
   return "cpu, " + std::to_string(model_.pool().size()) + " threads, " + simd_level_name(best_simd_level()) +
-         " cache kernels, OpenBLAS " + blas_core_name();
+         " cache kernels, OpenBLAS " + blas_core_name() + (model_.dummy() ? ", dummy weights (timing only)" : "");
 }
 
 void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,

@@ -469,6 +469,11 @@ void hash_field(Sha256& h, std::string_view bytes) {
 
 }  // namespace
 
+bool Checkpoint::has_weights(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(dir + "/model.safetensors", ec) || fs::exists(dir + "/model.safetensors.index.json", ec);
+}
+
 Checkpoint Checkpoint::open(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -509,7 +514,8 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     }
   } else {
     throw Error(fmt::format("checkpoint directory '{}' has neither model.safetensors nor "
-                            "model.safetensors.index.json",
+                            "model.safetensors.index.json (a config without weights, as models/shapes/: "
+                            "--dummy-weights times random ones)",
                             dir),
                 dir);
   }

@@ -105,6 +105,9 @@ void write_safetensors(const std::string& path, const std::vector<OwnedTensor>& 
 class Checkpoint {
  public:
   static Checkpoint open(const std::string& dir);
+  // Whether dir holds weights at all (model.safetensors or model.safetensors.index.json): a config without them,
+  // as models/shapes/, is still a model's shapes (kvq info, --dummy-weights).
+  static bool has_weights(const std::string& dir);
 
   bool has(std::string_view name) const;
   TensorRef get(std::string_view name) const;  // throws kvq::Error naming the tensor and directory when absent

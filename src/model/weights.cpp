@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -40,106 +41,167 @@ void parallel_for(size_t n, int n_threads, Fn&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-// One tensor to convert: where it comes from and where it goes.
-struct LoadJob {
-  TensorRef src;            // tensor in the mapping
-  std::vector<float>* dst;  // destination, sized in run()
+// One tensor to fill: its size, its destination, and how a range of it is written.
+struct FillJob {
+  size_t numel;
+  std::vector<float>* dst;                                          // sized in run_fill()
+  std::function<void(size_t first, size_t count, float* out)> fill;  // writes out[0, count) = elements [first, +count)
 };
 
-// Collects the tensors of a model, checking presence, dtype and shape before any allocation or conversion.
-class LoadPlan {
- public:
-  explicit LoadPlan(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+// Allocates the destinations (largest first: first-touch page faults dominate, so they are spread over the threads
+// too), then fills them in chunks of kChunk elements so threads stay balanced.
+void run_fill(const std::vector<FillJob>& jobs, int n_threads) {
+  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<const FillJob*> by_size;
+  for (const FillJob& job : jobs) by_size.push_back(&job);
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [](const FillJob* a, const FillJob* b) { return a->numel > b->numel; });
+  parallel_for(by_size.size(), n_threads, [&](size_t i) { by_size[i]->dst->assign(by_size[i]->numel, 0.0f); });
 
-  void add(const std::string& name, std::vector<int64_t> shape, std::vector<float>* dst) {
-    const TensorRef ref = ckpt_.get(name);
-    const DType dt = ref.info->dtype;
-    if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16) {
-      throw Error(fmt::format("tensor '{}' in {} has dtype {}; weights must be F32, F16 or BF16", name, ckpt_.dir(),
-                              dtype_name(dt)),
-                  ckpt_.dir());
-    }
-    if (ref.info->shape != shape) {
-      throw Error(fmt::format("tensor '{}' in {} has shape {}, expected {}", name, ckpt_.dir(),
-                              shape_str(ref.info->shape), shape_str(shape)),
-                  ckpt_.dir());
-    }
-    n_params_ += size_t(ref.info->numel());
-    jobs_.push_back({ref, dst});
+  constexpr size_t kChunk = size_t(1) << 20;
+  struct Item {
+    const FillJob* job;
+    size_t first, count;  // element range of the tensor
+  };
+  std::vector<Item> items;
+  for (const FillJob& job : jobs)
+    for (size_t first = 0; first < job.numel; first += kChunk)
+      items.push_back({&job, first, std::min(kChunk, job.numel - first)});
+  parallel_for(items.size(), n_threads, [&](size_t i) {
+    const Item& it = items[i];
+    it.job->fill(it.first, it.count, it.job->dst->data() + it.first);
+  });
+}
+
+// Checks the presence, dtype and shape of every tensor before any allocation or conversion.
+FillJob load_job(const Checkpoint& ckpt, const TensorSpec& spec, std::vector<float>* dst) {
+  const TensorRef ref = ckpt.get(spec.name);
+  const DType dt = ref.info->dtype;
+  if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16) {
+    throw Error(fmt::format("tensor '{}' in {} has dtype {}; weights must be F32, F16 or BF16", spec.name, ckpt.dir(),
+                            dtype_name(dt)),
+                ckpt.dir());
   }
-
-  // Allocates the destinations (largest first: first-touch page faults dominate, so they are spread over the
-  // threads too), then converts in chunks of kChunk elements so threads stay balanced.
-  void run(int n_threads) {
-    if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    std::vector<const LoadJob*> by_size;
-    for (const LoadJob& job : jobs_) by_size.push_back(&job);
-    std::stable_sort(by_size.begin(), by_size.end(), [](const LoadJob* a, const LoadJob* b) {
-      return a->src.info->numel() > b->src.info->numel();
-    });
-    parallel_for(by_size.size(), n_threads, [&](size_t i) {
-      by_size[i]->dst->assign(size_t(by_size[i]->src.info->numel()), 0.0f);
-    });
-
-    constexpr size_t kChunk = size_t(1) << 20;
-    struct Item {
-      const LoadJob* job;
-      size_t first, count;  // element range of the tensor
-    };
-    std::vector<Item> items;
-    for (const LoadJob& job : jobs_) {
-      const size_t n = job.dst->size();
-      for (size_t first = 0; first < n; first += kChunk) items.push_back({&job, first, std::min(kChunk, n - first)});
-    }
-    parallel_for(items.size(), n_threads, [&](size_t i) {
-      const Item& it = items[i];
-      to_f32(it.job->src, it.first, it.count, it.job->dst->data() + it.first);
-    });
+  if (ref.info->shape != spec.shape) {
+    throw Error(fmt::format("tensor '{}' in {} has shape {}, expected {}", spec.name, ckpt.dir(),
+                            shape_str(ref.info->shape), shape_str(spec.shape)),
+                ckpt.dir());
   }
-
-  size_t n_params() const { return n_params_; }
-
- private:
-  const Checkpoint& ckpt_;
-  std::vector<LoadJob> jobs_;
-  size_t n_params_ = 0;
-};
+  return {size_t(ref.info->numel()), dst, [ref](size_t first, size_t count, float* out) {
+            to_f32(ref, first, count, out);
+          }};
+}
 
 }  // namespace
 
-Weights Weights::load(const Checkpoint& ckpt, const ModelConfig& cfg, int n_threads) {
+size_t TensorSpec::numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  return n;
+}
+
+std::vector<TensorSpec> model_tensors(const ModelConfig& cfg) {
   const int64_t hidden = cfg.hidden_size, d = cfg.head_dim, inter = cfg.intermediate_size;
   const int64_t q_dim = int64_t(cfg.n_heads) * d, kv_dim = int64_t(cfg.n_kv_heads) * d;
-  Weights w;
-  LoadPlan plan(ckpt);
-  plan.add("model.embed_tokens.weight", {cfg.vocab_size, hidden}, &w.embed);
-  plan.add("model.norm.weight", {hidden}, &w.final_norm);
-  if (!cfg.tie_embeddings) plan.add("lm_head.weight", {cfg.vocab_size, hidden}, &w.lm_head);
-  w.layers.resize(size_t(cfg.n_layers));
+  using R = TensorRole;
+  using I = TensorInit;
+  std::vector<TensorSpec> t;
+  auto add = [&](R role, int layer, std::string name, std::vector<int64_t> shape, I init) {
+    t.push_back({role, layer, std::move(name), std::move(shape), init});
+  };
+  add(R::Embed, -1, "model.embed_tokens.weight", {cfg.vocab_size, hidden}, I::Normal);
+  add(R::FinalNorm, -1, "model.norm.weight", {hidden}, I::Ones);
+  if (!cfg.tie_embeddings) add(R::LmHead, -1, "lm_head.weight", {cfg.vocab_size, hidden}, I::Normal);
   for (int i = 0; i < cfg.n_layers; ++i) {
-    LayerWeights& l = w.layers[size_t(i)];
     const std::string p = fmt::format("model.layers.{}.", i);
-    plan.add(p + "input_layernorm.weight", {hidden}, &l.attn_norm);
-    plan.add(p + "self_attn.q_proj.weight", {q_dim, hidden}, &l.wq);
-    plan.add(p + "self_attn.k_proj.weight", {kv_dim, hidden}, &l.wk);
-    plan.add(p + "self_attn.v_proj.weight", {kv_dim, hidden}, &l.wv);
+    add(R::AttnNorm, i, p + "input_layernorm.weight", {hidden}, I::Ones);
+    add(R::Wq, i, p + "self_attn.q_proj.weight", {q_dim, hidden}, I::Normal);
+    add(R::Wk, i, p + "self_attn.k_proj.weight", {kv_dim, hidden}, I::Normal);
+    add(R::Wv, i, p + "self_attn.v_proj.weight", {kv_dim, hidden}, I::Normal);
     if (cfg.qkv_bias) {
-      plan.add(p + "self_attn.q_proj.bias", {q_dim}, &l.bq);
-      plan.add(p + "self_attn.k_proj.bias", {kv_dim}, &l.bk);
-      plan.add(p + "self_attn.v_proj.bias", {kv_dim}, &l.bv);
+      add(R::Bq, i, p + "self_attn.q_proj.bias", {q_dim}, I::Zeros);
+      add(R::Bk, i, p + "self_attn.k_proj.bias", {kv_dim}, I::Zeros);
+      add(R::Bv, i, p + "self_attn.v_proj.bias", {kv_dim}, I::Zeros);
     }
     if (cfg.qk_norm) {
-      plan.add(p + "self_attn.q_norm.weight", {d}, &l.q_norm);
-      plan.add(p + "self_attn.k_norm.weight", {d}, &l.k_norm);
+      add(R::QNorm, i, p + "self_attn.q_norm.weight", {d}, I::Ones);
+      add(R::KNorm, i, p + "self_attn.k_norm.weight", {d}, I::Ones);
     }
-    plan.add(p + "self_attn.o_proj.weight", {hidden, q_dim}, &l.wo);
-    plan.add(p + "post_attention_layernorm.weight", {hidden}, &l.mlp_norm);
-    plan.add(p + "mlp.gate_proj.weight", {inter, hidden}, &l.w_gate);
-    plan.add(p + "mlp.up_proj.weight", {inter, hidden}, &l.w_up);
-    plan.add(p + "mlp.down_proj.weight", {hidden, inter}, &l.w_down);
+    add(R::Wo, i, p + "self_attn.o_proj.weight", {hidden, q_dim}, I::Normal);
+    add(R::MlpNorm, i, p + "post_attention_layernorm.weight", {hidden}, I::Ones);
+    add(R::WGate, i, p + "mlp.gate_proj.weight", {inter, hidden}, I::Normal);
+    add(R::WUp, i, p + "mlp.up_proj.weight", {inter, hidden}, I::Normal);
+    add(R::WDown, i, p + "mlp.down_proj.weight", {hidden, inter}, I::Normal);
   }
-  plan.run(n_threads);
-  w.n_params = plan.n_params();
+  return t;
+}
+
+size_t model_params(const ModelConfig& cfg) {
+  size_t n = 0;
+  for (const TensorSpec& s : model_tensors(cfg)) n += s.numel();
+  return n;
+}
+
+std::vector<float>& Weights::tensor(TensorRole role, int layer) {
+  using R = TensorRole;
+  switch (role) {
+    case R::Embed: return embed;
+    case R::FinalNorm: return final_norm;
+    case R::LmHead: return lm_head;
+    default: break;
+  }
+  KVQ_CHECK(layer >= 0 && size_t(layer) < layers.size(), "weights: layer {} of {}", layer, layers.size());
+  LayerWeights& l = layers[size_t(layer)];
+  switch (role) {
+    case R::AttnNorm: return l.attn_norm;
+    case R::Wq: return l.wq;
+    case R::Wk: return l.wk;
+    case R::Wv: return l.wv;
+    case R::Bq: return l.bq;
+    case R::Bk: return l.bk;
+    case R::Bv: return l.bv;
+    case R::QNorm: return l.q_norm;
+    case R::KNorm: return l.k_norm;
+    case R::Wo: return l.wo;
+    case R::MlpNorm: return l.mlp_norm;
+    case R::WGate: return l.w_gate;
+    case R::WUp: return l.w_up;
+    case R::WDown: return l.w_down;
+    default: break;
+  }
+  KVQ_FAIL("weights: tensor role {} is not a layer's", int(role));
+}
+
+const std::vector<float>& Weights::tensor(TensorRole role, int layer) const {
+  return const_cast<Weights*>(this)->tensor(role, layer);
+}
+
+Weights Weights::load(const Checkpoint& ckpt, const ModelConfig& cfg, int n_threads) {
+  Weights w;
+  w.layers.resize(size_t(cfg.n_layers));
+  std::vector<FillJob> jobs;
+  for (const TensorSpec& spec : model_tensors(cfg)) {
+    jobs.push_back(load_job(ckpt, spec, &w.tensor(spec.role, spec.layer)));
+    w.n_params += jobs.back().numel;
+  }
+  run_fill(jobs, n_threads);
+  return w;
+}
+
+Weights Weights::dummy(const ModelConfig& cfg, uint64_t seed, int n_threads) {
+  Weights w;
+  w.layers.resize(size_t(cfg.n_layers));
+  w.is_dummy = true;
+  std::vector<FillJob> jobs;
+  for (const TensorSpec& spec : model_tensors(cfg)) {
+    const float std = cfg.initializer_range;
+    jobs.push_back({spec.numel(), &w.tensor(spec.role, spec.layer),
+                    [init = spec.init, stream = spec.stream(), std, seed](size_t first, size_t count, float* out) {
+                      for (size_t i = 0; i < count; ++i) out[i] = dummy_value(init, std, seed, stream, first + i);
+                    }});
+    w.n_params += spec.numel();
+  }
+  run_fill(jobs, n_threads);
   return w;
 }
 

@@ -22,7 +22,7 @@ struct ResponseContext {
   std::string model;
   bool logprobs;        // the request asked for them
   bool include_usage;   // streaming: "usage": null in every chunk, then a usage chunk
-  const Tokenizer* tok;
+  const Tokenizer* tok;  // null: a server of token ids only (no logprobs asked)
 };
 
 // One whole response (non-streaming): the text, finish_reason, logprobs and usage.

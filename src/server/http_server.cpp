@@ -40,14 +40,15 @@ bool same_secret(const std::string& a, const std::string& b) {  // constant time
 
 }  // namespace
 
-HttpServer::HttpServer(Engine& engine, const Tokenizer& tok, const ModelConfig& model, const CacheConfig& cache,
+HttpServer::HttpServer(Engine& engine, const Tokenizer* tok, const ModelConfig& model, const CacheConfig& cache,
                        int max_ctx, std::optional<ChatTemplate> chat, ServerOptions opt)
     : engine_(engine), tok_(tok), model_(model), cache_(cache), max_ctx_(max_ctx), chat_(std::move(chat)),
       opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()) {
-  if (chat_) end_of_turn_id_ = tok_.find(chat_->end_of_turn);
+  KVQ_CHECK(tok_ || !chat_, "serve: the chat template {} needs a tokenizer", chat_ ? chat_->name : "");
+  if (chat_) end_of_turn_id_ = tok_->find(chat_->end_of_turn);
   if (chat_ && chat_->name.rfind("llama3", 0) == 0) {  // BOS: written only when encode() does not add it itself
-    const std::optional<int32_t> bos = tok_.find("<|begin_of_text|>");
-    const std::vector<int32_t> empty = tok_.encode("");
+    const std::optional<int32_t> bos = tok_->find("<|begin_of_text|>");
+    const std::vector<int32_t> empty = tok_->encode("");
     chat_->write_bos = bos && (empty.empty() || empty.front() != *bos);
   }
   const int threads = opt_.http_threads > 0
@@ -105,6 +106,17 @@ HttpServer::Prepared HttpServer::prepare(const std::string& body, Endpoint endpo
                                     opt_.model_name),
                    "model", "model_not_found");
   const char* what = endpoint == Endpoint::Chat ? "messages" : "prompt";
+  if (!tok_) {  // token ids only: whatever needs text is refused, naming its parameter
+    auto ids_only = [](const char* param) {
+      return ApiError(400, "this server has no tokenizer (kvq serve --dummy-weights: random weights, timing only): "
+                      "it takes a prompt of token ids on /v1/completions, without stop strings or logprobs, and "
+                      "replies with token counts, not text", param, "no_tokenizer");
+    };
+    if (endpoint == Endpoint::Chat) throw ids_only("messages");
+    if (r.prompt_ids.empty()) throw ids_only("prompt");
+    if (!r.stop.empty()) throw ids_only("stop");
+    if (r.logprobs >= 0) throw ids_only("logprobs");
+  }
   if (endpoint == Endpoint::Chat) {
     if (!chat_)
       throw ApiError(400, fmt::format("this model has no chat template (no chat_template in tokenizer_config.json, "
@@ -112,7 +124,7 @@ HttpServer::Prepared HttpServer::prepare(const std::string& body, Endpoint endpo
                                       "--chat-template NAME ({}), or use /v1/completions",
                                       chat_template_names()),
                      "messages");
-    p.prompt = tok_.encode(chat_->render(r.messages));
+    p.prompt = tok_->encode(chat_->render(r.messages));
   } else if (!r.prompt_ids.empty()) {
     for (int32_t id : r.prompt_ids)
       if (id >= model_.vocab_size)
@@ -121,7 +133,7 @@ HttpServer::Prepared HttpServer::prepare(const std::string& body, Endpoint endpo
                        "prompt");
     p.prompt = r.prompt_ids;
   } else {
-    p.prompt = tok_.encode(r.prompt);
+    p.prompt = tok_->encode(r.prompt);
   }
   const int n_prompt = int(p.prompt.size());
   if (n_prompt == 0) throw ApiError(400, fmt::format("the {} is empty: it encodes to no tokens", what), what);
@@ -210,7 +222,7 @@ void HttpServer::completion(const httplib::Request& req, httplib::Response& res,
   const int n_prompt = int(p.prompt.size());
   std::shared_ptr<RequestStream> rs;
   const Engine::Submit status =
-      engine_.submit(std::make_unique<Generation>(std::move(p.prompt), p.params, &tok_), rs);
+      engine_.submit(std::make_unique<Generation>(std::move(p.prompt), p.params, tok_), rs);
   if (status == Engine::Submit::Closed)
     return send_error(res, ApiError(503, "the server is shutting down", "", "shutting_down"));
   if (status == Engine::Submit::QueueFull)
@@ -220,7 +232,7 @@ void HttpServer::completion(const httplib::Request& req, httplib::Response& res,
                                     "", "queue_full"));
   const bool chat = endpoint == Endpoint::Chat;
   ResponseContext ctx{endpoint, fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", next_id_++),
-                      int64_t(std::time(nullptr)), opt_.model_name, p.req.logprobs >= 0, p.req.include_usage, &tok_};
+                      int64_t(std::time(nullptr)), opt_.model_name, p.req.logprobs >= 0, p.req.include_usage, tok_};
   if (p.req.stream) return stream(res, std::move(rs), ctx);
   GenerationOutput all;
   while (all.finish == FinishReason::None) rs->wait(all, kPoll);

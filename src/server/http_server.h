@@ -7,6 +7,10 @@
 // "Authorization: Bearer KEY" (401 otherwise); /health and /metrics stay open. A streaming client that goes away is
 // cancelled at the next write that fails, and the engine frees its sequence. drain() refuses new requests (503),
 // waits for every request in flight to finish and be written, then stops the server.
+//
+// Without a tokenizer (kvq serve --dummy-weights: random weights, timing only) the server takes token ids only:
+// /v1/completions with a prompt of ids, no stop strings, no logprobs; replies carry the token counts (usage) and stream
+// chunks as the tokens come, with empty text. Everything that needs text is refused with a 400 that says so.
 #pragma once
 
 #include <atomic>
@@ -40,8 +44,9 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  // engine, tok and chat must outlive the server; chat: nullopt when the model has no chat template.
-  HttpServer(Engine& engine, const Tokenizer& tok, const ModelConfig& model, const CacheConfig& cache, int max_ctx,
+  // engine, tok and chat must outlive the server; chat: nullopt when the model has no chat template; tok: null for
+  // token ids only (see above; then no chat template either).
+  HttpServer(Engine& engine, const Tokenizer* tok, const ModelConfig& model, const CacheConfig& cache, int max_ctx,
              std::optional<ChatTemplate> chat, ServerOptions opt);
   ~HttpServer();
 
@@ -67,7 +72,7 @@ class HttpServer {
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
 
   Engine& engine_;
-  const Tokenizer& tok_;
+  const Tokenizer* tok_;  // null: token ids only
   const ModelConfig& model_;
   CacheConfig cache_;
   int max_ctx_;

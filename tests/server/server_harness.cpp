@@ -15,13 +15,18 @@ Model& ref_model() {
   return *m;
 }
 
+Model& ref_dummy_model() {
+  static std::unique_ptr<Model> m = Model::dummy(source_dir() + "/models/ref", ref_model().config(), 0, 2);
+  return *m;
+}
+
 const Tokenizer& ref_tokenizer() {
   static const Tokenizer t = Tokenizer::load(source_dir() + "/models/ref/tokenizer.json");
   return t;
 }
 
 TestServer::TestServer(const ServerSetup& s) {
-  Model& m = ref_model();
+  Model& m = s.dummy_weights ? ref_dummy_model() : ref_model();
   const ModelConfig& mc = m.config();
   size_t budget = 0;
   if (s.kv_pages > 0) {
@@ -42,8 +47,9 @@ TestServer::TestServer(const ServerSetup& s) {
   opt.api_key = s.api_key;
   opt.model_name = "ref";
   opt.max_body_bytes = s.max_body_bytes;
-  auto chat = s.chat ? server::load_chat_template(source_dir() + "/models/ref", "") : std::nullopt;
-  http_ = std::make_unique<server::HttpServer>(*engine_, ref_tokenizer(), mc, s.cache, s.ctx, chat, opt);
+  auto chat = s.chat && !s.dummy_weights ? server::load_chat_template(source_dir() + "/models/ref", "") : std::nullopt;
+  const Tokenizer* tok = s.dummy_weights ? nullptr : &ref_tokenizer();
+  http_ = std::make_unique<server::HttpServer>(*engine_, tok, mc, s.cache, s.ctx, chat, opt);
   port_ = http_->bind();
   thread_ = std::thread([this] { http_->run(); });
 }

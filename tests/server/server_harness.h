@@ -32,11 +32,14 @@ struct ServerSetup {
   int kv_pages = 0;            // > 0: a pool of the windows of np slots and this many pages (a tight budget)
   std::string api_key;
   bool chat = true;            // models/ref's ChatML template, or none
+  bool dummy_weights = false;  // kvq serve --dummy-weights: random weights of models/ref's config, no tokenizer
+                               // and no chat template (token ids only)
   size_t max_body_bytes = size_t(1) << 20;
 };
 
 const std::string& source_dir();
 Model& ref_model();
+Model& ref_dummy_model();  // Model::dummy of models/ref's config (seed 0)
 const Tokenizer& ref_tokenizer();
 
 class TestServer {
