@@ -86,7 +86,8 @@ CacheFootprint footprint_before_layout(const KvCache& c, int n) {
   const int n_window = std::min(n, n - (qe - S0));
   // Since KV4-RL: a quantized window codec keeps the body rows of the recent window's tokens too (kv/cache.h).
   const double body_bytes = window_quantized(c.config()) ? quant_bytes : 0.0;
-  const double total = n_window * window_bytes + (n_window - std::min(n, S0)) * body_bytes + (n - n_window) * quant_bytes;
+  const double total =
+      n_window * window_bytes + (n_window - std::min(n, S0)) * body_bytes + (n - n_window) * quant_bytes;
   return {total / n, 8.0 * total / (double(n) * elems), 8.0 * quant_bytes / elems};
 }
 
