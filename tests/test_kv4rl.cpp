@@ -194,11 +194,11 @@ TEST(Kv4rl, DemotionQuantizesTheBf16ValueNotTheInt8Copy) {
 // Attention with INT8 windows against the same cache with BF16 windows (the body rows are identical, test above).
 // Bound: a window row differs by δ = int8(x) - bf16(x), each element within s/2 + 2^-9 |x|: int8(x) is within s/2
 // of x (s the group's fp16 scale: the §1 code is round-to-nearest on a grid of step s whose ends cover the group when
-// it spans 0; checked here), bf16(x) within 2^-9 |x|. Scores then move by at most ε = max_i |q·δk_i|, so every softmax weight by a factor
-// within e^{±2ε}, and per channel c
+// it spans 0; checked here), bf16(x) within 2^-9 |x|. Scores then move by at most ε = max_i |q·δk_i|, so every
+// softmax weight by a factor within e^{±2ε}, and per channel c
 //   |o'_c - o_c| <= max_i |δv_ic| + (e^{2ε} - 1) Σ_i p_i |v_ic - o_c|
-// (o' - o = Σ p'_i δv_i + Σ (p'_i - p_i)(v_i - o), Σ p' = Σ p = 1), with p, o, v of the BF16-window rows (double, from
-// the scalar reference), plus 1e-5 (1 + |o_c|) for the kernels' float sums.
+// (o' - o = Σ p'_i δv_i + Σ (p'_i - p_i)(v_i - o), Σ p' = Σ p = 1), with p, o, v of the BF16-window rows (double,
+// from the scalar reference), plus 1e-5 (1 + |o_c|) for the kernels' float sums.
 TEST(Kv4rl, AttentionIsWithinTheInt8BoundOfTheBf16WindowCache) {
   const int n_kv = 2, hq = 8, S0 = 16, W = 64, P = 32, n_tokens = 600, n_last = 40;
   const CacheConfig cb = config("int4", "bf16", S0, W, P, 64), ci = config("int4", "int8", S0, W, P, 64);
@@ -332,4 +332,19 @@ TEST(Kv4rl, BlockAndTokenScaledBodiesAreRefusedWithInt8Windows) {
   EXPECT_NE(error_of([&] { cache_layout(scaled, 1, 1, kD); }).find("k=int4 has blocks of 1 tokens and a token scale"),
             std::string::npos);
   EXPECT_NO_THROW(cache_layout(config("int2", "int8", 64, 256, 128, 512), 1, 1, kD));
+}
+
+// The preset: int4 keys and values with INT8 windows, one row of the one preset table.
+TEST(Kv4rl, PresetNamesInt4BodyAndInt8Windows) {
+  const CodecPreset* p = find_preset("kv4rl");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->k, CodecId::kInt4);
+  EXPECT_EQ(p->v, CodecId::kInt4);
+  EXPECT_EQ(p->window, CodecId::kInt8);
+  EXPECT_TRUE(p->kvq_extension);
+  EXPECT_NE(preset_names().find("kv4rl (int4 / int4, int8 windows, kvq extension)"), std::string::npos);
+  for (const CodecPreset& other : codec_presets())
+    if (other.name != "kv4rl") {
+      EXPECT_EQ(other.window, CodecId::kBf16) << other.name;
+    }
 }
