@@ -6,7 +6,6 @@
 
 #include "common/error.h"
 #include "common/half.h"
-#include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
 #include "kv/oscar_format.h"
 
@@ -30,7 +29,7 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
   for (auto* buf : {&wk_, &wv_, &sk_, &sv_, &qk_, &qv_}) buf->resize(size_t(n_tokens_) * row);
   std::vector<uint8_t> block(std::max(window_->bytes_per_block(),
                                       std::max(k_codec_->bytes_per_block(), v_codec_->bytes_per_block())));
-  const bool from_bf16 = codec_traits(cfg_.window).code_bits < 16;  // an int8 window row is not re-quantized
+  const bool from_bf16 = window_quantized(cfg_);  // an int8 window row is not re-quantized
   for (size_t i = 0; i < size_t(n) * n_kv_; ++i) {  // window round trips, and what demotion quantizes
     window_->encode(k + i * d_, block.data());
     window_->decode(block.data(), wk_.data() + first + i * d_);

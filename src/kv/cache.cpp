@@ -211,12 +211,12 @@ uint8_t* KvCache::ring_body_row(Sequence& s, int layer, int kv, int head, int po
 // The body rows of position pos (every kv head of one layer, k / v: [n_kv, d]), encoded from their BF16 values: what
 // demotion would encode from a BF16 window row.
 void KvCache::encode_ring_body(Sequence& s, int layer, int pos, const float* k, const float* v) {
-  std::vector<float> row(static_cast<size_t>(d_));
+  float row[kCpuMaxHeadDim];
   for (int h = 0; h < n_kv_; ++h)
     for (int kv = 0; kv < 2; ++kv) {
       const float* x = (kv ? v : k) + size_t(h) * d_;
-      for (int c = 0; c < d_; ++c) row[size_t(c)] = bf16_to_f32(f32_to_bf16(x[c]));
-      (kv ? v_codec(layer) : k_codec(layer)).encode_at(row.data(), pos, ring_body_row(s, layer, kv, h, pos));
+      for (int c = 0; c < d_; ++c) row[c] = bf16_to_f32(f32_to_bf16(x[c]));
+      (kv ? v_codec(layer) : k_codec(layer)).encode_at(row, pos, ring_body_row(s, layer, kv, h, pos));
     }
 }
 

@@ -25,8 +25,9 @@
 // B, which are absolute positions whenever S0 is a multiple of B (S0 = 0 as OScaR ships, or kvq's default 64).
 //
 // Demotion quantizes a row from the value the BF16 window holds, bf16(x). A BF16 (or f32) window row is that value,
-// so demotion decodes it and encodes it with the body codec. A quantized window row (int8) is not: re-quantizing the
-// INT8 copy would compound two roundings (METHODS §5.6), and x itself is gone once append() returns. So with a
+// so demotion decodes it and encodes it with the body codec. A quantized window row (int8) is not, and METHODS §5.6
+// chooses not to re-quantize the INT8 copy (on models/ref the two are equally good: docs/results-cpu.md); x itself
+// is gone once append() returns. So with a
 // quantized window codec append() also encodes each non-sink row's body row from bf16(x) into the ring slot beside
 // its window rows, and demotion copies those bytes into the page: the pages hold exactly the bytes of the same cache
 // with BF16 windows. The body rows are stored state, counted in ring_bytes() and footprint() (a recent-window token
@@ -50,8 +51,8 @@ namespace kvq {
 struct CacheConfig {
   CodecSpec k{};              // key codec (type, group, clip)
   CodecSpec v{};              // value codec
-  int sink = 64;              // S0: first tokens kept in BF16
-  int recent = 256;           // W: most recent tokens kept in BF16
+  int sink = 64;              // S0: first tokens kept in the window codec
+  int recent = 256;           // W: most recent tokens kept in the window codec
   int page_tokens = 128;      // P: tokens per page of the quantized region
   int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
   // Codec of the sink and recent windows: bf16 (METHODS §2), f32 (an f32 cache), or int8 (KV4-RL, METHODS §5.6: the
