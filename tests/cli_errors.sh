@@ -52,6 +52,8 @@ expect_error "run: int8 windows with per-channel KIVI keys" run -m $M -p hi -n 1
   --kv-window-type int8
 expect_error "run: kv4rl on the GPU (int8 windows are CPU-only)" run -m $M -p hi -n 1 --kv-cache-dtype kv4rl \
   --device cuda
+expect_error "calibrate: int8 windows (not modelled by its loss)" calibrate -m $M --data data/calib/linux.txt \
+  -o "$T/r.safetensors" --kv-window-type int8
 expect_error "run: a group with no grouped cache type" run -m $M -p hi -n 1 --kv-group 64
 expect_error "run: a group for OScaR (its groups are 32)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 --kv-group 64
 expect_error "run: a rotation with OScaR (it implies its Hadamard)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 \
