@@ -45,6 +45,15 @@ expect_error "run: a preset as a key type" run -m $M -p hi -n 1 -ctk turboquant_
 expect_error "run: TurboQuant codebook keys as values" run -m $M -p hi -n 1 -ctv tq3nc
 expect_error "run: an unknown --kv-cache-dtype" run -m $M -p hi -n 1 --kv-cache-dtype turboquant_1bit
 expect_error "run: a clip for TurboQuant keys" run -m $M -p hi -n 1 -ctk tq2nc -ctv tqv2 --kv-clip-k 0.9
+expect_error "run: an unknown --kv-window-type" run -m $M -p hi -n 1 -ctk int4 -ctv int4 --kv-window-type int4
+expect_error "run: kv4rl with bf16 windows (the preset keeps int8 ones)" run -m $M -p hi -n 1 --kv-cache-dtype kv4rl \
+  --kv-window-type bf16
+expect_error "run: int8 windows with per-channel KIVI keys" run -m $M -p hi -n 1 --kv-cache-dtype kivi2 \
+  --kv-window-type int8
+expect_error "run: kv4rl on the GPU (int8 windows are CPU-only)" run -m $M -p hi -n 1 --kv-cache-dtype kv4rl \
+  --device cuda
+expect_error "calibrate: int8 windows (not modelled by its loss)" calibrate -m $M --data data/calib/linux.txt \
+  -o "$T/r.safetensors" --kv-window-type int8
 expect_error "run: a group with no grouped cache type" run -m $M -p hi -n 1 --kv-group 64
 expect_error "run: a group for OScaR (its groups are 32)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 --kv-group 64
 expect_error "run: a rotation with OScaR (it implies its Hadamard)" run -m $M -p hi -n 1 --kv-cache-dtype oscar_int2 \

@@ -118,9 +118,11 @@ void expect_view_matches(const KvCache& cache, const ReferenceKv& ref, const Dec
 }
 
 // Appends n_tokens in chunks and checks the decode view of the first and last query of every chunk.
-void run_demotion_case(const std::string& type, int sink, int recent, int page, int chunk, int n_tokens) {
+void run_demotion_case(const std::string& type, int sink, int recent, int page, int chunk, int n_tokens,
+                       const std::string& window = "") {
   const int n_kv = 2, d = 64, group = 32;
   CacheConfig cfg = config(type, group, sink, recent, page, chunk);
+  if (!window.empty()) cfg.window = window;
   cfg.key_rope = test::rope_inv_freq(d);
   const std::string what = fmt::format("{} chunk={} page={}", cfg.describe(), chunk, page);
   KvCache cache(cfg, 1, n_kv, d, n_tokens);
@@ -205,6 +207,18 @@ TEST(CacheDemotion, RowsMatchReferenceOverPageSizes) {
     }
 }
 
+TEST(CacheDemotion, Int8WindowRowsMatchReferenceOverChunksAndWindows) {
+  // KV4-RL's INT8 windows (METHODS §5.6): window rows are int8 round trips, demoted rows the body codec's of bf16(x).
+  for (auto [sink, recent] : {std::pair{0, 0}, {4, 16}, {16, 64}})
+    for (int chunk : {1, 7, 64, 300}) {
+      for (const char* body : {"int4", "int2"}) {
+        run_demotion_case(body, sink, recent, 16, chunk, sink + recent + (chunk == 1 ? 150 : 420), "int8");
+        if (HasFatalFailure()) return;
+      }
+    }
+  run_demotion_case("nexusquant", 4, 16, 16, 7, 300, "int8");  // a positional body codec, encoded at append
+}
+
 namespace {
 
 // Fast cache_attention vs the reference over a sequence of n_tokens: all but the last 1 + n_check tokens are
@@ -282,6 +296,15 @@ TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengths) {
       worst = std::max(worst, e);
     }
     std::printf("fast vs reference attention, %s: worst NMSE %.3g\n", type.c_str(), worst);
+  }
+}
+
+TEST(CacheAttention, FastMatchesReferenceWithInt8Windows) {
+  // The windows read through the int8 codec's fast paths (KV4-RL): the same budget as any codec above.
+  for (int n_tokens : {1, 65, 1000}) {
+    CacheConfig cfg = config("int4", 128, 16, 64, 128, 512);
+    cfg.window = "int8";
+    EXPECT_LE(attention_nmse(cfg, n_tokens), 1e-6) << cfg.describe() << " n_tokens=" << n_tokens;
   }
 }
 

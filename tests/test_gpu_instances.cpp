@@ -152,6 +152,9 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   CacheConfig f32w = config("int2", "int2", 128);
   f32w.window = "f32";
   EXPECT_TRUE(has(gpu_unsupported(f32w, kHeadDim), "window type 'f32'"));
+  CacheConfig kv4rl = config("int4", "int4", 128);  // KV4-RL's INT8 windows are CPU-only: refused, never bf16
+  kv4rl.window = "int8";
+  EXPECT_TRUE(has(gpu_unsupported(kv4rl, kHeadDim), "window type 'int8' (--kv-window-type): the GPU keeps bf16"));
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "int2", 128, 12), kHeadDim), "pages of 12 tokens"));
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "bf16", 64), kHeadDim), "keys int2/g64 with values bf16"));
   CacheConfig bad_clip = config("int2", "int2", 128);

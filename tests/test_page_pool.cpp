@@ -84,7 +84,10 @@ CacheFootprint footprint_before_layout(const KvCache& c, int n) {
                                      double(v.bytes_per_block()) / v.tokens_per_block());
   const int qe = S0 + std::max(0, n - W - S0) / B * B;  // qe(n - 1)
   const int n_window = std::min(n, n - (qe - S0));
-  const double total = n_window * window_bytes + (n - n_window) * quant_bytes;
+  // Since KV4-RL: a quantized window codec keeps the body rows of the recent window's tokens too (kv/cache.h).
+  const double body_bytes = window_quantized(c.config()) ? quant_bytes : 0.0;
+  const double total =
+      n_window * window_bytes + (n_window - std::min(n, S0)) * body_bytes + (n - n_window) * quant_bytes;
   return {total / n, 8.0 * total / (double(n) * elems), 8.0 * quant_bytes / elems};
 }
 
@@ -97,8 +100,10 @@ size_t bytes_before_pool(const KvCache& c, int max_seqs) {
   const size_t page = head * c.n_layers() * c.n_kv_heads();
   const size_t pages_per_seq = (std::max(0, c.max_ctx() - cfg.sink) + P - 1) / P;
   const size_t ring = size_t(cfg.recent + c.block_tokens() + cfg.max_chunk);
+  const size_t body_row = window_quantized(cfg) ? k.bytes_per_block() + v.bytes_per_block() : 0;  // per-token rows
   const size_t windows =
-      size_t(c.n_layers()) * 2 * c.n_kv_heads() * (cfg.sink + ring) * c.window_codec().bytes_per_block();
+      size_t(c.n_layers()) * 2 * c.n_kv_heads() * (cfg.sink + ring) * c.window_codec().bytes_per_block() +
+      size_t(c.n_layers()) * c.n_kv_heads() * ring * body_row;
   return (pages_per_seq * page + windows) * max_seqs;
 }
 

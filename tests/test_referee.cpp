@@ -256,7 +256,7 @@ TEST(Referee, ParsesMethodAndWindowListsAndRejectsBadOnes) {
   EXPECT_EQ(ms[0].rotation, "oscar");
   EXPECT_EQ(ms[1].objective, "joint");
   EXPECT_TRUE(ms[1].needs_calibration());
-  EXPECT_EQ(referee_methods().size(), 12u);
+  EXPECT_EQ(referee_methods().size(), 13u);
   EXPECT_THROW(parse_referee_methods("int3"), Error);
   EXPECT_THROW(parse_referee_methods("int2,int2"), Error);
   EXPECT_THROW(parse_referee_methods(""), Error);

@@ -114,6 +114,14 @@ TEST(RefereeMethods, CodecSpecsFollowMethodsDefaultsAndTheCacheTakesTheRowsWindo
   EXPECT_EQ(c.window, "bf16");
   EXPECT_EQ(c.sink, 16);
   EXPECT_EQ(c.recent, 64);
+  // KV4-RL: int4 keys and values, the INT8 window codec (METHODS §5.6), judged against int4 (bf16 windows).
+  const RefereeMethod* kv4rl = find_referee_method("kv4rl");
+  ASSERT_NE(kv4rl, nullptr);
+  const CacheConfig k4 = method_cache(*kv4rl, {64, 256}, 128);
+  EXPECT_EQ(k4.k.type, "int4");
+  EXPECT_EQ(k4.v.type, "int4");
+  EXPECT_EQ(k4.window, "int8");
+  EXPECT_EQ(kv4rl->baseline, "int4");
 }
 
 TEST(RefereeMethods, ThePlanRunsWindowlessRowsOnceAndAddsTheLeakageRow) {

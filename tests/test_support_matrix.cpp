@@ -2,6 +2,8 @@
 // the bytes and bits its CPU codec stores, and the GPU path from the instance table (cuda/gpu_instances.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <set>
 #include <string>
 
@@ -75,12 +77,35 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
   EXPECT_EQ(find_row(rows, "fp8e4m3", "k,v", 128, 0)->cuda, "");
   const std::vector<PresetRow> presets = preset_matrix({128});
   ASSERT_EQ(presets.size(), codec_presets().size());
+  const PresetRow* tq2 = nullptr;
   for (const PresetRow& p : presets) {
     EXPECT_TRUE(p.cpu) << p.preset;
+    if (p.preset.rfind("turboquant_", 0) != 0) continue;  // KV4-RL: the test below
     EXPECT_EQ(p.kvq_extension, p.preset == "turboquant_2bit") << p.preset;
     EXPECT_EQ(p.transform, p.k == "fp8e4m3" ? "none" : "hadamard_k") << p.preset;
     EXPECT_EQ(p.cuda, p.k == "fp8e4m3" ? "" : "CUDA-core") << p.preset;
+    EXPECT_EQ(p.window, "bf16") << p.preset;
+    if (p.preset == "turboquant_2bit") tq2 = &p;
   }
-  EXPECT_DOUBLE_EQ(presets.back().bytes_per_token, 70.0);
+  ASSERT_NE(tq2, nullptr);
+  EXPECT_DOUBLE_EQ(tq2->bytes_per_token, 70.0);
   EXPECT_NE(format_preset_matrix(presets).find("(kvq extension)"), std::string::npos);
+}
+
+// KV4-RL's preset: int4 keys and values (68 + 68 bytes at d = 128), INT8 windows, no transform, not on the GPU (the GPU
+// keeps bf16 windows and refuses int8 ones, though it runs int4 / int4).
+TEST(SupportMatrix, Kv4rlPresetRowNamesItsInt8WindowsAndNoGpu) {
+  const std::vector<PresetRow> presets = preset_matrix({128});
+  const auto it = std::find_if(presets.begin(), presets.end(), [](const PresetRow& p) { return p.preset == "kv4rl"; });
+  ASSERT_NE(it, presets.end());
+  EXPECT_EQ(it->k, "int4");
+  EXPECT_EQ(it->v, "int4");
+  EXPECT_EQ(it->window, "int8");
+  EXPECT_TRUE(it->kvq_extension);
+  EXPECT_DOUBLE_EQ(it->bytes_per_token, 136.0);
+  EXPECT_DOUBLE_EQ(it->bits, 4.25);
+  EXPECT_EQ(it->transform, "none");
+  EXPECT_EQ(it->cuda, "");
+  EXPECT_NE(format_preset_matrix(presets).find("kv4rl                int4     int4   int8"), std::string::npos)
+      << format_preset_matrix(presets);
 }

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "common/half.h"
 #include "kv/codec_rope.h"
 #include "kv/oscar_format.h"
 
@@ -16,7 +17,7 @@ ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
   vs.head_dim = head_dim;
   k_codec_ = make_key_codec(cfg, head_dim);
   v_codec_ = make_codec(vs);
-  window_ = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
+  window_ = make_codec(window_spec(cfg, head_dim));
   block_ = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());
 }
 
@@ -25,14 +26,20 @@ ReferenceKv::~ReferenceKv() = default;
 void ReferenceKv::append(int n, const float* k, const float* v) {
   const size_t row = size_t(n_kv_) * d_, first = size_t(n_tokens_) * row;
   n_tokens_ += n;
-  for (auto* buf : {&wk_, &wv_, &qk_, &qv_}) buf->resize(size_t(n_tokens_) * row);
+  for (auto* buf : {&wk_, &wv_, &sk_, &sv_, &qk_, &qv_}) buf->resize(size_t(n_tokens_) * row);
   std::vector<uint8_t> block(std::max(window_->bytes_per_block(),
                                       std::max(k_codec_->bytes_per_block(), v_codec_->bytes_per_block())));
-  for (size_t i = 0; i < size_t(n) * n_kv_; ++i) {  // window round trips
+  const bool from_bf16 = window_quantized(cfg_);  // an int8 window row is not re-quantized
+  for (size_t i = 0; i < size_t(n) * n_kv_; ++i) {  // window round trips, and what demotion quantizes
     window_->encode(k + i * d_, block.data());
     window_->decode(block.data(), wk_.data() + first + i * d_);
     window_->encode(v + i * d_, block.data());
     window_->decode(block.data(), wv_.data() + first + i * d_);
+    for (int c = 0; c < d_; ++c) {
+      const size_t at = first + i * d_ + size_t(c);
+      sk_[at] = from_bf16 ? bf16_to_f32(f32_to_bf16(k[i * d_ + c])) : wk_[at];
+      sv_[at] = from_bf16 ? bf16_to_f32(f32_to_bf16(v[i * d_ + c])) : wv_[at];
+    }
   }
   // Quantized twins of every whole block after the sinks: the codec round trip of the window rows of the block.
   const int S0 = cfg_.sink;
@@ -43,7 +50,7 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
       for (int i = 0; i < block_; ++i) {
         float sum = 0.f;
         for (int h = 0; h < n_kv_; ++h) {
-          const float* row = wk_.data() + (size_t(b0 + i) * n_kv_ + h) * d_;
+          const float* row = sk_.data() + (size_t(b0 + i) * n_kv_ + h) * d_;
           sum = exact::add(sum, token_sum_squares([&](int c) { return row[c]; }, d_));
         }
         nu[size_t(i)] = token_scale(sum);
@@ -52,7 +59,7 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
     for (int h = 0; h < n_kv_; ++h)
       for (int kv = 0; kv < 2; ++kv) {
         const KvCodec& codec = kv ? *v_codec_ : *k_codec_;
-        const std::vector<float>& src = kv ? wv_ : wk_;
+        const std::vector<float>& src = kv ? sv_ : sk_;
         std::vector<float>& dst = kv ? qv_ : qk_;
         const int tpb = codec.tokens_per_block();
         for (int t0 = b0; t0 < b0 + block_; t0 += tpb) {

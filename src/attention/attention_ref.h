@@ -5,7 +5,8 @@
 // Row of position pos as read by a query at t (kv/cache.h, docs/METHODS.md §2):
 //   pos < S0 or pos >= qe(t):  the window codec's decode(encode(x))                       (bf16-rounded rows)
 //   S0 <= pos < qe(t):         the K / V codec's decode_at(encode_at(block)) of the window-codec rows of pos's block;
-//                              token-scaled keys: ν_t · decode_at(encode_at(rows / ν_t)), ν_t over all kv heads
+//                              token-scaled keys: ν_t · decode_at(encode_at(rows / ν_t)), ν_t over all kv heads;
+//                              a quantized window codec (int8, METHODS §5.6): of the BF16 rows bf16(x) instead
 //   qe(t) = S0 + (number of whole B-token blocks after the sinks whose last token has left the W-token window)
 #pragma once
 
@@ -44,6 +45,7 @@ class ReferenceKv {
   int n_tokens_ = 0;
   int n_quantized_ = 0;                     // positions [S0, S0 + n_quantized_) have quantized twins
   std::vector<float> wk_, wv_;              // [n_tokens, n_kv, d] window-codec round trips
+  std::vector<float> sk_, sv_;              // [n_tokens, n_kv, d] what is quantized: wk_ / wv_, or bf16(x)
   std::vector<float> qk_, qv_;              // [n_tokens, n_kv, d] K / V codec round trips (whole blocks only)
 };
 

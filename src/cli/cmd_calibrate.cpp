@@ -40,6 +40,10 @@ void run(CalibrateOptions o) {
   KVQ_CHECK(o.cache.skip_layers.empty(), "calibrate makes rotations for every layer: --kv-skip-layers is a cache "
             "policy of run, ppl, eval and bench");
   const Plan p = plan(o.model, o.cache, 0);
+  KVQ_CHECK(!window_quantized(p.cache),
+            "calibrate: {} windows: OptR's loss keeps the windows exact and does not model quantized window rows "
+            "(calibrate with bf16 windows; the rotation then runs with --kv-window-type {} too)", p.cache.window,
+            p.cache.window);
   o.calib.cache = p.cache;
   o.calib.validate(p.model);
   const std::string text = read_file(o.data);

@@ -24,7 +24,8 @@ struct InfoOptions {
 void print_codecs(bool as_json) {
   const std::vector<SupportRow> rows = support_matrix();
   if (!as_json) {
-    std::printf("%s\n--kv-cache-dtype presets (a key and a value codec; bytes and bits of both):\n%s",
+    std::printf("%s\n--kv-cache-dtype presets (a key and a value codec and the windows' codec; bytes and bits of the "
+                "two codecs, windows counted by kvq info -m DIR -c N):\n%s",
                 format_support_matrix(rows).c_str(), format_preset_matrix(preset_matrix()).c_str());
     return;
   }

@@ -58,7 +58,18 @@ CacheConfig CacheOptions::config() const {
   c.page_tokens = page;
   c.max_chunk = chunk;
   c.skip_layers = parse_skip_layers(skip_layers);
-  if (kt.id == CodecId::kF32 && vt.id == CodecId::kF32) c.window = "f32";  // a lossless cache keeps lossless windows
+  // --kv-window-type: the window codec (kv/cache.h). A preset that names its windows (KV4-RL) keeps them; a lossless
+  // cache keeps lossless windows unless told otherwise.
+  KVQ_CHECK(window_type.empty() || window_type == "bf16" || window_type == "int8",
+            "--kv-window-type '{}' is not supported (bf16: BF16 sinks and recent window; int8: INT8 rows, KV4-RL)",
+            window_type);
+  const bool preset_window = preset && preset->window != CodecId::kBf16;
+  KVQ_CHECK(window_type.empty() || !preset_window || window_type == codec_traits(preset->window).name,
+            "--kv-window-type {} conflicts with --kv-cache-dtype {}: the preset keeps {} windows", window_type,
+            type_both, codec_traits(preset ? preset->window : CodecId::kBf16).name);
+  if (!window_type.empty()) c.window = window_type;
+  else if (preset_window) c.window = std::string(codec_traits(preset->window).name);
+  else if (kt.id == CodecId::kF32 && vt.id == CodecId::kF32) c.window = "f32";
   return c;
 }
 
@@ -111,8 +122,13 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("--kv-clip-v", o.clip_v,
                   "value quantile clip ratio (default: the type's, " + clip_defaults(false) + ")")
       ->check(CLI::Range(0.01, 1.0));
-  cmd->add_option("--kv-sink", o.sink, "first tokens kept in BF16 (attention sinks)")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-recent", o.recent, "most recent tokens kept in BF16")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-sink", o.sink, "first tokens kept in the window type (attention sinks)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-recent", o.recent, "most recent tokens kept in the window type")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-window-type", o.window_type,
+                  "codec of the sink and recent windows: bf16 (default) or int8 (8-bit codes per token, fp16 "
+                  "scale/zero per --kv-group values; KV4-RL; CPU only)");
   cmd->add_option("--kv-page", o.page, "tokens per cache page")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "

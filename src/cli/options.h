@@ -30,6 +30,7 @@ struct CacheOptions {
   int group = 0;                                 // --kv-group (0: not given, kDefaultGroup)
   float clip_k = -1, clip_v = -1;                // --kv-clip-k / --kv-clip-v (-1: the type's default)
   int sink = 64, recent = 256;                   // --kv-sink / --kv-recent
+  std::string window_type;                       // --kv-window-type: bf16 | int8 ("": bf16, a preset's, f32 for f32)
   int page = 128;                                // --kv-page
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
   std::string rotation = "none";                 // --rotation: none | hadamard | FILE

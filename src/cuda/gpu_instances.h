@@ -172,7 +172,8 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
   if (head_dim != kHeadDim) {
     w = "head_dim " + std::to_string(head_dim) + ": the GPU kernels take head_dim " + std::to_string(kHeadDim);
   } else if (cfg.window != "bf16") {
-    w = "window type '" + cfg.window + "': the GPU keeps bf16 windows";
+    w = "window type '" + cfg.window + "' (--kv-window-type): the GPU keeps bf16 windows (int8 windows, KV4-RL, run "
+        "on the CPU)";
   } else if (stored_codec(cfg.k, true, &k, &w) && stored_codec(cfg.v, false, &v, &w)) {
     for (int i = 0; i < kGpuInstanceCount && found < 0; ++i)
       if (row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens)) found = i;

@@ -49,6 +49,10 @@ const std::vector<RefereeMethod>& referee_methods() {
        .quick = true},
       {.label = "int8", .key_type = "int8", .value_type = "int8", .rotation = "none", .quick = true},
       {.label = "int4", .key_type = "int4", .value_type = "int4", .rotation = "none"},
+      {.label = "kv4rl", .key_type = "int4", .value_type = "int4", .window_type = "int8", .rotation = "none",
+       .baseline = "int4",
+       .note = "kv4rl is int4 with INT8 sink and recent windows (METHODS §5.6); its body rows are quantized from the "
+               "BF16 values, so they equal int4's and the rows differ in the windows only (CPU only)."},
       {.label = "int2", .key_type = "int2", .value_type = "int2", .rotation = "none", .tunes_clips = true,
        .quick = true},
       {.label = "kivi2", .key_type = "kivi2", .value_type = "kivi2", .rotation = "none", .quick = true},

@@ -56,7 +56,8 @@ Interval paired_ppl_ratio(const PooledWindows& method, const PooledWindows& base
 // The base a method is judged against besides bf16 (its "natural baseline"), from its results.json method object:
 // the baseline of its row in referee_methods(); for a label the table does not hold, the rule the rows follow:
 // optr / optr-* of rotation R -> "<type>+R" (the rotation it starts from); <type>+oscar -> "<type>+quarot" (calibrated
-// versus data-free rotation); <type>+quarot -> "<type>" (rotation versus none); anything else: "" (bf16 only).
+// versus data-free rotation); <type>+quarot -> "<type>" (rotation versus none); no rotation with windows of another
+// codec than bf16 (KV4-RL) -> "<type>" (the same codecs with bf16 windows); anything else: "" (bf16 only).
 std::string natural_base(const nlohmann::json& method);
 
 // results.json "unseen" from the other keys of results (calibration_data.file, eval_data, config.ctx,

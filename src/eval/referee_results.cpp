@@ -145,8 +145,8 @@ json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
 }  // namespace
 
 json method_json(const RefereeMethod& m) {
-  return {{"label", m.label}, {"type", m.type()}, {"rotation", m.rotation}, {"base", m.base},
-          {"objective", m.objective}};
+  return {{"label", m.label}, {"type", m.type()}, {"window_type", m.window_type}, {"rotation", m.rotation},
+          {"base", m.base}, {"objective", m.objective}};
 }
 
 void add_run_fields(json& rec, const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r,

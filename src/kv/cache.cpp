@@ -14,7 +14,7 @@ namespace kvq {
 
 struct KvCache::Sequence {
   std::vector<uint8_t> sinks;      // [n_layers][2][n_kv][S0] window rows
-  std::vector<uint8_t> ring;       // [n_layers][2][n_kv][ring_tokens] window rows
+  std::vector<uint8_t> ring;       // [n_layers][2][n_kv][ring_tokens] window rows, then [ring_tokens][ring_body]
 };
 
 namespace {
@@ -43,6 +43,14 @@ PagePool::Size pool_size(const CacheLayout& layout, int max_ctx, int max_seqs, s
 }
 
 }  // namespace
+
+CodecSpec window_spec(const CacheConfig& cfg, int head_dim) {
+  CodecSpec s = codec_spec(cfg.window, false, cfg.v.group, 0.f);
+  s.head_dim = head_dim;
+  return s;
+}
+
+bool window_quantized(const CacheConfig& cfg) { return codec_traits(cfg.window).code_bits < 16; }
 
 std::vector<int> parse_skip_layers(const std::string& list) {
   std::vector<int> out;
@@ -93,6 +101,12 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
               "KV cache: transform '{}' of (layers {}, kv heads {}, d {}) does not fit the cache ({}, {}, {})", t->name,
               t->n_layers, t->n_kv_heads, t->head_dim, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(window.tokens_per_block() == 1, "KV cache: window type '{}' is not a per-token codec", cfg.window);
+  const bool body_in_ring = window_quantized(cfg);  // body rows encoded at append (kv/cache.h)
+  KVQ_CHECK(!body_in_ring || (k.tokens_per_block() == 1 && v.tokens_per_block() == 1 && !cfg.k.token_scale),
+            "KV cache: window type '{}' needs per-token key and value codecs without a token scale (each row is "
+            "quantized into the body at append, from its BF16 value): k={} has blocks of {} tokens{}, v={} of {}",
+            cfg.window, k.name(), k.tokens_per_block(), cfg.k.token_scale ? " and a token scale" : "", v.name(),
+            v.tokens_per_block());
   KVQ_CHECK(!cfg.v.token_scale, "KV cache: value type '{}' with a token scale (only keys take one)", cfg.v.type);
   KVQ_CHECK(!cfg.k.token_scale || cfg.skip_layers.empty(),
             "KV cache: --kv-skip-layers with token-scaled keys ({}) is not supported", cfg.k.type);
@@ -113,13 +127,13 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
   return make_cache_layout(n_layers, n_kv_heads, head_dim, cfg.sink, cfg.recent, cfg.page_tokens, cfg.max_chunk,
                            {k.tokens_per_block(), int64_t(k.bytes_per_block())},
                            {v.tokens_per_block(), int64_t(v.bytes_per_block())}, int64_t(window.bytes_per_block()),
-                           skipped_layers(cfg, n_layers), cfg.k.token_scale);
+                           skipped_layers(cfg, n_layers), cfg.k.token_scale, body_in_ring);
 }
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
   const auto k = make_key_codec(cfg, head_dim), v = make_codec(with_head_dim(cfg.v, head_dim));
-  const auto window = make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim});
+  const auto window = make_codec(window_spec(cfg, head_dim));
   return cache_layout(cfg, *k, *v, *window, n_layers, n_kv_heads, head_dim);
 }
 
@@ -143,7 +157,7 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       max_ctx_(max_ctx),
       k_codec_(make_key_codec(cfg, head_dim, max_ctx)),
       v_codec_(make_codec(with_head_dim(cfg.v, head_dim))),
-      window_(make_codec(CodecSpec{.type = cfg.window, .head_dim = head_dim})),
+      window_(make_codec(window_spec(cfg, head_dim))),
       skip_codec_(make_codec(CodecSpec{.type = "bf16", .head_dim = head_dim})),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),
       pool_(layout_, max_ctx, pool_size(layout_, max_ctx, max_seqs, budget_bytes)) {
@@ -184,23 +198,49 @@ uint8_t* KvCache::ring_row(Sequence& s, int layer, int kv, int head, int pos) co
   return s.ring.data() + (((size_t(layer) * 2 + kv) * n_kv_ + head) * ring + pos % ring) * size_t(layout_.window_row);
 }
 
+uint8_t* KvCache::ring_body_row(Sequence& s, int layer, int kv, int head, int pos) const {
+  // Slot pos % ring_tokens after the window rows; in it, layer l's heads as in a page, one row each (P = 1).
+  const CacheLayout& l = layout_;
+  const int64_t P = l.page_tokens;
+  const int64_t in_slot = (layer_offset_[size_t(layer)] + head * l.layer_head_bytes(layer) +
+                           (kv ? l.layer_k_region(layer) : 0)) / P;
+  const int64_t windows = int64_t(n_layers_) * 2 * n_kv_ * l.ring_tokens * l.window_row;
+  return s.ring.data() + windows + (pos % l.ring_tokens) * l.ring_body + in_slot;
+}
+
+// The body rows of position pos (every kv head of one layer, k / v: [n_kv, d]), encoded from their BF16 values: what
+// demotion would encode from a BF16 window row.
+void KvCache::encode_ring_body(Sequence& s, int layer, int pos, const float* k, const float* v) {
+  float row[kCpuMaxHeadDim];
+  for (int h = 0; h < n_kv_; ++h)
+    for (int kv = 0; kv < 2; ++kv) {
+      const float* x = (kv ? v : k) + size_t(h) * d_;
+      for (int c = 0; c < d_; ++c) row[c] = bf16_to_f32(f32_to_bf16(x[c]));
+      (kv ? v_codec(layer) : k_codec(layer)).encode_at(row, pos, ring_body_row(s, layer, kv, h, pos));
+    }
+}
+
 void KvCache::append(int seq, int layer, int pos0, int n, const float* k, const float* v) {
   Sequence& s = *seqs_.at(size_t(seq));
   KVQ_CHECK(pool_.live(seq) && pos0 == pool_.length(seq), "KV cache: append at {} but sequence {} holds {} tokens",
             pos0, seq, pool_.length(seq));
   for (int i = 0; i < n; ++i) {
     const int pos = pos0 + i;
+    const float* ki = k + size_t(i) * n_kv_ * d_;
+    const float* vi = v + size_t(i) * n_kv_ * d_;
     for (int h = 0; h < n_kv_; ++h) {
-      const float* rows[2] = {k + (size_t(i) * n_kv_ + h) * d_, v + (size_t(i) * n_kv_ + h) * d_};
+      const float* rows[2] = {ki + size_t(h) * d_, vi + size_t(h) * d_};
       for (int kv = 0; kv < 2; ++kv)
         window_->encode(rows[kv], pos < cfg_.sink ? sink_row(s, layer, kv, h, pos) : ring_row(s, layer, kv, h, pos));
     }
+    if (layout_.ring_body > 0 && pos >= cfg_.sink) encode_ring_body(s, layer, pos, ki, vi);
   }
   demote(seq, s, layer, quant_end(pos0 - 1), quant_end(pos0 + n - 1));
 }
 
 void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
-  // Quantize blocks [from, to) of every head from the ring into their pages.
+  // Quantize blocks [from, to) of every head from the ring into their pages (with quantized windows: copy the body
+  // rows encoded at append).
   const int S0 = cfg_.sink, P = cfg_.page_tokens;
   from = std::max(from, S0);
   const int B = layout_.block_tokens;
@@ -219,13 +259,18 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
         const int tpb = codec.tokens_per_block();
         uint8_t* region = head + (kv ? layout_.layer_k_region(layer) : 0);
         for (int t0 = b0; t0 < b0 + B; t0 += tpb) {
+          uint8_t* block = region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block();
+          if (layout_.ring_body > 0) {  // per-token rows (cache_layout): the body row of t0
+            std::memcpy(block, ring_body_row(s, layer, kv, h, t0), codec.bytes_per_block());
+            continue;
+          }
           for (int r = 0; r < tpb; ++r) {
             float* row = rows.data() + size_t(r) * d_;
             window_->decode(ring_row(s, layer, kv, h, t0 + r), row);
             if (kv == 0 && nu)
               for (int c = 0; c < d_; ++c) row[c] = exact::div(row[c], nu[t0 + r - b0]);
           }
-          codec.encode_at(rows.data(), t0, region + size_t((t0 - S0) % P / tpb) * codec.bytes_per_block());
+          codec.encode_at(rows.data(), t0, block);
         }
       }
     }

@@ -1,9 +1,9 @@
-// Paged KV cache with BF16 sink / recent windows and a quantized (codec) region.
+// Paged KV cache with sink / recent windows (BF16, or INT8 for KV4-RL) and a quantized (codec) region.
 //
 // Positions of one sequence, for a query at position t (docs/METHODS.md §2, decode-faithful):
-//   [0, S0)                 sinks, BF16, always
+//   [0, S0)                 sinks, window codec (BF16), always
 //   [S0, qe(t))             quantized region, read through the K / V codecs from pages
-//   [max(S0, qe(t)), t]     recent window, BF16, from a ring buffer
+//   [max(S0, qe(t)), t]     recent window, window codec (BF16), from a ring buffer
 // with qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B and B = block_tokens() (1 for per-token codecs, G for
 // KIVI keys): a block is demoted — quantized into the paged region — once its last token has left the window.
 // A prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every
@@ -15,6 +15,7 @@
 //          a layer of CacheConfig::skip_layers stores bf16 rows there (its K / V codec is bf16), at the same positions
 //   sinks  per sequence [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
 //   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
+//          int8 windows (KV4-RL, METHODS §5.6): then [ring_tokens] slots of body rows (cache_layout.h, ring_body)
 //          token-scaled keys (CodecSpec::token_scale, OScaR): the page ends with ν [n_layers][P] fp32 (cache_layout.h)
 // Keys and values are stored exactly as given: the config's transform (centring, rotation) is applied by the caller
 // before append() (Model::attention_block). With token-scaled keys, demotion computes ν_t over the window rows of
@@ -22,6 +23,16 @@
 // run's scores by it (METHODS §5.4). A key group of G tokens (per-channel keys) is demoted whole once its last token
 // left the window, so a group that is not yet full is still read exactly; groups are aligned to S0 + multiples of
 // B, which are absolute positions whenever S0 is a multiple of B (S0 = 0 as OScaR ships, or kvq's default 64).
+//
+// Demotion quantizes a row from the value the BF16 window holds, bf16(x). A BF16 (or f32) window row is that value,
+// so demotion decodes it and encodes it with the body codec. A quantized window row (int8) is not, and METHODS §5.6
+// chooses not to re-quantize the INT8 copy (on models/ref the two are equally good: docs/results-cpu.md); x itself
+// is gone once append() returns. So with a
+// quantized window codec append() also encodes each non-sink row's body row from bf16(x) into the ring slot beside
+// its window rows, and demotion copies those bytes into the page: the pages hold exactly the bytes of the same cache
+// with BF16 windows. The body rows are stored state, counted in ring_bytes() and footprint() (a recent-window token
+// costs its INT8 rows plus its body rows). Only per-token body codecs without a token scale can be encoded a row at a
+// time (cache_layout refuses the others).
 #pragma once
 
 #include <cstdint>
@@ -40,11 +51,13 @@ namespace kvq {
 struct CacheConfig {
   CodecSpec k{};              // key codec (type, group, clip)
   CodecSpec v{};              // value codec
-  int sink = 64;              // S0: first tokens kept in BF16
-  int recent = 256;           // W: most recent tokens kept in BF16
+  int sink = 64;              // S0: first tokens kept in the window codec
+  int recent = 256;           // W: most recent tokens kept in the window codec
   int page_tokens = 128;      // P: tokens per page of the quantized region
   int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
-  std::string window = "bf16";  // codec of the sink and recent windows: bf16 (METHODS §2), f32, or int8 (KV4-RL)
+  // Codec of the sink and recent windows: bf16 (METHODS §2), f32 (an f32 cache), or int8 (KV4-RL, METHODS §5.6: the
+  // §1 quantizer at b = 8 per token, at the values' group, plain min/max). window_spec() builds its spec.
+  std::string window = "bf16";
   // --kv-skip-layers: layers whose quantized region keeps bf16 rows (vLLM's TurboQuant keeps 0, 1, L-2, L-1), as
   // given: negative = from the end (-1 = the last layer). Resolved against the model by skipped_layers().
   std::vector<int> skip_layers;
@@ -59,6 +72,13 @@ struct CacheConfig {
   std::vector<float> key_rope;
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
+
+// The spec of cfg's window codec at head_dim: cfg.window at the group of the value rows (--kv-group), its default clip
+// (plain min/max).
+CodecSpec window_spec(const CacheConfig& cfg, int head_dim);
+// The window codec is quantized (int8): demotion cannot decode a window row to the value a body row is quantized from,
+// so each body row is encoded at append (see the header comment).
+bool window_quantized(const CacheConfig& cfg);
 
 // "0,1,-2,-1" -> {0, 1, -2, -1} (--kv-skip-layers); kvq::Error on an empty item, a non-integer or a repeat.
 std::vector<int> parse_skip_layers(const std::string& list);
@@ -147,6 +167,9 @@ class KvCache {
   }
   uint8_t* sink_row(Sequence& s, int layer, int kv, int head, int pos) const;
   uint8_t* ring_row(Sequence& s, int layer, int kv, int head, int pos) const;
+  // The body row (the K / V codec of layer) of ring position pos, beside its window rows; quantized windows only.
+  uint8_t* ring_body_row(Sequence& s, int layer, int kv, int head, int pos) const;
+  void encode_ring_body(Sequence& s, int layer, int pos, const float* k, const float* v);
   void demote(int seq, Sequence& s, int layer, int from, int to);
   void demote_scales(Sequence& s, int layer, int b0, float* nu) const;
 

@@ -10,6 +10,10 @@
 //            then, for token-scaled keys only, ν [n_layers][P] fp32 after every layer's heads  scale_region
 //   windows  per sequence: sinks [n_layers][2][n_kv][S0] + ring [n_layers][2][n_kv][ring_tokens]
 //            rows of the window codec (window_row bytes each)                                  window_bytes()
+//            a quantized window codec (int8 windows, KV4-RL: METHODS §5.6) cannot give back the value a body row is
+//            quantized from, so the ring also keeps each slot's body rows, [ring_tokens][ring_body] bytes: every
+//            layer's { K | V } rows of that position ([n_kv] per layer, a page's order), encoded at append from the
+//            row's BF16 value; demotion copies them into the page. Per-token body codecs only (kvq::cache_layout).
 // A sequence of n tokens holds pages_for(n) pages: its quantized region is [S0, qe(n - 1)).
 //
 // Token-scaled keys (CodecSpec::token_scale, OScaR: METHODS §5.4, kv/oscar_format.h) need one scale per (token,
@@ -68,6 +72,8 @@ struct CacheLayout {
   int ring_tokens;               // ring slots per (layer, K/V, head): W + B + max_chunk
   CodecBlock k, v;               // blocks of the K / V codecs (quantized region of the layers not skipped)
   int64_t window_row;            // bytes of one window-codec row (sinks and ring)
+  int64_t ring_body;             // bytes of the body rows one ring slot keeps beside its window rows (all layers,
+                                 // kv heads, K and V: page_bytes / P), or 0 when demotion encodes the window rows
   int64_t k_region, v_region;    // bytes of one page's K / V blocks of one (layer, kv head), layers not skipped
   int64_t head_bytes;            // k_region + v_region
   LayerSet skipped;              // layers that keep bf16 rows in their quantized region too (--kv-skip-layers)
@@ -98,18 +104,23 @@ struct CacheLayout {
     return (quant_tokens + page_tokens - 1) / page_tokens;
   }
   KVQ_HD int64_t sink_bytes() const { return int64_t(n_layers) * 2 * n_kv * sink * window_row; }
-  KVQ_HD int64_t ring_bytes() const { return int64_t(n_layers) * 2 * n_kv * ring_tokens * window_row; }
+  KVQ_HD int64_t ring_bytes() const {
+    return int64_t(n_layers) * 2 * n_kv * ring_tokens * window_row + int64_t(ring_tokens) * ring_body;
+  }
   // Windows of one sequence (sinks + ring), allocated per sequence slot.
   KVQ_HD int64_t window_bytes() const { return sink_bytes() + ring_bytes(); }
   // Everything one sequence of n_tokens takes: its windows and its pages.
   KVQ_HD int64_t sequence_bytes(int n_tokens) const { return window_bytes() + pages_for(n_tokens) * page_bytes; }
 
   // Per (token, layer): K and V rows of every kv head. Sinks and the W most recent tokens are window rows, the rest
-  // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted as window rows. Skipped layers'
-  // bf16 rows count in the quantized region (averaged over the layers), so b_q and b_eff include them.
+  // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted as
+  // window rows. Skipped layers' bf16 rows count in the quantized region (averaged over the layers), so b_q and b_eff
+  // include them. The body rows kept beside quantized window rows (ring_body) count for every window token but the
+  // sinks (they are never demoted).
   CacheFootprint footprint(int n) const {
     const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
     const double window = 2.0 * n_kv * double(window_row);
+    const double pending = double(ring_body) / n_layers;  // body rows of one recent-window token, per layer
     const double coded = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens);
     const double quant = (double(n_layers - n_skipped) * coded + double(n_skipped) * 2.0 * n_kv * double(skip_row)) /
                          double(n_layers) +
@@ -117,7 +128,8 @@ struct CacheLayout {
     const int in_quant = quant_end(n - 1) - sink;
     const int n_window = n < n - in_quant ? n : n - in_quant;
     const int n_quant = n - n_window;
-    const double total = n_window * window + n_quant * quant;
+    const int n_sink = n < sink ? n : sink;
+    const double total = n_window * window + (n_window - n_sink) * pending + n_quant * quant;
     CacheFootprint f;
     f.bytes_per_token_per_layer = total / n;
     f.bits_per_element = 8.0 * total / (double(n) * elems);
@@ -128,10 +140,12 @@ struct CacheLayout {
 
 // The layout of already validated sizes (kvq::cache_layout in kv/cache.h validates a CacheConfig and calls this):
 // page_tokens a multiple of both codecs' tokens per block, window rows per token, skipped layers < n_layers;
-// token_scale: keys scaled by ν (never with skipped layers: kvq::cache_layout refuses the pair).
+// token_scale: keys scaled by ν (never with skipped layers: kvq::cache_layout refuses the pair); body_in_ring: the
+// ring keeps each slot's body rows (a quantized window codec; per-token K / V blocks and no ν, which
+// kvq::cache_layout checks).
 inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int sink, int recent, int page_tokens,
                                      int max_chunk, CodecBlock k, CodecBlock v, int64_t window_row,
-                                     LayerSet skipped = {}, bool token_scale = false) {
+                                     LayerSet skipped = {}, bool token_scale = false, bool body_in_ring = false) {
   auto gcd = [](int a, int b) {
     while (b) {
       const int r = a % b;
@@ -155,6 +169,7 @@ inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int s
   l.skip_head_bytes = 2 * int64_t(page_tokens) * l.skip_row;
   l.scale_region = token_scale ? int64_t(page_tokens) * 4 : 0;
   l.page_bytes = l.layer_offset(n_layers) + l.scale_region * n_layers;
+  l.ring_body = body_in_ring ? l.page_bytes / page_tokens : 0;  // per-token rows: a page is P of them
   return l;
 }
 

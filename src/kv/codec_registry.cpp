@@ -126,13 +126,15 @@ constexpr std::array kTable{
 };
 
 // The --kv-cache-dtype presets: vLLM's TurboQuant presets (TQ_PRESETS: key bits / value bits / norm correction), then
-// kvq's own. Their layer policy as shipped (layers 0, 1, L-2, L-1 in BF16) and windows are not part of a preset.
+// kvq's own. Their layer policy as shipped (layers 0, 1, L-2, L-1 in BF16) and window sizes are not part of a preset;
+// the window codec is (bf16 unless named: KV4-RL's INT8 windows, METHODS §5.6).
 constexpr std::array kPresets{
   CodecPreset{"turboquant_k8v4",    CodecId::kFp8e4m3, CodecId::kTqv4, "vLLM TurboQuant: FP8 keys, 4-bit values", false},
   CodecPreset{"turboquant_4bit_nc", CodecId::kTq4nc,   CodecId::kTqv4, "vLLM TurboQuant: 4-bit norm-corrected keys, 4-bit values", false},
   CodecPreset{"turboquant_k3v4_nc", CodecId::kTq3nc,   CodecId::kTqv4, "vLLM TurboQuant: 3-bit norm-corrected keys, 4-bit values", false},
   CodecPreset{"turboquant_3bit_nc", CodecId::kTq3nc,   CodecId::kTqv3, "vLLM TurboQuant: 3-bit norm-corrected keys, 3-bit values", false},
   CodecPreset{"turboquant_2bit",    CodecId::kTq2nc,   CodecId::kTqv2, "kvq extension: 2-bit norm-corrected keys, 2-bit values", true},
+  CodecPreset{"kv4rl",              CodecId::kInt4,    CodecId::kInt4, "KV4-RL (kvq's definition): int4 keys and values, INT8 sink and recent windows", true, CodecId::kInt8},
 };
 // clang-format on
 
@@ -169,8 +171,10 @@ const CodecPreset* find_preset(std::string_view name) {
 std::string preset_names(std::string_view sep) {
   std::string out;
   for (const CodecPreset& p : kPresets)
-    out += fmt::format("{}{} ({} / {}{})", out.empty() ? "" : std::string(sep), p.name, codec_traits(p.k).name,
-                       codec_traits(p.v).name, p.kvq_extension ? ", kvq extension" : "");
+    out += fmt::format("{}{} ({} / {}{}{})", out.empty() ? "" : std::string(sep), p.name, codec_traits(p.k).name,
+                       codec_traits(p.v).name,
+                       p.window == CodecId::kBf16 ? "" : fmt::format(", {} windows", codec_traits(p.window).name),
+                       p.kvq_extension ? ", kvq extension" : "");
   return out;
 }
 

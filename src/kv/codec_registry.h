@@ -68,12 +68,14 @@ inline constexpr std::string_view kTransformHadamardKeys = "hadamard_k";
 inline constexpr std::string_view kTransformAttnRot = "attn_rot";
 
 // A named pair of key and value codecs, the --kv-cache-dtype values beside the codec names (vLLM's TurboQuant
-// presets, and kvq's turboquant_2bit). The transform a preset implies is its codecs' (the transform column).
+// presets, kvq's turboquant_2bit, and KV4-RL), with the codec of its windows. The transform a preset implies is its
+// codecs' (the transform column).
 struct CodecPreset {
   std::string_view name;     // the --kv-cache-dtype value
   CodecId k, v;              // key codec, value codec
   std::string_view summary;  // one line: what it stores and whose it is
   bool kvq_extension;        // not a published preset: labelled "kvq extension" wherever it is printed
+  CodecId window = CodecId::kBf16;  // codec of the sink / recent windows (CacheConfig::window; KV4-RL: int8)
 };
 
 // The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
@@ -105,7 +107,7 @@ inline std::string codec_names(std::string_view sep) {
 
 std::span<const CodecPreset> codec_presets();
 const CodecPreset* find_preset(std::string_view name);  // null when unknown
-// "turboquant_k8v4 (fp8e4m3 / tqv4), ..., turboquant_2bit (tq2nc / tqv2, kvq extension)", joined by sep.
+// "turboquant_k8v4 (fp8e4m3 / tqv4), ..., kv4rl (int4 / int4, int8 windows, kvq extension)", joined by sep.
 std::string preset_names(std::string_view sep = ", ");
 
 // The transform a key / value codec pair implies: kTransformNone, or the one its codecs name (one pair implies at

@@ -73,11 +73,12 @@ std::vector<PresetRow> preset_matrix(const std::vector<int>& head_dims) {
   std::vector<PresetRow> rows;
   for (const CodecPreset& p : codec_presets())
     for (int d : head_dims) {
-      CacheConfig c;  // the preset's codecs, the default windows and pages
+      CacheConfig c;  // the preset's codecs and window codec, the default windows and pages
       c.k = codec_spec(codec_traits(p.k).name, true, kDefaultGroup, 0.f);
       c.v = codec_spec(codec_traits(p.v).name, false, kDefaultGroup, 0.f);
       c.k.head_dim = c.v.head_dim = d;
-      PresetRow r{std::string(p.name), c.k.type, c.v.type, p.kvq_extension, d, 0, 0,
+      c.window = std::string(codec_traits(p.window).name);
+      PresetRow r{std::string(p.name), c.k.type, c.v.type, c.window, p.kvq_extension, d, 0, 0,
                   std::string(implied_transform(c.k, c.v)), false, ""};
       try {
         const auto k = make_codec(c.k), v = make_codec(c.v);
@@ -94,11 +95,12 @@ std::vector<PresetRow> preset_matrix(const std::vector<int>& head_dims) {
 }
 
 std::string format_preset_matrix(const std::vector<PresetRow>& rows) {
-  std::string out = fmt::format("{:<20} {:<8} {:<6} {:>8} {:>11} {:>6}  {:<10} {:<4} {:<10} {}\n", "preset", "keys",
-                                "values", "head_dim", "bytes/token", "bits", "transform", "cpu", "cuda", "");
+  std::string out = fmt::format("{:<20} {:<8} {:<6} {:<7} {:>8} {:>11} {:>6}  {:<10} {:<4} {:<10} {}\n", "preset",
+                                "keys", "values", "windows", "head_dim", "bytes/token", "bits", "transform", "cpu",
+                                "cuda", "");
   for (const PresetRow& r : rows)
-    out += fmt::format("{:<20} {:<8} {:<6} {:>8} {:>11} {:>6}  {:<10} {:<4} {:<10} {}\n", r.preset, r.k, r.v,
-                       r.head_dim, r.cpu ? fmt::format("{:g}", r.bytes_per_token) : "-",
+    out += fmt::format("{:<20} {:<8} {:<6} {:<7} {:>8} {:>11} {:>6}  {:<10} {:<4} {:<10} {}\n", r.preset, r.k, r.v,
+                       r.window, r.head_dim, r.cpu ? fmt::format("{:g}", r.bytes_per_token) : "-",
                        r.cpu ? fmt::format("{:.3f}", r.bits) : "-", r.transform, r.cpu ? "yes" : "no",
                        r.cuda.empty() ? "no" : r.cuda, r.kvq_extension ? "(kvq extension)" : "(vLLM)");
   return out;

@@ -26,11 +26,13 @@ struct SupportRow {
 std::vector<SupportRow> support_matrix(const std::vector<int>& head_dims = {64, 128});
 std::string format_support_matrix(const std::vector<SupportRow>& rows);
 
-// The --kv-cache-dtype presets (kv/codec_registry.h) at each head_dim: their codecs, the bytes both store, the
-// transform they imply and where they run.
+// The --kv-cache-dtype presets (kv/codec_registry.h) at each head_dim: their codecs and window codec, the bytes both
+// codecs store (the quantized region; windows are counted by kvq info at a context), the transform they imply and
+// where they run.
 struct PresetRow {
   std::string preset;      // preset name
   std::string k, v;        // key and value codecs
+  std::string window;      // codec of the sink / recent windows (bf16; KV4-RL: int8)
   bool kvq_extension;      // kvq's own preset, not a published one
   int head_dim;            // d
   double bytes_per_token;  // K + V bytes per (token, kv head)
