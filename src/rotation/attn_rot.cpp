@@ -12,19 +12,6 @@ namespace {
 
 bool implies_attn_rot(const CodecSpec& s) { return codec_traits(s.type).transform == kTransformAttnRot; }
 
-// [n_layers · n_kv_heads] copies of the d×d block-diagonal matrix of H_n blocks, row-major.
-std::vector<float> block_hadamard(int n, int d, int copies) {
-  const Eigen::MatrixXd h = hadamard_matrix(n);
-  std::vector<float> one(size_t(d) * d, 0.f);
-  for (int b = 0; b < d; b += n)
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) one[size_t(b + i) * d + b + j] = float(h(i, j));
-  std::vector<float> all;
-  all.reserve(one.size() * size_t(copies));
-  for (int c = 0; c < copies; ++c) all.insert(all.end(), one.begin(), one.end());
-  return all;
-}
-
 // "H_128", "H_64 (2 blocks per head)" or "off".
 std::string one(int n, int d) {
   if (n == 0) return "off";

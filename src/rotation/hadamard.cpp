@@ -22,6 +22,20 @@ Eigen::MatrixXd hadamard_matrix(int d) {
   return h;
 }
 
+std::vector<float> block_hadamard(int n, int d, int copies) {
+  KVQ_CHECK(n >= 1 && d % n == 0 && copies >= 0, "block_hadamard: blocks of {} do not tile {} ({} copies)", n, d,
+            copies);
+  const Eigen::MatrixXd h = hadamard_matrix(n);
+  std::vector<float> one(size_t(d) * d, 0.f);
+  for (int b = 0; b < d; b += n)
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) one[size_t(b + i) * d + b + j] = float(h(i, j));
+  std::vector<float> all;
+  all.reserve(one.size() * size_t(copies));
+  for (int c = 0; c < copies; ++c) all.insert(all.end(), one.begin(), one.end());
+  return all;
+}
+
 // lo[k], hi[k] <- lo[k] + hi[k], lo[k] - hi[k] for k < 8; the halves do not overlap (h >= 8).
 template <class T>
 static inline void butterflies8(T* __restrict lo, T* __restrict hi) {

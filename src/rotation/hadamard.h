@@ -5,12 +5,18 @@
 
 #include <Eigen/Dense>
 
+#include <vector>
+
 namespace kvq {
 
 bool is_power_of_two(int d);
 
 // Explicit d×d matrix H_d / sqrt(d) (the reference; d a power of two, 1 <= d <= 2^14).
 Eigen::MatrixXd hadamard_matrix(int d);
+
+// `copies` row-major d×d float matrices, each block-diagonal with d / n blocks H_n / sqrt(n) (n a power of two
+// dividing d; n = d: the plain H_d) — the per-(layer, kv head) layout of KvTransform's r_k / r_v.
+std::vector<float> block_hadamard(int n, int d, int copies);
 
 // In-place fast Walsh–Hadamard transform of n_rows contiguous rows of length d, O(d log d) per row:
 // each row x becomes x · H_d / sqrt(d) (== H_d x / sqrt(d), H being symmetric). Equals the matrix product.

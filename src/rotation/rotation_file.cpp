@@ -149,12 +149,7 @@ KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim) {
   t.n_kv_heads = n_kv_heads;
   t.head_dim = head_dim;
   t.name = std::string(kTransformHadamardKeys);
-  const Eigen::MatrixXd h = hadamard_matrix(head_dim);
-  const size_t mat = size_t(head_dim) * head_dim;
-  t.r_k.resize(size_t(n_layers) * n_kv_heads * mat);
-  for (size_t m = 0; m < size_t(n_layers) * n_kv_heads; ++m)
-    for (int i = 0; i < head_dim; ++i)
-      for (int j = 0; j < head_dim; ++j) t.r_k[m * mat + size_t(i) * head_dim + j] = float(h(i, j));
+  t.r_k = block_hadamard(head_dim, head_dim, n_layers * n_kv_heads);
   return t;
 }
 
