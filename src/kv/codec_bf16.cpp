@@ -6,26 +6,29 @@
 
 namespace kvq {
 
-Bf16Codec::Bf16Codec(int head_dim, SimdLevel level) : d_(head_dim), kernels_(row_kernels(RowFormat::kBf16, level)) {
-  KVQ_CHECK(d_ > 0 && d_ % 32 == 0 && d_ <= 256, "Bf16Codec: head_dim {}", d_);
+Half16Codec::Half16Codec(RowFormat format, int head_dim, SimdLevel level)
+    : f16_(format == RowFormat::kF16), d_(head_dim), kernels_(row_kernels(format, level)) {
+  KVQ_CHECK(format == RowFormat::kBf16 || format == RowFormat::kF16, "Half16Codec: row format {} is not 16-bit",
+            int(format));
+  KVQ_CHECK(d_ > 0 && d_ % 32 == 0 && d_ <= 256, "{}: head_dim {}", name(), d_);
 }
 
-void Bf16Codec::encode(const float* x, uint8_t* block) const {
+void Half16Codec::encode(const float* x, uint8_t* block) const {
   for (int c = 0; c < d_; ++c) {
-    const bf16_t b = f32_to_bf16(x[c]);
-    std::memcpy(block + 2 * c, &b, 2);
+    const uint16_t h = f16_ ? f32_to_fp16(x[c]) : f32_to_bf16(x[c]);
+    std::memcpy(block + 2 * c, &h, 2);
   }
 }
 
-void Bf16Codec::decode(const uint8_t* block, float* x) const {
+void Half16Codec::decode(const uint8_t* block, float* x) const {
   for (int c = 0; c < d_; ++c) {
-    bf16_t b;
-    std::memcpy(&b, block + 2 * c, 2);
-    x[c] = bf16_to_f32(b);
+    uint16_t h;
+    std::memcpy(&h, block + 2 * c, 2);
+    x[c] = f16_ ? fp16_to_f32(h) : bf16_to_f32(h);
   }
 }
 
-RowsView Bf16Codec::rows(const uint8_t* blocks, int n_tokens) const {
+RowsView Half16Codec::rows(const uint8_t* blocks, int n_tokens) const {
   RowsView r;
   r.rows = blocks;
   r.row_stride = bytes_per_block();
@@ -35,13 +38,13 @@ RowsView Bf16Codec::rows(const uint8_t* blocks, int n_tokens) const {
   return r;
 }
 
-void Bf16Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
-  KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "bf16: scores over n_q={} n_tokens={}", n_q, n_tokens);
+void Half16Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
+  KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: scores over n_q={} n_tokens={}", name(), n_q, n_tokens);
   kernels_.scores(rows(blocks, n_tokens), q, n_q, s, size_t(n_tokens));
 }
 
-void Bf16Codec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const {
-  KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "bf16: accumulate over n_q={} n_tokens={}", n_q, n_tokens);
+void Half16Codec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const {
+  KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: accumulate over n_q={} n_tokens={}", name(), n_q, n_tokens);
   kernels_.accumulate(rows(blocks, n_tokens), p, size_t(n_tokens), n_q, acc);
 }
 

@@ -1,4 +1,6 @@
-// bf16 codec: rows stored as raw bfloat16, no scales (layout::Bf16Row). 16 bits per element.
+// 16-bit row codecs, no scales, 16 bits per element: bf16 (raw bfloat16, layout::Bf16Row) and f16 (raw IEEE
+// binary16, rounded to nearest even with overflow to ±inf, common/half.h: the bits of llama.cpp's f16 cache, its
+// default -ctk / -ctv). One class: the two differ only in the rounding of a value and in their row kernels.
 #pragma once
 
 #include "common/half.h"
@@ -7,15 +9,16 @@
 
 namespace kvq {
 
-class Bf16Codec final : public KvCodec {
+class Half16Codec final : public KvCodec {
  public:
-  // level: which row kernels scores()/accumulate() run (tests force each level).
-  explicit Bf16Codec(int head_dim, SimdLevel level = best_simd_level());
+  // format: RowFormat::kBf16 or RowFormat::kF16. level: which row kernels scores()/accumulate() run (tests force
+  // each level).
+  Half16Codec(RowFormat format, int head_dim, SimdLevel level = best_simd_level());
 
-  std::string_view name() const override { return "bf16"; }
+  std::string_view name() const override { return f16_ ? "f16" : "bf16"; }
   int head_dim() const override { return d_; }
   int tokens_per_block() const override { return 1; }
-  size_t bytes_per_block() const override { return size_t(d_) * sizeof(bf16_t); }  // block = bf16_t[d]
+  size_t bytes_per_block() const override { return size_t(d_) * 2; }  // block = d 16-bit values
 
   void encode(const float* x, uint8_t* block) const override;
   void decode(const uint8_t* block, float* x) const override;
@@ -25,7 +28,8 @@ class Bf16Codec final : public KvCodec {
  private:
   RowsView rows(const uint8_t* blocks, int n_tokens) const;
 
-  int d_;  // values per row
+  bool f16_;  // IEEE binary16, else bfloat16
+  int d_;     // values per row
   RowKernels kernels_;
 };
 

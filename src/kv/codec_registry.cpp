@@ -4,7 +4,6 @@
 
 #include "common/error.h"
 #include "kv/codec_bf16.h"
-#include "kv/codec_f16.h"
 #include "kv/codec_f32.h"
 #include "kv/codec_int.h"
 #include "kv/codec_kivi.h"
@@ -21,7 +20,7 @@ namespace {
 // CPU factories, one per codec family; the row supplies the bits (specs are validated by make_codec).
 std::unique_ptr<KvCodec> make_f32(const CodecSpec& s, SimdLevel) { return std::make_unique<F32Codec>(s.head_dim); }
 std::unique_ptr<KvCodec> make_bf16(const CodecSpec& s, SimdLevel level) {
-  return std::make_unique<Bf16Codec>(s.head_dim, level);
+  return std::make_unique<Half16Codec>(RowFormat::kBf16, s.head_dim, level);
 }
 std::unique_ptr<KvCodec> make_int(const CodecSpec& s, SimdLevel level) {
   return std::make_unique<IntCodec>(s.type, s.head_dim, s.group, codec_traits(s.type).code_bits, s.clip, level);
@@ -69,7 +68,7 @@ std::unique_ptr<KvCodec> make_tq_value(const CodecSpec& s, SimdLevel level) {
 }
 // llama.cpp's cache types: f16 rows; blocks of 32 values (the row's id names the block type).
 std::unique_ptr<KvCodec> make_f16(const CodecSpec& s, SimdLevel level) {
-  return std::make_unique<F16Codec>(s.head_dim, level);
+  return std::make_unique<Half16Codec>(RowFormat::kF16, s.head_dim, level);
 }
 std::unique_ptr<KvCodec> make_llamacpp(const CodecSpec& s, SimdLevel level) {
   return std::make_unique<LlamaCppCodec>(codec_traits(s.type).id, s.head_dim, level);
