@@ -157,18 +157,10 @@ void scores_vnni(const RowsView& r, const float* q, int n_q, float* s, size_t s_
       }
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      for (int i0 = 0; i0 < nc;) {
-        const int qb = pick_block(nc - i0, 8);
-        const int16_t* qi = q16 + i0 * kQ16Stride;
-        float* si = s + size_t(c0 + i0) * s_stride;
-        switch (qb) {
-          case 8: scores_block_i16<Fmt, 8>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
-          case 4: scores_block_i16<Fmt, 4>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
-          case 2: scores_block_i16<Fmt, 2>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
-          default: scores_block_i16<Fmt, 1>(r, t0, nt, qi, qstep + i0, qsum + i0, si, s_stride); break;
-        }
-        i0 += qb;
-      }
+      for_query_blocks(nc, 8, [&]<int QB>(int i0) {
+        scores_block_i16<Fmt, QB>(r, t0, nt, q16 + i0 * kQ16Stride, qstep + i0, qsum + i0,
+                                  s + size_t(c0 + i0) * s_stride, s_stride);
+      });
     }
   }
 }
@@ -392,17 +384,9 @@ void accumulate_vnni(const RowsView& r, const float* p, size_t p_stride, int n_q
           }
         }
       }
-      for (int i0 = 0; i0 < nc;) {
-        const int qb = pick_block(nc - i0, 8);
-        float* ai = acc + size_t(c0 + i0) * d;
-        switch (qb) {
-          case 8: accumulate_block_i16<Fmt, 8>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
-          case 4: accumulate_block_i16<Fmt, 4>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
-          case 2: accumulate_block_i16<Fmt, 2>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
-          default: accumulate_block_i16<Fmt, 1>(r, t0, nt, w16 + i0, wstep + i0, ai); break;
-        }
-        i0 += qb;
-      }
+      for_query_blocks(nc, 8, [&]<int QB>(int i0) {
+        accumulate_block_i16<Fmt, QB>(r, t0, nt, w16 + i0, wstep + i0, acc + size_t(c0 + i0) * d);
+      });
     }
     if (r.grouped)  // vectorized: this runs once per call (per cache page in attention)
       for (int i = 0; i < nc; ++i)

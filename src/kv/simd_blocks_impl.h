@@ -78,18 +78,10 @@ void block_scores(const RowsView& r, const float* q, int n_q, float* s, size_t s
         for (int c = 0; c < d; ++c) qsum[i][c / 32] += q[size_t(c0 + i) * d + c];
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      for (int i0 = 0; i0 < nc;) {
-        const int qb = pick_block(nc - i0, V::kMaxQBScores);
-        const float* qi = q + size_t(c0 + i0) * d;
-        float* si = s + size_t(c0 + i0) * s_stride;
-        switch (qb) {
-          case 8: block_scores_tile<V, Fmt, 8>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-          case 4: block_scores_tile<V, Fmt, 4>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-          case 2: block_scores_tile<V, Fmt, 2>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-          default: block_scores_tile<V, Fmt, 1>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-        }
-        i0 += qb;
-      }
+      for_query_blocks(nc, V::kMaxQBScores, [&]<int QB>(int i0) {
+        block_scores_tile<V, Fmt, QB>(r, t0, nt, q + size_t(c0 + i0) * d, qsum + i0, s + size_t(c0 + i0) * s_stride,
+                                      s_stride);
+      });
     }
   }
 }
@@ -146,18 +138,10 @@ void block_accumulate(const RowsView& r, const float* p, size_t p_stride, int n_
           }
         }
       }
-      for (int i0 = 0; i0 < nc;) {
-        const int qb = pick_block(nc - i0, V::kMaxQBAcc);
-        float* ai = acc + size_t(c0 + i0) * d;
-        const float(*wi)[kMaxGroups][kChunkQ] = reinterpret_cast<const float(*)[kMaxGroups][kChunkQ]>(&w[0][0][i0]);
-        switch (qb) {
-          case 8: block_accumulate_tile<V, Fmt, 8>(r, t0, nt, wi, ai); break;
-          case 4: block_accumulate_tile<V, Fmt, 4>(r, t0, nt, wi, ai); break;
-          case 2: block_accumulate_tile<V, Fmt, 2>(r, t0, nt, wi, ai); break;
-          default: block_accumulate_tile<V, Fmt, 1>(r, t0, nt, wi, ai); break;
-        }
-        i0 += qb;
-      }
+      for_query_blocks(nc, V::kMaxQBAcc, [&]<int QB>(int i0) {
+        const auto* wi = reinterpret_cast<const float(*)[kMaxGroups][kChunkQ]>(&w[0][0][i0]);
+        block_accumulate_tile<V, Fmt, QB>(r, t0, nt, wi, acc + size_t(c0 + i0) * d);
+      });
     }
     if constexpr (block_has_min(Fmt))
       for (int i = 0; i < nc; ++i)

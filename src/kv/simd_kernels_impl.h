@@ -56,6 +56,23 @@ inline int pick_block(int remaining, int max_qb) {
   return m >= 8 ? 8 : m >= 4 ? 4 : m >= 2 ? 2 : 1;
 }
 
+// THE query-block loop of every row kernel: queries [0, nc) in blocks of 8, 4, 2 and 1 (at most max_qb, the block
+// whose accumulators fit the registers), calling block.template operator()<QB>(i0) for the block starting at i0 —
+// QB a compile-time constant, so each block size gets its own unrolled instantiation.
+template <class Block>
+inline void for_query_blocks(int nc, int max_qb, const Block& block) {
+  for (int i0 = 0; i0 < nc;) {
+    const int qb = pick_block(nc - i0, max_qb);
+    switch (qb) {
+      case 8: block.template operator()<8>(i0); break;
+      case 4: block.template operator()<4>(i0); break;
+      case 2: block.template operator()<2>(i0); break;
+      default: block.template operator()<1>(i0); break;
+    }
+    i0 += qb;
+  }
+}
+
 // Scores of rows [t0, t0+nt) for QB queries. qsum[i][g] = Σ of query i over group g (grouped rows only).
 template <class V, RowFormat Fmt, int QB>
 void scores_block(const RowsView& r, int t0, int nt, const float* q, const float (*qsum)[kMaxGroups], float* s,
@@ -126,18 +143,10 @@ void scores_impl(const RowsView& r, const float* q, int n_q, float* s, size_t s_
           for (int c = g * r.group; c < (g + 1) * r.group; ++c) qsum[i][g] += q[size_t(c0 + i) * d + c];
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      for (int i0 = 0; i0 < nc;) {
-        const int qb = pick_block(nc - i0, V::kMaxQBScores);
-        const float* qi = q + size_t(c0 + i0) * d;
-        float* si = s + size_t(c0 + i0) * s_stride;
-        switch (qb) {
-          case 8: scores_block<V, Fmt, 8>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-          case 4: scores_block<V, Fmt, 4>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-          case 2: scores_block<V, Fmt, 2>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-          default: scores_block<V, Fmt, 1>(r, t0, nt, qi, qsum + i0, si, s_stride); break;
-        }
-        i0 += qb;
-      }
+      for_query_blocks(nc, V::kMaxQBScores, [&]<int QB>(int i0) {
+        scores_block<V, Fmt, QB>(r, t0, nt, q + size_t(c0 + i0) * d, qsum + i0, s + size_t(c0 + i0) * s_stride,
+                                 s_stride);
+      });
     }
   }
 }
@@ -198,19 +207,11 @@ void accumulate_impl(const RowsView& r, const float* p, size_t p_stride, int n_q
           }
         }
       }
-      for (int i0 = 0; i0 < nc;) {
-        const int qb = pick_block(nc - i0, V::kMaxQBAcc);
-        float* ai = acc + size_t(c0 + i0) * d;
-        // w[t][g] + i0: the block reads its queries' weights at [t][g][0..qb)
-        const float(*wi)[kMaxGroups][kChunkQ] = reinterpret_cast<const float(*)[kMaxGroups][kChunkQ]>(&w[0][0][i0]);
-        switch (qb) {
-          case 8: accumulate_block<V, Fmt, 8>(r, t0, nt, wi, ai); break;
-          case 4: accumulate_block<V, Fmt, 4>(r, t0, nt, wi, ai); break;
-          case 2: accumulate_block<V, Fmt, 2>(r, t0, nt, wi, ai); break;
-          default: accumulate_block<V, Fmt, 1>(r, t0, nt, wi, ai); break;
-        }
-        i0 += qb;
-      }
+      for_query_blocks(nc, V::kMaxQBAcc, [&]<int QB>(int i0) {
+        // w[t][g] + i0: the block reads its queries' weights at [t][g][0..QB)
+        const auto* wi = reinterpret_cast<const float(*)[kMaxGroups][kChunkQ]>(&w[0][0][i0]);
+        accumulate_block<V, Fmt, QB>(r, t0, nt, wi, acc + size_t(c0 + i0) * d);
+      });
     }
     if (r.grouped)
       for (int i = 0; i < nc; ++i)
