@@ -118,8 +118,9 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwinForLlamaCppTypes) {
 
 // attn_rot changes what the GPU stores, not what attention computes (H is orthogonal; queries are rotated like the
 // keys and outputs rotated back by H_v): the same rows with the rotation on and off store other codes, and both
-// caches' outputs stay near the bf16 cache's. The bound, NMSE 0.1, is loose (q4_0 values at 4.5 bits on heavy-tailed
-// rows) but an output left in the rotated basis would be uncorrelated with the bf16 one: NMSE ~2.
+// caches' outputs stay near the bf16 cache's. The bound, NMSE 0.5, is loose: q4_0 on these heavy-tailed rows has a
+// per-row NMSE up to ~0.2 (a block's absmax sets a step of |m| / 8), which a peaked softmax barely averages down; an
+// output left in the rotated basis (H_v o for o) would be uncorrelated with the bf16 one: NMSE ~2.
 TEST(GpuCache, AttnRotChangesTheStoredCodesButNotWhatAttentionComputes) {
   REQUIRE_GPU();
   const CacheConfig on = llama_config("q8_0", "q4_0", 16, 64, true, 1, 8);
@@ -132,8 +133,8 @@ TEST(GpuCache, AttnRotChangesTheStoredCodesButNotWhatAttentionComputes) {
   std::printf("[ gpu    ] k=q8_0 v=q4_0 NMSE against bf16: attn_rot on %.3g, off %.3g; on vs off %.3g\n", e_on, e_off,
               e_ab);
   EXPECT_GT(e_ab, 0.0) << "the rotation must change the stored codes";
-  EXPECT_LT(e_on, 0.1);
-  EXPECT_LT(e_off, 0.1);
+  EXPECT_LT(e_on, 0.5);
+  EXPECT_LT(e_off, 0.5);
 }
 
 }  // namespace
