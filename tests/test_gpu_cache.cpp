@@ -28,16 +28,13 @@
 #include "kv/simd.h"
 #include "kv/transform.h"
 #include "rotation/rotation_file.h"
+#include "gpu_twin.h"
 #include "test_helpers.h"
 
 using namespace kvq;
-
-#define REQUIRE_GPU() \
-  if (!kvq::cuda::available()) GTEST_SKIP() << kvq::cuda::unavailable_reason()
+using namespace kvq::gpu_test;
 
 namespace {
-
-constexpr int kD = 128;
 
 CacheConfig config(const std::string& type, int group, int sink, int recent, int chunk = 512) {
   CacheConfig c;
@@ -62,173 +59,6 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   c.max_chunk = chunk;
   return c;
 }
-
-enum class Data { Gaussian, HeavyTailed };
-
-// [n, heads, d]: N(0, 1) (or a log-normal scale mixture of it: heavy tails, outliers) plus a per-channel offset.
-std::vector<float> random_rows(std::mt19937& rng, int n, int heads, Data data, float scale = 1.f) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(size_t(n) * heads * kD);
-  for (size_t i = 0; i < x.size(); ++i) {
-    float v = nd(rng);
-    if (data == Data::HeavyTailed) v *= std::exp(0.9f * nd(rng));
-    x[i] = scale * (v + 0.5f * float(int(i % kD) % 7 - 3));
-  }
-  return x;
-}
-
-KvTransform random_transform(int n_layers, int n_kv, std::mt19937& rng) {
-  KvTransform t;
-  t.n_layers = n_layers, t.n_kv_heads = n_kv, t.head_dim = kD, t.name = "test";
-  std::normal_distribution<float> nd(0.f, 0.7f);
-  t.key_mean.resize(size_t(n_layers) * n_kv * kD);
-  for (auto& x : t.key_mean) x = nd(rng);
-  for (int i = 0; i < n_layers * n_kv; ++i) {
-    const auto rk = test::random_orthogonal(kD, rng), rv = test::random_orthogonal(kD, rng);
-    t.r_k.insert(t.r_k.end(), rk.begin(), rk.end());
-    t.r_v.insert(t.r_v.end(), rv.begin(), rv.end());
-  }
-  return t;
-}
-
-double nmse(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double e = double(got[i]) - double(want[i]);
-    num += e * e;
-    den += double(want[i]) * double(want[i]);
-  }
-  return den > 0 ? num / den : num;
-}
-
-template <class T>
-struct Dev {  // a device copy of a host vector
-  cuda::DeviceBuffer buf;
-  explicit Dev(const std::vector<T>& h) : buf(h.size() * sizeof(T)) { buf.upload(h.data(), h.size() * sizeof(T)); }
-  explicit Dev(size_t n) : buf(n * sizeof(T)) {}
-  T* get() const { return buf.as<T>(); }
-};
-
-// c with the transform t, which the GPU cache applies itself (the CPU twin applies it around its cache).
-CacheConfig with_transform(CacheConfig c, const KvTransform& t) {
-  c.transform = std::make_shared<KvTransform>(t);
-  return c;
-}
-
-// The same sequences in a CPU KvCache and a GpuKvCache, driven through identical steps.
-struct Twin {
-  static constexpr int kLayers = 2, kKv = 2, kHeads = 8;  // GQA group of 4
-  CacheConfig cfg;
-  KvCache cpu;
-  cuda::GpuKvCache gpu;
-  KvTransform tf;
-  ThreadPool pool{0};
-  std::vector<int> cpu_ids, gpu_ids;
-  double worst_nmse = 0;
-
-  Twin(const CacheConfig& c, int max_ctx, int n_seqs, const KvTransform& t)
-      : cfg(c), cpu(c, kLayers, kKv, kD, max_ctx, n_seqs), gpu(with_transform(c, t), kLayers, kKv, kD, max_ctx, n_seqs),
-        tf(t) {
-    for (int i = 0; i < n_seqs; ++i) cpu_ids.push_back(cpu.new_sequence()), gpu_ids.push_back(gpu.new_sequence());
-  }
-
-  // One step: sequence index b appends n[b] tokens. compare: check the attention outputs (budget = NMSE).
-  void step(const std::vector<int>& idx, const std::vector<int>& n, std::mt19937& rng, Data data, bool compare,
-            double budget, const std::string& what) {
-    int rows = 0;
-    for (int x : n) rows += x;
-    std::vector<int> gseq;
-    for (int b : idx) gseq.push_back(gpu_ids[size_t(b)]);
-    gpu.begin_step(gseq, n);
-    ASSERT_EQ(gpu.step_rows(), rows);
-    const float scale = 1.f / std::sqrt(float(kD));
-    for (int l = 0; l < kLayers; ++l) {
-      const auto k = random_rows(rng, rows, kKv, data), v = random_rows(rng, rows, kKv, data);
-      const auto q = random_rows(rng, rows, kHeads, data, 0.7f);
-      Dev<float> dk(k), dv(v), dq(q), dout(q.size());
-      gpu.append(l, dk.get(), dv.get());
-      if (compare) gpu.attention(l, dq.get(), kHeads, dout.get());
-      cuda::sync("test step");
-      std::vector<float> got(q.size()), want(q.size());
-      dout.buf.download(got.data(), got.size() * sizeof(float));
-      int r0 = 0;
-      for (size_t b = 0; b < idx.size(); ++b) {
-        const int s = cpu_ids[size_t(idx[b])], nb = n[b], pos0 = cpu.length(s);
-        if (l == 0) cpu.reserve(s, nb);
-        std::vector<float> kb(k.begin() + size_t(r0) * kKv * kD, k.begin() + size_t(r0 + nb) * kKv * kD);
-        std::vector<float> vb(v.begin() + size_t(r0) * kKv * kD, v.begin() + size_t(r0 + nb) * kKv * kD);
-        std::vector<float> qb(q.begin() + size_t(r0) * kHeads * kD, q.begin() + size_t(r0 + nb) * kHeads * kD);
-        for (float& x : qb) x *= scale;  // as model.cpp: scale, then transform
-        tf.keys(l, nb, kb.data());
-        tf.values(l, nb, vb.data());
-        tf.queries(l, nb, kHeads, qb.data());
-        cpu.append(s, l, pos0, nb, kb.data(), vb.data());
-        if (compare)
-          cache_attention(cpu, s, l, pos0, nb, qb.data(), want.data() + size_t(r0) * kHeads * kD,
-                        AttentionShape{kHeads, kKv, kD}, pool);
-        if (compare) tf.outputs(l, nb, kHeads, want.data() + size_t(r0) * kHeads * kD);
-        r0 += nb;
-      }
-      if (compare) {
-        const double e = nmse(got, want);
-        worst_nmse = std::max(worst_nmse, e);
-        EXPECT_LT(e, budget) << what << " layer " << l;
-        for (float x : got) ASSERT_TRUE(std::isfinite(x)) << what << ": non-finite GPU output";
-      }
-    }
-    for (size_t b = 0; b < idx.size(); ++b) cpu.commit(cpu_ids[size_t(idx[b])], n[b]);
-    gpu.commit_step();
-  }
-
-  // Prefill sequence b to `len` tokens in chunks of the cache's chunk size; compares the first and last chunk.
-  void prefill(int b, int len, std::mt19937& rng, Data data, double budget) {
-    const int chunk = cfg.max_chunk;
-    for (int p = 0; p < len; p += chunk) {
-      const int n = std::min(chunk, len - p);
-      step({b}, {n}, rng, data, p == 0 || p + n == len, budget,
-           "prefill seq " + std::to_string(b) + " [" + std::to_string(p) + ", " + std::to_string(p + n) + ")");
-    }
-  }
-
-  // Stored rows of every (layer, head, K/V) of sequence b: GPU bytes vs the CPU cache's runs. Returns the number
-  // of rows that differ and counts rows in *total.
-  int64_t row_mismatches(int b, int64_t* total) const {
-    const int cs = cpu_ids[size_t(b)], gs = gpu_ids[size_t(b)], len = cpu.length(cs);
-    EXPECT_EQ(gpu.length(gs), len);
-    int64_t bad = 0;
-    std::vector<KvCache::Run> runs;
-    for (int l = 0; l < kLayers; ++l)
-      for (int h = 0; h < kKv; ++h)
-        for (int kv = 0; kv < 2; ++kv) {
-          const std::vector<uint8_t> g = gpu.download_rows(gs, l, h, kv == 1, 0, len);
-          cpu.runs(cs, l, h, len - 1, len - 1, runs);
-          size_t off = 0;
-          int pos = 0;
-          for (const auto& r : runs) {
-            EXPECT_EQ(r.pos0, pos) << "runs out of order";
-            const KvCodec& codec = kv ? *r.v_codec : *r.k_codec;  // the layer's (bf16 if skipped) or the window's
-            const size_t rb = codec.bytes_per_block();
-            const uint8_t* src = kv ? r.v : r.k;
-            // Blocks of the run: rows, or KIVI key blocks of G rows (whole blocks in download_rows, gpu_cache.h).
-            const int tpb = codec.tokens_per_block();
-            EXPECT_EQ(r.n % tpb, 0) << "a quantized run of partial blocks";
-            for (int i = 0; i < r.n / tpb; ++i, off += rb) {
-              ++*total;
-              if (off + rb > g.size() || std::memcmp(g.data() + off, src + size_t(i) * rb, rb) != 0) ++bad;
-            }
-            if (r.kind == KvCache::RunKind::Quant && kv == 0 && h == 0 && r.scale) {  // ν of the run, once per layer
-              const std::vector<float> nu = gpu.download_scales(gs, l, r.pos0, r.n);
-              for (int i = 0; i < r.n; ++i, ++*total)
-                if (std::memcmp(&nu[size_t(i)], &r.scale[i], sizeof(float)) != 0) ++bad;
-            }
-            pos = r.pos0 + r.n;
-          }
-          EXPECT_EQ(pos, len);
-          EXPECT_EQ(off, g.size()) << "GPU rows of a different total size";
-        }
-    return bad;
-  }
-};
 
 // Extra NMSE of the tensor-core path (quantized region of bf16 rows and of int2 rows of one 128-value group): it
 // rounds q and the probabilities P' to bf16 (2^-9 relative; bf16 rows, as FlashAttention does) or to f16 (2^-11;
@@ -373,34 +203,6 @@ TEST(GpuCache, KiviKeysWithQuantileClipMatchTheCpuCache) {
   int64_t total = 0;
   EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0);
   EXPECT_GT(total, 0);
-}
-
-// Fills a GPU cache with one int2 sequence of `len` tokens (random rows) and returns its attention outputs for
-// one decode step under the given split size and kernel.
-std::vector<float> decode_once(const CacheConfig& cfg, int len, int split_tokens, bool reference, int kHeads = 32) {
-  constexpr int kKv = 8;  // with 32 query heads: the benchmark's GQA shape
-  cuda::GpuKvCache c(cfg, 1, kKv, kD, len + 1, 1);
-  const int s = c.new_sequence();
-  std::mt19937 rng(77);
-  for (int p = 0; p < len; p += cfg.max_chunk) {
-    const int n = std::min(cfg.max_chunk, len - p);
-    Dev<float> k(random_rows(rng, n, kKv, Data::HeavyTailed)), v(random_rows(rng, n, kKv, Data::HeavyTailed));
-    c.begin_step({s}, {n});
-    c.append(0, k.get(), v.get());
-    c.commit_step();
-  }
-  Dev<float> k(random_rows(rng, 1, kKv, Data::Gaussian)), v(random_rows(rng, 1, kKv, Data::Gaussian));
-  Dev<float> q(random_rows(rng, 1, kHeads, Data::Gaussian, 2.f)), out(size_t(kHeads) * kD);
-  c.set_split_tokens(split_tokens);
-  c.set_reference_attention(reference);
-  c.begin_step({s}, {1});
-  c.append(0, k.get(), v.get());
-  c.attention(0, q.get(), kHeads, out.get());
-  c.commit_step();
-  cuda::sync("decode_once");
-  std::vector<float> o(size_t(kHeads) * kD);
-  out.buf.download(o.data(), o.size() * sizeof(float));
-  return o;
 }
 
 TEST(GpuCache, SplitKvResultEqualsUnsplit) {

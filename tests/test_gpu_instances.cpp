@@ -83,8 +83,8 @@ TEST(GpuInstances, PredicateRunsEveryRowOfTheTable) {
   }
 }
 
-// The combinations tests/test_gpu_cache.cpp and tests/test_gpu_model.cpp run (as their configs build them), and the
-// path each takes.
+// The combinations tests/test_gpu_cache.cpp, test_gpu_llamacpp.cpp and test_gpu_model.cpp run (as their configs build
+// them), and the path each takes.
 TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
   struct Case {
     const char *k, *v;
@@ -102,6 +102,8 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
       {"tq4nc", "tqv4", 128, GpuPath::kCudaCore},   {"tq3nc", "tqv4", 128, GpuPath::kCudaCore},
       {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},   {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
       {"kivi2", "int4", 64, GpuPath::kCudaCore},    {"oscar_int2", "oscar_int2", 128, GpuPath::kCudaCore},
+      {"q8_0", "q4_0", 128, GpuPath::kCudaCore},    {"q4_0", "q4_0", 128, GpuPath::kCudaCore},
+      {"q8_0", "q8_0", 128, GpuPath::kCudaCore},
   };
   for (const Case& c : cases)
     for (int page : {128, 32}) {
@@ -175,10 +177,17 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   // Kitty's value rows are min / scale rows of its own (kv/codec_kitty.h), not the int2 rows a KIVI value maps to.
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kHeadDim), "values kitty_int2"));
   EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kHeadDim), "kitty_int2"));
-  // llama.cpp's types have no GPU kernels: refused by name, never run as another codec's rows.
-  EXPECT_TRUE(has(gpu_unsupported(config("q8_0", "q4_0", 128), kHeadDim), "keys q8_0 with values q4_0"));
+  // llama.cpp's types other than the q8_0 / q4_0 pairs have no GPU kernels: refused by name, never run as another
+  // codec's rows.
+  EXPECT_TRUE(has(gpu_unsupported(config("q5_0", "q5_0", 128), kHeadDim), "keys q5_0 with values q5_0"));
+  EXPECT_TRUE(has(gpu_unsupported(config("q4_0", "q8_0", 128), kHeadDim), "keys q4_0 with values q8_0"));
+  EXPECT_TRUE(has(gpu_unsupported(config("q8_0", "bf16", 128), kHeadDim), "keys q8_0 with values bf16"));
   EXPECT_TRUE(has(gpu_unsupported(config("f16", "f16", 128), kHeadDim), "keys f16 with values f16"));
-  EXPECT_FALSE(gpu_spec_stored({.type = "q8_0", .head_dim = kHeadDim, .group = 128}));
+  EXPECT_TRUE(gpu_spec_stored({.type = "q8_0", .head_dim = kHeadDim, .group = 128}));
+  EXPECT_TRUE(gpu_spec_stored({.type = "q4_0", .head_dim = kHeadDim, .group = 128}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "q8_0", .head_dim = 64, .group = 128}));
+  for (const char* type : {"q5_0", "q4_1", "iq4_nl", "f16"})
+    EXPECT_FALSE(gpu_spec_stored({.type = type, .head_dim = kHeadDim, .group = 128})) << type;
   CacheConfig unknown = config("int2", "int2", 128);
   unknown.k.type = "kivi8";
   EXPECT_TRUE(has(gpu_unsupported(unknown, kHeadDim), "'kivi8' is unknown"));

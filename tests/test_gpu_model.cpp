@@ -1,6 +1,7 @@
 // The GPU forward pass (cuda/gpu_model.h) against the CPU model (model/model.h) on models/ref: logits after a
-// chunked prefill and decode steps, greedy continuations, perplexity with bf16, int2 and kivi2 caches, and batched
-// decode of sequences of different lengths against decoding each alone. Skipped where no CUDA device is available.
+// chunked prefill and decode steps, greedy continuations, perplexity with bf16, int2 and kivi2 caches and llama.cpp's
+// q8_0 / q4_0 with and without its attn_rot, and batched decode of sequences of different lengths against decoding
+// each alone. Skipped where no CUDA device is available.
 //
 // Tolerances. Both sides use the same bf16 weights, the same KV cache format and the same fp32 norms / RoPE /
 // SwiGLU arithmetic in the same order; they differ by
@@ -31,6 +32,7 @@
 #include "cuda/runtime.h"
 #include "eval/evaluator.h"
 #include "eval/perplexity.h"
+#include "kv/codec_registry.h"
 #include "model/runner.h"
 #include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"
@@ -229,6 +231,54 @@ TEST(GpuModel, PerplexityWithinPointOnePercentOfCpuForBf16Int2AndKivi2Caches) {
       EXPECT_LE(rel, bound) << "cache " << type << " gemm " << cuda::gemm_precision_name(p) << ": cpu " << want
                             << " gpu " << got;
     }
+  }
+}
+
+// llama.cpp's -ctk q8_0 -ctv q4_0 (and q4_0 / q4_0) as `kvq ppl --device cuda` runs them: the same ppl window on the
+// GPU within 0.1% of the CPU with fp32 GEMMs, 0.2% with bf16 GEMMs (KIVI's bound above: a 4-bit block's absmax sets
+// the grid of 32 values, and the GEMMs' O(0.1%) activation noise moves which block values round where), with
+// llama.cpp's KV rotation (attn_rot, on by default for these types; codec_transform builds it as the CLI does) and
+// without it (--attn-rot off), on llama.cpp's own protocol (no windows: every token quantized) and kvq's 64/256.
+// On both devices the rotation must change the ppl (it changes every stored code).
+TEST(GpuModel, PerplexityWithLlamaCppQ8_0AndQ4_0CachesWithAndWithoutAttnRotWithinBudgetOfCpu) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const ModelConfig& mc = m.config();
+  const int ctx = 2048;
+  const std::vector<int32_t> ids = python_tokens(size_t(ctx));
+  ASSERT_EQ(ids.size(), size_t(ctx));
+  struct Case {
+    const char *k, *v;
+    int sink, recent;
+  };
+  for (const Case& c : {Case{"q8_0", "q4_0", 0, 0}, Case{"q8_0", "q4_0", 64, 256}, Case{"q4_0", "q4_0", 0, 0}}) {
+    double ppl_rot[2][2] = {};  // [attn_rot][cpu, gpu fp32]
+    for (bool attn_rot : {true, false}) {
+      CacheConfig cc = cache_config("bf16", c.sink, c.recent, 128, 512);
+      cc.k = codec_spec(c.k, true, 128, 0.f), cc.v = codec_spec(c.v, false, 128, 0.f);
+      if (attn_rot) {
+        cc.transform = codec_transform(cc, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+        ASSERT_TRUE(cc.transform && cc.transform->name == "attn_rot") << c.k << "/" << c.v;
+      }
+      const std::string what = std::string("k=") + c.k + " v=" + c.v + " sink " + std::to_string(c.sink) + " recent " +
+                               std::to_string(c.recent) + " attn_rot " + (attn_rot ? "on" : "off");
+      CpuRunner cpu(m, cc, ctx);
+      const double want = perplexity(cpu, ids, ctx, 1).ppl();
+      ppl_rot[attn_rot][0] = want;
+      for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+        GpuModel gpu(m, cc, ctx, 1, p);
+        const double got = perplexity(gpu, ids, ctx, 1).ppl();
+        if (p == GemmPrecision::Fp32) ppl_rot[attn_rot][1] = got;
+        const double rel = std::abs(got - want) / want;
+        std::printf("%s gemm %s: ppl cpu %.5f gpu %.5f, relative difference %.3g%%\n", what.c_str(),
+                    std::string(cuda::gemm_precision_name(p)).c_str(), want, got, 100 * rel);
+        EXPECT_LE(rel, p == GemmPrecision::Fp32 ? 1e-3 : 2e-3)
+            << what << " gemm " << cuda::gemm_precision_name(p) << ": cpu " << want << " gpu " << got;
+      }
+    }
+    for (int dev = 0; dev < 2; ++dev)
+      EXPECT_NE(ppl_rot[1][dev], ppl_rot[0][dev]) << c.k << "/" << c.v << (dev ? " gpu" : " cpu")
+                                                  << ": attn_rot on and off gave the same ppl";
   }
 }
 

@@ -63,6 +63,24 @@ TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
   EXPECT_NE(text.find("tensor-core"), std::string::npos);
 }
 
+// llama.cpp's blocks of 32 (kv/codec_llamacpp.h): the CPU codec's bytes and bits; q8_0 and q4_0 on CUDA cores at
+// head_dim 128 (their instance rows: q8_0 / q4_0, q4_0 / q4_0, q8_0 / q8_0), the other types CPU only.
+TEST(SupportMatrix, LlamaCppQ8_0AndQ4_0RunOnCudaCoresAtHeadDim128) {
+  const std::vector<SupportRow> rows = support_matrix({64, 128});
+  const SupportRow* q8 = find_row(rows, "q8_0", "k,v", 128, 0);
+  const SupportRow* q4 = find_row(rows, "q4_0", "k,v", 128, 0);
+  ASSERT_NE(q8, nullptr);
+  ASSERT_NE(q4, nullptr);
+  EXPECT_DOUBLE_EQ(q8->bytes_per_token, 136.0);  // 4 blocks of 34 bytes
+  EXPECT_DOUBLE_EQ(q8->bits, 8.5);
+  EXPECT_DOUBLE_EQ(q4->bytes_per_token, 72.0);  // 4 blocks of 18 bytes
+  EXPECT_DOUBLE_EQ(q4->bits, 4.5);
+  EXPECT_EQ(q8->cuda, "CUDA-core");
+  EXPECT_EQ(q4->cuda, "CUDA-core");
+  EXPECT_EQ(find_row(rows, "q4_0", "k,v", 64, 0)->cuda, "");  // the GPU kernels take head_dim 128
+  for (const char* t : {"q5_0", "q4_1", "iq4_nl", "f16"}) EXPECT_EQ(find_row(rows, t, "k,v", 128, 0)->cuda, "") << t;
+}
+
 // TurboQuant: keys-only codebook rows ("k"), the GPU column from the preset pairs' rows, and the presets' own table
 // (bytes of both codecs, the implied transform, kvq's extension labelled).
 TEST(SupportMatrix, TurboQuantRowsAndPresets) {

@@ -337,8 +337,9 @@ CacheConfig with_codec_transform(CacheConfig c, int kv_heads, int head_dim) {
   return c;
 }
 
-// The caches under test: the cache flags', or each --caches entry (a --kv-cache-dtype value: a codec or a preset)
-// with the other cache flags (windows, page, chunk).
+// The caches under test: the cache flags', or each --caches entry (a --kv-cache-dtype value: a codec or a preset; or
+// K:V, keys K and values V as -ctk K -ctv V give them, e.g. llama.cpp's q8_0:q4_0) with the other cache flags
+// (windows, page, chunk).
 std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
   KVQ_CHECK(o.cache.rotation == "none",
             "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
@@ -348,7 +349,12 @@ std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
   if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(), o.kv_heads, o.head_dim));
   for (const std::string& t : o.caches) {
     CacheOptions c = o.cache;
-    c.type_both = t;
+    if (const size_t colon = t.find(':'); colon != std::string::npos) {
+      c.type_both.clear();
+      c.type_k = t.substr(0, colon), c.type_v = t.substr(colon + 1);
+    } else {
+      c.type_both = t;
+    }
     out.push_back(with_codec_transform(c.config(), o.kv_heads, o.head_dim));
   }
   return out;
@@ -572,7 +578,8 @@ void add_bench(CLI::App& app) {
   att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
   att->add_option("--caches", a->caches, "cache types or presets to time in one run against one bf16 baseline, e.g. "
-                  "int2,turboquant_3bit_nc,turboquant_2bit (each a --kv-cache-dtype value with the other cache flags)")
+                  "int2,turboquant_3bit_nc,q8_0:q4_0 (each a --kv-cache-dtype value, or K:V for keys K and values V, "
+                  "with the other cache flags)")
       ->delimiter(',');
   att->add_flag("--json", a->json, "print one JSON object per configuration (--device cuda: one JSON array)");
   att->callback([a] {

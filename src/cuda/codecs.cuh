@@ -7,6 +7,7 @@
 #include "cuda/codec_bf16.cuh"
 #include "cuda/codec_int.cuh"
 #include "cuda/codec_kivi.cuh"
+#include "cuda/codec_llamacpp.cuh"
 #include "cuda/codec_oscar.cuh"
 #include "cuda/codec_turboquant.cuh"
 #include "cuda/gpu_instances.h"

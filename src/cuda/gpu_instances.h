@@ -78,6 +78,11 @@ inline constexpr GpuInstance kGpuInstances[] = {
   {GpuPath::kCudaCore,   CodecId::kTq2nc, CodecId::kTqv2, kAnyGroup,  8,   GpuGqa::kEvery},
   {GpuPath::kCudaCore,   CodecId::kTq4nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
   {GpuPath::kCudaCore,   CodecId::kTq3nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
+  // llama.cpp's q8_0 and q4_0 (codec_llamacpp.cuh; blocks of 32 with an fp16 scale, ungrouped): -ctk q8_0 -ctv q4_0
+  // (its common pair) and q4_0 with every GQA instance, q8_0 with the generic one
+  {GpuPath::kCudaCore,   CodecId::kQ8_0,  CodecId::kQ4_0, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kQ4_0,  CodecId::kQ4_0, kAnyGroup,  8,   GpuGqa::kEvery},
+  {GpuPath::kCudaCore,   CodecId::kQ8_0,  CodecId::kQ8_0, kAnyGroup,  8,   GpuGqa::kGeneric},
 };
 // clang-format on
 inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpuInstances[0]));
