@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kv/float_dot.h"
 
 namespace kvq {
 
@@ -18,34 +19,25 @@ int evict_budget(double bits, int row_bits, int prompt_tokens) {
 
 std::vector<double> evict_scores(const float* keys, const float* values, int n_tokens, int d, const float* queries,
                                  const int* q_pos, int n_q, int group) {
+  KVQ_CHECK(d % 8 == 0, "evict: head_dim {} is not a multiple of 8", d);
   const size_t n_all = static_cast<size_t>(n_tokens);
-  std::vector<double> score(n_all, 0.0), s(n_all), o(static_cast<size_t>(d));
+  std::vector<double> score(n_all, 0.0), p(n_all);
+  std::vector<float> o(static_cast<size_t>(d));
   for (int i = 0; i < n_q; ++i) {
     const int n = q_pos[i] + 1;
     KVQ_CHECK(q_pos[i] >= 0 && n <= n_tokens, "evict: query at {} outside the {} prompt tokens", q_pos[i], n_tokens);
     for (int j = 0; j < group; ++j) {
       const float* q = queries + (size_t(i) * group + j) * d;
       double mx = -INFINITY;
-      for (int t = 0; t < n; ++t) {
-        double dot = 0;
-        for (int c = 0; c < d; ++c) dot += double(q[c]) * keys[size_t(t) * d + c];
-        s[size_t(t)] = dot;
-        mx = std::max(mx, dot);
-      }
+      for (int t = 0; t < n; ++t) mx = std::max(mx, p[size_t(t)] = double(dot8(q, keys + size_t(t) * d, d)));
       double sum = 0;
-      for (int t = 0; t < n; ++t) sum += (s[size_t(t)] = std::exp(s[size_t(t)] - mx));
-      std::fill(o.begin(), o.end(), 0.0);
-      for (int t = 0; t < n; ++t) {
-        s[size_t(t)] /= sum;  // p_t
-        for (int c = 0; c < d; ++c) o[size_t(c)] += s[size_t(t)] * values[size_t(t) * d + c];
-      }
-      const double norm = std::sqrt(std::inner_product(o.begin(), o.end(), o.begin(), 0.0));
-      if (!(norm > 0)) continue;
-      for (int t = 0; t < n; ++t) {
-        double dot = 0;
-        for (int c = 0; c < d; ++c) dot += values[size_t(t) * d + c] * o[size_t(c)];
-        score[size_t(t)] += s[size_t(t)] * dot / norm;
-      }
+      for (int t = 0; t < n; ++t) sum += (p[size_t(t)] = std::exp(p[size_t(t)] - mx));
+      std::fill(o.begin(), o.end(), 0.f);
+      for (int t = 0; t < n; ++t) axpy8(float(p[size_t(t)] /= sum), values + size_t(t) * d, o.data(), d);
+      const double norm = std::sqrt(double(dot8(o.data(), o.data(), d)));
+      if (!(norm > 0)) continue;  // a zero output points nowhere
+      for (int t = 0; t < n; ++t)
+        score[size_t(t)] += p[size_t(t)] * double(dot8(values + size_t(t) * d, o.data(), d)) / norm;
     }
   }
   return score;

@@ -23,7 +23,7 @@ int evict_budget(double bits, int row_bits, int prompt_tokens);
 
 // score_t for t in [0, n_tokens) of one (layer, kv head): keys, values [n_tokens, d] (the stored rows, decoded),
 // queries [n_q, group, d] already scaled by 1/sqrt(d), query i at position q_pos[i] < n_tokens (it reads t <= q_pos[i]).
-// Softmax and sums in double.
+// Dot products in float (kv/float_dot.h), the softmax and the score sums in double; d a multiple of 8.
 std::vector<double> evict_scores(const float* keys, const float* values, int n_tokens, int d, const float* queries,
                                  const int* q_pos, int n_q, int group);
 
