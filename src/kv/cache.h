@@ -9,6 +9,25 @@
 // A prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every
 // query of the chunk reads exactly what decode would hold at its step.
 //
+// That is the default prompt policy, decode-faithful. The others (CacheConfig::prompt_policy, the camps' "as shipped"
+// prefill semantics, docs/METHODS.md §5) change what is read around the end of a sequence's prompt, which the caller
+// marks with end_prompt(seq) at P = the sequence's length. They keep one more per-sequence store, the exact store:
+// every row as appended, in the window codec (bf16; bf16 too for int8 windows), at slot = position.
+//   exact-prompt           the prompt's rows go to the windows and pages as usual (so the pages equal the
+//                          decode-faithful cache's) and to the exact store; until end_prompt every query reads only the
+//                          exact store; after it the store is no longer written nor read: the cache as stored.
+//   quantize-after-prompt  the same until end_prompt (the prompt's chunks demote [S0, qe(P - 1)) as usual, which no
+//                          prompt query reads); after it nothing is demoted any more: queries read the sinks, the pages
+//                          of [S0, qe(P - 1)) and the exact store from there on (every later row, never demoted).
+//   evict                  (lossless K / V codecs) every query reads only the exact store. At end_prompt each (layer,
+//                          kv head) keeps the sinks, the recent window and the best-scored prompt tokens (kv/evict.h;
+//                          the score needs the last prompt queries, which Model hands to observe_queries), compacts
+//                          their rows to slots [0, kept) in position order and records their positions; later tokens
+//                          take slots kept + (position - P). An evicted row is never read again.
+// footprint(n, P) counts what each policy keeps: exact-prompt the same as decode-faithful (the prompt's exact rows are
+// prefill state), quantize-after-prompt window-codec rows outside [S0, qe(P - 1)), evict the kept and later rows.
+// The page pool reserves pages as for decode-faithful whatever the policy (an evaluation cache, CPU only).
+//
 // Storage (sizes: kv/cache_layout.h; pages and sequence slots: kv/page_pool.h):
 //   pages  [n_pages][n_layers][n_kv_heads] { K blocks [P / Bk][bytes_k] | V blocks [P / Bv][bytes_v] }
 //          page i of a sequence's block table covers quantized positions [S0 + i P, S0 + (i + 1) P); P = page_tokens
@@ -38,6 +57,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/half.h"
@@ -47,6 +67,26 @@
 #include "kv/transform.h"
 
 namespace kvq {
+
+// What a sequence's cache does at the end of its prompt (KvCache::end_prompt, Runner::end_prompt): the prefill
+// semantics a camp ships (docs/METHODS.md §5 "as shipped"), labelled wherever a number is printed. P = the prompt's
+// length, the sequence's length when end_prompt is called.
+enum class PromptPolicy : uint8_t {
+  kDecodeFaithful,       // "decode-faithful" (default): every query reads what decode would hold (§2); end_prompt
+                         // does nothing
+  kExactPrompt,          // "exact-prompt" (TurboQuant's first prefill chunk, OScaR): the prompt's queries attend to
+                         // the prompt's exact rows; the rows are stored through the codecs as usual; queries after
+                         // the prompt read the cache as stored
+  kQuantizeAfterPrompt,  // "quantize-after-prompt" (NexusQuant): the prompt is exact during prefill and quantized once
+                         // at end_prompt (the codec region ends at qe(P - 1)); every later row stays in the window
+                         // codec (bf16), never demoted
+  kEvict,                // "evict" (METHODS §5.8, AnDPro-style): at end_prompt keep sinks + recent window + the top
+                         // prompt tokens by score, as many as CacheConfig::evict_bits allows; kept and later tokens
+                         // stay bf16; evicted tokens are never read again
+};
+// "decode-faithful" | "exact-prompt" | "quantize-after-prompt" | "evict"; kvq::Error naming the known values.
+PromptPolicy parse_prompt_policy(std::string_view name);
+std::string_view prompt_policy_name(PromptPolicy p);
 
 struct CacheConfig {
   CodecSpec k{};              // key codec (type, group, clip)
@@ -70,6 +110,11 @@ struct CacheConfig {
   // without RoPE (the codec table's pre_rope_keys; kv/codec_rope.h). The runner fills it from the model; empty: such
   // a key codec is refused.
   std::vector<float> key_rope;
+  // The prefill semantics (PromptPolicy above); decode-faithful unless a camp's "as shipped" row asks otherwise.
+  PromptPolicy prompt_policy = PromptPolicy::kDecodeFaithful;
+  // evict only: the bits per element the kept prompt tokens may cost, as a fraction f = evict_bits / 16 of the prompt's
+  // BF16 bytes (e.g. a quantized row's b_eff at context P): floor(f · P) prompt tokens are kept. (0, 16].
+  double evict_bits = 0;
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 
@@ -134,11 +179,22 @@ class KvCache {
   void append(int seq, int layer, int pos0, int n, const float* k, const float* v);
   void commit(int seq, int n);
 
+  // The end of seq's prompt (its current length P): applies cfg.prompt_policy (see PromptPolicy). Once per sequence;
+  // a decode-faithful cache only records P.
+  void end_prompt(int seq);
+  // The prompt's length once end_prompt was called, else -1.
+  int prompt_end(int seq) const;
+  // The evict policy scores prompt tokens with the last queries of the prompt: Model::attention_block hands each
+  // layer's scaled, transformed queries q [n, n_heads, d] at positions [pos0, pos0 + n) here before attention. Does
+  // nothing unless the sequence's prompt is open and the policy is evict.
+  void observe_queries(int seq, int layer, int pos0, int n, const float* q, int n_heads);
+
   // qe(t): end of the quantized region as seen by a query at position t (see the header comment).
   int quant_end(int t) const;
 
-  // A contiguous run of cached rows of one (layer, kv head), all in one storage.
-  enum class RunKind : uint8_t { Sink, Quant, Recent };
+  // A contiguous run of cached rows of one (layer, kv head), all in one storage. Exact: rows of the exact store
+  // (non-default prompt policies, see the header comment), which a query at t reads where their position is <= t.
+  enum class RunKind : uint8_t { Sink, Quant, Recent, Exact };
   struct Run {
     RunKind kind;
     int pos0;            // position of the first row
@@ -148,11 +204,17 @@ class KvCache {
     const float* scale;  // Quant runs of token-scaled keys: ν of each row [n] (scores are ν · q·k̂); else null
     const KvCodec* k_codec;  // what they are read with: k_codec(layer) / v_codec(layer) for Quant, window_codec()
     const KvCodec* v_codec;  // otherwise
+    const int* positions;    // Exact runs after an eviction: the position of each row [n], increasing; else null
+                             // (row i is at pos0 + i)
   };
   // Runs covering everything queries in [t_first, t_last] may read (the union of their views), in position order.
   void runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const;
 
   CacheFootprint footprint(int n_tokens) const;
+  // What one sequence of n_tokens stores when its prompt was the first prompt_tokens under cfg.prompt_policy
+  // (exact-prompt and decode-faithful: footprint(n_tokens); quantize-after-prompt: the rows from qe(P - 1) on at 16
+  // bits; evict: the kept prompt tokens and every later one at 16 bits).
+  CacheFootprint footprint(int n_tokens, int prompt_tokens) const;
   size_t bytes_allocated() const;  // pages + sinks + rings, all sequences
   int token_capacity() const;      // tokens the pool holds in sequences of max_ctx each
 
@@ -172,16 +234,24 @@ class KvCache {
   void encode_ring_body(Sequence& s, int layer, int pos, const float* k, const float* v);
   void demote(int seq, Sequence& s, int layer, int from, int to);
   void demote_scales(Sequence& s, int layer, int b0, float* nu) const;
+  // The exact store of seq (prompt policies but decode-faithful): [n_layers][2][n_kv][max_ctx] rows of exact_codec_,
+  // row `slot` of (layer, K / V, head); slot = position, or after an eviction kept index / K + (position - P).
+  uint8_t* exact_row(int seq, int layer, int kv, int head, int slot) const;
+  int exact_slot(const Sequence& s, int pos) const;
+  bool reads_exact(const Sequence& s) const;  // every query of seq reads only the exact store now
+  void evict(int seq, Sequence& s);           // the evict policy at end_prompt
 
   CacheConfig cfg_;
   int n_layers_, n_kv_, d_, max_ctx_;
   std::unique_ptr<KvCodec> k_codec_, v_codec_, window_;
   std::unique_ptr<KvCodec> skip_codec_;  // bf16 rows of the skipped layers
+  const KvCodec* exact_codec_;           // rows of the exact store: the window codec, or bf16 for int8 windows
   CacheLayout layout_;                 // region, page and window sizes
   std::vector<int64_t> layer_offset_;  // [n_layers] layout_.layer_offset(l)
   PagePool pool_;                      // free pages, block tables, sequence slots and lengths
   std::unique_ptr<uint8_t[]> pages_;   // [pool_.n_pages()][page_bytes]
   std::vector<std::unique_ptr<Sequence>> seqs_;  // windows per slot
+  std::vector<std::unique_ptr<uint8_t[]>> exact_;  // per slot, allocated at its first sequence with a prompt policy
 };
 
 }  // namespace kvq
