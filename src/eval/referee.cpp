@@ -39,7 +39,7 @@ class Referee {
   RunnerFactory runners();
   RefereeResult calibrate_only(const std::vector<PlannedRun>& plan);
   EvalConfig eval_config(std::vector<int> ctx, bool layers, const Rotation& rot) const;
-  CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips) const;
+  CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips);
   json evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s, int left);
   json execute_run(const std::vector<PlannedRun>& plan, size_t i, const json& settings, double& executed_seconds);
   int threads() const;
@@ -133,12 +133,17 @@ EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const Rotatio
   return ec;
 }
 
-// The cache of run r: its row's at the run's windows, with the run's clips and its rotation.
-CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips) const {
-  CacheConfig c = method_cache(r.method, r.windows, cfg_.group);
+// The cache of run r: its row's at the run's windows and protocol, with the run's clips and its rotation, or the
+// transform its codecs imply (a row has one or the other: tests/test_referee_methods.cpp), and the model's RoPE for
+// key codecs that store keys without it.
+CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips) {
+  CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
   c.k.clip = clips.k;
   c.v.clip = clips.v;
-  c.transform = rot.transform;
+  const ModelConfig& mc = model().config();
+  c.transform = rot.transform ? rot.transform
+                              : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  c.key_rope = mc.rope_inv_freq();
   return c;
 }
 

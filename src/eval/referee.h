@@ -43,7 +43,8 @@ struct RefereeConfig {
   std::vector<int> ctx = {2048};       // context lengths (effective bits, ppl/kl/passkey at each; layers at ctx[0])
   std::vector<std::string> domains;    // eval domains to use (file stems); empty: all
   std::vector<RefereeMethod> methods = referee_methods();
-  std::vector<RefereeWindows> windows = {{64, 256}, {16, 64}, {0, 0}};
+  std::vector<RefereeWindows> windows = {{64, 256}, {16, 64}, {0, 0}};  // the common protocol's window settings
+  std::vector<RefereeProtocol> protocols = {RefereeProtocol::Common, RefereeProtocol::AsShipped};  // --protocols
   int eval_windows = 0;                // windows per domain and ctx for ppl / kl / layers (0: all)
   int passkey_trials = 10;             // prompts per (ctx, depth)
   std::vector<double> depths;          // passkey depths (empty: 0, 0.1, ..., 1)
