@@ -15,6 +15,7 @@ namespace {
 struct EvalOptions {
   ModelOptions model;
   CacheOptions cache;
+  PromptLength prompt;
   std::string tasks = "ppl,kl,passkey,layers";
   std::string ctx = "2048";
   std::string data = "data/eval";
@@ -40,6 +41,8 @@ void run(const EvalOptions& o) {
   c.passkey_trials = o.passkey_trials;
   c.seed = o.seed;
   c.bootstrap = o.bootstrap;
+  c.prompt_tokens = o.prompt.tokens;
+  c.prompt_fraction = o.prompt.fraction;
   list_eval_files(o.data);  // a missing or empty data directory fails before the model loads
   // ctx > the model's maximum, a bad cache or rotation: one clear error before any work
   const Plan p = plan(o.model, o.cache, *std::max_element(c.ctx.begin(), c.ctx.end()));
@@ -59,8 +62,17 @@ void run(const EvalOptions& o) {
                                   last = stage;
                                 });
   if (!last.empty()) std::fputc('\n', stderr);
-  if (o.json)
-    std::printf("%s\n", report_json(r).dump().c_str());
+  if (o.json) {
+    nlohmann::json j = report_json(r);
+    // The prefill semantics of every number (eval/perplexity.h): the policy, and per ctx the prompt and the targets
+    // scored per window.
+    j["prompt"] = {{"policy", prompt_policy_name(cc.prompt_policy)}, {"evict_bits", cc.evict_bits}, {"by_ctx", {}}};
+    for (size_t i = 0; i < r.prompt_tokens.size(); ++i)
+      j["prompt"]["by_ctx"].push_back({{"ctx", c.ctx[i]},
+                                       {"prompt_tokens", r.prompt_tokens[i]},
+                                       {"scored_tokens_per_window", scored_targets(c.ctx[i], r.prompt_tokens[i])}});
+    std::printf("%s\n", j.dump().c_str());
+  }
   else
     std::printf("%s", report_table(r).c_str());
 }
@@ -72,6 +84,7 @@ void add_eval(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "fidelity metrics of a KV-cache configuration (ppl, kl, passkey, layers)");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
+  add_prompt_options(cmd, o->cache, o->prompt);
   add_device_options(cmd, o->model);
   cmd->add_option("--tasks", o->tasks, "comma-separated tasks: ppl, kl, passkey, layers");
   cmd->add_option("--ctx", o->ctx, "comma-separated context lengths, e.g. 2048,4096,8192");

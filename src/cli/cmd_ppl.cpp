@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "common/error.h"
+#include "eval/evaluator.h"
 #include "eval/perplexity.h"
 
 namespace kvq::cli {
@@ -17,6 +18,7 @@ namespace {
 struct PplOptions {
   ModelOptions model;
   CacheOptions cache;
+  PromptLength prompt;
   std::string file;
   int ctx = 2048;
   int chunks = 0;
@@ -36,6 +38,10 @@ void run(const PplOptions& o) {
   const Plan p = plan(o.model, o.cache, o.ctx);
   const int ctx = p.ctx;
   const CacheConfig& cc = p.cache;
+  EvalConfig pc;  // the prompt's length: the same rule as kvq eval's
+  pc.prompt_tokens = o.prompt.tokens;
+  pc.prompt_fraction = o.prompt.fraction;
+  const int P = pc.prompt_at(ctx);
   const std::vector<int32_t> ids = load_tokenizer(o.model).encode(read_text(o.file));
   KVQ_CHECK(ids.size() >= size_t(ctx), "'{}' has {} tokens, fewer than one window of {}", o.file, ids.size(), ctx);
   auto model = load_model(o.model, p);
@@ -44,8 +50,8 @@ void run(const PplOptions& o) {
   const PerplexityResult r = perplexity(*runner, ids, ctx, o.chunks, [](int done, int total, double ppl) {
     std::fprintf(stderr, "\rkvq: window %d/%d  ppl %.4f", done, total, ppl);
     if (done == total) std::fputc('\n', stderr);
-  });
-  const CacheFootprint f = runner->footprint(ctx);
+  }, P);
+  const CacheFootprint f = runner->prompt_footprint(ctx, P);
   if (o.json) {
     nlohmann::json j = {{"ppl", r.ppl()},
                         {"nll", r.nll()},
@@ -54,6 +60,9 @@ void run(const PplOptions& o) {
                         {"windows", r.window_nll.size()},
                         {"file", o.file},
                         {"cache", cc.describe()},
+                        {"prompt_policy", prompt_policy_name(cc.prompt_policy)},
+                        {"prompt_tokens", P},
+                        {"scored_tokens_per_window", scored_targets(ctx, P)},
                         {"device", o.model.device},
                         {"kv_bits_effective", f.bits_per_element},
                         {"kv_bits_quantized", f.quant_bits_per_element},
@@ -61,9 +70,11 @@ void run(const PplOptions& o) {
                         {"tokens_per_second", double(r.window_nll.size()) * ctx / r.seconds}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("ppl %.4f  nll %.5f  over %lld tokens in %zu windows of %d  (%s, %.2f bits/element)  %.1f s\n",
-                r.ppl(), r.nll(), (long long)r.tokens_scored, r.window_nll.size(), ctx, cc.describe().c_str(),
-                f.bits_per_element, r.seconds);
+    const std::string prompt =
+        P > 0 ? fmt::format(" after a prompt of {} ({})", P, prompt_policy_name(cc.prompt_policy)) : "";
+    std::printf("ppl %.4f  nll %.5f  over %lld tokens in %zu windows of %d%s  (%s, %.2f bits/element)  %.1f s\n",
+                r.ppl(), r.nll(), (long long)r.tokens_scored, r.window_nll.size(), ctx, prompt.c_str(),
+                cc.describe().c_str(), f.bits_per_element, r.seconds);
   }
 }
 
@@ -74,6 +85,7 @@ void add_ppl(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("ppl", "perplexity of a text file (non-overlapping windows)");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
+  add_prompt_options(cmd, o->cache, o->prompt);
   add_kv_budget_option(cmd, o->cache);
   add_device_options(cmd, o->model);
   cmd->add_option("-f,--file", o->file, "text file")->required()->check(CLI::ExistingFile);

@@ -70,6 +70,11 @@ CacheConfig CacheOptions::config() const {
   if (!window_type.empty()) c.window = window_type;
   else if (preset_window) c.window = std::string(codec_traits(preset->window).name);
   else if (kt.id == CodecId::kF32 && vt.id == CodecId::kF32) c.window = "f32";
+  c.prompt_policy = parse_prompt_policy(prompt_policy);
+  KVQ_CHECK((c.prompt_policy == PromptPolicy::kEvict) == (evict_bits != 0),
+            "--evict-bits {} with --prompt-policy {}: the evict policy needs its bit budget (--evict-bits B, e.g. the "
+            "quantized row's effective bits), the others take none", evict_bits, prompt_policy);
+  c.evict_bits = evict_bits;
   return c;
 }
 
@@ -142,6 +147,24 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
                       "): auto (as llama.cpp: keys when -ctk is one, values when -ctv is one, head_dim % 64 == 0) or "
                       "off (as llama.cpp's LLAMA_ATTN_ROT_DISABLE=1, which kvq also honours); default auto")
       ->check(CLI::IsMember({"auto", "off"}));
+}
+
+void add_prompt_options(CLI::App* cmd, CacheOptions& c, PromptLength& p) {
+  cmd->add_option("--prompt-policy", c.prompt_policy,
+                  "prefill semantics at the end of each window's prompt (METHODS §5 'as shipped'): decode-faithful "
+                  "(default), exact-prompt (the prompt attends to its exact K/V), quantize-after-prompt (the prompt is "
+                  "quantized once after prefill, later tokens stay bf16) or evict (keep sinks, recent window and the "
+                  "top prompt tokens within --evict-bits; bf16 caches); CPU only");
+  cmd->add_option("--evict-bits", c.evict_bits,
+                  "evict: bits per element the kept prompt tokens may cost (a fraction bits/16 of the prompt's BF16 "
+                  "bytes, e.g. a quantized row's effective bits at the prompt's length)")
+      ->check(CLI::Range(0.0, 16.0));
+  cmd->add_option("--prompt-tokens", p.tokens,
+                  "tokens of each window that are the prompt: prefilled, then the prompt policy applies and only the "
+                  "later targets are scored (0: none, every target scored)")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--prompt-fraction", p.fraction, "the prompt as a fraction of each window (instead of --prompt-tokens)")
+      ->check(CLI::Range(0.0, 1.0));
 }
 
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o) {

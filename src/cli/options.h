@@ -38,13 +38,24 @@ struct CacheOptions {
                                                  // environment has llama.cpp's LLAMA_ATTN_ROT_DISABLE (atoi != 0)
   double kv_budget_gib = 0;                      // --kv-budget-gib: bytes of the page pool + windows (0: default)
   std::string skip_layers;                       // --kv-skip-layers: e.g. "0,1,-2,-1" ("": none)
+  std::string prompt_policy = "decode-faithful";  // --prompt-policy (ppl, eval): CacheConfig::prompt_policy
+  double evict_bits = 0;                         // --evict-bits: CacheConfig::evict_bits (evict only)
   CacheConfig config() const;                    // validated later by KvCache / make_codec
+};
+
+// The prompt of each scored window (ppl, eval): --prompt-tokens P, or --prompt-fraction F (P = floor(F · ctx)).
+struct PromptLength {
+  int tokens = 0;
+  double fraction = 0;
 };
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);  // -m, -t, --dummy-weights
 // --dummy-weights alone, for a command with its own -m (referee), so that it refuses them by name.
 void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
+// --prompt-policy, --evict-bits, --prompt-tokens and --prompt-fraction, for the commands that score windows with a
+// prompt (ppl, eval): the cache's prefill semantics and where each window's prompt ends.
+void add_prompt_options(CLI::App* cmd, CacheOptions& c, PromptLength& p);
 // --kv-budget-gib, for the commands whose runner's cache it sizes (run, ppl, bench decode).
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o);
 // --device, --gpu-gemm and --cuda-graphs, for the commands that run through a Runner (run, ppl, bench decode, eval,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -55,6 +56,7 @@ KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFid
   KlEntry e;
   e.domain = domain;
   e.ctx = ctx;
+  e.prompt_tokens = c.prompt_at(ctx);
   e.windows = int(ws.size());
   e.per_window = ws;
   for (const WindowFidelity& w : ws) {
@@ -69,9 +71,10 @@ KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFid
   return e;
 }
 
-// Fills the ppl and its bootstrap CI over windows (each window scores ctx - 1 tokens).
+// Fills the ppl and its bootstrap CI over windows (each window scores scored_targets(ctx, P) tokens: ctx - 1 without a
+// prompt).
 PplEntry ppl_entry(PplEntry e, const EvalConfig& c) {
-  std::vector<double> den(e.window_nll.size(), double(e.ctx - 1));
+  std::vector<double> den(e.window_nll.size(), double(scored_targets(e.ctx, e.prompt_tokens)));
   const std::string tag = "ppl/" + std::to_string(e.ctx) + "/" + e.domain;
   e.ci = exp_interval(bootstrap_ratio(e.window_nll, den, c.bootstrap, mix_seed(c.seed, tag_hash(tag))).ci);
   e.ppl = e.ci.estimate;
@@ -96,6 +99,7 @@ void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache
     KVQ_CHECK(ctx >= 2, "context {} is too short (need >= 2)", ctx);
     KVQ_CHECK(ctx <= model.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
               model.config().max_ctx);
+    if (windowed) c.prompt_at(ctx);  // 0 <= P < ctx
     if (windowed)
       for (const EvalDomain& d : ds)
         KVQ_CHECK(d.ids.size() >= size_t(ctx), "eval text '{}' has {} tokens, shorter than one window of {}", d.path,
@@ -118,6 +122,19 @@ void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache
 }
 
 }  // namespace
+
+int EvalConfig::prompt_at(int ctx) const {
+  KVQ_CHECK(prompt_tokens == 0 || prompt_fraction == 0,
+            "eval: give the prompt as tokens ({}) or as a fraction of the context ({}), not both", prompt_tokens,
+            prompt_fraction);
+  KVQ_CHECK(prompt_tokens >= 0 && prompt_fraction >= 0 && prompt_fraction < 1,
+            "eval: the prompt ({} tokens, fraction {}) must be >= 0 tokens or a fraction in [0, 1)", prompt_tokens,
+            prompt_fraction);
+  const int P = prompt_tokens > 0 ? prompt_tokens : int(std::floor(prompt_fraction * ctx));
+  KVQ_CHECK(P < ctx, "eval: a prompt of {} tokens leaves nothing to score in windows of {} (need prompt < ctx)", P,
+            ctx);
+  return P;
+}
 
 bool EvalConfig::has(const std::string& task) const {
   return std::find(tasks.begin(), tasks.end(), task) != tasks.end();
@@ -223,12 +240,15 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
     const std::unique_ptr<Runner> method = runners(cache, ctx);
     const std::unique_ptr<Runner> ref = lockstep ? runners(bf16_reference_cache(cache), ctx) : nullptr;
     const std::unique_ptr<Runner> forced = c.has("layers") ? runners(cache, ctx) : nullptr;
+    const int P = c.has("ppl") || lockstep ? c.prompt_at(ctx) : 0;
     r.runner = method->describe();
-    r.footprint.push_back(method->footprint(ctx));
+    r.footprint.push_back(method->prompt_footprint(ctx, P));
+    r.prompt_tokens.push_back(P);
     std::vector<WindowFidelity> pooled;
     PplEntry ppl_all;  // every domain's windows pooled
     ppl_all.domain = "all";
     ppl_all.ctx = ctx;
+    ppl_all.prompt_tokens = P;
     double ref_nll_all = 0;
     LayerEntry layer_entry;
     layer_entry.ctx = ctx;
@@ -237,11 +257,13 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
       PplEntry pe;
       pe.domain = d.name;
       pe.ctx = ctx;
+      pe.prompt_tokens = P;
       if (lockstep) {
         const double per_window = double(ctx) * (c.has("layers") ? 3 : 2);
         const FidelityResult fr = lockstep_fidelity(
             {ref.get(), method.get(), forced.get()}, d.ids, ctx, c.windows, &model.pool(),
-            [&](int w, int) { eta.report(stage + (c.has("layers") ? " kl+layers" : " kl"), done + w * per_window); });
+            [&](int w, int) { eta.report(stage + (c.has("layers") ? " kl+layers" : " kl"), done + w * per_window); },
+            P);
         done += double(fr.windows.size()) * per_window;
         if (c.has("kl")) r.kl.push_back(kl_entry(d.name, ctx, fr.windows, c));
         pooled.insert(pooled.end(), fr.windows.begin(), fr.windows.end());
@@ -257,7 +279,7 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
       } else if (c.has("ppl")) {
         const PerplexityResult pr = perplexity(*method, d.ids, ctx, c.windows, [&](int w, int, double) {
           eta.report(stage + " ppl", done + double(w) * ctx);
-        });
+        }, P);
         done += double(pr.window_nll.size()) * ctx;
         pe.window_nll = pr.window_nll;
         pe.tokens = pr.tokens_scored;

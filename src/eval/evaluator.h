@@ -54,6 +54,12 @@ struct EvalConfig {
   std::vector<double> depths = default_depths();  // needle depths
   uint64_t seed = 0;                       // base seed of the passkey prompts and the bootstrap
   int bootstrap = 1000;                    // bootstrap resamples
+  // The prompt of each ppl / kl / layers window (eval/perplexity.h: [0, P) prefilled, Runner::end_prompt, the rest
+  // teacher-forced, targets >= P scored): prompt_tokens, or floor(prompt_fraction · ctx); both 0: no prompt (today's
+  // scoring, every result unchanged). Passkey's prompt is always the needle prompt (its answer follows end_prompt).
+  int prompt_tokens = 0;
+  double prompt_fraction = 0;
+  int prompt_at(int ctx) const;            // P for windows of ctx tokens (kvq::Error when both are given, or P >= ctx)
 
   bool has(const std::string& task) const;
   static std::vector<double> default_depths();  // 0, 0.1, ..., 1.0
@@ -67,6 +73,7 @@ std::vector<int> parse_ctx_list(const std::string& list);
 struct PplEntry {
   std::string domain;       // domain name, or "all" for the pooled windows of every domain
   int ctx = 0;              // window length
+  int prompt_tokens = 0;    // P of each window (targets at positions < P are not scored)
   std::vector<double> window_nll;  // summed NLL per window (method cache)
   int64_t tokens = 0;       // scored tokens
   double ppl = 0;           // exp(Σ nll / tokens)
@@ -77,6 +84,7 @@ struct PplEntry {
 struct KlEntry {
   std::string domain;       // domain name, or "all" for the pooled windows of every domain
   int ctx = 0;              // window length
+  int prompt_tokens = 0;    // P of each window (rows predicting positions < P are not compared)
   int windows = 0;          // windows compared
   int64_t tokens = 0;       // positions compared
   Interval kl;              // mean KL per token (nats), bootstrap 95% CI over windows
@@ -100,7 +108,9 @@ struct EvalReport {
   EvalConfig config;                 // what was asked
   std::string model_dir, model_fingerprint;
   CacheConfig cache;                 // the method's cache
-  std::vector<CacheFootprint> footprint;  // per config.ctx entry, at that context length
+  std::vector<CacheFootprint> footprint;  // per config.ctx entry, at that context length (with its prompt, under the
+                                          // cache's prompt policy: Runner::prompt_footprint)
+  std::vector<int> prompt_tokens;         // per config.ctx entry: P (config.prompt_at)
   std::vector<EvalDomain> domains;   // name, path, sha256, bytes (ids cleared)
   std::vector<int64_t> domain_tokens;  // tokens per domain, same order
   std::vector<PplEntry> ppl;

@@ -1,5 +1,6 @@
 #include "eval/fidelity.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/error.h"
@@ -16,11 +17,13 @@ CacheConfig bf16_reference_cache(const CacheConfig& method) {
   c.window = "bf16";
   c.skip_layers.clear();  // bf16 everywhere already
   c.transform = nullptr;  // the reference stores the plain keys and values
+  c.prompt_policy = PromptPolicy::kDecodeFaithful;
+  c.evict_bits = 0;
   return c;
 }
 
 FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vector<int32_t>& ids, int ctx, int windows,
-                                 ThreadPool* pool, const std::function<void(int, int)>& progress) {
+                                 ThreadPool* pool, const std::function<void(int, int)>& progress, int prompt_tokens) {
   KVQ_CHECK(runners.ref && runners.method, "fidelity: the reference and method runners are required");
   Runner& ref = *runners.ref;
   Runner& method = *runners.method;
@@ -36,6 +39,9 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
   const int V = mc.vocab_size;
   const int chunk = std::min(ref.cache_config().max_chunk, method.cache_config().max_chunk);
   const bool layers = forced != nullptr;
+  const int P = prompt_tokens;
+  scored_targets(ctx, P);  // 0 <= P < ctx
+  const int first = first_scored_row(P);
 
   std::vector<float> ref_logits(size_t(chunk) * V), m_logits(size_t(chunk) * V);
   const int n_threads = pool ? pool->size() : 1;
@@ -46,6 +52,7 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
 
   FidelityResult res;
   res.ctx = ctx;
+  res.prompt_tokens = P;
   if (layers) res.layers = LayerErrorSums(mc.n_layers);
   struct Unhook {  // however the pass ends, no runner keeps a hook into this frame
     const LockstepRunners& r;
@@ -63,41 +70,50 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
     const int sr = ref.new_sequence(), sm = method.new_sequence();
     const int sf = layers ? forced->new_sequence() : -1;
     WindowFidelity wf;
-    for (int pos = 0; pos < ctx; pos += chunk) {
-      const int n = std::min(chunk, ctx - pos);
-      ref.forward(sr, win + pos, n, ref_logits.data(), true);
-      method.forward(sm, win + pos, n, m_logits.data(), true);
-      if (layers) {
-        forced->forward({sf}, {n}, win + pos, LogitRows::None, nullptr, nullptr);
-        res.layers.add(rec_ref, rec_forced, rec_free, n);
-      }
-      auto compare = [&](int64_t i, int thread) {
-        const float* pr = ref_logits.data() + size_t(i) * V;
-        const float* pm = m_logits.data() + size_t(i) * V;
-        const int32_t target = pos + i + 1 < ctx ? win[pos + i + 1] : -1;
-        const RowFidelity f = row_fidelity(pr, pm, V, target, scratch[size_t(thread)].data());
-        WindowFidelity& o = per_row[size_t(i)];
-        o = WindowFidelity{};
-        o.kl_sum = f.kl;
-        o.top1_agree = f.top1_agree ? 1 : 0;
-        if (target >= 0) {
-          o.nll_ref = f.nll_p;
-          o.nll_method = f.nll_q;
-          o.nll_tokens = 1;
+    // Chunks of [pos, end): the prompt, then what follows it.
+    const auto run_span = [&](int pos, int end) {
+      for (; pos < end; pos += chunk) {
+        const int n = std::min(chunk, end - pos);
+        ref.forward(sr, win + pos, n, ref_logits.data(), true);
+        method.forward(sm, win + pos, n, m_logits.data(), true);
+        if (layers) {
+          forced->forward({sf}, {n}, win + pos, LogitRows::None, nullptr, nullptr);
+          res.layers.add(rec_ref, rec_forced, rec_free, n);
         }
-      };
-      if (pool) pool->parallel_for(n, compare);
-      else for (int i = 0; i < n; ++i) compare(i, 0);
-      for (int i = 0; i < n; ++i) {  // the same summation order on any number of threads
-        const WindowFidelity& o = per_row[size_t(i)];
-        wf.kl_sum += o.kl_sum;
-        wf.top1_agree += o.top1_agree;
-        ++wf.tokens;
-        wf.nll_ref += o.nll_ref;
-        wf.nll_method += o.nll_method;
-        wf.nll_tokens += o.nll_tokens;
+        const int i0 = std::clamp(first - pos, 0, n);  // rows before it predict prompt tokens: not compared
+        auto compare = [&](int64_t i, int thread) {
+          const float* pr = ref_logits.data() + size_t(i) * V;
+          const float* pm = m_logits.data() + size_t(i) * V;
+          const int32_t target = pos + i + 1 < ctx ? win[pos + i + 1] : -1;
+          const RowFidelity f = row_fidelity(pr, pm, V, target, scratch[size_t(thread)].data());
+          WindowFidelity& o = per_row[size_t(i)];
+          o = WindowFidelity{};
+          o.kl_sum = f.kl;
+          o.top1_agree = f.top1_agree ? 1 : 0;
+          if (target >= 0) {
+            o.nll_ref = f.nll_p;
+            o.nll_method = f.nll_q;
+            o.nll_tokens = 1;
+          }
+        };
+        if (pool) pool->parallel_for(n - i0, [&](int64_t i, int thread) { compare(i0 + i, thread); });
+        else for (int i = i0; i < n; ++i) compare(i, 0);
+        for (int i = i0; i < n; ++i) {  // the same summation order on any number of threads
+          const WindowFidelity& o = per_row[size_t(i)];
+          wf.kl_sum += o.kl_sum;
+          wf.top1_agree += o.top1_agree;
+          ++wf.tokens;
+          wf.nll_ref += o.nll_ref;
+          wf.nll_method += o.nll_method;
+          wf.nll_tokens += o.nll_tokens;
+        }
       }
-    }
+    };
+    run_span(0, P);
+    ref.end_prompt(sr);
+    method.end_prompt(sm);
+    if (layers) forced->end_prompt(sf);
+    run_span(P, ctx);
     ref.free_sequence(sr);
     method.free_sequence(sm);
     if (layers) forced->free_sequence(sf);

@@ -3,6 +3,10 @@
 // blocks, accumulate — so at most one chunk of logits per run is held. Both runs are decode-faithful (the method's
 // cache is read as decode would hold it). With layers, a third run (the method cache fed the BF16 run's layer
 // inputs) gives each layer's own attention-output error (eval/layer_errors.h).
+// With a prompt of P tokens (eval/perplexity.h): every run prefills [0, P), calls Runner::end_prompt (the reference is
+// decode-faithful BF16: a no-op there), then runs [P, ctx); KL and top-1 compare the rows that predict positions >= P
+// (rows max(P - 1, 0) .. ctx - 1, the last row included as without a prompt) and the NLLs score the same targets as
+// perplexity(); the per-layer errors still cover every row.
 #pragma once
 
 #include <cstdint>
@@ -20,20 +24,22 @@ namespace kvq {
 struct WindowFidelity {
   double kl_sum = 0;        // Σ_t KL(p_bf16,t ‖ p_method,t) in nats over the window's positions
   int64_t top1_agree = 0;   // positions whose argmax agrees
-  int64_t tokens = 0;       // positions compared (= ctx)
-  double nll_ref = 0;       // summed NLL of the next token, BF16 run (ctx - 1 positions)
+  int64_t tokens = 0;       // positions compared (ctx - max(P - 1, 0); = ctx without a prompt)
+  double nll_ref = 0;       // summed NLL of the next token, BF16 run (scored_targets(ctx, P) positions)
   double nll_method = 0;    // the same, method run
-  int64_t nll_tokens = 0;   // ctx - 1
+  int64_t nll_tokens = 0;   // scored_targets(ctx, P): ctx - 1 without a prompt
 };
 
 struct FidelityResult {
   int ctx = 0;                          // window length
+  int prompt_tokens = 0;                // P
   std::vector<WindowFidelity> windows;  // one per window, in text order
   LayerErrorSums layers;                // per-layer sums (empty unless requested)
   double seconds = 0;                   // wall time
 };
 
-// The reference cache of the comparison: BF16 keys, values and windows, with the method's chunk and page sizes.
+// The reference cache of the comparison: BF16 keys, values and windows, with the method's chunk and page sizes,
+// decode-faithful (whatever the method's prompt policy).
 CacheConfig bf16_reference_cache(const CacheConfig& method);
 
 // The runners of one lockstep pass, on any device: the BF16 reference (bf16_reference_cache, no transform), the
@@ -48,6 +54,7 @@ struct LockstepRunners {
 // Non-overlapping windows of ctx tokens from ids (windows <= 0: all full windows). The per-token comparisons run
 // on pool's threads (null: the calling thread). progress(done_windows, total_windows).
 FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vector<int32_t>& ids, int ctx, int windows,
-                                 ThreadPool* pool = nullptr, const std::function<void(int, int)>& progress = {});
+                                 ThreadPool* pool = nullptr, const std::function<void(int, int)>& progress = {},
+                                 int prompt_tokens = 0);
 
 }  // namespace kvq

@@ -76,6 +76,7 @@ std::vector<int32_t> greedy_decode(Runner& runner, std::span<const int32_t> prom
       const bool last = i + size_t(n) == prompt.size();
       runner.forward({seq}, {n}, prompt.data() + i, last ? LogitRows::Last : LogitRows::None, nullptr, &next);
     }
+    runner.end_prompt(seq);  // the first answer token comes from the prefill; the rest read the cache after it
     out.push_back(next);
     while (int(out.size()) < n_new) {
       runner.forward({seq}, {1}, &out.back(), LogitRows::Last, nullptr, &next);

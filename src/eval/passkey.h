@@ -9,7 +9,9 @@
 //
 // Each part is tokenized on its own, so the prompt holds the needle's ids verbatim at pos, and the prompt has
 // ctx - len(answer) tokens. Scoring: greedy decoding of len(answer) tokens through the method's cache
-// (decode-faithful: the prompt is prefilled in chunks, then one token per step), exact match of all of them.
+// (decode-faithful: the prompt is prefilled in chunks, then one token per step), exact match of all of them. The
+// needle prompt is the prompt of the cache's prompt policy: Runner::end_prompt is called after its prefill, so the
+// first answer token comes from the prefill's last logits and the others read the cache as the policy left it.
 #pragma once
 
 #include <cstdint>
@@ -81,7 +83,8 @@ struct PasskeyResult {
   double seconds = 0;                  // wall time
 };
 
-// Greedy decoding: prefills prompt through the runner's cache (a fresh sequence, chunks of max_chunk), then decodes
+// Greedy decoding: prefills prompt through the runner's cache (a fresh sequence, chunks of max_chunk), calls
+// Runner::end_prompt, then decodes
 // n_new tokens one at a time (argmax where the logits are); the runner must hold prompt.size() + n_new - 1 tokens.
 // Frees the sequence.
 std::vector<int32_t> greedy_decode(Runner& runner, std::span<const int32_t> prompt, int n_new);

@@ -20,8 +20,26 @@ double token_nll(const float* logits, int vocab, int32_t target) {
   return mx + std::log(sum) - double(logits[target]);
 }
 
+int scored_targets(int ctx, int prompt_tokens) {
+  KVQ_CHECK(prompt_tokens >= 0 && prompt_tokens < ctx,
+            "prompt of {} tokens does not fit a window of {} (need 0 <= prompt < ctx: at least one scored target)",
+            prompt_tokens, ctx);
+  return ctx - std::max(prompt_tokens, 1);
+}
+
+void forward_span(Runner& runner, int seq, const int32_t* win, int pos, int end, std::vector<float>& logits,
+                  const std::function<void(int, const float*)>& row) {
+  const int V = runner.config().vocab_size, chunk = runner.cache_config().max_chunk;
+  logits.resize(size_t(chunk) * V);
+  for (; pos < end; pos += chunk) {
+    const int n = std::min(chunk, end - pos);
+    runner.forward(seq, win + pos, n, logits.data(), true);
+    for (int i = 0; i < n; ++i) row(pos + i, logits.data() + size_t(i) * V);
+  }
+}
+
 PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int ctx, int windows,
-                            const std::function<void(int, int, double)>& progress) {
+                            const std::function<void(int, int, double)>& progress, int prompt_tokens) {
   const ModelConfig& mc = runner.config();
   KVQ_CHECK(ctx >= 2, "perplexity: context {} is too short (need >= 2)", ctx);
   KVQ_CHECK(ctx <= mc.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, mc.max_ctx);
@@ -29,25 +47,27 @@ PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int
   const int available = int(ids.size() / size_t(ctx));
   KVQ_CHECK(available >= 1, "the text has {} tokens, fewer than one window of {}", ids.size(), ctx);
   const int n_windows = windows > 0 ? std::min(windows, available) : available;
-  const int V = mc.vocab_size, chunk = runner.cache_config().max_chunk;
+  const int V = mc.vocab_size, P = prompt_tokens;
+  const int scored = scored_targets(ctx, P), first = first_scored_row(P);
 
   PerplexityResult res;
   res.ctx = ctx;
-  std::vector<float> logits(size_t(chunk) * V);
+  res.prompt_tokens = P;
+  std::vector<float> logits;
   const auto t0 = std::chrono::steady_clock::now();
   for (int w = 0; w < n_windows; ++w) {
     const int32_t* win = ids.data() + size_t(w) * ctx;
     const int seq = runner.new_sequence();
     double nll = 0;
-    for (int pos = 0; pos < ctx; pos += chunk) {
-      const int n = std::min(chunk, ctx - pos);
-      runner.forward(seq, win + pos, n, logits.data(), true);
-      for (int i = 0; i < n; ++i)
-        if (pos + i + 1 < ctx) nll += token_nll(logits.data() + size_t(i) * V, V, win[pos + i + 1]);
-    }
+    const auto score = [&](int i, const float* row) {
+      if (i >= first && i + 1 < ctx) nll += token_nll(row, V, win[i + 1]);
+    };
+    forward_span(runner, seq, win, 0, P, logits, score);  // the prompt
+    runner.end_prompt(seq);
+    forward_span(runner, seq, win, P, ctx, logits, score);  // teacher-forced after it
     runner.free_sequence(seq);
     res.window_nll.push_back(nll);
-    res.tokens_scored += ctx - 1;
+    res.tokens_scored += scored;
     if (progress) progress(w + 1, n_windows, res.ppl());
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -55,12 +75,12 @@ PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int
 }
 
 PerplexityResult perplexity(Model& model, const CacheConfig& cache_cfg, const std::vector<int32_t>& ids, int ctx,
-                            int windows, const std::function<void(int, int, double)>& progress) {
+                            int windows, const std::function<void(int, int, double)>& progress, int prompt_tokens) {
   KVQ_CHECK(ctx >= 2, "perplexity: context {} is too short (need >= 2)", ctx);
   KVQ_CHECK(ctx <= model.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
             model.config().max_ctx);
   CpuRunner runner(model, cache_cfg, ctx);
-  return perplexity(runner, ids, ctx, windows, progress);
+  return perplexity(runner, ids, ctx, windows, progress, prompt_tokens);
 }
 
 }  // namespace kvq

@@ -15,7 +15,21 @@ namespace kvq {
 struct KvCache::Sequence {
   std::vector<uint8_t> sinks;      // [n_layers][2][n_kv][S0] window rows
   std::vector<uint8_t> ring;       // [n_layers][2][n_kv][ring_tokens] window rows, then [ring_tokens][ring_body]
+  int prompt_end = -1;             // P once end_prompt was called, else -1
 };
+
+namespace {
+constexpr std::string_view kPromptPolicyNames[] = {"decode-faithful", "exact-prompt", "quantize-after-prompt", "evict"};
+}  // namespace
+
+PromptPolicy parse_prompt_policy(std::string_view name) {
+  for (size_t i = 0; i < std::size(kPromptPolicyNames); ++i)
+    if (name == kPromptPolicyNames[i]) return PromptPolicy(i);
+  throw Error(fmt::format("unknown prompt policy '{}' (known: decode-faithful, exact-prompt, quantize-after-prompt, "
+                          "evict)", name));
+}
+
+std::string_view prompt_policy_name(PromptPolicy p) { return kPromptPolicyNames[size_t(p)]; }
 
 namespace {
 
@@ -144,8 +158,11 @@ std::string CacheConfig::describe() const {
   };
   std::string skip;
   for (int l : skip_layers) skip += (skip.empty() ? " skip_layers=" : ",") + std::to_string(l);
-  return fmt::format("k={} v={} sink={} recent={} window={} rotation={}{}", one(k), one(v), sink, recent, window,
-                     rotation(), skip);
+  std::string prompt;  // nothing for decode-faithful: every existing description stays as it was
+  if (prompt_policy == PromptPolicy::kEvict) prompt = fmt::format(" prompt=evict/b{:g}", evict_bits);
+  else if (prompt_policy != PromptPolicy::kDecodeFaithful) prompt = " prompt=" + std::string(prompt_policy_name(prompt_policy));
+  return fmt::format("k={} v={} sink={} recent={} window={} rotation={}{}{}", one(k), one(v), sink, recent, window,
+                     rotation(), skip, prompt);
 }
 
 KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
@@ -293,6 +310,20 @@ void KvCache::demote_scales(Sequence& s, int layer, int b0, float* nu) const {
 
 void KvCache::commit(int seq, int n) { pool_.commit(seq, n); }
 
+void KvCache::end_prompt(int seq) {
+  Sequence& s = *seqs_.at(size_t(seq));
+  KVQ_CHECK(pool_.live(seq), "KV cache: end_prompt of sequence {}, which is not live", seq);
+  KVQ_CHECK(s.prompt_end < 0, "KV cache: end_prompt called twice for sequence {} (its prompt ended at {})", seq,
+            s.prompt_end);
+  KVQ_CHECK(cfg_.prompt_policy == PromptPolicy::kDecodeFaithful, "KV cache: prompt policy '{}' is not built yet",
+            prompt_policy_name(cfg_.prompt_policy));
+  s.prompt_end = pool_.length(seq);
+}
+
+int KvCache::prompt_end(int seq) const { return seqs_.at(size_t(seq))->prompt_end; }
+
+void KvCache::observe_queries(int, int, int, int, const float*, int) {}
+
 void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const {
   Sequence& s = *seqs_.at(size_t(seq));
   const int S0 = cfg_.sink, P = cfg_.page_tokens;
@@ -319,6 +350,13 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
 }
 
 CacheFootprint KvCache::footprint(int n) const { return layout_.footprint(n); }
+
+CacheFootprint KvCache::footprint(int n, int prompt) const {
+  KVQ_CHECK(prompt >= 0 && prompt <= n, "KV cache: footprint of {} tokens with a prompt of {}", n, prompt);
+  KVQ_CHECK(cfg_.prompt_policy == PromptPolicy::kDecodeFaithful, "KV cache: prompt policy '{}' is not built yet",
+            prompt_policy_name(cfg_.prompt_policy));
+  return layout_.footprint(n);
+}
 
 size_t KvCache::bytes_allocated() const { return pool_.bytes(); }
 

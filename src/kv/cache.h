@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/half.h"
@@ -47,6 +48,26 @@
 #include "kv/transform.h"
 
 namespace kvq {
+
+// What a sequence's cache does at the end of its prompt (KvCache::end_prompt, Runner::end_prompt): the prefill
+// semantics a camp ships (docs/METHODS.md §5 "as shipped"), labelled wherever a number is printed. P = the prompt's
+// length, the sequence's length when end_prompt is called.
+enum class PromptPolicy : uint8_t {
+  kDecodeFaithful,       // "decode-faithful" (default): every query reads what decode would hold (§2); end_prompt
+                         // does nothing
+  kExactPrompt,          // "exact-prompt" (TurboQuant's first prefill chunk, OScaR): the prompt's queries attend to
+                         // the prompt's exact rows; the rows are stored through the codecs as usual; queries after
+                         // the prompt read the cache as stored
+  kQuantizeAfterPrompt,  // "quantize-after-prompt" (NexusQuant): the prompt is exact during prefill and quantized once
+                         // at end_prompt (the codec region ends at qe(P - 1)); every later row stays in the window
+                         // codec (bf16), never demoted
+  kEvict,                // "evict" (METHODS §5.8, AnDPro-style): at end_prompt keep sinks + recent window + the top
+                         // prompt tokens by score, as many as CacheConfig::evict_bits allows; kept and later tokens
+                         // stay bf16; evicted tokens are never read again
+};
+// "decode-faithful" | "exact-prompt" | "quantize-after-prompt" | "evict"; kvq::Error naming the known values.
+PromptPolicy parse_prompt_policy(std::string_view name);
+std::string_view prompt_policy_name(PromptPolicy p);
 
 struct CacheConfig {
   CodecSpec k{};              // key codec (type, group, clip)
@@ -70,6 +91,11 @@ struct CacheConfig {
   // without RoPE (the codec table's pre_rope_keys; kv/codec_rope.h). The runner fills it from the model; empty: such
   // a key codec is refused.
   std::vector<float> key_rope;
+  // The prefill semantics (PromptPolicy above); decode-faithful unless a camp's "as shipped" row asks otherwise.
+  PromptPolicy prompt_policy = PromptPolicy::kDecodeFaithful;
+  // evict only: the bits per element the kept prompt tokens may cost, as a fraction f = evict_bits / 16 of the prompt's
+  // BF16 bytes (e.g. a quantized row's b_eff at context P): floor(f · P) prompt tokens are kept. (0, 16].
+  double evict_bits = 0;
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 
@@ -134,6 +160,16 @@ class KvCache {
   void append(int seq, int layer, int pos0, int n, const float* k, const float* v);
   void commit(int seq, int n);
 
+  // The end of seq's prompt (its current length P): applies cfg.prompt_policy (see PromptPolicy). Once per sequence;
+  // a decode-faithful cache only records P.
+  void end_prompt(int seq);
+  // The prompt's length once end_prompt was called, else -1.
+  int prompt_end(int seq) const;
+  // The evict policy scores prompt tokens with the last queries of the prompt: Model::attention_block hands each
+  // layer's scaled, transformed queries q [n, n_heads, d] at positions [pos0, pos0 + n) here before attention. Does
+  // nothing unless the sequence's prompt is open and the policy is evict.
+  void observe_queries(int seq, int layer, int pos0, int n, const float* q, int n_heads);
+
   // qe(t): end of the quantized region as seen by a query at position t (see the header comment).
   int quant_end(int t) const;
 
@@ -153,6 +189,10 @@ class KvCache {
   void runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const;
 
   CacheFootprint footprint(int n_tokens) const;
+  // What one sequence of n_tokens stores when its prompt was the first prompt_tokens under cfg.prompt_policy
+  // (exact-prompt and decode-faithful: footprint(n_tokens); quantize-after-prompt: the rows from qe(P - 1) on at 16
+  // bits; evict: the kept prompt tokens and every later one at 16 bits).
+  CacheFootprint footprint(int n_tokens, int prompt_tokens) const;
   size_t bytes_allocated() const;  // pages + sinks + rings, all sequences
   int token_capacity() const;      // tokens the pool holds in sequences of max_ctx each
 

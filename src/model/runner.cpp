@@ -26,6 +26,21 @@ void check_step(const Runner& r, const std::vector<int>& seqs, const std::vector
   KVQ_CHECK(rows <= r.max_rows(), "forward: a step of {} rows exceeds the runner's {}", rows, r.max_rows());
 }
 
+void Runner::end_prompt(int seq) {
+  const PromptPolicy p = cache_config().prompt_policy;
+  KVQ_CHECK(p == PromptPolicy::kDecodeFaithful,
+            "prompt policy '{}' is not supported by this runner ({}): only decode-faithful (the CPU cache applies the "
+            "others)", prompt_policy_name(p), describe());
+  KVQ_CHECK(seq >= 0 && seq < max_seqs(), "end_prompt: sequence {} out of range", seq);
+}
+
+CacheFootprint Runner::prompt_footprint(int n_tokens, int prompt_tokens) const {
+  KVQ_CHECK(cache_config().prompt_policy == PromptPolicy::kDecodeFaithful && prompt_tokens >= 0,
+            "prompt policy '{}' is not supported by this runner ({})", prompt_policy_name(cache_config().prompt_policy),
+            describe());
+  return footprint(n_tokens);
+}
+
 namespace {
 int checked_seqs(int max_seqs, size_t kv_budget_bytes) {
   KVQ_CHECK(max_seqs >= 1 || (max_seqs == 0 && kv_budget_bytes > 0),

@@ -47,6 +47,12 @@ class Runner {
   virtual void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                        float* logits, int32_t* argmax) = 0;
 
+  // The end of seq's prompt: the cache applies its prompt policy (CacheConfig::prompt_policy, kv/cache.h). The
+  // default (a runner whose cache only reads decode-faithfully, the GPU's) accepts only decode-faithful.
+  virtual void end_prompt(int seq);
+  // footprint() of a sequence whose first prompt_tokens were its prompt, under the cache's prompt policy.
+  virtual CacheFootprint prompt_footprint(int n_tokens, int prompt_tokens) const;
+
   // Single-sequence convenience: logits [n, vocab] when all_logits, else [vocab] of the last token.
   void forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits) {
     forward({seq}, {n}, ids, all_logits ? LogitRows::All : LogitRows::Last, logits, nullptr);
@@ -94,6 +100,10 @@ class CpuRunner final : public Runner {
                float* logits, int32_t* argmax) override;
   using Runner::forward;
   void set_layer_hook(Model::LayerHook* hook) override { hook_ = hook; }
+  void end_prompt(int seq) override { cache_.end_prompt(seq); }
+  CacheFootprint prompt_footprint(int n_tokens, int prompt_tokens) const override {
+    return cache_.footprint(n_tokens, prompt_tokens);
+  }
   CacheFootprint footprint(int n_tokens) const override { return cache_.footprint(n_tokens); }
   size_t cache_bytes() const override { return cache_.bytes_allocated(); }
   const PagePool& page_pool() const override { return cache_.pool(); }
