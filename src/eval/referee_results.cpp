@@ -178,7 +178,9 @@ void add_run_fields(json& rec, const RefereeConfig& cfg, const RefereeData& data
                      {"prompt", settings["prompt"]},
                      {"layer_skip", settings["layer_skip"]},
                      {"attn_rot", settings["attn_rot"]},
-                     {"note", r.protocol == RefereeProtocol::AsShipped ? r.method.shipped.note : ""}};
+                     {"note", r.protocol == RefereeProtocol::AsShipped ? r.method.shipped.note : ""},
+                     {"prompt_tokens", json::object()}};
+  for (int ctx : cfg.ctx) rec["protocol"]["prompt_tokens"][std::to_string(ctx)] = run_prompt_tokens(r, ctx);
   rec["rotation"] = rotation_json(cfg, data, r, rot, settings);
   rec["settings"] = settings;
   rec["date"] = referee_utc_now();  // when this run was made (a resumed run keeps its own date)
