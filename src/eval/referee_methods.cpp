@@ -122,7 +122,7 @@ const std::vector<RefereeMethod>& referee_methods() {
       {.label = "e8_2", .key_type = "e8_2", .value_type = "e8_2", .rotation = "none", .quick = true,
        .camp = "NexusQuant", .shipped = kE8_2Shipped},
       // OScaR and Kitty (METHODS §5.4, §5.5).
-      {.label = "oscar_int2", .key_type = "oscar_int2", .value_type = "oscar_int2", .rotation = "none", .quick = true,
+      {.label = "oscar_int2", .key_type = "oscar_int2", .value_type = "oscar_int2", .rotation = "none",
        .camp = "OScaR", .shipped = kOscarShipped},
       {.label = "kitty_int2", .key_type = "kitty_int2", .value_type = "kitty_int2", .rotation = "none", .quick = true,
        .camp = "Kitty", .shipped = kKittyShipped},

@@ -1,6 +1,7 @@
 // The referee's method table: one row per method (docs/METHODS.md §5, §7) declares everything the referee does with it
 // — its caches, its rotation, what it is calibrated and tuned on, whether windows change it, what it is judged
-// against, whether the quick subset has it and its note for the report. The plan, the rotation and clip stores, the
+// against, whether the quick subset has it, its note for the report, its camp and how the camp ships it (the
+// as-shipped protocol's path). The plan, the rotation and clip stores, the
 // run records and the reports read the row; none of them branches on a method's name or cache type. A new method is
 // a new row in referee_methods.cpp (and, for a new kind of rotation, a row of referee_rotations()). The window
 // settings the rows run at are declared here too.
@@ -71,7 +72,7 @@ struct ShippedPath {
 // One method of the referee: a row of referee_methods().
 struct RefereeMethod {
   std::string label = "";              // "optr(oscar)": --methods, run keys, every table of the reports
-  std::string key_type = "";           // cache type of the keys: bf16 | int8 | int4 | int2 | kivi2
+  std::string key_type = "";           // cache type of the keys: a codec table name (bf16, int2, kivi2, tq4nc, ...)
   std::string value_type = "";         // cache type of the values (kivi2: per token; its keys per channel)
   std::string window_type = "bf16";    // codec of the sink/recent windows (CacheConfig::window)
   std::string rotation = "";           // a referee_rotations() name: none | quarot | oscar | optr
