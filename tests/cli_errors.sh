@@ -68,6 +68,12 @@ expect_error "run: kitty with a group" run -m $M -p hi -n 1 --kv-cache-dtype kit
 expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
 expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512
 expect_error "ppl: ctx beyond the model" ppl -m $M -f data/eval/linux.txt -c 9000
+expect_error "ppl: unknown --prompt-policy" ppl -m $M -f data/eval/linux.txt --prompt-policy exact
+expect_error "ppl: --evict-bits without evict" ppl -m $M -f data/eval/linux.txt --prompt-policy exact-prompt --evict-bits 3
+expect_error "ppl: evict without --evict-bits" ppl -m $M -f data/eval/linux.txt --prompt-policy evict
+expect_error "ppl: evict over a quantized cache" ppl -m $M -f data/eval/linux.txt -c 256 -ctk int2 --prompt-policy evict --evict-bits 3 --prompt-tokens 128
+expect_error "ppl: a prompt as long as the window" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-tokens 256
+expect_error "ppl: --prompt-tokens and --prompt-fraction" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-tokens 10 --prompt-fraction 0.5
 expect_error "info: unknown cache type" info -m $M -ctv fp8
 expect_error "info: no model and no --codecs" info
 expect_error "info: --codecs with a model" info --codecs -m $M

@@ -22,6 +22,7 @@ struct Piece {
   const float* scale;  // token-scaled keys: ν of each row, multiplied onto its scores; else null
   const KvCodec* kc;
   const KvCodec* vc;
+  const int* pos;  // Exact pieces after an eviction: the position of each row; else null (row i at pos0 + i)
 };
 
 void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std::vector<Piece>& out) {
@@ -36,7 +37,7 @@ void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std
       out.push_back({run.kind, run.pos0 + off, n,
                      run.k + size_t(off / kc.tokens_per_block()) * kc.bytes_per_block(),
                      run.v + size_t(off / vc.tokens_per_block()) * vc.bytes_per_block(),
-                     run.scale ? run.scale + off : nullptr, &kc, &vc});
+                     run.scale ? run.scale + off : nullptr, &kc, &vc, run.positions ? run.positions + off : nullptr});
     }
   }
 }
@@ -50,6 +51,19 @@ inline void valid_range(const KvCache& cache, KvCache::RunKind kind, int t, int&
   } else {
     lo = cache.quant_end(t), hi = t + 1;
   }
+}
+
+// Rows [lo, hi) of a piece, relative to its first row, that the query at position t reads: its kind's view, and for
+// the exact store every row at a position <= t.
+inline void piece_rows(const KvCache& cache, const Piece& pc, int t, int& lo, int& hi) {
+  if (pc.kind == KvCache::RunKind::Exact) {
+    lo = 0;
+    hi = pc.pos ? int(std::upper_bound(pc.pos, pc.pos + pc.n, t) - pc.pos) : std::clamp(t + 1 - pc.pos0, 0, pc.n);
+    return;
+  }
+  valid_range(cache, pc.kind, t, lo, hi);
+  lo = std::clamp(lo - pc.pos0, 0, pc.n);
+  hi = std::clamp(hi - pc.pos0, lo, pc.n);
 }
 
 // Asks for the next piece's K and V blocks (into L2) while the current one is computed: the rows stream from
@@ -75,8 +89,8 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
     bool any = false;
     for (int r = 0; r < rows && !any; r += group) {
       int lo, hi;
-      valid_range(cache, pc.kind, t_first + r / group, lo, hi);
-      any = std::max(lo, pc.pos0) < std::min(hi, pc.pos0 + pc.n);
+      piece_rows(cache, pc, t_first + r / group, lo, hi);
+      any = lo < hi;
     }
     if (!any) continue;
     if (pi + 1 < n_pieces) prefetch_piece(pieces[pi + 1]);
@@ -87,9 +101,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
         for (int t = 0; t < n; ++t) s[size_t(r) * n + t] *= pc.scale[t];
     for (int r = 0; r < rows; ++r) {
       int lo, hi;
-      valid_range(cache, pc.kind, t_first + r / group, lo, hi);
-      lo = std::clamp(lo - pc.pos0, 0, n);
-      hi = std::clamp(hi - pc.pos0, lo, n);
+      piece_rows(cache, pc, t_first + r / group, lo, hi);
       float* sr = s.data() + size_t(r) * n;
       const float mx = hi > lo ? sk.max(sr + lo, hi - lo) : -INFINITY;
       if (!(mx > -INFINITY)) {

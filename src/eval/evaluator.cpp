@@ -125,14 +125,13 @@ void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache
 
 int EvalConfig::prompt_at(int ctx) const {
   KVQ_CHECK(prompt_tokens == 0 || prompt_fraction == 0,
-            "eval: give the prompt as tokens ({}) or as a fraction of the context ({}), not both", prompt_tokens,
-            prompt_fraction);
+            "give the prompt as tokens (--prompt-tokens {}) or as a fraction of the window (--prompt-fraction {}), not "
+            "both", prompt_tokens, prompt_fraction);
   KVQ_CHECK(prompt_tokens >= 0 && prompt_fraction >= 0 && prompt_fraction < 1,
-            "eval: the prompt ({} tokens, fraction {}) must be >= 0 tokens or a fraction in [0, 1)", prompt_tokens,
+            "the prompt ({} tokens, fraction {}) must be >= 0 tokens or a fraction in [0, 1)", prompt_tokens,
             prompt_fraction);
   const int P = prompt_tokens > 0 ? prompt_tokens : int(std::floor(prompt_fraction * ctx));
-  KVQ_CHECK(P < ctx, "eval: a prompt of {} tokens leaves nothing to score in windows of {} (need prompt < ctx)", P,
-            ctx);
+  KVQ_CHECK(P < ctx, "a prompt of {} tokens leaves nothing to score in windows of {} (need prompt < ctx)", P, ctx);
   return P;
 }
 

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
+#include "kv/evict.h"
 #include "kv/oscar_format.h"
 
 namespace kvq {
@@ -16,6 +17,10 @@ struct KvCache::Sequence {
   std::vector<uint8_t> sinks;      // [n_layers][2][n_kv][S0] window rows
   std::vector<uint8_t> ring;       // [n_layers][2][n_kv][ring_tokens] window rows, then [ring_tokens][ring_body]
   int prompt_end = -1;             // P once end_prompt was called, else -1
+  int kept = -1;                   // evict, after end_prompt: prompt tokens kept (the same for every layer and head)
+  std::vector<int> positions;      // evict, after end_prompt: [n_layers][n_kv][max_ctx] position of each exact slot
+  std::vector<float> obs;          // evict, prompt open: [n_layers][kEvictObserve][obs_heads * d] the last queries,
+  int obs_heads = 0;               // position pos in row pos % kEvictObserve
 };
 
 namespace {
@@ -43,9 +48,30 @@ CodecSpec with_head_dim(CodecSpec s, int head_dim) {
   return s;
 }
 
+// What a prompt policy needs of the rest of the config (kv/cache.h).
+void check_prompt_policy(const CacheConfig& cfg) {
+  const std::string_view name = prompt_policy_name(cfg.prompt_policy);
+  const bool evict = cfg.prompt_policy == PromptPolicy::kEvict;
+  KVQ_CHECK(evict || cfg.evict_bits == 0, "KV cache: evict_bits {} with prompt policy '{}' (evict only)",
+            cfg.evict_bits, name);
+  // Rows after the prompt (quantize-after-prompt) and kept rows (evict) stay in the window codec, read from the exact
+  // store: an int8 window cannot be that store.
+  KVQ_CHECK(!(evict || cfg.prompt_policy == PromptPolicy::kQuantizeAfterPrompt) || !window_quantized(cfg),
+            "KV cache: prompt policy '{}' keeps rows in the window codec, which must be unquantized (bf16 or f32), "
+            "not '{}'", name, cfg.window);
+  if (!evict) return;
+  for (const CodecSpec* c : {&cfg.k, &cfg.v})
+    KVQ_CHECK(codec_traits(c->type).code_bits >= 16,
+              "KV cache: prompt policy 'evict' keeps tokens unquantized: the key and value types must be bf16 or f32, "
+              "not {} (--evict-bits sets the bytes instead)", c->type);
+  KVQ_CHECK(!cfg.transform || cfg.transform->identity(),
+            "KV cache: prompt policy 'evict' scores the stored rows: no KV transform ('{}')", cfg.rotation());
+}
+
 // The cache's config, checked before any codec is built.
 const CacheConfig& checked(const CacheConfig& cfg, int max_ctx, int max_seqs, size_t budget_bytes) {
   check_windows(cfg);
+  check_prompt_policy(cfg);
   KVQ_CHECK(cfg.max_chunk > 0 && max_ctx > 0 && (max_seqs > 0 || (max_seqs == 0 && budget_bytes > 0)),
             "KV cache: bad sizes (chunk {}, ctx {}, seqs {})", cfg.max_chunk, max_ctx, max_seqs);
   return cfg;
@@ -179,8 +205,12 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),
       pool_(layout_, max_ctx, pool_size(layout_, max_ctx, max_seqs, budget_bytes)) {
   for (int l = 0; l < n_layers; ++l) layer_offset_.push_back(layout_.layer_offset(l));
+  exact_codec_ = window_quantized(cfg_) ? skip_codec_.get() : window_.get();
+  if (cfg_.prompt_policy == PromptPolicy::kEvict)  // the bits are checked before any work
+    evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, 0);
   pages_.reset(new uint8_t[std::max<size_t>(1, size_t(pool_.n_pages()) * size_t(layout_.page_bytes))]);
   seqs_.resize(size_t(pool_.n_slots()));
+  exact_.resize(size_t(pool_.n_slots()));
   for (auto& s : seqs_) s = std::make_unique<Sequence>();
 }
 
@@ -191,6 +221,8 @@ int KvCache::new_sequence() {
   Sequence& s = *seqs_[size_t(seq)];
   s.sinks.assign(size_t(layout_.sink_bytes()), 0);
   s.ring.assign(size_t(layout_.ring_bytes()), 0);
+  if (cfg_.prompt_policy != PromptPolicy::kDecodeFaithful && !exact_[size_t(seq)])  // kept for the slot's next ones
+    exact_[size_t(seq)].reset(new uint8_t[size_t(n_layers_) * 2 * n_kv_ * max_ctx_ * exact_codec_->bytes_per_block()]);
   return seq;
 }
 
@@ -237,10 +269,41 @@ void KvCache::encode_ring_body(Sequence& s, int layer, int pos, const float* k, 
     }
 }
 
+uint8_t* KvCache::exact_row(int seq, int layer, int kv, int head, int slot) const {
+  return exact_[size_t(seq)].get() +
+         ((size_t(layer) * 2 + kv) * n_kv_ + head) * max_ctx_ * exact_codec_->bytes_per_block() +
+         size_t(slot) * exact_codec_->bytes_per_block();
+}
+
+int KvCache::exact_slot(const Sequence& s, int pos) const {
+  return s.kept >= 0 && pos >= s.prompt_end ? s.kept + (pos - s.prompt_end) : pos;
+}
+
+bool KvCache::reads_exact(const Sequence& s) const {
+  const PromptPolicy p = cfg_.prompt_policy;
+  return p == PromptPolicy::kEvict || (p != PromptPolicy::kDecodeFaithful && s.prompt_end < 0);
+}
+
 void KvCache::append(int seq, int layer, int pos0, int n, const float* k, const float* v) {
   Sequence& s = *seqs_.at(size_t(seq));
   KVQ_CHECK(pool_.live(seq) && pos0 == pool_.length(seq), "KV cache: append at {} but sequence {} holds {} tokens",
             pos0, seq, pool_.length(seq));
+  const PromptPolicy policy = cfg_.prompt_policy;
+  const bool after = s.prompt_end >= 0;
+  // The exact store: the prompt's rows while it is open (exact-prompt, quantize-after-prompt), every row after it
+  // (quantize-after-prompt), every row of an evict sequence.
+  if (policy != PromptPolicy::kDecodeFaithful && !(after && policy == PromptPolicy::kExactPrompt))
+    for (int i = 0; i < n; ++i) {
+      const int slot = exact_slot(s, pos0 + i);
+      for (int h = 0; h < n_kv_; ++h) {
+        exact_codec_->encode(k + (size_t(i) * n_kv_ + h) * d_, exact_row(seq, layer, 0, h, slot));
+        exact_codec_->encode(v + (size_t(i) * n_kv_ + h) * d_, exact_row(seq, layer, 1, h, slot));
+        if (s.kept >= 0) s.positions[(size_t(layer) * n_kv_ + h) * max_ctx_ + slot] = pos0 + i;
+      }
+    }
+  // Only the exact store is read from here on: nothing more is demoted (quantize-after-prompt's codec region ends at
+  // the prompt), and an evict sequence never reads the windows or pages.
+  if (policy == PromptPolicy::kEvict || (after && policy == PromptPolicy::kQuantizeAfterPrompt)) return;
   for (int i = 0; i < n; ++i) {
     const int pos = pos0 + i;
     const float* ki = k + size_t(i) * n_kv_ * d_;
@@ -315,36 +378,98 @@ void KvCache::end_prompt(int seq) {
   KVQ_CHECK(pool_.live(seq), "KV cache: end_prompt of sequence {}, which is not live", seq);
   KVQ_CHECK(s.prompt_end < 0, "KV cache: end_prompt called twice for sequence {} (its prompt ended at {})", seq,
             s.prompt_end);
-  KVQ_CHECK(cfg_.prompt_policy == PromptPolicy::kDecodeFaithful, "KV cache: prompt policy '{}' is not built yet",
-            prompt_policy_name(cfg_.prompt_policy));
   s.prompt_end = pool_.length(seq);
+  // exact-prompt and quantize-after-prompt: the pages already hold what the prompt's chunks demoted, [S0, qe(P - 1));
+  // only what is read changes (runs()).
+  if (cfg_.prompt_policy == PromptPolicy::kEvict) evict(seq, s);
 }
 
 int KvCache::prompt_end(int seq) const { return seqs_.at(size_t(seq))->prompt_end; }
 
-void KvCache::observe_queries(int, int, int, int, const float*, int) {}
+void KvCache::observe_queries(int seq, int layer, int pos0, int n, const float* q, int n_heads) {
+  Sequence& s = *seqs_.at(size_t(seq));
+  if (cfg_.prompt_policy != PromptPolicy::kEvict || s.prompt_end >= 0) return;
+  KVQ_CHECK(n_heads % n_kv_ == 0 && (s.obs_heads == 0 || s.obs_heads == n_heads),
+            "KV cache: {} query heads for {} kv heads", n_heads, n_kv_);
+  const size_t row = size_t(n_heads) * d_;
+  if (s.obs_heads == 0) s.obs.assign(size_t(n_layers_) * kEvictObserve * row, 0.f), s.obs_heads = n_heads;
+  for (int i = std::max(0, n - kEvictObserve); i < n; ++i)
+    std::copy_n(q + size_t(i) * row, row,
+                s.obs.data() + (size_t(layer) * kEvictObserve + (pos0 + i) % kEvictObserve) * row);
+}
+
+// At the end of the prompt: per (layer, kv head), score the prompt's tokens with the last queries (kv/evict.h), keep
+// the budget's worth and compact their exact rows into slots [0, kept), in position order; later tokens follow them.
+void KvCache::evict(int seq, Sequence& s) {
+  const int P = s.prompt_end;
+  const int row_bits = 8 * int(exact_codec_->bytes_per_block()) / d_;
+  const int budget = evict_budget(cfg_.evict_bits, row_bits, P);
+  s.positions.assign(size_t(n_layers_) * n_kv_ * max_ctx_, 0);
+  s.kept = budget;
+  if (P == 0) return;
+  KVQ_CHECK(s.obs_heads > 0, "KV cache: evict: no prompt queries were observed (KvCache::observe_queries)");
+  const int n_q = std::min(P, kEvictObserve), g = s.obs_heads / n_kv_;
+  std::vector<int> q_pos(static_cast<size_t>(n_q));
+  std::iota(q_pos.begin(), q_pos.end(), P - n_q);
+  std::vector<float> keys(size_t(P) * d_), values(size_t(P) * d_), queries(size_t(n_q) * g * d_);
+  const size_t row_bytes = exact_codec_->bytes_per_block();
+  for (int l = 0; l < n_layers_; ++l)
+    for (int h = 0; h < n_kv_; ++h) {
+      for (int t = 0; t < P; ++t) {
+        exact_codec_->decode(exact_row(seq, l, 0, h, t), keys.data() + size_t(t) * d_);
+        exact_codec_->decode(exact_row(seq, l, 1, h, t), values.data() + size_t(t) * d_);
+      }
+      for (int i = 0; i < n_q; ++i)  // query heads h g .. h g + g - 1 of the observed positions
+        std::copy_n(s.obs.data() + ((size_t(l) * kEvictObserve + q_pos[size_t(i)] % kEvictObserve) * s.obs_heads +
+                                    size_t(h) * g) * d_,
+                    size_t(g) * d_, queries.data() + size_t(i) * g * d_);
+      const std::vector<double> score =
+          evict_scores(keys.data(), values.data(), P, d_, queries.data(), q_pos.data(), n_q, g);
+      const std::vector<int> keep = evict_keep(score, cfg_.sink, cfg_.recent, budget);
+      int* pos = s.positions.data() + (size_t(l) * n_kv_ + h) * max_ctx_;
+      for (size_t i = 0; i < keep.size(); ++i) {  // slot i <= keep[i]: moving forward in order overwrites nothing kept
+        for (int kv = 0; kv < 2; ++kv)
+          std::memmove(exact_row(seq, l, kv, h, int(i)), exact_row(seq, l, kv, h, keep[i]), row_bytes);
+        pos[i] = keep[i];
+      }
+    }
+  s.obs = {};
+}
 
 void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const {
   Sequence& s = *seqs_.at(size_t(seq));
   const int S0 = cfg_.sink, P = cfg_.page_tokens;
   out.clear();
-  const int n_sink = std::min(S0, t_last + 1);
+  // The exact store's rows [from, t_last]: slots from exact_slot(from) on (evict: kept positions, then later tokens).
+  const auto exact_run = [&](int from) {
+    const int slot0 = exact_slot(s, from), n = exact_slot(s, t_last) + 1 - slot0;
+    const int* pos = s.kept >= 0 ? s.positions.data() + (size_t(layer) * n_kv_ + kv_head) * max_ctx_ + slot0 : nullptr;
+    if (n > 0)
+      out.push_back({RunKind::Exact, pos ? pos[0] : from, n, exact_row(seq, layer, 0, kv_head, slot0),
+                     exact_row(seq, layer, 1, kv_head, slot0), nullptr, exact_codec_, exact_codec_, pos});
+  };
+  if (reads_exact(s)) return exact_run(0);  // an open prompt (but decode-faithful), or an evict sequence
+  // Quantize-after-prompt after its prompt: the codec region stopped at qe(P - 1); every later row is exact.
+  const bool frozen = cfg_.prompt_policy == PromptPolicy::kQuantizeAfterPrompt && s.prompt_end >= 0;
+  const int frozen_end = frozen && s.prompt_end > 0 ? quant_end(s.prompt_end - 1) : S0;
+  const int n_sink = std::min({S0, t_last + 1, frozen ? s.prompt_end : S0});
   if (n_sink > 0)
     out.push_back({RunKind::Sink, 0, n_sink, sink_row(s, layer, 0, kv_head, 0), sink_row(s, layer, 1, kv_head, 0),
-                   nullptr, window_.get(), window_.get()});
-  const int q_end = quant_end(t_last);
+                   nullptr, window_.get(), window_.get(), nullptr});
+  const int q_end = frozen ? frozen_end : quant_end(t_last);
   for (int p0 = S0; p0 < q_end; p0 += P) {
     const int page = pool_.page(seq, (p0 - S0) / P);
     const uint8_t* head = page_ptr(page) + head_offset(layer, kv_head);
     out.push_back({RunKind::Quant, p0, std::min(P, q_end - p0), head, head + layout_.layer_k_region(layer),
-                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr, &k_codec(layer), &v_codec(layer)});
+                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr, &k_codec(layer), &v_codec(layer), nullptr});
   }
+  if (frozen) return exact_run(q_end > S0 ? q_end : n_sink);
   // Recent rows: everything from the first query's window start to the last query, split at the ring's wrap.
   for (int p0 = std::max(S0, quant_end(t_first)); p0 <= t_last;) {
     const int slot = p0 % layout_.ring_tokens;
     const int n = std::min(t_last + 1 - p0, layout_.ring_tokens - slot);
     out.push_back({RunKind::Recent, p0, n, ring_row(s, layer, 0, kv_head, p0), ring_row(s, layer, 1, kv_head, p0),
-                   nullptr, window_.get(), window_.get()});
+                   nullptr, window_.get(), window_.get(), nullptr});
     p0 += n;
   }
 }
@@ -352,13 +477,35 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
 CacheFootprint KvCache::footprint(int n) const { return layout_.footprint(n); }
 
 CacheFootprint KvCache::footprint(int n, int prompt) const {
-  KVQ_CHECK(prompt >= 0 && prompt <= n, "KV cache: footprint of {} tokens with a prompt of {}", n, prompt);
-  KVQ_CHECK(cfg_.prompt_policy == PromptPolicy::kDecodeFaithful, "KV cache: prompt policy '{}' is not built yet",
-            prompt_policy_name(cfg_.prompt_policy));
-  return layout_.footprint(n);
+  KVQ_CHECK(prompt >= 0 && prompt <= n && n > 0, "KV cache: footprint of {} tokens with a prompt of {}", n, prompt);
+  const PromptPolicy policy = cfg_.prompt_policy;
+  // decode-faithful and exact-prompt store the same rows (the prompt's exact rows are prefill state, not cache).
+  if (policy == PromptPolicy::kDecodeFaithful || policy == PromptPolicy::kExactPrompt) return layout_.footprint(n);
+  const double elems = 2.0 * n_kv_ * d_;  // K + V elements per token per layer
+  const double exact = 2.0 * n_kv_ * double(exact_codec_->bytes_per_block());
+  double total = 0, quant = layout_.quant_token_bytes();
+  if (policy == PromptPolicy::kQuantizeAfterPrompt) {
+    // [0, S0) window rows, [S0, qe(P - 1)) the codecs, the rest window rows (exact store: the window codec)
+    const int n_quant = prompt > 0 ? quant_end(prompt - 1) - cfg_.sink : 0;
+    total = double(n - n_quant) * exact + double(n_quant) * quant;
+  } else {  // evict: the kept prompt tokens and every later one, unquantized
+    const int kept = evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, prompt);
+    total = double(kept + n - prompt) * exact;
+    quant = exact;
+  }
+  CacheFootprint f;
+  f.bytes_per_token_per_layer = total / n;
+  f.bits_per_element = 8.0 * total / (double(n) * elems);
+  f.quant_bits_per_element = 8.0 * quant / elems;
+  return f;
 }
 
-size_t KvCache::bytes_allocated() const { return pool_.bytes(); }
+size_t KvCache::bytes_allocated() const {
+  size_t exact = 0;  // the exact stores of the prompt policies
+  for (const auto& e : exact_)
+    if (e) exact += size_t(n_layers_) * 2 * n_kv_ * max_ctx_ * exact_codec_->bytes_per_block();
+  return pool_.bytes() + exact;
+}
 
 int KvCache::token_capacity() const { return max_ctx_ * pool_.sequences_at(max_ctx_); }
 

@@ -9,6 +9,25 @@
 // A prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every
 // query of the chunk reads exactly what decode would hold at its step.
 //
+// That is the default prompt policy, decode-faithful. The others (CacheConfig::prompt_policy, the camps' "as shipped"
+// prefill semantics, docs/METHODS.md §5) change what is read around the end of a sequence's prompt, which the caller
+// marks with end_prompt(seq) at P = the sequence's length. They keep one more per-sequence store, the exact store:
+// every row as appended, in the window codec (bf16; bf16 too for int8 windows), at slot = position.
+//   exact-prompt           the prompt's rows go to the windows and pages as usual (so the pages equal the
+//                          decode-faithful cache's) and to the exact store; until end_prompt every query reads only the
+//                          exact store; after it the store is no longer written nor read: the cache as stored.
+//   quantize-after-prompt  the same until end_prompt (the prompt's chunks demote [S0, qe(P - 1)) as usual, which no
+//                          prompt query reads); after it nothing is demoted any more: queries read the sinks, the pages
+//                          of [S0, qe(P - 1)) and the exact store from there on (every later row, never demoted).
+//   evict                  (lossless K / V codecs) every query reads only the exact store. At end_prompt each (layer,
+//                          kv head) keeps the sinks, the recent window and the best-scored prompt tokens (kv/evict.h;
+//                          the score needs the last prompt queries, which Model hands to observe_queries), compacts
+//                          their rows to slots [0, kept) in position order and records their positions; later tokens
+//                          take slots kept + (position - P). An evicted row is never read again.
+// footprint(n, P) counts what each policy keeps: exact-prompt the same as decode-faithful (the prompt's exact rows are
+// prefill state), quantize-after-prompt window-codec rows outside [S0, qe(P - 1)), evict the kept and later rows.
+// The page pool reserves pages as for decode-faithful whatever the policy (an evaluation cache, CPU only).
+//
 // Storage (sizes: kv/cache_layout.h; pages and sequence slots: kv/page_pool.h):
 //   pages  [n_pages][n_layers][n_kv_heads] { K blocks [P / Bk][bytes_k] | V blocks [P / Bv][bytes_v] }
 //          page i of a sequence's block table covers quantized positions [S0 + i P, S0 + (i + 1) P); P = page_tokens
@@ -173,8 +192,9 @@ class KvCache {
   // qe(t): end of the quantized region as seen by a query at position t (see the header comment).
   int quant_end(int t) const;
 
-  // A contiguous run of cached rows of one (layer, kv head), all in one storage.
-  enum class RunKind : uint8_t { Sink, Quant, Recent };
+  // A contiguous run of cached rows of one (layer, kv head), all in one storage. Exact: rows of the exact store
+  // (non-default prompt policies, see the header comment), which a query at t reads where their position is <= t.
+  enum class RunKind : uint8_t { Sink, Quant, Recent, Exact };
   struct Run {
     RunKind kind;
     int pos0;            // position of the first row
@@ -184,6 +204,8 @@ class KvCache {
     const float* scale;  // Quant runs of token-scaled keys: ν of each row [n] (scores are ν · q·k̂); else null
     const KvCodec* k_codec;  // what they are read with: k_codec(layer) / v_codec(layer) for Quant, window_codec()
     const KvCodec* v_codec;  // otherwise
+    const int* positions;    // Exact runs after an eviction: the position of each row [n], increasing; else null
+                             // (row i is at pos0 + i)
   };
   // Runs covering everything queries in [t_first, t_last] may read (the union of their views), in position order.
   void runs(int seq, int layer, int kv_head, int t_first, int t_last, std::vector<Run>& out) const;
@@ -212,16 +234,24 @@ class KvCache {
   void encode_ring_body(Sequence& s, int layer, int pos, const float* k, const float* v);
   void demote(int seq, Sequence& s, int layer, int from, int to);
   void demote_scales(Sequence& s, int layer, int b0, float* nu) const;
+  // The exact store of seq (prompt policies but decode-faithful): [n_layers][2][n_kv][max_ctx] rows of exact_codec_,
+  // row `slot` of (layer, K / V, head); slot = position, or after an eviction kept index / K + (position - P).
+  uint8_t* exact_row(int seq, int layer, int kv, int head, int slot) const;
+  int exact_slot(const Sequence& s, int pos) const;
+  bool reads_exact(const Sequence& s) const;  // every query of seq reads only the exact store now
+  void evict(int seq, Sequence& s);           // the evict policy at end_prompt
 
   CacheConfig cfg_;
   int n_layers_, n_kv_, d_, max_ctx_;
   std::unique_ptr<KvCodec> k_codec_, v_codec_, window_;
   std::unique_ptr<KvCodec> skip_codec_;  // bf16 rows of the skipped layers
+  const KvCodec* exact_codec_;           // rows of the exact store: the window codec, or bf16 for int8 windows
   CacheLayout layout_;                 // region, page and window sizes
   std::vector<int64_t> layer_offset_;  // [n_layers] layout_.layer_offset(l)
   PagePool pool_;                      // free pages, block tables, sequence slots and lengths
   std::unique_ptr<uint8_t[]> pages_;   // [pool_.n_pages()][page_bytes]
   std::vector<std::unique_ptr<Sequence>> seqs_;  // windows per slot
+  std::vector<std::unique_ptr<uint8_t[]>> exact_;  // per slot, allocated at its first sequence with a prompt policy
 };
 
 }  // namespace kvq

@@ -112,6 +112,15 @@ struct CacheLayout {
   // Everything one sequence of n_tokens takes: its windows and its pages.
   KVQ_HD int64_t sequence_bytes(int n_tokens) const { return window_bytes() + pages_for(n_tokens) * page_bytes; }
 
+  // Bytes per (token, layer) of a window row (K and V of every kv head) and of a quantized-region token (codec blocks
+  // per token, skipped layers' bf16 rows averaged over the layers, ν).
+  KVQ_HD double window_token_bytes() const { return 2.0 * n_kv * double(window_row); }
+  KVQ_HD double quant_token_bytes() const {
+    const double coded = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens);
+    return (double(n_layers - n_skipped) * coded + double(n_skipped) * 2.0 * n_kv * double(skip_row)) /
+               double(n_layers) +
+           double(scale_region) / page_tokens;
+  }
   // Per (token, layer): K and V rows of every kv head. Sinks and the W most recent tokens are window rows, the rest
   // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted as
   // window rows. Skipped layers' bf16 rows count in the quantized region (averaged over the layers), so b_q and b_eff
@@ -119,12 +128,9 @@ struct CacheLayout {
   // sinks (they are never demoted).
   CacheFootprint footprint(int n) const {
     const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
-    const double window = 2.0 * n_kv * double(window_row);
+    const double window = window_token_bytes();
     const double pending = double(ring_body) / n_layers;  // body rows of one recent-window token, per layer
-    const double coded = n_kv * (double(k.bytes) / k.tokens + double(v.bytes) / v.tokens);
-    const double quant = (double(n_layers - n_skipped) * coded + double(n_skipped) * 2.0 * n_kv * double(skip_row)) /
-                         double(n_layers) +
-                         double(scale_region) / page_tokens;
+    const double quant = quant_token_bytes();
     const int in_quant = quant_end(n - 1) - sink;
     const int n_window = n < n - in_quant ? n : n - in_quant;
     const int n_quant = n - n_window;

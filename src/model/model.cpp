@@ -129,6 +129,7 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
     t->values(l, n, v_.data());
     t->queries(l, n, hq, q_.data());
   }
+  cache.observe_queries(seq, l, pos0, n, q_.data(), hq);  // the evict policy's observation window (else nothing)
   cache.append(seq, l, pos0, n, k_.data(), v_.data());
   cache_attention(cache, seq, l, pos0, n, q_.data(), att_.data(), AttentionShape{hq, hk, d}, pool_);
   if (t) t->outputs(l, n, hq, att_.data());
