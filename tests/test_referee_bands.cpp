@@ -59,6 +59,8 @@ json fake_results() {
       fake_run("q4_0__0-0", "q4_0", "common", 4.5, scaled(1.0065), 0.01, 1.0),
       fake_run("bf16__shipped", "bf16", "as-shipped", 16.0, bf16, 0.0, 1.0),
       fake_run("turboquant_2bit__shipped", "turboquant_2bit", "as-shipped", 2.1875, scaled(1.2), 0.2, 0.0),
+      // OScaR's own 0/128 window at this short context: 9 bits, outside its claim's 2.4-3.3 band
+      fake_run("oscar_int2__shipped", "oscar_int2", "as-shipped", 9.0, scaled(1.002), 0.01, 1.0),
   });
   return {{"eval_data", json::array({{{"domain", "python"}}})},
           {"config", {{"ctx", {64}}, {"bootstrap", 200}}},
@@ -170,13 +172,13 @@ TEST(RefereeBands, BandsPairEachRunWithItsProtocolsBf16AndItsBandsBest) {
   // the as-shipped protocol pairs with its own bf16
   const json& shipped = j["bands"]["as-shipped"]["64"];
   EXPECT_NEAR(row(shipped, "turboquant_2bit__shipped")["increase_pct"].get<double>(), 20.0, 1e-9);
-  EXPECT_EQ(j["bands"]["as-shipped"]["64"].size(), 2u);  // 2.0-2.4 and above 4.5
+  EXPECT_EQ(j["bands"]["as-shipped"]["64"].size(), 2u);  // 2.0-2.4 and above 4.5 (bf16, oscar_int2)
 
   // Pareto: e8_2 (fewest bits), kitty, q4_0 and bf16 each beat the others on bits or increase; int2 is dominated by
   // e8_2 (fewer bits and a lower increase)
   j["pareto"] = referee_pareto_json(j);
   const json& front = j["pareto"]["common"]["64"];
-  ASSERT_EQ(front.size(), 5u);
+  ASSERT_EQ(front.size(), 5u);  // the common protocol's runs
   std::vector<std::string> keys, on_front;
   for (const json& p : front) {
     keys.push_back(p["key"]);
@@ -207,6 +209,11 @@ TEST(RefereeBands, BandsPairEachRunWithItsProtocolsBf16AndItsBandsBest) {
   const json& q4c = claim("q4_0 as users run it")["kvq"]["common"]["64"];  // +0.65%, inside [0.2, 1.2]
   EXPECT_NEAR(q4c["measured"].get<double>(), 0.65, 1e-9);
   EXPECT_EQ(q4c["verdict"], "holds");
+  // OScaR's near-lossless claim at 3.02 bits: its run holds +0.2% but at 9 bits, another band: cannot tell
+  const json& oscar = claim("near-lossless INT2")["kvq"]["as-shipped"]["64"];
+  EXPECT_EQ(oscar["key"], "oscar_int2__shipped");
+  EXPECT_FALSE(oscar["same_band"].get<bool>());
+  EXPECT_EQ(oscar["verdict"], "cannot tell");
   const json& kitty = claim("~2.5 bits")["kvq"]["common"]["64"];  // +5% > 1%: does not hold
   EXPECT_EQ(kitty["key"], "kitty_int2__0-0");
   EXPECT_EQ(kitty["verdict"], "does not hold");

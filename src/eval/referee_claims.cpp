@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "eval/referee_bands.h"
 #include "eval/referee_view.h"
 
 namespace kvq {
@@ -101,8 +103,10 @@ std::string claim_rule_text() {
          "retrieval failure = passkey at most 0.1) holds when the CI's upper end is at most value + tol and does not "
          "hold when its lower end is above. A promise of at least a value (retrieval 30/30: passkey at least 1 - 0.1) "
          "holds when the CI's lower end is at least value - tol and does not hold when its upper end is below. "
-         "Anything else: cannot tell at this sample size. The camps measured on other models and stacks: a verdict "
-         "is about the referee's model, not theirs.";
+         "Anything else: cannot tell at this sample size. A run outside the claim's effective-bit band (the only "
+         "run of the format at that ctx has other bits, e.g. windows or BF16 layers of its path at a short context) "
+         "is shown, marked 'other band', and cannot tell: it is not the claim's setting. The camps measured on "
+         "other models and stacks: a verdict is about the referee's model, not theirs.";
 }
 
 json referee_claims_json(const json& j) {
@@ -125,8 +129,12 @@ json referee_claims_json(const json& j) {
                 ours = std::find(c.methods.begin(), c.methods.end(), run["method"]["label"].get<std::string>()) !=
                        c.methods.end();
             if (!ours) continue;
-            if (!best || std::abs(r["bits"].get<double>() - c.bits) < std::abs((*best)["bits"].get<double>() - c.bits))
-              best = &r;
+            // the claim's band first, then the nearest bits
+            const auto rank = [&](const json& x) {
+              return std::make_pair(bit_band(x["bits"].get<double>()) != bit_band(c.bits),
+                                    std::abs(x["bits"].get<double>() - c.bits));
+            };
+            if (!best || rank(r) < rank(*best)) best = &r;
           }
         json cell = nullptr;
         const bool ppl = c.metric == kPpl;
@@ -134,8 +142,12 @@ json referee_claims_json(const json& j) {
           const json& r = *best;
           const double v = ppl ? r["increase_pct"].get<double>() : r["passkey"].get<double>();
           const json ci = ppl ? r["increase_pct_ci95"] : r["passkey_ci95"];
-          cell = {{"key", r["key"]}, {"method", r["method"]}, {"bits", r["bits"]}, {"measured", v}, {"ci95", ci},
-                  {"verdict", claim_verdict(c.kind, c.value, c.tolerance, ci[0].get<double>(), ci[1].get<double>())}};
+          const bool same_band = bit_band(r["bits"].get<double>()) == bit_band(c.bits);
+          cell = {{"key", r["key"]}, {"method", r["method"]}, {"bits", r["bits"]}, {"same_band", same_band},
+                  {"measured", v}, {"ci95", ci},
+                  {"verdict", same_band ? claim_verdict(c.kind, c.value, c.tolerance, ci[0].get<double>(),
+                                                        ci[1].get<double>())
+                                        : "cannot tell"}};
         }
         kvq[protocol][cs] = cell;
       }
@@ -156,8 +168,9 @@ std::string referee_claims_markdown(const json& j) {
     const double v = cell["measured"], lo = cell["ci95"][0], hi = cell["ci95"][1];
     const std::string fig = ppl ? fmt::format("{:+.3f}% [{:+.3f}%, {:+.3f}%]", v, lo, hi)
                                 : fmt::format("{:.0f}% [{:.0f}%, {:.0f}%]", 100 * v, 100 * lo, 100 * hi);
-    return fmt::format("{} at {:.3f} bits | {} | **{}**", cell["method"].get<std::string>(), cell["bits"].get<double>(),
-                       fig, cell["verdict"].get<std::string>());
+    return fmt::format("{} at {:.3f} bits{} | {} | **{}**", cell["method"].get<std::string>(),
+                       cell["bits"].get<double>(), cell.value("same_band", true) ? "" : " (other band)", fig,
+                       cell["verdict"].get<std::string>());
   };
   for (const json& x : j["config"]["ctx"]) {
     const std::string cs = std::to_string(x.get<int>());

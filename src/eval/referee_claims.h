@@ -11,8 +11,9 @@
 //            it, else cannot tell.
 //   at_least a promise of at least `value` (retrieval 30/30): holds when the CI's lower end is at least value - tol, does
 //            not hold when its upper end is below it, else cannot tell.
-// The kvq figure is the run of the claim's methods, in that protocol and at that ctx, whose effective bits are nearest
-// the claim's bits; ppl increases are the paired bootstrap against the protocol's bf16 run over every eval domain
+// The kvq figure is the run of the claim's methods, in that protocol and at that ctx, in the claim's effective-bit band
+// (eval/referee_bands.h) with the nearest bits; without one, the nearest run outside it, shown but "cannot tell" (it
+// is not the claim's setting: e.g. Kitty's own windows at a short context); ppl increases are the paired bootstrap against the protocol's bf16 run over every eval domain
 // pooled (results.json "bands"), passkey accuracy with its Wilson CI.
 #pragma once
 
@@ -49,7 +50,8 @@ std::string claim_verdict(ClaimKind kind, double value, double tolerance, double
 std::string claim_rule_text();
 
 // results.json "claims": [{camp, claim, source, measured_on, metric, kind, value, tolerance, bits, methods,
-// kvq: {protocol: {ctx: {key, method, bits, measured, ci95, verdict} or null (no run of its methods)}}}], from
+// kvq: {protocol: {ctx: {key, method, bits, same_band, measured, ci95, verdict} or null (no run of its methods)}}}],
+// from
 // results["bands"] (referee_bands_json) and config.ctx.
 nlohmann::json referee_claims_json(const nlohmann::json& results);
 

@@ -273,11 +273,13 @@ std::vector<std::string> referee_schema_errors(const json& j) {
 std::string referee_summary_table(const json& j) {
   const std::vector<int> ctx = j["config"]["ctx"].get<std::vector<int>>();
   const std::string c0 = std::to_string(ctx.front());
-  std::string s = fmt::format("{:<20} {:<8}", "method", "windows");
+  size_t w = 20;  // the label column fits the longest label ("turboquant_2bit (kvq ext.), as shipped")
+  for (const json& r : j["runs"]) w = std::max(w, run_label(r).size());
+  std::string s = fmt::format("{:<{}} {:<8}", "method", w, "windows");
   for (int c : ctx) s += fmt::format(" {:>9}", fmt::format("bits@{}", c));
   s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9}\n", "ppl", "95% CI", "KL", "top-1", "passkey");
   for (const json& r : j["runs"]) {
-    s += fmt::format("{:<20} {:<8}", run_label(r), r["windows"]["label"].get<std::string>());
+    s += fmt::format("{:<{}} {:<8}", run_label(r), w, r["windows"]["label"].get<std::string>());
     for (int c : ctx) s += fmt::format(" {:>9.3f}", run_bits(r, std::to_string(c)));
     const std::string d = pooled_domain(r, c0);
     const json& p = r["results"]["ppl"][c0][d];
