@@ -20,7 +20,8 @@ namespace {
 struct RefereeOptions {
   RefereeConfig cfg;
   ModelOptions model;  // --device / --gpu-gemm of the evaluation passes
-  std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths, clip_grid;
+  std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths, clip_grid,
+              protocols = "common,as-shipped";
   bool quick = false, no_leakage = false;
 };
 
@@ -41,6 +42,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     if (!given("--ctx")) o.ctx = "1024";
     if (!given("--windows")) c.eval_windows = 1;
     if (!given("--passkey-trials")) c.passkey_trials = 1;
+    if (!given("--depths")) o.depths = "0,0.5,1";  // 3 needle depths: the quick runs of every camp fit the demo
     if (!given("--calib-tokens")) c.calib_tokens = 4096;
     if (!given("--calib-chunk")) c.calib_chunk = 1024;
     if (!given("--calib-steps")) c.calib_steps = 20;
@@ -59,6 +61,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
   c.ctx = parse_ctx_list(o.ctx);
   if (!o.methods.empty()) c.methods = parse_referee_methods(o.methods);
   c.windows = parse_referee_windows(o.windows);
+  c.protocols = parse_referee_protocols(o.protocols);
   if (!o.domains.empty()) c.domains = split(o.domains);
   auto numbers = [](const std::string& list, const char* flag) {
     std::vector<double> out;
@@ -101,13 +104,17 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--ctx", o->ctx, "comma-separated context lengths (layers at the first)");
   const std::string quick = referee_quick_methods();
   cmd->add_flag("--quick", o->quick, fmt::format("demo / CI subset: {} methods, windows 64/256 and 0/0, ctx 1024, 1 "
-                "window, 2 domains, 1 passkey trial per depth, small OptR budget",
+                "window, 2 domains, 1 passkey trial at depths 0, 0.5, 1, small OptR budget",
                 std::count(quick.begin(), quick.end(), ',') + 1));
   cmd->add_option("--windows", c.eval_windows, "eval windows per domain and ctx (0: all)")->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--passkey-trials", c.passkey_trials, "passkey prompts per (ctx, depth)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--methods", o->methods, "comma-separated methods (default: all)");
-  cmd->add_option("--cache-windows", o->windows, "sink/recent BF16 window settings, e.g. 64/256,16/64,0/0");
+  cmd->add_option("--cache-windows", o->windows, "sink/recent BF16 window settings of the common protocol, e.g. "
+                  "64/256,16/64,0/0");
+  cmd->add_option("--protocols", o->protocols, "common (decode-faithful, the --cache-windows settings, no layer "
+                  "skipped), as-shipped (each camp's own windows, layer skip, attn_rot and prompt policy, scoring each "
+                  "window's second half after a prompt of its first half), or both (default)");
   cmd->add_option("--domains", o->domains, "eval domains to use (file stems; default: all)");
   cmd->add_option("--depths", o->depths, "passkey needle depths (default 0,0.1,...,1)");
   cmd->add_option("--clip-grid", o->clip_grid, "tune each INT2 method's key and value clips over these ratios on "

@@ -38,8 +38,9 @@ class Referee {
   Model& model();
   RunnerFactory runners();
   RefereeResult calibrate_only(const std::vector<PlannedRun>& plan);
-  EvalConfig eval_config(std::vector<int> ctx, bool layers, const Rotation& rot) const;
-  CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips) const;
+  EvalConfig eval_config(std::vector<int> ctx, bool layers, const PlannedRun& r) const;
+  void check_caches(const std::vector<PlannedRun>& plan) const;
+  CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips);
   json evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s, int left);
   json execute_run(const std::vector<PlannedRun>& plan, size_t i, const json& settings, double& executed_seconds);
   int threads() const;
@@ -119,8 +120,9 @@ Model& Referee::model() {
 
 RunnerFactory Referee::runners() { return cfg_.runners ? cfg_.runners(model()) : cpu_runner_factory(model()); }
 
-// The evaluation passes at contexts `ctx`: every task, or (layers false) all but the per-layer errors.
-EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const Rotation& rot) const {
+// The evaluation passes of run r at contexts `ctx`: every task, or (layers false) all but the per-layer errors; as
+// shipped, each window's first half is the prompt (run_prompt_tokens).
+EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const PlannedRun& r) const {
   EvalConfig ec;
   ec.tasks = layers ? std::vector<std::string>{"ppl", "kl", "passkey", "layers"}
                     : std::vector<std::string>{"ppl", "kl", "passkey"};
@@ -130,15 +132,45 @@ EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const Rotatio
   if (!cfg_.depths.empty()) ec.depths = cfg_.depths;
   ec.seed = cfg_.seed;
   ec.bootstrap = cfg_.bootstrap;
+  ec.prompt_fraction = r.protocol == RefereeProtocol::AsShipped ? 0.5 : 0.0;
+  for (int c : ec.ctx) KVQ_CHECK(ec.prompt_at(c) == run_prompt_tokens(r, c), "internal: prompt of {} at ctx {}", r.key, c);
   return ec;
 }
 
-// The cache of run r: its row's at the run's windows, with the run's clips and its rotation.
-CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips) const {
-  CacheConfig c = method_cache(r.method, r.windows, cfg_.group);
+// Every planned run's cache is built and its footprint taken at each ctx with its prompt, before any run starts: an
+// unsupported combination (a codec and the model's head_dim, windows and a page size, a prompt policy the cache does
+// not have) is one error naming the run, not a failure after hours of other runs.
+void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
+  const ModelConfig mc = ModelConfig::load(cfg_.model_dir + "/config.json");
+  for (const PlannedRun& r : plan) {
+    try {
+      CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
+      c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
+      c.key_rope = mc.rope_inv_freq();
+      if (r.method.rotation == "none") c.transform = method_transform(r.method, r.protocol, c, mc.n_layers,
+                                                                      mc.n_kv_heads, mc.head_dim);
+      const int max_ctx = *std::max_element(cfg_.ctx.begin(), cfg_.ctx.end());
+      KvCache probe(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, max_ctx);
+      for (int ctx : cfg_.ctx) probe.footprint(ctx, run_prompt_tokens(r, ctx));
+    } catch (const Error& e) {
+      KVQ_FAIL("referee: run {} ({}, protocol {}) cannot run: {}", r.key, r.method.label, protocol_name(r.protocol),
+               e.what());
+    }
+  }
+}
+
+// The cache of run r: its row's at the run's windows and protocol, with the run's clips and its rotation, or the
+// transform its codecs imply (a row has one or the other: tests/test_referee_methods.cpp), and the model's RoPE for
+// key codecs that store keys without it.
+CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips) {
+  CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
+  c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
   c.k.clip = clips.k;
   c.v.clip = clips.v;
-  c.transform = rot.transform;
+  const ModelConfig& mc = model().config();
+  c.transform = rot.transform ? rot.transform
+                              : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  c.key_rope = mc.rope_inv_freq();
   return c;
 }
 
@@ -157,7 +189,7 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
         true);
   };
   auto pass = [&](std::vector<int> ctx, bool layers) {
-    return report_json(evaluate(m, make, *tok_, cache, data_.domains, eval_config(std::move(ctx), layers, rot),
+    return report_json(evaluate(m, make, *tok_, cache, data_.domains, eval_config(std::move(ctx), layers, r),
                                 progress));
   };
   json out = pass({cfg_.ctx.front()}, true);
@@ -231,6 +263,7 @@ RefereeResult Referee::run() {
   load_data();
   const std::vector<PlannedRun> plan = plan_referee_runs(cfg_, data_);
   check_calibration_budgets(cfg_, data_, plan);
+  if (!cfg_.report_only) check_caches(plan);
   if (cfg_.calibrate_only) return calibrate_only(plan);
 
   double executed_seconds = 0;

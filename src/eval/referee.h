@@ -1,14 +1,23 @@
-// kvq referee: the fair comparison of docs/METHODS.md §7 — every cache method × every window setting on the same model,
-// eval data, seeds, group (128) and layer policy (none), with the fidelity metrics of §8 (kvq::evaluate) and the
-// honest effective bits of §6 at each stated context.
+// kvq referee: the fair comparison of docs/METHODS.md §5, §7 — every camp's cache method under two protocols on the
+// same model, eval data, seeds and group (128), with the fidelity metrics of §8 (kvq::evaluate) and the honest
+// effective bits of §6 at each stated context, grouped by equal bits and held against the camps' published claims.
 //
 // Methods (labels; --methods takes them comma-separated; one row each in eval/referee_methods.cpp):
-//   bf16, int8, int4, int2, kivi2                    plain caches, no rotation
+//   bf16, int8, int4, kv4rl, int2, kivi2               plain caches (kv4rl: INT8 windows), no rotation
 //   int2+quarot                                      data-free Hadamard rotation
 //   int2+oscar                                       OSCAR spectral rotations (calibrated, grid-independent)
 //   optr(quarot), optr(oscar)                        OptR, two-phase post-W_O objective
 //   optr-joint(oscar), optr-pre-wo(oscar), optr-recon(oscar)   kvq's joint objective and the two ablations
-// Window settings: sink/recent in BF16 (default 64/256, 16/64, 0/0). bf16 runs once: windows do not change it.
+//   turboquant_k8v4, _4bit_nc, _k3v4_nc, _3bit_nc    vLLM's TurboQuant presets; turboquant_2bit: kvq's extension
+//   nexusquant, e8_2                                 NexusQuant's shipped int8 E8 codec and its 2-bit llama.cpp block
+//   oscar_int2, kitty_int2, kitty_int2_20            OScaR; Kitty (25% / 20% of key channels at 4 bits)
+//   q8_0, q8_0/q4_0, q5_0, q4_1, q4_0, iq4_nl        llama.cpp's KV cache types (-ctk/-ctv)
+// Protocols (--protocols): "common" — decode-faithful, the window settings (sink/recent in BF16, default 64/256,
+// 16/64, 0/0; bf16 runs once: windows do not change it), no layer skipped, clips tuned where the format has one,
+// llama.cpp's attn_rot off; "as-shipped" — one run per camp row at its own windows, layer skip, attn_rot and prompt
+// policy (eval/referee_methods.h ShippedPath), every as-shipped run (its bf16 reference included) scoring the second
+// half of each window after a prompt of its first half.
+// Equal bits and claims (eval/referee_bands.h, eval/referee_claims.h): results.json "bands", "pareto", "claims".
 // Clips (with clip_grid): per INT2 method and window setting, the (key, value) clip pair of the grid with the lowest
 // ppl on held-out text, cached in OUT/clips/; OptR takes the pair tuned for its base rotation and is calibrated for
 // it (its learned rotation belongs to one grid).
@@ -16,11 +25,12 @@
 // OptR is calibrated for the int2 grid and the windows of its row. Rotation files are cached in OUT/rotations/
 // under a name that hashes every setting (model fingerprint, calibration sha256, method, budget, grid, windows).
 // A leakage row: optr(oscar) at the first window setting calibrated on the largest evaluated domain's eval file.
-// Resume: OUT/runs/<key>.json per (method, windows) as soon as it finishes; a rerun skips runs whose json exists
-// and records the same settings.
+// Resume: OUT/runs/<key>.json per (method, windows, protocol) as soon as it finishes; a rerun skips runs whose json
+// exists and records the same settings.
 // Files: referee_methods (the method table), referee_plan (runs, settings, resume), referee_store (rotation and
-// clip stores), referee_results (run records, results.json), referee_report / report_html / referee_pooled (the
-// reports), referee.cpp (the driver: inputs, evaluation passes, the run loop).
+// clip stores), referee_results (run records, results.json), referee_bands / referee_claims (equal bits, claims),
+// referee_report / report_html / referee_pooled (the reports), referee.cpp (the driver: inputs, evaluation passes,
+// the run loop).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +53,8 @@ struct RefereeConfig {
   std::vector<int> ctx = {2048};       // context lengths (effective bits, ppl/kl/passkey at each; layers at ctx[0])
   std::vector<std::string> domains;    // eval domains to use (file stems); empty: all
   std::vector<RefereeMethod> methods = referee_methods();
-  std::vector<RefereeWindows> windows = {{64, 256}, {16, 64}, {0, 0}};
+  std::vector<RefereeWindows> windows = {{64, 256}, {16, 64}, {0, 0}};  // the common protocol's window settings
+  std::vector<RefereeProtocol> protocols = {RefereeProtocol::Common, RefereeProtocol::AsShipped};  // --protocols
   int eval_windows = 0;                // windows per domain and ctx for ppl / kl / layers (0: all)
   int passkey_trials = 10;             // prompts per (ctx, depth)
   std::vector<double> depths;          // passkey depths (empty: 0, 0.1, ..., 1)

@@ -40,38 +40,107 @@ const RefereeRotation& referee_rotation(const std::string& name) {
   KVQ_FAIL("unknown referee rotation '{}' (known: {})", name, known);
 }
 
+namespace {
+
+// The as-shipped paths of the camps (METHODS §5, research/methods-2026-12.md), one each.
+const ShippedPath kBf16Shipped{.defined = true};  // the as-shipped protocol's reference: the same tokens scored
+// vLLM: layers 0, 1, L-2, L-1 in BF16 (always, for dense models), no windows, the first prefill chunk attends to exact
+// K/V.
+const ShippedPath kTurboQuantShipped{.defined = true, .skip_layers = "0,1,-2,-1", .prompt = kPromptExact};
+const ShippedPath kNexusShipped{.defined = true, .prompt = kPromptQuantizeAfter};
+const ShippedPath kE8_2Shipped{.defined = true, .note = "e8_2 is the camp's llama.cpp port: llama.cpp's path, no "
+                                                         "windows, the prompt reads the cache as decode does"};
+const ShippedPath kOscarShipped{
+    .defined = true, .windows = {0, 128}, .prompt = kPromptExact,
+    .note = "OScaR ships an FP16 residual of the newest n mod 256 tokens (0..255, packed 256 at a time); kvq's cache "
+            "demotes per key group (32 tokens), so its as-shipped row keeps a sliding 128-token recent window (the "
+            "residual's average) plus the key group's 0..31 unfilled tokens: about OScaR's bytes, not its exact "
+            "schedule"};
+const ShippedPath kKittyShipped{
+    .defined = true, .windows = {32, 128},
+    .note = "Kitty ships sink 32, keys of the unfilled 128-token page in FP16 and values' newest 128 in an FP16 ring; "
+            "kvq's 32/128 windows keep 128..255 newest keys exact (Kitty 0..127) and the same values"};
+const ShippedPath kLlamaCppShipped{.defined = true};  // no windows, attn_rot on (method_attn_rot), decode-faithful
+
+}  // namespace
+
 // The table. Plain caches have no rotation; INT2 methods tune their clips; a learned rotation (OptR) takes the clips
 // of the row it starts from and is judged against it; a calibrated rotation against the data-free one, that against
-// none.
+// none. The camps' formats (METHODS §5.2-5.5, llama.cpp's types) take no clip: nothing to tune. Rows with a shipped
+// path also run as shipped.
 const std::vector<RefereeMethod>& referee_methods() {
   static const std::vector<RefereeMethod> kMethods = {
       {.label = "bf16", .key_type = "bf16", .value_type = "bf16", .rotation = "none", .windows_matter = false,
-       .quick = true},
+       .quick = true, .shipped = kBf16Shipped},
       {.label = "int8", .key_type = "int8", .value_type = "int8", .rotation = "none", .quick = true},
       {.label = "int4", .key_type = "int4", .value_type = "int4", .rotation = "none"},
       {.label = "kv4rl", .key_type = "int4", .value_type = "int4", .window_type = "int8", .rotation = "none",
        .baseline = "int4",
        .note = "kv4rl is int4 with INT8 sink and recent windows (METHODS §5.6); its body rows are quantized from the "
-               "BF16 values, so they equal int4's and the rows differ in the windows only (CPU only)."},
+               "BF16 values, so they equal int4's and the rows differ in the windows only (CPU only).",
+       .camp = "KV4-RL", .kvq_extension = true},
       {.label = "int2", .key_type = "int2", .value_type = "int2", .rotation = "none", .tunes_clips = true,
        .quick = true},
-      {.label = "kivi2", .key_type = "kivi2", .value_type = "kivi2", .rotation = "none", .quick = true},
+      {.label = "kivi2", .key_type = "kivi2", .value_type = "kivi2", .rotation = "none", .quick = true,
+       .camp = "KIVI"},
       {.label = "int2+quarot", .key_type = "int2", .value_type = "int2", .rotation = "quarot", .tunes_clips = true,
        .baseline = "int2", .quick = true,
-       .note = "int2+quarot uses the data-free Hadamard rotation (no calibration)."},
+       .note = "int2+quarot uses the data-free Hadamard rotation (no calibration).", .camp = "QuaRot"},
       {.label = "int2+oscar", .key_type = "int2", .value_type = "int2", .rotation = "oscar", .tunes_clips = true,
-       .baseline = "int2+quarot", .quick = true},
+       .baseline = "int2+quarot", .quick = true, .camp = "OSCAR"},
       {.label = "optr(quarot)", .key_type = "int2", .value_type = "int2", .rotation = "optr", .base = "quarot",
-       .objective = "post-wo", .tunes_clips = true, .clips_from = "int2+quarot", .baseline = "int2+quarot"},
+       .objective = "post-wo", .tunes_clips = true, .clips_from = "int2+quarot", .baseline = "int2+quarot",
+       .camp = "OptR"},
       {.label = "optr(oscar)", .key_type = "int2", .value_type = "int2", .rotation = "optr", .base = "oscar",
        .objective = "post-wo", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar",
-       .leakage = true, .quick = true},
+       .leakage = true, .quick = true, .camp = "OptR"},
       {.label = "optr-joint(oscar)", .key_type = "int2", .value_type = "int2", .rotation = "optr", .base = "oscar",
-       .objective = "joint", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar"},
+       .objective = "joint", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar",
+       .camp = "OptR"},
       {.label = "optr-pre-wo(oscar)", .key_type = "int2", .value_type = "int2", .rotation = "optr", .base = "oscar",
-       .objective = "pre-wo", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar"},
+       .objective = "pre-wo", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar",
+       .camp = "OptR"},
       {.label = "optr-recon(oscar)", .key_type = "int2", .value_type = "int2", .rotation = "optr", .base = "oscar",
-       .objective = "recon", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar"},
+       .objective = "recon", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar",
+       .camp = "OptR"},
+      // TurboQuant: vLLM's four presets and kvq's 2-bit extension (codec_presets(), METHODS §5.2).
+      {.label = "turboquant_k8v4", .key_type = "fp8e4m3", .value_type = "tqv4", .rotation = "none",
+       .camp = "TurboQuant (vLLM)", .shipped = kTurboQuantShipped},
+      {.label = "turboquant_4bit_nc", .key_type = "tq4nc", .value_type = "tqv4", .rotation = "none",
+       .camp = "TurboQuant (vLLM)", .shipped = kTurboQuantShipped},
+      {.label = "turboquant_k3v4_nc", .key_type = "tq3nc", .value_type = "tqv4", .rotation = "none",
+       .camp = "TurboQuant (vLLM)", .shipped = kTurboQuantShipped},
+      {.label = "turboquant_3bit_nc", .key_type = "tq3nc", .value_type = "tqv3", .rotation = "none",
+       .camp = "TurboQuant (vLLM)", .shipped = kTurboQuantShipped},
+      {.label = "turboquant_2bit", .key_type = "tq2nc", .value_type = "tqv2", .rotation = "none", .quick = true,
+       .note = "turboquant_2bit is kvq's extension of TurboQuant (2-bit norm-corrected keys, 2-bit values); vLLM "
+               "ships no 2-bit preset. Its as-shipped row follows vLLM's path for the other presets.",
+       .camp = "TurboQuant (vLLM)", .kvq_extension = true, .shipped = kTurboQuantShipped},
+      // NexusQuant (METHODS §5.3): the shipped int8 E8 codec and the camp's 2-bit llama.cpp block.
+      {.label = "nexusquant", .key_type = "nexusquant", .value_type = "nexusquant", .rotation = "none",
+       .camp = "NexusQuant", .shipped = kNexusShipped},
+      {.label = "e8_2", .key_type = "e8_2", .value_type = "e8_2", .rotation = "none", .quick = true,
+       .camp = "NexusQuant", .shipped = kE8_2Shipped},
+      // OScaR and Kitty (METHODS §5.4, §5.5).
+      {.label = "oscar_int2", .key_type = "oscar_int2", .value_type = "oscar_int2", .rotation = "none",
+       .camp = "OScaR", .shipped = kOscarShipped},
+      {.label = "kitty_int2", .key_type = "kitty_int2", .value_type = "kitty_int2", .rotation = "none", .quick = true,
+       .camp = "Kitty", .shipped = kKittyShipped},
+      {.label = "kitty_int2_20", .key_type = "kitty_int2_20", .value_type = "kitty_int2_20", .rotation = "none",
+       .camp = "Kitty", .shipped = kKittyShipped},
+      // llama.cpp's KV cache types (issue #23), -ctk/-ctv as users run them.
+      {.label = "q8_0", .key_type = "q8_0", .value_type = "q8_0", .rotation = "none", .camp = "llama.cpp",
+       .shipped = kLlamaCppShipped},
+      {.label = "q8_0/q4_0", .key_type = "q8_0", .value_type = "q4_0", .rotation = "none", .camp = "llama.cpp",
+       .shipped = kLlamaCppShipped},
+      {.label = "q5_0", .key_type = "q5_0", .value_type = "q5_0", .rotation = "none", .camp = "llama.cpp",
+       .shipped = kLlamaCppShipped},
+      {.label = "q4_1", .key_type = "q4_1", .value_type = "q4_1", .rotation = "none", .camp = "llama.cpp",
+       .shipped = kLlamaCppShipped},
+      {.label = "q4_0", .key_type = "q4_0", .value_type = "q4_0", .rotation = "none", .quick = true,
+       .camp = "llama.cpp", .shipped = kLlamaCppShipped},
+      {.label = "iq4_nl", .key_type = "iq4_nl", .value_type = "iq4_nl", .rotation = "none", .camp = "llama.cpp",
+       .shipped = kLlamaCppShipped},
   };
   return kMethods;
 }
@@ -131,15 +200,51 @@ CodecSpec method_codec_spec(const std::string& type, bool is_key) {
   return codec_spec(type, is_key, kDefaultGroup, 0.f);  // the caller sets the group
 }
 
-CacheConfig method_cache(const RefereeMethod& m, const RefereeWindows& w, int group) {
+std::string protocol_name(RefereeProtocol p) { return p == RefereeProtocol::Common ? "common" : "as-shipped"; }
+
+std::vector<RefereeProtocol> parse_referee_protocols(const std::string& list) {
+  std::vector<RefereeProtocol> out;
+  std::stringstream ss(list);
+  for (std::string t; std::getline(ss, t, ',');) {
+    KVQ_CHECK(t == "common" || t == "as-shipped", "unknown referee protocol '{}' (known: common, as-shipped)", t);
+    const RefereeProtocol p = t == "common" ? RefereeProtocol::Common : RefereeProtocol::AsShipped;
+    KVQ_CHECK(std::find(out.begin(), out.end(), p) == out.end(), "referee protocol '{}' is listed twice", t);
+    out.push_back(p);
+  }
+  KVQ_CHECK(!out.empty() && list.back() != ',', "bad protocol list '{}' (common, as-shipped or both)", list);
+  return out;
+}
+
+CacheConfig method_cache(const RefereeMethod& m, const RefereeWindows& w, int group, RefereeProtocol protocol) {
+  const bool shipped = protocol == RefereeProtocol::AsShipped;
+  KVQ_CHECK(!shipped || m.shipped.defined, "referee method '{}' has no as-shipped path", m.label);
   CacheConfig c;
   c.k = method_codec_spec(m.key_type, true);
   c.v = method_codec_spec(m.value_type, false);
-  c.k.group = c.v.group = group;
+  for (CodecSpec* spec : {&c.k, &c.v})  // a format with its own groups (OScaR, llama.cpp's blocks) keeps them
+    if (codec_traits(spec->type).grouped) spec->group = group;
   c.window = m.window_type;
-  c.sink = w.sink;
-  c.recent = w.recent;
+  const RefereeWindows& win = shipped ? m.shipped.windows : w;
+  c.sink = win.sink;
+  c.recent = win.recent;
+  if (shipped) c.skip_layers = parse_skip_layers(m.shipped.skip_layers);
   return c;
+}
+
+bool method_attn_rot(const RefereeMethod& m, RefereeProtocol protocol) {
+  const CodecSpec k = method_codec_spec(m.key_type, true), v = method_codec_spec(m.value_type, false);
+  return implied_transform(k, v) == kTransformAttnRot && protocol == RefereeProtocol::AsShipped;
+}
+
+std::shared_ptr<const KvTransform> method_transform(const RefereeMethod& m, RefereeProtocol protocol,
+                                                    const CacheConfig& cache, int n_layers, int n_kv_heads,
+                                                    int head_dim) {
+  if (implied_transform(cache.k, cache.v) == kTransformAttnRot && !method_attn_rot(m, protocol)) return nullptr;
+  return codec_transform(cache, n_layers, n_kv_heads, head_dim);
+}
+
+std::string method_prompt_policy(const RefereeMethod& m, RefereeProtocol protocol) {
+  return protocol == RefereeProtocol::AsShipped ? m.shipped.prompt : kPromptDecodeFaithful;
 }
 
 }  // namespace kvq

@@ -1,11 +1,13 @@
 // The referee's method table: one row per method (docs/METHODS.md §5, §7) declares everything the referee does with it
 // — its caches, its rotation, what it is calibrated and tuned on, whether windows change it, what it is judged
-// against, whether the quick subset has it and its note for the report. The plan, the rotation and clip stores, the
+// against, whether the quick subset has it, its note for the report, its camp and how the camp ships it (the
+// as-shipped protocol's path). The plan, the rotation and clip stores, the
 // run records and the reports read the row; none of them branches on a method's name or cache type. A new method is
 // a new row in referee_methods.cpp (and, for a new kind of rotation, a row of referee_rotations()). The window
 // settings the rows run at are declared here too.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,10 +43,36 @@ const std::vector<RefereeRotation>& referee_rotations();
 // The row named `name`; kvq::Error naming the known ones.
 const RefereeRotation& referee_rotation(const std::string& name);
 
+// The two protocols every camp is run under (METHODS §5): "common" — decode-faithful, the referee's window settings,
+// no layer skipped, clips tuned where the format has one, llama.cpp's attn_rot off so that its rows are its formats
+// alone — and "as-shipped" — the camp's own windows, layer skip, attn_rot and prompt semantics, every row (bf16
+// included) scoring the second half of each window after a prompt of its first half.
+enum class RefereeProtocol { Common, AsShipped };
+std::string protocol_name(RefereeProtocol p);  // "common" | "as-shipped"
+// "common,as-shipped" -> both, in that order; kvq::Error naming an unknown or repeated protocol.
+std::vector<RefereeProtocol> parse_referee_protocols(const std::string& list);
+
+// The prompt policies of the as-shipped protocol (what happens at the prompt boundary; eval's prompt scoring):
+inline constexpr const char* kPromptDecodeFaithful = "decode-faithful";  // every query reads the cache as decode would
+inline constexpr const char* kPromptExact = "exact-prompt";   // the prompt attends to exact K/V (TurboQuant's first
+                                                              // prefill chunk, OScaR)
+inline constexpr const char* kPromptQuantizeAfter = "quantize-after-prompt";  // the prompt is quantized once after
+                                                                              // prefill, later tokens stay 16-bit
+                                                                              // (NexusQuant)
+
+// How a camp ships its method: the path of its "as shipped" row (METHODS §5).
+struct ShippedPath {
+  bool defined = false;                     // false: the row has no as-shipped run (kvq's own rows)
+  RefereeWindows windows{0, 0};             // the camp's own sink/recent windows
+  std::string skip_layers = "";             // layers kept in BF16, --kv-skip-layers form ("0,1,-2,-1"; "": none)
+  std::string prompt = kPromptDecodeFaithful;  // its prompt policy
+  std::string note = "";                    // how kvq's as-shipped row differs from the camp's own path ("": not)
+};
+
 // One method of the referee: a row of referee_methods().
 struct RefereeMethod {
   std::string label = "";              // "optr(oscar)": --methods, run keys, every table of the reports
-  std::string key_type = "";           // cache type of the keys: bf16 | int8 | int4 | int2 | kivi2
+  std::string key_type = "";           // cache type of the keys: a codec table name (bf16, int2, kivi2, tq4nc, ...)
   std::string value_type = "";         // cache type of the values (kivi2: per token; its keys per channel)
   std::string window_type = "bf16";    // codec of the sink/recent windows (CacheConfig::window)
   std::string rotation = "";           // a referee_rotations() name: none | quarot | oscar | optr
@@ -59,6 +87,10 @@ struct RefereeMethod {
   bool leakage = false;                // the method of the leakage row (calibrated on an eval file; one row)
   bool quick = false;                  // in the --quick subset (make demo, CI)
   std::string note = "";               // its line in results.json "notes" ("": none)
+  std::string camp = "kvq";            // whose method: kvq | KIVI | TurboQuant (vLLM) | NexusQuant | OScaR | Kitty |
+                                       // llama.cpp | KV4-RL (the claims table and the report's labels)
+  bool kvq_extension = false;          // a camp's format at a setting the camp does not ship (labelled so)
+  ShippedPath shipped{};               // its as-shipped path (the as-shipped protocol runs the rows that have one)
 
   const RefereeRotation& rotation_kind() const { return referee_rotation(rotation); }
   bool needs_calibration() const { return rotation_kind().calibrated; }
@@ -79,7 +111,20 @@ std::string referee_quick_methods();
 // kvq::codec_spec, the codec table's default clips and key layout (kv/codec_registry.h). The group is the caller's.
 CodecSpec method_codec_spec(const std::string& type, bool is_key);
 
-// The cache of a method at a window setting: its codecs at `group`, its window codec and the windows.
-CacheConfig method_cache(const RefereeMethod& m, const RefereeWindows& w, int group);
+// The cache of a method at a window setting: its codecs at `group` (formats with their own groups ignore it), its
+// window codec and the windows; under the as-shipped protocol the row's own windows (w is ignored) and skipped layers.
+// The transform is method_transform's.
+CacheConfig method_cache(const RefereeMethod& m, const RefereeWindows& w, int group,
+                         RefereeProtocol protocol = RefereeProtocol::Common);
+// Whether llama.cpp's KV rotation (attn_rot), which its cache types imply, is on for m under `protocol`: on as
+// shipped (llama.cpp's default), off on the common protocol; false for rows whose codecs do not imply it.
+bool method_attn_rot(const RefereeMethod& m, RefereeProtocol protocol);
+// The transform the cache's codecs imply (TurboQuant's key Hadamard, OScaR's, llama.cpp's attn_rot when
+// method_attn_rot), built for the model's shape; null when none.
+std::shared_ptr<const KvTransform> method_transform(const RefereeMethod& m, RefereeProtocol protocol,
+                                                    const CacheConfig& cache, int n_layers, int n_kv_heads,
+                                                    int head_dim);
+// The prompt policy of m's runs under `protocol` (common: decode-faithful).
+std::string method_prompt_policy(const RefereeMethod& m, RefereeProtocol protocol);
 
 }  // namespace kvq

@@ -31,20 +31,32 @@ const RefereeMethod& leakage_method() {
 
 std::vector<PlannedRun> plan_referee_runs(const RefereeConfig& cfg, const RefereeData& data) {
   std::vector<PlannedRun> plan;
-  for (const RefereeMethod& m : cfg.methods)
-    for (const RefereeWindows& w : cfg.windows) {
-      plan.push_back({m, w, false, run_key(m, w)});
-      if (!m.windows_matter) break;
+  const auto& protocols = cfg.protocols;
+  if (std::find(protocols.begin(), protocols.end(), RefereeProtocol::Common) != protocols.end()) {
+    for (const RefereeMethod& m : cfg.methods)
+      for (const RefereeWindows& w : cfg.windows) {
+        plan.push_back({m, w, false, run_key(m, w)});
+        if (!m.windows_matter) break;
+      }
+    if (cfg.leakage && data.leak_domain >= 0) {
+      const RefereeMethod& m = leakage_method();
+      const RefereeWindows w = cfg.windows.front();
+      plan.push_back(
+          {m, w, true, run_key(m, w) + "__leak-" + referee_slug(data.domains[size_t(data.leak_domain)].name)});
     }
-  if (cfg.leakage && data.leak_domain >= 0) {
-    const RefereeMethod& m = leakage_method();
-    const RefereeWindows w = cfg.windows.front();
-    plan.push_back({m, w, true, run_key(m, w) + "__leak-" + referee_slug(data.domains[size_t(data.leak_domain)].name)});
   }
+  if (std::find(protocols.begin(), protocols.end(), RefereeProtocol::AsShipped) != protocols.end())
+    for (const RefereeMethod& m : cfg.methods)
+      if (m.shipped.defined)
+        plan.push_back({m, m.shipped.windows, false, referee_slug(m.label) + "__shipped", RefereeProtocol::AsShipped});
   return plan;
 }
 
-std::string run_windows_label(const PlannedRun& r) { return r.method.windows_matter ? r.windows.label() : "any"; }
+int run_prompt_tokens(const PlannedRun& r, int ctx) { return r.protocol == RefereeProtocol::AsShipped ? ctx / 2 : 0; }
+
+std::string run_windows_label(const PlannedRun& r) {
+  return r.method.windows_matter || r.protocol == RefereeProtocol::AsShipped ? r.windows.label() : "any";
+}
 
 bool referee_tunes_clips(const RefereeConfig& cfg, const RefereeMethod& m) {
   return !cfg.clip_grid.empty() && m.tunes_clips;
@@ -70,7 +82,12 @@ json run_settings(const RefereeConfig& cfg, const RefereeData& data, const Plann
             {"bootstrap", cfg.bootstrap},
             {"seed", cfg.seed},
             {"group", cfg.group},
-            {"layer_skip", "none"},
+            {"protocol", protocol_name(r.protocol)},
+            {"layer_skip", r.protocol == RefereeProtocol::AsShipped && !r.method.shipped.skip_layers.empty()
+                               ? r.method.shipped.skip_layers : "none"},
+            {"attn_rot", method_attn_rot(r.method, r.protocol)},
+            {"prompt_policy", method_prompt_policy(r.method, r.protocol)},
+            {"prompt", r.protocol == RefereeProtocol::AsShipped ? "first half of each window" : "none"},
             {"method", r.method.label},
             {"sink", r.windows.sink},
             {"recent", r.windows.recent},

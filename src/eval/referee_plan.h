@@ -27,17 +27,24 @@ struct RefereeData {
                                             // largest domain); -1: no domain
 };
 
-// One planned (method, windows) run.
+// One planned (method, windows) run under one protocol.
 struct PlannedRun {
   RefereeMethod method;
-  RefereeWindows windows;
-  bool leakage = false;  // calibrated on an eval file (same domain) on purpose
-  std::string key;       // file stem under OUT/runs/: "int2_quarot__64-256", "bf16"
+  RefereeWindows windows;  // as shipped: the row's own (method.shipped.windows)
+  bool leakage = false;    // calibrated on an eval file (same domain) on purpose
+  std::string key;         // file stem under OUT/runs/: "int2_quarot__64-256", "bf16", "e8_2__shipped"
+  RefereeProtocol protocol = RefereeProtocol::Common;
 };
 
-// The runs, in order: cfg.methods × cfg.windows (a method whose windows do not matter once, at the first setting),
-// then the leakage row's method at the first window setting, calibrated on data.domains[data.leak_domain].
+// The runs, in order: for the common protocol cfg.methods × cfg.windows (a method whose windows do not matter once,
+// at the first setting), then the leakage row's method at the first window setting, calibrated on
+// data.domains[data.leak_domain]; for the as-shipped protocol one run of every method of cfg.methods with a shipped
+// path, at its own windows.
 std::vector<PlannedRun> plan_referee_runs(const RefereeConfig& cfg, const RefereeData& data);
+
+// The tokens of a window of ctx tokens that the as-shipped protocol treats as the prompt: the first half (only the
+// targets after it are scored, by every row of that protocol); 0 on the common protocol (every target scored).
+int run_prompt_tokens(const PlannedRun& r, int ctx);
 
 // The run record's windows label: "64/256", or "any" for a method whose windows do not matter.
 std::string run_windows_label(const PlannedRun& r);

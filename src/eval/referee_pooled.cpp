@@ -126,9 +126,11 @@ json referee_unseen_json(const json& j) {
               {"ppl", json::object()},
               {"paired", json::object()}};
 
-  std::vector<const json*> runs;  // the leakage row was calibrated on an eval file: its seen domain differs
+  // The leakage row was calibrated on an eval file: its seen domain differs. As-shipped runs score other tokens (the
+  // second half of each window): the pools are the common protocol's.
+  std::vector<const json*> runs;
   for (const json& r : j["runs"])
-    if (!run_is_leak(r)) runs.push_back(&r);
+    if (!run_is_leak(r) && run_protocol(r) == "common") runs.push_back(&r);
   // Index in runs of method `label` at window setting `windows` (a run whose windows read "any", bf16, at every
   // setting), or -1.
   const auto find = [&](const std::string& label, const std::string& windows) -> int {

@@ -9,7 +9,8 @@
 // - Paired comparison of a method against a base run at the same windows setting and ctx: ratio of pooled ppls
 //   exp(Σ (NLL_method - NLL_base) / Σ tokens), bootstrap over windows paired by (domain, window index) — both runs
 //   scored the same windows, so resampling their differences removes the between-window variance both share.
-// The leakage row is left out (calibrated on an eval file, its seen domain differs).
+// The leakage row is left out (calibrated on an eval file, its seen domain differs), and so are the as-shipped runs
+// (they score the second half of each window only): these pools are the common protocol's.
 // Redundant pools: when every eval domain is unseen (the pool is the "all" column) or only one is (the pool is that
 // domain's column), report.md / report.html print no pooled-ppl table, only a line naming the column it equals, and
 // keep the paired table (new information either way); results.json always carries both. No unseen domain (only the

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include "eval/referee.h"
+#include "eval/referee_bands.h"
+#include "eval/referee_claims.h"
 #include "eval/referee_pooled.h"
 #include "eval/referee_view.h"
 
@@ -65,6 +67,15 @@ void check_run(Schema& s, const json& r, const std::string& w, const std::vector
     s.string(r["windows"], w + ".windows", "label");
   }
   s.boolean(r, w, "leakage");
+  if (s.object(r, w, "protocol")) {
+    const json& p = r["protocol"];
+    const std::string pw = w + ".protocol";
+    if (s.string(p, pw, "name") && p["name"] != "common" && p["name"] != "as-shipped")
+      s.errors.push_back(pw + ".name: expected common or as-shipped, got " + p["name"].get<std::string>());
+    s.string(p, pw, "prompt_policy");
+    s.string(p, pw, "layer_skip");
+    s.boolean(p, pw, "attn_rot");
+  }
   if (s.object(r, w, "rotation")) {
     const json& rot = r["rotation"];
     s.string(rot, w + ".rotation", "name");
@@ -125,6 +136,75 @@ void check_run(Schema& s, const json& r, const std::string& w, const std::vector
   }
 }
 
+// results.json "bands", "pareto" and "claims" (eval/referee_bands.h, eval/referee_claims.h): per protocol and ctx.
+void check_equal_bits(Schema& s, const json& j, const std::vector<std::string>& ctxs) {
+  const std::string w = "results";
+  if (s.object(j, w, "bands"))
+    for (const auto& [protocol, by_ctx] : j["bands"].items())
+      for (const std::string& c : ctxs) {
+        const std::string bw = w + ".bands." + protocol;
+        if (!s.array(by_ctx, bw, c)) continue;
+        for (size_t b = 0; b < by_ctx[c].size(); ++b) {
+          const json& band = by_ctx[c][b];
+          const std::string aw = fmt::format("{}.{}[{}]", bw, c, b);
+          s.string(band, aw, "band");
+          s.number(band, aw, "lo");
+          s.number(band, aw, "hi");
+          s.string(band, aw, "best_key");
+          if (s.array(band, aw, "runs"))
+            for (size_t i = 0; i < band["runs"].size(); ++i) {
+              const json& r = band["runs"][i];
+              const std::string rw = fmt::format("{}.runs[{}]", aw, i);
+              s.string(r, rw, "key");
+              s.number(r, rw, "bits");
+              s.number(r, rw, "ppl");
+              s.interval(r, rw, "ppl_ci95");
+              s.number(r, rw, "kl");
+              s.interval(r, rw, "kl_ci95");
+              s.number(r, rw, "passkey");
+              s.interval(r, rw, "passkey_ci95");
+              if (!r.value("increase_pct", json()).is_null()) s.interval(r, rw, "increase_pct_ci95");
+              if (r.contains("vs_best") && !r["vs_best"].is_null()) {
+                s.interval(r["vs_best"], rw + ".vs_best", "ci95");
+                s.string(r["vs_best"], rw + ".vs_best", "verdict");
+              }
+            }
+        }
+      }
+  if (s.object(j, w, "pareto"))
+    for (const auto& [protocol, by_ctx] : j["pareto"].items())
+      for (const std::string& c : ctxs)
+        if (s.array(by_ctx, w + ".pareto." + protocol, c))
+          for (size_t i = 0; i < by_ctx[c].size(); ++i) {
+            const std::string pw = fmt::format("{}.pareto.{}.{}[{}]", w, protocol, c, i);
+            s.string(by_ctx[c][i], pw, "key");
+            s.number(by_ctx[c][i], pw, "bits");
+            s.number(by_ctx[c][i], pw, "kl");
+            s.interval(by_ctx[c][i], pw, "kl_ci95");
+            s.boolean(by_ctx[c][i], pw, "front");
+          }
+  s.string(j, w, "claims_rule");
+  if (s.array(j, w, "claims"))
+    for (size_t i = 0; i < j["claims"].size(); ++i) {
+      const json& c = j["claims"][i];
+      const std::string cw = fmt::format("{}.claims[{}]", w, i);
+      for (const char* k : {"camp", "claim", "source", "measured_on", "metric", "kind"}) s.string(c, cw, k);
+      for (const char* k : {"value", "tolerance", "bits"}) s.number(c, cw, k);
+      if (!s.object(c, cw, "kvq")) continue;
+      for (const auto& [protocol, by_ctx] : c["kvq"].items())
+        for (const auto& [ctx, cell] : by_ctx.items()) {
+          if (cell.is_null()) continue;
+          const std::string kw = cw + ".kvq." + protocol + "." + ctx;
+          s.string(cell, kw, "key");
+          s.number(cell, kw, "measured");
+          s.interval(cell, kw, "ci95");
+          if (s.string(cell, kw, "verdict") && cell["verdict"] != "holds" && cell["verdict"] != "does not hold" &&
+              cell["verdict"] != "cannot tell")
+            s.errors.push_back(kw + ".verdict: expected holds, does not hold or cannot tell");
+        }
+    }
+}
+
 std::string ci(const json& iv, const char* f) {
   return fmt::format(fmt::runtime(std::string("[") + f + ", " + f + "]"), iv[0].get<double>(), iv[1].get<double>());
 }
@@ -181,6 +261,7 @@ std::vector<std::string> referee_schema_errors(const json& j) {
     s.object(j["unseen"], w + ".unseen", "ppl");
     s.object(j["unseen"], w + ".unseen", "paired");
   }
+  check_equal_bits(s, j, ctxs);
   if (s.array(j, w, "runs")) {
     if (j["runs"].empty()) s.errors.push_back(w + ".runs: empty");
     for (size_t i = 0; i < j["runs"].size(); ++i)
@@ -192,11 +273,13 @@ std::vector<std::string> referee_schema_errors(const json& j) {
 std::string referee_summary_table(const json& j) {
   const std::vector<int> ctx = j["config"]["ctx"].get<std::vector<int>>();
   const std::string c0 = std::to_string(ctx.front());
-  std::string s = fmt::format("{:<20} {:<8}", "method", "windows");
+  size_t w = 20;  // the label column fits the longest label ("turboquant_2bit (kvq ext.), as shipped")
+  for (const json& r : j["runs"]) w = std::max(w, run_label(r).size());
+  std::string s = fmt::format("{:<{}} {:<8}", "method", w, "windows");
   for (int c : ctx) s += fmt::format(" {:>9}", fmt::format("bits@{}", c));
   s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9}\n", "ppl", "95% CI", "KL", "top-1", "passkey");
   for (const json& r : j["runs"]) {
-    s += fmt::format("{:<20} {:<8}", run_label(r), r["windows"]["label"].get<std::string>());
+    s += fmt::format("{:<{}} {:<8}", run_label(r), w, r["windows"]["label"].get<std::string>());
     for (int c : ctx) s += fmt::format(" {:>9.3f}", run_bits(r, std::to_string(c)));
     const std::string d = pooled_domain(r, c0);
     const json& p = r["results"]["ppl"][c0][d];
@@ -235,10 +318,18 @@ std::string referee_markdown(const json& j) {
                      d["file"].get<std::string>(), d["sha256"].get<std::string>(), d["tokens"].get<long long>());
   const json& c = j["config"];
   s += fmt::format("- settings: ctx {}, {} eval windows per domain (0 = all), passkey {} trial(s) × {} depths, seed {}, "
-                   "{} bootstrap resamples, group {}, layer skip {}{}\n",
+                   "{} bootstrap resamples, group {}, layer skip {} (common protocol){}\n",
                    c["ctx"].dump(), c["eval_windows"].get<int>(), c["passkey_trials"].get<int>(), c["depths"].size(),
                    j["seeds"]["seed"].get<uint64_t>(), c["bootstrap"].get<int>(), c["group"].get<int>(),
                    c["layer_skip"].get<std::string>(), c.value("quick", false) ? " (quick subset)" : "");
+  if (c.contains("protocols")) {
+    std::string list;
+    for (const json& p : c["protocols"]) list += (list.empty() ? "" : ", ") + p.get<std::string>();
+    s += fmt::format("- protocols: {} (common: decode-faithful, the window settings {}, no layer skipped; as-shipped: "
+                     "each camp's own windows, layer skip, attn_rot and prompt policy, every as-shipped row scoring "
+                     "the second half of each window after a prompt of its first half; see Notes)\n",
+                     list, c["windows"].dump());
+  }
   const json& n = j["counters"];
   s += fmt::format("- runs: {} ({} run now, {} resumed from runs/); calibrations: {} run, {} reused\n\n",
                    n["runs_total"].get<int>(), n["runs_executed"].get<int>(), n["runs_resumed"].get<int>(),
@@ -307,6 +398,8 @@ std::string referee_markdown(const json& j) {
   }
 
   s += referee_unseen_markdown(j);
+  s += referee_bands_markdown(j);
+  s += referee_claims_markdown(j);
 
   s += "\n## Leakage: same-text calibration versus disjoint calibration\n\n";
   const json& lk = j["leakage"];

@@ -9,7 +9,10 @@
 
 #include "common/version.h"
 #include "eval/referee_io.h"
+#include "eval/referee_bands.h"
+#include "eval/referee_claims.h"
 #include "eval/referee_pooled.h"
+#include "eval/referee_view.h"
 
 namespace kvq {
 
@@ -60,7 +63,8 @@ json leakage_json(const RefereeConfig& cfg, const RefereeData& data, const std::
   }
   if (!leak) return nullptr;
   for (const RefereeRun& r : runs)
-    if (!r.record.value("leakage", false) && r.record["method"]["label"] == leak->record["method"]["label"] &&
+    if (!r.record.value("leakage", false) && run_protocol(r.record) == "common" &&
+        r.record["method"]["label"] == leak->record["method"]["label"] &&
         r.record["windows"] == leak->record["windows"])
       disjoint = &r;
   const std::string domain = data.domains[size_t(data.leak_domain)].name;
@@ -89,12 +93,14 @@ json leakage_json(const RefereeConfig& cfg, const RefereeData& data, const std::
 }
 
 json config_json(const RefereeConfig& cfg) {
-  json methods = json::array(), windows = json::array();
+  json methods = json::array(), windows = json::array(), protocols = json::array();
   for (const RefereeMethod& m : cfg.methods) methods.push_back(m.label);
   for (const RefereeWindows& w : cfg.windows) windows.push_back(w.label());
+  for (RefereeProtocol p : cfg.protocols) protocols.push_back(protocol_name(p));
   return {{"ctx", cfg.ctx},
           {"methods", methods},
           {"windows", windows},
+          {"protocols", protocols},
           {"eval_windows", cfg.eval_windows},
           {"passkey_trials", cfg.passkey_trials},
           {"depths", cfg.depths.empty() ? EvalConfig::default_depths() : cfg.depths},
@@ -113,7 +119,15 @@ json config_json(const RefereeConfig& cfg) {
 json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
   json notes = {
       "Every run: same model, same eval windows and passkey prompts (same seeds), same group (" +
-          std::to_string(cfg.group) + "), layer-skip policy none; all metrics decode-faithful (METHODS §2).",
+          std::to_string(cfg.group) + ", for the formats that take one).",
+      "Protocol 'common' (METHODS §5, §7): decode-faithful (METHODS §2), the window settings above, no layer "
+      "skipped, clips tuned where the format has one, llama.cpp's attn_rot off (its rows are its formats alone); "
+      "the codecs' own transforms (TurboQuant's and OScaR's Hadamard) stay, they are part of the formats.",
+      "Protocol 'as-shipped': each camp's own windows, layer skip (TurboQuant: 0, 1, L-2, L-1 in BF16), llama.cpp's "
+      "attn_rot on, and its prompt policy (TurboQuant and OScaR: exact-prompt; NexusQuant: quantize-after-prompt; "
+      "the others decode-faithful). Every as-shipped row, its bf16 reference included, scores the same tokens: the "
+      "second half of each window, after a prompt of its first half. Rows read '<method>, as shipped'; their ppl "
+      "and KL compare only with the as-shipped bf16 run, never with common-protocol rows.",
       "bf16 is run once: sink/recent windows do not change a BF16 cache (its windows column reads 'any').",
       "Calibrated methods (int2+oscar, optr*) were calibrated on " + cfg.calib_data + " (sha256 " +
           data.calib_sha256.substr(0, 16) + "…), checked disjoint from every file of " + cfg.eval_dir +
@@ -128,8 +142,12 @@ json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
           : "INT2 clips: per method and windows, the (key, value) pair of the grid with the lowest ppl on " +
                 std::to_string(cfg.tune_windows) + " held-out window(s) at ctx " + std::to_string(cfg.ctx.front()) +
                 " from the end of " + cfg.calib_data + ", past the calibration budget (METHODS §7)."};
-  for (const RefereeMethod& m : referee_methods())
+  for (const RefereeMethod& m : referee_methods()) {
     if (!m.note.empty()) notes.push_back(m.note);
+    const std::string shipped = m.camp + ", as shipped: " + m.shipped.note + ".";  // one line per camp
+    if (!m.shipped.note.empty() && std::find(notes.begin(), notes.end(), shipped) == notes.end())
+      notes.push_back(shipped);
+  }
   notes.push_back(
       "CIs: percentile bootstrap over eval windows (ppl, KL, top-1; with one window per domain a per-domain interval "
       "is degenerate, lo = hi) and Wilson intervals over passkey trials.");
@@ -146,7 +164,7 @@ json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
 
 json method_json(const RefereeMethod& m) {
   return {{"label", m.label}, {"type", m.type()}, {"window_type", m.window_type}, {"rotation", m.rotation},
-          {"base", m.base}, {"objective", m.objective}};
+          {"base", m.base}, {"objective", m.objective}, {"camp", m.camp}, {"kvq_extension", m.kvq_extension}};
 }
 
 void add_run_fields(json& rec, const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r,
@@ -155,6 +173,14 @@ void add_run_fields(json& rec, const RefereeConfig& cfg, const RefereeData& data
   rec["method"] = method_json(r.method);
   rec["windows"] = {{"sink", r.windows.sink}, {"recent", r.windows.recent}, {"label", run_windows_label(r)}};
   rec["leakage"] = r.leakage;
+  rec["protocol"] = {{"name", protocol_name(r.protocol)},
+                     {"prompt_policy", settings["prompt_policy"]},
+                     {"prompt", settings["prompt"]},
+                     {"layer_skip", settings["layer_skip"]},
+                     {"attn_rot", settings["attn_rot"]},
+                     {"note", r.protocol == RefereeProtocol::AsShipped ? r.method.shipped.note : ""},
+                     {"prompt_tokens", json::object()}};
+  for (int ctx : cfg.ctx) rec["protocol"]["prompt_tokens"][std::to_string(ctx)] = run_prompt_tokens(r, ctx);
   rec["rotation"] = rotation_json(cfg, data, r, rot, settings);
   rec["settings"] = settings;
   rec["date"] = referee_utc_now();  // when this run was made (a resumed run keeps its own date)
@@ -191,6 +217,10 @@ json referee_results_json(const RefereeConfig& cfg, const RefereeData& data, con
                    {"calibrations_run", o.res.calibrations_run}, {"calibrations_reused", o.res.calibrations_reused}};
   j["notes"] = notes_json(cfg, data);
   j["unseen"] = referee_unseen_json(j);  // pooled over the eval domains other than the calibration one
+  j["bands"] = referee_bands_json(j);    // equal bits: per protocol and ctx (eval/referee_bands.h)
+  j["pareto"] = referee_pareto_json(j);  // the Pareto series of report.html, from the bands
+  j["claims"] = referee_claims_json(j);  // the camps' claims against the bands' figures (eval/referee_claims.h)
+  j["claims_rule"] = claim_rule_text();
   j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - o.start).count();
   return j;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -10,9 +11,24 @@ namespace kvq {
 // True for the leakage row (calibrated on an eval file itself).
 inline bool run_is_leak(const nlohmann::json& run) { return run.value("leakage", false); }
 
-// "optr(oscar)", or "optr(oscar) [leak]" for the same-text calibration row.
+// The run's protocol: "common" or "as-shipped" (records from before the protocols read "common": that was the only
+// one).
+inline std::string run_protocol(const nlohmann::json& run) {
+  return run.contains("protocol") ? run["protocol"]["name"].get<std::string>() : "common";
+}
+
+// The protocols in report order (results.json keys them by name; json objects iterate alphabetically).
+inline const std::vector<std::string>& referee_protocol_order() {
+  static const std::vector<std::string> kOrder = {"common", "as-shipped"};
+  return kOrder;
+}
+
+// "optr(oscar)", "optr(oscar) [leak]" for the same-text calibration row, "e8_2, as shipped" for an as-shipped run,
+// "turboquant_2bit (kvq ext.)" for a camp's format at a setting it does not ship.
 inline std::string run_label(const nlohmann::json& run) {
   std::string s = run["method"]["label"].get<std::string>();
+  if (run["method"].value("kvq_extension", false)) s += " (kvq ext.)";
+  if (run_protocol(run) == "as-shipped") s += ", as shipped";
   return run_is_leak(run) ? s + " [leak]" : s;
 }
 

@@ -4,6 +4,7 @@
 // <polyline class="curve"> per run and metric, grouped by window setting).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include <fmt/format.h>
@@ -208,6 +209,155 @@ std::string lines_svg(const std::string& id, const std::string& title, const std
   return s + "</svg>\n";
 }
 
+// A Pareto chart (results.json "pareto"): one <circle class="pareto-point"> per run with its 95% CI as a vertical
+// <line class="errbar">, the front joined by a <polyline class="front">. x: effective bits (log scale: 2 to 16).
+struct ParetoPoint {
+  double x = 0, y = 0, lo = 0, hi = 0;
+  std::string key, label, color;
+  bool front = false;
+};
+
+std::string pareto_svg(const std::string& id, const std::string& title, const std::string& xlabel,
+                       const std::string& ylabel, const std::vector<ParetoPoint>& pts, bool log_y) {
+  std::vector<double> xs, ys;
+  for (const ParetoPoint& p : pts) xs.push_back(p.x), ys.push_back(p.lo), ys.push_back(p.hi), ys.push_back(p.y);
+  const Axis x = make_axis(xs, true), y = make_axis(ys, log_y);
+  std::string s = fmt::format("<svg id=\"{}\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" "
+                              "height=\"{}\" viewBox=\"0 0 {} {}\">\n", id, kW, kH, kW, kH);
+  s += frame(title, xlabel, ylabel, x, y);
+  std::string front;
+  for (const ParetoPoint& p : pts) {
+    const double px = x.map(p.x, kL, kW - kR), py = y.map(p.y, kH - kB, kT);
+    s += fmt::format("<line class=\"errbar\" data-key=\"{}\" x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" "
+                     "stroke=\"{}\" stroke-width=\"1.5\"/>\n",
+                     esc(p.key), px, px, y.map(p.lo, kH - kB, kT), y.map(p.hi, kH - kB, kT), p.color);
+    s += fmt::format("<circle class=\"pareto-point\" data-key=\"{}\" data-x=\"{:.6g}\" data-y=\"{:.6g}\" "
+                     "data-lo=\"{:.6g}\" data-hi=\"{:.6g}\" data-front=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" "
+                     "fill=\"{}\"><title>{}: {:.3f} bits, {:.4g} [{:.4g}, {:.4g}]</title></circle>\n",
+                     esc(p.key), p.x, p.y, p.lo, p.hi, p.front ? "true" : "false", px, py, p.front ? 6 : 4, p.color,
+                     esc(p.label), p.x, p.y, p.lo, p.hi);
+    const bool left = px > kW - kR - 130;
+    s += fmt::format("<text class=\"point-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"{}\">{}</text>\n",
+                     left ? px - 7 : px + 7, py - 5, left ? "end" : "start", esc(p.label));
+    if (p.front) front += fmt::format("{:.1f},{:.1f} ", px, py);
+  }
+  if (!front.empty())
+    s += fmt::format("<polyline class=\"front\" fill=\"none\" stroke=\"#444\" stroke-dasharray=\"4 3\" "
+                     "points=\"{}\"/>\n", front);
+  return s + "</svg>\n";
+}
+
+// The equal-bits section: per protocol and ctx, the band table and the two Pareto charts (ppl increase and KL
+// against bits), from results.json "bands" and "pareto".
+std::string equal_bits_html(const json& j, const std::function<std::string(const std::string&)>& color_of) {
+  if (!j.contains("bands") || !j.contains("pareto")) return "";
+  std::string h = "<h2>Equal bits: bands and Pareto charts per protocol</h2>\n<p>Bits: effective bits per cached element "
+                  "at the stated context (windows, scales, skipped layers at 16 bits). Pooled over every eval domain; "
+                  "the increase is the paired ratio against the same protocol's bf16 run (paired bootstrap 95% CI "
+                  "over windows), each run paired against its band's best: tied when that CI holds 1.</p>\n";
+  for (const std::string& protocol : referee_protocol_order())
+    for (const json& x : j["config"]["ctx"]) {
+      const std::string cs = std::to_string(x.get<int>());
+      if (!j["bands"].contains(protocol) || !j["bands"][protocol].contains(cs)) continue;
+      std::string id = protocol + "-" + cs;
+      h += fmt::format("<h3>Protocol {}, ctx {}</h3>\n<table id=\"bands-{}\">\n<tr><th>band</th><th>method</th>"
+                       "<th>windows</th><th>bits</th><th>ppl</th><th>increase vs bf16</th><th>95% CI</th><th>KL</th>"
+                       "<th>95% CI</th><th>passkey</th><th>vs band best</th><th>95% CI</th><th>verdict</th></tr>\n",
+                       esc(protocol), cs, id);
+      for (const json& band : j["bands"][protocol][cs])
+        for (const json& r : band["runs"]) {
+          const json& v = r["vs_best"];
+          const bool inc = !r["increase_pct"].is_null();
+          h += fmt::format(
+              "<tr data-key=\"{}\" data-band=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.4f}</td>"
+              "<td>{}</td><td>{}</td><td>{:.5f}</td><td>[{:.5f}, {:.5f}]</td><td>{:.0f}%</td><td>{}</td><td>{}</td>"
+              "<td>{}</td></tr>\n",
+              esc(r["key"].get<std::string>()), esc(band["band"].get<std::string>()),
+              esc(band["band"].get<std::string>()), esc(r["method"].get<std::string>()),
+              esc(r["windows"].get<std::string>()), r["bits"].get<double>(), r["ppl"].get<double>(),
+              inc ? fmt::format("{:+.3f}%", r["increase_pct"].get<double>()) : "-",
+              inc ? fmt::format("[{:+.3f}%, {:+.3f}%]", r["increase_pct_ci95"][0].get<double>(),
+                                r["increase_pct_ci95"][1].get<double>())
+                  : "-",
+              r["kl"].get<double>(), r["kl_ci95"][0].get<double>(), r["kl_ci95"][1].get<double>(),
+              100 * r["passkey"].get<double>(),
+              v.is_null() ? "best" : fmt::format("{:+.3f}%", v["change_pct"].get<double>()),
+              v.is_null() ? "-" : fmt::format("[{:+.3f}%, {:+.3f}%]", v["change_pct_ci95"][0].get<double>(),
+                                              v["change_pct_ci95"][1].get<double>()),
+              v.is_null() ? "-" : esc(v["verdict"].get<std::string>()));
+        }
+      h += "</table>\n";
+      if (!j["pareto"].contains(protocol) || !j["pareto"][protocol].contains(cs)) continue;
+      std::vector<ParetoPoint> inc, kl;
+      double kl_min = 0;
+      for (const json& p : j["pareto"][protocol][cs])
+        if (p["kl"].get<double>() > 0 && (kl_min == 0 || p["kl"].get<double>() < kl_min)) kl_min = p["kl"];
+      const double floor = kl_min > 0 ? kl_min / 10 : 1e-6;
+      for (const json& p : j["pareto"][protocol][cs]) {
+        ParetoPoint q;
+        q.x = p["bits"];
+        q.key = p["key"];
+        q.label = p["method"].get<std::string>() + " " + p["windows"].get<std::string>();
+        q.color = color_of(q.key);
+        q.front = p["front"];
+        if (!p["increase_pct"].is_null()) {
+          q.y = p["increase_pct"], q.lo = p["increase_pct_ci95"][0], q.hi = p["increase_pct_ci95"][1];
+          inc.push_back(q);
+        }
+        q.front = false;  // the front is the ppl increase's
+        q.y = std::max(floor, p["kl"].get<double>());
+        q.lo = std::max(floor, p["kl_ci95"][0].get<double>());
+        q.hi = std::max(floor, p["kl_ci95"][1].get<double>());
+        kl.push_back(q);
+      }
+      const std::string xl = fmt::format("effective bits per cached element at N = {} (log scale)", cs);
+      if (!inc.empty())
+        h += pareto_svg("pareto-ppl-" + id, fmt::format("ppl increase vs bf16 against bits ({}, ctx {})", protocol, cs),
+                        xl, "ppl increase over bf16 (%)", inc, false);
+      h += pareto_svg("pareto-kl-" + id, fmt::format("KL(p_bf16 || p_method) against bits ({}, ctx {})", protocol, cs),
+                      xl, "KL per token (nats)", kl, true);
+      h += fmt::format("<p>Error bars: 95% CIs. Large points joined by the dashed line: the Pareto front (no run has "
+                       "fewer bits and a lower ppl increase). A KL of 0 is drawn at the floor {:.3g}.</p>\n", floor);
+    }
+  return h;
+}
+
+// The claims table (results.json "claims", eval/referee_claims.h), one per ctx.
+std::string claims_html(const json& j) {
+  if (!j.contains("claims")) return "";
+  std::string h = "<h2>The camps' claims, checked on this model</h2>\n<p>" + esc(j.value("claims_rule", "")) + "</p>\n";
+  for (const json& x : j["config"]["ctx"]) {
+    const std::string cs = std::to_string(x.get<int>());
+    h += fmt::format("<h3>ctx {}</h3>\n<table id=\"claims-{}\">\n<tr><th>camp</th><th>claim</th><th>published in</th>"
+                     "<th>measured on</th><th>claimed bits</th><th>common: run</th><th>measured [95% CI]</th>"
+                     "<th>verdict</th><th>as shipped: run</th><th>measured [95% CI]</th><th>verdict</th></tr>\n", cs, cs);
+    for (const json& c : j["claims"]) {
+      const bool ppl = c["metric"] == "ppl_increase_pct";
+      h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3g}</td>", esc(c["camp"].get<std::string>()),
+                       esc(c["claim"].get<std::string>()), esc(c["source"].get<std::string>()),
+                       esc(c["measured_on"].get<std::string>()), c["bits"].get<double>());
+      for (const char* protocol : {"common", "as-shipped"}) {
+        const json cell = c["kvq"].contains(protocol) && c["kvq"][protocol].contains(cs) ? c["kvq"][protocol][cs]
+                                                                                         : json();
+        if (cell.is_null()) {
+          h += "<td>no run</td><td>-</td><td>-</td>";
+          continue;
+        }
+        const double v = cell["measured"], lo = cell["ci95"][0], hi = cell["ci95"][1];
+        h += fmt::format("<td>{} at {:.3f} bits{}</td><td>{}</td><td class=\"verdict\">{}</td>",
+                         esc(cell["method"].get<std::string>()), cell["bits"].get<double>(),
+                         cell.value("same_band", true) ? "" : " (other band)",
+                         ppl ? fmt::format("{:+.3f}% [{:+.3f}%, {:+.3f}%]", v, lo, hi)
+                             : fmt::format("{:.0f}% [{:.0f}%, {:.0f}%]", 100 * v, 100 * lo, 100 * hi),
+                         esc(cell["verdict"].get<std::string>()));
+      }
+      h += "</tr>\n";
+    }
+    h += "</table>\n";
+  }
+  return h;
+}
+
 // Red (0) to green (1) through yellow.
 std::string heat_color(double a) {
   a = std::clamp(a, 0.0, 1.0);
@@ -319,6 +469,7 @@ std::string referee_html(const json& j) {
   }
   const double kl_floor = kl_min > 0 ? kl_min / 10 : 1e-6;
   for (const json& r : j["runs"]) {
+    if (run_protocol(r) != "common") continue;  // as-shipped rows score other tokens: their own charts below
     const std::string d = pooled_domain(r, c0);
     Point p;
     p.x = run_bits(r, c0);
@@ -335,7 +486,7 @@ std::string referee_html(const json& j) {
   const std::string over = ppl.empty() || pooled_domain(j["runs"][0], c0) == "all"
                                ? "all domains pooled"
                                : "domain " + pooled_domain(j["runs"][0], c0);
-  h += "<h2>Fidelity versus effective bits</h2>\n";
+  h += "<h2>Fidelity versus effective bits (common protocol)</h2>\n";
   h += scatter_svg("ppl-vs-bits", fmt::format("perplexity vs effective bits (ctx {}, {})", c0, over),
                    fmt::format("effective bits per cached element at N = {}", c0), "perplexity", ppl);
   h += scatter_svg("kl-vs-bits", fmt::format("KL(p_bf16 || p_method) vs effective bits (ctx {}, {})", c0, over),
@@ -352,8 +503,10 @@ std::string referee_html(const json& j) {
   const std::string lc = std::to_string(j["config"].value("layers_ctx", ctx.front()));
   h += fmt::format("<h2>Per-layer errors against BF16 at ctx {}</h2>\n", lc);
   std::vector<std::string> wins;
+  // One chart per window setting of the common protocol, one for the as-shipped runs (each at its own windows).
+  const auto setting = [](const json& r) { return run_protocol(r) == "common" ? run_windows(r) : "as shipped"; };
   for (const json& r : j["runs"]) {
-    const std::string w = r["windows"]["label"];
+    const std::string w = setting(r);
     if (w != "any" && std::find(wins.begin(), wins.end(), w) == wins.end()) wins.push_back(w);
   }
   const std::pair<const char*, const char*> metrics[] = {
@@ -363,7 +516,7 @@ std::string referee_html(const json& j) {
     for (const std::string& w : wins) {
       std::vector<Series> series;
       for (const json& r : j["runs"]) {
-        if (r["windows"]["label"] != w) continue;
+        if (setting(r) != w) continue;
         Series s{r["key"], run_label(r), color(r), {}};
         bool positive = true;
         for (const json& row : r["results"]["layers"][lc]["per_layer"]) {
@@ -375,11 +528,18 @@ std::string referee_html(const json& j) {
       if (series.empty()) continue;
       std::string id = std::string("layers-") + metric + "-" + w;
       std::replace(id.begin(), id.end(), '/', '-');
+      std::replace(id.begin(), id.end(), ' ', '-');
       h += lines_svg(id, fmt::format("{} (windows {})", what, w), "relative error", series);
     }
   h += "<p>BF16 has zero error against itself and is not drawn.</p>\n";
 
   h += unseen_html(j);
+  h += equal_bits_html(j, [&](const std::string& key) {
+    for (const json& r : j["runs"])
+      if (r["key"] == key) return color(r);
+    return std::string("#444444");
+  });
+  h += claims_html(j);
 
   // Leakage and notes
   const json& lk = j["leakage"];
