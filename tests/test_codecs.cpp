@@ -453,7 +453,7 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       EXPECT_NE(msg.find("group " + std::to_string(c.s.group)), std::string::npos) << msg;
       EXPECT_NE(msg.find(c.must_mention), std::string::npos) << msg;
       EXPECT_NE(msg.find("supported: f32, bf16, f16; int8, int4, int2"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("q8_0, q5_0, q4_1, q4_0, iq4_nl (their own groups or blocks"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("q8_0, q5_0, q4_1, q4_0, iq4_nl, pnmix (their own groups or blocks"), std::string::npos) << msg;
     }
   }
   // kivi keys: G tokens need not divide head_dim; kivi values do

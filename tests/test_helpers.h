@@ -55,7 +55,7 @@ inline std::shared_ptr<const PairBitTable> pnmix_widths(int n_layers, int n_kv_h
 
 // s with pnmix_widths attached when its codec is one per (layer, kv head) (PN-Mix keys), for the table-driven tests.
 inline CodecSpec with_test_widths(CodecSpec s, int n_layers, int n_kv_heads) {
-  if (codec_traits(s.type).per_head) s.pair_bits = pnmix_widths(n_layers, n_kv_heads, s.head_dim);
+  if (const CodecTraits* t = find_codec(s.type); t && t->per_head) s.pair_bits = pnmix_widths(n_layers, n_kv_heads, s.head_dim);
   return s;
 }
 

@@ -239,7 +239,7 @@ TEST(PnmixCodec, BitsAreCountedFromTheStoredBytes) {
 
 TEST(PnmixCodec, WithoutWidthsOrWithAnotherShapeOrAKeyTransformItIsRefusedByName) {
   CodecSpec s = codec_spec("pnmix", true, 128, 0.f);
-  EXPECT_NE(error_of([&] { make_codec(s); }).find("--pnmix FILE"), std::string::npos);
+  EXPECT_NE(error_of([&] { make_codec(s); }).find("-ctk pnmix --pnmix FILE"), std::string::npos);
   s.pair_bits = test::pnmix_widths(1, 2, 64);
   EXPECT_NE(error_of([&] { make_codec(s); }).find("head_dim 64"), std::string::npos);
   CacheConfig c;

@@ -122,8 +122,8 @@ void PnmixKeyCodec::decode(const uint8_t* block, float* x) const {
 }
 
 std::unique_ptr<KvCodec> make_pnmix_key_codec(const CodecSpec& s) {
-  KVQ_CHECK(s.pair_bits, "pnmix keys need their calibrated widths: give --pnmix FILE (from kvq calibrate --method "
-            "pnmix)");
+  KVQ_CHECK(s.pair_bits, "pnmix needs its calibrated widths: it is a key type, -ctk pnmix --pnmix FILE (from kvq "
+            "calibrate --method pnmix)");
   const PairBitTable& t = *s.pair_bits;
   t.validate();
   KVQ_CHECK(t.head_dim == s.head_dim, "pnmix widths '{}' are for head_dim {}, the cache has {}", t.name, t.head_dim,
