@@ -101,6 +101,18 @@ expect_error "calibrate: budget below one chunk" calibrate -m $M --data data/cal
 expect_error "calibrate: more chunks per layer than the budget holds" calibrate -m $M --data data/calib/linux.txt --method optr --calib-chunks 15 --heldout-chunks 2 -o "$T/r.safetensors"
 expect_error "calibrate: zero calibration chunks" calibrate -m $M --data data/calib/linux.txt --method optr --calib-chunks 0 -o "$T/r.safetensors"
 expect_error "calibrate: --kv-skip-layers" calibrate -m $M --data data/calib/linux.txt --kv-skip-layers 0 -o "$T/r.safetensors"
+expect_error "calibrate: pnmix budget above 4 bits" calibrate -m $M --data data/calib/linux.txt --method pnmix --key-bits 5 -o "$T/p.safetensors"
+expect_error "calibrate: pnmix budget not reachable" calibrate -m $M --data data/calib/linux.txt --method pnmix --key-bits 2.3 -o "$T/p.safetensors"
+expect_error "calibrate: unknown pnmix score" calibrate -m $M --data data/calib/linux.txt --method pnmix --pnmix-score l2 -o "$T/p.safetensors"
+expect_error "ppl: pnmix keys without --pnmix" ppl -m $M -f data/eval/linux.txt -ctk pnmix
+expect_error "ppl: --pnmix without pnmix keys" ppl -m $M -f data/eval/linux.txt -ctk int2 --pnmix "$T/p.safetensors"
+expect_error "ppl: pnmix values" ppl -m $M -f data/eval/linux.txt -ctk int2 -ctv pnmix
+expect_error "ppl: a rotation file as --pnmix" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix tests/golden/golden.safetensors
+"$KVQ" calibrate -m $M --data data/calib/linux.txt --method pnmix --tokens 256 --chunk 128 -o "$T/p.safetensors" >/dev/null 2>&1
+head -c 300 "$T/p.safetensors" > "$T/ptrunc.safetensors"
+expect_error "truncated pnmix file" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/ptrunc.safetensors"
+expect_error "pnmix keys with a key rotation" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/p.safetensors" --rotation hadamard
+expect_error "pnmix keys on the GPU" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/p.safetensors" --device cuda
 expect_error "calibrate: missing data file" calibrate -m $M --data /nonexistent.txt -o "$T/r.safetensors"
 expect_error "eval: unknown task" eval -m $M --tasks ppl,bleu
 expect_error "eval: bad ctx list" eval -m $M --ctx 2048,abc

@@ -47,6 +47,7 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   c.max_chunk = chunk;
   if (type == "f32") c.window = "f32";
   c.key_rope = test::rope_inv_freq(128);  // for key codecs that store keys without RoPE (kv/codec_rope.h)
+  c.k = test::with_test_widths(c.k, 1, 2);  // PN-Mix keys: widths for attention_nmse's 1 layer × 2 kv heads
   return c;
 }
 

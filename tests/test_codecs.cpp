@@ -19,6 +19,7 @@
 #include "kv/group_quant.h"
 #include "kv/layout.h"
 #include "kv/simd.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 
@@ -77,7 +78,7 @@ CodecSpec spec(std::string type, int d, int group, float clip = 1.f, bool per_ch
   s.group = group;
   s.clip = clip;
   s.per_channel = per_channel;
-  return s;
+  return test::with_test_widths(s, 1, 1);  // PN-Mix keys: a test table of widths
 }
 
 // Encode n_blocks blocks of `x` ([n_blocks · tokens_per_block, d]) back to back.
@@ -452,7 +453,7 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       EXPECT_NE(msg.find("group " + std::to_string(c.s.group)), std::string::npos) << msg;
       EXPECT_NE(msg.find(c.must_mention), std::string::npos) << msg;
       EXPECT_NE(msg.find("supported: f32, bf16, f16; int8, int4, int2"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("q8_0, q5_0, q4_1, q4_0, iq4_nl (their own groups or blocks"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("q8_0, q5_0, q4_1, q4_0, iq4_nl, pnmix (their own groups or blocks"), std::string::npos) << msg;
     }
   }
   // kivi keys: G tokens need not divide head_dim; kivi values do
@@ -479,7 +480,7 @@ TEST(CodecTable, EveryRowBuildsItsCodecWithTheBitsItDeclares) {
       EXPECT_FALSE(v.token_scale) << t.name;
       EXPECT_EQ(k.clip, t.default_clip_k) << t.name;
       EXPECT_EQ(v.clip, t.default_clip_v) << t.name;
-      for (const CodecSpec& s : {k, v}) {
+      for (const CodecSpec& s : {test::with_test_widths(k, 1, 1), test::with_test_widths(v, 1, 1)}) {
         const auto codec = make_codec(s);
         EXPECT_EQ(codec->name(), t.name);
         const double want = t.code_bits + (t.grouped ? 32.0 / g : 0.0) + 8.0 * t.row_bytes / s.head_dim;

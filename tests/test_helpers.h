@@ -5,6 +5,10 @@
 #include <random>
 #include <vector>
 
+#include <memory>
+
+#include "kv/codec_pnmix.h"
+#include "kv/codec_registry.h"
 #include "model/config.h"
 
 namespace kvq::test {
@@ -36,6 +40,23 @@ inline std::vector<float> random_orthogonal(int d, std::mt19937& rng) {
     for (int c = 0; c < d; ++c) r[c] /= std::sqrt(norm);
   }
   return std::vector<float>(m.begin(), m.end());
+}
+
+// A PN-Mix width table (kv/codec_pnmix.h) for tests: every (layer, kv head) at head_dim d gets the pattern
+// 1, 1, 3, 4, 1, 2, 2, 2 over its pairs (average 2 bits, all four widths), rotated by the head's index so heads differ.
+inline std::shared_ptr<const PairBitTable> pnmix_widths(int n_layers, int n_kv_heads, int d) {
+  constexpr uint8_t kPattern[8] = {1, 1, 3, 4, 1, 2, 2, 2};
+  auto t = std::make_shared<PairBitTable>();
+  t->n_layers = n_layers, t->n_kv_heads = n_kv_heads, t->head_dim = d, t->name = "pnmix(test)";
+  for (int m = 0; m < n_layers * n_kv_heads; ++m)
+    for (int i = 0; i < d / 2; ++i) t->bits.push_back(kPattern[(i + m) % 8]);
+  return t;
+}
+
+// s with pnmix_widths attached when its codec is one per (layer, kv head) (PN-Mix keys), for the table-driven tests.
+inline CodecSpec with_test_widths(CodecSpec s, int n_layers, int n_kv_heads) {
+  if (const CodecTraits* t = find_codec(s.type); t && t->per_head) s.pair_bits = pnmix_widths(n_layers, n_kv_heads, s.head_dim);
+  return s;
 }
 
 }  // namespace kvq::test

@@ -543,6 +543,7 @@ TEST(RopeKeyCodec, TheCacheWrapsOnlyKeysStoredWithoutRopeAndNamesWhatIsMissing) 
   for (const CodecTraits& t : codec_table()) {
     CacheConfig c = nexus_cache(std::string(t.name), d);
     if (t.grouped) c.k.group = c.v.group = 128;
+    c.k = test::with_test_widths(c.k, 1, 1);
     const auto key = make_key_codec(c, d);
     EXPECT_EQ(key->positional(), t.pre_rope_keys) << t.name;
     EXPECT_EQ(key->name(), t.name);

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
+#include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
 #include "kv/oscar_format.h"
 
@@ -19,6 +20,8 @@ ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
   v_codec_ = make_codec(vs);
   window_ = make_codec(window_spec(cfg, head_dim));
   block_ = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());
+  if (codec_traits(cfg.k.type).per_head)  // PN-Mix keys: each head its own widths (layer 0: one layer is modelled)
+    for (int h = 0; h < n_kv_heads; ++h) head_k_codecs_.push_back(make_key_codec(cfg, head_dim, 0, 0, h));
 }
 
 ReferenceKv::~ReferenceKv() = default;
@@ -58,7 +61,7 @@ void ReferenceKv::append(int n, const float* k, const float* v) {
     const bool scaled = cfg_.k.token_scale;
     for (int h = 0; h < n_kv_; ++h)
       for (int kv = 0; kv < 2; ++kv) {
-        const KvCodec& codec = kv ? *v_codec_ : *k_codec_;
+        const KvCodec& codec = kv ? *v_codec_ : head_k_codecs_.empty() ? *k_codec_ : *head_k_codecs_[size_t(h)];
         const std::vector<float>& src = kv ? sv_ : sk_;
         std::vector<float>& dst = kv ? qv_ : qk_;
         const int tpb = codec.tokens_per_block();

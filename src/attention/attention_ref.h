@@ -42,6 +42,7 @@ class ReferenceKv {
   CacheConfig cfg_;
   int n_kv_, d_, block_;
   std::unique_ptr<KvCodec> k_codec_, v_codec_, window_;
+  std::vector<std::unique_ptr<KvCodec>> head_k_codecs_;  // [n_kv] per_head key codecs (layer 0); empty otherwise
   int n_tokens_ = 0;
   int n_quantized_ = 0;                     // positions [S0, S0 + n_quantized_) have quantized twins
   std::vector<float> wk_, wv_;              // [n_tokens, n_kv, d] window-codec round trips

@@ -5,6 +5,7 @@
 
 #include "calib/optr.h"
 #include "calib/oscar.h"
+#include "calib/pnmix.h"
 #include "common/error.h"
 #include "kv/codec_registry.h"
 #include "rotation/hadamard.h"
@@ -91,9 +92,49 @@ void put_matrix(std::vector<float>& dst, int layer, int head, int n_kv, int d, c
 
 }  // namespace
 
+int capture_chunks(Model& model, const std::vector<int32_t>& ids, const CalibrateConfig& cfg, Model::LayerTap& tap,
+                   const std::function<void(int chunk)>& begin_chunk, const CalibrateProgress& progress) {
+  const ModelConfig& mc = model.config();
+  const int n_chunks = std::min(int(ids.size()), cfg.tokens) / cfg.chunk;
+  KVQ_CHECK(n_chunks >= 1, "calibrate: the calibration text has {} tokens, fewer than one chunk of {}", ids.size(),
+            cfg.chunk);
+  CacheConfig bf16;
+  bf16.max_chunk = std::min(512, cfg.chunk);
+  KvCache cache(bf16, mc.n_layers, mc.n_kv_heads, mc.head_dim, cfg.chunk);
+  std::vector<float> logits(size_t(mc.vocab_size));
+  model.set_tap(&tap);
+  try {
+    for (int c = 0; c < n_chunks; ++c) {
+      begin_chunk(c);
+      const int seq = cache.new_sequence();
+      for (int pos = 0; pos < cfg.chunk; pos += bf16.max_chunk) {
+        const int n = std::min(bf16.max_chunk, cfg.chunk - pos);
+        model.forward(cache, seq, ids.data() + size_t(c) * cfg.chunk + pos, n, logits.data(), false);
+      }
+      cache.free_sequence(seq);
+      if (progress) progress("capture", c + 1, n_chunks);
+    }
+  } catch (...) {
+    model.set_tap(nullptr);
+    throw;
+  }
+  model.set_tap(nullptr);
+  return n_chunks;
+}
+
 void CalibrateConfig::validate(const ModelConfig& m) const {
-  KVQ_CHECK(method == "quarot" || method == "oscar" || method == "optr",
-            "calibrate: unknown method '{}' (supported: quarot, oscar, optr)", method);
+  KVQ_CHECK(method == "quarot" || method == "oscar" || method == "optr" || method == "pnmix",
+            "calibrate: unknown method '{}' (supported: quarot, oscar, optr, pnmix)", method);
+  if (method == "pnmix") {  // no rotation: any head_dim the pnmix codec takes
+    KVQ_CHECK(m.head_dim % 32 == 0 && m.head_dim <= kCpuMaxHeadDim,
+              "calibrate: pnmix needs head_dim a multiple of 32 up to {} (the model has {})", kCpuMaxHeadDim,
+              m.head_dim);
+    parse_pair_score(pnmix_score);
+    pnmix_code_bits(key_bits, m.head_dim);
+    KVQ_CHECK(chunk >= 2 && chunk <= m.max_ctx, "calibrate: chunk of {} tokens must be in [2, {}]", chunk, m.max_ctx);
+    KVQ_CHECK(tokens >= chunk, "calibrate: --tokens {} is less than one chunk of {}", tokens, chunk);
+    return;
+  }
   KVQ_CHECK(base == "quarot" || base == "oscar", "calibrate: unknown base '{}' (supported: quarot, oscar)", base);
   KVQ_CHECK(objective == "post-wo" || objective == "joint" || objective == "pre-wo" || objective == "recon",
             "calibrate: unknown objective '{}' (supported: post-wo, joint, pre-wo, recon)", objective);
@@ -161,6 +202,7 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
                       CalibrateReport* report, const CalibrateProgress& progress) {
   const ModelConfig& mc = model.config();
   cfg.validate(mc);
+  KVQ_CHECK(cfg.method != "pnmix", "calibrate: pnmix allocates key widths, not rotations (calibrate_pnmix)");
   const int L = mc.n_layers, H = mc.n_kv_heads, d = mc.head_dim, hq = mc.n_heads, g = hq / H;
   const bool center = cfg.center_keys < 0 ? cfg.method == "optr" : cfg.center_keys == 1;
   const std::string label = cfg.method == "optr"
@@ -178,9 +220,6 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
   }
 
   // --- capture ----------------------------------------------------------------------------------------------
-  const int n_chunks = std::min(int(ids.size()), cfg.tokens) / cfg.chunk;
-  KVQ_CHECK(n_chunks >= 1, "calibrate: the calibration text has {} tokens, fewer than one chunk of {}", ids.size(),
-            cfg.chunk);
   Traces tr;
   tr.n_layers = L, tr.n_kv = H, tr.n_heads = hq, tr.d = d, tr.n_q = std::min(cfg.n_queries, cfg.chunk);
   tr.k.assign(size_t(L), std::vector<std::vector<RowMat<float>>>(size_t(H)));
@@ -189,30 +228,8 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
   tr.k_sum.assign(size_t(L), std::vector<double>(size_t(H) * d, 0.0));
   for (int l = 0; l < L; ++l) tr.oscar.emplace_back(H, d);
   const auto t0 = std::chrono::steady_clock::now();
-  {
-    TraceTap tap(tr, cfg.chunk);
-    CacheConfig bf16;
-    bf16.max_chunk = std::min(512, cfg.chunk);
-    KvCache cache(bf16, L, H, d, cfg.chunk);
-    std::vector<float> logits(size_t(mc.vocab_size));
-    model.set_tap(&tap);
-    try {
-      for (int c = 0; c < n_chunks; ++c) {
-        tap.begin_chunk();
-        const int seq = cache.new_sequence();
-        for (int pos = 0; pos < cfg.chunk; pos += bf16.max_chunk) {
-          const int n = std::min(bf16.max_chunk, cfg.chunk - pos);
-          model.forward(cache, seq, ids.data() + size_t(c) * cfg.chunk + pos, n, logits.data(), false);
-        }
-        cache.free_sequence(seq);
-        if (progress) progress("capture", c + 1, n_chunks);
-      }
-    } catch (...) {
-      model.set_tap(nullptr);
-      throw;
-    }
-    model.set_tap(nullptr);
-  }
+  TraceTap tap(tr, cfg.chunk);
+  const int n_chunks = capture_chunks(model, ids, cfg, tap, [&](int) { tap.begin_chunk(); }, progress);
   rep.tokens_used = n_chunks * cfg.chunk;
   rep.chunks = n_chunks;
   rep.capture_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

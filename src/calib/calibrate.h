@@ -22,7 +22,7 @@
 namespace kvq {
 
 struct CalibrateConfig {
-  std::string method = "optr";         // quarot | oscar | optr
+  std::string method = "optr";         // quarot | oscar | optr | pnmix (key widths per RoPE pair: calib/pnmix.h)
   std::string base = "oscar";          // optr's base rotation: quarot | oscar
   std::string objective = "post-wo";   // optr: post-wo (two-phase OptR) | joint | pre-wo | recon
   int tokens = 32768;                  // calibration token budget
@@ -35,6 +35,8 @@ struct CalibrateConfig {
   double lambda_k = 1.0;               // optr: λ_K of the key phase
   int center_keys = -1;                // subtract per-(layer, head) key means: 1 / 0, -1 = the method's default (optr)
   CacheConfig cache;                   // the INT grid calibrated for: type (bits), group, clips, windows
+  std::string pnmix_score = "product"; // pnmix: product (E‖q^(i)‖ E‖k^(i)‖) | energy ((E‖q^(i)‖² + E‖k^(i)‖²) / 2)
+  double key_bits = 2.0;               // pnmix: average key bits per element, in [1, 4]
   void validate(const ModelConfig& m) const;
 };
 
@@ -53,6 +55,12 @@ struct CalibrateReport {
 
 // progress(stage, done, total) — stage "capture" or "optimise".
 using CalibrateProgress = std::function<void(const char* stage, int done, int total)>;
+
+// The capture of every method: the first min(|ids|, cfg.tokens) / cfg.chunk chunks of ids run through the model with
+// tap installed (a bf16 cache, each chunk a fresh sequence), begin_chunk(c) before chunk c; progress "capture".
+// Returns the number of chunks (kvq::Error when not even one fits).
+int capture_chunks(Model& model, const std::vector<int32_t>& ids, const CalibrateConfig& cfg, Model::LayerTap& tap,
+                   const std::function<void(int chunk)>& begin_chunk, const CalibrateProgress& progress);
 
 // The rotation-file metadata of a calibration (rotation/rotation_file.h): method, base, objective, calibration data
 // and budget, the model fingerprint, and for OptR its optimiser settings, the cache grid it was calibrated for

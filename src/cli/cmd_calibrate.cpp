@@ -1,4 +1,5 @@
-// kvq calibrate: build a rotation file (QuaRot, OSCAR, OptR) for a model from calibration text.
+// kvq calibrate: build a rotation file (QuaRot, OSCAR, OptR) or a PN-Mix file of key widths for a model from
+// calibration text.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -7,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "calib/calibrate.h"
+#include "calib/pnmix.h"
+#include "calib/pnmix_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "common/error.h"
@@ -32,8 +35,58 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// Progress bar on stderr with an ETA from the current stage's own pace.
+struct ProgressBar {
+  std::string stage_name;
+  std::chrono::steady_clock::time_point stage_start = std::chrono::steady_clock::now();
+  void operator()(const char* stage, int done, int total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (stage_name != stage) stage_name = stage, stage_start = now;
+    const double el = std::chrono::duration<double>(now - stage_start).count();
+    const int width = 30, filled = width * done / total;
+    std::fprintf(stderr, "\rkvq: %-8s [%s%s] %d/%d  %.0f s, ETA %.0f s ", stage,
+                 std::string(size_t(filled), '#').c_str(), std::string(size_t(width - filled), '.').c_str(), done,
+                 total, el, el / done * (total - done));
+    if (done == total) std::fputc('\n', stderr);
+  }
+};
+
+// --method pnmix: key widths per RoPE pair (calib/pnmix.h), written as a PN-Mix file (calib/pnmix_file.h).
+void run_pnmix(const CalibrateOptions& o, const Plan& p) {
+  o.calib.validate(p.model);
+  const std::string text = read_file(o.data);
+  const std::vector<int32_t> ids = load_tokenizer(o.model).encode(text);
+  KVQ_CHECK(int(ids.size()) >= o.calib.chunk, "'{}' has {} tokens, fewer than one calibration chunk of {}", o.data,
+            ids.size(), o.calib.chunk);
+  auto model = load_model(o.model, p);
+  const PnmixCalibration c = calibrate_pnmix(*model, ids, o.calib, ProgressBar{});
+  const nlohmann::json meta = {{"score", o.calib.pnmix_score},     {"model_fingerprint", model->fingerprint()},
+                               {"calib_data", o.data},             {"calib_sha256", sha256_hex(text)},
+                               {"calib_tokens", c.tokens_used},    {"chunk", o.calib.chunk},
+                               {"capture_seconds", c.capture_seconds}};
+  save_pnmix_file(o.out, c.table, c.scores, meta);
+  int count[kPnmixMaxBits + 1] = {};
+  for (uint8_t b : c.table.bits) ++count[b];
+  const auto codec = make_pnmix_key_codec(CodecSpec{.type = "pnmix", .head_dim = c.table.head_dim, .clip = 0.96f,
+                                                    .pair_bits = std::make_shared<PairBitTable>(c.table)});
+  std::printf("wrote %s: %s key widths for %d layers x %d kv heads from %d calibration tokens (%.1f s): pairs at "
+              "1/2/3/4 bits %d/%d/%d/%d, %d code bits per row (%g bits per element) + %d width groups x 4 B: %zu B "
+              "per key row, %.4g bits per element stored\n",
+              o.out.c_str(), c.table.name.c_str(), c.table.n_layers, c.table.n_kv_heads, c.tokens_used,
+              c.capture_seconds, count[1], count[2], count[3], count[4], c.table.code_bits(), c.table.key_bits(),
+              c.table.slots(), codec->bytes_per_block(), codec->bits_per_element());
+}
+
 void run(CalibrateOptions o) {
   require_checkpoint(o.model, "calibrate");
+  if (o.calib.method == "pnmix") {
+    KVQ_CHECK(o.center == "auto", "--center-keys: pnmix allocates widths on the model's own post-RoPE keys (no "
+              "centring)");
+    KVQ_CHECK(o.cache.rotation == "none", "calibrate --method pnmix: --rotation must not be given (pnmix keys take "
+              "no key rotation)");
+    run_pnmix(o, plan(o.model, o.cache, 0));
+    return;
+  }
   KVQ_CHECK(o.center == "auto" || o.center == "on" || o.center == "off", "--center-keys must be auto, on or off");
   o.calib.center_keys = o.center == "auto" ? -1 : o.center == "on";
   KVQ_CHECK(o.cache.rotation == "none", "calibrate builds a rotation: --rotation must not be given");
@@ -52,21 +105,8 @@ void run(CalibrateOptions o) {
             ids.size(), o.calib.chunk);
   auto model = load_model(o.model, p);
 
-  // Progress bar with an ETA from the current stage's own pace.
-  std::string stage_name;
-  auto stage_start = std::chrono::steady_clock::now();
-  auto progress = [&](const char* stage, int done, int total) {
-    const auto now = std::chrono::steady_clock::now();
-    if (stage_name != stage) stage_name = stage, stage_start = now;
-    const double el = std::chrono::duration<double>(now - stage_start).count();
-    const int width = 30, filled = width * done / total;
-    std::fprintf(stderr, "\rkvq: %-8s [%s%s] %d/%d  %.0f s, ETA %.0f s ", stage,
-                 std::string(size_t(filled), '#').c_str(), std::string(size_t(width - filled), '.').c_str(), done,
-                 total, el, el / done * (total - done));
-    if (done == total) std::fputc('\n', stderr);
-  };
   CalibrateReport rep;
-  KvTransform t = calibrate(*model, ids, o.calib, &rep, progress);
+  KvTransform t = calibrate(*model, ids, o.calib, &rep, ProgressBar{});
 
   const nlohmann::json meta = calibration_metadata(o.calib, t, rep, model->fingerprint(), o.data, sha256_hex(text));
   if (o.calib.method == "optr") {
@@ -91,14 +131,15 @@ void run(CalibrateOptions o) {
 void add_calibrate(CLI::App& app) {
   auto o = std::make_shared<CalibrateOptions>();
   o->cache.type_k = o->cache.type_v = "int2";
-  CLI::App* cmd = app.add_subcommand("calibrate", "build key/value rotations (quarot, oscar, optr) for a model");
+  CLI::App* cmd = app.add_subcommand("calibrate", "build key/value rotations (quarot, oscar, optr) or PN-Mix key widths (pnmix) for a model");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
   cmd->add_option("--data", o->data, "calibration text file (keep it disjoint from evaluation data)")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("-o,--output", o->out, "rotation file to write (safetensors)")->required();
-  cmd->add_option("--method", o->calib.method, "quarot | oscar | optr");
+  cmd->add_option("-o,--output", o->out, "rotation file, or PN-Mix file for --method pnmix, to write (safetensors)")
+      ->required();
+  cmd->add_option("--method", o->calib.method, "quarot | oscar | optr | pnmix (key widths per RoPE pair, not a rotation)");
   cmd->add_option("--base", o->calib.base, "optr base rotation: quarot | oscar");
   cmd->add_option("--objective", o->calib.objective, "optr objective: post-wo | joint | pre-wo | recon");
   cmd->add_option("--tokens", o->calib.tokens, "calibration token budget")->check(CLI::Range(2, 1 << 26));
@@ -111,6 +152,10 @@ void add_calibrate(CLI::App& app) {
   cmd->add_option("--steps", o->calib.steps, "optr: Adam steps per phase")->check(CLI::Range(0, 100000));
   cmd->add_option("--lr", o->calib.lr, "optr: Adam learning rate");
   cmd->add_option("--lambda-k", o->calib.lambda_k, "optr: weight of the key-induced post-W_O error");
+  cmd->add_option("--pnmix-score", o->calib.pnmix_score, "pnmix: pair importance, product (E|q| E|k|, default) or "
+                  "energy ((E|q|^2 + E|k|^2) / 2, the ablation)");
+  cmd->add_option("--key-bits", o->calib.key_bits, "pnmix: average key bits per element in [1, 4], 1 + 2k/head_dim "
+                  "(default 2)");
   cmd->add_option("--center-keys", o->center, "subtract per-head key means: auto (optr only) | on | off");
   cmd->callback([o] { run(*o); });
 }

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "calib/pnmix_file.h"
 #include "common/error.h"
 #include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
@@ -138,6 +139,8 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "
                   "kvq calibrate");
+  cmd->add_option("--pnmix", o.pnmix, "PN-Mix key widths for -ctk pnmix: a file from kvq calibrate --method pnmix "
+                  "(checked against the model)");
   cmd->add_option("--kv-skip-layers", o.skip_layers,
                   "comma-separated layers that keep BF16 rows for everything (negative: from the end), e.g. 0,1,-2,-1 "
                   "(vLLM TurboQuant's boundary layers); counted in the effective bits");
@@ -218,6 +221,20 @@ bool attn_rot_on(const CacheOptions& c) {
   return c.attn_rot != "off" && !env_off;
 }
 
+// The widths of -ctk pnmix from --pnmix FILE, checked against the model (kvq::Error naming what does not fit).
+std::shared_ptr<const PairBitTable> pnmix_widths(const ModelOptions& m, const CacheOptions& c, const CacheConfig& cache,
+                                                 const ModelConfig& mc) {
+  KVQ_CHECK(codec_traits(cache.k.type).per_head, "--pnmix {}: the file holds the key widths of -ctk pnmix, the key "
+            "cache type is {}", c.pnmix, cache.k.type);
+  KVQ_CHECK(!c.pnmix.empty(), "-ctk {} needs --pnmix FILE: the key widths from kvq calibrate --method pnmix",
+            cache.k.type);
+  KVQ_CHECK(!m.dummy_weights, "--pnmix {}: a PN-Mix file is calibrated for a checkpoint's weights, not "
+            "--dummy-weights", c.pnmix);
+  PnmixFile f = load_pnmix_file(c.pnmix);
+  check_pnmix_fits(f, Checkpoint::open(m.dir).fingerprint(), mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  return std::make_shared<const PairBitTable>(std::move(f.table));
+}
+
 // Logs the attn_rot decision of a cache whose types imply it, as llama.cpp logs attn_rot_k / attn_rot_v.
 void log_attn_rot(const CacheOptions& c, const CacheConfig& cache, int head_dim, bool on) {
   if (on)
@@ -294,6 +311,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   const ModelConfig& mc = p.model;
+  if (!c.pnmix.empty() || codec_traits(p.cache.k.type).per_head) p.cache.k.pair_bits = pnmix_widths(m, c, p.cache, mc);
   // The transform the codecs imply (the codec table's transform column: TurboQuant's Hadamard on keys, OScaR's on keys
   // and values, llama.cpp's attn_rot unless --attn-rot off), built once; another --rotation would replace it.
   const bool llama_rot = implied_transform(p.cache.k, p.cache.v) == kTransformAttnRot, attn_rot = attn_rot_on(c);

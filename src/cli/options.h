@@ -34,6 +34,8 @@ struct CacheOptions {
   int page = 128;                                // --kv-page
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
   std::string rotation = "none";                 // --rotation: none | hadamard | FILE
+  std::string pnmix;                             // --pnmix FILE: the key widths of -ctk pnmix (kvq calibrate
+                                                 // --method pnmix), checked against the model by plan()
   std::string attn_rot;                          // --attn-rot: auto | off; "" (not given): auto, or off when the
                                                  // environment has llama.cpp's LLAMA_ATTN_ROT_DISABLE (atoi != 0)
   double kv_budget_gib = 0;                      // --kv-budget-gib: bytes of the page pool + windows (0: default)

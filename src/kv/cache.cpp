@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kv/codec_pnmix.h"
 #include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
 #include "kv/evict.h"
@@ -147,6 +148,10 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
             "quantized into the body at append, from its BF16 value): k={} has blocks of {} tokens{}, v={} of {}",
             cfg.window, k.name(), k.tokens_per_block(), cfg.k.token_scale ? " and a token scale" : "", v.name(),
             v.tokens_per_block());
+  if (const PairBitTable* w = cfg.k.pair_bits.get(); w && codec_traits(cfg.k.type).per_head)
+    KVQ_CHECK(w->n_layers == n_layers && w->n_kv_heads == n_kv_heads && w->head_dim == head_dim,
+              "KV cache: {} widths '{}' are for {} layers × {} kv heads × d {}, the cache is {} × {} × {}", cfg.k.type,
+              w->name, w->n_layers, w->n_kv_heads, w->head_dim, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(!cfg.v.token_scale, "KV cache: value type '{}' with a token scale (only keys take one)", cfg.v.type);
   KVQ_CHECK(!cfg.k.token_scale || cfg.skip_layers.empty(),
             "KV cache: --kv-skip-layers with token-scaled keys ({}) is not supported", cfg.k.type);
@@ -167,7 +172,8 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
   return make_cache_layout(n_layers, n_kv_heads, head_dim, cfg.sink, cfg.recent, cfg.page_tokens, cfg.max_chunk,
                            {k.tokens_per_block(), int64_t(k.bytes_per_block())},
                            {v.tokens_per_block(), int64_t(v.bytes_per_block())}, int64_t(window.bytes_per_block()),
-                           skipped_layers(cfg, n_layers), cfg.k.token_scale, body_in_ring);
+                           skipped_layers(cfg, n_layers), cfg.k.token_scale, body_in_ring,
+                           int64_t(k.metadata_bytes()));
 }
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
@@ -179,6 +185,8 @@ CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, i
 
 std::string CacheConfig::describe() const {
   auto one = [](const CodecSpec& c) {
+    if (c.pair_bits && codec_traits(c.type).per_head)  // PN-Mix: which calibration, its budget and clip
+      return fmt::format("{}/{:g}b/r{:g}", c.pair_bits->name, c.pair_bits->key_bits(), c.clip);
     if (!codec_traits(c.type).grouped) return c.type;
     return fmt::format("{}/g{}/r{:g}", c.type, c.group, c.clip);
   };
@@ -208,6 +216,15 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
   exact_codec_ = window_quantized(cfg_) ? skip_codec_.get() : window_.get();
   if (cfg_.prompt_policy == PromptPolicy::kEvict)  // the bits are checked before any work
     evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, 0);
+  if (codec_traits(cfg.k.type).per_head)  // one key codec per (layer, kv head), all with head 0's block bytes
+    for (int l = 0; l < n_layers; ++l)
+      for (int h = 0; h < n_kv_heads; ++h) {
+        head_k_codecs_.push_back(make_key_codec(cfg, head_dim, max_ctx, l, h));
+        KVQ_CHECK(head_k_codecs_.back()->bytes_per_block() == k_codec_->bytes_per_block(),
+                  "KV cache: {} keys of layer {} kv head {} store {} bytes per block, layer 0 head 0 {}: a page has "
+                  "one layout", cfg.k.type, l, h, head_k_codecs_.back()->bytes_per_block(),
+                  k_codec_->bytes_per_block());
+      }
   pages_.reset(new uint8_t[std::max<size_t>(1, size_t(pool_.n_pages()) * size_t(layout_.page_bytes))]);
   seqs_.resize(size_t(pool_.n_slots()));
   exact_.resize(size_t(pool_.n_slots()));
@@ -265,7 +282,7 @@ void KvCache::encode_ring_body(Sequence& s, int layer, int pos, const float* k, 
     for (int kv = 0; kv < 2; ++kv) {
       const float* x = (kv ? v : k) + size_t(h) * d_;
       for (int c = 0; c < d_; ++c) row[c] = bf16_to_f32(f32_to_bf16(x[c]));
-      (kv ? v_codec(layer) : k_codec(layer)).encode_at(row, pos, ring_body_row(s, layer, kv, h, pos));
+      (kv ? v_codec(layer) : k_codec(layer, h)).encode_at(row, pos, ring_body_row(s, layer, kv, h, pos));
     }
 }
 
@@ -335,7 +352,7 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
     for (int h = 0; h < n_kv_; ++h) {
       uint8_t* head = page + head_offset(layer, h);
       for (int kv = 0; kv < 2; ++kv) {
-        const KvCodec& codec = kv ? v_codec(layer) : k_codec(layer);
+        const KvCodec& codec = kv ? v_codec(layer) : k_codec(layer, h);
         const int tpb = codec.tokens_per_block();
         uint8_t* region = head + (kv ? layout_.layer_k_region(layer) : 0);
         for (int t0 = b0; t0 < b0 + B; t0 += tpb) {
@@ -461,7 +478,8 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
     const int page = pool_.page(seq, (p0 - S0) / P);
     const uint8_t* head = page_ptr(page) + head_offset(layer, kv_head);
     out.push_back({RunKind::Quant, p0, std::min(P, q_end - p0), head, head + layout_.layer_k_region(layer),
-                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr, &k_codec(layer), &v_codec(layer), nullptr});
+                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr, &k_codec(layer, kv_head), &v_codec(layer),
+                   nullptr});
   }
   if (frozen) return exact_run(q_end > S0 ? q_end : n_sink);
   // Recent rows: everything from the first query's window start to the last query, split at the ring's wrap.

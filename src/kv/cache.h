@@ -36,6 +36,8 @@
 //   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
 //          int8 windows (KV4-RL, METHODS §5.6): then [ring_tokens] slots of body rows (cache_layout.h, ring_body)
 //          token-scaled keys (CodecSpec::token_scale, OScaR): the page ends with ν [n_layers][P] fp32 (cache_layout.h)
+// A per_head key codec (PN-Mix: widths per (layer, kv head), CodecSpec::pair_bits) is one codec per head, all of the
+// same block bytes, so pages keep one layout; each Quant run carries its head's codec.
 // Keys and values are stored exactly as given: the config's transform (centring, rotation) is applied by the caller
 // before append() (Model::attention_block). With token-scaled keys, demotion computes ν_t over the window rows of
 // all kv heads, stores it in the page and encodes k / ν_t; a Quant run carries ν and attention multiplies the
@@ -154,6 +156,11 @@ class KvCache {
   // The codecs of layer l's quantized region: the configured ones, or bf16 for a skipped layer.
   const KvCodec& k_codec(int l) const { return layout_.skipped.has(l) ? *skip_codec_ : *k_codec_; }
   const KvCodec& v_codec(int l) const { return layout_.skipped.has(l) ? *skip_codec_ : *v_codec_; }
+  // The key codec of (layer l, kv head h): k_codec(l), or the head's own for a per_head row (PN-Mix keys: every head
+  // stores blocks of the same bytes, so k_codec(l) is the layout's).
+  const KvCodec& k_codec(int l, int h) const {
+    return head_k_codecs_.empty() || layout_.skipped.has(l) ? k_codec(l) : *head_k_codecs_[size_t(l) * n_kv_ + h];
+  }
   bool layer_skipped(int l) const { return layout_.skipped.has(l); }
   const KvCodec& window_codec() const { return *window_; }
   int n_layers() const { return n_layers_; }
@@ -246,6 +253,7 @@ class KvCache {
   std::unique_ptr<KvCodec> k_codec_, v_codec_, window_;
   std::unique_ptr<KvCodec> skip_codec_;  // bf16 rows of the skipped layers
   const KvCodec* exact_codec_;           // rows of the exact store: the window codec, or bf16 for int8 windows
+  std::vector<std::unique_ptr<KvCodec>> head_k_codecs_;  // [n_layers][n_kv] per_head key codecs; empty otherwise
   CacheLayout layout_;                 // region, page and window sizes
   std::vector<int64_t> layer_offset_;  // [n_layers] layout_.layer_offset(l)
   PagePool pool_;                      // free pages, block tables, sequence slots and lengths

@@ -82,6 +82,8 @@ struct CacheLayout {
   int64_t skip_head_bytes;       // one page's K + V rows of one (skipped layer, kv head): 2 P skip_row
   int64_t scale_region;          // bytes of one page's token scales ν of one layer: P fp32, or 0 (not token-scaled)
   int64_t page_bytes;            // one page: every layer's heads, n_kv * Σ_l layer_head_bytes(l), + n_layers * scale_region
+  int64_t k_meta;                // bytes the key codec of one (layer, kv head) stores once, beside its blocks (PN-Mix's map
+                                 // of pair widths: KvCodec::metadata_bytes), layers not skipped; 0 for every other codec
 
   KVQ_HD int quant_end(int t) const { return kvq::quant_end(t, sink, recent, block_tokens); }
   // Layer l's part of a page: its heads' { K | V } blocks, at layer_offset(l), layer_head_bytes(l) per head.
@@ -125,7 +127,7 @@ struct CacheLayout {
   // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted as
   // window rows. Skipped layers' bf16 rows count in the quantized region (averaged over the layers), so b_q and b_eff
   // include them. The body rows kept beside quantized window rows (ring_body) count for every window token but the
-  // sinks (they are never demoted).
+  // sinks (they are never demoted). A key codec's metadata (k_meta) counts once per (layer, kv head), over the n tokens.
   CacheFootprint footprint(int n) const {
     const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
     const double window = window_token_bytes();
@@ -135,7 +137,8 @@ struct CacheLayout {
     const int n_window = n < n - in_quant ? n : n - in_quant;
     const int n_quant = n - n_window;
     const int n_sink = n < sink ? n : sink;
-    const double total = n_window * window + (n_window - n_sink) * pending + n_quant * quant;
+    const double meta = double(n_layers - n_skipped) * n_kv * double(k_meta) / n_layers;  // per layer, once
+    const double total = n_window * window + (n_window - n_sink) * pending + n_quant * quant + meta;
     CacheFootprint f;
     f.bytes_per_token_per_layer = total / n;
     f.bits_per_element = 8.0 * total / (double(n) * elems);
@@ -148,10 +151,11 @@ struct CacheLayout {
 // page_tokens a multiple of both codecs' tokens per block, window rows per token, skipped layers < n_layers;
 // token_scale: keys scaled by ν (never with skipped layers: kvq::cache_layout refuses the pair); body_in_ring: the
 // ring keeps each slot's body rows (a quantized window codec; per-token K / V blocks and no ν, which
-// kvq::cache_layout checks).
+// kvq::cache_layout checks); k_meta: KvCodec::metadata_bytes of the key codec.
 inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int sink, int recent, int page_tokens,
                                      int max_chunk, CodecBlock k, CodecBlock v, int64_t window_row,
-                                     LayerSet skipped = {}, bool token_scale = false, bool body_in_ring = false) {
+                                     LayerSet skipped = {}, bool token_scale = false, bool body_in_ring = false,
+                                     int64_t k_meta = 0) {
   auto gcd = [](int a, int b) {
     while (b) {
       const int r = a % b;
@@ -176,6 +180,7 @@ inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int s
   l.scale_region = token_scale ? int64_t(page_tokens) * 4 : 0;
   l.page_bytes = l.layer_offset(n_layers) + l.scale_region * n_layers;
   l.ring_body = body_in_ring ? l.page_bytes / page_tokens : 0;  // per-token rows: a page is P of them
+  l.k_meta = k_meta;
   return l;
 }
 

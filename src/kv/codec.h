@@ -19,6 +19,8 @@
 
 namespace kvq {
 
+struct PairBitTable;  // kv/codec_pnmix.h
+
 // Which codec and its parameters; validated by make_codec(), which names what is supported on failure.
 struct CodecSpec {
   std::string type = "bf16";  // a codec table name (kv/codec_registry.h): bf16, int8, int4, int2, kivi2, ...
@@ -31,6 +33,12 @@ struct CodecSpec {
   // multiplies the quantized region's scores by it (OScaR, METHODS §5.4; kv/cache.h). codec_spec sets it for the
   // rows that define it (token_scale_keys); any key codec takes it on the CPU.
   bool token_scale = false;
+  // Codecs of one (layer, kv head) (the codec table's per_head rows: PN-Mix keys, METHODS §5.7): the calibrated
+  // width of every RoPE pair of every layer and kv head (a calibration file, --pnmix), and the head this codec
+  // stores. The cache builds one key codec per (layer, kv head) of such a row (make_key_codec); any other codec
+  // ignores them.
+  std::shared_ptr<const PairBitTable> pair_bits = nullptr;
+  int layer = 0, kv_head = 0;
 };
 
 class KvCodec {
@@ -45,6 +53,10 @@ class KvCodec {
   double bits_per_element() const {
     return 8.0 * double(bytes_per_block()) / double(tokens_per_block() * head_dim());
   }
+
+  // Bytes the codec itself stores once, beside its blocks (PN-Mix's map of pair widths); counted once per (layer,
+  // kv head) in the cache's footprint.
+  virtual size_t metadata_bytes() const { return 0; }
 
   // x: [tokens_per_block, d] floats -> one block. decode is the exact inverse map of the stored codes.
   virtual void encode(const float* x, uint8_t* block) const = 0;

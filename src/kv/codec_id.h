@@ -15,6 +15,7 @@ enum class CodecId : uint8_t {
   // TurboQuant (kv/codec_turboquant.h): codebook keys, norm-corrected codebook keys, FP8 keys, uniform values
   kTq2, kTq3, kTq4, kTq2nc, kTq3nc, kTq4nc, kFp8e4m3, kTqv2, kTqv3, kTqv4,
   kF16, kQ8_0, kQ5_0, kQ4_1, kQ4_0, kIq4Nl,  // llama.cpp's cache types (kv/codec_bf16.h, kv/codec_llamacpp.h)
+  kPnmix,                                     // PN-Mix keys (kv/codec_pnmix.h)
 };
 
 }  // namespace kvq

@@ -11,6 +11,7 @@
 #include "kv/codec_llamacpp.h"
 #include "kv/codec_nexus.h"
 #include "kv/codec_oscar.h"
+#include "kv/codec_pnmix.h"
 #include "kv/codec_turboquant.h"
 
 namespace kvq {
@@ -74,6 +75,9 @@ std::unique_ptr<KvCodec> make_llamacpp(const CodecSpec& s, SimdLevel level) {
   return std::make_unique<LlamaCppCodec>(codec_traits(s.type).id, s.head_dim, level);
 }
 
+// PN-Mix keys: the head's widths from the calibration table (kv/codec_pnmix.h).
+std::unique_ptr<KvCodec> make_pnmix(const CodecSpec& s, SimdLevel) { return make_pnmix_key_codec(s); }
+
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
 constexpr std::string_view kFp8Aliases[] = {"fp8_e4m3"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
@@ -122,6 +126,11 @@ constexpr std::array kTable{
   CodecTraits{CodecId::kQ4_1,  "q4_1",  {},           "llama.cpp q4_1: blocks of 32, fp16 scale and min, 4-bit codes",  4,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
   CodecTraits{CodecId::kQ4_0,  "q4_0",  {},           "llama.cpp q4_0: blocks of 32, fp16 absmax scale, 4-bit codes",   4,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
   CodecTraits{CodecId::kIq4Nl, "iq4_nl", {},          "llama.cpp iq4_nl: blocks of 32, fp16 scale, 4-bit table codes",  4,  false, false, 1.0f,  1.0f,  false, kTransformAttnRot, false, make_llamacpp},
+  // PN-Mix (METHODS §5.7, kvq's definition): keys only, 1-4 bits per RoPE pair from a calibration file (--pnmix),
+  // one codec per (layer, kv head); code_bits is the default average, the file's budget is what is stored. The
+  // §1 grid per width group, with its key clip.
+  CodecTraits{CodecId::kPnmix, "pnmix", {}, "PN-Mix keys: 1-4 bits per RoPE channel pair (--pnmix FILE from kvq calibrate), fp16 scale/zero per width group",
+              2, false, true, 0.96f, 1.0f, false, "none", false, make_pnmix, 0, false, false, false, true, true},
 };
 
 // The --kv-cache-dtype presets: vLLM's TurboQuant presets (TQ_PRESETS: key bits / value bits / norm correction), then

@@ -54,6 +54,9 @@ struct CodecTraits {
   // CodecSpec::token_scale). Last, with a default, so that the rows without it need not name it.
   bool token_scale_keys = false;
   bool keys_only = false;      // stores keys only (TurboQuant's codebook keys: their transform rotates keys, not values)
+  // One codec per (layer, kv head), built from CodecSpec::pair_bits (PN-Mix keys: widths calibrated per head on the
+  // model's own post-RoPE keys, so no key-side transform); every head's blocks have the same bytes.
+  bool per_head = false;
 };
 
 // The transforms a codec may imply (CodecTraits::transform).

@@ -84,10 +84,19 @@ void RopeKeyCodec::accumulate(const float*, int, const uint8_t*, int, float*) co
   KVQ_FAIL("{}: a key codec without RoPE stores keys, not values (accumulate)", name());
 }
 
-std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, int max_positions) {
+std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, int max_positions, int layer,
+                                        int kv_head) {
   CodecSpec s = cfg.k;
   s.head_dim = head_dim;
+  s.layer = layer, s.kv_head = kv_head;
   std::unique_ptr<KvCodec> codec = make_codec(s);
+  if (codec_traits(s.type).per_head) {
+    const KvTransform* t = cfg.transform.get();
+    KVQ_CHECK(!t || (t->key_mean.empty() && t->r_k.empty()),
+              "KV cache: {} keys have widths per RoPE pair calibrated on the model's post-RoPE keys: the key side of "
+              "the KV transform '{}' (--rotation, key centring) would mix or shift the pairs (use --rotation none)",
+              s.type, t ? t->name : "none");
+  }
   if (!codec_traits(s.type).pre_rope_keys) return codec;
   KVQ_CHECK(int(cfg.key_rope.size()) * 2 == head_dim,
             "KV cache: {} keys are stored without RoPE (docs/METHODS.md §5.3), which needs the model's RoPE "

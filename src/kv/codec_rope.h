@@ -62,7 +62,9 @@ class RopeKeyCodec final : public KvCodec {
 // The key codec of a cache of cfg at head_dim: cfg.k's codec, wrapped in a RopeKeyCodec when its row stores keys
 // without RoPE. That needs cfg.key_rope (head_dim / 2 frequencies, from the model) and no KV transform (the keys must
 // reach the cache as the model's post-RoPE keys); kvq::Error naming what is missing otherwise. max_positions: see
-// RopeKeyCodec.
-std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, int max_positions = 0);
+// RopeKeyCodec. A per_head row (PN-Mix keys) gets the codec of (layer, kv_head), and refuses a key-side transform too
+// (its widths were calibrated on the model's own post-RoPE keys); other codecs are the same for every head.
+std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, int max_positions = 0, int layer = 0,
+                                        int kv_head = 0);
 
 }  // namespace kvq

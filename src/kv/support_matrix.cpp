@@ -16,6 +16,10 @@ namespace {
 SupportRow row_of(const CodecTraits& t, const CodecSpec& spec, const CodecSpec& k, const CodecSpec& v,
                   std::string role) {
   SupportRow r{std::string(t.name), std::move(role), spec.head_dim, t.grouped ? spec.group : 0, 0, 0, false, ""};
+  if (t.per_head) {  // one codec per (layer, kv head) from a calibration file: its bytes are the file's (PN-Mix)
+    r.cpu = spec.head_dim % 32 == 0 && spec.head_dim <= kCpuMaxHeadDim;
+    return r;
+  }
   try {
     const auto codec = make_codec(spec);
     r.bytes_per_token = double(codec->bytes_per_block()) / codec->tokens_per_block();
@@ -63,8 +67,9 @@ std::string format_support_matrix(const std::vector<SupportRow>& rows) {
                                 "group", "bytes/token", "bits", "cpu", "cuda (keys and values of this codec, or the side a GPU pair stores)");
   for (const SupportRow& r : rows)
     out += fmt::format("{:<{}} {:<4} {:>8} {:>5} {:>11} {:>6}  {:<4} {}\n", r.codec, w, r.role, r.head_dim,
-                       r.group ? std::to_string(r.group) : "-", r.cpu ? fmt::format("{:g}", r.bytes_per_token) : "-",
-                       r.cpu ? fmt::format("{:.3f}", r.bits) : "-", r.cpu ? "yes" : "no",
+                       r.group ? std::to_string(r.group) : "-",
+                       !r.cpu ? "-" : r.bits > 0 ? fmt::format("{:g}", r.bytes_per_token) : "per file",
+                       !r.cpu ? "-" : r.bits > 0 ? fmt::format("{:.3f}", r.bits) : "file", r.cpu ? "yes" : "no",
                        r.cuda.empty() ? "no" : r.cuda);
   return out;
 }

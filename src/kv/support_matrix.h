@@ -16,7 +16,8 @@ struct SupportRow {
   int head_dim;          // d
   int group;             // G (values per group; KIVI keys: tokens per block); 0 = ungrouped
   double bytes_per_token;  // bytes stored per (token, kv head): block bytes / tokens per block
-  double bits;           // bits per element stored (scales and zeros included)
+  double bits;           // bits per element stored (scales and zeros included); 0 for a per_head row (PN-Mix keys),
+                         // whose bytes are its calibration file's
   bool cpu;              // the CPU codec takes it
   std::string cuda;      // GPU attention path with this codec for keys and values, or else of the first GPU row that
                          // stores it on one side (TurboQuant's keys and values), "" = not on the GPU
