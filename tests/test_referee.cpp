@@ -5,6 +5,7 @@
 // second invocation resumes every run without touching its json, and non-disjoint calibration data is refused.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "calib/pnmix_file.h"
 #include "common/error.h"
 #include "eval/referee.h"
 
@@ -306,7 +308,7 @@ TEST(Referee, ParsesMethodAndWindowListsAndRejectsBadOnes) {
   EXPECT_EQ(ms[0].rotation, "oscar");
   EXPECT_EQ(ms[1].objective, "joint");
   EXPECT_TRUE(ms[1].needs_calibration());
-  EXPECT_EQ(referee_methods().size(), 29u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 16 of the camps
+  EXPECT_EQ(referee_methods().size(), 31u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 2 of PN-Mix; 16 of the camps
   EXPECT_THROW(parse_referee_methods("int3"), Error);
   EXPECT_THROW(parse_referee_methods("int2,int2"), Error);
   EXPECT_THROW(parse_referee_methods(""), Error);
@@ -357,6 +359,39 @@ TEST(Referee, CachesCalibratedRotationFilesAndReusesThemOnARerun) {
   const RefereeResult third = run_referee(c, quiet);
   EXPECT_EQ(third.calibrations_run, 1);
   EXPECT_NE(third.results["runs"][0]["rotation"]["file"], rot["file"]);
+}
+
+// PN-Mix (METHODS §5.7): the referee calibrates the key widths on --calib-data into OUT/rotations/ (a PN-Mix file,
+// checked against the model and the data when reused), the run's keys take them, and its bits are the stored ones:
+// 48-byte key rows (four width slots at the 2-bit budget, as models/ref's widths span 1..4 bits) and int2 values
+// (36 bytes) per 128 values, with no windows, plus the stored map of 64 pair widths per (layer, kv head) spread over
+// the 256 tokens: (48 + 36) · 8 / 256 + 64 · 8 / (256 · 256) = 2.6328125.
+TEST(Referee, PnmixRowsCalibrateTheirKeyWidthsAndCountTheBitsStored) {
+  Dirs d;
+  RefereeConfig c = tiny(d);
+  c.methods = parse_referee_methods("pnmix");
+  c.protocols = {RefereeProtocol::Common};
+  c.calib_tokens = 512;
+  c.calib_chunk = 256;
+  const RefereeResult first = run_referee(c, quiet);
+  EXPECT_EQ(first.calibrations_run, 1);
+  const json& run = first.results["runs"][0];
+  const json& rot = run["rotation"];
+  ASSERT_TRUE(rot["file"].is_string());
+  EXPECT_EQ(rot["name"], "pnmix(product)");
+  const PnmixFile f = load_pnmix_file(rot["file"].get<std::string>());
+  EXPECT_EQ(f.meta["calib_sha256"], first.results["calibration_data"]["sha256"]);
+  EXPECT_EQ(f.table.slots(), 4);
+  EXPECT_NEAR(run["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(),
+              (48 + 36) * 8 / 256.0 + 64 * 8 / (256.0 * 256.0), 1e-9);
+  const double ppl = run["results"]["ppl"]["256"]["python"]["ppl"].get<double>();
+  EXPECT_TRUE(std::isfinite(ppl) && ppl > 1.0) << ppl;
+  // a rerun with another seed reuses the widths file
+  c.seed = 9;
+  const RefereeResult second = run_referee(c, quiet);
+  EXPECT_EQ(second.calibrations_run, 0);
+  EXPECT_EQ(second.calibrations_reused, 1);
+  EXPECT_EQ(second.results["runs"][0]["rotation"]["file"], rot["file"]);
 }
 
 // --clip-grid: each INT2 method's (key, value) clips are the grid pair with the lowest held-out ppl (the end of the

@@ -15,6 +15,7 @@
 #include "eval/referee_plan.h"
 #include "eval/referee_results.h"
 #include "eval/referee_store.h"
+#include "kv/codec_pnmix.h"
 #include "model/safetensors.h"
 
 namespace kvq {
@@ -149,6 +150,12 @@ void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
       c.key_rope = mc.rope_inv_freq();
       if (r.method.rotation == "none") c.transform = method_transform(r.method, r.protocol, c, mc.n_layers,
                                                                       mc.n_kv_heads, mc.head_dim);
+      if (r.method.rotation_kind().key_widths) {  // PN-Mix: its widths come from calibration; probe with 2-bit pairs
+        auto w = std::make_shared<PairBitTable>();
+        w->n_layers = mc.n_layers, w->n_kv_heads = mc.n_kv_heads, w->head_dim = mc.head_dim, w->name = "pnmix(probe)";
+        w->bits.assign(size_t(mc.n_layers) * mc.n_kv_heads * size_t(mc.head_dim / 2), 2);
+        c.k.pair_bits = std::move(w);
+      }
       const int max_ctx = *std::max_element(cfg_.ctx.begin(), cfg_.ctx.end());
       KvCache probe(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, max_ctx);
       for (int ctx : cfg_.ctx) probe.footprint(ctx, run_prompt_tokens(r, ctx));
@@ -170,6 +177,7 @@ CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const C
   const ModelConfig& mc = model().config();
   c.transform = rot.transform ? rot.transform
                               : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  c.k.pair_bits = rot.pair_bits;  // PN-Mix keys: their calibrated widths (null for every other row)
   c.key_rope = mc.rope_inv_freq();
   return c;
 }

@@ -8,6 +8,7 @@
 //   int2+oscar                                       OSCAR spectral rotations (calibrated, grid-independent)
 //   optr(quarot), optr(oscar)                        OptR, two-phase post-W_O objective
 //   optr-joint(oscar), optr-pre-wo(oscar), optr-recon(oscar)   kvq's joint objective and the two ablations
+//   pnmix, pnmix(energy)                             PN-Mix key widths per RoPE pair (calibrated), int2 values
 //   turboquant_k8v4, _4bit_nc, _k3v4_nc, _3bit_nc    vLLM's TurboQuant presets; turboquant_2bit: kvq's extension
 //   nexusquant, e8_2                                 NexusQuant's shipped int8 E8 codec and its 2-bit llama.cpp block
 //   oscar_int2, kitty_int2, kitty_int2_20            OScaR; Kitty (25% / 20% of key channels at 4 bits)

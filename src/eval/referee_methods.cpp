@@ -27,6 +27,7 @@ const std::vector<RefereeRotation>& referee_rotations() {
       {.name = "quarot", .data_free = quarot},
       {.name = "oscar", .calibrated = true},
       {.name = "optr", .calibrated = true, .learned = true},
+      {.name = "pnmix", .calibrated = true, .key_widths = true},
   };
   return kRotations;
 }
@@ -103,6 +104,16 @@ const std::vector<RefereeMethod>& referee_methods() {
       {.label = "optr-recon(oscar)", .key_type = "int2", .value_type = "int2", .rotation = "optr", .base = "oscar",
        .objective = "recon", .tunes_clips = true, .clips_from = "int2+oscar", .baseline = "int2+oscar",
        .camp = "OptR"},
+      // PN-Mix (METHODS §5.7, kvq's definition: no primary source): key widths per RoPE pair calibrated on
+      // --calib-data at an average of 2 code bits per element, values int2; the energy score as the ablation.
+      {.label = "pnmix", .key_type = "pnmix", .value_type = "int2", .rotation = "pnmix", .pnmix_score = "product",
+       .baseline = "int2",
+       .note = "pnmix keys take 2 code bits per element on average (widths per RoPE pair from the calibration "
+               "traces) plus one fp16 scale/zero per width slot and row: the bits counted are what is stored (3.0 "
+               "per key element at d = 128, four slots), not the budget (CPU only).",
+       .camp = "PN-Mix"},
+      {.label = "pnmix(energy)", .key_type = "pnmix", .value_type = "int2", .rotation = "pnmix",
+       .pnmix_score = "energy", .baseline = "int2", .camp = "PN-Mix"},
       // TurboQuant: vLLM's four presets and kvq's 2-bit extension (codec_presets(), METHODS §5.2).
       {.label = "turboquant_k8v4", .key_type = "fp8e4m3", .value_type = "tqv4", .rotation = "none",
        .camp = "TurboQuant (vLLM)", .shipped = kTurboQuantShipped},

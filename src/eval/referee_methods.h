@@ -36,6 +36,8 @@ struct RefereeRotation {
                             // for every grid and window setting (OSCAR's statistics do not depend on them)
   KvTransform (*data_free)(const ModelConfig&) = nullptr;  // builds a data-free rotation (QuaRot); null: none, or
                                                            // calibrated
+  bool key_widths = false;  // PN-Mix: the calibration is the key codec's pair widths (calib/pnmix_file.h, a file
+                            // under OUT/rotations/ like a rotation's), not a transform
 };
 
 // Every rotation kind the referee knows.
@@ -78,6 +80,7 @@ struct RefereeMethod {
   std::string rotation = "";           // a referee_rotations() name: none | quarot | oscar | optr
   std::string base = "";               // a learned rotation's starting rotation: quarot | oscar; else ""
   std::string objective = "";          // a learned rotation's objective: post-wo | joint | pre-wo | recon; else ""
+  std::string pnmix_score = "";        // PN-Mix widths' pair importance: product | energy (calib/pnmix.h); else ""
   bool tunes_clips = false;            // --clip-grid tunes its (key, value) clips on held-out text (METHODS §7)
   std::string clips_from = "";         // the row whose tuned clips it takes ("": its own; OptR: its base's, the
                                        // grid its rotation is learned for)

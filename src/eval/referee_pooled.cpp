@@ -102,6 +102,7 @@ std::string natural_base(const json& method) {
   if (rotation == "optr" && !base.empty()) return type + "+" + base;
   if (rotation == "oscar") return type + "+quarot";
   if (rotation == "quarot") return type;
+  if (rotation == "pnmix") return type.substr(type.find('/') + 1);  // PN-Mix keys: the cache of its value type
   // Windows of another codec (KV4-RL's int8; records before the field have none): the same codecs with bf16 windows.
   const std::string window = str(method, "window_type");
   if (rotation == "none" && !window.empty() && window != "bf16") return type;

@@ -12,6 +12,7 @@
 #include "eval/referee_bands.h"
 #include "eval/referee_claims.h"
 #include "eval/referee_pooled.h"
+#include "kv/codec_pnmix.h"
 #include "eval/referee_view.h"
 
 namespace kvq {
@@ -43,7 +44,7 @@ json machine_json(int threads) {
 json rotation_json(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r, const Rotation& rot,
                    const json& settings) {
   const bool calibrated = r.method.needs_calibration();
-  return {{"name", rot.transform ? rot.transform->name : "none"},
+  return {{"name", rot.transform ? rot.transform->name : rot.pair_bits ? rot.pair_bits->name : "none"},
           {"file", rot.file.empty() ? json(nullptr) : json(rot.file)},
           {"reused", rot.reused},
           {"calibration_seconds", rot.seconds},

@@ -9,6 +9,8 @@
 #include "common/sha256.h"
 #include "common/version.h"
 #include "eval/perplexity.h"
+#include "calib/pnmix.h"
+#include "calib/pnmix_file.h"
 #include "eval/referee_io.h"
 #include "rotation/rotation_file.h"
 
@@ -22,6 +24,7 @@ CalibrateConfig run_calibrate_config(const RefereeConfig& cfg, const PlannedRun&
   const bool learned = m.rotation_kind().learned;
   CalibrateConfig cc;
   cc.method = m.rotation;
+  if (m.rotation_kind().key_widths) cc.pnmix_score = m.pnmix_score;  // and the default budget, 2 bits
   cc.base = learned ? m.base : "oscar";  // the unused fields of a rotation that is not learned: as its file names
   cc.objective = learned ? m.objective : "post-wo";  // under OUT/rotations/ were hashed
   cc.tokens = cfg.calib_tokens;
@@ -59,13 +62,15 @@ void check_calibration_budgets(const RefereeConfig& cfg, const RefereeData& data
 // ---- rotations ----
 
 json RefereeStore::rotation_key(const CalibrateConfig& cc, const std::string& data_sha) const {
-  return {{"model_fingerprint", data_.fingerprint}, {"calib_sha256", data_sha}, {"method", cc.method},
+  json key = {{"model_fingerprint", data_.fingerprint}, {"calib_sha256", data_sha}, {"method", cc.method},
           {"base", cc.base}, {"objective", cc.objective}, {"tokens", cc.tokens}, {"chunk", cc.chunk},
           {"n_queries", cc.n_queries}, {"calib_chunks", cc.calib_chunks}, {"heldout_chunks", cc.heldout_chunks},
           {"steps", cc.steps}, {"lr", cc.lr}, {"lambda_k", cc.lambda_k}, {"center_keys", cc.center_keys},
           {"type", cc.cache.k.type}, {"group", cc.cache.k.group}, {"clip_k", cc.cache.k.clip},
           {"clip_v", cc.cache.v.clip}, {"sink", cc.cache.sink}, {"recent", cc.cache.recent},
           {"kvq_version", KVQ_VERSION}};
+  if (cc.method == "pnmix") key.update({{"pnmix_score", cc.pnmix_score}, {"key_bits", cc.key_bits}});
+  return key;
 }
 
 // Reads rot.file when it exists (checked against the model, the grid and the data); false when it does not.
@@ -108,6 +113,42 @@ void RefereeStore::calibrate_rotation(const PlannedRun& r, const CalibrateConfig
   ++calibrations_run_;
 }
 
+// PN-Mix widths (a key_widths kind): the same store, a PN-Mix file instead of a rotation file.
+bool RefereeStore::read_widths(const std::string& data_sha, Rotation& rot) {
+  if (!fs::exists(rot.file)) return false;
+  const ModelConfig& mc = model_().config();
+  PnmixFile f = load_pnmix_file(rot.file);
+  check_pnmix_fits(f, data_.fingerprint, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  KVQ_CHECK(f.meta.value("calib_sha256", "") == data_sha, "cached PN-Mix file '{}' was calibrated on other data",
+            rot.file);
+  rot.pair_bits = std::make_shared<PairBitTable>(std::move(f.table));
+  rot.meta = f.meta;
+  rot.reused = true;
+  rot.seconds = f.meta.value("capture_seconds", 0.0);
+  ++calibrations_reused_;
+  say(fmt::format("kvq: referee: reusing cached PN-Mix widths {}", rot.file));
+  return true;
+}
+
+void RefereeStore::calibrate_widths(const PlannedRun& r, const CalibrateConfig& cc, const json& key, Rotation& rot) {
+  const CalibText text = run_calib_text(cfg_, data_, r);
+  say(fmt::format("kvq: referee: calibrating {} widths on {} ({} tokens of budget {}, chunk {})", r.method.label,
+                  text.file, text.ids.size(), cc.tokens, cc.chunk));
+  const PnmixCalibration c = calibrate_pnmix(model_(), text.ids, cc, [&](const char* stage, int done, int total) {
+    say(fmt::format("kvq: calibrate {} {} {}/{}", r.method.label, stage, done, total), true);
+  });
+  json meta = {{"score", cc.pnmix_score},       {"model_fingerprint", data_.fingerprint},
+               {"calib_data", text.file},       {"calib_sha256", text.sha256},
+               {"calib_tokens", c.tokens_used}, {"chunk", cc.chunk},
+               {"capture_seconds", c.capture_seconds}, {"referee_key", key}};
+  save_pnmix_file(rot.file, c.table, c.scores, meta);
+  say(fmt::format("kvq: calibrated {} widths in {:.1f} s", r.method.label, c.capture_seconds));
+  rot.meta = meta;
+  rot.seconds = c.capture_seconds;
+  rot.pair_bits = std::make_shared<PairBitTable>(c.table);
+  ++calibrations_run_;
+}
+
 Rotation RefereeStore::rotation_for(const PlannedRun& r) {
   const RefereeMethod& m = r.method;
   const RefereeRotation& kind = m.rotation_kind();
@@ -131,7 +172,11 @@ Rotation RefereeStore::rotation_for(const PlannedRun& r) {
     ++calibrations_reused_;
     return again;
   }
-  if (!read_rotation(cc, data_sha, rot)) calibrate_rotation(r, cc, key, rot);
+  if (kind.key_widths) {
+    if (!read_widths(data_sha, rot)) calibrate_widths(r, cc, key, rot);
+  } else if (!read_rotation(cc, data_sha, rot)) {
+    calibrate_rotation(r, cc, key, rot);
+  }
   rotations_[rot.file] = rot;
   return rot;
 }

@@ -25,6 +25,7 @@ namespace kvq {
 // The rotation of a run.
 struct Rotation {
   std::shared_ptr<const KvTransform> transform;   // null: none
+  std::shared_ptr<const PairBitTable> pair_bits;  // PN-Mix key widths (a key_widths kind's calibration); else null
   std::string file;                               // rotation file (empty: none / data-free)
   bool reused = false;                            // read from OUT/rotations/ instead of calibrated now
   double seconds = 0;                             // calibration seconds (of the original calibration when reused)
@@ -68,6 +69,8 @@ class RefereeStore {
   nlohmann::json rotation_key(const CalibrateConfig& cc, const std::string& data_sha) const;
   bool read_rotation(const CalibrateConfig& cc, const std::string& data_sha, Rotation& rot);
   void calibrate_rotation(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
+  bool read_widths(const std::string& data_sha, Rotation& rot);
+  void calibrate_widths(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
   nlohmann::json clip_spec(const RefereeMethod& tuned, const RefereeWindows& w) const;
   bool read_clips(const std::string& file, const nlohmann::json& spec, ClipChoice& out) const;
   double tune_clips(const RefereeMethod& tuned, const RefereeWindows& w, ClipChoice& out, std::string& where);
