@@ -2,16 +2,28 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
-#include <memory>
-
+#include "common/error.h"
 #include "kv/codec_pnmix.h"
 #include "kv/codec_registry.h"
 #include "model/config.h"
 
 namespace kvq::test {
+
+// The message of the kvq::Error that f throws, or "(no error)" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // The RoPE inverse frequencies (ModelConfig::rope_inv_freq, default RoPE of base theta) of head_dim d: what the runner
 // puts in CacheConfig::key_rope for key codecs that store keys without RoPE.

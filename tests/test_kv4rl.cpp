@@ -21,6 +21,7 @@
 #include "kv/codec_int.h"
 #include "kv/codec_registry.h"
 #include "kv/group_quant.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 
@@ -47,14 +48,7 @@ std::vector<float> random_rows(std::mt19937& rng, int n, int n_kv, float offset)
 
 float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // Two caches fed the same rows: one with BF16 windows, one with INT8 windows.
 struct Pair {

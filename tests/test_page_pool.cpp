@@ -14,6 +14,7 @@
 #include "kv/cache.h"
 #include "kv/cache_layout.h"
 #include "kv/page_pool.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 
@@ -25,14 +26,7 @@ CacheLayout small_layout() {
   return make_cache_layout(2, 1, 32, 4, 8, 16, 16, {1, 40}, {1, 24}, 64);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // Everything reserve() may change, to check that a refused reserve changed nothing.
 struct PoolState {

@@ -30,14 +30,7 @@ using namespace kvq;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 std::vector<float> gaussian(size_t n, uint32_t seed, float sd = 1.f) {
   std::mt19937 rng(seed);

@@ -17,19 +17,13 @@
 #include "kv/cache.h"
 #include "kv/codec_registry.h"
 #include "kv/layout.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 

@@ -51,17 +51,27 @@ struct ProgressBar {
   }
 };
 
+// --data: its bytes (hashed into the output's metadata) and its tokens, at least one calibration chunk of them.
+struct CalibrationText {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+CalibrationText read_calibration_text(const CalibrateOptions& o) {
+  CalibrationText c{read_file(o.data), {}};
+  c.ids = load_tokenizer(o.model).encode(c.text);
+  KVQ_CHECK(int(c.ids.size()) >= o.calib.chunk, "'{}' has {} tokens, fewer than one calibration chunk of {}", o.data,
+            c.ids.size(), o.calib.chunk);
+  return c;
+}
+
 // --method pnmix: key widths per RoPE pair (calib/pnmix.h), written as a PN-Mix file (calib/pnmix_file.h).
 void run_pnmix(const CalibrateOptions& o, const Plan& p) {
   o.calib.validate(p.model);
-  const std::string text = read_file(o.data);
-  const std::vector<int32_t> ids = load_tokenizer(o.model).encode(text);
-  KVQ_CHECK(int(ids.size()) >= o.calib.chunk, "'{}' has {} tokens, fewer than one calibration chunk of {}", o.data,
-            ids.size(), o.calib.chunk);
+  const CalibrationText cal = read_calibration_text(o);
   auto model = load_model(o.model, p);
-  const PnmixCalibration c = calibrate_pnmix(*model, ids, o.calib, ProgressBar{});
+  const PnmixCalibration c = calibrate_pnmix(*model, cal.ids, o.calib, ProgressBar{});
   const nlohmann::json meta = {{"score", o.calib.pnmix_score},     {"model_fingerprint", model->fingerprint()},
-                               {"calib_data", o.data},             {"calib_sha256", sha256_hex(text)},
+                               {"calib_data", o.data},             {"calib_sha256", sha256_hex(cal.text)},
                                {"calib_tokens", c.tokens_used},    {"chunk", o.calib.chunk},
                                {"capture_seconds", c.capture_seconds}};
   save_pnmix_file(o.out, c.table, c.scores, meta);
@@ -99,16 +109,13 @@ void run(CalibrateOptions o) {
             p.cache.window);
   o.calib.cache = p.cache;
   o.calib.validate(p.model);
-  const std::string text = read_file(o.data);
-  const std::vector<int32_t> ids = load_tokenizer(o.model).encode(text);
-  KVQ_CHECK(int(ids.size()) >= o.calib.chunk, "'{}' has {} tokens, fewer than one calibration chunk of {}", o.data,
-            ids.size(), o.calib.chunk);
+  const CalibrationText cal = read_calibration_text(o);
   auto model = load_model(o.model, p);
 
   CalibrateReport rep;
-  KvTransform t = calibrate(*model, ids, o.calib, &rep, ProgressBar{});
+  KvTransform t = calibrate(*model, cal.ids, o.calib, &rep, ProgressBar{});
 
-  const nlohmann::json meta = calibration_metadata(o.calib, t, rep, model->fingerprint(), o.data, sha256_hex(text));
+  const nlohmann::json meta = calibration_metadata(o.calib, t, rep, model->fingerprint(), o.data, sha256_hex(cal.text));
   if (o.calib.method == "optr") {
     double kb = 0, ka = 0, vb = 0, va = 0;
     for (const auto& h : rep.heads) kb += h.key_before, ka += h.key_after, vb += h.value_before, va += h.value_after;
