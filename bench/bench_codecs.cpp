@@ -4,6 +4,9 @@
 // The K/V regions are cycled through `copies` distinct buffers (> last-level cache for every codec) so
 // the blocks stream from DRAM as they would in a real multi-layer cache.
 // Prints per run: block bytes read, GB/s of block bytes, ns per token (scores + accumulate, all n_q).
+// The prefill/ cases time the same primitives as prefill calls them (src/attention/attention.cpp): a tile of 64 query
+// rows over a 4096-token region in pieces of 128 rows, the region in cache; they print GFLOP/s (2 flops per
+// multiply-add, scores and accumulate).
 //   build/kvq_bench_codecs [--benchmark_filter=int2]
 #include <random>
 #include <vector>
@@ -66,6 +69,38 @@ void BM_ScoresAccumulate(benchmark::State& state, Case c) {
                  std::to_string(copies));
 }
 
+void BM_PrefillTile(benchmark::State& state, Case c) {
+  if (!kvq::simd_level_supported(c.level)) {
+    state.SkipWithError("SIMD level not supported on this CPU");
+    return;
+  }
+  constexpr int kRows = 64, kRegion = 4096, kPiece = 128;
+  const auto codec = kvq::make_codec_at(c.spec, c.level);
+  const int tpb = codec->tokens_per_block();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(size_t(tpb) * kD);
+  std::vector<uint8_t> blocks(size_t(kRegion / tpb) * codec->bytes_per_block());
+  for (size_t b = 0; b < blocks.size() / codec->bytes_per_block(); ++b) {
+    for (auto& v : x) v = normal(rng);
+    codec->encode(x.data(), &blocks[b * codec->bytes_per_block()]);
+  }
+  std::vector<float> q(size_t(kRows) * kD), s(size_t(kRows) * kPiece), acc(size_t(kRows) * kD, 0.f);
+  for (auto& v : q) v = normal(rng);
+  const size_t piece_bytes = size_t(kPiece / tpb) * codec->bytes_per_block();
+  for (auto _ : state) {
+    for (int t0 = 0; t0 < kRegion; t0 += kPiece) {
+      const uint8_t* piece = blocks.data() + size_t(t0 / kPiece) * piece_bytes;
+      codec->scores(q.data(), kRows, piece, kPiece, s.data());
+      codec->accumulate(s.data(), kRows, piece, kPiece, acc.data());
+    }
+    benchmark::DoNotOptimize(acc.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(double(state.iterations()) * 4.0 * kRows * kRegion * kD * 1e-9,
+                                                 benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(codec->name()) + " " + kvq::simd_level_name(c.level) + ", 64 query rows");
+}
+
 kvq::CodecSpec spec(const char* type, int group, bool per_channel = false) {
   kvq::CodecSpec s;
   s.type = type;
@@ -87,6 +122,12 @@ void register_all() {
     for (L level : {L::kAvx512Vnni, L::kAvx512, L::kAvx2, L::kScalar})
       benchmark::RegisterBenchmark((std::string(sp.name) + "/" + kvq::simd_level_name(level)).c_str(),
                                    BM_ScoresAccumulate, Case{sp.spec, level})
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.3);
+  for (const char* type : {"bf16", "f16", "int2", "int4"})
+    for (L level : {L::kAvx512Vnni, L::kAvx512, L::kAvx2, L::kScalar})
+      benchmark::RegisterBenchmark((std::string("prefill/") + type + "/" + kvq::simd_level_name(level)).c_str(),
+                                   BM_PrefillTile, Case{spec(type, 128), level})
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.3);
   // TurboQuant presets: codebook (or FP8) keys with uniform values (kv/codec_turboquant.h).

@@ -353,6 +353,9 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
       for (int c = 0; c < d; ++c)
         code_minus_zero[size_t(t) * d + c] = sc > 0.f ? std::fabs(xh[size_t(t) * d + c]) / sc : 0.f;
     }
+  std::vector<double> x_abs_sum(size_t(max_tokens), 0.0);  // Σ_c |x̂_tc| per token
+  for (int t = 0; t < max_tokens; ++t)
+    for (int c = 0; c < d; ++c) x_abs_sum[size_t(t)] += std::fabs(xh[size_t(t) * d + c]);
   int checked_levels = 0;
   for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni}) {
     if (!simd_level_supported(level)) continue;
@@ -360,7 +363,8 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
     const auto codec = make_codec_at(s, level);
     // float levels: rounding order only (observed < 1e-6); VNNI: q / weights rounded to int16 (observed < 4e-6)
     const double rel_tol = level == SimdLevel::kAvx512Vnni && s.type != "bf16" ? 1e-5 : 2e-6;
-    for (int n_q : {1, 2, 3, 4, 5, 8, 17}) {  // 17: more than one chunk of 16 queries
+    // 16 and more (a prefill tile of queries × GQA group): the decode-once tile path; 17: more than one chunk of 16
+    for (int n_q : {1, 2, 3, 4, 5, 8, 16, 17, 33}) {
       const std::vector<float> q = sample(Dist::kGaussian, size_t(n_q) * d, 100 + n_q);
       for (int n_tokens : token_counts) {
         SCOPED_TRACE(std::string(simd_level_name(level)) + " n_q " + std::to_string(n_q) + " n_tokens " +
@@ -374,14 +378,16 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
           for (int c = 0; c < d; ++c) qa += std::fabs(q[size_t(i) * d + c]), qmax = std::max(qmax, double(std::fabs(q[size_t(i) * d + c])));
           const double bound = qa * 3.0 * max_abs;
           for (int t = 0; t < n_tokens; ++t) {
-            double xa = 0;
-            for (int c = 0; c < d; ++c) xa += std::fabs(xh[size_t(t) * d + c]);
-            const double tol = rel_tol * bound + (int8_here ? qmax / 254.0 * xa : 0.0);
+            const double tol = rel_tol * bound + (int8_here ? qmax / 254.0 * x_abs_sum[size_t(t)] : 0.0);
             const size_t k = size_t(i) * n_tokens + t;
             ASSERT_NEAR(s_fast[k], s_ref[k], tol) << "query " << i << " token " << t;
           }
         }
         const std::vector<float> p = uniform(size_t(n_q) * n_tokens, 7 + n_tokens, 0.f, 1.f);
+        std::vector<double> cz(size_t(d), 0.0);  // Σ_t |code − zero| per channel, for the int8 path's bound
+        if (int8_here)
+          for (int t = 0; t < n_tokens; ++t)
+            for (int c = 0; c < d; ++c) cz[size_t(c)] += code_minus_zero[size_t(t) * d + c];
         const std::vector<float> acc0 = sample(Dist::kGaussian, size_t(n_q) * d, 9);
         std::vector<float> acc_ref = acc0, acc_fast = acc0;
         codec->accumulate_ref(p.data(), n_q, blocks.data(), n_tokens, acc_ref.data());
@@ -398,10 +404,7 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
           }
           const double bound = pa * 3.0 * max_abs + 10.0;
           for (int c = 0; c < d; ++c) {
-            double cz = 0;
-            if (int8_here)
-              for (int t = 0; t < n_tokens; ++t) cz += code_minus_zero[size_t(t) * d + c];
-            const double tol = rel_tol * bound + wmax / 254.0 * cz;
+            const double tol = rel_tol * bound + (int8_here ? wmax / 254.0 * cz[size_t(c)] : 0.0);
             const size_t k = size_t(i) * d + c;
             ASSERT_NEAR(acc_fast[k], acc_ref[k], tol) << "query " << i << " channel " << c;
           }

@@ -71,6 +71,24 @@ struct VAvx2 {
                                    _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
   }
+  // dst[j·dst_stride + i] = src[i·src_stride + j] for an 8 × 8 block: pairs of rows interleaved, 4-row groups
+  // gathered per 128-bit lane, then the lanes swapped across the two halves.
+  static void transpose(const float* src, size_t src_stride, float* dst, size_t dst_stride) {
+    __m256 r[8], u[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {
+      const __m256 lo = _mm256_unpacklo_ps(r[i], r[i + 1]), hi = _mm256_unpackhi_ps(r[i], r[i + 1]);
+      r[i] = lo, r[i + 1] = hi;
+    }
+    for (int g = 0; g < 8; g += 4) {  // lane L of u[g + k]: column 4L + k of rows g .. g+3
+      u[g + 0] = _mm256_shuffle_ps(r[g], r[g + 2], 0x44), u[g + 1] = _mm256_shuffle_ps(r[g], r[g + 2], 0xEE);
+      u[g + 2] = _mm256_shuffle_ps(r[g + 1], r[g + 3], 0x44), u[g + 3] = _mm256_shuffle_ps(r[g + 1], r[g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_ps(dst + k * dst_stride, _mm256_permute2f128_ps(u[k], u[4 + k], 0x20));
+      _mm256_storeu_ps(dst + (4 + k) * dst_stride, _mm256_permute2f128_ps(u[k], u[4 + k], 0x31));
+    }
+  }
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight_bytes)); }
   static F i8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_bytes)); }

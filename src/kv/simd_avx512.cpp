@@ -71,6 +71,29 @@ struct VAvx512 {
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
   }
+  // dst[j·dst_stride + i] = src[i·src_stride + j] for a 16 × 16 block: pairs of rows interleaved, then 4-row groups
+  // gathered per 128-bit lane, then the 4 × 4 transpose of the lanes.
+  static void transpose(const float* src, size_t src_stride, float* dst, size_t dst_stride) {
+    __m512 r[16], u[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 16; i += 2) {  // lane L of t[i] / t[i+1]: columns 4L, 4L+1 / 4L+2, 4L+3 of rows i, i+1
+      const __m512 lo = _mm512_unpacklo_ps(r[i], r[i + 1]), hi = _mm512_unpackhi_ps(r[i], r[i + 1]);
+      r[i] = lo, r[i + 1] = hi;
+    }
+    for (int g = 0; g < 16; g += 4) {  // lane L of u[g + k]: column 4L + k of rows g .. g+3
+      u[g + 0] = _mm512_shuffle_ps(r[g], r[g + 2], 0x44), u[g + 1] = _mm512_shuffle_ps(r[g], r[g + 2], 0xEE);
+      u[g + 2] = _mm512_shuffle_ps(r[g + 1], r[g + 3], 0x44), u[g + 3] = _mm512_shuffle_ps(r[g + 1], r[g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {  // column 4L + k = lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+      const __m512 x0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), x1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+      const __m512 y0 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44),
+                   y1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+      _mm512_storeu_ps(dst + (0 + k) * dst_stride, _mm512_shuffle_f32x4(x0, y0, 0x88));
+      _mm512_storeu_ps(dst + (4 + k) * dst_stride, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+      _mm512_storeu_ps(dst + (8 + k) * dst_stride, _mm512_shuffle_f32x4(x1, y1, 0x88));
+      _mm512_storeu_ps(dst + (12 + k) * dst_stride, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+    }
+  }
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sixteen_bytes)); }
   static F i8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sixteen_bytes)); }

@@ -6,7 +6,7 @@
 //
 // V provides: F (vector of kW floats), kW, kMaxQBScores, kMaxQBAcc (query-block sizes that fit the
 // registers), zero(), loadu(const float*), storeu(float*, F), bcast(float), fma(a, b, c) = a·b + c,
-// add(a, b), hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, unit<Fmt>(const uint8_t* unit, F out[32 / kW])
+// add(a, b), sub(a, b), mul(a, b), transpose(src, src_stride, dst, dst_stride) of a kW × kW block, hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, unit<Fmt>(const uint8_t* unit, F out[32 / kW])
 // that turns one packed unit of 32 values (layout.h) into floats in value order, and block<Fmt>(const uint8_t* block,
 // F out[32 / kW]) that turns one llama.cpp block's codes into their levels (simd_blocks_impl.h).
 
@@ -132,7 +132,7 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
 }
 
 template <class V, RowFormat Fmt>
-void scores_impl(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+void scores_rows(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
   const int d = r.d, ng = d / r.group;
   for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
     const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
@@ -184,7 +184,7 @@ void accumulate_block(const RowsView& r, int t0, int nt, const float (*w)[kMaxGr
 }
 
 template <class V, RowFormat Fmt>
-void accumulate_impl(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+void accumulate_rows(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
   const int d = r.d, ng = d / r.group;
   for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
     const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
@@ -217,6 +217,146 @@ void accumulate_impl(const RowsView& r, const float* p, size_t p_stride, int n_q
       for (int i = 0; i < nc; ++i)
         for (int c = 0; c < d; ++c) acc[size_t(c0 + i) * d + c] -= float(zsum[i][c / r.group]);
   }
+}
+
+// ---- Many queries over the same rows (a prefill tile): each tile of rows decoded once ----
+//
+// The kernels above re-decode every row for each block of at most 8 queries and end each dot product with a
+// horizontal sum. With a prefill tile's 64 query rows (queries × GQA group) that costs more than the products
+// themselves. Here each tile of kTileRows rows is decoded once into floats x̂ = (code − z)·s, then multiplied by
+// register-blocked kernels that keep QB queries × 2 vectors of sums in registers and need no horizontal sum:
+// - scores read the tile transposed (kt[c][t]): a query's scores over 2 vectors of rows are its value at channel c
+//   broadcast, times the tile's channel-c vectors, summed over c;
+// - accumulate reads it in row order (xr[t][c]): a query's 2 vectors of output channels gain its weight for row t
+//   broadcast, times row t's vectors, summed over t.
+// The products sum in another order than the row path, so the two agree to float rounding (tests/test_codecs.cpp).
+constexpr int kTileMinQ = 16;  // from here on the decode-once path is the faster one (bench/bench_codecs.cpp)
+constexpr int kTileMaxD = 256;
+
+// x̂ of rows [t0, t0 + nt) into xr[t·d + c]; rows nt .. kTileRows - 1 are zero.
+template <class V, RowFormat Fmt>
+void decode_tile(const RowsView& r, int t0, int nt, float* xr) {
+  using F = typename V::F;
+  constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>();
+  const int d = r.d, upg = r.group / 32;
+  for (int t = 0; t < nt; ++t) {
+    const uint8_t* row = r.rows + size_t(t0 + t) * r.row_stride;
+    prefetch_row(r, t0 + t + kPrefetchRows);
+    for (int u = 0; u < d / 32; ++u) {
+      F x[kU];
+      V::template unit<Fmt>(row + r.codes_offset + u * kUB, x);
+      if (r.grouped) {
+        const layout::GroupParams gp = row_params(row, u / upg);
+        const F sc = V::bcast(V::half(gp.scale)), zr = V::bcast(V::half(gp.zero));
+        KVQ_UNROLL
+        for (int k = 0; k < kU; ++k) x[k] = V::mul(V::sub(x[k], zr), sc);
+      }
+      KVQ_UNROLL
+      for (int k = 0; k < kU; ++k) V::storeu(xr + size_t(t) * d + u * 32 + k * V::kW, x[k]);
+    }
+  }
+  std::memset(xr + size_t(nt) * d, 0, sizeof(float) * size_t(kTileRows - nt) * size_t(d));
+}
+
+// Writes vectors a0, a1 (2·kW values) to dst[0, n), n <= 2·kW.
+template <class V>
+inline void store_two(float* dst, typename V::F a0, typename V::F a1, int n) {
+  if (n >= 2 * V::kW) {
+    V::storeu(dst, a0), V::storeu(dst + V::kW, a1);
+    return;
+  }
+  float tmp[2 * V::kW];
+  V::storeu(tmp, a0), V::storeu(tmp + V::kW, a1);
+  std::memcpy(dst, tmp, sizeof(float) * size_t(n));
+}
+
+// s[i·s_stride + t] = q_i · x̂_t for QB queries and the tile's rows t < nt, from kt[c·kTileRows + t].
+template <class V, int QB>
+void scores_tile(const float* kt, int d, const float* q, int nt, float* s, size_t s_stride) {
+  using F = typename V::F;
+  constexpr int kW = V::kW;
+  for (int tb = 0; tb < nt; tb += 2 * kW) {
+    F a0[QB], a1[QB];
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) a0[i] = V::zero(), a1[i] = V::zero();
+    for (int c = 0; c < d; ++c) {
+      const F k0 = V::loadu(kt + c * kTileRows + tb), k1 = V::loadu(kt + c * kTileRows + tb + kW);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) {
+        const F qv = V::bcast(q[i * d + c]);
+        a0[i] = V::fma(k0, qv, a0[i]), a1[i] = V::fma(k1, qv, a1[i]);
+      }
+    }
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) store_two<V>(s + i * s_stride + tb, a0[i], a1[i], nt - tb);
+  }
+}
+
+// acc[i, :] += Σ_t<nt p[i·p_stride + t] · x̂_t for QB queries, from xr[t·d + c].
+template <class V, int QB>
+void accumulate_tile(const float* xr, int d, const float* p, size_t p_stride, int nt, float* acc) {
+  using F = typename V::F;
+  constexpr int kW = V::kW;
+  for (int cb = 0; cb < d; cb += 2 * kW) {
+    F a0[QB], a1[QB];
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) a0[i] = V::loadu(acc + i * d + cb), a1[i] = V::loadu(acc + i * d + cb + kW);
+    for (int t = 0; t < nt; ++t) {
+      const F x0 = V::loadu(xr + t * d + cb), x1 = V::loadu(xr + t * d + cb + kW);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) {
+        const F pv = V::bcast(p[i * p_stride + t]);
+        a0[i] = V::fma(x0, pv, a0[i]), a1[i] = V::fma(x1, pv, a1[i]);
+      }
+    }
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) V::storeu(acc + i * d + cb, a0[i]), V::storeu(acc + i * d + cb + kW, a1[i]);
+  }
+}
+
+template <class V, RowFormat Fmt>
+void scores_tiled(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+  alignas(64) float xr[kTileRows * kTileMaxD], kt[kTileMaxD * kTileRows];
+  const int d = r.d;
+  for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+    const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+    decode_tile<V, Fmt>(r, t0, nt, xr);
+    for (int t = 0; t < kTileRows; t += V::kW)
+      for (int c = 0; c < d; c += V::kW) V::transpose(xr + t * d + c, size_t(d), kt + c * kTileRows + t, kTileRows);
+    for_query_blocks(n_q, V::kMaxQBScores, [&]<int QB>(int i0) {
+      scores_tile<V, QB>(kt, d, q + size_t(i0) * d, nt, s + size_t(i0) * s_stride + t0, s_stride);
+    });
+  }
+}
+
+template <class V, RowFormat Fmt>
+void accumulate_tiled(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+  alignas(64) float xr[kTileRows * kTileMaxD];
+  const int d = r.d;
+  for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+    const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+    decode_tile<V, Fmt>(r, t0, nt, xr);
+    for_query_blocks(n_q, V::kMaxQBScores, [&]<int QB>(int i0) {
+      accumulate_tile<V, QB>(xr, d, p + size_t(i0) * p_stride + t0, p_stride, nt, acc + size_t(i0) * d);
+    });
+  }
+}
+
+// The row kernels of the unit formats: decode-once tiles for many queries, the per-query-block path otherwise.
+template <class V, RowFormat Fmt>
+void scores_impl(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+  if (n_q >= kTileMinQ && r.d <= kTileMaxD)
+    scores_tiled<V, Fmt>(r, q, n_q, s, s_stride);
+  else
+    scores_rows<V, Fmt>(r, q, n_q, s, s_stride);
+}
+
+template <class V, RowFormat Fmt>
+void accumulate_impl(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+  if (n_q >= kTileMinQ && r.d <= kTileMaxD)
+    accumulate_tiled<V, Fmt>(r, p, p_stride, n_q, acc);
+  else
+    accumulate_rows<V, Fmt>(r, p, p_stride, n_q, acc);
 }
 
 #include "kv/simd_blocks_impl.h"  // llama.cpp's block formats, on the helpers above

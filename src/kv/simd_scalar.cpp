@@ -38,6 +38,7 @@ struct VScalar {
     for (int j = 0; j < 4; ++j) out[j] = v[j];
   }
   static float hmax(F v) { return v; }
+  static void transpose(const float* src, size_t, float* dst, size_t) { *dst = *src; }  // a 1 × 1 block
   static float half(uint16_t h) { return fp16_to_f32(h); }
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
