@@ -363,7 +363,7 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
     const auto codec = make_codec_at(s, level);
     // float levels: rounding order only (observed < 1e-6); VNNI: q / weights rounded to int16 (observed < 4e-6)
     const double rel_tol = level == SimdLevel::kAvx512Vnni && s.type != "bf16" ? 1e-5 : 2e-6;
-    // 16 and more (a prefill tile of queries × GQA group): the decode-once tile path; 17: more than one chunk of 16
+    // 17 and 33: more than one chunk of 16 queries, the decode-once tile path (a prefill tile of queries × GQA group)
     for (int n_q : {1, 2, 3, 4, 5, 8, 16, 17, 33}) {
       const std::vector<float> q = sample(Dist::kGaussian, size_t(n_q) * d, 100 + n_q);
       for (int n_tokens : token_counts) {

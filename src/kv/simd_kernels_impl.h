@@ -230,7 +230,9 @@ void accumulate_rows(const RowsView& r, const float* p, size_t p_stride, int n_q
 // - accumulate reads it in row order (xr[t][c]): a query's 2 vectors of output channels gain its weight for row t
 //   broadcast, times row t's vectors, summed over t.
 // The products sum in another order than the row path, so the two agree to float rounding (tests/test_codecs.cpp).
-constexpr int kTileMinQ = 16;  // from here on the decode-once path is the faster one (bench/bench_codecs.cpp)
+// Up to one chunk of queries the row path reads each row once (decode steps, the bf16 GEMV of model/linear.cpp);
+// past it, it re-reads every row per chunk and the decode-once tiles win (bench/bench_codecs.cpp prefill/).
+constexpr int kTileMinQ = kChunkQ + 1;
 constexpr int kTileMaxD = 256;
 
 // x̂ of rows [t0, t0 + nt) into xr[t·d + c]; rows nt .. kTileRows - 1 are zero.
