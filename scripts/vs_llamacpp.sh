@@ -1,33 +1,59 @@
 #!/usr/bin/env bash
 # kvq against llama.cpp on the CPU, both engines in one run (issue #23 part 4): decode tok/s at a 4K and an 8K
 # context and prefill tok/s at 4K, per cache type, on the same model (models/ref; for llama.cpp its GGUF with F16
-# weights, converted as tests/golden/llamacpp_ppl/README.md says) and the same thread count.
+# weights, converted as tests/golden/llamacpp_ppl.README.md says) and the same thread count.
 #
-#   scripts/vs_llamacpp.sh LLAMA_BENCH GGUF [THREADS] [KVQ]
+#   scripts/vs_llamacpp.sh LLAMA_BENCH GGUF [THREADS] [KVQ] [REPEATS]
 #
 # llama-bench: -fa on (flash attention: what quantized V caches need), decode = tg64 at depth d, prefill = pp4096.
-# kvq: bench decode at ctx d (one sequence, 64 timed steps), prefill = its 4096-token prefill. The load average is
-# printed before and after: timings on a loaded machine are not figures.
+# kvq: bench decode at ctx d (one sequence, 64 timed steps), prefill = its 4096-token prefill.
+# The 16-bit rows are measured REPEATS times (default 5), the engines interleaved within each repeat so that a change
+# of load hits both; each cell prints the mean and its 95% confidence half-width (Student t over the repeats; ± 0.0
+# for a row measured once). The load average is printed before and after: timings on a loaded machine are not figures.
 set -euo pipefail
-LB=${1:?llama-bench path}; GGUF=${2:?GGUF path}; T=${3:-2}; KVQ=${4:-build/kvq}
+LB=${1:?llama-bench path}; GGUF=${2:?GGUF path}; T=${3:-2}; KVQ=${4:-build/kvq}; R=${5:-5}
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-8s %-6s %12s %12s %12s\n' engine type "tg@4096" "tg@8000" "pp4096"
-llama() {  # type
-  local tg4 tg8 pp
-  tg4=$("$LB" -m "$GGUF" -t "$T" -fa on -ctk "$1" -ctv "$1" -p 0 -n 64 -d 4096 -r 2 -o jsonl | jq -s '.[-1].avg_ts')
-  tg8=$("$LB" -m "$GGUF" -t "$T" -fa on -ctk "$1" -ctv "$1" -p 0 -n 64 -d 8000 -r 2 -o jsonl | jq -s '.[-1].avg_ts')
-  pp=$("$LB" -m "$GGUF" -t "$T" -fa on -ctk "$1" -ctv "$1" -p 4096 -n 0 -r 2 -o jsonl | jq -s '.[-1].avg_ts')
-  printf '%-8s %-6s %12.1f %12.1f %12.1f\n' llama.cpp "$1" "$tg4" "$tg8" "$pp"
+llama() {  # type -> "engine type tg4 tg8 pp"
+  local args=(-m "$GGUF" -t "$T" -fa on -ctk "$1" -ctv "$1" -r 1 -o jsonl)
+  echo "llama.cpp $1 $("$LB" "${args[@]}" -p 0 -n 64 -d 4096 | jq -s '.[-1].avg_ts')" \
+    "$("$LB" "${args[@]}" -p 0 -n 64 -d 8000 | jq -s '.[-1].avg_ts')" \
+    "$("$LB" "${args[@]}" -p 4096 -n 0 | jq -s '.[-1].avg_ts')"
 }
-kvq() {  # type
+kvq() {  # type -> "engine type tg4 tg8 pp"
   local out
   out=$("$KVQ" bench decode -m models/ref -t "$T" -c 4096,8000 -n 64 --kv-cache-dtype "$1" 2>/dev/null)
-  local tg4 tg8 pp
-  tg4=$(grep -m1 "at ctx 4096" <<<"$out" | sed -E 's/.*decode [^:]*: ([0-9.]+) tok\/s.*/\1/')
-  tg8=$(grep -m1 "at ctx 8000" <<<"$out" | sed -E 's/.*decode [^:]*: ([0-9.]+) tok\/s.*/\1/')
-  pp=$(grep -m1 "at ctx 4096" <<<"$out" | sed -E 's/.*prefill [^:]*: ([0-9.]+) tok\/s.*/\1/')
-  printf '%-8s %-6s %12.1f %12.1f %12.1f\n' kvq "$1" "$tg4" "$tg8" "$pp"
+  echo "kvq $1 $(grep -m1 "at ctx 4096" <<<"$out" | sed -E 's/.*decode [^:]*: ([0-9.]+) tok\/s.*/\1/')" \
+    "$(grep -m1 "at ctx 8000" <<<"$out" | sed -E 's/.*decode [^:]*: ([0-9.]+) tok\/s.*/\1/')" \
+    "$(grep -m1 "at ctx 4096" <<<"$out" | sed -E 's/.*prefill [^:]*: ([0-9.]+) tok\/s.*/\1/')"
 }
-for t in f16 q8_0 q4_0; do llama "$t"; done
-for t in bf16 f16 q8_0 q4_0 int2; do kvq "$t"; done
+# The 16-bit rows (the baseline both engines' speedups are stated against) every repeat; the quantized rows, whose
+# llama.cpp prefill alone takes minutes at 8000, in the first repeat only.
+for ((rep = 0; rep < R; ++rep)); do
+  llama f16 >>"$raw"; kvq bf16 >>"$raw"; kvq f16 >>"$raw"
+  if ((rep == 0)); then
+    llama q8_0 >>"$raw"; kvq q8_0 >>"$raw"
+    llama q4_0 >>"$raw"; kvq q4_0 >>"$raw"
+    kvq int2 >>"$raw"
+  fi
+done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "16-bit rows: $R repeats, the others once; mean ± 95% CI half-width (t over repeats), tok/s"
+# t quantiles (0.975) for 1..9 degrees of freedom; more repeats use the normal 1.96
+awk -v R="$R" '
+  BEGIN { split("12.71 4.30 3.18 2.78 2.57 2.45 2.36 2.31 2.26", tq, " "); printf "| engine | cache | decode at 4096 | decode at 8000 | prefill at 4096 |\n|---|---|---|---|---|\n" }
+  { k = $1 " " $2; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+    for (c = 3; c <= 5; ++c) { s[k, c] += $c; ss[k, c] += $c * $c } cnt[k]++ }
+  END {
+    for (i = 1; i <= n; ++i) {
+      k = order[i]; split(k, e, " "); m = cnt[k]; t = (m - 1 >= 1 && m - 1 <= 9) ? tq[m - 1] : 1.96
+      printf "| %s | %s |", e[1], e[2]
+      for (c = 3; c <= 5; ++c) {
+        mu = s[k, c] / m; v = m > 1 ? (ss[k, c] - m * mu * mu) / (m - 1) : 0; if (v < 0) v = 0
+        printf " %.1f ± %.1f |", mu, (m > 1 ? t * sqrt(v / m) : 0)
+      }
+      printf "\n"
+    }
+  }' "$raw"
+echo "raw:"; cat "$raw"
