@@ -117,8 +117,10 @@ void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache
     KVQ_CHECK(!c.depths.empty(), "eval: no passkey depths");
     for (double d : c.depths) KVQ_CHECK(d >= 0 && d <= 1, "passkey depth {} outside [0, 1]", d);
   }
-  // The cache configuration is validated by constructing it once.
+  // The cache configuration is validated by constructing it once, and what it stores with each ctx's prompt (an evict
+  // budget that cannot hold the prompt's windows or the tokens after it fails here, before any pass).
   KvCache probe(cache, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, c.ctx.front());
+  for (int ctx : c.ctx) probe.footprint(ctx, windowed ? c.prompt_at(ctx) : 0);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ CacheConfig bf16_reference_cache(const CacheConfig& method) {
   c.transform = nullptr;  // the reference stores the plain keys and values
   c.prompt_policy = PromptPolicy::kDecodeFaithful;
   c.evict_bits = 0;
+  c.evict_ctx = 0;
   return c;
 }
 
