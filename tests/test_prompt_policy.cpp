@@ -526,3 +526,40 @@ TEST(PromptPolicyModel, EvalScoresTheSameTargetsInPplAndKlAndPasskeyEndsThePromp
   EXPECT_EQ(greedy_decode(exact, prompt, 1)[0], want[0]);
   EXPECT_EQ(greedy_decode(all, prompt, 6), want);
 }
+
+// A tail (EvalConfig::tail_fraction): each window's NLL over its targets at positions >= T, from the same pass, in the
+// lockstep pass as in perplexity(); for a decode-faithful cache it equals a run whose prompt is T (the referee pairs
+// its eviction row, prompt T, with every other run on it).
+TEST(PromptPolicyModel, TailSumsTheTargetsAfterItAndEqualsARunWithThatPrompt) {
+  ModelFixture& f = mfx();
+  std::vector<EvalDomain> domains(1);
+  domains[0].name = "python";
+  domains[0].ids = f.ids;
+  EvalConfig c;
+  c.tasks = {"ppl", "kl"};
+  c.ctx = {kCtx};
+  c.windows = 1;
+  c.bootstrap = 10;
+  c.tail_fraction = 0.75;  // T = 192, a multiple of the chunk: the same chunks as a prompt of 192
+  const CacheConfig cache = model_cache("int2", PromptPolicy::kDecodeFaithful);
+  const EvalReport r = evaluate(*f.model, f.tok, cache, domains, c);
+  ASSERT_EQ(r.ppl.size(), 1u);
+  EXPECT_EQ(r.ppl[0].tail_prompt_tokens, 192);
+  ASSERT_EQ(r.ppl[0].window_nll_tail.size(), 1u);
+  const PerplexityResult prompt_t = perplexity(*f.model, cache, f.ids, kCtx, 1, {}, 192);
+  EXPECT_EQ(r.ppl[0].window_nll_tail[0], prompt_t.window_nll[0]);
+  const PerplexityResult plain = perplexity(*f.model, cache, f.ids, kCtx, 1, {}, 0, 192);
+  EXPECT_EQ(plain.window_nll_tail, r.ppl[0].window_nll_tail);  // perplexity() sums the same tail
+  EXPECT_EQ(plain.window_nll, r.ppl[0].window_nll);             // and the whole window as without one
+  EXPECT_GT(r.ppl[0].window_nll[0], r.ppl[0].window_nll_tail[0]);
+  const nlohmann::json j = report_json(r)["results"]["ppl"]["256"]["python"];
+  EXPECT_EQ(j["prompt_tokens"], 0);
+  EXPECT_EQ(j["tail"]["prompt_tokens"], 192);
+  EXPECT_EQ(j["tail"]["tokens"], 64);
+  EXPECT_EQ(j["tail"]["window_nll"][0].get<double>(), prompt_t.window_nll[0]);
+  // A tail before the prompt, or none left to score, is one clear error.
+  EvalConfig early = c;
+  early.prompt_fraction = 0.8;
+  EXPECT_THROW(evaluate(*f.model, f.tok, cache, domains, early), Error);
+  EXPECT_THROW(perplexity(*f.model, cache, f.ids, kCtx, 1, {}, 0, kCtx), Error);
+}
