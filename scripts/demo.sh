@@ -19,8 +19,9 @@ for t in bf16 int2; do
   "$KVQ" run -m $M -p "The kernel maps physical memory pages" -n 32 --temp 0 --kv-cache-dtype $t 2>/dev/null
 done
 echo
-echo "== kvq referee --quick: 11 methods x windows {64/256, 0/0} (common protocol) and the camps' rows as shipped"
-echo "   (TurboQuant 2-bit, e8_2, Kitty, llama.cpp q4_0, against bf16 on the same tokens), at ctx 1024 on linux +"
-echo "   python, passkey at depths 0, 0.5, 1; equal-bit bands, Pareto charts and the camps' claims in the reports"
+echo "== kvq referee --quick: 12 methods x windows {64/256, 0/0} (common protocol) and the camps' rows as shipped"
+echo "   (TurboQuant 2-bit, e8_2, Kitty, llama.cpp q4_0, eviction at int2's bytes, against bf16 on the same tokens),"
+echo "   at ctx 1024 on linux + python, passkey at depths 0, 0.5, 1; equal-bit bands, Pareto charts, the eviction"
+echo "   rows beside int2 and the camps' claims in the reports"
 echo "   (in $OUT; finished runs there are reused on a rerun: rm -rf $OUT to start over)"
 "$KVQ" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$OUT" --quick

@@ -71,6 +71,8 @@ expect_error "ppl: ctx beyond the model" ppl -m $M -f data/eval/linux.txt -c 900
 expect_error "ppl: unknown --prompt-policy" ppl -m $M -f data/eval/linux.txt --prompt-policy exact
 expect_error "ppl: --evict-bits without evict" ppl -m $M -f data/eval/linux.txt --prompt-policy exact-prompt --evict-bits 3
 expect_error "ppl: evict without --evict-bits" ppl -m $M -f data/eval/linux.txt --prompt-policy evict
+expect_error "ppl: --evict-ctx without evict" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-tokens 128 --evict-ctx 256
+expect_error "ppl: evict budget at a context too small for the tokens after the prompt" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-policy evict --evict-bits 3 --evict-ctx 256 --prompt-tokens 128
 expect_error "ppl: evict over a quantized cache" ppl -m $M -f data/eval/linux.txt -c 256 -ctk int2 --prompt-policy evict --evict-bits 3 --prompt-tokens 128
 expect_error "ppl: a prompt as long as the window" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-tokens 256
 expect_error "ppl: --prompt-tokens and --prompt-fraction" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-tokens 10 --prompt-fraction 0.5

@@ -343,6 +343,56 @@ TEST(PromptPolicy, EvictWithABudgetOfEverythingEqualsBf16) {
   EXPECT_EQ(ev.footprint(N, P).bits_per_element, 16.0);
 }
 
+// The budget stated at a context N (CacheConfig::evict_ctx, the referee's eviction row): every token after the prompt
+// is kept, so the prompt keeps floor(bits N / 16) - (N - P) and a sequence of N tokens stores floor(bits N / 16)
+// tokens' rows; the stored bytes at N equal bits/16 of N tokens' BF16 bytes, exactly where bits N / 16 is an integer.
+TEST(PromptPolicy, EvictBudgetStatedAtAContextCountsTheTokensAfterThePrompt) {
+  // by hand: int2 64/256 at 2048 stores 320 BF16 tokens + 1728 x 72 B per (token, kv head) = 563 BF16 tokens' bytes,
+  // b_eff = 4.3984375; with a prompt of 1920 the 128 later tokens leave 435 prompt tokens
+  EXPECT_EQ(evict_budget(4.3984375, 16, 1920, 2048), 435);
+  EXPECT_EQ(evict_budget(4.3984375, 16, 2048, 2048), 563);
+  EXPECT_EQ(evict_budget(2.79, 16, 1000, 0), evict_budget(2.79, 16, 1000));  // 0: the prompt's end, as before
+  EXPECT_EQ(evict_budget(2.79, 16, 1000, 1000), 174);
+  EXPECT_EQ(evict_budget(16, 16, 100, 300), 100);  // everything: at most the prompt
+  EXPECT_THROW(evict_budget(4.0, 16, 100, 1000), Error);  // 250 tokens' rows cannot keep the 900 after the prompt
+  EXPECT_THROW(evict_budget(4.0, 16, 300, 200), Error);   // the context is shorter than the prompt
+  EXPECT_NO_THROW(evict_check_windows(12, 4, 8, 100));
+  EXPECT_THROW(evict_check_windows(11, 4, 8, 100), Error);  // 4 sinks + 8 recent do not fit 11
+  EXPECT_NO_THROW(evict_check_windows(3, 4, 8, 3));         // a prompt shorter than the sinks keeps what it has
+
+  ThreadPool pool(2);
+  const int S0 = 4, W = 8, P = 150, N = 170;
+  const double bits = 3.5;  // 3.5 x 170 / 16 = 37.1875: 37 tokens' rows at N, 17 of the prompt's
+  const Stream st(N, 31);
+  CacheConfig cfg = cache_config("bf16", S0, W, PromptPolicy::kEvict, bits);
+  cfg.evict_ctx = N;
+  EXPECT_NE(cfg.describe().find("prompt=evict/b3.5@170"), std::string::npos) << cfg.describe();
+  KvCache cache(cfg, 1, kKv, kD, N);
+  const int seq = cache.new_sequence();
+  st.feed(cache, seq, 0, P, 64, pool);
+  cache.end_prompt(seq);
+  st.feed(cache, seq, P, N, 7, pool);
+  std::vector<KvCache::Run> runs;
+  for (int h = 0; h < kKv; ++h) {  // what a query at the last position reads: 17 prompt tokens and the 20 later ones
+    cache.runs(seq, 0, h, N - 1, N - 1, runs);
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_EQ(runs[0].n, 37);
+    EXPECT_LT(runs[0].positions[16], P);
+    EXPECT_EQ(runs[0].positions[17], P);
+  }
+  const double row_bytes = 2.0 * kKv * kD * 2;  // one token's K and V rows of every kv head, bf16
+  EXPECT_DOUBLE_EQ(cache.footprint(N, P).bytes_per_token_per_layer * N, 37 * row_bytes);
+  EXPECT_LE(bits / 16 * N * row_bytes - cache.footprint(N, P).bytes_per_token_per_layer * N, row_bytes);
+  // a budget that cannot hold the prompt's windows is refused by the footprint already (the referee's check before
+  // any run), as end_prompt would refuse it
+  CacheConfig tight = cfg;
+  tight.evict_bits = 16.0 * 30 / N;  // 30 tokens' rows: 10 of the prompt's, fewer than its 4 + 8 window tokens
+  EXPECT_THROW(KvCache(tight, 1, kKv, kD, N).footprint(N, P), Error);
+  CacheConfig other = cache_config("bf16", S0, W, PromptPolicy::kExactPrompt);  // the context belongs to evict alone
+  other.evict_ctx = N;
+  EXPECT_THROW(KvCache(other, 1, kKv, kD, N), Error);
+}
+
 // ---- models/ref: the policies through the model, scoring with a prompt ----
 
 namespace {
@@ -475,4 +525,41 @@ TEST(PromptPolicyModel, EvalScoresTheSameTargetsInPplAndKlAndPasskeyEndsThePromp
   const std::vector<int32_t> want = greedy_decode(bf, prompt, 6);
   EXPECT_EQ(greedy_decode(exact, prompt, 1)[0], want[0]);
   EXPECT_EQ(greedy_decode(all, prompt, 6), want);
+}
+
+// A tail (EvalConfig::tail_fraction): each window's NLL over its targets at positions >= T, from the same pass, in the
+// lockstep pass as in perplexity(); for a decode-faithful cache it equals a run whose prompt is T (the referee pairs
+// its eviction row, prompt T, with every other run on it).
+TEST(PromptPolicyModel, TailSumsTheTargetsAfterItAndEqualsARunWithThatPrompt) {
+  ModelFixture& f = mfx();
+  std::vector<EvalDomain> domains(1);
+  domains[0].name = "python";
+  domains[0].ids = f.ids;
+  EvalConfig c;
+  c.tasks = {"ppl", "kl"};
+  c.ctx = {kCtx};
+  c.windows = 1;
+  c.bootstrap = 10;
+  c.tail_fraction = 0.75;  // T = 192, a multiple of the chunk: the same chunks as a prompt of 192
+  const CacheConfig cache = model_cache("int2", PromptPolicy::kDecodeFaithful);
+  const EvalReport r = evaluate(*f.model, f.tok, cache, domains, c);
+  ASSERT_EQ(r.ppl.size(), 1u);
+  EXPECT_EQ(r.ppl[0].tail_prompt_tokens, 192);
+  ASSERT_EQ(r.ppl[0].window_nll_tail.size(), 1u);
+  const PerplexityResult prompt_t = perplexity(*f.model, cache, f.ids, kCtx, 1, {}, 192);
+  EXPECT_EQ(r.ppl[0].window_nll_tail[0], prompt_t.window_nll[0]);
+  const PerplexityResult plain = perplexity(*f.model, cache, f.ids, kCtx, 1, {}, 0, 192);
+  EXPECT_EQ(plain.window_nll_tail, r.ppl[0].window_nll_tail);  // perplexity() sums the same tail
+  EXPECT_EQ(plain.window_nll, r.ppl[0].window_nll);             // and the whole window as without one
+  EXPECT_GT(r.ppl[0].window_nll[0], r.ppl[0].window_nll_tail[0]);
+  const nlohmann::json j = report_json(r)["results"]["ppl"]["256"]["python"];
+  EXPECT_EQ(j["prompt_tokens"], 0);
+  EXPECT_EQ(j["tail"]["prompt_tokens"], 192);
+  EXPECT_EQ(j["tail"]["tokens"], 64);
+  EXPECT_EQ(j["tail"]["window_nll"][0].get<double>(), prompt_t.window_nll[0]);
+  // A tail before the prompt, or none left to score, is one clear error.
+  EvalConfig early = c;
+  early.prompt_fraction = 0.8;
+  EXPECT_THROW(evaluate(*f.model, f.tok, cache, domains, early), Error);
+  EXPECT_THROW(perplexity(*f.model, cache, f.ids, kCtx, 1, {}, 0, kCtx), Error);
 }

@@ -1,6 +1,7 @@
-// kvq referee end to end on models/ref, tiny (bf16, int2, int2+quarot, e8_2 at windows 0/0, and bf16 and e8_2 as
-// shipped; ctx 256, one window of one small domain, one passkey trial at two depths): results.json passes the schema
-// check and holds the expected numbers (protocol per run, bands, Pareto series, claims), report.html draws one point
+// kvq referee end to end on models/ref, tiny (bf16, int2, int2+quarot, e8_2, evict(int2) at windows 0/0, and bf16,
+// e8_2 and evict(int2) as shipped; ctx 256, one window of one small domain, one passkey trial at two depths):
+// results.json passes the schema check and holds the expected numbers (protocol per run, bands, Pareto series, claims,
+// the eviction row at int2's bytes), report.html draws one point
 // per common run in each scatter chart, the Pareto charts per protocol, the heat-map cells and the layer curves, a
 // second invocation resumes every run without touching its json, and non-disjoint calibration data is refused.
 #include <unistd.h>
@@ -66,7 +67,7 @@ RefereeConfig tiny(const Dirs& d) {
   c.eval_dir = d.eval.string();
   c.out_dir = d.out.string();
   c.ctx = {256};
-  c.methods = parse_referee_methods("bf16,int2,int2+quarot,e8_2");
+  c.methods = parse_referee_methods("bf16,int2,int2+quarot,e8_2,evict(int2)");
   c.windows = parse_referee_windows("0/0");
   c.eval_windows = 1;
   c.passkey_trials = 1;
@@ -86,28 +87,30 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   Dirs d;
   const RefereeConfig cfg = tiny(d);
   const RefereeResult first = run_referee(cfg, quiet);
-  EXPECT_EQ(first.runs_executed, 6);
+  EXPECT_EQ(first.runs_executed, 8);
   EXPECT_EQ(first.runs_resumed, 0);
 
   // results.json on disk passes the schema and carries the provenance fields
   const json j = json::parse(slurp(d.out / "results.json"));
   const std::vector<std::string> problems = referee_schema_errors(j);
   EXPECT_TRUE(problems.empty()) << (problems.empty() ? "" : problems.front());
-  EXPECT_EQ(j["counters"]["runs_executed"], 6);
+  EXPECT_EQ(j["counters"]["runs_executed"], 8);
   EXPECT_EQ(j["model"]["fingerprint"].get<std::string>().size(), 64u);
   EXPECT_EQ(j["calibration_data"]["sha256"].get<std::string>().size(), 64u);
   EXPECT_FALSE(j["machine"]["cpu_model"].get<std::string>().empty());
-  ASSERT_EQ(j["runs"].size(), 6u);
+  ASSERT_EQ(j["runs"].size(), 8u);
   EXPECT_EQ(j["runs"][0]["key"], "bf16");
   EXPECT_EQ(j["runs"][0]["windows"]["label"], "any");
   EXPECT_EQ(j["runs"][1]["key"], "int2__0-0");
   EXPECT_EQ(j["runs"][2]["key"], "int2_quarot__0-0");
   EXPECT_EQ(j["runs"][3]["key"], "e8_2__0-0");
-  EXPECT_EQ(j["runs"][4]["key"], "bf16__shipped");
-  EXPECT_EQ(j["runs"][5]["key"], "e8_2__shipped");
-  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(j["runs"][i]["protocol"]["name"], i < 4 ? "common" : "as-shipped") << i;
-  EXPECT_EQ(j["runs"][5]["protocol"]["prompt_policy"], "decode-faithful");  // e8_2: llama.cpp's path
-  EXPECT_EQ(j["runs"][5]["protocol"]["prompt_tokens"]["256"], 128);
+  EXPECT_EQ(j["runs"][4]["key"], "evict_int2__0-0");
+  EXPECT_EQ(j["runs"][5]["key"], "bf16__shipped");
+  EXPECT_EQ(j["runs"][6]["key"], "e8_2__shipped");
+  EXPECT_EQ(j["runs"][7]["key"], "evict_int2__shipped");
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(j["runs"][i]["protocol"]["name"], i < 5 ? "common" : "as-shipped") << i;
+  EXPECT_EQ(j["runs"][6]["protocol"]["prompt_policy"], "decode-faithful");  // e8_2: llama.cpp's path
+  EXPECT_EQ(j["runs"][6]["protocol"]["prompt_tokens"]["256"], 128);
   EXPECT_EQ(j["runs"][3]["protocol"]["prompt_tokens"]["256"], 0);
   EXPECT_EQ(j["runs"][2]["rotation"]["name"], "quarot");
   EXPECT_TRUE(j["runs"][2]["rotation"]["file"].is_null());  // data-free: nothing calibrated
@@ -127,22 +130,74 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
 
   // as shipped: every row scores the window's second half only (256 - 128 targets), its bf16 reference included, and
   // the bf16 reference of that protocol has KL 0; e8_2 stores 34 B per 128 values at both protocols (2.125 bits)
-  const json& bf16_shipped = j["runs"][4]["results"];
+  const json& bf16_shipped = j["runs"][5]["results"];
   EXPECT_EQ(bf16_shipped["ppl"]["256"]["python"]["tokens"], 128);
   EXPECT_EQ(bf16["ppl"]["256"]["python"]["tokens"], 255);
   EXPECT_EQ(bf16_shipped["kl"]["256"]["python"]["kl_mean"].get<double>(), 0.0);
   EXPECT_NEAR(j["runs"][3]["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(), 2.125, 1e-9);
-  EXPECT_NEAR(j["runs"][5]["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(), 2.125, 1e-9);
+  EXPECT_NEAR(j["runs"][6]["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(), 2.125, 1e-9);
+  // every run records its NLL over the last 1/16 of each window (the eviction row's targets), from the same pass
+  EXPECT_EQ(int2["ppl"]["256"]["python"]["tail"]["prompt_tokens"], 240);
+  EXPECT_EQ(int2["ppl"]["256"]["python"]["tail"]["tokens"], 16);
+  EXPECT_EQ(bf16_shipped["ppl"]["256"]["python"]["tail"]["prompt_tokens"], 240);
+
+  // eviction at equal bytes: under both protocols the prompt is the first 15/16 (240) and only the last 16 targets
+  // are scored; the budget is int2's bytes at the same windows: at 0/0 2.25 bits = 36 BF16 tokens' rows at 256, the 16
+  // after the prompt and 20 of its 240; as shipped (kvq's 64/256, int2 stores all 256 tokens in its windows at this
+  // ctx) it keeps everything, so it scores as bf16 on the same targets
+  const json& ev = j["runs"][4];
+  const json& ev_shipped = j["runs"][7];
+  EXPECT_EQ(ev["protocol"]["prompt_policy"], "evict");
+  EXPECT_EQ(ev_shipped["protocol"]["prompt_policy"], "evict");
+  EXPECT_EQ(ev["protocol"]["prompt_tokens"]["256"], 240);
+  EXPECT_EQ(ev_shipped["windows"]["label"], "64/256");
+  EXPECT_EQ(ev["results"]["ppl"]["256"]["python"]["tokens"], 16);
+  EXPECT_FALSE(ev["results"]["ppl"]["256"]["python"].contains("tail"));  // its own windows are those targets
+  EXPECT_NEAR(ev["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(), 2.25, 1e-12);
+  const json& budget = ev["equal_bytes"]["by_ctx"]["256"];
+  EXPECT_EQ(ev["equal_bytes"]["paired"], "int2");
+  EXPECT_DOUBLE_EQ(budget["target_bits"].get<double>(), 2.25);
+  EXPECT_EQ(budget["prompt_tokens"], 240);
+  EXPECT_EQ(budget["kept_prompt_tokens"], 20);
+  EXPECT_EQ(budget["stored_tokens"], 36);
+  EXPECT_DOUBLE_EQ(budget["stored_bits"].get<double>(), 2.25);
+  EXPECT_EQ(ev_shipped["equal_bytes"]["by_ctx"]["256"]["kept_prompt_tokens"], 240);
+  EXPECT_NEAR(ev_shipped["cache"]["footprint"]["256"]["kv_bits_effective"].get<double>(), 16.0, 1e-12);
+  EXPECT_EQ(ev["settings"]["equal_bytes"], "int2");
+  EXPECT_FALSE(j["runs"][1]["settings"].contains("equal_bytes"));  // the other rows' settings (and resume) unchanged
+  EXPECT_EQ(ev["results"]["passkey"]["256"]["trials"], 2);
+  const json& evc = j["eviction"]["common"]["256"];
+  ASSERT_EQ(evc.size(), 1u);
+  EXPECT_EQ(evc[0]["paired_key"], "int2__0-0");
+  EXPECT_DOUBLE_EQ(evc[0]["paired_bits"].get<double>(), evc[0]["bits"].get<double>());
+  EXPECT_FALSE(evc[0]["vs_paired"].is_null());
+  EXPECT_FALSE(evc[0]["paired_vs_bf16"].is_null());
+  EXPECT_GT(evc[0]["vs_bf16"]["ratio"].get<double>(), 1.0);  // 220 of the 240 prompt tokens gone
+  const json& evs = j["eviction"]["as-shipped"]["256"];
+  ASSERT_EQ(evs.size(), 1u);
+  EXPECT_EQ(evs[0]["paired_key"], nullptr);  // no int2 run at 64/256 in this plan
+  EXPECT_NEAR(evs[0]["vs_bf16"]["change_pct"].get<double>(), 0.0, 0.05);
 
   // equal bits: int2, int2+quarot and e8_2 share the 2.0-2.4 band of the common protocol, bf16 is above 4.5; the
   // Pareto series hold every run of each protocol; the NexusQuant claims read e8_2's runs of both protocols
   const json& common_bands = j["bands"]["common"]["256"];
   ASSERT_EQ(common_bands.size(), 2u);
   EXPECT_EQ(common_bands[0]["band"], "2.0-2.4");
-  EXPECT_EQ(common_bands[0]["runs"].size(), 3u);
+  ASSERT_EQ(common_bands[0]["runs"].size(), 4u);  // the eviction row lands in int2's band, paired on its targets
   EXPECT_EQ(common_bands[1]["band"], "above 4.5");
-  EXPECT_EQ(j["pareto"]["common"]["256"].size(), 4u);
-  EXPECT_EQ(j["pareto"]["as-shipped"]["256"].size(), 2u);
+  bool evict_in_band = false;
+  for (const json& r : common_bands[0]["runs"])
+    if (r["key"] == "evict_int2__0-0") {
+      evict_in_band = true;
+      EXPECT_EQ(r["scored_from"], 240);
+      EXPECT_FALSE(r["increase_pct"].is_null());
+      EXPECT_FALSE(r["vs_best"].is_null());
+      EXPECT_EQ(r["vs_best"]["scored_from"], 240);
+      EXPECT_NE(common_bands[0]["best_key"], "evict_int2__0-0");  // the best scores every target
+    }
+  EXPECT_TRUE(evict_in_band);
+  EXPECT_EQ(j["pareto"]["common"]["256"].size(), 5u);
+  EXPECT_EQ(j["pareto"]["as-shipped"]["256"].size(), 3u);
   bool nq_checked = false;
   for (const json& c : j["claims"])
     if (c["claim"].get<std::string>().find("NIAH 30/30") != std::string::npos) {
@@ -160,7 +215,7 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_EQ(u["domains"], json({"python"}));
   EXPECT_EQ(u["redundant_with"], "python");
   EXPECT_NEAR(u["ppl"]["256"][1]["ppl"].get<double>(), int2["ppl"]["256"]["python"]["ppl"].get<double>(), 1e-9);
-  ASSERT_EQ(u["paired"]["256"].size(), 4u);  // the common protocol's: int2, int2+quarot (x2), e8_2
+  ASSERT_EQ(u["paired"]["256"].size(), 6u);  // the common protocol's: int2, int2+quarot (x2), e8_2, evict(int2) (x2)
   EXPECT_EQ(u["paired"]["256"][1]["method"], "int2+quarot");
   EXPECT_EQ(u["paired"]["256"][1]["base"], "int2");
   EXPECT_NE(slurp(d.out / "report.md").find("| int2+quarot | int2 | 0/0 |"), std::string::npos);
@@ -174,7 +229,7 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_EQ(count(html, "href=\""), 0u);
   EXPECT_EQ(count(html, "<svg id=\"ppl-vs-bits\""), 1u);
   EXPECT_EQ(count(html, "<svg id=\"kl-vs-bits\""), 1u);
-  EXPECT_EQ(count(html, "<circle class=\"point\""), 8u);  // the common protocol's 4 runs, 2 charts
+  EXPECT_EQ(count(html, "<circle class=\"point\""), 8u);  // the common protocol's 4 runs of every target, 2 charts
   for (const char* m : {"bf16", "int2", "int2+quarot"})
     EXPECT_EQ(count(html, std::string("<circle class=\"point\" data-key=\"") + (std::string(m) == "bf16" ? "bf16" :
                                       std::string(m) == "int2" ? "int2__0-0" : "int2_quarot__0-0") +
@@ -183,17 +238,22 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   const std::string ppl_svg = html.substr(ppl_chart, html.find("</svg>", ppl_chart) - ppl_chart);
   EXPECT_NE(ppl_svg.find(">int2 0/0</text>"), std::string::npos);
   EXPECT_NE(ppl_svg.find(">bf16 any</text>"), std::string::npos);
-  EXPECT_EQ(count(html, "<svg class=\"heatmap\""), 6u);
-  EXPECT_EQ(count(html, "<rect class=\"cell\""), 12u);
-  EXPECT_EQ(count(html, "data-ctx=\"256\" data-depth=\"0.0\""), 6u);
-  EXPECT_EQ(count(html, "data-ctx=\"256\" data-depth=\"1.0\""), 6u);
-  EXPECT_EQ(count(html, "<polyline class=\"curve\""), 8u);  // 3 common + 1 as-shipped quantized runs, 2 metrics
+  EXPECT_EQ(count(html, "<svg class=\"heatmap\""), 8u);
+  EXPECT_EQ(count(html, "<rect class=\"cell\""), 16u);
+  EXPECT_EQ(count(html, "data-ctx=\"256\" data-depth=\"0.0\""), 8u);
+  EXPECT_EQ(count(html, "data-ctx=\"256\" data-depth=\"1.0\""), 8u);
+  // 4 common + 2 as-shipped runs with a layer error (the as-shipped eviction run keeps every token at this ctx, but
+  // reads them as one exact run, not the reference's windows: rounding), 2 metrics
+  EXPECT_EQ(count(html, "<polyline class=\"curve\""), 12u);
   // the Pareto charts: ppl increase and KL per protocol, one point and one error bar per run
   for (const char* id : {"pareto-ppl-common-256", "pareto-kl-common-256", "pareto-ppl-as-shipped-256",
                          "pareto-kl-as-shipped-256"})
     EXPECT_EQ(count(html, std::string("<svg id=\"") + id + "\""), 1u) << id;
-  EXPECT_EQ(count(html, "<circle class=\"pareto-point\""), 12u);
-  EXPECT_EQ(count(html, "<line class=\"errbar\""), 12u);
+  EXPECT_EQ(count(html, "<circle class=\"pareto-point\""), 16u);
+  EXPECT_EQ(count(html, "<line class=\"errbar\""), 16u);
+  EXPECT_EQ(count(html, "<table id=\"eviction-common-256\">"), 1u);
+  EXPECT_EQ(count(html, "<table id=\"eviction-as-shipped-256\">"), 1u);
+  EXPECT_NE(html.find("evict(int2) (targets &ge; 240)"), std::string::npos);
   EXPECT_EQ(count(html, "<table id=\"claims-256\">"), 1u);
   EXPECT_NE(html.find("e8_2, as shipped"), std::string::npos);
   EXPECT_EQ(count(html, "<polyline class=\"curve\" data-key=\"bf16\""), 0u);
@@ -212,23 +272,25 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_NE(md.find("## Equal bits"), std::string::npos);
   EXPECT_NE(md.find("### Protocol as-shipped, ctx 256"), std::string::npos);
   EXPECT_NE(md.find("## The camps' claims"), std::string::npos);
+  EXPECT_NE(md.find("## Eviction at equal bytes"), std::string::npos);
+  EXPECT_NE(md.find("| 2.0-2.4 | evict(int2) (targets ≥ 240) | 0/0 | 2.250 |"), std::string::npos);
   EXPECT_NE(md.find("cannot tell at this sample size"), std::string::npos);
 
   // resume: the same settings again do no work and leave every run json untouched
   std::map<std::string, std::pair<std::string, fs::file_time_type>> before;
   for (const auto& e : fs::directory_iterator(d.out / "runs"))
     before[e.path().filename().string()] = {slurp(e.path()), fs::last_write_time(e.path())};
-  ASSERT_EQ(before.size(), 6u);
+  ASSERT_EQ(before.size(), 8u);
   const RefereeResult second = run_referee(cfg, quiet);
   EXPECT_EQ(second.runs_executed, 0);
-  EXPECT_EQ(second.runs_resumed, 6);
+  EXPECT_EQ(second.runs_resumed, 8);
   EXPECT_EQ(second.calibrations_run, 0);
   for (const auto& [name, old] : before) {
     EXPECT_EQ(slurp(d.out / "runs" / name), old.first) << name;
     EXPECT_EQ(fs::last_write_time(d.out / "runs" / name), old.second) << name;
   }
   const json j2 = json::parse(slurp(d.out / "results.json"));
-  EXPECT_EQ(j2["counters"]["runs_resumed"], 6);
+  EXPECT_EQ(j2["counters"]["runs_resumed"], 8);
   EXPECT_EQ(j2["runs"][1]["results"], j["runs"][1]["results"]);
 
   // --report-only: a run without a record is listed as missing, nothing is executed or written to runs/
@@ -237,14 +299,14 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   report.report_only = true;
   const RefereeResult partial = run_referee(report, quiet);
   EXPECT_EQ(partial.runs_executed, 0);
-  EXPECT_EQ(partial.runs_resumed, 5);
+  EXPECT_EQ(partial.runs_resumed, 7);
   EXPECT_FALSE(fs::exists(d.out / "runs" / "int2__0-0.json"));
   const json j3 = json::parse(slurp(d.out / "results.json"));
   EXPECT_TRUE(referee_schema_errors(j3).empty());
   ASSERT_EQ(j3["missing_runs"].size(), 1u);
   EXPECT_EQ(j3["missing_runs"][0]["key"], "int2__0-0");
   EXPECT_EQ(j3["counters"]["runs_missing"], 1);
-  ASSERT_EQ(j3["runs"].size(), 5u);
+  ASSERT_EQ(j3["runs"].size(), 7u);
   EXPECT_EQ(j3["runners"].size(), 1u);
   EXPECT_NE(slurp(d.out / "report.md").find("**not run**"), std::string::npos);
 
@@ -308,7 +370,8 @@ TEST(Referee, ParsesMethodAndWindowListsAndRejectsBadOnes) {
   EXPECT_EQ(ms[0].rotation, "oscar");
   EXPECT_EQ(ms[1].objective, "joint");
   EXPECT_TRUE(ms[1].needs_calibration());
-  EXPECT_EQ(referee_methods().size(), 31u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 2 of PN-Mix; 16 of the camps
+  EXPECT_EQ(referee_methods().size(), 32u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 2 of PN-Mix; 16 of the camps;
+                                             // 1 eviction row
   EXPECT_THROW(parse_referee_methods("int3"), Error);
   EXPECT_THROW(parse_referee_methods("int2,int2"), Error);
   EXPECT_THROW(parse_referee_methods(""), Error);

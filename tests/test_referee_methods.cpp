@@ -11,6 +11,7 @@
 #include "eval/referee_pooled.h"
 #include "eval/referee_results.h"
 #include "kv/codec_registry.h"
+#include "model/config.h"
 
 using namespace kvq;
 using nlohmann::json;
@@ -67,7 +68,8 @@ TEST(RefereeMethods, EveryRowNamesKnownRotationsBasesBaselinesAndClipSources) {
     if (m.shipped.defined) {  // a camp's row: its windows fit the cache, its skip list parses
       EXPECT_NO_THROW(parse_skip_layers(m.shipped.skip_layers));
       EXPECT_TRUE(m.shipped.prompt == kPromptDecodeFaithful || m.shipped.prompt == kPromptExact ||
-                  m.shipped.prompt == kPromptQuantizeAfter) << m.shipped.prompt;
+                  m.shipped.prompt == kPromptQuantizeAfter || (m.evicts() && m.shipped.prompt == kPromptEvict))
+          << m.shipped.prompt;
       if (m.label != "bf16") {
         EXPECT_NE(m.camp, "kvq") << "kvq's own rows have no as-shipped path";
       }
@@ -76,6 +78,19 @@ TEST(RefereeMethods, EveryRowNamesKnownRotationsBasesBaselinesAndClipSources) {
       EXPECT_EQ(m.key_type, codec_traits(p->k).name);
       EXPECT_EQ(m.value_type, codec_traits(p->v).name);
       EXPECT_EQ(m.kvq_extension, p->kvq_extension);
+    }
+    if (m.evicts()) {  // an eviction row: a bf16 cache (kept rows exact) at the bytes of a quantized row, judged against it
+      const RefereeMethod* paired = find_referee_method(m.equal_bytes);
+      ASSERT_NE(paired, nullptr) << "equal_bytes " << m.equal_bytes << " is no row";
+      EXPECT_FALSE(paired->evicts());
+      EXPECT_EQ(m.baseline, m.equal_bytes);
+      EXPECT_EQ(m.key_type, "bf16");
+      EXPECT_EQ(m.value_type, "bf16");
+      EXPECT_EQ(m.rotation, "none");
+      EXPECT_TRUE(m.windows_matter);
+      EXPECT_EQ(method_prompt_policy(m, RefereeProtocol::Common), kPromptEvict);
+    } else {
+      EXPECT_NE(method_prompt_policy(m, RefereeProtocol::Common), kPromptEvict);
     }
     if (m.leakage) {
       ++leakage_rows;
@@ -105,7 +120,7 @@ TEST(RefereeMethods, ParsingEachLabelGivesItsRowAndTheWholeListTheTable) {
   EXPECT_EQ(find_referee_method("int3"), nullptr);
   // the demo / CI subset
   EXPECT_EQ(referee_quick_methods(), "bf16,int8,int2,kivi2,int2+quarot,int2+oscar,optr(oscar),turboquant_2bit,e8_2,"
-                                     "kitty_int2,q4_0");
+                                     "kitty_int2,evict(int2),q4_0");
   EXPECT_NO_THROW(parse_referee_methods(referee_quick_methods()));
 }
 
@@ -276,4 +291,52 @@ TEST(RefereeMethods, ThePlanAddsOneAsShippedRunPerCampRowAndRecordsItsPath) {
   EXPECT_EQ(q4_common["prompt_policy"], "decode-faithful");
   cfg.protocols = {RefereeProtocol::AsShipped};
   EXPECT_EQ(plan_referee_runs(cfg, data).size(), 3u);
+}
+
+// The eviction row at equal bytes (METHODS §5.8): its budget at each ctx is the bits int2 stores at the same windows
+// (by hand: b_eff(N) = 2.25 + (S0 + W) 13.75 / N, METHODS §6), and the cache it runs stores int2's bytes at that ctx
+// within one token's rows (never more), its prompt the first 15/16; under both protocols it evicts (the as-shipped
+// row at kvq's 64/256), and a budget that cannot hold the windows and the tokens after the prompt is refused.
+TEST(RefereeMethods, TheEvictionRowStoresTheInt2RowsBytesAtEachContext) {
+  const ModelConfig mc = ModelConfig::load(std::string(KVQ_SOURCE_DIR) + "/models/ref/config.json");
+  const RefereeMethod& ev = *find_referee_method("evict(int2)");
+  const RefereeMethod& int2 = *find_referee_method("int2");
+  EXPECT_EQ(ev.equal_bytes, "int2");
+  EXPECT_DOUBLE_EQ(method_equal_bytes_bits(ev, {64, 256}, 128, 2048, mc.n_layers, mc.n_kv_heads, mc.head_dim),
+                   2.25 + 320 * 13.75 / 2048);
+  EXPECT_DOUBLE_EQ(method_equal_bytes_bits(ev, {64, 256}, 128, 8192, mc.n_layers, mc.n_kv_heads, mc.head_dim),
+                   2.25 + 320 * 13.75 / 8192);
+  EXPECT_DOUBLE_EQ(method_equal_bytes_bits(ev, {0, 0}, 128, 2048, mc.n_layers, mc.n_kv_heads, mc.head_dim), 2.25);
+  const double token_bytes = 2.0 * mc.n_kv_heads * mc.head_dim * 2;  // one token's bf16 K and V rows, per layer
+  for (const RefereeProtocol protocol : {RefereeProtocol::Common, RefereeProtocol::AsShipped})
+    for (const RefereeWindows w : {RefereeWindows{64, 256}, RefereeWindows{16, 64}, RefereeWindows{0, 0}})
+      for (const int ctx : {2048, 8192}) {
+        if (protocol == RefereeProtocol::AsShipped && w.label() != "64/256") continue;  // one as-shipped setting
+        SCOPED_TRACE(protocol_name(protocol) + " " + w.label() + " " + std::to_string(ctx));
+        const PlannedRun run{ev, protocol == RefereeProtocol::AsShipped ? ev.shipped.windows : w, false, "k", protocol};
+        EXPECT_EQ(run.windows.label(), w.label());
+        EXPECT_EQ(method_prompt_policy(ev, protocol), "evict");
+        const int P = run_prompt_tokens(run, ctx);
+        EXPECT_EQ(P, ctx - ctx / 16);
+        CacheConfig c = method_cache(ev, run.windows, 128, protocol);
+        c.prompt_policy = parse_prompt_policy(method_prompt_policy(ev, protocol));
+        set_equal_bytes_budget(c, ev, run.windows, 128, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+        EXPECT_EQ(c.evict_ctx, ctx);
+        const double stored = KvCache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1).footprint(ctx, P)
+                                  .bytes_per_token_per_layer * ctx;
+        const double want = KvCache(method_cache(int2, run.windows, 128), mc.n_layers, mc.n_kv_heads, mc.head_dim, 1)
+                                .footprint(ctx).bytes_per_token_per_layer * ctx;
+        EXPECT_LE(stored, want);
+        EXPECT_GT(stored, want - token_bytes);
+      }
+  // 64/256 at 512: int2's 347 tokens' bytes leave 315 prompt tokens after the 32 later ones, fewer than the windows
+  CacheConfig c = method_cache(ev, {64, 256}, 128);
+  c.prompt_policy = PromptPolicy::kEvict;
+  set_equal_bytes_budget(c, ev, {64, 256}, 128, 512, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  EXPECT_THROW(KvCache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1).footprint(512, 480), Error);
+  // every other row keeps its cache whatever the ctx
+  CacheConfig other = method_cache(int2, {64, 256}, 128);
+  set_equal_bytes_budget(other, int2, {64, 256}, 128, 2048, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  EXPECT_EQ(other.evict_bits, 0);
+  EXPECT_EQ(other.evict_ctx, 0);
 }

@@ -203,3 +203,46 @@ TEST(RefereePooled, MarkdownSectionListsPooledPplAndPairedRatios) {
   EXPECT_NE(md.find("| optr(oscar) | int2+oscar | 0/0 |"), std::string::npos) << md;
   EXPECT_EQ(md.find("[leak]"), std::string::npos);
 }
+
+// A run scored after a longer prompt (the eviction row, prompt 60 of 64) pairs with the others on its targets: their
+// recorded tails from 60 (results.ppl[ctx][domain].tail); a record without that tail cannot be paired (nullopt), and a
+// run's own windows are its whole span.
+TEST(RefereePooled, ARunOfALongerPromptPairsWithTheOthersTailsOnTheSameTargets) {
+  json results = fake_results();
+  json& bf16 = results["runs"][0];
+  json& oscar = results["runs"][1];
+  const std::vector<std::string> doms = {"perl", "python"};
+  // bf16's tails from 60: 4 targets per window, known NLLs; the eviction row's own windows at prompt 60
+  bf16["results"]["ppl"]["64"]["perl"]["tail"] = {{"prompt_tokens", 60}, {"tokens", 8}, {"window_nll", {9.0, 10.0}}};
+  bf16["results"]["ppl"]["64"]["python"]["tail"] = {{"prompt_tokens", 60}, {"tokens", 12},
+                                                    {"window_nll", {8.0, 9.0, 7.0}}};
+  json ev = fake_run("evict_int2__0-0", "evict(int2)", "bf16", "none", "", "0/0",
+                     {{"perl", {11.0, 12.0}}, {"python", {10.0, 9.5, 8.5}}});
+  for (const char* d : {"perl", "python"}) {
+    json& e = ev["results"]["ppl"]["64"][d];
+    e["tokens"] = 4 * e["windows"].get<int>();
+  }
+  ev["protocol"] = {{"prompt_tokens", {{"64", 60}}}};
+  const auto both = paired_windows(ev, bf16, "64", doms);
+  ASSERT_TRUE(both.has_value());
+  EXPECT_EQ(both->first.nll, (std::vector<double>{11.0, 12.0, 10.0, 9.5, 8.5}));
+  EXPECT_EQ(both->second.nll, (std::vector<double>{9.0, 10.0, 8.0, 9.0, 7.0}));
+  EXPECT_EQ(both->second.tokens, std::vector<double>(5, 4.0));
+  const Interval q = paired_ppl_ratio(both->first, both->second, 200, 3);
+  EXPECT_NEAR(q.estimate, std::exp((51.0 - 43.0) / 20.0), 1e-12);
+  // the other order pairs the same windows; a run with no tail from 60 cannot be paired
+  EXPECT_EQ(paired_windows(bf16, ev, "64", doms)->first.nll, both->second.nll);
+  EXPECT_FALSE(paired_windows(ev, oscar, "64", doms).has_value());
+  EXPECT_FALSE(pooled_windows_from(oscar, "64", doms, 60).has_value());
+  // two runs of the same prompt pair on their own windows
+  const auto whole = paired_windows(oscar, bf16, "64", doms);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->second.nll, pooled_windows(bf16, "64", doms).nll);
+  EXPECT_EQ(whole->second.tokens, std::vector<double>(5, double(kTokensPerWindow)));
+  // a tail whose windows disagree with the record's is refused
+  bf16["results"]["ppl"]["64"]["perl"]["tail"]["window_nll"] = {9.0};
+  EXPECT_THROW(pooled_windows_from(bf16, "64", doms, 60), Error);
+  // the eviction row's natural base is its row of equal bytes
+  EXPECT_EQ(natural_base({{"label", "retired-evict"}, {"type", "bf16"}, {"rotation", "none"}, {"equal_bytes", "int2"}}),
+            "int2");
+}

@@ -66,7 +66,8 @@ void run(const EvalOptions& o) {
     nlohmann::json j = report_json(r);
     // The prefill semantics of every number (eval/perplexity.h): the policy, and per ctx the prompt and the targets
     // scored per window.
-    j["prompt"] = {{"policy", prompt_policy_name(cc.prompt_policy)}, {"evict_bits", cc.evict_bits}, {"by_ctx", {}}};
+    j["prompt"] = {{"policy", prompt_policy_name(cc.prompt_policy)}, {"evict_bits", cc.evict_bits},
+                   {"evict_ctx", cc.evict_ctx}, {"by_ctx", {}}};
     for (size_t i = 0; i < r.prompt_tokens.size(); ++i)
       j["prompt"]["by_ctx"].push_back({{"ctx", c.ctx[i]},
                                        {"prompt_tokens", r.prompt_tokens[i]},

@@ -42,16 +42,19 @@ void run(const PplOptions& o) {
   pc.prompt_tokens = o.prompt.tokens;
   pc.prompt_fraction = o.prompt.fraction;
   const int P = pc.prompt_at(ctx);
+  // What the cache stores with this prompt, from a probe (an evict budget that cannot hold the windows or the tokens
+  // after the prompt is refused here, before the model loads).
+  KvCache(cc, p.model.n_layers, p.model.n_kv_heads, p.model.head_dim, 1).footprint(ctx, P);
   const std::vector<int32_t> ids = load_tokenizer(o.model).encode(read_text(o.file));
   KVQ_CHECK(ids.size() >= size_t(ctx), "'{}' has {} tokens, fewer than one window of {}", o.file, ids.size(), ctx);
   auto model = load_model(o.model, p);
   auto runner = make_runner(*model, o.model, p, ctx);
   log_runner(*runner, "ppl:");
+  const CacheFootprint f = runner->prompt_footprint(ctx, P);
   const PerplexityResult r = perplexity(*runner, ids, ctx, o.chunks, [](int done, int total, double ppl) {
     std::fprintf(stderr, "\rkvq: window %d/%d  ppl %.4f", done, total, ppl);
     if (done == total) std::fputc('\n', stderr);
   }, P);
-  const CacheFootprint f = runner->prompt_footprint(ctx, P);
   if (o.json) {
     nlohmann::json j = {{"ppl", r.ppl()},
                         {"nll", r.nll()},

@@ -75,7 +75,11 @@ CacheConfig CacheOptions::config() const {
   KVQ_CHECK((c.prompt_policy == PromptPolicy::kEvict) == (evict_bits != 0),
             "--evict-bits {} with --prompt-policy {}: the evict policy needs its bit budget (--evict-bits B, e.g. the "
             "quantized row's effective bits), the others take none", evict_bits, prompt_policy);
+  KVQ_CHECK(c.prompt_policy == PromptPolicy::kEvict || evict_ctx == 0,
+            "--evict-ctx {} with --prompt-policy {}: only the evict policy has a budget to state at a context",
+            evict_ctx, prompt_policy);
   c.evict_bits = evict_bits;
+  c.evict_ctx = evict_ctx;
   return c;
 }
 
@@ -159,9 +163,15 @@ void add_prompt_options(CLI::App* cmd, CacheOptions& c, PromptLength& p) {
                   "quantized once after prefill, later tokens stay bf16) or evict (keep sinks, recent window and the "
                   "top prompt tokens within --evict-bits; bf16 caches); CPU only");
   cmd->add_option("--evict-bits", c.evict_bits,
-                  "evict: bits per element the kept prompt tokens may cost (a fraction bits/16 of the prompt's BF16 "
-                  "bytes, e.g. a quantized row's effective bits at the prompt's length)")
+                  "evict: bits per element the cache may store at the context of --evict-ctx (a fraction bits/16 of "
+                  "its BF16 bytes there, e.g. a quantized row's effective bits at that context); by default at the "
+                  "prompt's end: the kept prompt tokens cost bits/16 of the prompt's BF16 bytes")
       ->check(CLI::Range(0.0, 16.0));
+  cmd->add_option("--evict-ctx", c.evict_ctx,
+                  "evict: the context N at which the bytes meet --evict-bits: every token after the prompt is kept, so "
+                  "floor(bits N / 16) - (N - P) prompt tokens are (the referee's eviction row: N = the window; "
+                  "default: the prompt's end)")
+      ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--prompt-tokens", p.tokens,
                   "tokens of each window that are the prompt: prefilled, then the prompt policy applies and only the "
                   "later targets are scored (0: none, every target scored)")

@@ -42,6 +42,7 @@ struct CacheOptions {
   std::string skip_layers;                       // --kv-skip-layers: e.g. "0,1,-2,-1" ("": none)
   std::string prompt_policy = "decode-faithful";  // --prompt-policy (ppl, eval): CacheConfig::prompt_policy
   double evict_bits = 0;                         // --evict-bits: CacheConfig::evict_bits (evict only)
+  int evict_ctx = 0;                             // --evict-ctx: CacheConfig::evict_ctx (evict only; 0: the prompt's end)
   CacheConfig config() const;                    // validated later by KvCache / make_codec
 };
 
@@ -55,7 +56,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o);  // -m, -t, --dummy-weig
 // --dummy-weights alone, for a command with its own -m (referee), so that it refuses them by name.
 void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
-// --prompt-policy, --evict-bits, --prompt-tokens and --prompt-fraction, for the commands that score windows with a
+// --prompt-policy, --evict-bits, --evict-ctx, --prompt-tokens and --prompt-fraction, for the commands that score windows with a
 // prompt (ppl, eval): the cache's prefill semantics and where each window's prompt ends.
 void add_prompt_options(CLI::App* cmd, CacheOptions& c, PromptLength& p);
 // --kv-budget-gib, for the commands whose runner's cache it sizes (run, ppl, bench decode).

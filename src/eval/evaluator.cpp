@@ -99,7 +99,7 @@ void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache
     KVQ_CHECK(ctx >= 2, "context {} is too short (need >= 2)", ctx);
     KVQ_CHECK(ctx <= model.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
               model.config().max_ctx);
-    if (windowed) c.prompt_at(ctx);  // 0 <= P < ctx
+    if (windowed) c.tail_at(ctx);  // 0 <= P < ctx, and P <= T < ctx for a tail
     if (windowed)
       for (const EvalDomain& d : ds)
         KVQ_CHECK(d.ids.size() >= size_t(ctx), "eval text '{}' has {} tokens, shorter than one window of {}", d.path,
@@ -117,8 +117,10 @@ void validate(const Model& model, const Tokenizer& tok, const CacheConfig& cache
     KVQ_CHECK(!c.depths.empty(), "eval: no passkey depths");
     for (double d : c.depths) KVQ_CHECK(d >= 0 && d <= 1, "passkey depth {} outside [0, 1]", d);
   }
-  // The cache configuration is validated by constructing it once.
+  // The cache configuration is validated by constructing it once, and what it stores with each ctx's prompt (an evict
+  // budget that cannot hold the prompt's windows or the tokens after it fails here, before any pass).
   KvCache probe(cache, model.config().n_layers, model.config().n_kv_heads, model.config().head_dim, c.ctx.front());
+  for (int ctx : c.ctx) probe.footprint(ctx, windowed ? c.prompt_at(ctx) : 0);
 }
 
 }  // namespace
@@ -133,6 +135,13 @@ int EvalConfig::prompt_at(int ctx) const {
   const int P = prompt_tokens > 0 ? prompt_tokens : int(std::floor(prompt_fraction * ctx));
   KVQ_CHECK(P < ctx, "a prompt of {} tokens leaves nothing to score in windows of {} (need prompt < ctx)", P, ctx);
   return P;
+}
+
+int EvalConfig::tail_at(int ctx) const {
+  KVQ_CHECK(tail_fraction >= 0 && tail_fraction < 1, "the tail fraction {} must be in [0, 1)", tail_fraction);
+  const int T = int(std::floor(tail_fraction * ctx));
+  check_tail(ctx, prompt_at(ctx), T);
+  return T;
 }
 
 bool EvalConfig::has(const std::string& task) const {
@@ -248,6 +257,8 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
     ppl_all.domain = "all";
     ppl_all.ctx = ctx;
     ppl_all.prompt_tokens = P;
+    const int T = c.has("ppl") ? c.tail_at(ctx) : 0;
+    ppl_all.tail_prompt_tokens = T;
     double ref_nll_all = 0;
     LayerEntry layer_entry;
     layer_entry.ctx = ctx;
@@ -257,12 +268,13 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
       pe.domain = d.name;
       pe.ctx = ctx;
       pe.prompt_tokens = P;
+      pe.tail_prompt_tokens = T;
       if (lockstep) {
         const double per_window = double(ctx) * (c.has("layers") ? 3 : 2);
         const FidelityResult fr = lockstep_fidelity(
             {ref.get(), method.get(), forced.get()}, d.ids, ctx, c.windows, &model.pool(),
             [&](int w, int) { eta.report(stage + (c.has("layers") ? " kl+layers" : " kl"), done + w * per_window); },
-            P);
+            P, T);
         done += double(fr.windows.size()) * per_window;
         if (c.has("kl")) r.kl.push_back(kl_entry(d.name, ctx, fr.windows, c));
         pooled.insert(pooled.end(), fr.windows.begin(), fr.windows.end());
@@ -270,6 +282,7 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
         double ref_nll = 0;
         for (const WindowFidelity& w : fr.windows) {
           pe.window_nll.push_back(w.nll_method);  // identical to eval::perplexity's (tests/test_eval_end_to_end)
+          if (T > 0) pe.window_nll_tail.push_back(w.nll_method_tail);
           ref_nll += w.nll_ref;
           pe.tokens += w.nll_tokens;
         }
@@ -278,13 +291,16 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
       } else if (c.has("ppl")) {
         const PerplexityResult pr = perplexity(*method, d.ids, ctx, c.windows, [&](int w, int, double) {
           eta.report(stage + " ppl", done + double(w) * ctx);
-        }, P);
+        }, P, T);
         done += double(pr.window_nll.size()) * ctx;
         pe.window_nll = pr.window_nll;
+        pe.window_nll_tail = pr.window_nll_tail;
         pe.tokens = pr.tokens_scored;
       }
       if (c.has("ppl")) {
         ppl_all.window_nll.insert(ppl_all.window_nll.end(), pe.window_nll.begin(), pe.window_nll.end());
+        ppl_all.window_nll_tail.insert(ppl_all.window_nll_tail.end(), pe.window_nll_tail.begin(),
+                                       pe.window_nll_tail.end());
         ppl_all.tokens += pe.tokens;
         r.ppl.push_back(ppl_entry(std::move(pe), c));
       }

@@ -60,6 +60,10 @@ struct EvalConfig {
   int prompt_tokens = 0;
   double prompt_fraction = 0;
   int prompt_at(int ctx) const;            // P for windows of ctx tokens (kvq::Error when both are given, or P >= ctx)
+  // A tail of each ppl window (eval/perplexity.h): its NLL over the targets at positions >= T = floor(tail_fraction ·
+  // ctx) is recorded too, from the same pass (the referee pairs runs of different prompts on it); 0: none.
+  double tail_fraction = 0;
+  int tail_at(int ctx) const;              // T for windows of ctx tokens (0: none; kvq::Error unless P <= T < ctx)
 
   bool has(const std::string& task) const;
   static std::vector<double> default_depths();  // 0, 0.1, ..., 1.0
@@ -75,6 +79,8 @@ struct PplEntry {
   int ctx = 0;              // window length
   int prompt_tokens = 0;    // P of each window (targets at positions < P are not scored)
   std::vector<double> window_nll;  // summed NLL per window (method cache)
+  int tail_prompt_tokens = 0;      // T: the tail's start (0: no tail)
+  std::vector<double> window_nll_tail;  // summed NLL per window over the targets at positions >= T (empty: none)
   int64_t tokens = 0;       // scored tokens
   double ppl = 0;           // exp(Σ nll / tokens)
   Interval ci;              // bootstrap 95% CI of ppl (estimate = ppl)

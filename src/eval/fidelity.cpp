@@ -19,11 +19,13 @@ CacheConfig bf16_reference_cache(const CacheConfig& method) {
   c.transform = nullptr;  // the reference stores the plain keys and values
   c.prompt_policy = PromptPolicy::kDecodeFaithful;
   c.evict_bits = 0;
+  c.evict_ctx = 0;
   return c;
 }
 
 FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vector<int32_t>& ids, int ctx, int windows,
-                                 ThreadPool* pool, const std::function<void(int, int)>& progress, int prompt_tokens) {
+                                 ThreadPool* pool, const std::function<void(int, int)>& progress, int prompt_tokens,
+                                 int tail) {
   KVQ_CHECK(runners.ref && runners.method, "fidelity: the reference and method runners are required");
   Runner& ref = *runners.ref;
   Runner& method = *runners.method;
@@ -41,7 +43,8 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
   const bool layers = forced != nullptr;
   const int P = prompt_tokens;
   scored_targets(ctx, P);  // 0 <= P < ctx
-  const int first = first_scored_row(P);
+  check_tail(ctx, P, tail);
+  const int first = first_scored_row(P), first_tail = tail > 0 ? first_scored_row(tail) : ctx;
 
   std::vector<float> ref_logits(size_t(chunk) * V), m_logits(size_t(chunk) * V);
   const int n_threads = pool ? pool->size() : 1;
@@ -106,6 +109,7 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
           wf.nll_ref += o.nll_ref;
           wf.nll_method += o.nll_method;
           wf.nll_tokens += o.nll_tokens;
+          if (pos + i >= first_tail) wf.nll_method_tail += o.nll_method;
         }
       }
     };

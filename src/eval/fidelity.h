@@ -28,6 +28,7 @@ struct WindowFidelity {
   double nll_ref = 0;       // summed NLL of the next token, BF16 run (scored_targets(ctx, P) positions)
   double nll_method = 0;    // the same, method run
   int64_t nll_tokens = 0;   // scored_targets(ctx, P): ctx - 1 without a prompt
+  double nll_method_tail = 0;  // nll_method over the targets at positions >= the tail T (eval/perplexity.h); 0: none
 };
 
 struct FidelityResult {
@@ -52,9 +53,10 @@ struct LockstepRunners {
 };
 
 // Non-overlapping windows of ctx tokens from ids (windows <= 0: all full windows). The per-token comparisons run
-// on pool's threads (null: the calling thread). progress(done_windows, total_windows).
+// on pool's threads (null: the calling thread). progress(done_windows, total_windows). tail_prompt_tokens: the tail T
+// of eval/perplexity.h (0: none).
 FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vector<int32_t>& ids, int ctx, int windows,
                                  ThreadPool* pool = nullptr, const std::function<void(int, int)>& progress = {},
-                                 int prompt_tokens = 0);
+                                 int prompt_tokens = 0, int tail_prompt_tokens = 0);
 
 }  // namespace kvq

@@ -27,6 +27,12 @@ int scored_targets(int ctx, int prompt_tokens) {
   return ctx - std::max(prompt_tokens, 1);
 }
 
+void check_tail(int ctx, int prompt_tokens, int tail) {
+  KVQ_CHECK(tail == 0 || (tail >= prompt_tokens && tail < ctx),
+            "a tail from position {} of windows of {} with a prompt of {} (need prompt <= tail < ctx, or 0: none)",
+            tail, ctx, prompt_tokens);
+}
+
 void forward_span(Runner& runner, int seq, const int32_t* win, int pos, int end, std::vector<float>& logits,
                   const std::function<void(int, const float*)>& row) {
   const int V = runner.config().vocab_size, chunk = runner.cache_config().max_chunk;
@@ -39,7 +45,7 @@ void forward_span(Runner& runner, int seq, const int32_t* win, int pos, int end,
 }
 
 PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int ctx, int windows,
-                            const std::function<void(int, int, double)>& progress, int prompt_tokens) {
+                            const std::function<void(int, int, double)>& progress, int prompt_tokens, int tail) {
   const ModelConfig& mc = runner.config();
   KVQ_CHECK(ctx >= 2, "perplexity: context {} is too short (need >= 2)", ctx);
   KVQ_CHECK(ctx <= mc.max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx, mc.max_ctx);
@@ -49,24 +55,30 @@ PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int
   const int n_windows = windows > 0 ? std::min(windows, available) : available;
   const int V = mc.vocab_size, P = prompt_tokens;
   const int scored = scored_targets(ctx, P), first = first_scored_row(P);
+  check_tail(ctx, P, tail);
 
   PerplexityResult res;
   res.ctx = ctx;
   res.prompt_tokens = P;
+  res.tail_prompt_tokens = tail;
   std::vector<float> logits;
   const auto t0 = std::chrono::steady_clock::now();
   for (int w = 0; w < n_windows; ++w) {
     const int32_t* win = ids.data() + size_t(w) * ctx;
     const int seq = runner.new_sequence();
-    double nll = 0;
+    double nll = 0, nll_tail = 0;
     const auto score = [&](int i, const float* row) {
-      if (i >= first && i + 1 < ctx) nll += token_nll(row, V, win[i + 1]);
+      if (i < first || i + 1 >= ctx) return;
+      const double x = token_nll(row, V, win[i + 1]);
+      nll += x;
+      if (tail > 0 && i >= first_scored_row(tail)) nll_tail += x;
     };
     forward_span(runner, seq, win, 0, P, logits, score);  // the prompt
     runner.end_prompt(seq);
     forward_span(runner, seq, win, P, ctx, logits, score);  // teacher-forced after it
     runner.free_sequence(seq);
     res.window_nll.push_back(nll);
+    if (tail > 0) res.window_nll_tail.push_back(nll_tail);
     res.tokens_scored += scored;
     if (progress) progress(w + 1, n_windows, res.ppl());
   }
@@ -75,12 +87,13 @@ PerplexityResult perplexity(Runner& runner, const std::vector<int32_t>& ids, int
 }
 
 PerplexityResult perplexity(Model& model, const CacheConfig& cache_cfg, const std::vector<int32_t>& ids, int ctx,
-                            int windows, const std::function<void(int, int, double)>& progress, int prompt_tokens) {
+                            int windows, const std::function<void(int, int, double)>& progress, int prompt_tokens,
+                            int tail) {
   KVQ_CHECK(ctx >= 2, "perplexity: context {} is too short (need >= 2)", ctx);
   KVQ_CHECK(ctx <= model.config().max_ctx, "context {} exceeds the model's maximum of {} tokens", ctx,
             model.config().max_ctx);
   CpuRunner runner(model, cache_cfg, ctx);
-  return perplexity(runner, ids, ctx, windows, progress, prompt_tokens);
+  return perplexity(runner, ids, ctx, windows, progress, prompt_tokens, tail);
 }
 
 }  // namespace kvq

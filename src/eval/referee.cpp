@@ -16,6 +16,7 @@
 #include "eval/referee_results.h"
 #include "eval/referee_store.h"
 #include "kv/codec_pnmix.h"
+#include "kv/evict.h"
 #include "model/safetensors.h"
 
 namespace kvq {
@@ -41,8 +42,9 @@ class Referee {
   RefereeResult calibrate_only(const std::vector<PlannedRun>& plan);
   EvalConfig eval_config(std::vector<int> ctx, bool layers, const PlannedRun& r) const;
   void check_caches(const std::vector<PlannedRun>& plan) const;
-  CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips);
+  CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips, int ctx);
   json evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s, int left);
+  json equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const;
   json execute_run(const std::vector<PlannedRun>& plan, size_t i, const json& settings, double& executed_seconds);
   int threads() const;
   void write_results(const std::vector<PlannedRun>& plan, const json& missing,
@@ -122,7 +124,8 @@ Model& Referee::model() {
 RunnerFactory Referee::runners() { return cfg_.runners ? cfg_.runners(model()) : cpu_runner_factory(model()); }
 
 // The evaluation passes of run r at contexts `ctx`: every task, or (layers false) all but the per-layer errors; as
-// shipped, each window's first half is the prompt (run_prompt_tokens).
+// shipped, each window's first half is the prompt, for an eviction row its first 15/16 (run_prompt_tokens). Every
+// other run also records its NLL over that last 1/16 (the tail), on which the eviction row is paired with it.
 EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const PlannedRun& r) const {
   EvalConfig ec;
   ec.tasks = layers ? std::vector<std::string>{"ppl", "kl", "passkey", "layers"}
@@ -133,9 +136,32 @@ EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const Planned
   if (!cfg_.depths.empty()) ec.depths = cfg_.depths;
   ec.seed = cfg_.seed;
   ec.bootstrap = cfg_.bootstrap;
-  ec.prompt_fraction = r.protocol == RefereeProtocol::AsShipped ? 0.5 : 0.0;
+  ec.prompt_fraction = run_prompt_fraction(r);
+  ec.tail_fraction = ec.prompt_fraction < kEvictPromptFraction ? kEvictPromptFraction : 0.0;
   for (int c : ec.ctx) KVQ_CHECK(ec.prompt_at(c) == run_prompt_tokens(r, c), "internal: prompt of {} at ctx {}", r.key, c);
   return ec;
+}
+
+// An eviction row's budget at every ctx (results.json runs[].equal_bytes): the paired row, the bits it stores at the
+// ctx and the windows (the target), the prompt, the prompt tokens kept and the tokens stored at the ctx.
+json Referee::equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const {
+  json by_ctx = json::object();
+  for (int ctx : cfg_.ctx) {
+    const double bits =
+        method_equal_bytes_bits(r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+    const int P = run_prompt_tokens(r, ctx), kept = evict_budget(bits, 16, P, ctx);
+    by_ctx[std::to_string(ctx)] = {{"target_bits", bits},
+                                   {"prompt_tokens", P},
+                                   {"kept_prompt_tokens", kept},
+                                   {"stored_tokens", kept + ctx - P},
+                                   {"stored_bits", 16.0 * (kept + ctx - P) / ctx}};
+  }
+  return {{"paired", r.method.equal_bytes},
+          {"windows", r.windows.label()},
+          {"rule", "the stored bytes at each ctx are those the paired row stores at the same windows (within one "
+                   "token's rows): every token after the prompt is kept at 16 bits, so the prompt keeps "
+                   "floor(target_bits ctx / 16) - (ctx - prompt_tokens) tokens"},
+          {"by_ctx", by_ctx}};
 }
 
 // Every planned run's cache is built and its footprint taken at each ctx with its prompt, before any run starts: an
@@ -156,9 +182,10 @@ void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
         w->bits.assign(size_t(mc.n_layers) * mc.n_kv_heads * size_t(mc.head_dim / 2), 2);
         c.k.pair_bits = std::move(w);
       }
-      const int max_ctx = *std::max_element(cfg_.ctx.begin(), cfg_.ctx.end());
-      KvCache probe(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, max_ctx);
-      for (int ctx : cfg_.ctx) probe.footprint(ctx, run_prompt_tokens(r, ctx));
+      for (int ctx : cfg_.ctx) {  // an eviction row's budget is its paired row's bytes at each ctx
+        set_equal_bytes_budget(c, r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+        KvCache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1).footprint(ctx, run_prompt_tokens(r, ctx));
+      }
     } catch (const Error& e) {
       KVQ_FAIL("referee: run {} ({}, protocol {}) cannot run: {}", r.key, r.method.label, protocol_name(r.protocol),
                e.what());
@@ -166,10 +193,10 @@ void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
   }
 }
 
-// The cache of run r: its row's at the run's windows and protocol, with the run's clips and its rotation, or the
-// transform its codecs imply (a row has one or the other: tests/test_referee_methods.cpp), and the model's RoPE for
-// key codecs that store keys without it.
-CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips) {
+// The cache of run r at ctx: its row's at the run's windows and protocol, with the run's clips and its rotation, or the
+// transform its codecs imply (a row has one or the other: tests/test_referee_methods.cpp), the model's RoPE for key
+// codecs that store keys without it, and for an eviction row the budget of its paired row's bytes at ctx.
+CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips, int ctx) {
   CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
   c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
   c.k.clip = clips.k;
@@ -179,15 +206,16 @@ CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const C
                               : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   c.k.pair_bits = rot.pair_bits;  // PN-Mix keys: their calibrated widths (null for every other row)
   c.key_rope = mc.rope_inv_freq();
+  set_equal_bytes_budget(c, r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   return c;
 }
 
 // One run's `kvq eval --json` record: layers at the first ctx only; ppl, kl and passkey at every ctx (one evaluate()
-// per group, merged), plus the clips it used.
+// per group, merged; an eviction row, whose budget depends on the ctx, one per ctx), plus the clips it used and, for
+// an eviction row, its budget at each ctx ("equal_bytes").
 json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s,
                            int left) {
   const ClipChoice clips = store_.clips_for(r);
-  const CacheConfig cache = run_cache(r, rot, clips);
   Model& m = model();
   const RunnerFactory make = runners();
   auto progress = [&](const std::string& stage, double frac, double eta) {
@@ -197,17 +225,23 @@ json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, 
         true);
   };
   auto pass = [&](std::vector<int> ctx, bool layers) {
+    const CacheConfig cache = run_cache(r, rot, clips, ctx.front());
     return report_json(evaluate(m, make, *tok_, cache, data_.domains, eval_config(std::move(ctx), layers, r),
                                 progress));
   };
   json out = pass({cfg_.ctx.front()}, true);
-  if (cfg_.ctx.size() > 1) {
-    const json j = pass(std::vector<int>(cfg_.ctx.begin() + 1, cfg_.ctx.end()), false);
+  std::vector<std::vector<int>> rest;  // the other contexts: one pass, or one each for an eviction row
+  for (size_t i = 1; i < cfg_.ctx.size(); ++i)
+    if (r.method.evicts() || rest.empty()) rest.push_back({cfg_.ctx[i]});
+    else rest.back().push_back(cfg_.ctx[i]);
+  for (std::vector<int>& ctx : rest) {
+    const json j = pass(std::move(ctx), false);
     out["cache"]["footprint"].update(j["cache"]["footprint"]);
     out["seeds"].update(j["seeds"]);
     for (const char* t : {"ppl", "kl", "passkey"}) out["results"][t].update(j["results"][t]);
     out["seconds"] = out["seconds"].get<double>() + j["seconds"].get<double>();
   }
+  if (r.method.evicts()) out["equal_bytes"] = equal_bytes_json(r, m.config());
   out["config"]["ctx"] = cfg_.ctx;
   out["config"]["tasks"] = {"ppl", "kl", "passkey", "layers"};
   out["config"]["layers_ctx"] = cfg_.ctx.front();

@@ -13,12 +13,17 @@
 //   nexusquant, e8_2                                 NexusQuant's shipped int8 E8 codec and its 2-bit llama.cpp block
 //   oscar_int2, kitty_int2, kitty_int2_20            OScaR; Kitty (25% / 20% of key channels at 4 bits)
 //   q8_0, q8_0/q4_0, q5_0, q4_1, q4_0, iq4_nl        llama.cpp's KV cache types (-ctk/-ctv)
+//   evict(int2)                                      eviction at int2's bytes at each ctx (AnDPro-style score; LORE-KV
+//                                                    has no public code), METHODS §5.8
 // Protocols (--protocols): "common" — decode-faithful, the window settings (sink/recent in BF16, default 64/256,
 // 16/64, 0/0; bf16 runs once: windows do not change it), no layer skipped, clips tuned where the format has one,
 // llama.cpp's attn_rot off; "as-shipped" — one run per camp row at its own windows, layer skip, attn_rot and prompt
 // policy (eval/referee_methods.h ShippedPath), every as-shipped run (its bf16 reference included) scoring the second
-// half of each window after a prompt of its first half.
-// Equal bits and claims (eval/referee_bands.h, eval/referee_claims.h): results.json "bands", "pareto", "claims".
+// half of each window after a prompt of its first half. The eviction row runs under both (as shipped at kvq's 64/256: no
+// eviction code is public) after a prompt of the first 15/16 of each window, scoring the last 1/16; every run records
+// its NLL over that last 1/16 too, on which the eviction row is paired with it (eval/referee_eviction.h).
+// Equal bits and claims (eval/referee_bands.h, eval/referee_claims.h): results.json "bands", "pareto", "claims";
+// the eviction rows beside their rows of equal bytes (eval/referee_eviction.h): "eviction".
 // Clips (with clip_grid): per INT2 method and window setting, the (key, value) clip pair of the grid with the lowest
 // ppl on held-out text, cached in OUT/clips/; OptR takes the pair tuned for its base rotation and is calibrated for
 // it (its learned rotation belongs to one grid).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -32,10 +33,20 @@ std::vector<std::string> protocols_of(const json& runs) {
 // One run's figures at one ctx, before it is placed in its band.
 struct Figure {
   const json* run;
-  PooledWindows windows;
+  PooledWindows windows;  // its own scored targets
+  int scored_from = 0;    // its prompt at the ctx (run_scored_from)
   double bits = 0;
   json row;  // the band row, without vs_best
 };
+
+// The paired ratio of run a over run b at ctx on the targets both scored (paired_windows), or nullopt when b (or a)
+// recorded no tail from the later prompt.
+std::optional<Interval> paired_ratio(const json& a, const json& b, const std::string& cs,
+                                     const std::vector<std::string>& domains, int resamples, uint64_t seed) {
+  const auto both = paired_windows(a, b, cs, domains);
+  if (!both) return std::nullopt;
+  return paired_ppl_ratio(both->first, both->second, resamples, seed);
+}
 
 }  // namespace
 
@@ -74,21 +85,22 @@ json referee_bands_json(const json& j) {
       const auto tag = [&](const std::string& what) { return mix_seed(seed, tag_hash("bands/" + protocol + "/" + cs +
                                                                                       "/" + what)); };
       std::vector<Figure> figs;
-      const PooledWindows base = bf16 ? pooled_windows(*bf16, cs, domains) : PooledWindows{};
       for (const json* r : runs) {
-        Figure f{r, pooled_windows(*r, cs, domains), run_bits(*r, cs), json()};
+        Figure f{r, pooled_windows(*r, cs, domains), run_scored_from(*r, cs), run_bits(*r, cs), json()};
         const std::string key = (*r)["key"], d = pooled_domain(*r, cs);
         const Interval p = pooled_ppl(f.windows, resamples, tag("ppl/" + key));
         const json& kl = (*r)["results"]["kl"][cs][d];
         const json& pk = (*r)["results"]["passkey"][cs];
         f.row = {{"key", key}, {"method", run_label(*r)}, {"windows", run_windows(*r)}, {"bits", f.bits},
-                 {"ppl", p.estimate}, {"ppl_ci95", pair_json(p.lo, p.hi)}, {"increase_pct", nullptr},
-                 {"increase_pct_ci95", nullptr}, {"kl", kl["kl_mean"]}, {"kl_ci95", kl["kl_ci95"]},
-                 {"top1", kl["top1"]}, {"passkey", pk["accuracy"]}, {"passkey_ci95", pk["ci95"]}};
-        if (bf16) {
-          const Interval q = paired_ppl_ratio(f.windows, base, resamples, tag("bf16/" + key));
-          f.row["increase_pct"] = pct(q.estimate);
-          f.row["increase_pct_ci95"] = pair_json(pct(q.lo), pct(q.hi));
+                 {"scored_from", f.scored_from}, {"ppl", p.estimate}, {"ppl_ci95", pair_json(p.lo, p.hi)},
+                 {"increase_pct", nullptr}, {"increase_pct_ci95", nullptr}, {"kl", kl["kl_mean"]},
+                 {"kl_ci95", kl["kl_ci95"]}, {"top1", kl["top1"]}, {"passkey", pk["accuracy"]},
+                 {"passkey_ci95", pk["ci95"]}};
+        // against bf16 on the targets this run scored (the eviction row: bf16's tail from its prompt)
+        if (const std::optional<Interval> q =
+                bf16 ? paired_ratio(*r, *bf16, cs, domains, resamples, tag("bf16/" + key)) : std::nullopt) {
+          f.row["increase_pct"] = pct(q->estimate);
+          f.row["increase_pct_ci95"] = pair_json(pct(q->lo), pct(q->hi));
         }
         figs.push_back(std::move(f));
       }
@@ -99,23 +111,29 @@ json referee_bands_json(const json& j) {
           if (bit_band(f.bits) == int(b)) in.push_back(&f);
         if (in.empty()) continue;
         std::stable_sort(in.begin(), in.end(), [](const Figure* a, const Figure* c) { return a->bits < c->bits; });
-        const Figure* best = *std::min_element(in.begin(), in.end(), [](const Figure* a, const Figure* c) {
-          return a->windows.total_nll() < c->windows.total_nll();
-        });
+        // The best among the runs that score the band's widest targets (the earliest prompt: the protocol's own; the
+        // eviction row scores only its tail, whose ppl is not comparable with a whole window's).
+        const int widest = (*std::min_element(in.begin(), in.end(), [](const Figure* a, const Figure* c) {
+                             return a->scored_from < c->scored_from;
+                           }))->scored_from;
+        const Figure* best = nullptr;
+        for (const Figure* f : in)
+          if (f->scored_from == widest && (!best || f->windows.total_nll() < best->windows.total_nll())) best = f;
         json rows = json::array();
         for (Figure* f : in) {
           json row = f->row;
           row["vs_best"] = nullptr;
-          if (f != best) {
-            const std::string key = row["key"], best_key = best->row["key"];
-            const Interval q = paired_ppl_ratio(f->windows, best->windows, resamples, tag("best/" + key + "/" +
-                                                                                          best_key));
-            row["vs_best"] = {{"ratio", q.estimate},
-                              {"ci95", pair_json(q.lo, q.hi)},
-                              {"change_pct", pct(q.estimate)},
-                              {"change_pct_ci95", pair_json(pct(q.lo), pct(q.hi))},
-                              {"verdict", q.lo <= 1.0 ? "tied" : "worse"}};
-          }
+          const std::string key = row["key"], best_key = best->row["key"];
+          const std::optional<Interval> q =
+              f == best ? std::nullopt
+                        : paired_ratio(*f->run, *best->run, cs, domains, resamples, tag("best/" + key + "/" + best_key));
+          if (q)
+            row["vs_best"] = {{"ratio", q->estimate},
+                              {"ci95", pair_json(q->lo, q->hi)},
+                              {"change_pct", pct(q->estimate)},
+                              {"change_pct_ci95", pair_json(pct(q->lo), pct(q->hi))},
+                              {"scored_from", std::max(f->scored_from, best->scored_from)},
+                              {"verdict", q->lo <= 1.0 ? "tied" : "worse"}};
           rows.push_back(std::move(row));
         }
         const BitBand& band = referee_bit_bands()[b];
@@ -137,8 +155,8 @@ json referee_pareto_json(const json& j) {
       for (const json& band : bands)
         for (const json& r : band["runs"])
           pts.push_back({{"key", r["key"]}, {"method", r["method"]}, {"windows", r["windows"]}, {"bits", r["bits"]},
-                         {"increase_pct", r["increase_pct"]}, {"increase_pct_ci95", r["increase_pct_ci95"]},
-                         {"kl", r["kl"]}, {"kl_ci95", r["kl_ci95"]}});
+                         {"scored_from", r.value("scored_from", 0)}, {"increase_pct", r["increase_pct"]},
+                         {"increase_pct_ci95", r["increase_pct_ci95"]}, {"kl", r["kl"]}, {"kl_ci95", r["kl_ci95"]}});
       std::stable_sort(pts.begin(), pts.end(), [](const json& a, const json& b) {
         return a["bits"].get<double>() < b["bits"].get<double>();
       });
@@ -164,7 +182,10 @@ std::string referee_bands_markdown(const json& j) {
                   "Bits: effective bits per cached element at the stated context (bytes stored, windows and scales "
                   "included, skipped layers at 16 bits). Pooled over every eval domain; increase = the paired ratio "
                   "against the same protocol's bf16 run, paired bootstrap 95% CI over windows; within a band each run "
-                  "is paired against the band's best (lowest pooled ppl): *tied* when that CI holds 1, else *worse*.\n";
+                  "is paired against the band's best (lowest pooled ppl): *tied* when that CI holds 1, else *worse*. "
+                  "A run marked *targets ≥ P* (the eviction row) scores only the targets after its prompt P: its ppl "
+                  "is over them, and its increase and its pair with the band's best are on the same targets of the "
+                  "other run; the band's best is chosen among the runs that score the whole protocol's targets.\n";
   for (const std::string& protocol : referee_protocol_order())
     for (const json& x : j["config"]["ctx"]) {
       const std::string cs = std::to_string(x.get<int>());
@@ -173,12 +194,18 @@ std::string referee_bands_markdown(const json& j) {
       s += fmt::format("\n### Protocol {}, ctx {}\n\n| band | method | windows | bits | ppl | increase vs bf16 | "
                        "95% CI | KL | 95% CI | passkey | vs band best | 95% CI | verdict |\n"
                        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", protocol, cs);
-      for (const json& band : bands)
+      for (const json& band : bands) {
+        int widest = -1;  // the band's earliest prompt: its rows are unmarked
+        for (const json& r : band["runs"])
+          if (widest < 0 || r.value("scored_from", 0) < widest) widest = r.value("scored_from", 0);
         for (const json& r : band["runs"]) {
           const json& v = r["vs_best"];
+          const int from = r.value("scored_from", 0);
+          const bool best = r["key"] == band["best_key"];
           s += fmt::format(
-              "| {} | {} | {} | {:.3f} | {:.4f} | {} | {} | {:.5f} | [{:.5f}, {:.5f}] | {:.0f}% | {} | {} | {} |\n",
-              band["band"].get<std::string>(), r["method"].get<std::string>(), r["windows"].get<std::string>(),
+              "| {} | {}{} | {} | {:.3f} | {:.4f} | {} | {} | {:.5f} | [{:.5f}, {:.5f}] | {:.0f}% | {} | {} | {} |\n",
+              band["band"].get<std::string>(), r["method"].get<std::string>(),
+              from > widest ? fmt::format(" (targets ≥ {})", from) : "", r["windows"].get<std::string>(),
               r["bits"].get<double>(), r["ppl"].get<double>(),
               r["increase_pct"].is_null() ? "-" : fmt::format("{:+.3f}%", r["increase_pct"].get<double>()),
               r["increase_pct"].is_null() ? "-" : fmt::format("[{:+.3f}%, {:+.3f}%]",
@@ -186,11 +213,12 @@ std::string referee_bands_markdown(const json& j) {
                                                               r["increase_pct_ci95"][1].get<double>()),
               r["kl"].get<double>(), r["kl_ci95"][0].get<double>(), r["kl_ci95"][1].get<double>(),
               100 * r["passkey"].get<double>(),
-              v.is_null() ? "best" : fmt::format("{:+.3f}%", v["change_pct"].get<double>()),
+              v.is_null() ? (best ? "best" : "not paired") : fmt::format("{:+.3f}%", v["change_pct"].get<double>()),
               v.is_null() ? "-" : fmt::format("[{:+.3f}%, {:+.3f}%]", v["change_pct_ci95"][0].get<double>(),
                                               v["change_pct_ci95"][1].get<double>()),
               v.is_null() ? "-" : v["verdict"].get<std::string>());
         }
+      }
     }
   return s;
 }

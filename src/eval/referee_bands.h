@@ -12,6 +12,10 @@
 //   window index) (eval/referee_pooled.h). KL and top-1 are the runs' own pooled figures and CIs.
 // - Inside a band: the run with the lowest pooled ppl is the band's best; every other run gets the paired ratio
 //   against it, "tied" when its CI holds 1, else "worse".
+// - Targets: a run scored after a longer prompt than its protocol's (the eviction row, METHODS §5.8: the last 1/16 of
+//   each window) has its ppl over those targets; its increase and its pair with the band's best are on the same
+//   targets of the other run (its recorded tail, paired_windows); the best is chosen among the runs of the band's
+//   earliest prompt, whose ppl covers the protocol's targets. Each row carries scored_from (its prompt).
 // - Pareto front: the runs no other run of the protocol beats on both bits (fewer or equal) and ppl increase (lower
 //   or equal, one of them strictly), on the point estimates.
 // The leakage row is left out (calibrated on an eval file).
@@ -35,12 +39,13 @@ const std::vector<BitBand>& referee_bit_bands();
 // 4.500000001 stays in 3.3-4.5).
 int bit_band(double bits);
 
-// results.json "bands": {protocol: {ctx: [{band, lo, hi, best_key, runs: [{key, method, windows, bits, ppl, ppl_ci95,
-// increase_pct, increase_pct_ci95, kl, kl_ci95, top1, passkey, passkey_ci95, vs_best}]}]}} with vs_best = null for
-// the band's best, else {ratio, ci95, change_pct, change_pct_ci95, verdict}; only bands that hold a run; increase null
-// without a bf16 run of that protocol.
-// results.json "pareto": {protocol: {ctx: [{key, method, windows, bits, increase_pct, increase_pct_ci95, kl, kl_ci95,
-// front}]}} ordered by bits.
+// results.json "bands": {protocol: {ctx: [{band, lo, hi, best_key, runs: [{key, method, windows, bits, scored_from,
+// ppl, ppl_ci95, increase_pct, increase_pct_ci95, kl, kl_ci95, top1, passkey, passkey_ci95, vs_best}]}]}} with vs_best
+// = null for the band's best (or a pair the records cannot make: a record from before tails), else {ratio, ci95,
+// change_pct, change_pct_ci95, scored_from, verdict}; only bands that hold a run; increase null without a bf16 run of
+// that protocol (or its tail).
+// results.json "pareto": {protocol: {ctx: [{key, method, windows, bits, scored_from, increase_pct, increase_pct_ci95,
+// kl, kl_ci95, front}]}} ordered by bits.
 // Both from the other keys of results (config.ctx, config.bootstrap, seeds.seed, eval_data, runs).
 nlohmann::json referee_bands_json(const nlohmann::json& results);
 nlohmann::json referee_pareto_json(const nlohmann::json& results);

@@ -62,6 +62,12 @@ const ShippedPath kKittyShipped{
     .note = "Kitty ships sink 32, keys of the unfilled 128-token page in FP16 and values' newest 128 in an FP16 ring; "
             "kvq's 32/128 windows keep 128..255 newest keys exact (Kitty 0..127) and the same values"};
 const ShippedPath kLlamaCppShipped{.defined = true};  // no windows, attn_rot on (method_attn_rot), decode-faithful
+// Eviction: LORE-KV has no public code and AnDPro ships none kvq could read, so there is no camp path to follow.
+const ShippedPath kEvictShipped{
+    .defined = true, .windows = {64, 256}, .prompt = kPromptEvict,
+    .note = "no eviction code is public (LORE-KV none; AnDPro's paper only), so the as-shipped eviction row is the "
+            "common row at kvq's 64/256 windows: the same cache, prompt, budget and targets, paired with the "
+            "as-shipped rows on those targets"};
 
 }  // namespace
 
@@ -139,6 +145,17 @@ const std::vector<RefereeMethod>& referee_methods() {
        .camp = "Kitty", .shipped = kKittyShipped},
       {.label = "kitty_int2_20", .key_type = "kitty_int2_20", .value_type = "kitty_int2_20", .rotation = "none",
        .camp = "Kitty", .shipped = kKittyShipped},
+      // Eviction at equal bytes (METHODS §5.8): a bf16 cache keeping sinks, the recent window and the prompt tokens of
+      // highest AnDPro-style score, as many as int2 at the same windows stores at each ctx.
+      {.label = "evict(int2)", .key_type = "bf16", .value_type = "bf16", .rotation = "none", .baseline = "int2",
+       .quick = true,
+       .note = "evict(int2) is eviction at equal bytes (METHODS §5.8; an AnDPro-style score, LORE-KV has no public "
+               "code): a bf16 cache that, once after a prompt of the first 15/16 of each window, keeps the sinks, the "
+               "recent window and the prompt tokens of highest score, as many as make its bytes at the ctx those int2 "
+               "stores at the same windows; the last 1/16 (generated after the prompt) is kept bf16, counted at 16 "
+               "bits inside that budget, and is all that is scored (paired with the other runs on the same targets). "
+               "CPU only.",
+       .camp = "LORE-KV (AnDPro-style)", .equal_bytes = "int2", .shipped = kEvictShipped},
       // llama.cpp's KV cache types (issue #23), -ctk/-ctv as users run them.
       {.label = "q8_0", .key_type = "q8_0", .value_type = "q8_0", .rotation = "none", .camp = "llama.cpp",
        .shipped = kLlamaCppShipped},
@@ -255,7 +272,24 @@ std::shared_ptr<const KvTransform> method_transform(const RefereeMethod& m, Refe
 }
 
 std::string method_prompt_policy(const RefereeMethod& m, RefereeProtocol protocol) {
+  if (m.evicts()) return kPromptEvict;  // the decision after the prompt is the method, under both protocols
   return protocol == RefereeProtocol::AsShipped ? m.shipped.prompt : kPromptDecodeFaithful;
+}
+
+double method_equal_bytes_bits(const RefereeMethod& m, const RefereeWindows& w, int group, int ctx, int n_layers,
+                               int n_kv_heads, int head_dim) {
+  const RefereeMethod* paired = find_referee_method(m.equal_bytes);
+  KVQ_CHECK(paired && !paired->evicts(), "referee method '{}': its equal-bytes row '{}' is not a quantized row",
+            m.label, m.equal_bytes);
+  return cache_layout(method_cache(*paired, w, group), n_layers, n_kv_heads, head_dim).footprint(ctx)
+      .bits_per_element;
+}
+
+void set_equal_bytes_budget(CacheConfig& c, const RefereeMethod& m, const RefereeWindows& w, int group, int ctx,
+                            int n_layers, int n_kv_heads, int head_dim) {
+  if (!m.evicts()) return;
+  c.evict_bits = method_equal_bytes_bits(m, w, group, ctx, n_layers, n_kv_heads, head_dim);
+  c.evict_ctx = ctx;
 }
 
 }  // namespace kvq

@@ -61,6 +61,16 @@ inline constexpr const char* kPromptExact = "exact-prompt";   // the prompt atte
 inline constexpr const char* kPromptQuantizeAfter = "quantize-after-prompt";  // the prompt is quantized once after
                                                                               // prefill, later tokens stay 16-bit
                                                                               // (NexusQuant)
+inline constexpr const char* kPromptEvict = "evict";  // eviction rows (METHODS §5.8), under both protocols: sinks,
+                                                      // recent window and the top prompt tokens kept after the prompt
+
+// The prompt of an eviction row's windows, as a fraction of each (both protocols): the eviction is decided after the
+// first 15/16 and the last 1/16 is scored. Every token after the prompt is kept (bf16) inside the budget, which must
+// also hold the windows, so the scored continuation must be short: at int2's bytes with 64/256 windows it fits from
+// ctx 576 on (int2 at 2048 stores 563 BF16 tokens' bytes: 320 window tokens, 128 after the prompt, 115 chosen). Every
+// referee run records its NLL over the same last 1/16 (EvalConfig::tail_fraction), so the eviction row is paired with
+// every other run on the targets it scored.
+inline constexpr double kEvictPromptFraction = 0.9375;
 
 // How a camp ships its method: the path of its "as shipped" row (METHODS §5).
 struct ShippedPath {
@@ -91,7 +101,11 @@ struct RefereeMethod {
   bool quick = false;                  // in the --quick subset (make demo, CI)
   std::string note = "";               // its line in results.json "notes" ("": none)
   std::string camp = "kvq";            // whose method: kvq | KIVI | TurboQuant (vLLM) | NexusQuant | OScaR | Kitty |
-                                       // llama.cpp | KV4-RL (the claims table and the report's labels)
+                                       // llama.cpp | KV4-RL | LORE-KV (AnDPro-style) (the claims table and the
+                                       // report's labels)
+  std::string equal_bytes = "";        // an eviction row (METHODS §5.8, prompt policy evict, kv/evict.h): the row
+                                       // whose stored bytes at each ctx, at the same windows, are its budget
+                                       // (method_equal_bytes_bits); "": not an eviction row
   bool kvq_extension = false;          // a camp's format at a setting the camp does not ship (labelled so)
   ShippedPath shipped{};               // its as-shipped path (the as-shipped protocol runs the rows that have one)
 
@@ -99,6 +113,7 @@ struct RefereeMethod {
   bool needs_calibration() const { return rotation_kind().calibrated; }
   // results.json method.type: the cache type, "K/V" when keys and values differ.
   std::string type() const { return key_type == value_type ? key_type : key_type + "/" + value_type; }
+  bool evicts() const { return !equal_bytes.empty(); }
 };
 
 // Every method the referee knows, in report order.
@@ -127,7 +142,17 @@ bool method_attn_rot(const RefereeMethod& m, RefereeProtocol protocol);
 std::shared_ptr<const KvTransform> method_transform(const RefereeMethod& m, RefereeProtocol protocol,
                                                     const CacheConfig& cache, int n_layers, int n_kv_heads,
                                                     int head_dim);
-// The prompt policy of m's runs under `protocol` (common: decode-faithful).
+// The prompt policy of m's runs under `protocol` (common: decode-faithful, but evict for an eviction row).
 std::string method_prompt_policy(const RefereeMethod& m, RefereeProtocol protocol);
+
+// An eviction row's budget at context ctx: the effective bits its paired row (m.equal_bytes) stores at ctx with the
+// windows w (its cache on the common protocol at `group`, for the model's KV shape) — bytes counted as for every row
+// (CacheLayout::footprint), so the eviction row stores them too at ctx and lands in that row's equal-bit band.
+double method_equal_bytes_bits(const RefereeMethod& m, const RefereeWindows& w, int group, int ctx, int n_layers,
+                               int n_kv_heads, int head_dim);
+// c's budget for an eviction row at ctx (c.evict_bits = method_equal_bytes_bits, c.evict_ctx = ctx: the cache of a
+// ctx-token window stores the paired row's bytes); nothing for the other rows.
+void set_equal_bytes_budget(CacheConfig& c, const RefereeMethod& m, const RefereeWindows& w, int group, int ctx,
+                            int n_layers, int n_kv_heads, int head_dim);
 
 }  // namespace kvq

@@ -2,6 +2,7 @@
 #include "eval/referee_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "common/error.h"
@@ -52,7 +53,12 @@ std::vector<PlannedRun> plan_referee_runs(const RefereeConfig& cfg, const Refere
   return plan;
 }
 
-int run_prompt_tokens(const PlannedRun& r, int ctx) { return r.protocol == RefereeProtocol::AsShipped ? ctx / 2 : 0; }
+double run_prompt_fraction(const PlannedRun& r) {
+  if (r.method.evicts()) return kEvictPromptFraction;
+  return r.protocol == RefereeProtocol::AsShipped ? 0.5 : 0.0;
+}
+
+int run_prompt_tokens(const PlannedRun& r, int ctx) { return int(std::floor(run_prompt_fraction(r) * ctx)); }
 
 std::string run_windows_label(const PlannedRun& r) {
   return r.method.windows_matter || r.protocol == RefereeProtocol::AsShipped ? r.windows.label() : "any";
@@ -87,12 +93,16 @@ json run_settings(const RefereeConfig& cfg, const RefereeData& data, const Plann
                                ? r.method.shipped.skip_layers : "none"},
             {"attn_rot", method_attn_rot(r.method, r.protocol)},
             {"prompt_policy", method_prompt_policy(r.method, r.protocol)},
-            {"prompt", r.protocol == RefereeProtocol::AsShipped ? "first half of each window" : "none"},
+            {"prompt", r.method.evicts()                        ? "first 15/16 of each window"
+                       : r.protocol == RefereeProtocol::AsShipped ? "first half of each window"
+                                                                  : "none"},
             {"method", r.method.label},
             {"sink", r.windows.sink},
             {"recent", r.windows.recent},
             {"device", cfg.device},
             {"kvq_version", KVQ_VERSION}};
+  // An eviction row's budget is its paired row's bytes at each ctx (only its settings say so: the others resume).
+  if (r.method.evicts()) s["equal_bytes"] = r.method.equal_bytes;
   // Only tuned runs record the grid: the other runs stay valid, and resume, whatever the grid.
   if (referee_tunes_clips(cfg, r.method))
     s["clip_tuning"] = {{"grid", cfg.clip_grid}, {"windows", cfg.tune_windows}};

@@ -42,8 +42,10 @@ struct PlannedRun {
 // path, at its own windows.
 std::vector<PlannedRun> plan_referee_runs(const RefereeConfig& cfg, const RefereeData& data);
 
-// The tokens of a window of ctx tokens that the as-shipped protocol treats as the prompt: the first half (only the
-// targets after it are scored, by every row of that protocol); 0 on the common protocol (every target scored).
+// The prompt of run r's windows as a fraction of each: kEvictPromptFraction for an eviction row (both protocols),
+// else 0.5 as shipped (the first half, every row of that protocol) and 0 on the common protocol (every target scored).
+double run_prompt_fraction(const PlannedRun& r);
+// The prompt of a window of ctx tokens: floor(run_prompt_fraction(r) · ctx) (only the targets after it are scored).
 int run_prompt_tokens(const PlannedRun& r, int ctx);
 
 // The run record's windows label: "64/256", or "any" for a method whose windows do not matter.

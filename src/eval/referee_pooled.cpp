@@ -27,6 +27,12 @@ double pct(double ratio) { return 100 * (ratio - 1); }
 
 std::string str(const json& j, const char* key) { return j.value(key, std::string()); }
 
+// " (targets >= 1920)" for a row scored after a prompt (the eviction row: its figures are over those targets), else "".
+std::string scored_from_note(const json& row) {
+  const int from = row.value("scored_from", 0);
+  return from > 0 ? fmt::format(" (targets ≥ {})", from) : "";
+}
+
 }  // namespace
 
 double PooledWindows::total_nll() const { return std::accumulate(nll.begin(), nll.end(), 0.0); }
@@ -40,28 +46,36 @@ std::vector<std::string> unseen_domains(const std::vector<std::string>& domains,
   return out;
 }
 
-PooledWindows pooled_windows(const json& run, const std::string& ctx, const std::vector<std::string>& domains) {
+std::optional<PooledWindows> pooled_windows_from(const json& run, const std::string& ctx,
+                                                 const std::vector<std::string>& domains, int from) {
   const std::string who = run.is_object() ? run.value("key", std::string("(no key)")) : "(not an object)";
   KVQ_CHECK(run.is_object() && run.contains("results") && run["results"].contains("ppl") &&
                 run["results"]["ppl"].contains(ctx),
             "run {}: no ppl results at ctx {}", who, ctx);
   const json& ppl = run["results"]["ppl"][ctx];
+  const bool own = run_scored_from(run, ctx) == from;
   PooledWindows w;
   w.run = who;
   for (const std::string& d : domains) {
     KVQ_CHECK(ppl.contains(d) && ppl[d].is_object(), "run {}: no ppl record for domain {} at ctx {}", who, d, ctx);
-    const json& e = ppl[d];
+    const json& domain = ppl[d];
+    if (!own && !(domain.contains("tail") && domain["tail"].is_object() &&
+                  domain["tail"].value("prompt_tokens", json()) == json(from)))
+      return std::nullopt;
+    const json& e = own ? domain : domain["tail"];  // the span's window NLLs and tokens
+    const std::string span = own ? "" : fmt::format(" (tail from {})", from);
     KVQ_CHECK(e.contains("window_nll") && e["window_nll"].is_array() && !e["window_nll"].empty(),
-              "run {}: the ppl record of domain {} at ctx {} has no per-window NLLs (window_nll); pooled figures "
-              "need them (rerun it with this kvq)", who, d, ctx);
+              "run {}: the ppl record of domain {} at ctx {}{} has no per-window NLLs (window_nll); pooled figures "
+              "need them (rerun it with this kvq)", who, d, ctx, span);
     const json& nll = e["window_nll"];
     const int n = int(nll.size());
-    KVQ_CHECK(e.contains("windows") && e["windows"].is_number_integer() && e["windows"].get<int>() == n,
-              "run {}: domain {} at ctx {} records windows = {} but {} window NLLs", who, d, ctx,
-              e.value("windows", json()).dump(), n);
+    KVQ_CHECK(domain.contains("windows") && domain["windows"].is_number_integer() &&
+                  domain["windows"].get<int>() == n,
+              "run {}: domain {} at ctx {}{} records windows = {} but {} window NLLs", who, d, ctx, span,
+              domain.value("windows", json()).dump(), n);
     KVQ_CHECK(e.contains("tokens") && e["tokens"].is_number_integer() && e["tokens"].get<int64_t>() > 0,
-              "run {}: domain {} at ctx {} has no positive token count", who, d, ctx);
-    // Every window scores ctx - 1 tokens, so each window's share is the domain's tokens over its windows.
+              "run {}: domain {} at ctx {}{} has no positive token count", who, d, ctx, span);
+    // Every window scores the same targets, so each window's share is the span's tokens over its windows.
     const double per_window = double(e["tokens"].get<int64_t>()) / n;
     for (const json& x : nll) {
       KVQ_CHECK(x.is_number() && std::isfinite(x.get<double>()), "run {}: domain {} at ctx {}: window NLL {} is not "
@@ -74,6 +88,20 @@ PooledWindows pooled_windows(const json& run, const std::string& ctx, const std:
   }
   KVQ_CHECK(!w.nll.empty(), "run {}: no domains to pool at ctx {}", who, ctx);
   return w;
+}
+
+PooledWindows pooled_windows(const json& run, const std::string& ctx, const std::vector<std::string>& domains) {
+  return *pooled_windows_from(run, ctx, domains, run_scored_from(run, ctx));  // its own windows are always there
+}
+
+std::optional<std::pair<PooledWindows, PooledWindows>> paired_windows(const json& a, const json& b,
+                                                                      const std::string& ctx,
+                                                                      const std::vector<std::string>& domains) {
+  const int from = std::max(run_scored_from(a, ctx), run_scored_from(b, ctx));
+  std::optional<PooledWindows> wa = pooled_windows_from(a, ctx, domains, from);
+  std::optional<PooledWindows> wb = pooled_windows_from(b, ctx, domains, from);
+  if (!wa || !wb) return std::nullopt;
+  return std::pair{std::move(*wa), std::move(*wb)};
 }
 
 Interval pooled_ppl(const PooledWindows& w, int resamples, uint64_t seed, double level) {
@@ -99,6 +127,7 @@ std::string natural_base(const json& method) {
   if (const RefereeMethod* row = find_referee_method(str(method, "label"))) return row->baseline;
   // A record of a method the table no longer holds: the rule the rows follow.
   const std::string type = str(method, "type"), rotation = str(method, "rotation"), base = str(method, "base");
+  if (!str(method, "equal_bytes").empty()) return str(method, "equal_bytes");  // eviction: the row of equal bytes
   if (rotation == "optr" && !base.empty()) return type + "+" + base;
   if (rotation == "oscar") return type + "+quarot";
   if (rotation == "quarot") return type;
@@ -128,7 +157,8 @@ json referee_unseen_json(const json& j) {
               {"paired", json::object()}};
 
   // The leakage row was calibrated on an eval file: its seen domain differs. As-shipped runs score other tokens (the
-  // second half of each window): the pools are the common protocol's.
+  // second half of each window): the pools are the common protocol's. The eviction row scores the last 1/16 of each
+  // window: its ppl, its increase over bf16 and its pairs are on those targets (the others' tails).
   std::vector<const json*> runs;
   for (const json& r : j["runs"])
     if (!run_is_leak(r) && run_protocol(r) == "common") runs.push_back(&r);
@@ -152,13 +182,15 @@ json referee_unseen_json(const json& j) {
     const std::string cs = std::to_string(x.get<int>());
     std::vector<PooledWindows> pooled;  // aligned with runs
     for (const json* r : runs) pooled.push_back(pooled_windows(*r, cs, unseen));
-    const double ppl_bf16 =
-        bf16 >= 0 ? std::exp(pooled[size_t(bf16)].total_nll() / pooled[size_t(bf16)].total_tokens()) : 0;
     json rows = json::array();
     for (size_t i = 0; i < runs.size(); ++i) {
       const json& r = *runs[i];
       const std::string key = r["key"];
       const Interval p = pooled_ppl(pooled[i], resamples, mix_seed(seed, tag_hash("unseen/ppl/" + cs + "/" + key)));
+      // bf16 on the targets this run scored (its own windows, or its tail from the eviction row's prompt)
+      const std::optional<PooledWindows> base =
+          bf16 >= 0 ? pooled_windows_from(*runs[size_t(bf16)], cs, unseen, run_scored_from(r, cs)) : std::nullopt;
+      const double ppl_bf16 = base ? std::exp(base->total_nll() / base->total_tokens()) : 0;
       rows.push_back({{"key", key},
                       {"method", run_label(r)},
                       {"windows", run_windows(r)},
@@ -166,8 +198,9 @@ json referee_unseen_json(const json& j) {
                       {"tokens", int64_t(std::llround(pooled[i].total_tokens()))},
                       {"ppl", p.estimate},
                       {"ci95", pair_json(p.lo, p.hi)},
-                      {"ppl_bf16", bf16 >= 0 ? json(ppl_bf16) : json(nullptr)},
-                      {"increase_pct", bf16 >= 0 ? json(pct(p.estimate / ppl_bf16)) : json(nullptr)}});
+                      {"scored_from", run_scored_from(r, cs)},
+                      {"ppl_bf16", base ? json(ppl_bf16) : json(nullptr)},
+                      {"increase_pct", base ? json(pct(p.estimate / ppl_bf16)) : json(nullptr)}});
     }
     out["ppl"][cs] = rows;
 
@@ -180,14 +213,18 @@ json referee_unseen_json(const json& j) {
           const int b = base.empty() ? -1 : find(base, w);
           if (b < 0) continue;
           const std::string key = r["key"], base_key = (*runs[size_t(b)])["key"];
+          // on the targets both scored (a run of the eviction row's prompt pairs with its base's tail)
+          const auto both = paired_windows(r, *runs[size_t(b)], cs, unseen);
+          if (!both) continue;  // a base recorded before tails
           const Interval q =
-              paired_ppl_ratio(pooled[i], pooled[size_t(b)], resamples,
+              paired_ppl_ratio(both->first, both->second, resamples,
                                mix_seed(seed, tag_hash("unseen/paired/" + cs + "/" + key + "/" + base_key)));
           pairs.push_back({{"key", key},
                            {"method", run_label(r)},
                            {"base_key", base_key},
                            {"base", base},
                            {"windows", w},
+                           {"scored_from", std::max(run_scored_from(r, cs), run_scored_from(*runs[size_t(b)], cs))},
                            {"ratio", q.estimate},
                            {"ci95", pair_json(q.lo, q.hi)},
                            {"change_pct", pct(q.estimate)},
@@ -224,7 +261,8 @@ std::string referee_unseen_markdown(const json& j) {
                        rows.empty() ? 0 : rows[0]["n_windows"].get<int>(),
                        rows.empty() ? 0 : rows[0]["tokens"].get<int64_t>(), u["bootstrap"].get<int>());
       for (const json& r : rows)
-        s += fmt::format("| {} | {} | {:.4f} | [{:.4f}, {:.4f}] | {} |\n", r["method"].get<std::string>(),
+        s += fmt::format("| {}{} | {} | {:.4f} | [{:.4f}, {:.4f}] | {} |\n", r["method"].get<std::string>(),
+                         scored_from_note(r),
                          r["windows"].get<std::string>(), r["ppl"].get<double>(), r["ci95"][0].get<double>(),
                          r["ci95"][1].get<double>(),
                          r["increase_pct"].is_null() ? "-" : fmt::format("{:+.3f}%", r["increase_pct"].get<double>()));
@@ -237,12 +275,13 @@ std::string referee_unseen_markdown(const json& j) {
     s += fmt::format("\n### ppl ratio vs base, unseen domains pooled, paired bootstrap 95% CI over windows (ctx {})\n\n"
                      "ratio = exp(Σ (NLL_method − NLL_base) / Σ tokens) over the same windows, paired by (domain, "
                      "window index); below 1 (a negative change) means the method beats its base. Bases: the "
-                     "rotation it starts from (optr → int2+its base, int2+oscar → int2+quarot, int2+quarot → int2) "
-                     "and bf16.\n\n| method | base | windows | ppl ratio | 95% CI | change | change 95% CI |\n"
+                     "rotation it starts from (optr → int2+its base, int2+oscar → int2+quarot, int2+quarot → int2), "
+                     "the row of equal bytes for an eviction row (evict(int2) → int2, on its targets) and bf16.\n\n| method | base | windows | ppl ratio | 95% CI | change | change 95% CI |\n"
                      "|---|---|---|---|---|---|---|\n", cs);
     for (const json& p : pairs)
-      s += fmt::format("| {} | {} | {} | {:.5f} | [{:.5f}, {:.5f}] | {:+.3f}% | [{:+.3f}%, {:+.3f}%] |\n",
-                       p["method"].get<std::string>(), p["base"].get<std::string>(), p["windows"].get<std::string>(),
+      s += fmt::format("| {}{} | {} | {} | {:.5f} | [{:.5f}, {:.5f}] | {:+.3f}% | [{:+.3f}%, {:+.3f}%] |\n",
+                       p["method"].get<std::string>(), scored_from_note(p), p["base"].get<std::string>(),
+                       p["windows"].get<std::string>(),
                        p["ratio"].get<double>(), p["ci95"][0].get<double>(), p["ci95"][1].get<double>(),
                        p["change_pct"].get<double>(), p["change_pct_ci95"][0].get<double>(),
                        p["change_pct_ci95"][1].get<double>());

@@ -6,6 +6,7 @@
 #include "eval/referee.h"
 #include "eval/referee_bands.h"
 #include "eval/referee_claims.h"
+#include "eval/referee_eviction.h"
 #include "eval/referee_pooled.h"
 #include "eval/referee_view.h"
 
@@ -85,6 +86,17 @@ void check_run(Schema& s, const json& r, const std::string& w, const std::vector
            "string or null");
   }
   s.object(r, w, "settings");
+  // An eviction row records its budget at every ctx: the paired row's bits, the prompt, the tokens kept and stored.
+  if (r.contains("method") && r["method"].is_object() && !r["method"].value("equal_bytes", std::string()).empty() &&
+      s.object(r, w, "equal_bytes") && s.object(r["equal_bytes"], w + ".equal_bytes", "by_ctx"))
+    for (const std::string& c : ctxs)
+      if (s.object(r["equal_bytes"]["by_ctx"], w + ".equal_bytes.by_ctx", c)) {
+        const json& e = r["equal_bytes"]["by_ctx"][c];
+        const std::string ew = w + ".equal_bytes.by_ctx." + c;
+        s.number(e, ew, "target_bits");
+        s.number(e, ew, "stored_bits");
+        for (const char* k : {"prompt_tokens", "kept_prompt_tokens", "stored_tokens"}) s.integer(e, ew, k);
+      }
   if (s.object(r, w, "model")) s.string(r["model"], w + ".model", "fingerprint");
   if (s.object(r, w, "cache") && s.object(r["cache"], w + ".cache", "footprint"))
     for (const std::string& c : ctxs)
@@ -157,6 +169,7 @@ void check_equal_bits(Schema& s, const json& j, const std::vector<std::string>& 
               const std::string rw = fmt::format("{}.runs[{}]", aw, i);
               s.string(r, rw, "key");
               s.number(r, rw, "bits");
+              s.integer(r, rw, "scored_from");
               s.number(r, rw, "ppl");
               s.interval(r, rw, "ppl_ci95");
               s.number(r, rw, "kl");
@@ -183,6 +196,22 @@ void check_equal_bits(Schema& s, const json& j, const std::vector<std::string>& 
             s.interval(by_ctx[c][i], pw, "kl_ci95");
             s.boolean(by_ctx[c][i], pw, "front");
           }
+  if (j.contains("eviction") && s.object(j, w, "eviction"))  // optional: results written before the eviction row
+    for (const auto& [protocol, by_ctx] : j["eviction"].items())
+      for (const auto& [c, rows] : by_ctx.items())
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const std::string ew = fmt::format("{}.eviction.{}.{}[{}]", w, protocol, c, i);
+          s.string(rows[i], ew, "key");
+          s.string(rows[i], ew, "paired");
+          s.number(rows[i], ew, "bits");
+          s.integer(rows[i], ew, "scored_from");
+          s.number(rows[i], ew, "ppl");
+          s.interval(rows[i], ew, "ppl_ci95");
+          for (const char* k : {"vs_paired", "vs_bf16", "paired_vs_bf16"})
+            if (s.need(rows[i], ew, k, [](const json& v) { return v.is_object() || v.is_null(); }, "object or null") &&
+                rows[i][k].is_object())
+              s.interval(rows[i][k], ew + "." + k, "ci95");
+        }
   s.string(j, w, "claims_rule");
   if (s.array(j, w, "claims"))
     for (size_t i = 0; i < j["claims"].size(); ++i) {
@@ -371,6 +400,12 @@ std::string referee_markdown(const json& j) {
       }
       s += "\n";
     }
+    const bool evicts = std::any_of(j["runs"].begin(), j["runs"].end(), [](const json& r) {
+      return !r["method"].value("equal_bytes", std::string()).empty();
+    });
+    if (evicts)
+      s += "\nThe eviction rows score only the last 1/16 of each window (after their prompt) and as-shipped rows the "
+           "second half: compare them in the equal-bits and eviction sections, paired on the same targets.\n";
     s += fmt::format("\n## KL(p_bf16 ‖ p_method) per token and top-1 agreement at ctx {} (95% CI)\n\n", x);
     s += "| method | windows |";
     for (const std::string& d : cols) s += " KL " + d + " | top-1 " + d + " |";
@@ -399,6 +434,7 @@ std::string referee_markdown(const json& j) {
 
   s += referee_unseen_markdown(j);
   s += referee_bands_markdown(j);
+  s += referee_eviction_markdown(j);
   s += referee_claims_markdown(j);
 
   s += "\n## Leakage: same-text calibration versus disjoint calibration\n\n";

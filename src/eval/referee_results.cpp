@@ -11,6 +11,7 @@
 #include "eval/referee_io.h"
 #include "eval/referee_bands.h"
 #include "eval/referee_claims.h"
+#include "eval/referee_eviction.h"
 #include "eval/referee_pooled.h"
 #include "kv/codec_pnmix.h"
 #include "eval/referee_view.h"
@@ -130,6 +131,10 @@ json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
       "second half of each window, after a prompt of its first half. Rows read '<method>, as shipped'; their ppl "
       "and KL compare only with the as-shipped bf16 run, never with common-protocol rows.",
       "bf16 is run once: sink/recent windows do not change a BF16 cache (its windows column reads 'any').",
+      "Every run also records its NLL over the last 1/16 of each window (results.ppl[ctx][domain].tail), from the same "
+      "pass: the eviction row (prompt policy evict under both protocols) scores only those targets, after a prompt of "
+      "the first 15/16, and is paired with every other run on them (bands, unseen domains, the eviction section). Its "
+      "KL, top-1 and per-layer errors are its own (the KL over those targets, the layer errors over every row).",
       "Calibrated methods (int2+oscar, optr*) were calibrated on " + cfg.calib_data + " (sha256 " +
           data.calib_sha256.substr(0, 16) + "…), checked disjoint from every file of " + cfg.eval_dir +
           " by path and sha256; a calibration file may come from the same domain as an eval file (another part of "
@@ -165,7 +170,8 @@ json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
 
 json method_json(const RefereeMethod& m) {
   return {{"label", m.label}, {"type", m.type()}, {"window_type", m.window_type}, {"rotation", m.rotation},
-          {"base", m.base}, {"objective", m.objective}, {"camp", m.camp}, {"kvq_extension", m.kvq_extension}};
+          {"base", m.base}, {"objective", m.objective}, {"camp", m.camp}, {"kvq_extension", m.kvq_extension},
+          {"equal_bytes", m.equal_bytes}};
 }
 
 void add_run_fields(json& rec, const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r,
@@ -220,6 +226,7 @@ json referee_results_json(const RefereeConfig& cfg, const RefereeData& data, con
   j["unseen"] = referee_unseen_json(j);  // pooled over the eval domains other than the calibration one
   j["bands"] = referee_bands_json(j);    // equal bits: per protocol and ctx (eval/referee_bands.h)
   j["pareto"] = referee_pareto_json(j);  // the Pareto series of report.html, from the bands
+  j["eviction"] = referee_eviction_json(j);  // eviction rows beside their rows of equal bytes (eval/referee_eviction.h)
   j["claims"] = referee_claims_json(j);  // the camps' claims against the bands' figures (eval/referee_claims.h)
   j["claims_rule"] = claim_rule_text();
   j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - o.start).count();

@@ -40,6 +40,13 @@ inline double run_bits(const nlohmann::json& run, const std::string& ctx) {
   return run["cache"]["footprint"][ctx]["kv_bits_effective"].get<double>();
 }
 
+// The prompt of the run's windows at context ctx: its targets before it are not scored (0 common, ctx / 2 as shipped,
+// the eviction row's own; records without the field: 0).
+inline int run_scored_from(const nlohmann::json& run, const std::string& ctx) {
+  if (!run.contains("protocol") || !run["protocol"].contains("prompt_tokens")) return 0;
+  return run["protocol"]["prompt_tokens"].value(ctx, 0);
+}
+
 // The pooled "all" domain when several domains were evaluated, else the only one.
 inline std::string pooled_domain(const nlohmann::json& run, const std::string& ctx) {
   const nlohmann::json& p = run["results"]["ppl"][ctx];

@@ -55,8 +55,12 @@ nlohmann::json report_json(const EvalReport& r) {
     json ppl = json::object();
     for (const PplEntry& e : r.ppl) {
       json o = {{"ppl", e.ppl}, {"ci95", interval_json(e.ci)}, {"windows", e.window_nll.size()},
-                {"tokens", e.tokens}, {"window_nll", e.window_nll}};
+                {"tokens", e.tokens}, {"window_nll", e.window_nll}, {"prompt_tokens", e.prompt_tokens}};
       if (e.ppl_bf16 > 0) o["ppl_bf16"] = e.ppl_bf16;
+      if (e.tail_prompt_tokens > 0)  // the same windows' targets at positions >= T (EvalConfig::tail_fraction)
+        o["tail"] = {{"prompt_tokens", e.tail_prompt_tokens},
+                     {"tokens", int64_t(e.window_nll_tail.size()) * scored_targets(e.ctx, e.tail_prompt_tokens)},
+                     {"window_nll", e.window_nll_tail}};
       ppl[std::to_string(e.ctx)][e.domain] = o;
     }
     results["ppl"] = ppl;

@@ -254,7 +254,9 @@ std::string equal_bits_html(const json& j, const std::function<std::string(const
   std::string h = "<h2>Equal bits: bands and Pareto charts per protocol</h2>\n<p>Bits: effective bits per cached element "
                   "at the stated context (windows, scales, skipped layers at 16 bits). Pooled over every eval domain; "
                   "the increase is the paired ratio against the same protocol's bf16 run (paired bootstrap 95% CI "
-                  "over windows), each run paired against its band's best: tied when that CI holds 1.</p>\n";
+                  "over windows), each run paired against its band's best: tied when that CI holds 1. A run marked "
+                  "targets &ge; P (the eviction row) scores only the targets after its prompt P and is paired on "
+                  "them.</p>\n";
   for (const std::string& protocol : referee_protocol_order())
     for (const json& x : j["config"]["ctx"]) {
       const std::string cs = std::to_string(x.get<int>());
@@ -264,16 +266,21 @@ std::string equal_bits_html(const json& j, const std::function<std::string(const
                        "<th>windows</th><th>bits</th><th>ppl</th><th>increase vs bf16</th><th>95% CI</th><th>KL</th>"
                        "<th>95% CI</th><th>passkey</th><th>vs band best</th><th>95% CI</th><th>verdict</th></tr>\n",
                        esc(protocol), cs, id);
-      for (const json& band : j["bands"][protocol][cs])
+      for (const json& band : j["bands"][protocol][cs]) {
+        int widest = -1;  // the band's earliest prompt: its rows are unmarked
+        for (const json& r : band["runs"])
+          if (widest < 0 || r.value("scored_from", 0) < widest) widest = r.value("scored_from", 0);
         for (const json& r : band["runs"]) {
           const json& v = r["vs_best"];
           const bool inc = !r["increase_pct"].is_null();
+          const int from = r.value("scored_from", 0);
+          const std::string targets = from > widest ? fmt::format(" (targets &ge; {})", from) : "";
           h += fmt::format(
               "<tr data-key=\"{}\" data-band=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.4f}</td>"
               "<td>{}</td><td>{}</td><td>{:.5f}</td><td>[{:.5f}, {:.5f}]</td><td>{:.0f}%</td><td>{}</td><td>{}</td>"
               "<td>{}</td></tr>\n",
               esc(r["key"].get<std::string>()), esc(band["band"].get<std::string>()),
-              esc(band["band"].get<std::string>()), esc(r["method"].get<std::string>()),
+              esc(band["band"].get<std::string>()), esc(r["method"].get<std::string>()) + targets,
               esc(r["windows"].get<std::string>()), r["bits"].get<double>(), r["ppl"].get<double>(),
               inc ? fmt::format("{:+.3f}%", r["increase_pct"].get<double>()) : "-",
               inc ? fmt::format("[{:+.3f}%, {:+.3f}%]", r["increase_pct_ci95"][0].get<double>(),
@@ -281,11 +288,13 @@ std::string equal_bits_html(const json& j, const std::function<std::string(const
                   : "-",
               r["kl"].get<double>(), r["kl_ci95"][0].get<double>(), r["kl_ci95"][1].get<double>(),
               100 * r["passkey"].get<double>(),
-              v.is_null() ? "best" : fmt::format("{:+.3f}%", v["change_pct"].get<double>()),
+              v.is_null() ? (r["key"] == band["best_key"] ? "best" : "not paired")
+                          : fmt::format("{:+.3f}%", v["change_pct"].get<double>()),
               v.is_null() ? "-" : fmt::format("[{:+.3f}%, {:+.3f}%]", v["change_pct_ci95"][0].get<double>(),
                                               v["change_pct_ci95"][1].get<double>()),
               v.is_null() ? "-" : esc(v["verdict"].get<std::string>()));
         }
+      }
       h += "</table>\n";
       if (!j["pareto"].contains(protocol) || !j["pareto"][protocol].contains(cs)) continue;
       std::vector<ParetoPoint> inc, kl;
@@ -318,6 +327,45 @@ std::string equal_bits_html(const json& j, const std::function<std::string(const
                       xl, "KL per token (nats)", kl, true);
       h += fmt::format("<p>Error bars: 95% CIs. Large points joined by the dashed line: the Pareto front (no run has "
                        "fewer bits and a lower ppl increase). A KL of 0 is drawn at the floor {:.3g}.</p>\n", floor);
+    }
+  return h;
+}
+
+// The eviction rows beside their rows of equal bytes (results.json "eviction", eval/referee_eviction.h), one table per
+// protocol and ctx.
+std::string eviction_html(const json& j) {
+  if (!j.contains("eviction") || j["eviction"].empty()) return "";
+  const auto change = [](const json& v) {
+    return v.is_null() ? std::string("-")
+                       : fmt::format("{:+.3f}% [{:+.3f}%, {:+.3f}%]", v["change_pct"].get<double>(),
+                                     v["change_pct_ci95"][0].get<double>(), v["change_pct_ci95"][1].get<double>());
+  };
+  const auto num = [](const json& v) { return v.is_null() ? std::string("-") : fmt::format("{:.4f}", v.get<double>()); };
+  std::string h = "<h2>Eviction at equal bytes (METHODS §5.8)</h2>\n<p>A bf16 cache keeping the sinks, the recent "
+                  "window and the prompt tokens of highest AnDPro-style score (LORE-KV has no public code), decided "
+                  "once after a prompt of the first 15/16 of each window; the tokens after it are kept bf16 and "
+                  "counted at 16 bits, so it stores the paired row's bytes (int2 at the same windows) at the ctx. "
+                  "Only the last 1/16 is scored; the paired row (common protocol) and bf16 are read on the same "
+                  "targets, paired bootstrap 95% CIs over windows.</p>\n";
+  for (const std::string& protocol : referee_protocol_order())
+    for (const json& x : j["config"]["ctx"]) {
+      const std::string cs = std::to_string(x.get<int>());
+      if (!j["eviction"].contains(protocol) || !j["eviction"][protocol].contains(cs)) continue;
+      h += fmt::format("<h3>Protocol {}, ctx {}</h3>\n<table id=\"eviction-{}-{}\">\n<tr><th>method</th>"
+                       "<th>windows</th><th>bits</th><th>paired row's bits</th><th>prompt</th><th>kept of prompt</th>"
+                       "<th>stored tokens</th><th>ppl (targets &ge; prompt)</th><th>paired row there</th>"
+                       "<th>bf16 there</th><th>vs paired row</th><th>vs bf16</th><th>paired row vs bf16</th>"
+                       "<th>passkey</th></tr>\n", esc(protocol), cs, esc(protocol), cs);
+      for (const json& e : j["eviction"][protocol][cs])
+        h += fmt::format("<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{:.4f}</td><td>{}</td><td>{}</td><td>{}</td>"
+                         "<td>{}</td><td>{:.4f}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                         "<td>{:.0f}%</td></tr>\n",
+                         esc(e["key"].get<std::string>()), esc(e["method"].get<std::string>()),
+                         esc(e["windows"].get<std::string>()), e["bits"].get<double>(), num(e["paired_bits"]),
+                         e["prompt_tokens"].dump(), e["kept_prompt_tokens"].dump(), e["stored_tokens"].dump(),
+                         e["ppl"].get<double>(), num(e["paired_ppl"]), num(e["bf16_ppl"]), change(e["vs_paired"]),
+                         change(e["vs_bf16"]), change(e["paired_vs_bf16"]), 100 * e["passkey"].get<double>());
+      h += "</table>\n";
     }
   return h;
 }
@@ -469,7 +517,9 @@ std::string referee_html(const json& j) {
   }
   const double kl_floor = kl_min > 0 ? kl_min / 10 : 1e-6;
   for (const json& r : j["runs"]) {
-    if (run_protocol(r) != "common") continue;  // as-shipped rows score other tokens: their own charts below
+    // As-shipped rows score other tokens (their own charts below), and so does the eviction row (its tail: the
+    // eviction section and the Pareto charts pair it on its targets).
+    if (run_protocol(r) != "common" || run_scored_from(r, c0) != 0) continue;
     const std::string d = pooled_domain(r, c0);
     Point p;
     p.x = run_bits(r, c0);
@@ -539,6 +589,7 @@ std::string referee_html(const json& j) {
       if (r["key"] == key) return color(r);
     return std::string("#444444");
   });
+  h += eviction_html(j);
   h += claims_html(j);
 
   // Leakage and notes

@@ -53,8 +53,10 @@ CodecSpec with_head_dim(CodecSpec s, int head_dim) {
 void check_prompt_policy(const CacheConfig& cfg) {
   const std::string_view name = prompt_policy_name(cfg.prompt_policy);
   const bool evict = cfg.prompt_policy == PromptPolicy::kEvict;
-  KVQ_CHECK(evict || cfg.evict_bits == 0, "KV cache: evict_bits {} with prompt policy '{}' (evict only)",
-            cfg.evict_bits, name);
+  KVQ_CHECK(evict || (cfg.evict_bits == 0 && cfg.evict_ctx == 0),
+            "KV cache: evict_bits {} / evict_ctx {} with prompt policy '{}' (evict only)", cfg.evict_bits,
+            cfg.evict_ctx, name);
+  KVQ_CHECK(cfg.evict_ctx >= 0, "KV cache: evict_ctx {} must be >= 0 (0: the prompt's end)", cfg.evict_ctx);
   // Rows after the prompt (quantize-after-prompt) and kept rows (evict) stay in the window codec, read from the exact
   // store: an int8 window cannot be that store.
   KVQ_CHECK(!(evict || cfg.prompt_policy == PromptPolicy::kQuantizeAfterPrompt) || !window_quantized(cfg),
@@ -193,7 +195,8 @@ std::string CacheConfig::describe() const {
   std::string skip;
   for (int l : skip_layers) skip += (skip.empty() ? " skip_layers=" : ",") + std::to_string(l);
   std::string prompt;  // nothing for decode-faithful: every existing description stays as it was
-  if (prompt_policy == PromptPolicy::kEvict) prompt = fmt::format(" prompt=evict/b{:g}", evict_bits);
+  if (prompt_policy == PromptPolicy::kEvict)  // "@N": the bits are stated at context N, not at the prompt's end
+    prompt = fmt::format(" prompt=evict/b{:g}{}", evict_bits, evict_ctx > 0 ? fmt::format("@{}", evict_ctx) : "");
   else if (prompt_policy != PromptPolicy::kDecodeFaithful) prompt = " prompt=" + std::string(prompt_policy_name(prompt_policy));
   return fmt::format("k={} v={} sink={} recent={} window={} rotation={}{}{}", one(k), one(v), sink, recent, window,
                      rotation(), skip, prompt);
@@ -420,7 +423,7 @@ void KvCache::observe_queries(int seq, int layer, int pos0, int n, const float* 
 void KvCache::evict(int seq, Sequence& s) {
   const int P = s.prompt_end;
   const int row_bits = 8 * int(exact_codec_->bytes_per_block()) / d_;
-  const int budget = evict_budget(cfg_.evict_bits, row_bits, P);
+  const int budget = evict_budget(cfg_.evict_bits, row_bits, P, cfg_.evict_ctx);
   s.positions.assign(size_t(n_layers_) * n_kv_ * max_ctx_, 0);
   s.kept = budget;
   if (P == 0) return;
@@ -507,7 +510,9 @@ CacheFootprint KvCache::footprint(int n, int prompt) const {
     const int n_quant = prompt > 0 ? quant_end(prompt - 1) - cfg_.sink : 0;
     total = double(n - n_quant) * exact + double(n_quant) * quant;
   } else {  // evict: the kept prompt tokens and every later one, unquantized
-    const int kept = evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, prompt);
+    const int kept = evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, prompt,
+                                  cfg_.evict_ctx);
+    evict_check_windows(kept, cfg_.sink, cfg_.recent, prompt);
     total = double(kept + n - prompt) * exact;
     quant = exact;
   }

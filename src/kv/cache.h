@@ -114,9 +114,13 @@ struct CacheConfig {
   std::vector<float> key_rope;
   // The prefill semantics (PromptPolicy above); decode-faithful unless a camp's "as shipped" row asks otherwise.
   PromptPolicy prompt_policy = PromptPolicy::kDecodeFaithful;
-  // evict only: the bits per element the kept prompt tokens may cost, as a fraction f = evict_bits / 16 of the prompt's
-  // BF16 bytes (e.g. a quantized row's b_eff at context P): floor(f · P) prompt tokens are kept. (0, 16].
+  // evict only: the bits per element the cache may store, as a fraction f = evict_bits / 16 of the BF16 bytes at context
+  // N = evict_ctx (kv/evict.h): every token after the prompt is kept, so floor(f · N) - (N - P) prompt tokens are and
+  // a sequence of N tokens stores floor(f · N) tokens' rows, e.g. a quantized row's bytes at N with evict_bits = its
+  // b_eff at N (the referee's eviction row). evict_bits in (0, 16].
   double evict_bits = 0;
+  // evict only: N above; 0 = the prompt's end (N = P: floor(f · P) prompt tokens kept, f × the prompt's BF16 bytes).
+  int evict_ctx = 0;
   std::string describe() const;  // "k=int2/g128/r0.96 v=int2/g128/r0.92 sink=64 recent=256"
 };
 
@@ -220,7 +224,8 @@ class KvCache {
   CacheFootprint footprint(int n_tokens) const;
   // What one sequence of n_tokens stores when its prompt was the first prompt_tokens under cfg.prompt_policy
   // (exact-prompt and decode-faithful: footprint(n_tokens); quantize-after-prompt: the rows from qe(P - 1) on at 16
-  // bits; evict: the kept prompt tokens and every later one at 16 bits).
+  // bits; evict: the kept prompt tokens and every later one at 16 bits; kvq::Error when the evict budget cannot hold
+  // the prompt's windows, as end_prompt would raise).
   CacheFootprint footprint(int n_tokens, int prompt_tokens) const;
   size_t bytes_allocated() const;  // pages + sinks + rings, all sequences
   int token_capacity() const;      // tokens the pool holds in sequences of max_ctx each

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 
 #include "common/error.h"
@@ -9,12 +10,29 @@
 
 namespace kvq {
 
-int evict_budget(double bits, int row_bits, int prompt_tokens) {
+int evict_budget(double bits, int row_bits, int prompt_tokens, int at_ctx) {
   KVQ_CHECK(bits > 0 && bits <= row_bits,
             "evict: --evict-bits {} must be in (0, {}] (the bits per element of a kept row)", bits, row_bits);
-  KVQ_CHECK(prompt_tokens >= 0, "evict: prompt of {} tokens", prompt_tokens);
-  const double kept = std::floor(bits * double(prompt_tokens) / double(row_bits));
-  return std::min(prompt_tokens, int(kept));
+  KVQ_CHECK(prompt_tokens >= 0 && at_ctx >= 0, "evict: prompt of {} tokens, budget at context {}", prompt_tokens,
+            at_ctx);
+  const int n = at_ctx > 0 ? at_ctx : prompt_tokens;
+  KVQ_CHECK(prompt_tokens <= n,
+            "evict: the budget is stated at context {} (--evict-ctx), shorter than the prompt of {} tokens", n,
+            prompt_tokens);
+  // The slack keeps a product that is an integer in exact arithmetic (b_eff · N / 16 of a quantized row) that integer.
+  const int64_t total = int64_t(std::floor(bits * double(n) / double(row_bits) + 1e-9));
+  const int64_t after = n - prompt_tokens;  // every token after the prompt is kept
+  KVQ_CHECK(total >= after,
+            "evict: {} bits per element at context {} hold {} tokens' rows, fewer than the {} tokens after the prompt "
+            "of {} (all kept): a longer prompt or more bits", bits, n, total, after, prompt_tokens);
+  return int(std::min<int64_t>(prompt_tokens, total - after));
+}
+
+void evict_check_windows(int budget, int sink, int recent, int prompt_tokens) {
+  const int P = prompt_tokens, n_sink = std::min(sink, P), r0 = std::max(n_sink, P - recent);
+  KVQ_CHECK(budget >= n_sink + (P - r0),
+            "evict: the budget of {} of the prompt's {} tokens cannot hold its {} sinks and {} recent tokens (a larger "
+            "--evict-bits, a longer prompt or smaller --kv-sink / --kv-recent)", budget, P, n_sink, P - r0);
 }
 
 std::vector<double> evict_scores(const float* keys, const float* values, int n_tokens, int d, const float* queries,
@@ -45,11 +63,9 @@ std::vector<double> evict_scores(const float* keys, const float* values, int n_t
 
 std::vector<int> evict_keep(const std::vector<double>& score, int sink, int recent, int budget) {
   const int P = int(score.size());
+  evict_check_windows(budget, sink, recent, P);
   const int n_sink = std::min(sink, P), r0 = std::max(n_sink, P - recent);
   const int extra = budget - n_sink - (P - r0);
-  KVQ_CHECK(extra >= 0,
-            "evict: the budget of {} of the prompt's {} tokens cannot hold its {} sinks and {} recent tokens (a larger "
-            "--evict-bits, a longer prompt or smaller --kv-sink / --kv-recent)", budget, P, n_sink, P - r0);
   std::vector<int> middle(static_cast<size_t>(r0 - n_sink));
   std::iota(middle.begin(), middle.end(), n_sink);
   const int take = std::min(extra, int(middle.size()));

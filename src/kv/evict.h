@@ -5,8 +5,11 @@
 // where obs are the last kEvictObserve prompt queries, j the query heads of the kv head's GQA group, p_{q,j,t} the
 // softmax of query (q, j) over the prompt tokens t <= q (exact rows) and o_{q,j} = Σ_t p_{q,j,t} v_t its attention
 // output. (choice) Each query head's own output normalises its own term (the group is summed over the terms); a zero
-// output contributes nothing. The budget is the prompt's: floor(f · P) tokens with f = bits / stored bits of a kept
-// row (16 for bf16), so the kept prompt costs f × its BF16 bytes at context P (within one token's rows).
+// output contributes nothing. The budget holds f = bits / stored bits of a kept row (16 for bf16) of the BF16 bytes at
+// a stated context N: every token after the prompt is kept, so floor(f · N) - (N - P) prompt tokens are, and a
+// sequence of N tokens stores floor(f · N) tokens' rows, f × its BF16 bytes (within one token's rows). N = P (the
+// default) is the prompt's budget: floor(f · P) prompt tokens, f × the prompt's BF16 bytes at context P; the referee
+// states N = its context, so that the bytes equal a quantized row's there (eval/referee_methods.h).
 // (choice) Ties of score: the lower position is kept. Every kv head keeps the same number of tokens, so the bytes
 // are the same for every (layer, head).
 #pragma once
@@ -17,9 +20,14 @@ namespace kvq {
 
 inline constexpr int kEvictObserve = 32;  // observation window: the last 32 prompt queries
 
-// Tokens of a prompt of P tokens that an eviction budget of `bits` per element keeps when a kept row stores
-// row_bits per element: min(P, floor(bits · P / row_bits)). kvq::Error unless 0 < bits <= row_bits.
-int evict_budget(double bits, int row_bits, int prompt_tokens);
+// Tokens of a prompt of P tokens that an eviction budget of `bits` per element at context N = at_ctx (0: N = P) keeps
+// when a kept row stores row_bits per element: min(P, floor(bits · N / row_bits) - (N - P)). kvq::Error unless
+// 0 < bits <= row_bits and P <= N, or when the N - P tokens after the prompt (all kept) exceed the budget.
+int evict_budget(double bits, int row_bits, int prompt_tokens, int at_ctx = 0);
+
+// kvq::Error unless a budget of `budget` prompt tokens holds the prompt's sinks [0, min(sink, P)) and recent window
+// [max(sink, P - recent), P), which eviction always keeps.
+void evict_check_windows(int budget, int sink, int recent, int prompt_tokens);
 
 // score_t for t in [0, n_tokens) of one (layer, kv head): keys, values [n_tokens, d] (the stored rows, decoded),
 // queries [n_q, group, d] already scaled by 1/sqrt(d), query i at position q_pos[i] < n_tokens (it reads t <= q_pos[i]).

@@ -1,0 +1,29 @@
+// The referee's eviction rows at equal bytes (METHODS §5.8; the row: eval/referee_methods.cpp "evict(int2)"), side by
+// side with the quantized row whose bytes they store. Computed at the report stage from the run records, like the
+// bands (eval/referee_bands.h), so `--report-only` gives it.
+//
+// - An eviction row stores at each ctx what its paired row (results.json runs[].method.equal_bytes, int2) stores at the
+//   same windows (runs[].equal_bytes.by_ctx: the target bits, the prompt, the prompt tokens kept, the tokens stored).
+// - It scores only the last 1/16 of each window (after its prompt, kEvictPromptFraction); the paired row and bf16 are
+//   taken on the same targets: their recorded tails (eval/referee_pooled.h pooled_windows_from).
+// - The paired row is the common protocol's run at the same windows (int2 has one path: decode-faithful); bf16 is the
+//   eviction run's own protocol's. Ratios are paired bootstraps over windows (every domain pooled).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace kvq {
+
+// results.json "eviction": {protocol: {ctx: [{key, method, windows, paired, paired_key, bits, paired_bits,
+// target_bits, prompt_tokens, kept_prompt_tokens, stored_tokens, scored_from, ppl, ppl_ci95, paired_ppl, bf16_ppl,
+// vs_paired, vs_bf16, paired_vs_bf16, kl, passkey, paired_passkey}]}} with each vs_* = {ratio, ci95, change_pct,
+// change_pct_ci95} or null (no such run, or a record from before tails); the ppls of the paired row and bf16 are on the
+// eviction row's targets. From the other keys of results (config.ctx, config.bootstrap, seeds.seed, eval_data, runs).
+nlohmann::json referee_eviction_json(const nlohmann::json& results);
+
+// report.md's eviction section from results["eviction"] ("" when absent or empty). The HTML twin is in report_html.cpp.
+std::string referee_eviction_markdown(const nlohmann::json& results);
+
+}  // namespace kvq
