@@ -4,9 +4,9 @@
 // The K/V regions are cycled through `copies` distinct buffers (> last-level cache for every codec) so
 // the blocks stream from DRAM as they would in a real multi-layer cache.
 // Prints per run: block bytes read, GB/s of block bytes, ns per token (scores + accumulate, all n_q).
-// The prefill/ cases time the same primitives as prefill calls them (src/attention/attention.cpp): a tile of 64 query
-// rows over a 4096-token region in pieces of 128 rows, the region in cache; they print GFLOP/s (2 flops per
-// multiply-add, scores and accumulate).
+// The incache/ cases time the same primitives as attention calls them (src/attention/attention.cpp) on a 4096-token
+// region that stays in cache, in pieces of 128 rows, for 64 query rows (a prefill tile: rows64) and for 1 and 2 (a
+// decode step's GQA group: rows1, rows2); they print GFLOP/s (2 flops per multiply-add, scores and accumulate).
 //   build/kvq_bench_codecs [--benchmark_filter=int2]
 #include <random>
 #include <vector>
@@ -69,12 +69,13 @@ void BM_ScoresAccumulate(benchmark::State& state, Case c) {
                  std::to_string(copies));
 }
 
-void BM_PrefillTile(benchmark::State& state, Case c) {
+void BM_InCache(benchmark::State& state, Case c, int rows) {
   if (!kvq::simd_level_supported(c.level)) {
     state.SkipWithError("SIMD level not supported on this CPU");
     return;
   }
-  constexpr int kRows = 64, kRegion = 4096, kPiece = 128;
+  const int kRows = rows;
+  constexpr int kRegion = 4096, kPiece = 128;
   const auto codec = kvq::make_codec_at(c.spec, c.level);
   const int tpb = codec->tokens_per_block();
   std::mt19937 rng(1);
@@ -98,7 +99,8 @@ void BM_PrefillTile(benchmark::State& state, Case c) {
   }
   state.counters["GFLOP/s"] = benchmark::Counter(double(state.iterations()) * 4.0 * kRows * kRegion * kD * 1e-9,
                                                  benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(codec->name()) + " " + kvq::simd_level_name(c.level) + ", 64 query rows");
+  state.SetLabel(std::string(codec->name()) + " " + kvq::simd_level_name(c.level) + ", " + std::to_string(rows) +
+                 " query rows");
 }
 
 kvq::CodecSpec spec(const char* type, int group, bool per_channel = false) {
@@ -124,12 +126,14 @@ void register_all() {
                                    BM_ScoresAccumulate, Case{sp.spec, level})
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.3);
-  for (const char* type : {"bf16", "f16", "int2", "int4"})
-    for (L level : {L::kAvx512Vnni, L::kAvx512, L::kAvx2, L::kScalar})
-      benchmark::RegisterBenchmark((std::string("prefill/") + type + "/" + kvq::simd_level_name(level)).c_str(),
-                                   BM_PrefillTile, Case{spec(type, 128), level})
-          ->Unit(benchmark::kMicrosecond)
-          ->MinTime(0.3);
+  for (int rows : {64, 1, 2})
+    for (const char* type : {"bf16", "f16", "int2", "int4"})
+      for (L level : {L::kAvx512Vnni, L::kAvx512, L::kAvx2, L::kScalar})
+        benchmark::RegisterBenchmark(("incache/rows" + std::to_string(rows) + "/" + type + "/" +
+                                      kvq::simd_level_name(level)).c_str(),
+                                     BM_InCache, Case{spec(type, 128), level}, rows)
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(0.3);
   // TurboQuant presets: codebook (or FP8) keys with uniform values (kv/codec_turboquant.h).
   const struct {
     const char* name;

@@ -231,7 +231,7 @@ void accumulate_rows(const RowsView& r, const float* p, size_t p_stride, int n_q
 //   broadcast, times row t's vectors, summed over t.
 // The products sum in another order than the row path, so the two agree to float rounding (tests/test_codecs.cpp).
 // Up to one chunk of queries the row path reads each row once (decode steps, the bf16 GEMV of model/linear.cpp);
-// past it, it re-reads every row per chunk and the decode-once tiles win (bench/bench_codecs.cpp prefill/).
+// past it, it re-reads every row per chunk and the decode-once tiles win (bench/bench_codecs.cpp incache/).
 constexpr int kTileMinQ = kChunkQ + 1;
 constexpr int kTileMaxD = 256;
 
