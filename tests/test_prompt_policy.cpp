@@ -430,6 +430,23 @@ CacheConfig model_cache(const std::string& type, PromptPolicy policy, double evi
 
 constexpr int kCtx = 256, kPrompt = 128;
 
+// The fixture's text as the one eval domain, and ppl + KL over one window of kCtx (the eval tests below).
+std::vector<EvalDomain> fixture_domain(const ModelFixture& f) {
+  std::vector<EvalDomain> domains(1);
+  domains[0].name = "python";
+  domains[0].ids = f.ids;
+  return domains;
+}
+
+EvalConfig one_window_ppl_kl() {
+  EvalConfig c;
+  c.tasks = {"ppl", "kl"};
+  c.ctx = {kCtx};
+  c.windows = 1;
+  c.bootstrap = 10;
+  return c;
+}
+
 }  // namespace
 
 TEST(PromptPolicyModel, EveryPolicyAtBf16EqualsTheBf16CacheAndPromptZeroIsTodaysScoring) {
@@ -489,14 +506,8 @@ TEST(PromptPolicyModel, ExactPromptLogitsEqualBf16AndTheContinuationReadsInt2) {
 
 TEST(PromptPolicyModel, EvalScoresTheSameTargetsInPplAndKlAndPasskeyEndsThePromptAtTheNeedlePrompt) {
   ModelFixture& f = mfx();
-  std::vector<EvalDomain> domains(1);
-  domains[0].name = "python";
-  domains[0].ids = f.ids;
-  EvalConfig c;
-  c.tasks = {"ppl", "kl"};
-  c.ctx = {kCtx};
-  c.windows = 1;
-  c.bootstrap = 10;
+  const std::vector<EvalDomain> domains = fixture_domain(f);
+  EvalConfig c = one_window_ppl_kl();
   c.prompt_fraction = 0.5;
   const CacheConfig cache = model_cache("int2", PromptPolicy::kExactPrompt);
   const EvalReport r = evaluate(*f.model, f.tok, cache, domains, c);
@@ -532,14 +543,8 @@ TEST(PromptPolicyModel, EvalScoresTheSameTargetsInPplAndKlAndPasskeyEndsThePromp
 // its eviction row, prompt T, with every other run on it).
 TEST(PromptPolicyModel, TailSumsTheTargetsAfterItAndEqualsARunWithThatPrompt) {
   ModelFixture& f = mfx();
-  std::vector<EvalDomain> domains(1);
-  domains[0].name = "python";
-  domains[0].ids = f.ids;
-  EvalConfig c;
-  c.tasks = {"ppl", "kl"};
-  c.ctx = {kCtx};
-  c.windows = 1;
-  c.bootstrap = 10;
+  const std::vector<EvalDomain> domains = fixture_domain(f);
+  EvalConfig c = one_window_ppl_kl();
   c.tail_fraction = 0.75;  // T = 192, a multiple of the chunk: the same chunks as a prompt of 192
   const CacheConfig cache = model_cache("int2", PromptPolicy::kDecodeFaithful);
   const EvalReport r = evaluate(*f.model, f.tok, cache, domains, c);
