@@ -64,6 +64,8 @@ expect_error "run: --kv-skip-layers naming a layer twice" run -m $M -p hi -n 1 -
 expect_error "run: --kv-skip-layers items naming one layer" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 1,-7
 expect_error "run: --kv-skip-layers not a list of integers" run -m $M -p hi -n 1 -ctk int2 --kv-skip-layers 0,x
 expect_error "ppl: kitty on pages that are not a multiple of 128" ppl -m $M -f data/eval/linux.txt --kv-cache-dtype kitty_int2 --kv-page 64
+expect_error "ppl: --kv-demote-block not a multiple of oscar_int2's 32-token key block" ppl -m $M -f data/eval/linux.txt --kv-cache-dtype oscar_int2 --kv-demote-block 48
+expect_error "ppl: --kv-demote-block 0" ppl -m $M -f data/eval/linux.txt -ctk int2 -ctv int2 --kv-demote-block 0
 expect_error "run: kitty with a group" run -m $M -p hi -n 1 --kv-cache-dtype kitty_int2 --kv-group 64
 expect_error "ppl: missing file" ppl -m $M -f /nonexistent.txt
 expect_error "ppl: file shorter than one window" ppl -m $M -f "$T/short.txt" -c 512

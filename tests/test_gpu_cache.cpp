@@ -155,6 +155,30 @@ INSTANTIATE_TEST_SUITE_P(KiviG32, GpuVsCpu,
                                             ::testing::ValuesIn(kWindows), ::testing::Values(1)),
                          case_name);
 
+// A demotion block of 256 (CacheConfig::demote_block: OScaR's residual schedule with no windows, and int2 behind
+// 16/64 windows): the GPU demotes the same positions per step, stores byte-identical rows and ν, and attends as the
+// CPU cache does, over prefill chunks that straddle the 256-token boundaries and batched decode across one.
+TEST(GpuCache, DemotionBlockOf256MatchesTheCpuCache) {
+  REQUIRE_GPU();
+  for (auto [type, group, sink, recent] : {std::tuple{"oscar_int2", 32, 0, 0}, {"int2", 128, 16, 64}}) {
+    CacheConfig cfg = config(type, group, sink, recent, 100);
+    cfg.demote_block = 256;
+    std::mt19937 rng(31);
+    Twin tw(cfg, 1200, 3, KvTransform{});
+    ASSERT_EQ(tw.cpu.block_tokens(), 256);
+    const double b = budget(type, group, false);
+    tw.prefill(0, 1000, rng, Data::Gaussian, b);
+    tw.prefill(1, 255 + sink + recent, rng, Data::Gaussian, b);  // one short of the first demotion
+    tw.prefill(2, 300, rng, Data::Gaussian, b);
+    for (int s = 0; s < 3; ++s)
+      tw.step({0, 1, 2}, {1, 1, 1}, rng, Data::Gaussian, true, b, "decode " + std::to_string(s));
+    EXPECT_EQ(tw.cpu.quant_end(tw.cpu.length(0) - 1), sink + (1003 - sink - recent) / 256 * 256);
+    int64_t total = 0, bad = 0;
+    for (int i = 0; i < 3; ++i) bad += tw.row_mismatches(i, &total);
+    EXPECT_EQ(bad, 0) << type << ": " << bad << " of " << total << " stored rows differ";
+  }
+}
+
 // Keys int4, values int2 at G = 64: mixed codecs and the middle group size.
 TEST(GpuCache, MixedKeyValueCodecsMatchTheCpuCache) {
   REQUIRE_GPU();
@@ -648,6 +672,18 @@ TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
   EXPECT_EQ(o.v_row, 48);
   EXPECT_EQ(o.scale_region, 128 * 4);
   EXPECT_EQ(o.page_bytes, 3 * (2 * o.head_bytes + o.scale_region));
+  // A demotion block of 256 over those 32-token key blocks: B and the ring change, the blocks do not.
+  CacheConfig demote = config("oscar_int2", 128, 0, 0, 100);
+  demote.demote_block = 256;
+  const cuda::CacheGeometry od = cuda::cache_geometry(demote, 3, 2, 5000);
+  const KvCache od_cpu(demote, 3, 2, kD, 5000);
+  EXPECT_EQ(od.block_tokens, 256);
+  EXPECT_EQ(od.k_block_tokens, 32);
+  EXPECT_EQ(od.ring_tokens, 256 + 100);
+  EXPECT_EQ(od.page_bytes, o.page_bytes);
+  for (int t = -1; t < 1000; ++t) ASSERT_EQ(cuda::quant_end(od, t), od_cpu.quant_end(t)) << "t " << t;
+  EXPECT_EQ(cuda::quant_end(od, 254), 0);
+  EXPECT_EQ(cuda::quant_end(od, 255), 256);
   // No quantized region at all: the block table keeps one column.
   EXPECT_EQ(cuda::cache_geometry(config("int2", 128, 64, 256), 1, 1, 32).pages_per_seq, 1);
 }

@@ -486,6 +486,114 @@ TEST(OscarCache, ViewRowsTimesNuEqualTheReferenceBitForBit) {
     }
 }
 
+// OScaR as shipped (METHODS §5.4): no sinks, no recent window, a demotion block of 256, so that a query at t reads
+// positions below floor((t + 1) / 256) · 256 through the codecs and the rest (the newest (t + 1) mod 256, OScaR's FP16
+// residual) exactly. Each view row is checked against an expectation built without B = 256: the bf16 row itself for
+// the residual, and for a quantized position the codec round trip of the reference at the codecs' own block (B = 32:
+// the same 32-token key groups, ν per token, whatever B). Then the attention of every query of each chunk against the
+// reference at B = 256, over chunks that straddle the 256-token boundaries, on pages of 128 (a block spans two).
+TEST(OscarCache, DemotionBlockOf256ReadsTheCodecsBelowFloorOfTPlusOneOver256AndTheRestExactly) {
+  const int n_kv = 2, hq = 4, d = 64, n = 700;
+  ThreadPool pool(2);
+  for (int chunk : {100, 256, 37}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    CacheConfig cfg = shaped(oscar_config(0, 0, 128, chunk), 1, n_kv, d);
+    cfg.demote_block = 256;
+    CacheConfig own = cfg;
+    own.demote_block = 0;
+    KvCache cache(cfg, 1, n_kv, d, n);
+    ReferenceKv ref(cfg, n_kv, d), ref32(own, n_kv, d);
+    ASSERT_EQ(cache.block_tokens(), 256);
+    ASSERT_EQ(ref32.block_tokens(), 32);
+    std::mt19937 rng{uint32_t(chunk)};
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> all_k, all_v;  // [n][n_kv][d] as appended
+    const int seq = cache.new_sequence();
+    int64_t quantized_rows = 0, residual_rows = 0, differs_from_own_block = 0;
+    double worst = 0;
+    for (int p = 0; p < n; p += chunk) {
+      const int m = std::min(chunk, n - p);
+      // Gaussian rows with a per-channel key offset (no outliers: on heavy tails the fast kernels' int16 rounding on
+      // AVX-512 VNNI reaches ~1e-5 NMSE at any B, which would hide nothing here but exceed the 1e-6 budget)
+      std::vector<float> k(size_t(m) * n_kv * d), v(k.size());
+      for (size_t i = 0; i < k.size(); ++i) k[i] = nd(rng) + 2.f * float(int(i % size_t(d)) % 5 - 2), v[i] = nd(rng);
+      all_k.insert(all_k.end(), k.begin(), k.end());
+      all_v.insert(all_v.end(), v.begin(), v.end());
+      cache.reserve(seq, m);
+      cache.append(seq, 0, p, m, k.data(), v.data());
+      cache.commit(seq, m);
+      ref.append(m, k.data(), v.data());
+      ref32.append(m, k.data(), v.data());
+      // The view rows of queries at the chunk's ends, its middle and either side of each 256-token boundary in it.
+      std::vector<int> ts = {p, p + m / 2, p + m - 1};
+      for (int b = 255; b < n; b += 256)
+        if (b >= p && b < p + m) ts.insert(ts.end(), {b - 1, b, std::min(b + 1, p + m - 1)});
+      for (int t : ts) {
+        if (t < p) continue;
+        const int qe = (t + 1) / 256 * 256;
+        ASSERT_EQ(cache.quant_end(t), qe) << "t " << t;
+        for (int h = 0; h < n_kv; ++h) {
+          std::vector<KvCache::Run> runs;
+          cache.runs(seq, 0, h, t, t, runs);
+          int covered = 0;
+          for (const auto& r : runs) {
+            const bool quant = r.kind == KvCache::RunKind::Quant;
+            ASSERT_EQ(quant, r.pos0 < qe) << "t " << t << " run at " << r.pos0;
+            const KvCodec& kc = quant ? cache.k_codec() : cache.window_codec();
+            const KvCodec& vc = quant ? cache.v_codec() : cache.window_codec();
+            std::vector<float> kr(size_t(kc.tokens_per_block()) * d), vr(static_cast<size_t>(d));
+            for (int i = 0; i < r.n && r.pos0 + i <= t; ++i) {
+              const int pos = r.pos0 + i;
+              ASSERT_EQ(pos, covered++) << "t " << t;
+              if (i % kc.tokens_per_block() == 0)
+                kc.decode(r.k + size_t(i / kc.tokens_per_block()) * kc.bytes_per_block(), kr.data());
+              vc.decode(r.v + size_t(i) * vc.bytes_per_block(), vr.data());
+              const float* krow = kr.data() + size_t(i % kc.tokens_per_block()) * d;
+              const size_t at = (size_t(pos) * n_kv + h) * d;
+              bool own_quantized = false;  // at B = 32 this position would be read through the codecs already
+              for (int c = 0; c < d; ++c) {
+                const float key = quant ? krow[c] * r.scale[i] : krow[c];
+                if (quant) {
+                  // ref32 at t reads pos quantized (pos < qe(t) <= qe32(t)): the 32-token groups' round trip
+                  ASSERT_EQ(key, ref32.key(t, pos, h)[c]) << "t " << t << " pos " << pos << " c " << c;
+                  ASSERT_EQ(vr[size_t(c)], ref32.value(t, pos, h)[c]) << "t " << t << " pos " << pos;
+                } else {
+                  ASSERT_EQ(key, bf16_to_f32(f32_to_bf16(all_k[at + size_t(c)]))) << "t " << t << " pos " << pos;
+                  ASSERT_EQ(vr[size_t(c)], bf16_to_f32(f32_to_bf16(all_v[at + size_t(c)]))) << "pos " << pos;
+                  own_quantized = own_quantized || ref32.key(t, pos, h)[c] != key;
+                }
+              }
+              quantized_rows += quant;
+              residual_rows += !quant;
+              differs_from_own_block += own_quantized;
+            }
+          }
+          ASSERT_EQ(covered, t + 1) << "t " << t << ": the view covers [0, t]";
+        }
+      }
+      // Every query of the chunk, through the fast attention, against the reference at B = 256.
+      std::vector<float> q(size_t(m) * hq * d), out(q.size());
+      for (auto& x : q) x = 2.f * nd(rng) / std::sqrt(float(d));
+      cache_attention(cache, seq, 0, p, m, q.data(), out.data(), AttentionShape{hq, n_kv, d}, pool);
+      std::vector<double> expect(size_t(hq) * d);
+      for (int i = 0; i < m; ++i) {
+        ref.attend(p + i, q.data() + size_t(i) * hq * d, hq, expect.data());
+        double num = 0, den = 0;
+        for (size_t j = 0; j < expect.size(); ++j) {
+          const double e = out[size_t(i) * hq * d + j] - expect[j];
+          num += e * e, den += expect[j] * expect[j];
+        }
+        worst = std::max(worst, num / den);
+      }
+    }
+    EXPECT_LE(worst, 1e-6);
+    // Teeth: both regions were read, and the residual really is exact where B = 32 would have quantized it.
+    EXPECT_GT(quantized_rows, 0);
+    EXPECT_GT(residual_rows, 0);
+    EXPECT_GT(differs_from_own_block, 0);
+  }
+}
+
 // End to end on models/ref (Qwen3, 2 kv heads, head_dim 128): OScaR with its Hadamard transform and no windows
 // degrades perplexity against bf16 (the cache is really read), by less than plain int2 does.
 TEST(OscarPerplexity, ReadsTheCacheAndDegradesLessThanInt2WithoutWindows) {

@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 #include "kv/cache.h"
 #include "kv/cache_layout.h"
+#include "kv/codec_registry.h"
 #include "kv/page_pool.h"
 #include "test_helpers.h"
 
@@ -157,6 +160,86 @@ TEST(CacheLayout, FootprintAndAllocationEqualKvCacheBeforeTheLayoutOnSeveralConf
   EXPECT_DOUBLE_EQ(KvCache(configs[1], 1, 1, 128, 64).footprint(4096).quant_bits_per_element, 2.25);
   EXPECT_DOUBLE_EQ(KvCache(configs[0], 1, 1, 128, 64).footprint(4096).bits_per_element, 16.0);
   EXPECT_DOUBLE_EQ(KvCache(configs[6], 1, 1, 128, 64).footprint(4096).bits_per_element, 32.0);
+}
+
+// A demotion block B of 256 over OScaR's 32-token key blocks with no windows (its as-shipped schedule, METHODS §5.4):
+// qe(t) = floor((t + 1) / 256) · 256, the ring holds W + B + chunk rows, and the footprint counts the newest n mod 256
+// tokens as bf16 window rows and the rest at OScaR's bytes, by hand. d = 128, 8 kv heads, one layer: a bf16 token is
+// 2 · 8 · 256 = 4096 B; an OScaR token 8 · (1536 / 32 + 48) + 4 (ν) = 772 B.
+TEST(CacheLayout, DemotionBlockOf256GivesOscarsResidualScheduleAndBytesByHand) {
+  CacheConfig cfg;
+  cfg.k = codec_spec("oscar_int2", true, 128, 0.f);
+  cfg.v = codec_spec("oscar_int2", false, 128, 0.f);
+  cfg.sink = 0, cfg.recent = 0, cfg.page_tokens = 128, cfg.max_chunk = 100, cfg.demote_block = 256;
+  const KvCache c(cfg, 1, 8, 128, 3000);
+  const CacheLayout& l = c.layout();
+  EXPECT_EQ(l.codec_tokens, 32);
+  EXPECT_EQ(l.block_tokens, 256);
+  EXPECT_EQ(c.block_tokens(), 256);
+  EXPECT_EQ(c.codec_block_tokens(), 32);
+  EXPECT_EQ(l.ring_tokens, 0 + 256 + 100);
+  EXPECT_EQ(l.ring_bytes(), int64_t(1) * 2 * 8 * 356 * 256);  // bf16 rows of d = 128
+  for (int t = -1; t < 3000; ++t) ASSERT_EQ(c.quant_end(t), (t + 1) / 256 * 256) << "t " << t;
+  EXPECT_EQ(c.quant_end(254), 0);
+  EXPECT_EQ(c.quant_end(255), 256);
+  EXPECT_EQ(c.quant_end(511), 512);
+  EXPECT_EQ(l.pages_for(255), 0);
+  EXPECT_EQ(l.pages_for(256), 2);  // one demotion block spans two 128-token pages
+  EXPECT_EQ(l.pages_for(767), 4);
+  // n = 300: 256 quantized, 44 in the FP16 (here bf16) residual.
+  const CacheFootprint f300 = c.footprint(300);
+  EXPECT_DOUBLE_EQ(f300.bytes_per_token_per_layer, (44 * 4096.0 + 256 * 772.0) / 300);  // 1259.52
+  EXPECT_DOUBLE_EQ(f300.bits_per_element, 8 * (44 * 4096.0 + 256 * 772.0) / (300 * 2048.0));  // 4.92
+  EXPECT_DOUBLE_EQ(f300.bits_per_element, 4.92);
+  EXPECT_DOUBLE_EQ(f300.quant_bits_per_element, 8 * 772.0 / 2048);  // 3.015625 (METHODS §5.4: 3.02 b)
+  EXPECT_DOUBLE_EQ(c.footprint(255).bits_per_element, 16.0);        // all residual
+  EXPECT_DOUBLE_EQ(c.footprint(256).bits_per_element, 3.015625);    // none
+  EXPECT_DOUBLE_EQ(c.footprint(2048).bits_per_element, 3.015625);   // 2048 = 8 blocks
+  EXPECT_DOUBLE_EQ(c.footprint(2303).bits_per_element, 8 * (255 * 4096.0 + 2048 * 772.0) / (2303 * 2048.0));
+  // The default block (0: the codecs' own, 32) differs: at n = 300, 288 are quantized and 12 are residual.
+  CacheConfig own = cfg;
+  own.demote_block = 0;
+  const KvCache c32(own, 1, 8, 128, 3000);
+  EXPECT_EQ(c32.block_tokens(), 32);
+  EXPECT_EQ(c32.layout().ring_tokens, 32 + 100);
+  EXPECT_DOUBLE_EQ(c32.footprint(300).bytes_per_token_per_layer, (12 * 4096.0 + 288 * 772.0) / 300);
+  // With windows: qe(t) = S0 + floor(max(0, t + 1 - W - S0) / 256) · 256, S0 = 64, W = 256 (int2, codec block 1).
+  CacheConfig w = cfg;
+  w.k = codec_spec("int2", true, 128, 0.f), w.v = codec_spec("int2", false, 128, 0.f);
+  w.sink = 64, w.recent = 256, w.demote_block = 256;
+  const KvCache cw(w, 1, 8, 128, 3000);
+  EXPECT_EQ(cw.codec_block_tokens(), 1);
+  EXPECT_EQ(cw.quant_end(574), 64);
+  EXPECT_EQ(cw.quant_end(575), 320);
+  EXPECT_EQ(cw.quant_end(830), 320);
+  EXPECT_EQ(cw.quant_end(831), 576);
+}
+
+TEST(CacheLayout, DemotionBlockThatIsNotAPositiveMultipleOfTheCodecBlockIsOneError) {
+  CacheConfig cfg;
+  cfg.k = codec_spec("oscar_int2", true, 128, 0.f);
+  cfg.v = codec_spec("oscar_int2", false, 128, 0.f);
+  cfg.sink = 0, cfg.recent = 0;
+  for (int bad : {48, 16, 1, -32, -1, kMaxDemoteBlock + 32}) {
+    cfg.demote_block = bad;
+    const std::string e = error_of([&] { cache_layout(cfg, 1, 8, 128); });
+    EXPECT_NE(e.find(fmt::format("KV cache: demotion block {} (--kv-demote-block) must be a positive multiple of the "
+                                 "codec block of 32 tokens", bad)), std::string::npos) << e;
+    EXPECT_NE(error_of([&] { KvCache(cfg, 1, 8, 128, 100); }).find("demotion block"), std::string::npos) << bad;
+  }
+  cfg.demote_block = kMaxDemoteBlock;  // the largest, a multiple of 32
+  EXPECT_EQ(cache_layout(cfg, 1, 8, 128).block_tokens, kMaxDemoteBlock);
+  // KIVI keys of 128 tokens: 64 is not a multiple; 384 is.
+  CacheConfig kivi = config("kivi2", "kivi2", 128, "bf16", 64, 256, 128, 512);
+  kivi.demote_block = 64;
+  EXPECT_NE(error_of([&] { cache_layout(kivi, 1, 2, 128); }).find("codec block of 128 tokens"), std::string::npos);
+  kivi.demote_block = 384;
+  EXPECT_EQ(cache_layout(kivi, 1, 2, 128).block_tokens, 384);
+  // Per-token codecs: any positive block.
+  CacheConfig int2 = config("int2", "int2", 128, "bf16", 64, 256, 128, 512);
+  int2.demote_block = 7;
+  EXPECT_EQ(cache_layout(int2, 1, 2, 128).block_tokens, 7);
+  EXPECT_EQ(cache_layout(int2, 1, 2, 128).ring_tokens, 256 + 7 + 512);
 }
 
 TEST(PagePool, ReserveTakesPagesInOrderAndFreeReturnsThemForReuse) {

@@ -31,7 +31,7 @@ void cut_pieces(const KvCache& cache, const std::vector<KvCache::Run>& runs, std
     const bool quant = run.kind == KvCache::RunKind::Quant;
     const KvCodec &kc = *run.k_codec, &vc = *run.v_codec;
     // Quantized pieces must start on codec blocks; kPieceTokens is a multiple of every supported block.
-    const int step = quant ? std::max(kPieceTokens, cache.block_tokens()) : kPieceTokens;
+    const int step = quant ? std::max(kPieceTokens, cache.codec_block_tokens()) : kPieceTokens;
     for (int off = 0; off < run.n; off += step) {
       const int n = std::min(step, run.n - off);
       out.push_back({run.kind, run.pos0 + off, n,

@@ -19,7 +19,9 @@ ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
   k_codec_ = make_key_codec(cfg, head_dim);
   v_codec_ = make_codec(vs);
   window_ = make_codec(window_spec(cfg, head_dim));
-  block_ = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());
+  // B: the demotion block when set (a multiple of the codecs' block: KvCache checks), else the codecs' block
+  const int codec_block = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());
+  block_ = cfg.demote_block > 0 ? cfg.demote_block : codec_block;
   if (codec_traits(cfg.k.type).per_head)  // PN-Mix keys: each head its own widths (layer 0: one layer is modelled)
     for (int h = 0; h < n_kv_heads; ++h) head_k_codecs_.push_back(make_key_codec(cfg, head_dim, 0, 0, h));
 }

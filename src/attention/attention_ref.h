@@ -7,7 +7,8 @@
 //   S0 <= pos < qe(t):         the K / V codec's decode_at(encode_at(block)) of the window-codec rows of pos's block;
 //                              token-scaled keys: ν_t · decode_at(encode_at(rows / ν_t)), ν_t over all kv heads;
 //                              a quantized window codec (int8, METHODS §5.6): of the BF16 rows bf16(x) instead
-//   qe(t) = S0 + (number of whole B-token blocks after the sinks whose last token has left the W-token window)
+//   qe(t) = S0 + (number of whole B-token blocks after the sinks whose last token has left the W-token window), B =
+//           CacheConfig::demote_block when set, else the lcm of the codecs' tokens per block
 #pragma once
 
 #include <memory>

@@ -57,6 +57,7 @@ CacheConfig CacheOptions::config() const {
   c.sink = sink;
   c.recent = recent;
   c.page_tokens = page;
+  c.demote_block = demote_block;  // checked against the codecs by the cache (kvq::cache_layout)
   c.max_chunk = chunk;
   c.skip_layers = parse_skip_layers(skip_layers);
   // --kv-window-type: the window codec (kv/cache.h). A preset that names its windows (KV4-RL) keeps them; a lossless
@@ -140,6 +141,12 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
                   "codec of the sink and recent windows: bf16 (default) or int8 (8-bit codes per token, fp16 "
                   "scale/zero per --kv-group values; KV4-RL; CPU only)");
   cmd->add_option("--kv-page", o.page, "tokens per cache page")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--kv-demote-block", o.demote_block,
+                  "tokens that leave the recent window together and are quantized at once: a positive multiple of "
+                  "the cache type's own block (default: that block; 1 for per-token rows, the group for per-channel "
+                  "keys, 32 for oscar_int2); e.g. 256 with --kv-sink 0 --kv-recent 0 is OScaR's FP16 residual of the "
+                  "newest n mod 256 tokens")
+      ->check(CLI::Range(1, kMaxDemoteBlock));
   cmd->add_option("-b,--batch-size", o.chunk, "prefill chunk in tokens")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--rotation", o.rotation, "key/value rotation: none, hadamard (QuaRot), or a rotation file from "
                   "kvq calibrate");

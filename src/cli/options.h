@@ -32,6 +32,7 @@ struct CacheOptions {
   int sink = 64, recent = 256;                   // --kv-sink / --kv-recent
   std::string window_type;                       // --kv-window-type: bf16 | int8 ("": bf16, a preset's, f32 for f32)
   int page = 128;                                // --kv-page
+  int demote_block = 0;                          // --kv-demote-block: CacheConfig::demote_block (0: the codecs' block)
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
   std::string rotation = "none";                 // --rotation: none | hadamard | FILE
   std::string pnmix;                             // --pnmix FILE: the key widths of -ctk pnmix (kvq calibrate

@@ -2,7 +2,8 @@
 //
 // Same semantics as the CPU KvCache (kv/cache.h): BF16 sink [0, S0) and recent windows, a quantized paged region
 // [S0, qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves the
-// recent window (a whole block of B = block_tokens positions at once: G for KIVI keys, 32 for OScaR's, else 1). Same
+// recent window (a whole block of B = block_tokens positions at once: G for KIVI keys, 32 for OScaR's, else 1, or
+// CacheConfig::demote_block, a multiple of it, e.g. 256). Same
 // block layouts: rows and blocks are kv/layout.h / kv/oscar_format.h structs (Bf16Row, IntRow, KiviKeyBlock,
 // OscarKeyBlock, OscarValueRow) and, for token-scaled keys, the page's ν region, byte for byte what the CPU cache
 // stores, so a page copied from the GPU decodes with the CPU codec.

@@ -34,7 +34,8 @@ struct CacheGeometry {
   int n_layers, n_kv;          // layers, kv heads
   int sink, recent;            // S0, W
   int page_tokens;             // P
-  int block_tokens;            // B: demotion granularity, lcm of the K / V tokens per block (1, or G of KIVI keys)
+  int block_tokens;            // B: demotion granularity, lcm of the K / V tokens per block (1, or G of KIVI keys),
+                               // or CacheConfig::demote_block (a multiple of it; demotion stays per position)
   int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + max_chunk, as kv/cache.cpp
   int pages_per_seq;           // columns of the page table (PagePool::table_width)
   int instance;                // the row of kGpuInstances (cuda/gpu_instances.h) that runs this cache; -1 = none

@@ -32,6 +32,7 @@ nlohmann::json report_json(const EvalReport& r) {
   j["cache"] = {{"description", r.cache.describe()}, {"k", codec_json(r.cache.k)},   {"v", codec_json(r.cache.v)},
                 {"sink", r.cache.sink},               {"recent", r.cache.recent},      {"window", r.cache.window},
                 {"page_tokens", r.cache.page_tokens}, {"chunk", r.cache.max_chunk},    {"footprint", fp},
+                {"demote_block", r.cache.demote_block},  // 0: the codecs' own block
                 {"transform", r.cache.transform != nullptr}, {"skip_layers", r.cache.skip_layers},
                 {"reference", bf16_reference_cache(r.cache).describe()}};
   j["config"] = {{"tasks", c.tasks},           {"ctx", c.ctx},

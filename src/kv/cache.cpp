@@ -171,11 +171,16 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
   KVQ_CHECK(cfg.page_tokens > 0 && cfg.page_tokens % block_tokens == 0,
             "KV cache: page size {} is not a multiple of the codec block of {} tokens ({} keys, {} values)",
             cfg.page_tokens, block_tokens, k.name(), v.name());
+  KVQ_CHECK(cfg.demote_block == 0 || (cfg.demote_block > 0 && cfg.demote_block % block_tokens == 0 &&
+                                      cfg.demote_block <= kMaxDemoteBlock),
+            "KV cache: demotion block {} (--kv-demote-block) must be a positive multiple of the codec block of {} "
+            "tokens ({} keys, {} values), at most {}", cfg.demote_block, block_tokens, k.name(), v.name(),
+            kMaxDemoteBlock);
   return make_cache_layout(n_layers, n_kv_heads, head_dim, cfg.sink, cfg.recent, cfg.page_tokens, cfg.max_chunk,
                            {k.tokens_per_block(), int64_t(k.bytes_per_block())},
                            {v.tokens_per_block(), int64_t(v.bytes_per_block())}, int64_t(window.bytes_per_block()),
                            skipped_layers(cfg, n_layers), cfg.k.token_scale, body_in_ring,
-                           int64_t(k.metadata_bytes()));
+                           int64_t(k.metadata_bytes()), cfg.demote_block);
 }
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
@@ -198,8 +203,10 @@ std::string CacheConfig::describe() const {
   if (prompt_policy == PromptPolicy::kEvict)  // "@N": the bits are stated at context N, not at the prompt's end
     prompt = fmt::format(" prompt=evict/b{:g}{}", evict_bits, evict_ctx > 0 ? fmt::format("@{}", evict_ctx) : "");
   else if (prompt_policy != PromptPolicy::kDecodeFaithful) prompt = " prompt=" + std::string(prompt_policy_name(prompt_policy));
-  return fmt::format("k={} v={} sink={} recent={} window={} rotation={}{}{}", one(k), one(v), sink, recent, window,
-                     rotation(), skip, prompt);
+  // nothing for the codecs' own block either: " demote=256" only where B was set
+  const std::string demote = demote_block > 0 ? fmt::format(" demote={}", demote_block) : "";
+  return fmt::format("k={} v={} sink={} recent={}{} window={} rotation={}{}{}", one(k), one(v), sink, recent, demote,
+                     window, rotation(), skip, prompt);
 }
 
 KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
@@ -340,10 +347,11 @@ void KvCache::append(int seq, int layer, int pos0, int n, const float* k, const 
 
 void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
   // Quantize blocks [from, to) of every head from the ring into their pages (with quantized windows: copy the body
-  // rows encoded at append).
+  // rows encoded at append). [from, to) is whole demotion blocks; it is encoded a codec block at a time, which divides
+  // the page size, so each lies in one page (a demotion block may span several).
   const int S0 = cfg_.sink, P = cfg_.page_tokens;
   from = std::max(from, S0);
-  const int B = layout_.block_tokens;
+  const int B = layout_.codec_tokens;
   std::vector<float> rows(size_t(B) * d_);
   for (int b0 = from; b0 < to; b0 += B) {
     const int q = b0 - S0;
@@ -351,7 +359,7 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
     const int page_id = pool_.page(seq, q / P);
     uint8_t* page = page_ptr(page_id);
     float* nu = cfg_.k.token_scale ? page_scales(page_id, layer) + q % P : nullptr;  // ν of the block's positions
-    if (nu) demote_scales(s, layer, b0, nu);
+    if (nu) demote_scales(s, layer, b0, B, nu);
     for (int h = 0; h < n_kv_; ++h) {
       uint8_t* head = page + head_offset(layer, h);
       for (int kv = 0; kv < 2; ++kv) {
@@ -377,11 +385,11 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
   }
 }
 
-// nu[i] = ν of position b0 + i for the B positions of a block: the norm of its key rows over all kv heads
+// nu[i] = ν of position b0 + i for the n positions of a codec block: the norm of its key rows over all kv heads
 // (kv/oscar_format.h), from the window rows the codecs will encode.
-void KvCache::demote_scales(Sequence& s, int layer, int b0, float* nu) const {
+void KvCache::demote_scales(Sequence& s, int layer, int b0, int n, float* nu) const {
   std::vector<float> row(static_cast<size_t>(d_));
-  for (int i = 0; i < layout_.block_tokens; ++i) {
+  for (int i = 0; i < n; ++i) {
     float sum = 0.f;
     for (int h = 0; h < n_kv_; ++h) {
       window_->decode(ring_row(s, layer, 0, h, b0 + i), row.data());

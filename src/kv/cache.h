@@ -6,6 +6,9 @@
 //   [max(S0, qe(t)), t]     recent window, window codec (BF16), from a ring buffer
 // with qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B and B = block_tokens() (1 for per-token codecs, G for
 // KIVI keys): a block is demoted — quantized into the paged region — once its last token has left the window.
+// CacheConfig::demote_block makes B a multiple of that codec block: OScaR ships no sinks and an FP16 residual of the
+// newest n mod 256 tokens, packed 256 at a time, which is exactly S0 = 0, W = 0, B = 256 (METHODS §5.4). The codecs
+// still encode their own blocks (codec_block_tokens()); B only says how many positions leave the window at once.
 // A prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every
 // query of the chunk reads exactly what decode would hold at its step.
 //
@@ -90,6 +93,9 @@ enum class PromptPolicy : uint8_t {
 PromptPolicy parse_prompt_policy(std::string_view name);
 std::string_view prompt_policy_name(PromptPolicy p);
 
+// The largest demotion block CacheConfig::demote_block may ask for (the ring holds W + B + max_chunk rows).
+inline constexpr int kMaxDemoteBlock = 1 << 16;
+
 struct CacheConfig {
   CodecSpec k{};              // key codec (type, group, clip)
   CodecSpec v{};              // value codec
@@ -97,6 +103,10 @@ struct CacheConfig {
   int recent = 256;           // W: most recent tokens kept in the window codec
   int page_tokens = 128;      // P: tokens per page of the quantized region
   int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
+  // B, the positions demoted at once (--kv-demote-block): 0 = the codecs' own block (the lcm of the K / V codecs'
+  // tokens per block: 1, or G for per-channel keys); else a positive multiple of it (OScaR as shipped: 256). The ring
+  // holds W + B + max_chunk rows; the footprint counts the rows the windows hold at each length, never the ring.
+  int demote_block = 0;
   // Codec of the sink and recent windows: bf16 (METHODS §2), f32 (an f32 cache), or int8 (KV4-RL, METHODS §5.6: the
   // §1 quantizer at b = 8 per token, at the values' group, plain min/max). window_spec() builds its spec.
   std::string window = "bf16";
@@ -172,7 +182,8 @@ class KvCache {
   int head_dim() const { return d_; }
   int max_ctx() const { return max_ctx_; }
   int max_seqs() const { return pool_.n_slots(); }
-  int block_tokens() const { return layout_.block_tokens; }
+  int block_tokens() const { return layout_.block_tokens; }              // B: positions demoted at once
+  int codec_block_tokens() const { return layout_.codec_tokens; }        // the codecs' block (B is a multiple)
   const CacheLayout& layout() const { return layout_; }
   const PagePool& pool() const { return pool_; }  // pages, block tables, admission arithmetic
 
@@ -245,7 +256,7 @@ class KvCache {
   uint8_t* ring_body_row(Sequence& s, int layer, int kv, int head, int pos) const;
   void encode_ring_body(Sequence& s, int layer, int pos, const float* k, const float* v);
   void demote(int seq, Sequence& s, int layer, int from, int to);
-  void demote_scales(Sequence& s, int layer, int b0, float* nu) const;
+  void demote_scales(Sequence& s, int layer, int b0, int n, float* nu) const;
   // The exact store of seq (prompt policies but decode-faithful): [n_layers][2][n_kv][max_ctx] rows of exact_codec_,
   // row `slot` of (layer, K / V, head); slot = position, or after an eviction kept index / K + (position - P).
   uint8_t* exact_row(int seq, int layer, int kv, int head, int slot) const;

@@ -68,7 +68,10 @@ struct CacheLayout {
   int sink, recent;              // S0, W
   int page_tokens;               // P: quantized positions per page
   int max_chunk;                 // most tokens appended at once (sizes the ring)
-  int block_tokens;              // B: demotion granularity, lcm of the K / V codecs' tokens per block
+  int codec_tokens;              // lcm of the K / V codecs' tokens per block: demotion encodes, and quantized pieces
+                                 // start, in these units
+  int block_tokens;              // B: demotion granularity, codec_tokens or CacheConfig::demote_block (a multiple of
+                                 // it: OScaR's residual, demoted 256 at a time)
   int ring_tokens;               // ring slots per (layer, K/V, head): W + B + max_chunk
   CodecBlock k, v;               // blocks of the K / V codecs (quantized region of the layers not skipped)
   int64_t window_row;            // bytes of one window-codec row (sinks and ring)
@@ -151,11 +154,12 @@ struct CacheLayout {
 // page_tokens a multiple of both codecs' tokens per block, window rows per token, skipped layers < n_layers;
 // token_scale: keys scaled by ν (never with skipped layers: kvq::cache_layout refuses the pair); body_in_ring: the
 // ring keeps each slot's body rows (a quantized window codec; per-token K / V blocks and no ν, which
-// kvq::cache_layout checks); k_meta: KvCodec::metadata_bytes of the key codec.
+// kvq::cache_layout checks); k_meta: KvCodec::metadata_bytes of the key codec; demote_block: B, a positive multiple
+// of the codecs' lcm block (kvq::cache_layout checks), or 0 for that block itself.
 inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int sink, int recent, int page_tokens,
                                      int max_chunk, CodecBlock k, CodecBlock v, int64_t window_row,
                                      LayerSet skipped = {}, bool token_scale = false, bool body_in_ring = false,
-                                     int64_t k_meta = 0) {
+                                     int64_t k_meta = 0, int demote_block = 0) {
   auto gcd = [](int a, int b) {
     while (b) {
       const int r = a % b;
@@ -166,7 +170,8 @@ inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int s
   CacheLayout l{};
   l.n_layers = n_layers, l.n_kv = n_kv, l.head_dim = head_dim;
   l.sink = sink, l.recent = recent, l.page_tokens = page_tokens, l.max_chunk = max_chunk;
-  l.block_tokens = k.tokens / gcd(k.tokens, v.tokens) * v.tokens;
+  l.codec_tokens = k.tokens / gcd(k.tokens, v.tokens) * v.tokens;
+  l.block_tokens = demote_block > 0 ? demote_block : l.codec_tokens;
   l.ring_tokens = recent + l.block_tokens + max_chunk;
   l.k = k, l.v = v;
   l.window_row = window_row;
