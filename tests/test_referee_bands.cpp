@@ -59,7 +59,7 @@ json fake_results() {
       fake_run("q4_0__0-0", "q4_0", "common", 4.5, scaled(1.0065), 0.01, 1.0),
       fake_run("bf16__shipped", "bf16", "as-shipped", 16.0, bf16, 0.0, 1.0),
       fake_run("turboquant_2bit__shipped", "turboquant_2bit", "as-shipped", 2.1875, scaled(1.2), 0.2, 0.0),
-      // OScaR's own 0/128 window at this short context: 9 bits, outside its claim's 2.4-3.3 band
+      // OScaR's own residual (up to 255 newest tokens in FP16) at this short context: 9 bits, outside its claim's band
       fake_run("oscar_int2__shipped", "oscar_int2", "as-shipped", 9.0, scaled(1.002), 0.01, 1.0),
   });
   return {{"eval_data", json::array({{{"domain", "python"}}})},

@@ -227,9 +227,11 @@ TEST(RefereeMethods, AsShippedRowsResolveToTheirCampsWindowsSkipLayersAttnRotAnd
   {
     const auto [m, c] = shipped("oscar_int2");
     EXPECT_EQ(c.sink, 0);
-    EXPECT_EQ(c.recent, 128);
+    EXPECT_EQ(c.recent, 0);
+    EXPECT_EQ(c.demote_block, 256);  // OScaR's residual: the newest n mod 256 tokens exact
     EXPECT_EQ(method_prompt_policy(m, RefereeProtocol::AsShipped), "exact-prompt");
     ASSERT_NE(method_transform(m, RefereeProtocol::AsShipped, c, L, H, D), nullptr);  // OScaR's Hadamard
+    EXPECT_EQ(method_cache(m, {64, 256}, 128, RefereeProtocol::Common).demote_block, 0);  // common: the codec's 32
   }
   for (const char* kitty : {"kitty_int2", "kitty_int2_20"}) {
     const auto [m, c] = shipped(kitty);
@@ -291,6 +293,50 @@ TEST(RefereeMethods, ThePlanAddsOneAsShippedRunPerCampRowAndRecordsItsPath) {
   EXPECT_EQ(q4_common["prompt_policy"], "decode-faithful");
   cfg.protocols = {RefereeProtocol::AsShipped};
   EXPECT_EQ(plan_referee_runs(cfg, data).size(), 3u);
+}
+
+// OScaR as shipped in the plan: its run is at windows 0/0 with a demotion block of 256 (its settings say so, so an old
+// record of another schedule does not resume), its cache demotes 256 positions at once over the codec's 32-token key
+// groups (qe(t) = floor((t + 1) / 256) · 256) and stores at 2048 (8 whole blocks) exactly OScaR's bytes; the common
+// run keeps the codec's block and the referee's windows.
+TEST(RefereeMethods, OscarAsShippedRunsWithNoWindowsAndADemotionBlockOf256) {
+  const ModelConfig mc = ModelConfig::load(std::string(KVQ_SOURCE_DIR) + "/models/ref/config.json");
+  RefereeConfig cfg;
+  cfg.methods = parse_referee_methods("bf16,oscar_int2");
+  cfg.windows = parse_referee_windows("64/256");
+  cfg.leakage = false;
+  RefereeData data;
+  const std::vector<PlannedRun> plan = plan_referee_runs(cfg, data);
+  std::vector<std::string> keys;
+  for (const PlannedRun& r : plan) keys.push_back(r.key);
+  ASSERT_EQ(keys, (std::vector<std::string>{"bf16", "oscar_int2__64-256", "bf16__shipped", "oscar_int2__shipped"}));
+  const PlannedRun& shipped = plan[3];
+  EXPECT_EQ(run_windows_label(shipped), "0/0");
+  EXPECT_EQ(run_prompt_tokens(shipped, 2048), 1024);
+  const json s = run_settings(cfg, data, shipped);
+  EXPECT_EQ(s["demote_block"], 256);
+  EXPECT_EQ(s["prompt_policy"], "exact-prompt");
+  EXPECT_EQ(s["sink"], 0);
+  EXPECT_EQ(s["recent"], 0);
+  EXPECT_FALSE(run_settings(cfg, data, plan[1]).contains("demote_block"));
+  EXPECT_FALSE(run_settings(cfg, data, plan[2]).contains("demote_block"));
+  CacheConfig c = method_cache(shipped.method, shipped.windows, cfg.group, shipped.protocol);
+  c.prompt_policy = parse_prompt_policy(method_prompt_policy(shipped.method, shipped.protocol));
+  EXPECT_EQ(c.describe().find("demote=256") != std::string::npos, true) << c.describe();
+  const KvCache cache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 2048);
+  EXPECT_EQ(cache.block_tokens(), 256);
+  EXPECT_EQ(cache.codec_block_tokens(), 32);
+  for (int t : {0, 254, 255, 256, 511, 1023, 2047}) EXPECT_EQ(cache.quant_end(t), (t + 1) / 256 * 256) << t;
+  // 2048 = 8 blocks: all quantized, OScaR's 48 + 48 B per (token, kv head) and ν's 4 B per token and layer
+  const double oscar_bits = 8.0 * (mc.n_kv_heads * 96.0 + 4) / (2.0 * mc.n_kv_heads * mc.head_dim);
+  EXPECT_DOUBLE_EQ(cache.footprint(2048, 1024).bits_per_element, oscar_bits);
+  // 2048 + 44: the 44 newest tokens in the residual (bf16)
+  const double token = 2.0 * mc.n_kv_heads * mc.head_dim;  // K + V elements per token per layer
+  EXPECT_DOUBLE_EQ(cache.footprint(2092).bits_per_element,
+                   (2048 * oscar_bits * token + 44 * 16 * token) / (2092 * token));
+  const CacheConfig common = method_cache(shipped.method, {64, 256}, cfg.group, RefereeProtocol::Common);
+  EXPECT_EQ(KvCache(common, mc.n_layers, mc.n_kv_heads, mc.head_dim, 2048).block_tokens(), 32);
+  EXPECT_NE(shipped.method.shipped.note.find("exactly"), std::string::npos) << shipped.method.shipped.note;
 }
 
 // The eviction row at equal bytes (METHODS §5.8): its budget at each ctx is the bits int2 stores at the same windows

@@ -51,12 +51,14 @@ const ShippedPath kTurboQuantShipped{.defined = true, .skip_layers = "0,1,-2,-1"
 const ShippedPath kNexusShipped{.defined = true, .prompt = kPromptQuantizeAfter};
 const ShippedPath kE8_2Shipped{.defined = true, .note = "e8_2 is the camp's llama.cpp port: llama.cpp's path, no "
                                                          "windows, the prompt reads the cache as decode does"};
+// OScaR: no sinks, an FP16 residual of the newest n mod 256 tokens (0..255), packed 256 at a time; exact prefill. With
+// S0 = 0, W = 0 and B = 256, kvq's qe(t) = floor((t + 1) / 256) · 256 is that schedule exactly (kv/cache.h).
 const ShippedPath kOscarShipped{
-    .defined = true, .windows = {0, 128}, .prompt = kPromptExact,
-    .note = "OScaR ships an FP16 residual of the newest n mod 256 tokens (0..255, packed 256 at a time); kvq's cache "
-            "demotes per key group (32 tokens), so its as-shipped row keeps a sliding 128-token recent window (the "
-            "residual's average) plus the key group's 0..31 unfilled tokens: about OScaR's bytes, not its exact "
-            "schedule"};
+    .defined = true, .windows = {0, 0}, .demote_block = 256, .prompt = kPromptExact,
+    .note = "OScaR ships no sinks and an FP16 residual of the newest n mod 256 tokens (0..255, packed 256 at a time); "
+            "kvq's as-shipped row is that schedule exactly: windows 0/0 with a demotion block of 256 "
+            "(--kv-demote-block 256), so a query at t reads positions below floor((t + 1) / 256) · 256 through the "
+            "codecs and the rest exactly (bf16 rows where OScaR keeps fp16), after an exact prompt"};
 const ShippedPath kKittyShipped{
     .defined = true, .windows = {32, 128},
     .note = "Kitty ships sink 32, keys of the unfilled 128-token page in FP16 and values' newest 128 in an FP16 ring; "
@@ -255,6 +257,7 @@ CacheConfig method_cache(const RefereeMethod& m, const RefereeWindows& w, int gr
   const RefereeWindows& win = shipped ? m.shipped.windows : w;
   c.sink = win.sink;
   c.recent = win.recent;
+  if (shipped) c.demote_block = m.shipped.demote_block;
   if (shipped) c.skip_layers = parse_skip_layers(m.shipped.skip_layers);
   return c;
 }

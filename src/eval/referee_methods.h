@@ -76,6 +76,7 @@ inline constexpr double kEvictPromptFraction = 0.9375;
 struct ShippedPath {
   bool defined = false;                     // false: the row has no as-shipped run (kvq's own rows)
   RefereeWindows windows{0, 0};             // the camp's own sink/recent windows
+  int demote_block = 0;                     // tokens demoted at once (CacheConfig::demote_block; 0: the codecs' block)
   std::string skip_layers = "";             // layers kept in BF16, --kv-skip-layers form ("0,1,-2,-1"; "": none)
   std::string prompt = kPromptDecodeFaithful;  // its prompt policy
   std::string note = "";                    // how kvq's as-shipped row differs from the camp's own path ("": not)
@@ -130,7 +131,8 @@ std::string referee_quick_methods();
 CodecSpec method_codec_spec(const std::string& type, bool is_key);
 
 // The cache of a method at a window setting: its codecs at `group` (formats with their own groups ignore it), its
-// window codec and the windows; under the as-shipped protocol the row's own windows (w is ignored) and skipped layers.
+// window codec and the windows; under the as-shipped protocol the row's own windows (w is ignored), demotion block and
+// skipped layers.
 // The transform is method_transform's.
 CacheConfig method_cache(const RefereeMethod& m, const RefereeWindows& w, int group,
                          RefereeProtocol protocol = RefereeProtocol::Common);

@@ -101,6 +101,10 @@ json run_settings(const RefereeConfig& cfg, const RefereeData& data, const Plann
             {"recent", r.windows.recent},
             {"device", cfg.device},
             {"kvq_version", KVQ_VERSION}};
+  // A demotion block of its own (OScaR as shipped: 256) changes what is stored; only those runs record it (the others
+  // resume).
+  if (r.protocol == RefereeProtocol::AsShipped && r.method.shipped.demote_block > 0)
+    s["demote_block"] = r.method.shipped.demote_block;
   // An eviction row's budget is its paired row's bytes at each ctx (only its settings say so: the others resume).
   if (r.method.evicts()) s["equal_bytes"] = r.method.equal_bytes;
   // Only tuned runs record the grid: the other runs stay valid, and resume, whatever the grid.
