@@ -4,6 +4,7 @@
 // one clear error per bad input. The model-level cases run models/ref at 256 tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -567,4 +568,90 @@ TEST(PromptPolicyModel, TailSumsTheTargetsAfterItAndEqualsARunWithThatPrompt) {
   early.prompt_fraction = 0.8;
   EXPECT_THROW(evaluate(*f.model, f.tok, cache, domains, early), Error);
   EXPECT_THROW(perplexity(*f.model, cache, f.ids, kCtx, 1, {}, 0, kCtx), Error);
+}
+
+// The tail's KL and top-1 (WindowFidelity::kl_sum_tail etc.): over the rows that predict positions >= T (rows T - 1 ..
+// ctx - 1), against a direct computation from the bf16 and int2 runners' logits (log-softmax in double, KL(p_bf16 ‖
+// p_int2), argmax agreement), equal to the KL of a run whose prompt is T (what the eviction row compares), in
+// results.json's kl tail with its bootstrap CI; a whole window's KL is not its tail's.
+TEST(PromptPolicyModel, TailKlAndTop1EqualADirectComputationOverTheTailRows) {
+  ModelFixture& f = mfx();
+  const std::vector<EvalDomain> domains = fixture_domain(f);
+  EvalConfig c = one_window_ppl_kl();
+  c.tail_fraction = 0.75;  // T = 192
+  const int T = 192;
+  const CacheConfig cache = model_cache("int2", PromptPolicy::kDecodeFaithful);
+  const EvalReport r = evaluate(*f.model, f.tok, cache, domains, c);
+  ASSERT_EQ(r.kl.size(), 1u);
+  ASSERT_EQ(r.kl[0].per_window.size(), 1u);
+  const WindowFidelity& w = r.kl[0].per_window[0];
+  // Direct: both runners over the window in chunks of 64, rows T - 1 .. ctx - 1.
+  const int V = f.model->config().vocab_size;
+  CpuRunner bf(*f.model, model_cache("bf16", PromptPolicy::kDecodeFaithful), kCtx);
+  CpuRunner q(*f.model, cache, kCtx);
+  std::vector<float> lb(size_t(64) * V), lq(lb.size());
+  const int sb = bf.new_sequence(), sq = q.new_sequence();
+  double kl = 0;
+  int64_t agree = 0, rows = 0;
+  const auto log_softmax = [&](const float* x) {
+    double mx = x[0];
+    for (int i = 1; i < V; ++i) mx = std::max(mx, double(x[i]));
+    double s = 0;
+    for (int i = 0; i < V; ++i) s += std::exp(double(x[i]) - mx);
+    std::vector<double> out(static_cast<size_t>(V));
+    for (int i = 0; i < V; ++i) out[size_t(i)] = double(x[i]) - mx - std::log(s);
+    return out;
+  };
+  for (int pos = 0; pos < kCtx; pos += 64) {
+    bf.forward(sb, f.ids.data() + pos, 64, lb.data(), true);
+    q.forward(sq, f.ids.data() + pos, 64, lq.data(), true);
+    for (int i = 0; i < 64; ++i) {
+      if (pos + i < T - 1) continue;
+      const float* pb = lb.data() + size_t(i) * V;
+      const float* pq = lq.data() + size_t(i) * V;
+      const std::vector<double> a = log_softmax(pb), b = log_softmax(pq);
+      double row = 0;
+      for (int v = 0; v < V; ++v) row += std::exp(a[size_t(v)]) * (a[size_t(v)] - b[size_t(v)]);
+      kl += row;
+      agree += std::max_element(pb, pb + V) - pb == std::max_element(pq, pq + V) - pq;
+      ++rows;
+    }
+  }
+  bf.free_sequence(sb), q.free_sequence(sq);
+  EXPECT_EQ(rows, kCtx - T + 1);
+  EXPECT_EQ(w.tokens_tail, rows);
+  EXPECT_EQ(w.top1_agree_tail, agree);
+  EXPECT_NEAR(w.kl_sum_tail, kl, 1e-9 * kl);
+  EXPECT_GT(w.kl_sum_tail, 0.0);
+  EXPECT_LT(w.kl_sum_tail, w.kl_sum);  // the tail is part of the window (KL >= 0 on every row)
+  EXPECT_LT(w.tokens_tail, w.tokens);
+  // The same rows as a run with a prompt of T (the eviction row's own KL), bit for bit.
+  EvalConfig prompt_t = one_window_ppl_kl();
+  prompt_t.prompt_tokens = T;
+  const EvalReport rp = evaluate(*f.model, f.tok, cache, domains, prompt_t);
+  EXPECT_EQ(rp.kl[0].per_window[0].kl_sum, w.kl_sum_tail);
+  EXPECT_EQ(rp.kl[0].per_window[0].top1_agree, w.top1_agree_tail);
+  EXPECT_EQ(rp.kl[0].per_window[0].tokens, w.tokens_tail);
+  EXPECT_EQ(rp.kl[0].tail_prompt_tokens, 0);  // no tail there: none recorded
+  EXPECT_FALSE(report_json(rp)["results"]["kl"]["256"]["python"].contains("tail"));
+  // The entry and results.json: the tail's mean and agreement, its CI (one window: degenerate at the estimate).
+  EXPECT_EQ(r.kl[0].tail_prompt_tokens, T);
+  EXPECT_EQ(r.kl[0].tail_tokens, rows);
+  EXPECT_DOUBLE_EQ(r.kl[0].kl_tail.estimate, w.kl_sum_tail / double(rows));
+  EXPECT_DOUBLE_EQ(r.kl[0].top1_tail.estimate, double(agree) / double(rows));
+  const nlohmann::json j = report_json(r)["results"]["kl"]["256"]["python"];
+  EXPECT_EQ(j["prompt_tokens"], 0);
+  EXPECT_EQ(j["tail"]["prompt_tokens"], T);
+  EXPECT_EQ(j["tail"]["tokens"], rows);
+  EXPECT_DOUBLE_EQ(j["tail"]["kl_mean"].get<double>(), w.kl_sum_tail / double(rows));
+  EXPECT_DOUBLE_EQ(j["tail"]["kl_ci95"][0].get<double>(), w.kl_sum_tail / double(rows));
+  EXPECT_DOUBLE_EQ(j["tail"]["top1"].get<double>(), double(agree) / double(rows));
+  EXPECT_EQ(j["tail"]["window_kl_sum"][0].get<double>(), w.kl_sum_tail);
+  EXPECT_EQ(j["tail"]["window_top1_agree"][0].get<int64_t>(), agree);
+  EXPECT_EQ(j["tail"]["window_tokens"][0].get<int64_t>(), rows);
+  EXPECT_NE(j["kl_mean"].get<double>(), j["tail"]["kl_mean"].get<double>());
+  // KL alone (no ppl task) records the tail too.
+  EvalConfig kl_only = c;
+  kl_only.tasks = {"kl"};
+  EXPECT_EQ(evaluate(*f.model, f.tok, cache, domains, kl_only).kl[0].per_window[0].kl_sum_tail, w.kl_sum_tail);
 }

@@ -51,7 +51,9 @@ int windows_of(const EvalDomain& d, int ctx, int windows) {
 
 Interval exp_interval(const Interval& i) { return Interval{std::exp(i.estimate), std::exp(i.lo), std::exp(i.hi)}; }
 
-KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFidelity>& ws, const EvalConfig& c) {
+// tail: T of the pass (0: none), whose rows WindowFidelity::kl_sum_tail etc. summed.
+KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFidelity>& ws, const EvalConfig& c,
+                 int tail) {
   std::vector<double> kl, agree, tokens;
   KlEntry e;
   e.domain = domain;
@@ -68,6 +70,18 @@ KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFid
   const std::string tag = "kl/" + std::to_string(ctx) + "/" + domain;
   e.kl = bootstrap_ratio(kl, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag))).ci;
   e.top1 = bootstrap_ratio(agree, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/top1"))).ci;
+  e.tail_prompt_tokens = tail;
+  if (tail > 0) {  // the same windows' rows from the tail on (WindowFidelity::kl_sum_tail)
+    std::vector<double> kl_t, agree_t, tokens_t;
+    for (const WindowFidelity& w : ws) {
+      kl_t.push_back(w.kl_sum_tail);
+      agree_t.push_back(double(w.top1_agree_tail));
+      tokens_t.push_back(double(w.tokens_tail));
+      e.tail_tokens += w.tokens_tail;
+    }
+    e.kl_tail = bootstrap_ratio(kl_t, tokens_t, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/tail"))).ci;
+    e.top1_tail = bootstrap_ratio(agree_t, tokens_t, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/tail/top1"))).ci;
+  }
   return e;
 }
 
@@ -257,7 +271,7 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
     ppl_all.domain = "all";
     ppl_all.ctx = ctx;
     ppl_all.prompt_tokens = P;
-    const int T = c.has("ppl") ? c.tail_at(ctx) : 0;
+    const int T = c.has("ppl") || c.has("kl") ? c.tail_at(ctx) : 0;  // the tail of the NLLs, KL and top-1
     ppl_all.tail_prompt_tokens = T;
     double ref_nll_all = 0;
     LayerEntry layer_entry;
@@ -276,7 +290,7 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
             [&](int w, int) { eta.report(stage + (c.has("layers") ? " kl+layers" : " kl"), done + w * per_window); },
             P, T);
         done += double(fr.windows.size()) * per_window;
-        if (c.has("kl")) r.kl.push_back(kl_entry(d.name, ctx, fr.windows, c));
+        if (c.has("kl")) r.kl.push_back(kl_entry(d.name, ctx, fr.windows, c, T));
         pooled.insert(pooled.end(), fr.windows.begin(), fr.windows.end());
         if (c.has("layers")) layer_entry.sums.merge(fr.layers);
         double ref_nll = 0;
@@ -309,7 +323,7 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
       if (lockstep) ppl_all.ppl_bf16 = ppl_from_nll(ref_nll_all, ppl_all.tokens);
       r.ppl.push_back(ppl_entry(std::move(ppl_all), c));
     }
-    if (c.has("kl") && domains.size() > 1) r.kl.push_back(kl_entry("all", ctx, pooled, c));
+    if (c.has("kl") && domains.size() > 1) r.kl.push_back(kl_entry("all", ctx, pooled, c, T));
     if (c.has("layers")) r.layers.push_back(std::move(layer_entry));
 
     if (c.has("passkey")) {

@@ -60,8 +60,9 @@ struct EvalConfig {
   int prompt_tokens = 0;
   double prompt_fraction = 0;
   int prompt_at(int ctx) const;            // P for windows of ctx tokens (kvq::Error when both are given, or P >= ctx)
-  // A tail of each ppl window (eval/perplexity.h): its NLL over the targets at positions >= T = floor(tail_fraction ·
-  // ctx) is recorded too, from the same pass (the referee pairs runs of different prompts on it); 0: none.
+  // A tail of each ppl / kl window (eval/perplexity.h): its NLL over the targets at positions >= T = floor(tail_fraction
+  // · ctx) is recorded too, and its KL and top-1 against the BF16 run over the rows predicting them, from the same
+  // passes (the referee pairs runs of different prompts on it); 0: none.
   double tail_fraction = 0;
   int tail_at(int ctx) const;              // T for windows of ctx tokens (0: none; kvq::Error unless P <= T < ctx)
 
@@ -96,6 +97,10 @@ struct KlEntry {
   Interval kl;              // mean KL per token (nats), bootstrap 95% CI over windows
   Interval top1;            // top-1 agreement fraction, bootstrap 95% CI over windows
   std::vector<WindowFidelity> per_window;  // the per-window sums (for paired comparisons across methods)
+  int tail_prompt_tokens = 0;  // T: the tail's start (EvalConfig::tail_fraction; 0: no tail)
+  int64_t tail_tokens = 0;     // rows compared in the tail (per_window[].tokens_tail summed)
+  Interval kl_tail{};          // mean KL per token over the tail's rows (those predicting positions >= T), 95% CI
+  Interval top1_tail{};        // top-1 agreement over the same rows, 95% CI
 };
 
 struct PasskeyEntry {

@@ -109,7 +109,12 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
           wf.nll_ref += o.nll_ref;
           wf.nll_method += o.nll_method;
           wf.nll_tokens += o.nll_tokens;
-          if (pos + i >= first_tail) wf.nll_method_tail += o.nll_method;
+          if (pos + i >= first_tail) {
+            wf.nll_method_tail += o.nll_method;
+            wf.kl_sum_tail += o.kl_sum;
+            wf.top1_agree_tail += o.top1_agree;
+            ++wf.tokens_tail;
+          }
         }
       }
     };

@@ -29,6 +29,12 @@ struct WindowFidelity {
   double nll_method = 0;    // the same, method run
   int64_t nll_tokens = 0;   // scored_targets(ctx, P): ctx - 1 without a prompt
   double nll_method_tail = 0;  // nll_method over the targets at positions >= the tail T (eval/perplexity.h); 0: none
+  // The same tail's KL and top-1: kl_sum / top1_agree / tokens over the rows that predict positions >= T (rows
+  // T - 1 .. ctx - 1, as a prompt of T compares), so every run is paired with one scored after a prompt of T on its
+  // rows (the eviction row). All 0 without a tail.
+  double kl_sum_tail = 0;
+  int64_t top1_agree_tail = 0;
+  int64_t tokens_tail = 0;
 };
 
 struct FidelityResult {
