@@ -173,8 +173,27 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_FALSE(evc[0]["vs_paired"].is_null());
   EXPECT_FALSE(evc[0]["paired_vs_bf16"].is_null());
   EXPECT_GT(evc[0]["vs_bf16"]["ratio"].get<double>(), 1.0);  // 220 of the 240 prompt tokens gone
+  // KL and top-1 against bf16 on the same 17 rows (those predicting targets >= 240): the eviction run's own record,
+  // int2's KL tail from 240, and their paired difference
+  const json& int2_tail = int2["kl"]["256"]["python"]["tail"];
+  const json& ev_kl = ev["results"]["kl"]["256"]["python"];
+  EXPECT_EQ(int2_tail["prompt_tokens"], 240);
+  EXPECT_EQ(int2_tail["tokens"], 17);
+  EXPECT_EQ(ev_kl["tokens"], 17);
+  EXPECT_EQ(bf16["kl"]["256"]["python"]["tail"]["kl_mean"].get<double>(), 0.0);
+  EXPECT_NE(int2_tail["kl_mean"].get<double>(), int2["kl"]["256"]["python"]["kl_mean"].get<double>());  // a sub-span
+  EXPECT_DOUBLE_EQ(evc[0]["kl"].get<double>(), ev_kl["window_kl_sum"][0].get<double>() / 17);
+  EXPECT_DOUBLE_EQ(evc[0]["top1"].get<double>(), ev_kl["window_top1_agree"][0].get<double>() / 17);
+  EXPECT_DOUBLE_EQ(evc[0]["paired_kl"].get<double>(), int2_tail["window_kl_sum"][0].get<double>() / 17);
+  EXPECT_DOUBLE_EQ(evc[0]["paired_top1"].get<double>(), int2_tail["window_top1_agree"][0].get<double>() / 17);
+  EXPECT_GT(evc[0]["paired_kl"].get<double>(), 0.0);
+  EXPECT_NEAR(evc[0]["fidelity_vs_paired"]["kl"]["estimate"].get<double>(),
+              evc[0]["kl"].get<double>() - evc[0]["paired_kl"].get<double>(), 1e-12);
+  EXPECT_EQ(evc[0]["kl_ci95"].size(), 2u);
   const json& evs = j["eviction"]["as-shipped"]["256"];
   ASSERT_EQ(evs.size(), 1u);
+  EXPECT_TRUE(evs[0]["paired_kl"].is_null());  // no paired run: no KL to pair
+  EXPECT_FALSE(evs[0]["kl"].is_null());
   EXPECT_EQ(evs[0]["paired_key"], nullptr);  // no int2 run at 64/256 in this plan
   EXPECT_NEAR(evs[0]["vs_bf16"]["change_pct"].get<double>(), 0.0, 0.05);
 
@@ -253,6 +272,8 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_EQ(count(html, "<line class=\"errbar\""), 16u);
   EXPECT_EQ(count(html, "<table id=\"eviction-common-256\">"), 1u);
   EXPECT_EQ(count(html, "<table id=\"eviction-as-shipped-256\">"), 1u);
+  EXPECT_EQ(count(html, "<table id=\"eviction-kl-common-256\">"), 1u);
+  EXPECT_NE(slurp(d.out / "report.md").find("| windows | KL | paired row's KL there | KL − paired row's |"), std::string::npos);
   EXPECT_NE(html.find("evict(int2) (targets &ge; 240)"), std::string::npos);
   EXPECT_EQ(count(html, "<table id=\"claims-256\">"), 1u);
   EXPECT_NE(html.find("e8_2, as shipped"), std::string::npos);

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "common/error.h"
+#include "eval/bootstrap.h"
 #include "eval/referee_pooled.h"
 #include "eval/referee_view.h"
 #include "eval/rng.h"
@@ -41,6 +43,81 @@ json ratio_json(const std::optional<PooledWindows>& a, const std::optional<Poole
           {"change_pct_ci95", pair_json(pct(q.lo), pct(q.hi))}};
 }
 
+// One run's KL and top-1 against bf16 per window over a list of domains, concatenated in list order, on the rows that
+// predict positions >= from.
+struct PooledKl {
+  std::vector<double> kl;      // (n_windows) Σ KL (nats) over the window's rows
+  std::vector<double> agree;   // (n_windows) rows whose argmax agrees with bf16's
+  std::vector<double> tokens;  // (n_windows) rows compared
+};
+
+// The run's own kl records when its prompt at ctx is `from`, else the tail it recorded from there
+// (results.kl[ctx][domain].tail, eval/evaluator.h); nullopt when it has neither (a record from before KL tails) or no
+// kl results at ctx. kvq::Error naming the run, ctx and domain on a malformed record.
+std::optional<PooledKl> pooled_kl_from(const json& run, const std::string& ctx, const std::vector<std::string>& domains,
+                                       int from) {
+  const std::string who = run.value("key", std::string("(no key)"));
+  if (!run.contains("results") || !run["results"].contains("kl") || !run["results"]["kl"].contains(ctx))
+    return std::nullopt;
+  const json& kl = run["results"]["kl"][ctx];
+  const bool own = run_scored_from(run, ctx) == from;
+  PooledKl out;
+  for (const std::string& d : domains) {
+    if (!kl.contains(d) || !kl[d].is_object()) return std::nullopt;
+    const json& domain = kl[d];
+    if (!own && !(domain.contains("tail") && domain["tail"].is_object() &&
+                  domain["tail"].value("prompt_tokens", json()) == json(from)))
+      return std::nullopt;
+    const json& e = own ? domain : domain["tail"];
+    const std::string span = own ? "" : fmt::format(" (tail from {})", from);
+    const auto arr = [&](const char* k) -> const json& {
+      KVQ_CHECK(e.contains(k) && e[k].is_array() && !e[k].empty(),
+                "run {}: the kl record of domain {} at ctx {}{} has no per-window {} (rerun it with this kvq)", who, d,
+                ctx, span, k);
+      return e[k];
+    };
+    const json &sums = arr("window_kl_sum"), &agree = arr("window_top1_agree"), &tokens = arr("window_tokens");
+    KVQ_CHECK(sums.size() == agree.size() && sums.size() == tokens.size(),
+              "run {}: the kl record of domain {} at ctx {}{} has {} / {} / {} window KL sums / top-1 counts / tokens",
+              who, d, ctx, span, sums.size(), agree.size(), tokens.size());
+    for (size_t i = 0; i < sums.size(); ++i) {
+      KVQ_CHECK(sums[i].is_number() && std::isfinite(sums[i].get<double>()) && agree[i].is_number() &&
+                    tokens[i].is_number() && tokens[i].get<double>() > 0,
+                "run {}: domain {} at ctx {}{}: window {} has KL sum {}, top-1 {}, tokens {} (need finite numbers and "
+                "tokens > 0)", who, d, ctx, span, i, sums[i].dump(), agree[i].dump(), tokens[i].dump());
+      out.kl.push_back(sums[i].get<double>());
+      out.agree.push_back(agree[i].get<double>());
+      out.tokens.push_back(tokens[i].get<double>());
+    }
+  }
+  if (out.kl.empty()) return std::nullopt;
+  return out;
+}
+
+json interval_json(const Interval& i) { return {{"estimate", i.estimate}, {"ci95", pair_json(i.lo, i.hi)}}; }
+
+// {kl, kl_ci95, top1, top1_ci95} of one run's pooled rows (percentile bootstrap over windows), or null.
+json fidelity_json(const std::optional<PooledKl>& w, int resamples, uint64_t seed_kl, uint64_t seed_top1) {
+  if (!w) return nullptr;
+  const Interval kl = bootstrap_ratio(w->kl, w->tokens, resamples, seed_kl).ci;
+  const Interval top1 = bootstrap_ratio(w->agree, w->tokens, resamples, seed_top1).ci;
+  return {{"kl", kl.estimate}, {"kl_ci95", pair_json(kl.lo, kl.hi)}, {"top1", top1.estimate},
+          {"top1_ci95", pair_json(top1.lo, top1.hi)}};
+}
+
+// a − b per row on the same windows, Σ (x_a − x_b) / Σ rows with a paired bootstrap over windows: {kl: {estimate,
+// ci95}, top1: {estimate, ci95}}, or null when either is missing. kvq::Error when they compared different rows.
+json fidelity_diff_json(const std::optional<PooledKl>& a, const std::optional<PooledKl>& b, const std::string& who,
+                        int resamples, uint64_t seed_kl, uint64_t seed_top1) {
+  if (!a || !b) return nullptr;
+  KVQ_CHECK(a->tokens == b->tokens, "eviction {}: the paired row compared other rows per window ({} windows vs {})",
+            who, a->tokens.size(), b->tokens.size());
+  std::vector<double> dkl(a->kl.size()), dtop(a->kl.size());
+  for (size_t i = 0; i < dkl.size(); ++i) dkl[i] = a->kl[i] - b->kl[i], dtop[i] = a->agree[i] - b->agree[i];
+  return {{"kl", interval_json(bootstrap_ratio(dkl, a->tokens, resamples, seed_kl).ci)},
+          {"top1", interval_json(bootstrap_ratio(dtop, a->tokens, resamples, seed_top1).ci)}};
+}
+
 std::string change(const json& v) {
   return v.is_null() ? "-" : fmt::format("{:+.3f}% [{:+.3f}%, {:+.3f}%]", v["change_pct"].get<double>(),
                                          v["change_pct_ci95"][0].get<double>(), v["change_pct_ci95"][1].get<double>());
@@ -48,6 +125,20 @@ std::string change(const json& v) {
 
 std::string number(const json& v, const char* f) {
   return v.is_null() ? "-" : fmt::format(fmt::runtime(f), v.get<double>());
+}
+
+// "0.01234 [0.01100, 0.01400]" of a value and its ci95 pair (f: the format of one number), or "-".
+std::string with_ci(const json& v, const json& ci, const char* f) {
+  if (v.is_null() || !ci.is_array()) return "-";
+  const std::string g = fmt::format("{0} [{0}, {0}]", f);
+  return fmt::format(fmt::runtime(g), v.get<double>(), ci[0].get<double>(), ci[1].get<double>());
+}
+
+// The difference `what` ("kl" | "top1") of fidelity_vs_paired with its CI, signed, or "-".
+std::string difference(const json& e, const char* what, const char* f) {
+  const json& d = e.value("fidelity_vs_paired", json());
+  if (!d.is_object()) return "-";
+  return with_ci(d[what]["estimate"], d[what]["ci95"], f);
 }
 
 }  // namespace
@@ -78,7 +169,12 @@ json referee_eviction_json(const json& j) {
       const Interval p = pooled_ppl(*own, resamples, tag("ppl"));
       const json budget = r.contains("equal_bytes") ? r["equal_bytes"]["by_ctx"].value(cs, json()) : json();
       const auto field = [&](const char* k) { return budget.is_object() ? budget.value(k, json()) : json(); };
-      const std::string d = pooled_domain(r, cs);
+      // KL and top-1 against bf16 on the same rows: the eviction row's own, the paired row's tail from its prompt
+      const std::optional<PooledKl> own_kl = pooled_kl_from(r, cs, domains, from);
+      const std::optional<PooledKl> paired_kl = paired ? pooled_kl_from(*paired, cs, domains, from) : std::nullopt;
+      const json fid = fidelity_json(own_kl, resamples, tag("kl"), tag("top1"));
+      const json paired_fid = fidelity_json(paired_kl, resamples, tag("paired/kl"), tag("paired/top1"));
+      const auto of = [](const json& f, const char* k) { return f.is_null() ? json() : f[k]; };
       out[protocol][cs].push_back(
           {{"key", key},
            {"method", run_label(r)},
@@ -99,7 +195,16 @@ json referee_eviction_json(const json& j) {
            {"vs_paired", ratio_json(own, pw, resamples, tag("paired"))},
            {"vs_bf16", ratio_json(own, bw, resamples, tag("bf16"))},
            {"paired_vs_bf16", ratio_json(pw, bw, resamples, tag("paired/bf16"))},
-           {"kl", r["results"]["kl"][cs][d]["kl_mean"]},
+           {"kl", of(fid, "kl")},
+           {"kl_ci95", of(fid, "kl_ci95")},
+           {"top1", of(fid, "top1")},
+           {"top1_ci95", of(fid, "top1_ci95")},
+           {"paired_kl", of(paired_fid, "kl")},
+           {"paired_kl_ci95", of(paired_fid, "kl_ci95")},
+           {"paired_top1", of(paired_fid, "top1")},
+           {"paired_top1_ci95", of(paired_fid, "top1_ci95")},
+           {"fidelity_vs_paired",
+            fidelity_diff_json(own_kl, paired_kl, key, resamples, tag("kl/paired"), tag("top1/paired"))},
            {"passkey", r["results"]["passkey"][cs]["accuracy"]},
            {"paired_passkey", paired ? (*paired)["results"]["passkey"][cs]["accuracy"] : json()}});
     }
@@ -116,8 +221,8 @@ std::string referee_eviction_markdown(const json& j) {
       "15/16 of each window. Every token after the prompt is stored bf16 and counted at 16 bits inside the budget, so "
       "the bytes stored at the ctx equal those of the paired row (int2 at the same windows) there, within one token's "
       "rows: prompt tokens kept = floor(target bits × ctx / 16) − (ctx − prompt). Only the last 1/16 is scored; the "
-      "paired row and bf16 are read on the same targets (their NLLs over that tail, recorded by every run) and "
-      "compared with a paired bootstrap over windows. The paired row is the common protocol's run (int2 has one "
+      "paired row and bf16 are read on the same targets (their NLLs, and the paired row's KL and top-1 against "
+      "bf16, over that tail, recorded by every run) and compared with a paired bootstrap over windows. The paired row is the common protocol's run (int2 has one "
       "path); bf16 is the eviction run's own protocol's.\n";
   for (const std::string& protocol : referee_protocol_order())
     for (const json& x : j["config"]["ctx"]) {
@@ -136,6 +241,19 @@ std::string referee_eviction_markdown(const json& j) {
                          change(e["vs_bf16"]), change(e["paired_vs_bf16"]), 100 * e["passkey"].get<double>(),
                          e["paired_passkey"].is_null() ? "-" : fmt::format("{:.0f}%",
                                                                            100 * e["paired_passkey"].get<double>()));
+      s += "\nKL(p_bf16 ‖ p) per token and top-1 agreement with bf16 on the same rows (those predicting the targets ≥ "
+           "prompt), percentile bootstrap 95% CIs over windows; the differences are paired (eviction row − paired "
+           "row, per window).\n\n| method | windows | KL | paired row's KL there | KL − paired row's | top-1 | paired "
+           "row's top-1 there | top-1 − paired row's |\n|---|---|---|---|---|---|---|---|\n";
+      for (const json& e : j["eviction"][protocol][cs])
+        s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", e["method"].get<std::string>(),
+                         e["windows"].get<std::string>(),
+                         with_ci(e.value("kl", json()), e.value("kl_ci95", json()), "{:.5f}"),
+                         with_ci(e.value("paired_kl", json()), e.value("paired_kl_ci95", json()), "{:.5f}"),
+                         difference(e, "kl", "{:+.5f}"),
+                         with_ci(e.value("top1", json()), e.value("top1_ci95", json()), "{:.4f}"),
+                         with_ci(e.value("paired_top1", json()), e.value("paired_top1_ci95", json()), "{:.4f}"),
+                         difference(e, "top1", "{:+.4f}"));
     }
   return s;
 }

@@ -122,6 +122,17 @@ void check_run(Schema& s, const json& r, const std::string& w, const std::vector
           s.interval(k, kw, "kl_ci95");
           s.number(k, kw, "top1");
           s.interval(k, kw, "top1_ci95");
+          if (k.contains("tail") && s.object(k, kw, "tail")) {  // optional: records before KL tails have none
+            const json& t = k["tail"];
+            const std::string tw = kw + ".tail";
+            s.integer(t, tw, "prompt_tokens");
+            s.integer(t, tw, "tokens");
+            s.number(t, tw, "kl_mean");
+            s.interval(t, tw, "kl_ci95");
+            s.number(t, tw, "top1");
+            s.interval(t, tw, "top1_ci95");
+            for (const char* a : {"window_kl_sum", "window_top1_agree", "window_tokens"}) s.array(t, tw, a);
+          }
         }
     if (res.contains("passkey") && s.object(res["passkey"], rw + ".passkey", c)) {
       const json& p = res["passkey"][c];
@@ -211,6 +222,21 @@ void check_equal_bits(Schema& s, const json& j, const std::vector<std::string>& 
             if (s.need(rows[i], ew, k, [](const json& v) { return v.is_object() || v.is_null(); }, "object or null") &&
                 rows[i][k].is_object())
               s.interval(rows[i][k], ew + "." + k, "ci95");
+          // KL and top-1 on the same rows: a number with its ci95, or both null (no KL record on those rows)
+          for (const char* k : {"kl", "top1", "paired_kl", "paired_top1"}) {
+            const std::string ci = std::string(k) + "_ci95";
+            if (s.need(rows[i], ew, k, [](const json& v) { return v.is_number() || v.is_null(); }, "number or null") &&
+                rows[i][k].is_number())
+              s.interval(rows[i], ew, ci.c_str());
+          }
+          if (s.need(rows[i], ew, "fidelity_vs_paired", [](const json& v) { return v.is_object() || v.is_null(); },
+                     "object or null") &&
+              rows[i]["fidelity_vs_paired"].is_object())
+            for (const char* k : {"kl", "top1"})
+              if (s.object(rows[i]["fidelity_vs_paired"], ew + ".fidelity_vs_paired", k)) {
+                s.number(rows[i]["fidelity_vs_paired"][k], ew + ".fidelity_vs_paired." + k, "estimate");
+                s.interval(rows[i]["fidelity_vs_paired"][k], ew + ".fidelity_vs_paired." + k, "ci95");
+              }
         }
   s.string(j, w, "claims_rule");
   if (s.array(j, w, "claims"))

@@ -131,10 +131,11 @@ json notes_json(const RefereeConfig& cfg, const RefereeData& data) {
       "second half of each window, after a prompt of its first half. Rows read '<method>, as shipped'; their ppl "
       "and KL compare only with the as-shipped bf16 run, never with common-protocol rows.",
       "bf16 is run once: sink/recent windows do not change a BF16 cache (its windows column reads 'any').",
-      "Every run also records its NLL over the last 1/16 of each window (results.ppl[ctx][domain].tail), from the same "
-      "pass: the eviction row (prompt policy evict under both protocols) scores only those targets, after a prompt of "
-      "the first 15/16, and is paired with every other run on them (bands, unseen domains, the eviction section). Its "
-      "KL, top-1 and per-layer errors are its own (the KL over those targets, the layer errors over every row).",
+      "Every run also records its NLL over the last 1/16 of each window (results.ppl[ctx][domain].tail) and its KL and "
+      "top-1 against bf16 over the rows predicting those targets (results.kl[ctx][domain].tail), from the same pass: "
+      "the eviction row (prompt policy evict under both protocols) scores only those targets, after a prompt of the "
+      "first 15/16, and is paired with every other run on them (bands, unseen domains; in the eviction section its NLL "
+      "and its KL and top-1 against the paired row's). Its per-layer errors are its own, over every row.",
       "Calibrated methods (int2+oscar, optr*) were calibrated on " + cfg.calib_data + " (sha256 " +
           data.calib_sha256.substr(0, 16) + "…), checked disjoint from every file of " + cfg.eval_dir +
           " by path and sha256; a calibration file may come from the same domain as an eval file (another part of "
