@@ -1,7 +1,7 @@
 // Tensor-core building blocks shared by the attention kernels (decode_attention_mma.cu, prefill_attention.cu):
 // mma.sync m16n8k16 with f32 accumulation on f16 or bf16 operands, ldmatrix from shared memory, the operand
-// rounding, the base-2 exponential, and the (scale, zero) word of an int row. Fragment layouts (PTX ISA, per lane
-// gid = lane / 4, tid = lane % 4):
+// rounding, the base-2 exponential, cp.async copies, and the (scale, zero) word of an int row. Fragment layouts
+// (PTX ISA, per lane gid = lane / 4, tid = lane % 4):
 //   A (16 x 16, row-major)  a0: row gid, cols 2tid, 2tid+1   a1: row gid+8, same cols   a2 / a3: cols + 8
 //   B (16 x 8,  "col")      b0: rows (k) 2tid, 2tid+1, col gid   b1: rows 2tid+8, 2tid+9
 //   C (16 x 8,  f32)        c0, c1: row gid, cols 2tid, 2tid+1   c2, c3: row gid+8
@@ -48,6 +48,19 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a)
                : "memory");
+}
+
+// 16 bytes from global to shared memory without passing through registers (cp.async.cg: cached in L2 only); with
+// valid false nothing is read and the 16 bytes are zero-filled (src must still be a mapped address). Both 16-byte
+// aligned. A group of copies ends with cp_async_commit; cp_async_wait<N> waits until at most N groups are pending.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Two 16-bit elements (lo = first) of the operand type.

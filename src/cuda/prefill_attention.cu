@@ -5,7 +5,8 @@
 //
 // Grid (query tile, kv head, KV split). A query tile is kPrefillTileRows = 64 rows (position, head) of one chunk and
 // the GQA group of one kv head, rows i * g + h; 4 warps take 16 rows each (mma M). Its key positions are walked in
-// three ranges, each in key tiles of kPrefillKeys = 64 positions loaded into shared memory by the whole block:
+// three ranges, each in key tiles of kPrefillKeys = 64 positions loaded into shared memory by the whole block (two
+// stages: while the block computes on one tile, cp.async brings the next one's bf16 rows; one stage with int2 keys):
 //   sink   [0, min(S0, t1 + 1))        bf16 sink rows             valid: s <= t
 //   quant  [S0, qe(t1))                the codec's page rows      valid: s < qe(t)
 //   ring   [max(S0, qe(t0)), t1 + 1)   bf16 recent-window rows    valid: qe(t) <= s <= t
@@ -48,19 +49,28 @@ static_assert(kWarps == 4 && kKeys % 16 == 0, "4 warps of 16 query rows; key til
 
 enum class Range { kSink, kQuant, kRing };
 
-// A block's shared memory (dynamic: 70 KB, and 17 KB more of f16 queries for int2 keys: smem_bytes).
+// A block's shared memory (dynamic): the queries (Smem), for int2 keys their f16 copy (QRows), then kStages<KQ> key
+// tiles (Stage). 104 KB with two stages, 86 KB with int2 keys' one: two blocks an SM either way (a second stage
+// beside the f16 queries would leave one).
 struct Smem {
-  uint16_t k[kKeys][kPitch];   // key tile: bf16 bits, or the f16 codes of int2 rows
-  uint16_t v[kKeys][kPitch];   // value tile, the same
   uint16_t qb[kRows][kPitch];  // the tile's queries · log2 e rounded to bf16 (hi)
   uint16_t ql[kRows][kPitch];  // the rest, q - hi, rounded to bf16 (lo; the windows' rows)
-  float k_scale[kKeys], k_zero[kKeys], v_scale[kKeys], v_zero[kKeys];  // int2 rows' (scale, zero); 0 past the tile
   float qsum[kRows];           // int2 keys: Σ_d of the f16 queries' row (the zero term)
 };
 using QRows = uint16_t[kRows][kPitch];  // int2 keys: the queries · log2 e in f16, after Smem
+struct Stage {                          // one key tile
+  uint16_t k[kKeys][kPitch];            // key tile: bf16 bits, or the f16 codes of int2 rows
+  uint16_t v[kKeys][kPitch];            // value tile, the same
+  float k_scale[kKeys], k_zero[kKeys], v_scale[kKeys], v_zero[kKeys];  // int2 rows' (scale, zero); 0 past the tile
+};
 template <bool KQ>
-constexpr size_t smem_bytes = sizeof(Smem) + (KQ ? sizeof(QRows) : 0);
-static_assert(sizeof(Smem) % 16 == 0, "the f16 queries start 16-byte aligned");
+constexpr int kStages = KQ ? 1 : 2;
+template <bool KQ>
+constexpr size_t stage_offset = sizeof(Smem) + (KQ ? sizeof(QRows) : 0);
+template <bool KQ>
+constexpr size_t smem_bytes = stage_offset<KQ> + kStages<KQ> * sizeof(Stage);
+static_assert(sizeof(Smem) % 16 == 0 && sizeof(QRows) % 16 == 0 && sizeof(Stage) % 16 == 0,
+              "the f16 queries and every stage start 16-byte aligned");
 
 static_assert(layout::int_row_bytes(kD, kD, 2) == 4 + 8 * 4, "an int2 row of one group: (scale, zero), 8 code words");
 
@@ -68,7 +78,9 @@ static_assert(layout::int_row_bytes(kD, kD, 2) == 4 + 8 * 4, "an int2 row of one
 __device__ __forceinline__ uint32_t f16_code(uint32_t c) { return __half_as_ushort(__ushort2half_rn(uint16_t(c))); }
 
 // One side (K: kv = 0, V: kv = 1) of a key tile, positions [s0, s0 + nv) of range R, into dst / scale / zero; rows
-// nv .. kKeys - 1 are zero (their scores are masked; zero rows and scales keep P V finite).
+// nv .. kKeys - 1 are zero (their scores are masked; zero rows and scales keep P V finite). bf16 rows are issued as
+// cp.async copies (in the caller's commit group: in shared memory after its wait and a barrier); int2 rows are
+// expanded by the threads and stored directly.
 template <Range R, bool INT2>
 __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int layer, int kv, int head, int s0,
                                           int nv, uint16_t (*dst)[kPitch], float* scale, float* zero) {
@@ -98,18 +110,15 @@ __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int
       }
     }
   } else {
-    // bf16 rows: thread = (row r, 16-byte chunk c)
+    // bf16 rows: thread = (row r, 16-byte chunk c); a row past nv copies nothing from position s0's row (mapped)
     for (int i = threadIdx.x; i < kKeys * (kD / 8); i += blockDim.x) {
       const int r = i / (kD / 8), c = i % (kD / 8);
-      uint4 x = make_uint4(0, 0, 0, 0);
-      if (r < nv) {
-        const int s = s0 + r;
-        const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row(geo, seq, layer, kv, head, s))
-                          : R == Range::kRing ? static_cast<const void*>(dev::ring_row(geo, seq, layer, kv, head, s))
-                                              : static_cast<const void*>(dev::page_row(geo, seq, layer, kv, head, s));
-        x = static_cast<const uint4*>(row)[c];  // bf16 rows start at multiples of 16 bytes (cache_geometry)
-      }
-      *reinterpret_cast<uint4*>(&dst[r][8 * c]) = x;
+      const int s = s0 + (r < nv ? r : 0);
+      const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row(geo, seq, layer, kv, head, s))
+                        : R == Range::kRing ? static_cast<const void*>(dev::ring_row(geo, seq, layer, kv, head, s))
+                                            : static_cast<const void*>(dev::page_row(geo, seq, layer, kv, head, s));
+      // bf16 rows start at multiples of 16 bytes (cache_geometry)
+      cp_async_16(&dst[r][8 * c], static_cast<const uint4*>(row) + c, r < nv);
     }
   }
 }
@@ -128,8 +137,8 @@ struct RowState {
 // operands), else bf16 rows (hi + lo operands for the windows' rows). masked: compute the per-element predicate (a
 // window edge or the diagonal crosses the tile), else every key is valid for every row. qh: the f16 queries (KI).
 template <Range R, bool KI, bool VI>
-__device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, int s0, int hi, bool masked,
-                                            RowState& st) {
+__device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, const Stage& kv, int s0, int hi,
+                                            bool masked, RowState& st) {
   constexpr bool kWin = R != Range::kQuant;  // the windows' exact rows: hi + lo operands
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = lane & 3;
   [[maybe_unused]] const int gid = lane >> 2;
@@ -150,7 +159,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, int
 #pragma unroll
     for (int np = 0; np < kKeys / 16; ++np) {
       uint32_t b[4];  // b0, b1 of n-tile 2np, then of 2np + 1
-      ldmatrix_x4(b, &sh.k[8 * (2 * np + (lane >> 4)) + (lane & 7)][16 * kc + 8 * ((lane >> 3) & 1)]);
+      ldmatrix_x4(b, &kv.k[8 * (2 * np + (lane >> 4)) + (lane & 7)][16 * kc + 8 * ((lane >> 3) & 1)]);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
       mma<KI>(s[2 * np], a, b0);
       mma<KI>(s[2 * np + 1], a, b1);
@@ -167,7 +176,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, int
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = 8 * nt + 2 * tid + (e & 1);
-        s[nt][e] = sh.k_scale[key] * (s[nt][e] - sh.k_zero[key] * qs[e >> 1]);
+        s[nt][e] = kv.k_scale[key] * (s[nt][e] - kv.k_zero[key] * qs[e >> 1]);
       }
   }
   if (masked) {
@@ -218,8 +227,8 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, int
       float x[4] = {p[0], p[1], p[2], p[3]};
       if constexpr (VI) {  // P' = p scale_v; the zero term takes P' unrounded
         const int key = 16 * kk + 8 * half + 2 * tid;
-        const float w0 = sh.v_scale[key], w1 = sh.v_scale[key + 1];
-        const float z0 = sh.v_zero[key], z1 = sh.v_zero[key + 1];
+        const float w0 = kv.v_scale[key], w1 = kv.v_scale[key + 1];
+        const float z0 = kv.v_zero[key], z1 = kv.v_zero[key + 1];
         x[0] *= w0, x[1] *= w1, x[2] *= w0, x[3] *= w1;
         st.zsum[0] += x[0] * z0 + x[1] * z1;
         st.zsum[1] += x[2] * z0 + x[3] * z1;
@@ -234,7 +243,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, int
 #pragma unroll
     for (int dp = 0; dp < kD / 16; ++dp) {
       uint32_t b[4];  // b0, b1 of dim n-tile 2dp, then of 2dp + 1 (matrix lane / 8: keys + 8 (lane / 8 % 2))
-      ldmatrix_x4_trans(b, &sh.v[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (2 * dp + (lane >> 4))]);
+      ldmatrix_x4_trans(b, &kv.v[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (2 * dp + (lane >> 4))]);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
       mma<VI>(st.o[2 * dp], a, b0);
       mma<VI>(st.o[2 * dp + 1], a, b1);
@@ -252,6 +261,8 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeo
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
   [[maybe_unused]] QRows* qh = reinterpret_cast<QRows*>(smem_raw + sizeof(Smem));  // KQ only
+  Stage* stage = reinterpret_cast<Stage*>(smem_raw + stage_offset<KQ>);
+  constexpr int S = kStages<KQ>;
   const PrefillTile tile = a.tiles[blockIdx.x];
   const int head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -297,23 +308,42 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeo
     st.m[j] = -INFINITY, st.l[j] = 0.f, st.zsum[j] = 0.f;
   }
 
-  // ---- the three ranges, clipped to this block's split, in key tiles
+  // ---- the three ranges, clipped to this block's split, in key tiles. Two stages: tile i + 1's copies are issued
+  // into the other stage before tile i is computed (that stage was last read by tile i - 1, before its closing
+  // barrier); one stage: each tile is loaded after the previous one's reads.
   const int z0 = split * a.split_tokens, z1 = z0 + a.split_tokens;
   auto walk = [&](auto range, int lo, int hi) {
     constexpr Range R = decltype(range)::value;
     constexpr bool KI = R == Range::kQuant && KQ, VI = R == Range::kQuant && VQ;
     lo = max(lo, z0), hi = min(hi, z1);
-    for (int s0 = lo; s0 < hi; s0 += kKeys) {
+    if (lo >= hi) return;
+    auto load = [&](Stage& t, int s0) {
+      const int nv = min(kKeys, hi - s0);
+      load_side<R, KI>(geo, tile.seq, a.layer, 0, head, s0, nv, t.k, t.k_scale, t.k_zero);
+      load_side<R, VI>(geo, tile.seq, a.layer, 1, head, s0, nv, t.v, t.v_scale, t.v_zero);
+    };
+    __syncthreads();  // every stage is free: the previous range's reads (and the queries' writes) are done
+    load(stage[0], lo);
+    cp_async_commit();
+    for (int i = 0, s0 = lo; s0 < hi; ++i, s0 += kKeys) {
+      if constexpr (S == 1) {
+        if (i > 0) {
+          __syncthreads();  // the previous tile's reads are done
+          load(stage[0], s0);
+        }
+      } else if (s0 + kKeys < hi) {
+        load(stage[(i + 1) % S], s0 + kKeys);
+      }
+      cp_async_commit();
+      cp_async_wait<S - 1>();  // tile i's copies have landed (tile i + 1's may still be in flight)
+      __syncthreads();         // ... for every thread, and int2 rows' stores are visible
       const int nv = min(kKeys, hi - s0);
       // every row takes every key of the tile: no mask
       const bool full = nv == kKeys && (R == Range::kSink    ? s0 + kKeys - 1 <= t0
                                         : R == Range::kQuant ? s0 + kKeys <= qe0
                                                              : s0 >= qe1 && s0 + kKeys - 1 <= t0);
-      __syncthreads();  // the previous tile's reads (and the queries' writes) are done
-      load_side<R, KI>(geo, tile.seq, a.layer, 0, head, s0, nv, sh.k, sh.k_scale, sh.k_zero);
-      load_side<R, VI>(geo, tile.seq, a.layer, 1, head, s0, nv, sh.v, sh.v_scale, sh.v_zero);
-      __syncthreads();
-      attend_tile<R, KI, VI>(sh, qh, s0, hi, !full, st);
+      attend_tile<R, KI, VI>(sh, qh, stage[i % S], s0, hi, !full, st);
+      if constexpr (S > 1) __syncthreads();  // this stage's reads are done before tile i + 2 is issued into it
     }
   };
   walk(std::integral_constant<Range, Range::kSink>{}, 0, min(geo.sink, t1 + 1));
