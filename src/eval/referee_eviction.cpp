@@ -134,14 +134,17 @@ std::string with_ci(const json& v, const json& ci, const char* f) {
   return fmt::format(fmt::runtime(g), v.get<double>(), ci[0].get<double>(), ci[1].get<double>());
 }
 
-// The difference `what` ("kl" | "top1") of fidelity_vs_paired with its CI, signed, or "-".
-std::string difference(const json& e, const char* what, const char* f) {
+}  // namespace
+
+std::string eviction_cell(const json& e, const char* value, const char* ci, const char* f) {
+  return with_ci(e.value(value, json()), e.value(ci, json()), f);
+}
+
+std::string eviction_difference(const json& e, const char* what, const char* f) {
   const json& d = e.value("fidelity_vs_paired", json());
   if (!d.is_object()) return "-";
   return with_ci(d[what]["estimate"], d[what]["ci95"], f);
 }
-
-}  // namespace
 
 json referee_eviction_json(const json& j) {
   std::vector<std::string> domains;
@@ -247,13 +250,11 @@ std::string referee_eviction_markdown(const json& j) {
            "row's top-1 there | top-1 − paired row's |\n|---|---|---|---|---|---|---|---|\n";
       for (const json& e : j["eviction"][protocol][cs])
         s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", e["method"].get<std::string>(),
-                         e["windows"].get<std::string>(),
-                         with_ci(e.value("kl", json()), e.value("kl_ci95", json()), "{:.5f}"),
-                         with_ci(e.value("paired_kl", json()), e.value("paired_kl_ci95", json()), "{:.5f}"),
-                         difference(e, "kl", "{:+.5f}"),
-                         with_ci(e.value("top1", json()), e.value("top1_ci95", json()), "{:.4f}"),
-                         with_ci(e.value("paired_top1", json()), e.value("paired_top1_ci95", json()), "{:.4f}"),
-                         difference(e, "top1", "{:+.4f}"));
+                         e["windows"].get<std::string>(), eviction_cell(e, "kl", "kl_ci95", "{:.5f}"),
+                         eviction_cell(e, "paired_kl", "paired_kl_ci95", "{:.5f}"),
+                         eviction_difference(e, "kl", "{:+.5f}"), eviction_cell(e, "top1", "top1_ci95", "{:.4f}"),
+                         eviction_cell(e, "paired_top1", "paired_top1_ci95", "{:.4f}"),
+                         eviction_difference(e, "top1", "{:+.4f}"));
     }
   return s;
 }

@@ -30,6 +30,12 @@ namespace kvq {
 // (config.ctx, config.bootstrap, seeds.seed, eval_data, runs).
 nlohmann::json referee_eviction_json(const nlohmann::json& results);
 
+// One eviction row's cells for report.md and report.html: field `value` of row e with its ci95 field `ci` as
+// "0.01234 [0.01100, 0.01400]" (f: the format of one number), and the paired difference `what` ("kl" | "top1") of
+// its fidelity_vs_paired with its CI; "-" where the row has none.
+std::string eviction_cell(const nlohmann::json& e, const char* value, const char* ci, const char* f);
+std::string eviction_difference(const nlohmann::json& e, const char* what, const char* f);
+
 // report.md's eviction section from results["eviction"] ("" when absent or empty). The HTML twin is in report_html.cpp.
 std::string referee_eviction_markdown(const nlohmann::json& results);
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "eval/referee.h"
+#include "eval/referee_eviction.h"
 #include "eval/referee_pooled.h"
 #include "eval/referee_view.h"
 
@@ -367,32 +368,21 @@ std::string eviction_html(const json& j) {
                          change(e["vs_bf16"]), change(e["paired_vs_bf16"]), 100 * e["passkey"].get<double>());
       h += "</table>\n";
       // KL and top-1 against bf16 on the same rows, with the paired differences (eval/referee_eviction.h)
-      const auto ci = [](const json& e, const char* v, const char* k, const char* f) {
-        const json x = e.value(v, json()), c = e.value(k, json());
-        if (x.is_null() || !c.is_array()) return std::string("-");
-        const std::string g = fmt::format("{0} [{0}, {0}]", f);
-        return fmt::format(fmt::runtime(g), x.get<double>(), c[0].get<double>(), c[1].get<double>());
-      };
-      const auto diff = [](const json& e, const char* what, const char* f) {
-        const json d = e.value("fidelity_vs_paired", json());
-        if (!d.is_object()) return std::string("-");
-        const std::string g = fmt::format("{0} [{0}, {0}]", f);
-        return fmt::format(fmt::runtime(g), d[what]["estimate"].get<double>(), d[what]["ci95"][0].get<double>(),
-                           d[what]["ci95"][1].get<double>());
-      };
       h += fmt::format("<p>KL(p_bf16 &#8214; p) per token and top-1 agreement with bf16 on the same rows (those "
                        "predicting the targets &ge; prompt), 95% CIs over windows; differences paired per window "
                        "(eviction row &minus; paired row).</p>\n<table id=\"eviction-kl-{}-{}\">\n<tr><th>method</th>"
-                       "<th>windows</th><th>KL</th><th>paired row's KL there</th><th>KL &minus; paired row's</th><th>top-1</th>"
-                       "<th>paired row's top-1 there</th><th>top-1 &minus; paired row's</th></tr>\n",
+                       "<th>windows</th><th>KL</th><th>paired row's KL there</th><th>KL &minus; paired row's</th>"
+                       "<th>top-1</th><th>paired row's top-1 there</th><th>top-1 &minus; paired row's</th></tr>\n",
                        esc(protocol), cs);
       for (const json& e : j["eviction"][protocol][cs])
         h += fmt::format("<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
                          "<td>{}</td><td>{}</td></tr>\n",
                          esc(e["key"].get<std::string>()), esc(e["method"].get<std::string>()),
-                         esc(e["windows"].get<std::string>()), ci(e, "kl", "kl_ci95", "{:.5f}"), ci(e, "paired_kl", "paired_kl_ci95", "{:.5f}"),
-                         diff(e, "kl", "{:+.5f}"), ci(e, "top1", "top1_ci95", "{:.4f}"),
-                         ci(e, "paired_top1", "paired_top1_ci95", "{:.4f}"), diff(e, "top1", "{:+.4f}"));
+                         esc(e["windows"].get<std::string>()), eviction_cell(e, "kl", "kl_ci95", "{:.5f}"),
+                         eviction_cell(e, "paired_kl", "paired_kl_ci95", "{:.5f}"),
+                         eviction_difference(e, "kl", "{:+.5f}"), eviction_cell(e, "top1", "top1_ci95", "{:.4f}"),
+                         eviction_cell(e, "paired_top1", "paired_top1_ci95", "{:.4f}"),
+                         eviction_difference(e, "top1", "{:+.4f}"));
       h += "</table>\n";
     }
   return h;
