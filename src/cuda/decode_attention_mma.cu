@@ -35,17 +35,11 @@ namespace kvq::cuda {
 
 namespace {
 
-using namespace tc;  // mma, pack2, round16, exp2_ftz, kLog2e, kLn2, params_scale / params_zero
+using namespace tc;  // mma, pack2, round16, exp2_ftz, codes_sub2, kLog2e, kLn2, kTwo24, params_scale / params_zero
 
 constexpr int kD = kHeadDim;
 constexpr int kWarps = 4;
 constexpr int kTile = 16;
-
-// The 2-bit codes at bits [2k, 2k + 2) of bytes 0 and 2 of w as an f16 pair (byte 0 low): masked in place, each
-// half holds c·4^k in its mantissa with a zero exponent, the subnormal c·4^k·2^-24 (exact). k is a compile-time
-// constant after unrolling: one LOP3.
-__device__ __forceinline__ uint32_t codes_sub2(uint32_t w, int k) { return w & (0x00030003u << (2 * k)); }
-constexpr float kTwo24 = 16777216.f;  // 2^24: undoes the subnormal exponent of codes_sub2
 
 // The 8x8 16-bit matrix whose row gid, columns 2tid and 2tid + 1 this lane holds (low half first), transposed: the
 // lane then holds its column gid, rows 2tid and 2tid + 1.

@@ -1,7 +1,7 @@
 // Tensor-core building blocks shared by the attention kernels (decode_attention_mma.cu, prefill_attention.cu):
 // mma.sync m16n8k16 with f32 accumulation on f16 or bf16 operands, ldmatrix from shared memory, the operand
-// rounding, the base-2 exponential, cp.async copies, and the (scale, zero) word of an int row. Fragment layouts
-// (PTX ISA, per lane gid = lane / 4, tid = lane % 4):
+// rounding, the base-2 exponential, cp.async copies, int2 codes as f16 subnormals, and the (scale, zero) word of an
+// int row. Fragment layouts (PTX ISA, per lane gid = lane / 4, tid = lane % 4):
 //   A (16 x 16, row-major)  a0: row gid, cols 2tid, 2tid+1   a1: row gid+8, same cols   a2 / a3: cols + 8
 //   B (16 x 8,  "col")      b0: rows (k) 2tid, 2tid+1, col gid   b1: rows 2tid+8, 2tid+9
 //   C (16 x 8,  f32)        c0, c1: row gid, cols 2tid, 2tid+1   c2, c3: row gid+8
@@ -57,6 +57,12 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// 4 bytes from global to shared memory (cp.async.ca; the only sizes below 16 bytes go through L1), zero-filled when
+// valid is false; both 4-byte aligned. For rows whose stride is not a multiple of 16 bytes (int2 rows: 36).
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -89,6 +95,12 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+
+// The 2-bit codes at bits [2k, 2k + 2) of bytes 0 and 2 of w as an f16 pair (byte 0 low): masked in place, each
+// half holds c·4^k in its mantissa with a zero exponent, the subnormal c·4^k·2^-24 (exact; tensor cores take f16
+// subnormals at full precision). k is a compile-time constant after unrolling: one LOP3.
+__device__ __forceinline__ uint32_t codes_sub2(uint32_t w, int k) { return w & (0x00030003u << (2 * k)); }
+constexpr float kTwo24 = 16777216.f;  // 2^24: undoes the subnormal exponent of codes_sub2
 
 // The (scale, zero) word of an int row of one group (layout::IntRow: fp16 scale, then fp16 zero).
 __device__ __forceinline__ float params_scale(uint32_t p) { return __half2float(__ushort_as_half(uint16_t(p))); }

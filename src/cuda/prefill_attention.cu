@@ -5,10 +5,11 @@
 //
 // Grid (query tile, kv head, KV split). A query tile is kPrefillTileRows = 64 rows (position, head) of one chunk and
 // the GQA group of one kv head, rows i * g + h; 4 warps take 16 rows each (mma M). Its key positions are walked in
-// three ranges, each in key tiles of kPrefillKeys = 64 positions loaded into shared memory by the whole block (two
-// stages: while the block computes on one tile, cp.async brings the next one's bf16 rows; one stage with int2 keys):
-//   sink   [0, min(S0, t1 + 1))        bf16 sink rows             valid: s <= t
+// three ranges, each in key tiles of kPrefillKeys = 64 positions copied into shared memory by the whole block with
+// cp.async, two tiles in flight (tile i + 1 is copied while tile i is computed; one stage for the windows' tiles of a
+// kernel with int2 keys, whose f16 queries take the room):
 //   quant  [S0, qe(t1))                the codec's page rows      valid: s < qe(t)
+//   sink   [0, min(S0, t1 + 1))        bf16 sink rows             valid: s <= t
 //   ring   [max(S0, qe(t0)), t1 + 1)   bf16 recent-window rows    valid: qe(t) <= s <= t
 // (t0, t1: the tile's first and last position). Every (t, s) with s <= t is valid in exactly one range; the ranges
 // overlap only on [qe(t0), qe(t1)), where each row takes its own side of qe(t). A tile where every row takes every
@@ -17,17 +18,26 @@
 // split_tokens; the merge kernel (decode_attention.cu) combines the splits exactly.
 //
 // Per key tile: S = Q K^T (mma m16n8k16, queries on M, keys on N), an online softmax per row in base 2 (log2 e
-// folded into q), O += P V (P from the score C fragments straight into A fragments, V through ldmatrix.trans). The
-// operands are rounded as the decode kernel rounds them (decode_attention_mma.cu), so both paths carry the same
+// folded into q), O += P V (P from the score C fragments straight into A fragments). bf16 rows go through ldmatrix
+// (V with .trans); int2 rows stay in shared memory as stored (36 bytes: the (scale, zero) word, 8 code words) and
+// their codes become the B fragments in registers, as f16 subnormals c·4^k·2^-24 in one LOP3 per pair (codes_sub2):
+//   keys    a lane takes code words tid, tid + 4 of key gid of each n-tile; a k-step is one code field of a word, so
+//           its 16 dims are those the word's bytes hold at that field, and the f16 queries are stored in that dim
+//           order, times 4^-k (exact), as the decode kernel takes them;
+//   values  n-tile dt holds dims 8dt .. 8dt + 7 (lane gid: dim 8dt + gid = byte gid % 4 of word 2(dt / 4) + gid / 4,
+//           field dt % 4); one byte permute puts the byte of two positions side by side. Accumulator n-tile dt is in
+//           units of 4^(dt % 4)·2^-24 while the quantized range is walked, which is why that range comes first: its
+//           end rescales O to the windows' units, exactly (powers of two).
+// The operands are rounded as the decode kernel rounds them (decode_attention_mma.cu), so both paths carry the same
 // error: the windows' bf16 rows (the cache's exact part) take q and P as bf16 hi + lo pairs (16 significant bits,
 // one more mma each); bf16 rows of the quantized region take q and P rounded to bf16 (as FlashAttention does); int2
-// rows of one 128-value group are expanded to their codes 0 .. 3 as f16 (exact) and take q and P' in f16, with scale
-// and zero outside the mma:
-//   s = scale_k (Σ code q - zero_k Σ q)          O = Σ P' code - Σ P' zero_v,  P' = p scale_v
+// rows take q·4^-k and P' in f16, with scale and zero outside the mma:
+//   s = scale_k 2^24 (Σ code q - zero_k Σ q 2^-24)          O = Σ P' code - Σ P' zero_v,  P' = p scale_v
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/cache_device.cuh"
@@ -45,82 +55,76 @@ constexpr int kWarps = kPrefillTileRows / 16;
 constexpr int kRows = kPrefillTileRows;
 constexpr int kKeys = kPrefillKeys;
 constexpr int kPitch = kD + 8;  // shared row pitch (16-bit elements): 272 bytes, so ldmatrix's 8 rows hit 8 bank groups
+constexpr int kRawWords = 1 + kD / 16;  // an int2 row of one group: (scale, zero), then 8 code words
+constexpr int kRawPitch = 20;  // shared pitch of int2 rows (words): the key and value fragment reads are conflict-free
 static_assert(kWarps == 4 && kKeys % 16 == 0, "4 warps of 16 query rows; key tiles of whole mma k-steps");
+static_assert(kWarps * 32 == 2 * kKeys, "a tile's int2 rows are copied one row per thread, keys then values");
+static_assert(layout::int_row_bytes(kD, kD, 2) == 4 * kRawWords, "an int2 row of one group: (scale, zero), 8 code words");
 
 enum class Range { kSink, kQuant, kRing };
 
-// A block's shared memory (dynamic): the queries (Smem), for int2 keys their f16 copy (QRows), then kStages<KQ> key
-// tiles (Stage). 104 KB with two stages, 86 KB with int2 keys' one: two blocks an SM either way (a second stage
-// beside the f16 queries would leave one).
+// A block's shared memory (dynamic): the queries (Smem), for int2 keys their f16 copy (QRows), then the key tiles'
+// region, which holds kStages tiles of the range being walked (the ranges are walked one after the other).
 struct Smem {
   uint16_t qb[kRows][kPitch];  // the tile's queries · log2 e rounded to bf16 (hi)
   uint16_t ql[kRows][kPitch];  // the rest, q - hi, rounded to bf16 (lo; the windows' rows)
   float qsum[kRows];           // int2 keys: Σ_d of the f16 queries' row (the zero term)
 };
-using QRows = uint16_t[kRows][kPitch];  // int2 keys: the queries · log2 e in f16, after Smem
-struct Stage {                          // one key tile
-  uint16_t k[kKeys][kPitch];            // key tile: bf16 bits, or the f16 codes of int2 rows
-  uint16_t v[kKeys][kPitch];            // value tile, the same
-  float k_scale[kKeys], k_zero[kKeys], v_scale[kKeys], v_zero[kKeys];  // int2 rows' (scale, zero); 0 past the tile
+using QRows = uint16_t[kRows][kPitch];  // int2 keys: the queries · log2 e · 4^-k in f16, in the keys' dim order
+using Bf16Rows = uint16_t[kKeys][kPitch];     // one side of a key tile: bf16 rows
+using Int2Rows = uint32_t[kKeys][kRawPitch];  // one side of a key tile: int2 rows as stored (words 0 .. 8)
+template <bool Q>
+using Side = std::conditional_t<Q, Int2Rows, Bf16Rows>;
+template <bool KQ, bool VQ>  // KQ / VQ: the keys / values are int2 rows
+struct Tile {
+  Side<KQ> k;
+  Side<VQ> v;
 };
-template <bool KQ>
-constexpr int kStages = KQ ? 1 : 2;
-template <bool KQ>
-constexpr size_t stage_offset = sizeof(Smem) + (KQ ? sizeof(QRows) : 0);
-template <bool KQ>
-constexpr size_t smem_bytes = stage_offset<KQ> + kStages<KQ> * sizeof(Stage);
-static_assert(sizeof(Smem) % 16 == 0 && sizeof(QRows) % 16 == 0 && sizeof(Stage) % 16 == 0,
-              "the f16 queries and every stage start 16-byte aligned");
+using WindowTile = Tile<false, false>;  // the sink and ring ranges, and the quantized region of bf16 rows
 
-static_assert(layout::int_row_bytes(kD, kD, 2) == 4 + 8 * 4, "an int2 row of one group: (scale, zero), 8 code words");
+// Stages per range: two, but one for the windows' tiles beside int2 keys' f16 queries (two would leave one block an
+// SM). The region's size is the larger need: 87 / 98 / 105 / 105 KB for int2/int2, int2/bf16, bf16/int2, bf16/bf16
+// (K/V): two blocks an SM in every case.
+constexpr int kQuantStages = 2;
+template <bool KQ>
+constexpr int kWindowStages = KQ ? 1 : 2;
+template <bool KQ>
+constexpr size_t region_offset = sizeof(Smem) + (KQ ? sizeof(QRows) : 0);
+template <bool KQ, bool VQ>
+constexpr size_t region_bytes = std::max(kWindowStages<KQ> * sizeof(WindowTile), kQuantStages * sizeof(Tile<KQ, VQ>));
+template <bool KQ, bool VQ>
+constexpr size_t smem_bytes = region_offset<KQ> + region_bytes<KQ, VQ>;
+static_assert(sizeof(Smem) % 16 == 0 && sizeof(QRows) % 16 == 0 && sizeof(Int2Rows) % 16 == 0,
+              "the f16 queries, every tile and every side start 16-byte aligned");
+static_assert(smem_bytes<true, true> <= 113 * 1024 && smem_bytes<true, false> <= 113 * 1024 &&
+                  smem_bytes<false, true> <= 113 * 1024 && smem_bytes<false, false> <= 113 * 1024,
+              "two blocks an SM (228 KB, 1 KB reserved per block)");
 
-// The f16 bits of a code 0 .. 3 (exact).
-__device__ __forceinline__ uint32_t f16_code(uint32_t c) { return __half_as_ushort(__ushort2half_rn(uint16_t(c))); }
-
-// One side (K: kv = 0, V: kv = 1) of a key tile, positions [s0, s0 + nv) of range R, into dst / scale / zero; rows
-// nv .. kKeys - 1 are zero (their scores are masked; zero rows and scales keep P V finite). bf16 rows are issued as
-// cp.async copies (in the caller's commit group: in shared memory after its wait and a barrier); int2 rows are
-// expanded by the threads and stored directly.
-template <Range R, bool INT2>
+// One side (K: kv = 0, V: kv = 1) of a key tile, positions [s0, s0 + nv) of range R, into dst as cp.async copies (in
+// the caller's commit group: in shared memory after its wait and a barrier); rows nv .. kKeys - 1 are zero (their
+// scores are masked; zero rows and (scale, zero) words keep P V finite). bf16 rows: thread = (row, 16-byte chunk);
+// int2 rows: the 64 threads [t0, t0 + 64) take one row each, word by word (rows are 36 bytes apart).
+template <Range R>
 __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int layer, int kv, int head, int s0,
-                                          int nv, uint16_t (*dst)[kPitch], float* scale, float* zero) {
-  if constexpr (INT2) {
-    static_assert(R == Range::kQuant, "int2 rows are the quantized region's");
-    // Thread = (row r, code word j): word j holds code bytes 4j .. 4j + 3 = values 32 (j / 2) + 4 (j % 2) + b + 8k
-    // (byte b, bits 2k: layout.h), i.e. for each k four consecutive values, one 8-byte store.
-    for (int i = threadIdx.x; i < kKeys * 8; i += blockDim.x) {
-      const int r = i / 8, j = i % 8;
-      uint32_t params = 0, w = 0;
-      if (r < nv) {
-        const uint8_t* row = dev::page_row(geo, seq, layer, kv, head, s0 + r);
-        params = *reinterpret_cast<const uint32_t*>(row);
-        w = *reinterpret_cast<const uint32_t*>(row + 4 + 4 * j);
-      }
-      const int base = 32 * (j / 2) + 4 * (j % 2);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        uint32_t h[4];
-#pragma unroll
-        for (int b = 0; b < 4; ++b) h[b] = f16_code((w >> (8 * b + 2 * k)) & 3u);
-        *reinterpret_cast<uint2*>(&dst[r][base + 8 * k]) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
-      }
-      if (j == 0) {
-        scale[r] = r < nv ? params_scale(params) : 0.f;
-        zero[r] = r < nv ? params_zero(params) : 0.f;
-      }
-    }
-  } else {
-    // bf16 rows: thread = (row r, 16-byte chunk c); a row past nv copies nothing from position s0's row (mapped)
-    for (int i = threadIdx.x; i < kKeys * (kD / 8); i += blockDim.x) {
-      const int r = i / (kD / 8), c = i % (kD / 8);
-      const int s = s0 + (r < nv ? r : 0);
-      const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row(geo, seq, layer, kv, head, s))
-                        : R == Range::kRing ? static_cast<const void*>(dev::ring_row(geo, seq, layer, kv, head, s))
-                                            : static_cast<const void*>(dev::page_row(geo, seq, layer, kv, head, s));
-      // bf16 rows start at multiples of 16 bytes (cache_geometry)
-      cp_async_16(&dst[r][8 * c], static_cast<const uint4*>(row) + c, r < nv);
-    }
+                                          int nv, Bf16Rows& dst) {
+  for (int i = threadIdx.x; i < kKeys * (kD / 8); i += blockDim.x) {
+    const int r = i / (kD / 8), c = i % (kD / 8);
+    const int s = s0 + (r < nv ? r : 0);  // a row past nv copies nothing from position s0's row (mapped)
+    const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row(geo, seq, layer, kv, head, s))
+                      : R == Range::kRing ? static_cast<const void*>(dev::ring_row(geo, seq, layer, kv, head, s))
+                                          : static_cast<const void*>(dev::page_row(geo, seq, layer, kv, head, s));
+    cp_async_16(&dst[r][8 * c], static_cast<const uint4*>(row) + c, r < nv);  // bf16 rows: 16-byte aligned
   }
+}
+template <Range R>
+__device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int layer, int kv, int head, int s0,
+                                          int nv, Int2Rows& dst) {
+  static_assert(R == Range::kQuant, "int2 rows are the quantized region's");
+  const int r = int(threadIdx.x) - kv * kKeys;
+  if (r < 0 || r >= kKeys) return;
+  const uint8_t* row = dev::page_row(geo, seq, layer, kv, head, s0 + (r < nv ? r : 0));
+#pragma unroll
+  for (int w = 0; w < kRawWords; ++w) cp_async_4(&dst[r][w], row + 4 * w, r < nv);
 }
 
 // A warp's state over its 16 query rows: this lane's rows gid (j = 0) and gid + 8 (j = 1).
@@ -133,15 +137,22 @@ struct RowState {
   int qe[2];           // qe(t)
 };
 
-// One key tile of range R at positions s0 .. (valid below hi), KI / VI: keys / values are int2 codes (f16
-// operands), else bf16 rows (hi + lo operands for the windows' rows). masked: compute the per-element predicate (a
-// window edge or the diagonal crosses the tile), else every key is valid for every row. qh: the f16 queries (KI).
+// The dim that slot c (0 .. 15) of k-step kc of the int2 keys' fragments holds: k-step kc = 4wi + k takes field k
+// of code words tid + 4wi, its bytes 0, 2 in slots 2tid, 2tid + 1 and bytes 1, 3 in slots 2tid + 8, 2tid + 9
+// (word j holds values 32 (j / 2) + 4 (j % 2) + byte + 8 field: layout.h).
+__device__ __forceinline__ int int2_key_dim(int kc, int c) {
+  const int tid = (c % 8) / 2, byte = (c % 2) * 2 + c / 8;
+  return 32 * (2 * (kc / 4) + tid / 2) + 4 * (tid % 2) + byte + 8 * (kc % 4);
+}
+
+// One key tile of range R at positions s0 .. (valid below hi), KI / VI: keys / values are int2 rows (f16 operands),
+// else bf16 rows (hi + lo operands for the windows' rows). masked: compute the per-element predicate (a window edge
+// or the diagonal crosses the tile), else every key is valid for every row. qh: the int2 keys' f16 queries.
 template <Range R, bool KI, bool VI>
-__device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, const Stage& kv, int s0, int hi,
+__device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, const Tile<KI, VI>& kv, int s0, int hi,
                                             bool masked, RowState& st) {
   constexpr bool kWin = R != Range::kQuant;  // the windows' exact rows: hi + lo operands
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = lane & 3;
-  [[maybe_unused]] const int gid = lane >> 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
 
   // ---- S = Q K^T: 8 n-tiles of 8 keys x 8 k-steps of 16 dims
   float s[kKeys / 8][4];
@@ -150,34 +161,52 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
   const uint16_t(*q)[kPitch] = KI ? *qh : sh.qb;
   // A fragments of Q: matrix lane / 8 holds rows + 8 (lane / 8 % 2), cols + 8 (lane / 16)
   const int qrow = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);
+  if constexpr (KI) {
+    uint32_t w[kKeys / 8][2];  // code words tid, tid + 4 of key 8nt + gid
 #pragma unroll
-  for (int kc = 0; kc < kD / 16; ++kc) {
-    const int qcol = 16 * kc + 8 * (lane >> 4);
-    uint32_t a[4], alo[4];
-    ldmatrix_x4(a, &q[qrow][qcol]);
-    if constexpr (kWin) ldmatrix_x4(alo, &sh.ql[qrow][qcol]);
+    for (int nt = 0; nt < kKeys / 8; ++nt) w[nt][0] = kv.k[8 * nt + gid][1 + tid], w[nt][1] = kv.k[8 * nt + gid][5 + tid];
 #pragma unroll
-    for (int np = 0; np < kKeys / 16; ++np) {
-      uint32_t b[4];  // b0, b1 of n-tile 2np, then of 2np + 1
-      ldmatrix_x4(b, &kv.k[8 * (2 * np + (lane >> 4)) + (lane & 7)][16 * kc + 8 * ((lane >> 3) & 1)]);
-      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma<KI>(s[2 * np], a, b0);
-      mma<KI>(s[2 * np + 1], a, b1);
-      if constexpr (kWin) {
-        mma_bf16(s[2 * np], alo, b0);
-        mma_bf16(s[2 * np + 1], alo, b1);
+    for (int kc = 0; kc < kD / 16; ++kc) {
+      uint32_t a[4];
+      ldmatrix_x4(a, &q[qrow][16 * kc + 8 * (lane >> 4)]);
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+        const uint32_t x = w[nt][kc / 4];
+        const uint32_t b[2] = {codes_sub2(x, kc % 4), codes_sub2(x >> 8, kc % 4)};
+        mma_f16(s[nt], a, b);
       }
     }
-  }
-  if constexpr (KI) {  // s = scale_k (Σ code q - zero_k Σ q)
-    const float qs[2] = {sh.qsum[16 * warp + gid], sh.qsum[16 * warp + gid + 8]};
+    // s = scale_k 2^24 (Σ code q 2^-24 - zero_k Σ q 2^-24)
+    const float qs[2] = {sh.qsum[16 * warp + gid] / kTwo24, sh.qsum[16 * warp + gid + 8] / kTwo24};
 #pragma unroll
     for (int nt = 0; nt < kKeys / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = 8 * nt + 2 * tid + (e & 1);
-        s[nt][e] = kv.k_scale[key] * (s[nt][e] - kv.k_zero[key] * qs[e >> 1]);
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t p = kv.k[8 * nt + 2 * tid + e][0];
+        const float scale = params_scale(p) * kTwo24, zero = params_zero(p);
+        s[nt][e] = scale * (s[nt][e] - zero * qs[0]);
+        s[nt][2 + e] = scale * (s[nt][2 + e] - zero * qs[1]);
       }
+  } else {
+#pragma unroll
+    for (int kc = 0; kc < kD / 16; ++kc) {
+      const int qcol = 16 * kc + 8 * (lane >> 4);
+      uint32_t a[4], alo[4];
+      ldmatrix_x4(a, &q[qrow][qcol]);
+      if constexpr (kWin) ldmatrix_x4(alo, &sh.ql[qrow][qcol]);
+#pragma unroll
+      for (int np = 0; np < kKeys / 16; ++np) {
+        uint32_t b[4];  // b0, b1 of n-tile 2np, then of 2np + 1
+        ldmatrix_x4(b, &kv.k[8 * (2 * np + (lane >> 4)) + (lane & 7)][16 * kc + 8 * ((lane >> 3) & 1)]);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_bf16(s[2 * np], a, b0);
+        mma_bf16(s[2 * np + 1], a, b1);
+        if constexpr (kWin) {
+          mma_bf16(s[2 * np], alo, b0);
+          mma_bf16(s[2 * np + 1], alo, b1);
+        }
+      }
+    }
   }
   if (masked) {
 #pragma unroll
@@ -227,8 +256,8 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
       float x[4] = {p[0], p[1], p[2], p[3]};
       if constexpr (VI) {  // P' = p scale_v; the zero term takes P' unrounded
         const int key = 16 * kk + 8 * half + 2 * tid;
-        const float w0 = kv.v_scale[key], w1 = kv.v_scale[key + 1];
-        const float z0 = kv.v_zero[key], z1 = kv.v_zero[key + 1];
+        const uint32_t p0 = kv.v[key][0], p1 = kv.v[key + 1][0];
+        const float w0 = params_scale(p0), w1 = params_scale(p1), z0 = params_zero(p0), z1 = params_zero(p1);
         x[0] *= w0, x[1] *= w1, x[2] *= w0, x[3] *= w1;
         st.zsum[0] += x[0] * z0 + x[1] * z1;
         st.zsum[1] += x[2] * z0 + x[3] * z1;
@@ -240,16 +269,34 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
         alo[2 * half + 1] = pack2<false>(x[2] - round16<false>(x[2]), x[3] - round16<false>(x[3]));
       }
     }
+    if constexpr (VI) {
+      // B of n-tile dt = 4u + k: keys 16kk + 2tid, +1 (b0) and + 8, + 9 (b1), dim 8dt + gid = byte gid % 4 of code word
+      // 2u + gid / 4 at field k; the byte of two keys side by side (bytes 0 and 2), then one LOP3 per field
+      const int key = 16 * kk + 2 * tid;
+      const uint32_t sel = 0x0400u + 0x0101u * uint32_t(gid % 4);
 #pragma unroll
-    for (int dp = 0; dp < kD / 16; ++dp) {
-      uint32_t b[4];  // b0, b1 of dim n-tile 2dp, then of 2dp + 1 (matrix lane / 8: keys + 8 (lane / 8 % 2))
-      ldmatrix_x4_trans(b, &kv.v[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (2 * dp + (lane >> 4))]);
-      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma<VI>(st.o[2 * dp], a, b0);
-      mma<VI>(st.o[2 * dp + 1], a, b1);
-      if constexpr (kWin) {
-        mma_bf16(st.o[2 * dp], alo, b0);
-        mma_bf16(st.o[2 * dp + 1], alo, b1);
+      for (int u = 0; u < kD / 32; ++u) {
+        const int word = 1 + 2 * u + gid / 4;
+        const uint32_t x01 = __byte_perm(kv.v[key][word], kv.v[key + 1][word], sel);
+        const uint32_t x89 = __byte_perm(kv.v[key + 8][word], kv.v[key + 9][word], sel);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t b[2] = {codes_sub2(x01, k), codes_sub2(x89, k)};
+          mma_f16(st.o[4 * u + k], a, b);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dp = 0; dp < kD / 16; ++dp) {
+        uint32_t b[4];  // b0, b1 of dim n-tile 2dp, then of 2dp + 1 (matrix lane / 8: keys + 8 (lane / 8 % 2))
+        ldmatrix_x4_trans(b, &kv.v[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (2 * dp + (lane >> 4))]);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_bf16(st.o[2 * dp], a, b0);
+        mma_bf16(st.o[2 * dp + 1], a, b1);
+        if constexpr (kWin) {
+          mma_bf16(st.o[2 * dp], alo, b0);
+          mma_bf16(st.o[2 * dp + 1], alo, b1);
+        }
       }
     }
   }
@@ -261,8 +308,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeo
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
   [[maybe_unused]] QRows* qh = reinterpret_cast<QRows*>(smem_raw + sizeof(Smem));  // KQ only
-  Stage* stage = reinterpret_cast<Stage*>(smem_raw + stage_offset<KQ>);
-  constexpr int S = kStages<KQ>;
+  unsigned char* region = smem_raw + region_offset<KQ>;
   const PrefillTile tile = a.tiles[blockIdx.x];
   const int head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -272,27 +318,36 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeo
   const int t0 = tile.pos0 + tile.r0 / g, t1 = tile.pos0 + (tile.r0 + n_here - 1) / g;
   const int qe0 = quant_end(geo, t0), qe1 = quant_end(geo, t1);
 
-  // ---- the tile's queries · log2 e: bf16 hi + lo, and f16 for int2 keys (rows past the chunk: zero)
+  // ---- the tile's queries · log2 e: bf16 hi + lo, and for int2 keys f16 · 4^-k in their dim order, with Σ_d of
+  // the f16 values (rows past the chunk: zero)
+  auto q_at = [&](int r) -> const float* {
+    const int fr = tile.r0 + r, pi = fr / g, h = fr % g;
+    return a.q_work + (int64_t(tile.lrow0 + pi) * a.n_heads + head * g + h) * kD;
+  };
   for (int i = threadIdx.x; i < kRows * (kD / 4); i += blockDim.x) {
     const int r = i / (kD / 4), c = 4 * (i % (kD / 4));
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (r < n_here) {
-      const int fr = tile.r0 + r, pi = fr / g, h = fr % g;
-      x = *reinterpret_cast<const float4*>(a.q_work + ((int64_t(tile.lrow0 + pi) * a.n_heads + head * g + h) * kD + c));
+      x = *reinterpret_cast<const float4*>(q_at(r) + c);
       x.x *= kLog2e, x.y *= kLog2e, x.z *= kLog2e, x.w *= kLog2e;
     }
     const float4 lo = make_float4(x.x - round16<false>(x.x), x.y - round16<false>(x.y), x.z - round16<false>(x.z),
                                   x.w - round16<false>(x.w));
     *reinterpret_cast<uint2*>(&sh.qb[r][c]) = make_uint2(pack2<false>(x.x, x.y), pack2<false>(x.z, x.w));
     *reinterpret_cast<uint2*>(&sh.ql[r][c]) = make_uint2(pack2<false>(lo.x, lo.y), pack2<false>(lo.z, lo.w));
-    if constexpr (KQ)
-      *reinterpret_cast<uint2*>(&(*qh)[r][c]) = make_uint2(pack2<true>(x.x, x.y), pack2<true>(x.z, x.w));
   }
-  __syncthreads();
   if constexpr (KQ) {
+    for (int i = threadIdx.x; i < kRows * kD; i += blockDim.x) {
+      const int r = i / kD, c = i % kD, kc = c / 16, d = int2_key_dim(kc, c % 16);
+      const float x = r < n_here ? q_at(r)[d] * kLog2e : 0.f;
+      (*qh)[r][c] = __half_as_ushort(__float2half_rn(x / float(1 << (2 * (kc % 4)))));
+    }
     if (threadIdx.x < kRows) {
       float sum = 0.f;
-      for (int c = 0; c < kD; ++c) sum += __half2float(__ushort_as_half((*qh)[threadIdx.x][c]));
+      if (int(threadIdx.x) < n_here) {
+        const float* qr = q_at(threadIdx.x);
+        for (int d = 0; d < kD; ++d) sum += round16<true>(qr[d] * kLog2e);
+      }
       sh.qsum[threadIdx.x] = sum;
     }
   }
@@ -310,19 +365,22 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeo
 
   // ---- the three ranges, clipped to this block's split, in key tiles. Two stages: tile i + 1's copies are issued
   // into the other stage before tile i is computed (that stage was last read by tile i - 1, before its closing
-  // barrier); one stage: each tile is loaded after the previous one's reads.
+  // barrier); one stage: each tile is copied after the previous one's reads.
   const int z0 = split * a.split_tokens, z1 = z0 + a.split_tokens;
   auto walk = [&](auto range, int lo, int hi) {
     constexpr Range R = decltype(range)::value;
     constexpr bool KI = R == Range::kQuant && KQ, VI = R == Range::kQuant && VQ;
+    constexpr int S = R == Range::kQuant ? kQuantStages : kWindowStages<KQ>;
+    using T = Tile<KI, VI>;
+    T* stage = reinterpret_cast<T*>(region);
     lo = max(lo, z0), hi = min(hi, z1);
     if (lo >= hi) return;
-    auto load = [&](Stage& t, int s0) {
+    auto load = [&](T& t, int s0) {
       const int nv = min(kKeys, hi - s0);
-      load_side<R, KI>(geo, tile.seq, a.layer, 0, head, s0, nv, t.k, t.k_scale, t.k_zero);
-      load_side<R, VI>(geo, tile.seq, a.layer, 1, head, s0, nv, t.v, t.v_scale, t.v_zero);
+      load_side<R>(geo, tile.seq, a.layer, 0, head, s0, nv, t.k);
+      load_side<R>(geo, tile.seq, a.layer, 1, head, s0, nv, t.v);
     };
-    __syncthreads();  // every stage is free: the previous range's reads (and the queries' writes) are done
+    __syncthreads();  // the region is free: the previous range's reads (and the queries' writes) are done
     load(stage[0], lo);
     cp_async_commit();
     for (int i = 0, s0 = lo; s0 < hi; ++i, s0 += kKeys) {
@@ -336,7 +394,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeo
       }
       cp_async_commit();
       cp_async_wait<S - 1>();  // tile i's copies have landed (tile i + 1's may still be in flight)
-      __syncthreads();         // ... for every thread, and int2 rows' stores are visible
+      __syncthreads();         // ... for every thread
       const int nv = min(kKeys, hi - s0);
       // every row takes every key of the tile: no mask
       const bool full = nv == kKeys && (R == Range::kSink    ? s0 + kKeys - 1 <= t0
@@ -346,8 +404,14 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeo
       if constexpr (S > 1) __syncthreads();  // this stage's reads are done before tile i + 2 is issued into it
     }
   };
-  walk(std::integral_constant<Range, Range::kSink>{}, 0, min(geo.sink, t1 + 1));
   walk(std::integral_constant<Range, Range::kQuant>{}, geo.sink, qe1);
+  if constexpr (VQ) {  // O's n-tile dt from units of 4^(dt % 4)·2^-24 (the int2 values' codes) to the windows' units
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.o[dt][e] *= kTwo24 / float(1 << (2 * (dt % 4)));
+  }
+  walk(std::integral_constant<Range, Range::kSink>{}, 0, min(geo.sink, t1 + 1));
   walk(std::integral_constant<Range, Range::kRing>{}, max(geo.sink, qe0), t1 + 1);
 
   // ---- this split's partial of every row of the tile (m back to base e; an empty split: m = -inf, l = 0, acc = 0)
@@ -391,7 +455,7 @@ PrefillKernel prefill_kernel(const CacheGeometry& g) {
       static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || r.groups == kG128,
                     "the prefill kernel takes int2 rows of one 128-value group");
       constexpr bool KQ = r.k == CodecId::kInt2, VQ = r.v == CodecId::kInt2;
-      k = {prefill_attention_kernel<KQ, VQ>, int(smem_bytes<KQ>)};
+      k = {prefill_attention_kernel<KQ, VQ>, int(smem_bytes<KQ, VQ>)};
     }
   });
   return k;
