@@ -2,6 +2,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <cmath>
@@ -169,6 +170,16 @@ class DeviceDummySource final : public WeightSource {
 
  private:
   uint64_t seed_;
+};
+
+// An NVTX range over one forward step, "kvq prefill" (a step with a row of more than one token) or "kvq decode" (one
+// token per sequence), so that profilers can take the steps apart: e.g. `ncu --nvtx --nvtx-include "kvq decode/"`
+// or the NVTX rows of nsys. No cost without a profiler attached.
+struct StepRange {
+  explicit StepRange(bool decode) { nvtxRangePushA(decode ? "kvq decode" : "kvq prefill"); }
+  ~StepRange() { nvtxRangePop(); }
+  StepRange(const StepRange&) = delete;
+  StepRange& operator=(const StepRange&) = delete;
 };
 
 }  // namespace
@@ -409,6 +420,8 @@ void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg
   const ModelConfig& c = cfg;
   KVQ_CHECK(n_seqs >= 0 && max_ctx >= 1, "GpuModel: max_seqs {} and max_ctx {} must be >= 1 (max_seqs 0: as many as "
             "fit)", n_seqs, max_ctx);
+  KVQ_CHECK(c.hidden_size <= kernels::kNormMaxDim, "--device cuda: hidden_size {} is wider than the GPU norm's {}",
+            c.hidden_size, kernels::kNormMaxDim);
   const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
   // The cache's checks, before any upload.
@@ -565,6 +578,7 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
 
   const int out_rows = which == LogitRows::None ? 0 : which == LogitRows::All ? rows : int(seqs.size());
   const bool decode = std::all_of(n.begin(), n.end(), [](int nb) { return nb == 1; });
+  const StepRange range(decode);
   if (m.graphs && decode && !m.hook)
     m.run_graphed({rows, out_rows, which, argmax != nullptr, m.cache->step_signature(c.n_heads)});
   else
