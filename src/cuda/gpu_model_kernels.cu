@@ -39,9 +39,9 @@ __global__ void embed_gather_kernel(const T* table, const int32_t* ids, int rows
   }
 }
 
-// Sum of v over the block (whole warps, at most kThreads threads), returned to every thread.
+// Sum of v over the block (whole warps, at most 1024 threads), returned to every thread.
 __device__ double block_sum(double v) {
-  __shared__ double part[kThreads / 32];
+  __shared__ double part[32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) part[warp] = v;
@@ -59,18 +59,33 @@ __device__ __forceinline__ void store(RowsOut out, int64_t i, float v) {
 
 // out[row] = w * x[row] / sqrt(mean(x[row]^2) + eps) for the block's row; res: x += res first. out.f32 may alias x or
 // res: a thread writes out[c] only for the c it read before the block's sum.
+template <int kPer>  // values a thread holds: dims up to kThreads · kPer
 __global__ void rms_norm_kernel(float* x, const float* res, int dim, const float* w, float eps, RowsOut out) {
   const int64_t base = int64_t(blockIdx.x) * dim;
   float* xr = x + base;
-  double ss = 0;  // double, as the CPU model sums
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-    if (res) xr[c] += res[base + c];
-    ss += double(xr[c]) * xr[c];
+  // The thread's values c = threadIdx.x + i kThreads and their weights in registers, every load issued before the
+  // first store (out may alias x or res, so a load after a store would wait for it).
+  float v[kPer], wv[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    v[i] = c < dim ? xr[c] + (res ? res[base + c] : 0.f) : 0.f;
+    wv[i] = c < dim ? w[c] : 0.f;
   }
+  double ss = 0;  // double, as the CPU model sums
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) ss += double(v[i]) * v[i];
   ss = block_sum(ss);
   const float inv = 1.f / sqrtf(float(ss / dim) + eps);
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) store(out, base + c, w[c] * (xr[c] * inv));
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    if (c >= dim) continue;
+    if (res) xr[c] = v[i];
+    store(out, base + c, wv[i] * (v[i] * inv));
+  }
 }
+static_assert(kNormMaxDim == 32 * kThreads, "rms_norm_kernel<32> holds the widest row");
 
 // One block of d threads per (row, head) of the fused q/k/v GEMM's output; heads [0, hq) are q, [hq, hq + hk) k,
 // the rest v.
@@ -130,20 +145,55 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int coun
   }
 }
 
-__global__ void argmax_rows_kernel(const float* x, int cols, int32_t* out) {
+// The row scans (argmax, finite): one block of kScanThreads per row, each thread kScanUnroll loads in flight (float4
+// when the row allows), visiting its elements in increasing order: a decode step has a few rows of ~10^5 logits,
+// so one load at a time per thread would leave the scan at the memory latency.
+constexpr int kScanThreads = 1024, kScanUnroll = 4;
+
+template <class F>
+__device__ __forceinline__ void scan_row(const float* xr, int cols, F&& f) {
+  if (cols % 4 == 0) {  // rows start 16-byte aligned
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const int n4 = cols / 4;
+    for (int j0 = threadIdx.x; j0 < n4; j0 += kScanUnroll * kScanThreads) {
+      float4 v[kScanUnroll];
+#pragma unroll
+      for (int u = 0; u < kScanUnroll; ++u) {
+        const int j = j0 + u * kScanThreads;
+        v[u] = j < n4 ? x4[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kScanUnroll; ++u) {
+        const int j = j0 + u * kScanThreads;
+        if (j >= n4) break;
+        f(4 * j, v[u].x), f(4 * j + 1, v[u].y), f(4 * j + 2, v[u].z), f(4 * j + 3, v[u].w);
+      }
+    }
+  } else {
+    for (int c0 = threadIdx.x; c0 < cols; c0 += kScanUnroll * kScanThreads) {
+      float v[kScanUnroll];
+#pragma unroll
+      for (int u = 0; u < kScanUnroll; ++u) v[u] = c0 + u * kScanThreads < cols ? xr[c0 + u * kScanThreads] : 0.f;
+#pragma unroll
+      for (int u = 0; u < kScanUnroll; ++u)
+        if (c0 + u * kScanThreads < cols) f(c0 + u * kScanThreads, v[u]);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kScanThreads) argmax_rows_kernel(const float* x, int cols, int32_t* out) {
   const float* xr = x + int64_t(blockIdx.x) * cols;
   float best = -INFINITY;
   int idx = cols;  // "none yet"
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {  // increasing c: the first of equal values is kept
-    const float v = xr[c];
+  scan_row(xr, cols, [&](int c, float v) {  // increasing c: the first of equal values is kept
     if (idx == cols || v > best) best = v, idx = c;
-  }
-  __shared__ float sv[kThreads];
-  __shared__ int si[kThreads];
+  });
+  __shared__ float sv[kScanThreads];
+  __shared__ int si[kScanThreads];
   sv[threadIdx.x] = best;
   si[threadIdx.x] = idx;
   __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
+  for (int s = kScanThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
       const float ov = sv[threadIdx.x + s];
       const int oi = si[threadIdx.x + s];
@@ -156,10 +206,10 @@ __global__ void argmax_rows_kernel(const float* x, int cols, int32_t* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = si[0] == cols ? 0 : si[0];
 }
 
-__global__ void finite_rows_kernel(const float* x, int cols, int32_t* out) {
+__global__ void __launch_bounds__(kScanThreads) finite_rows_kernel(const float* x, int cols, int32_t* out) {
   const float* xr = x + int64_t(blockIdx.x) * cols;
   double bad = 0;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) bad += isfinite(xr[c]) ? 0.0 : 1.0;
+  scan_row(xr, cols, [&](int, float v) { bad += isfinite(v) ? 0.0 : 1.0; });
   bad = block_sum(bad);
   if (threadIdx.x == 0) out[blockIdx.x] = bad == 0 ? 1 : 0;
 }
@@ -176,18 +226,31 @@ int embed_gather_f32(const float* table, const int32_t* ids, int rows, int dim, 
   return launched();
 }
 
-int rms_norm(const float* x, int rows, int dim, const float* w, float eps, RowsOut out, void* stream) {
+namespace {
+
+// The rms_norm_kernel instance of the narrowest register row that holds dim (cudaErrorInvalidValue past 8192).
+int launch_rms_norm(float* x, const float* res, int rows, int dim, const float* w, float eps, RowsOut out,
+                    cudaStream_t stream) {
   if (rows <= 0) return 0;
-  // x is only read without a residual
-  rms_norm_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(const_cast<float*>(x), nullptr, dim, w, eps, out);
+  if (dim < 1 || dim > kNormMaxDim) return int(cudaErrorInvalidValue);
+  const unsigned grid = unsigned(rows);
+  if (dim <= 4 * kThreads) rms_norm_kernel<4><<<grid, kThreads, 0, stream>>>(x, res, dim, w, eps, out);
+  else if (dim <= 8 * kThreads) rms_norm_kernel<8><<<grid, kThreads, 0, stream>>>(x, res, dim, w, eps, out);
+  else if (dim <= 16 * kThreads) rms_norm_kernel<16><<<grid, kThreads, 0, stream>>>(x, res, dim, w, eps, out);
+  else rms_norm_kernel<32><<<grid, kThreads, 0, stream>>>(x, res, dim, w, eps, out);
   return launched();
+}
+
+}  // namespace
+
+int rms_norm(const float* x, int rows, int dim, const float* w, float eps, RowsOut out, void* stream) {
+  // x is only read without a residual
+  return launch_rms_norm(const_cast<float*>(x), nullptr, rows, dim, w, eps, out, as_stream(stream));
 }
 
 int residual_rms_norm(float* x, const float* y, int rows, int dim, const float* w, float eps, RowsOut out,
                       void* stream) {
-  if (rows <= 0) return 0;
-  rms_norm_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(x, y, dim, w, eps, out);
-  return launched();
+  return launch_rms_norm(x, y, rows, dim, w, eps, out, as_stream(stream));
 }
 
 int qkv_finish(const float* qkv, int rows, const QkvParams& p, float* q, float* k, float* v, void* stream) {
@@ -220,13 +283,13 @@ int gather_rows(const float* x, const int32_t* rows, int count, int dim, float* 
 
 int argmax_rows(const float* x, int rows, int cols, int32_t* out, void* stream) {
   if (rows <= 0) return 0;
-  argmax_rows_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(x, cols, out);
+  argmax_rows_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, out);
   return launched();
 }
 
 int finite_rows(const float* x, int rows, int cols, int32_t* out, void* stream) {
   if (rows <= 0) return 0;
-  finite_rows_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(x, cols, out);
+  finite_rows_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, out);
   return launched();
 }
 

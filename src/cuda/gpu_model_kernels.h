@@ -20,7 +20,9 @@ struct RowsOut {
   uint16_t* bf16 = nullptr;  // [rows, dim] bf16 bits
 };
 
-// out[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows (out may alias x). One block per row.
+// out[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows (out may alias x). One block per row; dim at
+// most kNormMaxDim (cudaErrorInvalidValue past it).
+constexpr int kNormMaxDim = 8192;
 int rms_norm(const float* x, int rows, int dim, const float* w, float eps, RowsOut out, void* stream);
 
 // x[r, :] += y[r, :], then out[r, :] = rms_norm(x[r, :]) as above (out may alias y): the residual add that ends a
