@@ -286,24 +286,28 @@ TEST(GpuModel, PerplexityWithLlamaCppQ8_0AndQ4_0CachesWithAndWithoutAttnRotWithi
   }
 }
 
-// The same ppl window scored through the tensor-core prefill kernel (the default: chunks of 512 rows) and through the
+// The same ppl windows scored through the tensor-core prefill kernel (the default: chunks of 512 rows) and through the
 // per-row path (GpuKvCache::set_prefill_rows(0): every chunk row on the decode kernels) in one GpuModel: equal within
-// 0.05%. Both round their attention operands alike (windows in bf16 hi + lo, bf16 rows to bf16, int2 rows to f16), so
-// what remains is rounding against another softmax bound and summation order.
+// 0.05%. Both round their attention operands alike (windows in bf16 hi + lo, bf16 rows to bf16, int2 rows' q·4^-k and
+// P' to f16), so what remains is rounding against another softmax bound and summation order. With bf16 GEMMs those
+// last-bit differences flip bf16 roundings of the activations and then int2 codes, which moves one window's ppl by up
+// to ~0.06% either way (int2, one 2048-token window: 0.055% on the H200, the prefill kernel 0.0015% from the CPU and
+// the per-row path 0.055%), so the test scores four windows.
 TEST(GpuModel, PerplexityThroughThePrefillKernelEqualsThePerRowPath) {
   SKIP_WITHOUT_GPU();
   Model& m = ref_model();
-  const int ctx = 2048;
-  const std::vector<int32_t> ids = python_tokens(size_t(ctx));
-  ASSERT_EQ(ids.size(), size_t(ctx));
+  const int ctx = 2048, windows = 4;
+  const std::vector<int32_t> ids = python_tokens(size_t(ctx) * windows);
+  ASSERT_EQ(ids.size(), size_t(ctx) * windows);
   for (const std::string type : {"bf16", "int2"})
     for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
       GpuModel gpu(m, cache_config(type, 64, 256, 128, 512), ctx, 1, p);
-      const double fast = perplexity(gpu, ids, ctx, 1).ppl();
+      const double fast = perplexity(gpu, ids, ctx, windows).ppl();
       const int64_t calls = gpu.cache().prefill_kernel_calls();
-      EXPECT_EQ(calls, int64_t(ctx / 512) * m.config().n_layers) << type << ": every chunk and layer on the kernel";
+      EXPECT_EQ(calls, int64_t(windows) * (ctx / 512) * m.config().n_layers)
+          << type << ": every chunk and layer on the kernel";
       gpu.cache().set_prefill_rows(0);
-      const double rows = perplexity(gpu, ids, ctx, 1).ppl();
+      const double rows = perplexity(gpu, ids, ctx, windows).ppl();
       EXPECT_EQ(gpu.cache().prefill_kernel_calls(), calls) << type << ": the per-row pass ran the prefill kernel";
       const double rel = std::abs(fast - rows) / rows;
       std::printf("cache %s gemm %s: ppl prefill kernel %.5f per-row %.5f, relative difference %.3g%%\n", type.c_str(),
