@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -30,6 +31,8 @@
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
+#include "engine/generation.h"
+#include "engine/scheduler.h"
 #include "eval/evaluator.h"
 #include "eval/perplexity.h"
 #include "kv/codec_registry.h"
@@ -315,6 +318,53 @@ TEST(GpuModel, PerplexityThroughThePrefillKernelEqualsThePerRowPath) {
       EXPECT_LE(rel, 5e-4) << "cache " << type << " gemm " << cuda::gemm_precision_name(p) << ": prefill kernel "
                            << fast << " per-row " << rows;
     }
+}
+
+// A GpuModel sizes its step for the chunks of several sequences (4096 rows and 5% of the free memory at most), and
+// the scheduler's default budget takes them: four prompts of three chunks prefill in three steps of four chunks,
+// each sequence's chunks whole, and the greedy tokens equal those of each prompt alone.
+TEST(GpuModel, AStepHoldsTheChunksOfSeveralSequences) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const int chunk = 128, n_seqs = 4, len = 3 * chunk;
+  const CacheConfig cc = cache_config("int2", 64, 256, 128, chunk);
+  const std::vector<int32_t> text = python_tokens(size_t(n_seqs * len));
+  GenerateParams greedy;
+  greedy.max_tokens = 4;
+  greedy.sampler.temperature = 0;
+  auto prompt = [&](int i) { return std::vector<int32_t>(text.begin() + i * len, text.begin() + (i + 1) * len); };
+  auto run = [&](Runner& r, int first, int count, std::vector<StepInfo>* steps) {
+    Scheduler s(r);
+    std::vector<Scheduler::Id> ids;
+    for (int i = first; i < first + count; ++i)
+      ids.push_back(s.add(std::make_unique<Generation>(prompt(i), greedy, nullptr)));
+    std::map<Scheduler::Id, std::vector<int32_t>> out;
+    while (!s.idle()) {
+      StepInfo info;
+      for (const Scheduler::Update& u : s.step(&info))
+        for (const GeneratedToken& t : u.output.tokens) out[u.id].push_back(t.id);
+      if (steps) steps->push_back(info);
+    }
+    std::vector<std::vector<int32_t>> tokens;
+    for (Scheduler::Id id : ids) tokens.push_back(out[id]);
+    return tokens;
+  };
+  GpuModel gpu(m, cc, 1024, n_seqs, GemmPrecision::Fp32);  // fp32 GEMMs: top-1 margins far above their rounding
+  EXPECT_EQ(gpu.step_rows(), n_seqs * chunk);
+  EXPECT_EQ(gpu.max_rows(), n_seqs * chunk);
+  EXPECT_EQ(Scheduler(gpu).config().token_budget, n_seqs * chunk);
+  std::vector<StepInfo> steps;
+  const std::vector<std::vector<int32_t>> together = run(gpu, 0, n_seqs, &steps);
+  ASSERT_GE(steps.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(steps[size_t(i)].rows, n_seqs * chunk) << "prefill step " << i;
+    EXPECT_EQ(steps[size_t(i)].seqs, n_seqs) << "prefill step " << i;
+  }
+  for (int i = 0; i < n_seqs; ++i) {
+    GpuModel alone(m, cc, 1024, 1, GemmPrecision::Fp32);
+    EXPECT_EQ(alone.step_rows(), chunk);
+    EXPECT_EQ(run(alone, i, 1, nullptr)[0], together[size_t(i)]) << "prompt " << i;
+  }
 }
 
 // Four sequences of different lengths (inside the sink, across the recent window, with pages demoted), decoded

@@ -312,6 +312,10 @@ struct GpuModel::Impl {
   // max_seqs 0 (bench decode --seqs max): the most sequences of max_ctx tokens whose pages and windows fit in the KV
   // budget once the activations of that many rows are allocated (see the constructor's comment).
   int sequences_filling(const CacheLayout& layout, int max_ctx, int chunk, size_t asked) const;
+  // The rows of a step for n_seqs sequences: the chunks of as many sequences as kMaxStepRows rows and
+  // kStepMemoryShare of `free` bytes of activations allow (so that a prefill step of several sequences gives the
+  // GEMMs that many times one chunk's rows), and at least max(chunk, n_seqs).
+  int step_rows_for(int n_seqs, int chunk, size_t free) const;
 };
 
 namespace {
@@ -360,13 +364,21 @@ size_t GpuModel::Impl::activation_bytes(int rows, int n_seqs) const {
   return bytes;
 }
 
+int GpuModel::Impl::step_rows_for(int n_seqs, int chunk, size_t free) const {
+  constexpr int kMaxStepRows = 4096;         // as a serving engine's default batched-token budget
+  constexpr double kStepMemoryShare = 0.05;  // of the memory free after the weights
+  int k = std::max(1, std::min(n_seqs, kMaxStepRows / chunk));
+  while (k > 1 && double(activation_bytes(k * chunk, n_seqs)) > kStepMemoryShare * double(free)) --k;
+  return std::max(k * chunk, n_seqs);
+}
+
 int GpuModel::Impl::sequences_filling(const CacheLayout& layout, int max_ctx, int chunk, size_t asked) const {
   const size_t free = free_device_memory();
   const int64_t one_seq = layout.sequence_bytes(max_ctx);  // windows + pages: PagePool::for_budget's unit
-  // n sequences fit when their activations (max(chunk, n) rows) leave room for the budget and the budget holds them.
+  // n sequences fit when their activations (step_rows_for(n) rows) leave room for the budget and the budget holds them.
   constexpr size_t kSlack = size_t(64) << 20;  // cudaMalloc's rounding of the activation buffers, with room to spare
   auto fits = [&](int64_t n) {
-    const size_t act = activation_bytes(int(std::max<int64_t>(chunk, n)), int(n)) + kSlack;
+    const size_t act = activation_bytes(step_rows_for(int(n), chunk, free), int(n)) + kSlack;
     if (act >= free || (asked > 0 && asked > free - act)) return false;
     const double budget = asked > 0 ? double(asked) : kGpuMemoryUtilization * double(free - act);
     return double(n) * double(one_seq) <= budget;
@@ -434,7 +446,7 @@ void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg
   sync("GpuModel: weights");
 
   max_seqs = n_seqs > 0 ? n_seqs : sequences_filling(layout, max_ctx, cache_cfg.max_chunk, kv_budget_bytes);
-  max_rows = std::max(cache_cfg.max_chunk, max_seqs);
+  max_rows = step_rows_for(max_seqs, cache_cfg.max_chunk, free_device_memory());
   for (const auto& [buffer, bytes] : activation_plan(max_rows, max_seqs)) this->*buffer = DeviceBuffer(bytes);
   sync("GpuModel: activations");
 
@@ -477,6 +489,7 @@ std::string GpuModel::describe() const {
 int GpuModel::max_ctx() const { return impl_->cache->max_ctx(); }
 int GpuModel::max_seqs() const { return impl_->max_seqs; }
 int GpuModel::max_rows() const { return impl_->max_rows; }
+int GpuModel::step_rows() const { return impl_->max_rows; }
 int GpuModel::new_sequence() { return impl_->cache->new_sequence(); }
 void GpuModel::free_sequence(int seq) { impl_->cache->free_sequence(seq); }
 int GpuModel::length(int seq) const { return impl_->cache->length(seq); }

@@ -43,7 +43,8 @@ struct DeviceDummyWeights {
 
 class GpuModel final : public Runner {
  public:
-  // Uploads model's weights, allocates the activations of max(cache_cfg.max_chunk, max_seqs) rows, then a GpuKvCache
+  // Uploads model's weights, allocates the activations of a step's rows (max_rows: the chunks of as many sequences as
+  // 4096 rows and 5% of the free memory allow, at least max(cache_cfg.max_chunk, max_seqs)), then a GpuKvCache
   // of cache_cfg (which uploads its KV transform) for max_seqs sequences of up to max_ctx tokens whose pages and
   // windows fit in kv_budget_bytes (--kv-budget-gib; it must be free), or by default in kGpuMemoryUtilization of the
   // memory free then, at most what max_seqs x max_ctx tokens need.
@@ -66,6 +67,7 @@ class GpuModel final : public Runner {
   int max_ctx() const override;
   int max_seqs() const override;
   int max_rows() const override;
+  int step_rows() const override;  // max_rows: the activations are allocated for it
   int new_sequence() override;
   void free_sequence(int seq) override;
   int length(int seq) const override;

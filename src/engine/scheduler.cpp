@@ -11,7 +11,8 @@ Scheduler::Scheduler(Runner& runner, SchedulerConfig cfg) : runner_(runner), cfg
   if (cfg_.max_seqs == 0) cfg_.max_seqs = runner.max_seqs();
   KVQ_CHECK(cfg_.max_seqs >= 1 && cfg_.max_seqs <= runner.max_seqs(),
             "scheduler: {} running sequences at most, the runner holds 1 .. {}", cfg_.max_seqs, runner.max_seqs());
-  if (cfg_.token_budget == 0) cfg_.token_budget = std::min(runner.max_rows(), chunk + cfg_.max_seqs);
+  if (cfg_.token_budget == 0)
+    cfg_.token_budget = std::min(runner.max_rows(), std::max(runner.step_rows(), chunk + cfg_.max_seqs));
   KVQ_CHECK(cfg_.token_budget >= cfg_.max_seqs && cfg_.token_budget <= runner.max_rows(),
             "scheduler: a token budget of {} per step must hold one token of each of {} sequences and at most the "
             "runner's {} rows",

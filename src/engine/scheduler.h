@@ -31,7 +31,8 @@ namespace kvq {
 struct SchedulerConfig {
   enum Policy { kMixed, kPrefillFirst };
   int max_seqs = 0;      // running requests at most (0: the runner's max_seqs)
-  int token_budget = 0;  // rows per step (0: min(runner max_rows, max_chunk + max_seqs)); >= max_chunk and max_seqs
+  int token_budget = 0;  // rows per step (0: min(runner max_rows, max(runner step_rows, max_chunk + max_seqs)));
+                         // >= max_chunk and max_seqs
   Policy policy = kMixed;
 };
 

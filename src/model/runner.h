@@ -36,6 +36,9 @@ class Runner {
   virtual int max_ctx() const = 0;           // tokens per sequence at most
   virtual int max_seqs() const = 0;          // live sequences at most
   virtual int max_rows() const = 0;          // Σ n of one step at most (and n[b] <= cache_config().max_chunk)
+  // The rows a step is sized for (at most max_rows): the scheduler's default token budget is this or one chunk plus
+  // one token per sequence, whichever is larger. Default: one chunk.
+  virtual int step_rows() const { return cache_config().max_chunk; }
 
   virtual int new_sequence() = 0;
   virtual void free_sequence(int seq) = 0;
