@@ -147,6 +147,7 @@ expect_error "bench decode: a bad --seqs" bench decode -m $M -c 64 --seqs many
 expect_error "bench decode: --seqs 0" bench decode -m $M -c 64 --seqs 0
 expect_error "bench decode: --vs-bf16 of a bf16 cache" bench decode -m $M -c 64 --vs-bf16
 expect_error "bench decode: --seqs max on the CPU without a budget" bench decode -m $M -c 64 --seqs max --dummy-weights
+expect_error "bench decode: --fill-cache on the CPU" bench decode -m $M -c 64 --fill-cache
 expect_error "bench decode: --seqs max with a budget that holds no sequence" bench decode -m $M -c 4096 --seqs max --kv-budget-gib 0.001 --dummy-weights
 expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
 expect_error "serve: a chat template with dummy weights (token ids only)" serve -m $S --dummy-weights --chat-template chatml

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kv/cache.h"
+#include "model/runner.h"
 
 namespace kvq::cli {
 
@@ -41,5 +42,10 @@ struct PoolProbe {
 // The same probe of the GPU cache (cuda::GpuKvCache); the CPU one is in cmd_bench.cpp. Throws without CUDA.
 PoolProbe probe_pool_cuda(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int ctx,
                           size_t budget_bytes);
+
+// kvq bench decode --fill-cache: the caches of seqs (open, empty) filled to ctx tokens with random K/V rows, N(0, 1),
+// through the GPU cache's own append and demotion: steps of up to max_chunk rows of every sequence, all layers. The
+// runner must be the GPU runner (cuda::GpuModel). Throws without CUDA.
+void fill_cache_cuda(Runner& runner, const std::vector<int>& seqs, int ctx);
 
 }  // namespace kvq::cli

@@ -40,6 +40,7 @@ struct BenchDecodeOptions {
                                  // budget holds at each context
   bool vs_bf16 = false;          // also run the bf16 cache of the same windows first, and print the ratio
   bool beyond_trained_ctx = false;  // allow ctx past max_position_embeddings (throughput only)
+  bool fill_cache = false;  // --device cuda: random K/V rows instead of a prefill through the model (decode only)
   bool json = false;
   int decode_steps() const { return warmup + n_decode; }  // tokens each sequence decodes past its prefill
 };
@@ -158,10 +159,35 @@ struct DecodeResult {
   double decode_tps = 0;  // tokens/s of all sequences
 };
 
+// --fill-cache: the n_seqs sequences' caches filled to ctx tokens with random K/V rows (fill_cache_cuda), then
+// o.warmup untimed and o.n_decode timed greedy decode steps through the runner, one token of every sequence each (as
+// the scheduler's decode steps: the last rows, their argmax on the device, fed back). Returns the timed seconds.
+double decode_filled(Runner& r, int n_seqs, int ctx, const BenchDecodeOptions& o) {
+  std::vector<int> seqs;
+  for (int b = 0; b < n_seqs; ++b) seqs.push_back(r.new_sequence());
+  fill_cache_cuda(r, seqs, ctx);
+  std::vector<int32_t> ids(seqs.size()), next(seqs.size());
+  std::mt19937 rng(1234);
+  for (auto& id : ids) id = int32_t(rng() % uint32_t(r.config().vocab_size));
+  const std::vector<int> ones(seqs.size(), 1);
+  auto step = [&] {
+    r.forward(seqs, ones, ids.data(), LogitRows::Last, nullptr, next.data());
+    ids.swap(next);
+  };
+  for (int i = 0; i < o.warmup; ++i) step();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < o.n_decode; ++i) step();
+  r.synchronize();
+  const double s = seconds_since(t0);
+  for (int seq : seqs) r.free_sequence(seq);
+  return s;
+}
+
 // One context and cache, through the one request loop (engine/scheduler.h, prefill first): the sequences (--seqs, or
 // what the KV budget holds) as requests of ctx random ids are prefilled (no logits but each one's last row), then
 // o.warmup untimed and o.n_decode timed batched greedy decode steps, each one token of every sequence (each feeds
-// back its own argmax). base: the bf16 run of the same context (--vs-bf16), whose ratio is printed.
+// back its own argmax); with --fill-cache the caches are filled with random K/V instead (decode_filled). base: the
+// bf16 run of the same context (--vs-bf16), whose ratio is printed.
 DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const Plan& p, int ctx, int requested,
                               double probe, const DecodeResult* base) {
   const ModelConfig& c = m.config;
@@ -170,44 +196,49 @@ DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const
   Runner& r = *runner;
   log_runner(r, "bench:");
   const int n_seqs = sequences_to_run(r, requested, len);
-  SchedulerConfig sc;
-  sc.max_seqs = n_seqs;
-  sc.policy = SchedulerConfig::kPrefillFirst;
-  Scheduler sched(r, sc);
-  GenerateParams gp;
-  gp.max_tokens = o.decode_steps() + 1;  // the prefill's token, then one per decode step (the last one is not fed)
-  gp.sampler.temperature = 0;            // greedy: the argmax is taken where the logits are; no stop ids
-  std::mt19937 rng(1234);
-  for (int b = 0; b < n_seqs; ++b) {
-    std::vector<int32_t> ids(static_cast<size_t>(ctx));
-    for (auto& id : ids) id = int32_t(rng() % uint32_t(c.vocab_size));
-    sched.add(std::make_unique<Generation>(std::move(ids), gp, nullptr));
-  }
-  auto step = [&](StepInfo& info) {
-    int first_tokens = 0;
-    for (const Scheduler::Update& u : sched.step(&info)) {
-      KVQ_CHECK(u.output.finish != FinishReason::Error, "bench decode: {}", u.output.error);
-      first_tokens += u.generated_tokens == 1;
+  double prefill_s = 0, decode_s = 0;  // prefill: 0 with --fill-cache (not timed)
+  if (o.fill_cache) {
+    decode_s = decode_filled(r, n_seqs, ctx, o);
+  } else {
+    SchedulerConfig sc;
+    sc.max_seqs = n_seqs;
+    sc.policy = SchedulerConfig::kPrefillFirst;
+    Scheduler sched(r, sc);
+    GenerateParams gp;
+    gp.max_tokens = o.decode_steps() + 1;  // the prefill's token, then one per decode step (the last one is not fed)
+    gp.sampler.temperature = 0;            // greedy: the argmax is taken where the logits are; no stop ids
+    std::mt19937 rng(1234);
+    for (int b = 0; b < n_seqs; ++b) {
+      std::vector<int32_t> ids(static_cast<size_t>(ctx));
+      for (auto& id : ids) id = int32_t(rng() % uint32_t(c.vocab_size));
+      sched.add(std::make_unique<Generation>(std::move(ids), gp, nullptr));
     }
-    return first_tokens;
-  };
-  auto t0 = std::chrono::steady_clock::now();
-  StepInfo info;
-  for (int started = 0; started < n_seqs;) started += step(info);  // prefill: every sequence to its first token
-  r.synchronize();
-  const double prefill_s = seconds_since(t0);
-  auto decode_step = [&] {
-    step(info);
-    KVQ_CHECK(info.rows == n_seqs && info.decode_rows == n_seqs,
-              "bench decode: a decode step of {} rows ({} decode) where {} sequences decode", info.rows,
-              info.decode_rows, n_seqs);
-  };
-  for (int i = 0; i < o.warmup; ++i) decode_step();
-  t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.n_decode; ++i) decode_step();
-  r.synchronize();
-  const double decode_s = seconds_since(t0);
-  KVQ_CHECK(sched.idle(), "bench decode: {} requests left after the decode steps", sched.n_running());
+    auto step = [&](StepInfo& info) {
+      int first_tokens = 0;
+      for (const Scheduler::Update& u : sched.step(&info)) {
+        KVQ_CHECK(u.output.finish != FinishReason::Error, "bench decode: {}", u.output.error);
+        first_tokens += u.generated_tokens == 1;
+      }
+      return first_tokens;
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    StepInfo info;
+    for (int started = 0; started < n_seqs;) started += step(info);  // prefill: every sequence to its first token
+    r.synchronize();
+    prefill_s = seconds_since(t0);
+    auto decode_step = [&] {
+      step(info);
+      KVQ_CHECK(info.rows == n_seqs && info.decode_rows == n_seqs,
+                "bench decode: a decode step of {} rows ({} decode) where {} sequences decode", info.rows,
+                info.decode_rows, n_seqs);
+    };
+    for (int i = 0; i < o.warmup; ++i) decode_step();
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.n_decode; ++i) decode_step();
+    r.synchronize();
+    decode_s = seconds_since(t0);
+    KVQ_CHECK(sched.idle(), "bench decode: {} requests left after the decode steps", sched.n_running());
+  }
   // What a pool built from --kv-budget-gib really holds at ctx (allocated, not computed), with the timing runner gone.
   const CacheConfig cache_cfg = r.cache_config();
   const std::string runner_desc = r.describe();
@@ -226,7 +257,8 @@ DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const
   const double budget_gib = o.cache.kv_budget_gib > 0 ? o.cache.kv_budget_gib : kDefaultFigureGib;
   const double budget = budget_gib * double(1ull << 30);
   const long fit = long(std::floor(budget / seq_bytes));
-  const double prefill_tps = double(n_seqs) * ctx / prefill_s, decode_tps = double(n_seqs) * o.n_decode / decode_s;
+  const double prefill_tps = o.fill_cache ? 0.0 : double(n_seqs) * ctx / prefill_s;
+  const double decode_tps = double(n_seqs) * o.n_decode / decode_s;
   const double ms_step = 1e3 * decode_s / o.n_decode;
   // A decode step reads every weight once (an untied embedding only at its rows) and every sequence's cache
   // (approximately: its stored bytes at ctx).
@@ -237,7 +269,8 @@ DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const
     nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode}, {"warmup", o.warmup},
                         {"threads", m.threads()}, {"cache", cache_cfg.describe()},
                         {"kv_bits_effective", f.bits_per_element}, {"load_seconds", m.load_seconds()},
-                        {"prefill_tokens_per_second", prefill_tps}, {"decode_tokens_per_second", decode_tps},
+                        {"prefill_tokens_per_second", o.fill_cache ? nlohmann::json() : nlohmann::json(prefill_tps)},
+                        {"cache_filled_random", o.fill_cache}, {"decode_tokens_per_second", decode_tps},
                         {"decode_ms_per_token", ms_step / n_seqs}, {"device", o.model.device},
                         {"runner", runner_desc}, {"seqs", n_seqs}, {"seqs_max", requested == 0},
                         {"decode_ms_per_step", ms_step}, {"kv_mib", kv_mib},
@@ -257,10 +290,13 @@ DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const
                       {"bf16_decode_tokens_per_second", base->decode_tps}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("load %.3f s | prefill %d x %d tokens: %.1f tok/s | decode %d steps of %d%s at ctx %d (after %d "
+    const std::string prefill =
+        o.fill_cache ? fmt::format("{} x {} tokens of random K/V (--fill-cache, no prefill)", n_seqs, ctx)
+                     : fmt::format("prefill {} x {} tokens: {:.1f} tok/s", n_seqs, ctx, prefill_tps);
+    std::printf("load %.3f s | %s | decode %d steps of %d%s at ctx %d (after %d "
                 "untimed): %.1f tok/s (%.3f ms/step, ~%.1f MB read/step, %.1f GB/s = %.0f%% of the %.1f GB/s read "
                 "probe) | KV %.1f MiB (%.0f B/token), %ld sequences fit in %g GiB | %s | %s",
-                m.load_seconds(), n_seqs, ctx, prefill_tps, o.n_decode, n_seqs, requested == 0 ? " (--seqs max)" : "",
+                m.load_seconds(), prefill.c_str(), o.n_decode, n_seqs, requested == 0 ? " (--seqs max)" : "",
                 ctx, o.warmup, decode_tps, ms_step, reads.bytes / 1e6, reads.gbps, 100.0 * reads.share, probe / 1e9,
                 kv_mib, f.bytes_per_token_per_layer * c.n_layers, fit, budget_gib, runner_desc.c_str(),
                 cache_cfg.describe().c_str());
@@ -281,6 +317,8 @@ DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const
 
 void bench_decode(const BenchDecodeOptions& o) {
   KVQ_CHECK(!o.ctx.empty(), "--ctx-size: give at least one context");
+  KVQ_CHECK(!o.fill_cache || o.model.device == "cuda",
+            "--fill-cache fills the GPU cache (--device cuda); on the CPU the caches are prefilled through the model");
   for (int ctx : o.ctx) KVQ_CHECK(ctx >= 1, "--ctx-size {} must be >= 1", ctx);
   const int requested = parse_seqs(o.seqs);
   KVQ_CHECK(requested > 0 || o.model.device == "cuda" || o.cache.kv_budget_gib > 0,
@@ -554,6 +592,11 @@ void add_bench(CLI::App& app) {
   add_kv_budget_option(dec, o->cache);  // also: the sequences a pool of this budget holds at each context
   dec->add_flag("--beyond-trained-ctx", o->beyond_trained_ctx,
                 "allow contexts past the model's max_position_embeddings (throughput only: the tokens are meaningless)");
+  dec->add_flag("--fill-cache", o->fill_cache,
+                "--device cuda: fill every sequence's cache to the context with random K/V rows (N(0, 1), through the "
+                "cache's own append and demotion) instead of prefilling it through the model, as scripts/bench_hf.py "
+                "fills transformers' cache: decode figures only, for contexts and batches whose prefill would take "
+                "far longer than the decode timed");
   dec->add_flag("--json", o->json, "print one JSON object");
   dec->callback([o] { bench_decode(*o); });
 

@@ -16,6 +16,7 @@
 #ifdef KVQ_HAVE_CUDA
 #include "cuda/bench_support.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
 #include "kv/codec.h"
 #endif
@@ -33,6 +34,10 @@ PoolProbe probe_pool_cuda(const CacheConfig&, int, int, int, int, size_t) {
 }
 
 double read_bandwidth_cuda() {
+  KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
+}
+
+void fill_cache_cuda(Runner&, const std::vector<int>&, int) {
   KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
 }
 
@@ -266,6 +271,28 @@ PoolProbe probe_pool_cuda(const CacheConfig& cfg, int n_layers, int n_kv_heads, 
   }
   cuda::sync("bench decode: pool probe");
   return r;
+}
+
+void fill_cache_cuda(Runner& runner, const std::vector<int>& seqs, int ctx) {
+  auto* gpu = dynamic_cast<cuda::GpuModel*>(&runner);
+  KVQ_CHECK(gpu, "--fill-cache: the cache is filled on the GPU (--device cuda)");
+  cuda::GpuKvCache& cache = gpu->cache();
+  const ModelConfig& c = gpu->config();
+  const int batch = int(seqs.size());
+  const int chunk = std::max(1, std::min(gpu->cache_config().max_chunk, kFillRows / batch));
+  const size_t row_floats = size_t(c.n_kv_heads) * size_t(c.head_dim);
+  cuda::DeviceBuffer k(size_t(chunk) * size_t(batch) * row_floats * sizeof(float)), v(k.bytes());
+  uint64_t seed = 1;
+  for (int p = 0; p < ctx; p += chunk) {
+    const int n = std::min(chunk, ctx - p);
+    const size_t floats = size_t(n) * size_t(batch) * row_floats;
+    cuda::fill_normal(k.as<float>(), floats, seed++, 1.f, cache.stream());
+    cuda::fill_normal(v.as<float>(), floats, seed++, 1.f, cache.stream());
+    cache.begin_step(seqs, std::vector<int>(size_t(batch), n));
+    for (int l = 0; l < c.n_layers; ++l) cache.append(l, k.as<float>(), v.as<float>());
+    cache.commit_step();
+  }
+  cuda::sync("bench decode --fill-cache");
 }
 
 #endif  // KVQ_HAVE_CUDA
