@@ -59,7 +59,8 @@ constexpr int kRawWords = 1 + kD / 16;  // an int2 row of one group: (scale, zer
 constexpr int kRawPitch = 20;  // shared pitch of int2 rows (words): the key and value fragment reads are conflict-free
 static_assert(kWarps == 4 && kKeys % 16 == 0, "4 warps of 16 query rows; key tiles of whole mma k-steps");
 static_assert(kWarps * 32 == 2 * kKeys, "a tile's int2 rows are copied one row per thread, keys then values");
-static_assert(layout::int_row_bytes(kD, kD, 2) == 4 * kRawWords, "an int2 row of one group: (scale, zero), 8 code words");
+static_assert(layout::int_row_bytes(kD, kD, 2) == 4 * kRawWords,
+              "an int2 row of one group: (scale, zero), 8 code words");
 
 enum class Range { kSink, kQuant, kRing };
 
@@ -103,7 +104,7 @@ static_assert(smem_bytes<true, true> <= 113 * 1024 && smem_bytes<true, false> <=
 // One side (K: kv = 0, V: kv = 1) of a key tile, positions [s0, s0 + nv) of range R, into dst as cp.async copies (in
 // the caller's commit group: in shared memory after its wait and a barrier); rows nv .. kKeys - 1 are zero (their
 // scores are masked; zero rows and (scale, zero) words keep P V finite). bf16 rows: thread = (row, 16-byte chunk);
-// int2 rows: the 64 threads [t0, t0 + 64) take one row each, word by word (rows are 36 bytes apart).
+// int2 rows: the 64 threads [64 kv, 64 kv + 64) take one row each, word by word (rows are 36 bytes apart).
 template <Range R>
 __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int layer, int kv, int head, int s0,
                                           int nv, Bf16Rows& dst) {
@@ -164,7 +165,8 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
   if constexpr (KI) {
     uint32_t w[kKeys / 8][2];  // code words tid, tid + 4 of key 8nt + gid
 #pragma unroll
-    for (int nt = 0; nt < kKeys / 8; ++nt) w[nt][0] = kv.k[8 * nt + gid][1 + tid], w[nt][1] = kv.k[8 * nt + gid][5 + tid];
+    for (int nt = 0; nt < kKeys / 8; ++nt)
+      w[nt][0] = kv.k[8 * nt + gid][1 + tid], w[nt][1] = kv.k[8 * nt + gid][5 + tid];
 #pragma unroll
     for (int kc = 0; kc < kD / 16; ++kc) {
       uint32_t a[4];
