@@ -52,35 +52,42 @@ int windows_of(const EvalDomain& d, int ctx, int windows) {
 Interval exp_interval(const Interval& i) { return Interval{std::exp(i.estimate), std::exp(i.lo), std::exp(i.hi)}; }
 
 // tail: T of the pass (0: none), whose rows WindowFidelity::kl_sum_tail etc. summed.
+// The mean KL and top-1 of the view f of windows ws, with bootstrap CIs over the windows seeded by tag (and
+// tag + "/top1"), and the rows they cover.
+struct FidelityCis {
+  Interval kl, top1;
+  int64_t tokens = 0;
+};
+FidelityCis fidelity_cis(const std::vector<WindowFidelity>& ws, FidelityFields f, const EvalConfig& c,
+                         const std::string& tag) {
+  std::vector<double> kl, agree, tokens;
+  FidelityCis r;
+  for (const WindowFidelity& w : ws) {
+    kl.push_back(w.*f.kl);
+    agree.push_back(double(w.*f.agree));
+    tokens.push_back(double(w.*f.tokens));
+    r.tokens += w.*f.tokens;
+  }
+  r.kl = bootstrap_ratio(kl, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag))).ci;
+  r.top1 = bootstrap_ratio(agree, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/top1"))).ci;
+  return r;
+}
+
 KlEntry kl_entry(const std::string& domain, int ctx, const std::vector<WindowFidelity>& ws, const EvalConfig& c,
                  int tail) {
-  std::vector<double> kl, agree, tokens;
   KlEntry e;
   e.domain = domain;
   e.ctx = ctx;
   e.prompt_tokens = c.prompt_at(ctx);
   e.windows = int(ws.size());
   e.per_window = ws;
-  for (const WindowFidelity& w : ws) {
-    kl.push_back(w.kl_sum);
-    agree.push_back(double(w.top1_agree));
-    tokens.push_back(double(w.tokens));
-    e.tokens += w.tokens;
-  }
   const std::string tag = "kl/" + std::to_string(ctx) + "/" + domain;
-  e.kl = bootstrap_ratio(kl, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag))).ci;
-  e.top1 = bootstrap_ratio(agree, tokens, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/top1"))).ci;
+  const FidelityCis whole = fidelity_cis(ws, kWholeWindow, c, tag);
+  e.kl = whole.kl, e.top1 = whole.top1, e.tokens = whole.tokens;
   e.tail_prompt_tokens = tail;
   if (tail > 0) {  // the same windows' rows from the tail on (WindowFidelity::kl_sum_tail)
-    std::vector<double> kl_t, agree_t, tokens_t;
-    for (const WindowFidelity& w : ws) {
-      kl_t.push_back(w.kl_sum_tail);
-      agree_t.push_back(double(w.top1_agree_tail));
-      tokens_t.push_back(double(w.tokens_tail));
-      e.tail_tokens += w.tokens_tail;
-    }
-    e.kl_tail = bootstrap_ratio(kl_t, tokens_t, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/tail"))).ci;
-    e.top1_tail = bootstrap_ratio(agree_t, tokens_t, c.bootstrap, mix_seed(c.seed, tag_hash(tag + "/tail/top1"))).ci;
+    const FidelityCis t = fidelity_cis(ws, kWindowTail, c, tag + "/tail");
+    e.kl_tail = t.kl, e.top1_tail = t.top1, e.tail_tokens = t.tokens;
   }
   return e;
 }

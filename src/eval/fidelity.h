@@ -37,6 +37,18 @@ struct WindowFidelity {
   int64_t tokens_tail = 0;
 };
 
+// One view of a window's comparison: its KL sum, top-1 agreements and rows, over the whole window or over its tail
+// (the *_tail members): what the per-window bootstrap and the results' per-window arrays read.
+struct FidelityFields {
+  double WindowFidelity::*kl;
+  int64_t WindowFidelity::*agree;
+  int64_t WindowFidelity::*tokens;
+};
+inline constexpr FidelityFields kWholeWindow{&WindowFidelity::kl_sum, &WindowFidelity::top1_agree,
+                                             &WindowFidelity::tokens};
+inline constexpr FidelityFields kWindowTail{&WindowFidelity::kl_sum_tail, &WindowFidelity::top1_agree_tail,
+                                            &WindowFidelity::tokens_tail};
+
 struct FidelityResult {
   int ctx = 0;                          // window length
   int prompt_tokens = 0;                // P

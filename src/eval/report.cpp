@@ -68,34 +68,27 @@ nlohmann::json report_json(const EvalReport& r) {
   }
   if (c.has("kl")) {
     json kl = json::object();
-    for (const KlEntry& e : r.kl) {
+    // The per-window sums of the view f into o (window_kl_sum, window_top1_agree, window_tokens).
+    auto window_arrays = [](const KlEntry& e, FidelityFields f, json& o) {
       json kl_sum = json::array(), agree = json::array(), tokens = json::array();
       for (const WindowFidelity& w : e.per_window) {
-        kl_sum.push_back(w.kl_sum);
-        agree.push_back(w.top1_agree);
-        tokens.push_back(w.tokens);
+        kl_sum.push_back(w.*f.kl);
+        agree.push_back(w.*f.agree);
+        tokens.push_back(w.*f.tokens);
       }
-      json o = {{"kl_mean", e.kl.estimate},   {"kl_ci95", interval_json(e.kl)},
-                {"top1", e.top1.estimate},    {"top1_ci95", interval_json(e.top1)},
-                {"windows", e.windows},       {"tokens", e.tokens},
-                {"window_kl_sum", kl_sum},    {"window_top1_agree", agree},
-                {"window_tokens", tokens},    {"prompt_tokens", e.prompt_tokens}};
+      o["window_kl_sum"] = kl_sum, o["window_top1_agree"] = agree, o["window_tokens"] = tokens;
+    };
+    for (const KlEntry& e : r.kl) {
+      json o = {{"kl_mean", e.kl.estimate}, {"kl_ci95", interval_json(e.kl)}, {"top1", e.top1.estimate},
+                {"top1_ci95", interval_json(e.top1)}, {"windows", e.windows}, {"tokens", e.tokens},
+                {"prompt_tokens", e.prompt_tokens}};
+      window_arrays(e, kWholeWindow, o);
       if (e.tail_prompt_tokens > 0) {  // the same windows' rows predicting positions >= T (EvalConfig::tail_fraction)
-        json kl_t = json::array(), agree_t = json::array(), tokens_t = json::array();
-        for (const WindowFidelity& w : e.per_window) {
-          kl_t.push_back(w.kl_sum_tail);
-          agree_t.push_back(w.top1_agree_tail);
-          tokens_t.push_back(w.tokens_tail);
-        }
-        o["tail"] = {{"prompt_tokens", e.tail_prompt_tokens},
-                     {"tokens", e.tail_tokens},
-                     {"kl_mean", e.kl_tail.estimate},
-                     {"kl_ci95", interval_json(e.kl_tail)},
-                     {"top1", e.top1_tail.estimate},
-                     {"top1_ci95", interval_json(e.top1_tail)},
-                     {"window_kl_sum", kl_t},
-                     {"window_top1_agree", agree_t},
-                     {"window_tokens", tokens_t}};
+        json t = {{"prompt_tokens", e.tail_prompt_tokens}, {"tokens", e.tail_tokens},
+                  {"kl_mean", e.kl_tail.estimate},         {"kl_ci95", interval_json(e.kl_tail)},
+                  {"top1", e.top1_tail.estimate},          {"top1_ci95", interval_json(e.top1_tail)}};
+        window_arrays(e, kWindowTail, t);
+        o["tail"] = t;
       }
       kl[std::to_string(e.ctx)][e.domain] = o;
     }
