@@ -391,7 +391,7 @@ TEST(Referee, ParsesMethodAndWindowListsAndRejectsBadOnes) {
   EXPECT_EQ(ms[0].rotation, "oscar");
   EXPECT_EQ(ms[1].objective, "joint");
   EXPECT_TRUE(ms[1].needs_calibration());
-  EXPECT_EQ(referee_methods().size(), 32u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 2 of PN-Mix; 16 of the camps;
+  EXPECT_EQ(referee_methods().size(), 33u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 3 of PN-Mix; 16 of the camps;
                                              // 1 eviction row
   EXPECT_THROW(parse_referee_methods("int3"), Error);
   EXPECT_THROW(parse_referee_methods("int2,int2"), Error);

@@ -122,6 +122,13 @@ const std::vector<RefereeMethod>& referee_methods() {
        .camp = "PN-Mix"},
       {.label = "pnmix(energy)", .key_type = "pnmix", .value_type = "int2", .rotation = "pnmix",
        .pnmix_score = "energy", .baseline = "int2", .camp = "PN-Mix"},
+      // PN-Mix at int2's bits (METHODS §6: compare at equal b_eff): 1.5 code bits per key element on average; with
+      // the width slots models/ref's calibration gives (1..3 bits: three), its key rows are int2's 36 bytes.
+      {.label = "pnmix(1.5b)", .key_type = "pnmix", .value_type = "int2", .rotation = "pnmix",
+       .pnmix_score = "product", .pnmix_key_bits = 1.5, .baseline = "int2",
+       .note = "pnmix at 1.5 code bits per key element, so that its stored key rows (code bits plus one fp16 "
+               "scale/zero per width slot) match int2's bytes: the equal-bits PN-Mix row (CPU only).",
+       .camp = "PN-Mix"},
       // TurboQuant: vLLM's four presets and kvq's 2-bit extension (codec_presets(), METHODS §5.2).
       {.label = "turboquant_k8v4", .key_type = "fp8e4m3", .value_type = "tqv4", .rotation = "none",
        .camp = "TurboQuant (vLLM)", .shipped = kTurboQuantShipped},

@@ -92,6 +92,7 @@ struct RefereeMethod {
   std::string base = "";               // a learned rotation's starting rotation: quarot | oscar; else ""
   std::string objective = "";          // a learned rotation's objective: post-wo | joint | pre-wo | recon; else ""
   std::string pnmix_score = "";        // PN-Mix widths' pair importance: product | energy (calib/pnmix.h); else ""
+  double pnmix_key_bits = 2.0;         // PN-Mix: the average code bits per key element its widths are given
   bool tunes_clips = false;            // --clip-grid tunes its (key, value) clips on held-out text (METHODS §7)
   std::string clips_from = "";         // the row whose tuned clips it takes ("": its own; OptR: its base's, the
                                        // grid its rotation is learned for)

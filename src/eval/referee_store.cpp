@@ -24,7 +24,7 @@ CalibrateConfig run_calibrate_config(const RefereeConfig& cfg, const PlannedRun&
   const bool learned = m.rotation_kind().learned;
   CalibrateConfig cc;
   cc.method = m.rotation;
-  if (m.rotation_kind().key_widths) cc.pnmix_score = m.pnmix_score;  // and the default budget, 2 bits
+  if (m.rotation_kind().key_widths) cc.pnmix_score = m.pnmix_score, cc.key_bits = m.pnmix_key_bits;
   cc.base = learned ? m.base : "oscar";  // the unused fields of a rotation that is not learned: as its file names
   cc.objective = learned ? m.objective : "post-wo";  // under OUT/rotations/ were hashed
   cc.tokens = cfg.calib_tokens;
