@@ -69,6 +69,22 @@ double bytes_needed(const GpuAttentionBench& o, const CacheConfig& cfg, int batc
   return pool + windows + fill + (64 << 20);
 }
 
+// Fills seqs of cache to ctx tokens each with N(0, 1) key and value rows: steps of chunk rows of every sequence,
+// staged in k and v (room for chunk x seqs rows of row_floats) and appended to layers 0 .. n_layers - 1. seed
+// advances by two a step.
+void fill_random(cuda::GpuKvCache& cache, const std::vector<int>& seqs, int ctx, int chunk, int n_layers,
+                 size_t row_floats, cuda::DeviceBuffer& k, cuda::DeviceBuffer& v, uint64_t& seed) {
+  for (int p = 0; p < ctx; p += chunk) {
+    const int n = std::min(chunk, ctx - p);
+    const size_t floats = size_t(n) * seqs.size() * row_floats;
+    cuda::fill_normal(k.as<float>(), floats, seed++, 1.f, cache.stream());
+    cuda::fill_normal(v.as<float>(), floats, seed++, 1.f, cache.stream());
+    cache.begin_step(seqs, std::vector<int>(seqs.size(), n));
+    for (int l = 0; l < n_layers; ++l) cache.append(l, k.as<float>(), v.as<float>());
+    cache.commit_step();
+  }
+}
+
 std::optional<ShapeResult> run_shape(const GpuAttentionBench& o, CacheConfig cfg, int batch, int ctx) {
   const int chunk = std::max(1, std::min({2048, ctx, kFillRows / batch}));
   cfg.max_chunk = chunk;
@@ -86,15 +102,7 @@ std::optional<ShapeResult> run_shape(const GpuAttentionBench& o, CacheConfig cfg
   cuda::DeviceBuffer k(size_t(chunk) * batch * row_floats * 4), v(k.bytes());
   cuda::DeviceBuffer q(size_t(batch) * o.q_heads * o.head_dim * 4), out(q.bytes());
   uint64_t seed = 1;
-  for (int p = 0; p < ctx; p += chunk) {
-    const int n = std::min(chunk, ctx - p);
-    const size_t floats = size_t(n) * batch * row_floats;
-    cuda::fill_normal(k.as<float>(), floats, seed++, 1.f, cache.stream());
-    cuda::fill_normal(v.as<float>(), floats, seed++, 1.f, cache.stream());
-    cache.begin_step(seqs, std::vector<int>(size_t(batch), n));
-    cache.append(0, k.as<float>(), v.as<float>());
-    cache.commit_step();
-  }
+  fill_random(cache, seqs, ctx, chunk, 1, row_floats, k, v, seed);
   // The timed step: one decode token per sequence (appended once), attention timed repeatedly.
   cuda::fill_normal(k.as<float>(), size_t(batch) * row_floats, seed++, 1.f, cache.stream());
   cuda::fill_normal(v.as<float>(), size_t(batch) * row_floats, seed++, 1.f, cache.stream());
@@ -136,14 +144,7 @@ std::optional<PrefillResult> run_prefill(const GpuAttentionBench& o, CacheConfig
   cuda::DeviceBuffer k(size_t(rows) * row_floats * 4), v(k.bytes());
   cuda::DeviceBuffer q(size_t(o.prefill) * o.q_heads * o.head_dim * 4), out(q.bytes());
   uint64_t seed = 1;
-  for (int p = 0; p < ctx; p += fill) {
-    const int n = std::min(fill, ctx - p);
-    cuda::fill_normal(k.as<float>(), size_t(n) * row_floats, seed++, 1.f, cache.stream());
-    cuda::fill_normal(v.as<float>(), size_t(n) * row_floats, seed++, 1.f, cache.stream());
-    cache.begin_step({seq}, {n});
-    cache.append(0, k.as<float>(), v.as<float>());
-    cache.commit_step();
-  }
+  fill_random(cache, {seq}, ctx, fill, 1, row_floats, k, v, seed);
   cuda::fill_normal(k.as<float>(), size_t(o.prefill) * row_floats, seed++, 1.f, cache.stream());
   cuda::fill_normal(v.as<float>(), size_t(o.prefill) * row_floats, seed++, 1.f, cache.stream());
   cuda::fill_normal(q.as<float>(), size_t(o.prefill) * o.q_heads * o.head_dim, seed++, 1.f, cache.stream());
@@ -283,15 +284,7 @@ void fill_cache_cuda(Runner& runner, const std::vector<int>& seqs, int ctx) {
   const size_t row_floats = size_t(c.n_kv_heads) * size_t(c.head_dim);
   cuda::DeviceBuffer k(size_t(chunk) * size_t(batch) * row_floats * sizeof(float)), v(k.bytes());
   uint64_t seed = 1;
-  for (int p = 0; p < ctx; p += chunk) {
-    const int n = std::min(chunk, ctx - p);
-    const size_t floats = size_t(n) * size_t(batch) * row_floats;
-    cuda::fill_normal(k.as<float>(), floats, seed++, 1.f, cache.stream());
-    cuda::fill_normal(v.as<float>(), floats, seed++, 1.f, cache.stream());
-    cache.begin_step(seqs, std::vector<int>(size_t(batch), n));
-    for (int l = 0; l < c.n_layers; ++l) cache.append(l, k.as<float>(), v.as<float>());
-    cache.commit_step();
-  }
+  fill_random(cache, seqs, ctx, chunk, c.n_layers, row_floats, k, v, seed);
   cuda::sync("bench decode --fill-cache");
 }
 
