@@ -83,6 +83,7 @@ class HttpServer {
   std::atomic<bool> draining_{false};
   std::atomic<int> open_responses_{0};     // handlers running + streams still writing
   std::atomic<uint64_t> next_id_{1};
+  int listen_fd_ = -1;  // the listening socket (set while httplib creates it; bind() widens its backlog)
 };
 
 }  // namespace kvq::server

@@ -76,7 +76,10 @@ httplib::Client TestServer::client() const {
 namespace {
 Reply reply_of(const httplib::Result& r) {
   Reply out;
-  if (!r) return out;
+  if (!r) {
+    out.error = httplib::to_string(r.error());
+    return out;
+  }
   out.status = r->status;
   out.raw = r->body;
   out.body = json::parse(r->body, nullptr, false);
@@ -129,7 +132,10 @@ Streamed post_stream(const TestServer& s, const std::string& path, const std::st
     return true;
   };
   httplib::Result r = c.send(req);
-  if (r) out.status = r->status;
+  if (r)
+    out.status = r->status;
+  else
+    out.error = httplib::to_string(r.error());
   return out;
 }
 

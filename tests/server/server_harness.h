@@ -65,6 +65,7 @@ struct Reply {
   int status = 0;      // 0: no response
   json body;           // the parsed body (discarded when not JSON)
   std::string raw;
+  std::string error;   // without a response: the client's error (httplib::to_string)
 };
 Reply post(const TestServer& s, const std::string& path, const std::string& body,
            const httplib::Headers& headers = {});
@@ -74,6 +75,7 @@ Reply get(const TestServer& s, const std::string& path, const httplib::Headers& 
 // choices joined (text or delta.content).
 struct Streamed {
   int status = 0;
+  std::string error;  // without a response: the client's error
   std::vector<json> events;
   bool done = false;
   std::string text;

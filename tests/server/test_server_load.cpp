@@ -44,6 +44,7 @@ std::vector<Req> mixed_requests(int n, int min_len, int max_len, int lo, int hi,
 
 struct Answer {
   int status = 0;
+  std::string error;  // without a response: the client's error
   std::string text;
   int completion_tokens = -1;
   std::string finish;
@@ -54,6 +55,7 @@ Answer ask(const TestServer& s, const json& body, bool stream) {
   if (!stream) {
     const Reply r = post(s, kCompletions, body.dump());
     a.status = r.status;
+    a.error = r.error;
     if (r.status == 200) {
       a.text = r.body["choices"][0]["text"];
       a.completion_tokens = r.body["usage"]["completion_tokens"];
@@ -66,6 +68,7 @@ Answer ask(const TestServer& s, const json& body, bool stream) {
   b["stream_options"] = {{"include_usage", true}};
   const Streamed st = post_stream(s, kCompletions, b.dump());
   a.status = st.done ? st.status : -1;
+  a.error = st.error;
   a.text = st.text;
   for (const json& e : st.events) {
     if (e.contains("usage") && e["usage"].is_object()) a.completion_tokens = e["usage"]["completion_tokens"];
@@ -107,8 +110,8 @@ TEST(ServerLoad, ConcurrentClientsWithMixedPromptsGetTheirTokensAndThePoolEmptie
   for (const Req& r : distinct) alone_tokens += r.max_tokens;
   for (size_t i = 0; i < reqs.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
-    ASSERT_EQ(alone[i % 8].status, 200);
-    ASSERT_EQ(together[i].status, 200);
+    ASSERT_EQ(alone[i % 8].status, 200) << alone[i % 8].error;
+    ASSERT_EQ(together[i].status, 200) << together[i].error;
     EXPECT_EQ(together[i].completion_tokens, reqs[i].max_tokens);
     EXPECT_EQ(together[i].finish, "length");
     EXPECT_EQ(together[i].text, alone[i % 8].text);
