@@ -5,7 +5,8 @@
 // llamacpp_blocks.h, <cstring>) is included by the file before.
 //
 // V provides: F (vector of kW floats), kW, kMaxQBScores, kMaxQBAcc (query-block sizes that fit the
-// registers), zero(), loadu(const float*), storeu(float*, F), bcast(float), fma(a, b, c) = a·b + c,
+// registers), kScoreChains (independent sums per query in the row scores, a divisor of 32 / kW) and kMaxQBRowScores
+// (the row scores' query block: QB · kScoreChains sums in registers), zero(), loadu(const float*), storeu(float*, F), bcast(float), fma(a, b, c) = a·b + c,
 // add(a, b), sub(a, b), mul(a, b), transpose(src, src_stride, dst, dst_stride) of a kW × kW block, hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, unit<Fmt>(const uint8_t* unit, F out[32 / kW])
 // that turns one packed unit of 32 values (layout.h) into floats in value order, and block<Fmt>(const uint8_t* block,
 // F out[32 / kW]) that turns one llama.cpp block's codes into their levels (simd_blocks_impl.h).
@@ -74,11 +75,15 @@ inline void for_query_blocks(int nc, int max_qb, const Block& block) {
 }
 
 // Scores of rows [t0, t0+nt) for QB queries. qsum[i][g] = Σ of query i over group g (grouped rows only).
+// Each query sums into kC = V::kScoreChains independent vectors (vector k of a unit into sum k mod kC): one chain of
+// FMAs per query would wait on the FMA latency at every step (decode: one or two queries per row, the bf16 GEMV: one).
+// The order depends on neither QB nor the other queries, so a query's scores are the same in any block.
 template <class V, RowFormat Fmt, int QB>
 void scores_block(const RowsView& r, int t0, int nt, const float* q, const float (*qsum)[kMaxGroups], float* s,
                   size_t s_stride) {
   using F = typename V::F;
-  constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>();
+  constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>(), kC = V::kScoreChains;
+  static_assert(kU % kC == 0 && (kC & (kC - 1)) == 0, "kScoreChains: a power of two dividing the vectors per unit");
   const int d = r.d, upg = r.group / 32, ng = d / r.group;
   float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (stores to QB rows
                              // n_tokens·4 bytes apart would alias in the 4K store-forwarding check)
@@ -91,17 +96,30 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
     KVQ_UNROLL
     for (int i = 0; i < QB; ++i) tot[i] = V::zero(), zterm[i] = 0.f;
     for (int g = 0; g < ng; ++g) {
-      F acc[QB];
+      F part[QB][kC];
       KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) acc[i] = V::zero();
+      for (int i = 0; i < QB; ++i)
+        KVQ_UNROLL
+        for (int c = 0; c < kC; ++c) part[i][c] = V::zero();
       for (int u = g * upg; u < (g + 1) * upg; ++u) {
         F x[kU];
         V::template unit<Fmt>(codes + u * kUB, x);
         KVQ_UNROLL
         for (int i = 0; i < QB; ++i)
           KVQ_UNROLL
-          for (int k = 0; k < kU; ++k) acc[i] = V::fma(x[k], V::loadu(q + i * d + u * 32 + k * V::kW), acc[i]);
+          for (int k = 0; k < kU; ++k)
+            part[i][k % kC] = V::fma(x[k], V::loadu(q + i * d + u * 32 + k * V::kW), part[i][k % kC]);
       }
+      // the kC sums of each query folded in halves (c += c + w), a tree of fixed shape; part[][] stays in registers
+      KVQ_UNROLL
+      for (int w = kC / 2; w >= 1; w /= 2)
+        KVQ_UNROLL
+        for (int i = 0; i < QB; ++i)
+          KVQ_UNROLL
+          for (int c = 0; c < w; ++c) part[i][c] = V::add(part[i][c], part[i][c + w]);
+      F acc[QB];
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) acc[i] = part[i][0];
       if (r.grouped) {
         const layout::GroupParams gp = row_params(row, g);
         const float sc = V::half(gp.scale), zr = V::half(gp.zero);
@@ -143,7 +161,7 @@ void scores_rows(const RowsView& r, const float* q, int n_q, float* s, size_t s_
           for (int c = g * r.group; c < (g + 1) * r.group; ++c) qsum[i][g] += q[size_t(c0 + i) * d + c];
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      for_query_blocks(nc, V::kMaxQBScores, [&]<int QB>(int i0) {
+      for_query_blocks(nc, V::kMaxQBRowScores, [&]<int QB>(int i0) {
         scores_block<V, Fmt, QB>(r, t0, nt, q + size_t(c0 + i0) * d, qsum + i0, s + size_t(c0 + i0) * s_stride,
                                  s_stride);
       });

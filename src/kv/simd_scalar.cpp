@@ -15,6 +15,7 @@ namespace {
 struct VScalar {
   using F = float;
   static constexpr int kW = 1, kMaxQBScores = 8, kMaxQBAcc = 8;
+  static constexpr int kScoreChains = 4, kMaxQBRowScores = 8;
   static F zero() { return 0.f; }
   static F loadu(const float* p) { return *p; }
   static void storeu(float* p, F v) { *p = v; }
