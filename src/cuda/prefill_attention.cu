@@ -131,7 +131,7 @@ __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int
 // A warp's state over its 16 query rows: this lane's rows gid (j = 0) and gid + 8 (j = 1).
 struct RowState {
   float o[kD / 8][4];  // O in the C layout: n-tile dt = dims 8dt .., [row gid: 2tid, 2tid+1 | row gid+8: the same]
-  float m[2];          // running max (base 2), -inf before any valid key
+  float m[2];          // the softmax bound (base 2): >= every score so far, -inf before any valid key
   float l[2];          // this lane's share of the running sum (its keys), summed over the quad at the end
   float zsum[2];       // int2 values: this lane's share of Σ P' zero_v
   int t[2];            // positions of the rows
@@ -223,21 +223,38 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
       }
   }
 
-  // ---- online softmax per row (base 2); a row with no valid key yet keeps m = -inf and p = 0
+  // ---- online softmax per row (base 2) against a lazily raised bound m >= every score so far, as the decode kernel
+  // does: when a score exceeds m, m moves to kLazyMax above the row's largest score, so p = 2^(s - m) <= 1/2 and
+  // most tiles skip the quad's max reduction and the rescale of O. Any m gives the same softmax in exact arithmetic.
+  // A row with no valid key yet keeps m = -inf and p = 0.
+  constexpr float kLazyMax = 1.f;  // log2(2)
+  float mx[2];
+  bool raise = false;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    float mx = -INFINITY;
+    mx[j] = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < kKeys / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * j], s[nt][2 * j + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(st.m[j], mx);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    const float corr = exp2_ftz(st.m[j] - m_use);  // 0 while m was -inf
-    st.m[j] = m_new;
-    st.l[j] *= corr, st.zsum[j] *= corr;
+    for (int nt = 0; nt < kKeys / 8; ++nt) mx[j] = fmaxf(mx[j], fmaxf(s[nt][2 * j], s[nt][2 * j + 1]));
+    raise = raise || mx[j] > st.m[j];
+  }
+  if (__any_sync(0xffffffffu, raise)) {
 #pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt) st.o[dt][2 * j] *= corr, st.o[dt][2 * j + 1] *= corr;
+    for (int j = 0; j < 2; ++j) {
+      float r = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+      r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));  // the row's largest score of the tile (its quad)
+      const float m_new = fmaxf(st.m[j], r + kLazyMax);
+      // 0 while m was -inf; 1 where m stays, also at -inf (a row with no valid key yet, raised by another row of
+      // the warp: 2^(-inf - -inf) would be NaN)
+      const float corr = m_new == st.m[j] ? 1.f : exp2_ftz(st.m[j] - m_new);
+      st.m[j] = m_new;
+      st.l[j] *= corr, st.zsum[j] *= corr;
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt) st.o[dt][2 * j] *= corr, st.o[dt][2 * j + 1] *= corr;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float m_use = st.m[j] == -INFINITY ? 0.f : st.m[j];
 #pragma unroll
     for (int nt = 0; nt < kKeys / 8; ++nt) {
       s[nt][2 * j] = exp2_ftz(s[nt][2 * j] - m_use);
@@ -306,7 +323,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
 
 // KQ / VQ: the quantized region's keys / values are int2 rows of one 128-value group, else bf16 rows.
 template <bool KQ, bool VQ>
-__global__ void __launch_bounds__(kWarps * 32) prefill_attention_kernel(CacheGeometry geo, AttentionLaunch a) {
+__global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(CacheGeometry geo, AttentionLaunch a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
   [[maybe_unused]] QRows* qh = reinterpret_cast<QRows*>(smem_raw + sizeof(Smem));  // KQ only
