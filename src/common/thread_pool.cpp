@@ -1,6 +1,25 @@
 #include "common/thread_pool.h"
 
+#include <immintrin.h>
+
 namespace kvq {
+
+namespace {
+
+// Spins until done() or `limit` has passed; true if done() came true.
+template <class Done>
+bool spin_until(Done done, std::chrono::microseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      _mm_pause();
+    }
+    if (std::chrono::steady_clock::now() >= until) return done();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -18,34 +37,34 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::run_items(int thread) {
   for (;;) {
-    int64_t i;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (next_ >= n_items_ || error_) return;
-      i = next_++;
-    }
+    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_items_ || failed_.load(std::memory_order_relaxed)) return;
     try {
       (*job_)(i, thread);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_) error_ = std::current_exception();
+      failed_ = true;
     }
   }
 }
 
 void ThreadPool::worker_loop(int thread) {
   uint64_t seen = 0;
+  const auto changed = [&] {
+    return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+  };
   for (;;) {
-    {
+    if (!spin_until(changed, kSpin)) {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_.wait(lock, changed);
     }
+    if (stop_) return;
+    seen = generation_.load(std::memory_order_acquire);
     run_items(thread);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_ == 0) done_.notify_one();
+    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);  // the caller checks busy_ under mu_ before it sleeps
+      done_.notify_one();
     }
   }
 }
@@ -56,19 +75,23 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
   }
+  job_ = &fn;
+  n_items_ = n;
+  next_.store(0, std::memory_order_relaxed);
+  busy_.store(int(workers_.size()), std::memory_order_relaxed);
+  failed_.store(false, std::memory_order_relaxed);
+  error_ = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    n_items_ = n;
-    next_ = 0;
-    busy_ = int(workers_.size());
-    error_ = nullptr;
-    ++generation_;
+    std::lock_guard<std::mutex> lock(mu_);  // a worker checks generation_ under mu_ before it sleeps
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   run_items(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return busy_ == 0; });
+  const auto all_done = [&] { return busy_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(all_done, kSpin)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, all_done);
+  }
   job_ = nullptr;
   if (error_) std::rethrow_exception(error_);
 }
