@@ -16,6 +16,10 @@
 #include <cstdint>
 #include <memory>
 
+// For the SIMD kernels (simd_*.cpp): fixed-trip loops over the query block and the vectors of a unit must be unrolled
+// so that their arrays of vectors live in registers (-O2 does not unroll by itself).
+#define KVQ_UNROLL _Pragma("GCC unroll 16")
+
 namespace kvq {
 
 // kAvx512Vnni (needs VNNI and VBMI): the int formats use integer dot products (vpdpwssd) with q / weights rounded

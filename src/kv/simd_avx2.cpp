@@ -93,17 +93,17 @@ struct VAvx2 {
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight_bytes)); }
   static F i8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_bytes)); }
-  // The loops over out[] are unrolled: rolled, they store out[] to the stack and the caller reloads it.
+  // The loops over out[] are unrolled (KVQ_UNROLL): rolled, they store out[] to the stack for the caller to reload.
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
     if constexpr (Fmt == RowFormat::kBf16) {
-      #pragma GCC unroll 4
+      KVQ_UNROLL
       for (int k = 0; k < 4; ++k) {
         const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)));
         out[k] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
       }
     } else if constexpr (Fmt == RowFormat::kF16) {
-      #pragma GCC unroll 4
+      KVQ_UNROLL
       for (int k = 0; k < 4; ++k) out[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)));
     } else if constexpr (Fmt == RowFormat::kInt2) {
       int64_t x;
@@ -124,7 +124,7 @@ struct VAvx2 {
       out[2] = u8_to_f(hi);
       out[3] = u8_to_f(_mm_unpackhi_epi64(hi, hi));
     } else {
-      #pragma GCC unroll 4
+      KVQ_UNROLL
       for (int k = 0; k < 4; ++k) out[k] = u8_to_f(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * k)));
     }
   }

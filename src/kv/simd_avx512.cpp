@@ -98,18 +98,18 @@ struct VAvx512 {
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sixteen_bytes)); }
   static F i8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sixteen_bytes)); }
-  // The loops over out[] are unrolled: rolled, they store out[] to the stack and the caller reloads it.
+  // The loops over out[] are unrolled (KVQ_UNROLL): rolled, they store out[] to the stack for the caller to reload.
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
     if constexpr (Fmt == RowFormat::kBf16) {
-      #pragma GCC unroll 4
+      KVQ_UNROLL
       for (int k = 0; k < 2; ++k) {
         const __m512i w =
             _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
         out[k] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       }
     } else if constexpr (Fmt == RowFormat::kF16) {
-      #pragma GCC unroll 4
+      KVQ_UNROLL
       for (int k = 0; k < 2; ++k)
         out[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
     } else if constexpr (Fmt == RowFormat::kInt2) {

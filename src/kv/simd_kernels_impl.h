@@ -6,14 +6,11 @@
 //
 // V provides: F (vector of kW floats), kW, kMaxQBScores, kMaxQBAcc (query-block sizes that fit the
 // registers), kScoreChains (independent sums per query in the row scores, a divisor of 32 / kW) and kMaxQBRowScores
-// (the row scores' query block: QB · kScoreChains sums in registers), zero(), loadu(const float*), storeu(float*, F), bcast(float), fma(a, b, c) = a·b + c,
+// (the row scores' query block: QB · kScoreChains sums in registers), zero(), loadu(const float*), storeu(float*, F),
+// bcast(float), fma(a, b, c) = a·b + c,
 // add(a, b), sub(a, b), mul(a, b), transpose(src, src_stride, dst, dst_stride) of a kW × kW block, hsum(F), hsum4(const F v[4], float out[4]), half(uint16_t fp16 bits) -> float, unit<Fmt>(const uint8_t* unit, F out[32 / kW])
 // that turns one packed unit of 32 values (layout.h) into floats in value order, and block<Fmt>(const uint8_t* block,
 // F out[32 / kW]) that turns one llama.cpp block's codes into their levels (simd_blocks_impl.h).
-
-// Fixed-trip loops over the query block and the vectors of a unit must be unrolled so that their arrays
-// of vectors live in registers (-O2 does not unroll by itself).
-#define KVQ_UNROLL _Pragma("GCC unroll 16")
 
 constexpr int kTileRows = 32;   // rows per tile: a tile's rows stay in L1 while every query block reads them
 constexpr int kChunkQ = 16;     // queries per chunk (fixed-size stack buffers); n_q > 16 re-reads rows
