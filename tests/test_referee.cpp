@@ -6,6 +6,7 @@
 // second invocation resumes every run without touching its json, and non-disjoint calibration data is refused.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <regex>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "calib/pnmix_file.h"
@@ -330,6 +332,34 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   ASSERT_EQ(j3["runs"].size(), 7u);
   EXPECT_EQ(j3["runners"].size(), 1u);
   EXPECT_NE(slurp(d.out / "report.md").find("**not run**"), std::string::npos);
+
+  // a record made on another device (a second process on the GPU): not resumed by this device's report, pooled by
+  // a report of every device, which names that runner with its run
+  std::vector<fs::path> records;
+  for (const auto& e : fs::directory_iterator(d.out / "runs")) records.push_back(e.path());
+  std::sort(records.begin(), records.end());
+  json moved = json::parse(slurp(records.front()));
+  moved["settings"]["device"] = "cuda/fp32";
+  moved["runner"] = "cuda, test device";
+  std::ofstream(records.front(), std::ios::binary) << moved.dump();
+  const RefereeResult same_device = run_referee(report, quiet);
+  EXPECT_EQ(same_device.runs_resumed, 6);
+  RefereeConfig pooled = report;
+  pooled.any_device = true;
+  pooled.device = "any";
+  const RefereeResult every_device = run_referee(pooled, quiet);
+  EXPECT_EQ(every_device.runs_executed, 0);
+  EXPECT_EQ(every_device.runs_resumed, 7);
+  const json j4 = json::parse(slurp(d.out / "results.json"));
+  EXPECT_TRUE(referee_schema_errors(j4).empty());
+  ASSERT_EQ(j4["runners"].size(), 2u);
+  const std::string md4 = slurp(d.out / "report.md");
+  EXPECT_NE(md4.find(fmt::format("- evaluation passes ran on: cuda, test device: 1 run, {} ({})",
+                                 moved["method"]["label"].get<std::string>(),
+                                 moved["protocol"]["name"].get<std::string>())),
+            std::string::npos)
+      << md4.substr(0, 2000);
+  EXPECT_NE(md4.find(": 6 runs, "), std::string::npos);
 
   // a changed setting (another seed) reruns instead of reusing stale numbers
   RefereeConfig other = cfg;

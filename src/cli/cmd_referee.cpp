@@ -76,7 +76,12 @@ void run(RefereeOptions o, const CLI::App* cmd) {
   };
   c.depths = numbers(o.depths, "--depths");
   for (double v : numbers(o.clip_grid, "--clip-grid")) c.clip_grid.push_back(float(v));
-  if (o.model.device != "cpu") {
+  // --report-only pools every device's records unless --device names one (a referee's CPU-only rows and its GPU
+  // rows can be run by two processes into one OUT); the report lists where each run was evaluated.
+  c.any_device = c.report_only && !given("--device");
+  if (c.any_device) {
+    c.device = "any";
+  } else if (o.model.device != "cpu") {
     c.device = o.model.device + "/" + o.model.gpu_gemm;
     if (!c.report_only) check_device_available(o.model);  // no device, or a bad --gpu-gemm: one line before any work
     c.runners = [device = o.model](Model& m) { return make_runner_factory(m, device); };
@@ -131,7 +136,8 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--calib-steps", c.calib_steps, "OptR Adam steps per phase")->check(CLI::Range(1, 100000));
   cmd->add_flag("--no-leakage", o->no_leakage, "skip the same-text calibration (leakage) row");
   cmd->add_flag("--report-only", c.report_only, "run nothing: write results.json and the reports from the runs already "
-                "in OUT/runs (e.g. made on another machine), listing the missing ones");
+                "in OUT/runs (e.g. made on another machine), listing the missing ones; the records of every device "
+                "unless --device names one");
   cmd->add_flag("--calibrate-only", c.calibrate_only, "only calibrate (or find cached) the rotations the runs need, "
                 "into OUT/rotations/, and stop");
   cmd->callback([o, cmd] { run(*o, cmd); });

@@ -316,7 +316,7 @@ RefereeResult Referee::run() {
     const json settings = run_settings(cfg_, data_, r);
     RefereeRun run;
     run.key = r.key;
-    if (std::optional<json> old = resumable_record(path, settings, log_)) {
+    if (std::optional<json> old = resumable_record(path, settings, log_, cfg_.report_only && cfg_.any_device)) {
       run.record = std::move(*old);
       run.resumed = true;
     }

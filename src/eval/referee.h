@@ -81,6 +81,8 @@ struct RefereeConfig {
                                        // plan's runs without a record are listed in results.json "missing_runs"
   std::string device = "cpu";          // where the evaluation passes run ("cpu", "cuda/bf16", ...): part of every
                                        // run's settings, so runs made on another device are not resumed
+  bool any_device = false;             // --report-only: pool the records of every device (the report lists where
+                                       // each run was evaluated)
   std::function<RunnerFactory(Model&)> runners;  // the evaluation runners over the loaded model (null: CPU);
                                                  // calibration always runs on the CPU model
 };

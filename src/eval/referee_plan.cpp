@@ -122,11 +122,15 @@ std::string run_record_path(const RefereeConfig& cfg, const std::string& key) {
   return (fs::path(cfg.out_dir) / "runs" / (key + ".json")).string();
 }
 
-std::optional<json> resumable_record(const std::string& path, const json& settings, const RefereeLog& log) {
+std::optional<json> resumable_record(const std::string& path, const json& settings, const RefereeLog& log,
+                                     bool any_device) {
   if (!fs::exists(path)) return std::nullopt;
   try {
     json old = json::parse(referee_read_text(path, "run record"));
-    if (old.value("settings", json()) == settings) return old;
+    json had = old.value("settings", json());
+    json want = settings;
+    if (any_device && had.is_object()) had.erase("device"), want.erase("device");
+    if (had == want) return old;
     log(fmt::format("kvq: referee: {} was run with other settings; running it again", path), false);
   } catch (const json::exception&) {
     log(fmt::format("kvq: referee: {} is not valid json; running it again", path), false);

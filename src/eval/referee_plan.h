@@ -69,7 +69,8 @@ nlohmann::json run_settings(const RefereeConfig& cfg, const RefereeData& data, c
 std::string run_record_path(const RefereeConfig& cfg, const std::string& key);
 
 // The record at `path` when it exists, parses and holds `settings`; else nullopt, logging why when a file was there.
+// any_device: a record made on another device counts too (its "device" setting is not compared).
 std::optional<nlohmann::json> resumable_record(const std::string& path, const nlohmann::json& settings,
-                                               const RefereeLog& log);
+                                               const RefereeLog& log, bool any_device = false);
 
 }  // namespace kvq

@@ -363,8 +363,22 @@ std::string referee_markdown(const json& j) {
   const json& m = j["machine"];
   s += fmt::format("- machine (results.json written): {} {} {}, CPU {}, {} threads\n", m.value("sysname", ""),
                    m.value("release", ""), m.value("machine", ""), m.value("cpu_model", ""), m.value("threads", 0));
-  if (j.contains("runners"))
-    for (const json& r : j["runners"]) s += fmt::format("- evaluation passes ran on: {}\n", r.get<std::string>());
+  if (j.contains("runners")) {
+    // One runner: a line. Several (a report pooled from processes on different devices): each with its runs.
+    const json& runners = j["runners"];
+    for (const json& r : runners) {
+      s += fmt::format("- evaluation passes ran on: {}", r.get<std::string>());
+      if (runners.size() > 1) {
+        std::vector<std::string> runs;
+        for (const json& run : j["runs"])
+          if (run.value("runner", json("unknown")) == r)
+            runs.push_back(fmt::format("{} ({})", run["method"]["label"].get<std::string>(),
+                                       run["protocol"]["name"].get<std::string>()));
+        s += fmt::format(": {} run{}, {}", runs.size(), runs.size() == 1 ? "" : "s", fmt::join(runs, ", "));
+      }
+      s += "\n";
+    }
+  }
   s += fmt::format("- calibration data: `{}` sha256 `{}` ({} tokens)\n",
                    j["calibration_data"]["file"].get<std::string>(), j["calibration_data"]["sha256"].get<std::string>(),
                    j["calibration_data"]["tokens"].get<long long>());

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The referee over every camp under both protocols (docs/referee-camps-8k.md) on one machine with a GPU and 16 cores:
+# the rows the GPU runs (a compiled GPU instance, bf16 windows, decode-faithful prompts: `kvq info --device cuda`
+# lists them) go to two processes with --device cuda, the others (exact-prompt, quantize-after-prompt and eviction
+# rows, int8 windows, the codecs with no GPU kernel: E8, Kitty, PN-Mix, fp8 keys) to CPU processes of 2 threads,
+# all writing OUT/runs/ (a file per run). A last `--report-only` pools the records of both devices; report.md names
+# the device of every run. Runs resume, so the script can be called again until every run has its record.
+#   scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]      (KVQ=path/to/kvq, default build/kvq)
+set -uo pipefail
+OUT=${1:?usage: scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]}
+CTX=${2:-8192}
+NCPU=${3:-7}
+KVQ=${KVQ:-build/kvq}
+S=(-m models/ref --calib-data data/calib/linux.txt --eval-data data/eval -o "$OUT" --ctx "$CTX" --windows 2
+   --passkey-trials 1 --depths 0,0.5,1 --cache-windows 64/256 --no-leakage)
+
+# Every row of the report, in its order; the two lists below split them between the devices.
+METHODS="bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4"
+METHODS+=",nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0,kv4rl,kivi2,int2+quarot,pnmix"
+METHODS+=",pnmix(1.5b)"
+GPU_COMMON=bf16,int2,turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,oscar_int2,q4_0,q8_0/q4_0,q8_0,kivi2,int2+quarot
+GPU_SHIPPED=bf16,q4_0,q8_0/q4_0,q8_0
+# CPU rows as protocol:method, longest first (the 4K run's times), dealt to the least loaded process.
+CPU_ROWS="common:pnmix:428 common:pnmix(1.5b):382 as-shipped:oscar_int2:204 common:nexusquant:196
+as-shipped:e8_2:187 common:e8_2:163 as-shipped:nexusquant:147 as-shipped:turboquant_2bit:141
+as-shipped:turboquant_3bit_nc:137 as-shipped:turboquant_k3v4_nc:135 as-shipped:turboquant_4bit_nc:133
+common:kitty_int2:132 common:turboquant_k8v4:113 as-shipped:kitty_int2:112 common:kv4rl:110 common:evict(int2):109
+as-shipped:kitty_int2_20:109 as-shipped:turboquant_k8v4:101 as-shipped:evict(int2):98 common:kitty_int2_20:95"
+
+mkdir -p "$OUT/logs"
+declare -a load jobs
+for ((i = 0; i < NCPU; ++i)); do load[i]=0; jobs[i]=""; done
+for row in $CPU_ROWS; do
+  IFS=: read -r proto method secs <<< "$row"
+  best=0
+  for ((i = 1; i < NCPU; ++i)); do ((load[i] < load[best])) && best=$i; done
+  load[best]=$((load[best] + secs))
+  jobs[best]+="$proto:$method "
+done
+
+pids=()
+run_jobs() {  # LOG DEVICE-FLAGS... -- PROTO:METHOD...: one referee process per job, one after the other
+  local log=$1; shift
+  local dev=()
+  while [ "$1" != -- ]; do dev+=("$1"); shift; done
+  shift
+  for job in "$@"; do
+    "$KVQ" referee "${S[@]}" "${dev[@]}" --protocols "${job%%:*}" --methods "${job#*:}" || return 1
+  done > "$log" 2>&1
+}
+run_jobs "$OUT/logs/gpu-common.log" --device cuda --gpu-gemm fp32 -t 1 -- "common:$GPU_COMMON" &
+pids+=($!)
+run_jobs "$OUT/logs/gpu-shipped.log" --device cuda --gpu-gemm fp32 -t 1 -- "as-shipped:$GPU_SHIPPED" &
+pids+=($!)
+for ((i = 0; i < NCPU; ++i)); do
+  # shellcheck disable=SC2086  # the jobs are words
+  run_jobs "$OUT/logs/cpu-$i.log" -t 2 -- ${jobs[i]} &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+"$KVQ" referee "${S[@]}" --protocols common,as-shipped --methods "$METHODS" --report-only > "$OUT/logs/report.log" 2>&1 ||
+  rc=1
+exit $rc
