@@ -68,6 +68,25 @@ constexpr int kBf16Row = layout::bf16_row_bytes(kD);        // 256
 template <bool Q>
 constexpr int row_bytes = Q ? kInt2Row : kBf16Row;
 
+// bf16 rows of the quantized region (the bf16 / bf16 instance) go through shared memory: each warp keeps a ring of
+// kStages tiles, filled by 16-byte cp.async, so kStages - 1 tiles are in flight while it computes one, and read by
+// ldmatrix. A side (K or V) of a tile is 16 rows of 256 bytes; 16-byte chunk c of row r sits at chunk c ^ (r % 8), so
+// the 8 rows of every ldmatrix matrix hit 8 different bank groups.
+constexpr int kStages = 3;
+constexpr int kTileSide = kTile * kBf16Row;  // 4096
+constexpr int kStageBytes = 2 * kTileSide;   // K, then V
+constexpr int kWarpRing = kStages * kStageBytes;
+template <bool KQ, bool VQ>
+constexpr int ring_bytes = !KQ && !VQ ? kWarps * kWarpRing : 0;  // the instance's dynamic shared memory
+
+__device__ __forceinline__ int swizzled(int row, int chunk) { return row * kBf16Row + ((chunk ^ (row & 7)) << 4); }
+
+// A staged tile: its K and V sides in the warp's ring.
+struct StagedTile {
+  const uint8_t* k;
+  const uint8_t* v;
+};
+
 // What a lane reads of one tile's int2 rows, loaded one tile ahead of its use. Lane (gid, tid) takes positions
 // ra = gid, rb = gid + 8 for the scores and r0, r1, r8, r9 = 2tid, 2tid + 1, 2tid + 8, 2tid + 9 for the values.
 // Every row of a tile lies in its page, so the rows past a partial last tile are read too (masked, or P' = 0).
@@ -207,6 +226,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   // masked) or full (std::false_type: nvalid = 16) is a compile-time choice, so full tiles carry no masking code.
   auto attend_tile = [&](auto partial_tag, int nvalid, const TileWords& w, auto krow, auto vrow) {
     constexpr bool partial = decltype(partial_tag)::value;
+    [[maybe_unused]] constexpr bool kStaged = std::is_same_v<std::decay_t<decltype(krow)>, StagedTile>;  // the ring
     [[maybe_unused]] const int nv = partial ? nvalid : kTile;  // rows in range
 
     // ---- scores of positions p0 + gid (c[0], c[1]) and p0 + gid + 8 (c[2], c[3]) for heads 2tid, 2tid + 1
@@ -230,6 +250,16 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       s[1] = sa * kTwo24 * (s[1] - za * qsum[1]);
       s[2] = sb * kTwo24 * (s[2] - zb * qsum[0]);
       s[3] = sb * kTwo24 * (s[3] - zb * qsum[1]);
+    } else if constexpr (kStaged) {
+      // bf16 rows from the ring (rows past nvalid are zero): matrix j = lane / 8 of the x4 load is rows
+      // 8 (j % 2) .. + 7 at dims 16kc + 8 (j / 2) .., the A fragment's a0 .. a3
+      const uint8_t* base = krow.k + (lane & 7) * kBf16Row + ((lane >> 3) & 1) * 8 * kBf16Row;
+#pragma unroll
+      for (int kc = 0; kc < kD / 16; ++kc) {
+        uint32_t af[4];
+        ldmatrix_x4(af, base + (((2 * kc + (lane >> 4)) ^ (lane & 7)) << 4));
+        mma_bf16(s, af, qb[kc]);
+      }
     } else {
       // bf16 rows: clamped to the last valid one (window rows past it may not exist)
       const uint16_t *rowa = krow(min(gid, nv - 1)), *rowb = krow(min(gid + 8, nv - 1));
@@ -326,6 +356,16 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
                                   codes_sub2(x89[2 * h], k), codes_sub2(x89[2 * h + 1], k)};
           mma_f16(acc[2 * k + h], af, pb_frag);
         }
+    } else if constexpr (kStaged) {
+      // V^T fragments by transposing loads: matrix j = lane / 8 is positions 8 (j / 2) .. + 7 at dims
+      // 16mt + 8 (j % 2) .. of the stored rows, i.e. a0 .. a3 of the m-tile's dims x the tile's positions
+      const uint8_t* base = vrow.v + (lane & 7) * kBf16Row + (lane >> 4) * 8 * kBf16Row;
+#pragma unroll
+      for (int mt = 0; mt < kD / 16; ++mt) {
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, base + (((2 * mt + ((lane >> 3) & 1)) ^ (lane & 7)) << 4));
+        mma_bf16(acc[mt], af, pb_frag);
+      }
     } else {
       const int r0 = min(2 * tid, nv - 1), r1 = min(2 * tid + 1, nv - 1);
       const int r8 = min(2 * tid + 8, nv - 1), r9 = min(2 * tid + 9, nv - 1);
@@ -356,6 +396,46 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       if (n - i0 >= kTile) attend_tile(std::false_type{}, kTile, TileWords{}, rows(0), rows(1));
       else attend_tile(std::true_type{}, n - i0, TileWords{}, rows(0), rows(1));
     }
+  } else if constexpr (!KQ && !VQ) {
+    // bf16 rows through the warp's ring: tiles t + 1 .. t + kStages - 1 are being copied while tile t is computed.
+    // Every iteration commits one group (empty past the range), so waiting for all but the kStages - 1 newest
+    // groups waits for tile t.
+    extern __shared__ __align__(16) uint8_t ring_smem[];
+    uint8_t* ring = ring_smem + warp * kWarpRing;
+    constexpr int kStride = kWarps * kTile;
+    const int pt = geo.page_tokens;
+    const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
+    const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;  // page 0's (layer, head)
+    auto stage_tile = [&](int p, int stage) {
+      if (p < hi) {
+        const int nv = min(kTile, hi - p), rel = p - geo.sink;
+        const uint8_t* kb = heads + int64_t(table[rel / pt]) * geo.page_bytes + (rel % pt) * kBf16Row;
+        const uint8_t* vb = kb + geo.k_region;
+        uint8_t* dst = ring + stage * kStageBytes;
+#pragma unroll
+        for (int i = 0; i < kTileSide / 16 / 32; ++i) {  // lane: chunk lane % 16 of rows 2i + lane / 16
+          const int r = 2 * i + (lane >> 4), c = lane & 15;
+          cp_async_16(dst + swizzled(r, c), kb + r * kBf16Row + 16 * c, r < nv);  // rows past the range: zeros
+          cp_async_16(dst + kTileSide + swizzled(r, c), vb + r * kBf16Row + 16 * c, r < nv);
+        }
+      }
+      cp_async_commit();
+    };
+    const int first = lo + warp * kTile;
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) stage_tile(first + i * kStride, i);
+    int stage = 0;
+    for (int p0 = first; p0 < hi; p0 += kStride) {
+      __syncwarp();  // every lane has read the stage that the next copy overwrites (tile t - 1's)
+      stage_tile(p0 + (kStages - 1) * kStride, stage == 0 ? kStages - 1 : stage - 1);
+      cp_async_wait<kStages - 1>();
+      __syncwarp();  // every lane's copies of tile t are visible to the warp
+      const StagedTile t{ring + stage * kStageBytes, ring + stage * kStageBytes + kTileSide};
+      if (hi - p0 >= kTile) attend_tile(std::false_type{}, kTile, TileWords{}, t, t);
+      else attend_tile(std::true_type{}, hi - p0, TileWords{}, t, t);
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
   } else {
     // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
     // tile after it), then computes the current tile from the words loaded one iteration earlier. The last iteration
@@ -440,10 +520,13 @@ bool attention_mma_supported(const CacheGeometry& g) {
 
 namespace {
 // The kernel instance of the cache's tensor-core instance row: KQ / VQ = keys / values are int2 rows of one
-// 128-value group, else bf16 rows (null for a CUDA-core row or no row).
-using MmaKernel = void (*)(CacheGeometry, AttentionLaunch);
+// 128-value group, else bf16 rows (fn null for a CUDA-core row or no row), and its dynamic shared memory.
+struct MmaKernel {
+  void (*fn)(CacheGeometry, AttentionLaunch) = nullptr;
+  int smem = 0;  // bytes: the warps' rings of staged bf16 tiles (bf16 / bf16), else 0
+};
 MmaKernel mma_kernel(const CacheGeometry& g) {
-  MmaKernel k = nullptr;
+  MmaKernel k;
   with_instance(g.instance, [&](auto row) {
     constexpr GpuInstance r = kGpuInstances[decltype(row)::value];
     if constexpr (r.path == GpuPath::kTensorCore) {
@@ -452,25 +535,34 @@ MmaKernel mma_kernel(const CacheGeometry& g) {
       static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || r.groups == kG128,
                     "the tensor-core kernel takes int2 rows of one 128-value group");
       static_assert(r.page_multiple % kTile == 0, "tensor-core tiles never cross a page");
-      k = quant_attention_mma_kernel<r.k == CodecId::kInt2, r.v == CodecId::kInt2>;
+      constexpr bool kq = r.k == CodecId::kInt2, vq = r.v == CodecId::kInt2;
+      k = {quant_attention_mma_kernel<kq, vq>, ring_bytes<kq, vq>};
     }
   });
   return k;
+}
+
+// Raises the instance's dynamic shared memory limit past the 48 KB default where it needs more (cheap; every launch
+// does it, as the prefill kernel's).
+int allow_smem(const MmaKernel& k) {
+  return k.smem > 0 ? cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem) : cudaSuccess;
 }
 }  // namespace
 
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
   const MmaKernel kernel = mma_kernel(g);
-  if (!kernel) return cudaErrorInvalidValue;  // not a tensor-core row
+  if (!kernel.fn) return cudaErrorInvalidValue;  // not a tensor-core row
+  if (const int e = allow_smem(kernel); e != cudaSuccess) return e;
   const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits + a.n_win));  // + the windows' blocks
-  kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
+  kernel.fn<<<grid, kWarps * 32, size_t(kernel.smem), static_cast<cudaStream_t>(stream)>>>(g, a);
   return cudaGetLastError();
 }
 
 int attention_mma_blocks_per_sm(const CacheGeometry& g, int* blocks) {
   const MmaKernel kernel = mma_kernel(g);
-  if (!kernel) return cudaErrorInvalidValue;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kWarps * 32, 0);
+  if (!kernel.fn) return cudaErrorInvalidValue;
+  if (const int e = allow_smem(kernel); e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel.fn, kWarps * 32, size_t(kernel.smem));
 }
 
 }  // namespace kvq::cuda
