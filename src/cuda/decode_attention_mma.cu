@@ -19,7 +19,9 @@
 // q and P' are rounded to f16 for int2 rows (relative 2^-11) and to bf16 for bf16 rows (as FlashAttention does), but
 // for the windows' rows to bf16 hi + lo pairs (see attend_block); products accumulate in f32. The int2 words of a
 // warp's next tile are loaded while it computes the current one (TileWords: a software pipeline in registers, so
-// each tile's DRAM latency hides behind the previous tile's math).
+// each tile's DRAM latency hides behind the previous tile's math). bf16 rows of the quantized region (the bf16 / bf16
+// instance) are copied into a per-warp ring of three tiles in shared memory instead, two tiles ahead, and ldmatrix
+// reads their fragments (StagedTile).
 // P' goes from the scores' C fragments to the value mma's B fragment by two movmatrix transposes, in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -435,7 +437,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       else attend_tile(std::true_type{}, hi - p0, TileWords{}, t, t);
       stage = stage + 1 == kStages ? 0 : stage + 1;
     }
-    cp_async_wait<0>();
+    cp_async_wait<0>();  // only empty groups are left; nothing lands after the block has gone
   } else {
     // Software pipeline: an iteration first issues the loads of the warp's next tile (and the page-table read of the
     // tile after it), then computes the current tile from the words loaded one iteration earlier. The last iteration
