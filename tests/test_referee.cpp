@@ -14,12 +14,12 @@
 #include <regex>
 #include <sstream>
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "calib/pnmix_file.h"
 #include "common/error.h"
 #include "eval/referee.h"
+#include "eval/referee_view.h"
 
 using namespace kvq;
 namespace fs = std::filesystem;
@@ -354,9 +354,7 @@ TEST(Referee, TinyRunWritesValidResultsHtmlAndResumesWithoutWork) {
   EXPECT_TRUE(referee_schema_errors(j4).empty());
   ASSERT_EQ(j4["runners"].size(), 2u);
   const std::string md4 = slurp(d.out / "report.md");
-  EXPECT_NE(md4.find(fmt::format("- evaluation passes ran on: cuda, test device: 1 run, {} ({})",
-                                 moved["method"]["label"].get<std::string>(),
-                                 moved["protocol"]["name"].get<std::string>())),
+  EXPECT_NE(md4.find("- evaluation passes ran on: cuda, test device: 1 run, " + run_label(moved) + "\n"),
             std::string::npos)
       << md4.substr(0, 2000);
   EXPECT_NE(md4.find(": 6 runs, "), std::string::npos);

@@ -371,9 +371,7 @@ std::string referee_markdown(const json& j) {
       if (runners.size() > 1) {
         std::vector<std::string> runs;
         for (const json& run : j["runs"])
-          if (run.value("runner", json("unknown")) == r)
-            runs.push_back(fmt::format("{} ({})", run["method"]["label"].get<std::string>(),
-                                       run["protocol"]["name"].get<std::string>()));
+          if (run.value("runner", json("unknown")) == r) runs.push_back(run_label(run));
         s += fmt::format(": {} run{}, {}", runs.size(), runs.size() == 1 ? "" : "s", fmt::join(runs, ", "));
       }
       s += "\n";
