@@ -6,10 +6,14 @@
 # all writing OUT/runs/ (a file per run). A last `--report-only` pools the records of both devices; report.md names
 # the device of every run. Runs resume, so the script can be called again until every run has its record.
 #   scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]      (KVQ=path/to/kvq, default build/kvq)
+# PART=gpu runs the GPU rows only, PART=cpu the CPU rows only (then the report): the two halves can run on different
+# machines, carrying OUT/runs between them. On the H200 machine the CPU rows ran about 2.5x slower per process than
+# on this project's 2-core AMD EPYC, so docs/referee-camps-8k.md ran PART=gpu there and PART=cpu CPU_PROCESSES=1 here.
 set -uo pipefail
 OUT=${1:?usage: scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]}
 CTX=${2:-8192}
 NCPU=${3:-7}
+PART=${PART:-all}
 KVQ=${KVQ:-build/kvq}
 S=(-m models/ref --calib-data data/calib/linux.txt --eval-data data/eval -o "$OUT" --ctx "$CTX" --windows 2
    --passkey-trials 1 --depths 0,0.5,1 --cache-windows 64/256 --no-leakage)
@@ -48,15 +52,19 @@ run_jobs() {  # LOG DEVICE-FLAGS... -- PROTO:METHOD...: one referee process per 
     "$KVQ" referee "${S[@]}" "${dev[@]}" --protocols "${job%%:*}" --methods "${job#*:}" || return 1
   done > "$log" 2>&1
 }
-run_jobs "$OUT/logs/gpu-common.log" --device cuda --gpu-gemm fp32 -t 1 -- "common:$GPU_COMMON" &
-pids+=($!)
-run_jobs "$OUT/logs/gpu-shipped.log" --device cuda --gpu-gemm fp32 -t 1 -- "as-shipped:$GPU_SHIPPED" &
-pids+=($!)
-for ((i = 0; i < NCPU; ++i)); do
-  # shellcheck disable=SC2086  # the jobs are words
-  run_jobs "$OUT/logs/cpu-$i.log" -t 2 -- ${jobs[i]} &
+if [ "$PART" != cpu ]; then
+  run_jobs "$OUT/logs/gpu-common.log" --device cuda --gpu-gemm fp32 -t 1 -- "common:$GPU_COMMON" &
   pids+=($!)
-done
+  run_jobs "$OUT/logs/gpu-shipped.log" --device cuda --gpu-gemm fp32 -t 1 -- "as-shipped:$GPU_SHIPPED" &
+  pids+=($!)
+fi
+if [ "$PART" != gpu ]; then
+  for ((i = 0; i < NCPU; ++i)); do
+    # shellcheck disable=SC2086  # the jobs are words
+    run_jobs "$OUT/logs/cpu-$i.log" -t 2 -- ${jobs[i]} &
+    pids+=($!)
+  done
+fi
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 "$KVQ" referee "${S[@]}" --protocols common,as-shipped --methods "$METHODS" --report-only > "$OUT/logs/report.log" 2>&1 ||
