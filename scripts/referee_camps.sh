@@ -7,8 +7,9 @@
 # the device of every run. Runs resume, so the script can be called again until every run has its record.
 #   scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]      (KVQ=path/to/kvq, default build/kvq)
 # PART=gpu runs the GPU rows only, PART=cpu the CPU rows only (then the report): the two halves can run on different
-# machines, carrying OUT/runs between them. On the H200 machine the CPU rows ran about 2.5x slower per process than
-# on this project's 2-core AMD EPYC, so docs/referee-camps-8k.md ran PART=gpu there and PART=cpu CPU_PROCESSES=1 here.
+# machines, carrying OUT/runs between them. On the H200 machine 7 CPU processes at once took about 14 min a row
+# (3-15 min one at a time on this project's 2-core AMD EPYC), so docs/referee-camps-8k.md ran the GPU rows there and
+# the CPU rows here.
 set -uo pipefail
 OUT=${1:?usage: scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]}
 CTX=${2:-8192}
