@@ -285,7 +285,7 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
 }
 
 int attention_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks) {
-  if (attention_mma_supported(g)) return attention_mma_blocks_per_sm(g, blocks);
+  if (attention_mma_supported(g)) return attention_mma_blocks_per_sm(g, n_heads, blocks);
   const CudaCoreKernel kernel = cuda_core_kernel(g, n_heads / g.n_kv);
   if (!kernel) return cudaErrorInvalidValue;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kWarps * 32, 0);

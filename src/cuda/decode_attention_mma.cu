@@ -5,23 +5,30 @@
 // softmax over the whole view.
 //
 // Grid (row, kv head, n_splits + n_win); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
-// start at S0 + k·split_tokens and pages hold a multiple of 16 rows). mma.sync m16n8k16 with the GQA group on the
-// N side (g <= 8 query heads, padded with zero queries to 8), so nothing is padded to 64 rows:
-//   scores   S[pos][h] = Σ_d K[pos][d] · Q[d][h]       A = 16 positions x 16 dims of codes, B = 16 dims x 8 heads
+// start at S0 + k·split_tokens and pages hold a multiple of 16 rows). mma.sync with the GQA group on the N side
+// (g <= 8 query heads, padded with zero queries), so nothing is padded to 64 rows:
+//   scores   S[pos][h] = Σ_d K[pos][d] · Q[d][h]       A = 16 positions x dims of codes, B = dims x heads
 //   values   O^T[d][h] += Σ_pos V^T[d][pos] · P'[pos][h]  A = 16 dims x 16 positions of codes, B = the tile's P'
-// int2 codes become f16 exactly in one LOP3 per pair: a code field masked in place is the f16 subnormal c·4^k·2^-24
-// (codes_sub2; tensor cores take f16 subnormals at full precision and every product is exact in f32). A lane reads
-// whole 32-bit code words of each row and the fragments take the dims those words hold: keys in an order that the
-// query B fragments share, values in an order that the write-back undoes. The factor 4^k·2^-24 of field k leaves
-// the inner loop with scale and zero:
-//   s = scale_k · 2^24 · (Σ code·4^k·2^-24 · q·4^-k − zero_k · Σ q · 2^-24)   (the key mma of field k takes q·4^-k)
+// Column n of the B operands is head n / 2 + 4 (n % 2), so a lane's C columns 2tid, 2tid + 1 are heads tid and
+// tid + 4 (its head slots): for g <= 4 (HS = 1) a lane's second slot is padding that the softmax skips.
+// int2 keys, g <= 4: m16n8k32 on u8 codes x s8 queries, exact in integers. A key code word masked to field f in place
+// holds the u8 values c·4^f (one LOP3 per four codes), so each field has an mma of its own, summed as
+// Σ_f 4^(3-f) acc_f; q·log2(e) is split into two s8 terms, q ≈ step · (hi + lo/128) with step = max|q| / 127 (about
+// 15 significant bits of the largest element), in the two columns of each head:
+//   s = scale_k · (step · 2^-13 · (128 · S_hi + S_lo) − zero_k · Σ q),  S_x = 64 Σ_d code_d · x_d
+// int2 values (and int2 keys for g > 4) become f16 exactly in one LOP3 per pair: a code field masked in place is the
+// f16 subnormal c·4^k·2^-24 (codes_sub2; tensor cores take f16 subnormals at full precision and every product is
+// exact in f32), in m16n8k16 mma whose field factor 4^k·2^-24 leaves the inner loop with scale and zero (keys take
+// q·4^-k rounded to f16):
+//   s = scale_k · (2^24 · Σ code·4^k·2^-24 · q·4^-k − zero_k · Σ q)                  (key k-steps of field k)
 //   O = 2^24·4^-k · Σ_pos P'·code·4^k·2^-24 − Σ_pos P'·zero_v,  P' = p · scale_v    (value m-tiles of field k)
-// q and P' are rounded to f16 for int2 rows (relative 2^-11) and to bf16 for bf16 rows (as FlashAttention does), but
-// for the windows' rows to bf16 hi + lo pairs (see attend_block); products accumulate in f32. The int2 words of a
-// warp's next tile are loaded while it computes the current one (TileWords: a software pipeline in registers, so
-// each tile's DRAM latency hides behind the previous tile's math). bf16 rows of the quantized region (the bf16 / bf16
-// instance) are copied into a per-warp ring of three tiles in shared memory instead, two tiles ahead, and ldmatrix
-// reads their fragments (StagedTile).
+// A lane reads whole 32-bit code words of each row and the fragments take the dims those words hold: keys in an order
+// that the query B fragments share, values in an order that the write-back undoes. P' is rounded to f16 for int2
+// rows (relative 2^-11), q and P' to bf16 for bf16 rows (as FlashAttention does), but for the windows' rows to bf16
+// hi + lo pairs (see attend_block); products accumulate in f32. The int2 words of a warp's next tile are loaded while
+// it computes the current one (TileWords: a software pipeline in registers, so each tile's DRAM latency hides behind
+// the previous tile's math). bf16 rows of the quantized region (the bf16 / bf16 instance) are copied into a per-warp
+// ring of three tiles in shared memory instead, two tiles ahead, and ldmatrix reads their fragments (StagedTile).
 // P' goes from the scores' C fragments to the value mma's B fragment by two movmatrix transposes, in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,7 +44,7 @@ namespace kvq::cuda {
 
 namespace {
 
-using namespace tc;  // mma, pack2, round16, exp2_ftz, codes_sub2, kLog2e, kLn2, kTwo24, params_scale / params_zero
+using namespace tc;  // mma, mma_u8s8, pack2, round16, exp2_ftz, codes_sub2, kLog2e, kLn2, kTwo24, params_*
 
 constexpr int kD = kHeadDim;
 constexpr int kWarps = 4;
@@ -152,10 +159,15 @@ struct BlockShared {
   float m[kWarps][kMaxGroupHeads], l[kWarps][kMaxGroupHeads];  // running max and sum
 };
 
+// The dim of byte b (0 .. 3), field f (bits 2f, 2f + 1) of int2 code word w (0 .. 7) of a 128-value row
+// (layout.h: byte j of 8-byte unit u holds values 32u + j + 8f).
+__device__ __forceinline__ int int2_code_dim(int w, int b, int f) { return 32 * (w / 2) + 4 * (w % 2) + b + 8 * f; }
+
 // One block (row, kv head, z). WIN = false: split z of the quantized region, KQ / VQ: keys / values are int2 rows of
 // one 128-value group (else bf16 rows). WIN = true (KQ = VQ = false; z >= n_splits): window block z - n_splits of the
-// bf16 sink and recent rows of the view. Both write the partial of slot z.
-template <bool KQ, bool VQ, bool WIN>
+// bf16 sink and recent rows of the view. Both write the partial of slot z. HS: head slots per lane, 1 for GQA groups
+// g <= 4, 2 for g <= 8; slot j of lane (gid, tid) is head tid + 4j.
+template <bool KQ, bool VQ, bool WIN, int HS>
 __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const AttentionLaunch& a, BlockShared& sh) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -165,60 +177,105 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   const int lo = geo.sink + split * a.split_tokens, hi = min(qe, lo + a.split_tokens);
   const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
 
-  // B fragments of the queries, head gid (zero for heads >= g), k-step kc, slots {2tid, 2tid+1} and {2tid+8, 2tid+9}
-  // in the dim order of the key A fragments: bf16 keys take dims 16kc + those slots; int2 keys take k-step
-  // kc = 4wi + k from code word tid + 4wi of each row (values 8k .. 8k + 7 of units 2wi, 2wi + 1), slots 2tid, 2tid+1,
-  // 2tid+8, 2tid+9 = the field-k codes of its bytes 0, 2, 1, 3 (a score is a sum over all d, in any order), and
-  // q·4^-k to cancel the field's 4^k (exact: a power of two). Scores are kept in base 2: q carries log2(e).
-  // The windows are the cache's exact part: there q and P' also carry their bf16 rounding error as a second bf16 term
-  // (hi + lo, 16 significant bits; one more mma each), as close to f32 as the CUDA-core path they replace.
+  // B fragments of the queries (zero for heads >= g). Column n of the key mma is head n / 2 + 4 (n % 2), so the C
+  // fragment's columns 2tid, 2tid + 1 are the lane's slots 0, 1 (heads tid, tid + 4), and the value mma's B columns
+  // (P' transposed) the same heads. Scores are kept in base 2: q carries log2(e).
+  // bf16 keys: k-step kc takes dims 16kc + {2tid, 2tid+1} (b0) and + 8 (b1). The windows are the cache's exact part:
+  // there q and P' also carry their bf16 rounding error as a second bf16 term (hi + lo, 16 significant bits; one more
+  // mma each), as close to f32 as the CUDA-core path they replace.
+  // int2 keys with one head slot (g <= 4) take u8 x s8 mma (m16n8k32, kI8): A is a code word masked to one field in
+  // place (bytes c·4^f), so field f has an mma of its own; column n is head n / 2, its integer q term hi (n even) or
+  // lo (n odd): q ≈ step · (hi + lo / 128), hi = round(q / step) with step = max|q| / 127, lo the rounded rest
+  // (|lo| <= 64). Its k index 4tid + i (b0) is byte i of code word tid, 16 + 4tid + i (b1) byte i of word tid + 4
+  // (int2_code_dim). With two head slots, an m16n8k16 f16 mma per field takes the codes as f16 subnormals c·4^f·2^-24
+  // (codes_sub2, one LOP3 per pair) and q·4^-f rounded to f16: k-step kc = 4r + f takes code word tid + 4r of each
+  // row, slots 2tid, 2tid + 1, 2tid + 8, 2tid + 9 = its bytes 0, 2, 1, 3. (The u8 path for two slots, one n-tile
+  // each, was 18% slower at g = 8 on the H200: 8 mma per tile, and no room in 128 registers for the loop unrolled
+  // by 2.)
+  constexpr bool kI8 = KQ && HS == 1;
   const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * kD;
-  uint32_t qb[kD / 16][2], qlo[WIN ? kD / 16 : 1][2];
+  [[maybe_unused]] uint32_t qb[kI8 ? 1 : kD / 16][2], qlo[WIN ? kD / 16 : 1][2];
+  [[maybe_unused]] uint32_t qk[4][2];  // kI8: [field][b0, b1]
+  // int2 keys: the score of a row (scale s, zero z) is s · (kstep · S − z · ksum[j]) for slot j, S the integer sum of
+  // the u8 path (kstep = step · 2^-13), or s · (2^24 S − z · ksum[j]) for the f16 path's sum S; ksum = Σ q
+  [[maybe_unused]] float kstep = 0.f, ksum[HS];
+  if constexpr (kI8) {
+    const int h = gid / 2;
+    // q·log2(e) of head h at field f of code byte i of word tid + 4r (read twice: for the range, then the terms)
+    auto qv = [&](int f, int r, int i) {
+      return h < g ? q[int64_t(h) * kD + int2_code_dim(tid + 4 * r, i, f)] * kLog2e : 0.f;
+    };
+    float amax = 0.f, sum = 0.f;
 #pragma unroll
-  for (int kc = 0; kc < kD / 16; ++kc) {
-    int d[4];
+    for (int f = 0; f < 4; ++f)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(qv(f, r, i))), sum += qv(f, r, i);
+    // the quad (lanes 4gid .. 4gid + 3) holds all 128 dims of head h
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float step = amax > 0.f ? amax / 127.f : 1.f, inv = 1.f / step;
+#pragma unroll
+    for (int f = 0; f < 4; ++f)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float x = qv(f, r, i), qh = rintf(x * inv);
+          const int term = gid % 2 == 0 ? int(qh) : __float2int_rn((x - qh * step) * (128.f * inv));
+          word |= (uint32_t(term) & 0xffu) << (8 * i);
+        }
+        qk[f][r] = word;
+      }
+    // this lane's slot is head tid, whose terms quad 2tid holds
+    kstep = __shfl_sync(0xffffffffu, step, 8 * tid) * (1.f / 8192.f);
+    ksum[0] = __shfl_sync(0xffffffffu, sum, 8 * tid);
+  } else {
+    const int h = gid / 2 + 4 * (gid % 2);
+    float sum = 0.f;  // int2 keys: Σ of this lane's q terms, unscaled (the quad holds all 128 dims of head h)
+#pragma unroll
+    for (int kc = 0; kc < kD / 16; ++kc) {
+      int d[4];
+      if constexpr (KQ) {
+        const int w = tid + 4 * (kc / 4), f = kc % 4;
+        d[0] = int2_code_dim(w, 0, f), d[1] = int2_code_dim(w, 2, f);
+        d[2] = int2_code_dim(w, 1, f), d[3] = int2_code_dim(w, 3, f);
+      } else {
+        const int base = 16 * kc + 2 * tid;
+        d[0] = base, d[1] = base + 1, d[2] = base + 8, d[3] = base + 9;
+      }
+      const float field = KQ ? 1.f / float(1 << (2 * (kc % 4))) : 1.f;  // exact: a power of two
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
+      if (h < g)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = q[int64_t(h) * kD + d[i]] * kLog2e * field;
+      qb[kc][0] = pack2<KQ>(v[0], v[1]);
+      qb[kc][1] = pack2<KQ>(v[2], v[3]);
+      if constexpr (KQ)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sum += round16<true>(v[i]) / field;
+      if constexpr (WIN) {
+        qlo[kc][0] = pack2<false>(v[0] - round16<false>(v[0]), v[1] - round16<false>(v[1]));
+        qlo[kc][1] = pack2<false>(v[2] - round16<false>(v[2]), v[3] - round16<false>(v[3]));
+      }
+    }
     if constexpr (KQ) {
-      const int base = 32 * (2 * (kc / 4) + tid / 2) + 4 * (tid % 2) + 8 * (kc % 4);
-      d[0] = base, d[1] = base + 2, d[2] = base + 1, d[3] = base + 3;
-    } else {
-      const int base = 16 * kc + 2 * tid;
-      d[0] = base, d[1] = base + 1, d[2] = base + 8, d[3] = base + 9;
-    }
-    const float field = (KQ ? 1.f / float(1 << (2 * (kc % 4))) : 1.f) * kLog2e;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (gid < g)
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = q[int64_t(gid) * kD + d[i]] * field;
-    qb[kc][0] = pack2<KQ>(v[0], v[1]);
-    qb[kc][1] = pack2<KQ>(v[2], v[3]);
-    if constexpr (WIN) {
-      qlo[kc][0] = pack2<false>(v[0] - round16<false>(v[0]), v[1] - round16<false>(v[1]));
-      qlo[kc][1] = pack2<false>(v[2] - round16<false>(v[2]), v[3] - round16<false>(v[3]));
+      for (int j = 0; j < HS; ++j) ksum[j] = __shfl_sync(0xffffffffu, sum, 4 * (2 * tid + j));  // head tid + 4j
     }
   }
-  float qpart = 0.f;  // Σ of this lane's rounded q·log2(e) of head gid (dims 16kc + {2tid, 2tid+1, 2tid+8, 2tid+9})
-#pragma unroll
-  for (int kc = 0; kc < kD / 16; ++kc) {
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (gid < g) {
-      const float* qh = q + int64_t(gid) * kD + 16 * kc + 2 * tid;
-      v[0] = qh[0] * kLog2e, v[1] = qh[1] * kLog2e, v[2] = qh[8] * kLog2e, v[3] = qh[9] * kLog2e;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) qpart += round16<KQ>(v[i]);
-  }
-  qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
-  qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);  // Σ q of head gid in every lane of quad gid
-  // Σ q of heads 2tid, 2tid + 1, times 2^-24 for int2 keys (the scale of the codes in the mma)
-  const float qs = KQ ? 1.f / kTwo24 : 1.f;
-  const float qsum[2] = {qs * __shfl_sync(0xffffffffu, qpart, 4 * (2 * tid)),
-                         qs * __shfl_sync(0xffffffffu, qpart, 4 * (2 * tid + 1))};
 
-  // State of heads 2tid, 2tid + 1 (entries >= g are padding and are dropped at the end); l and zsum are this lane's
-  // share (its positions), summed over the quad column at the end.
+  // State of slots j < HS, heads tid + 4j (heads >= g are padding and are dropped at the end); l and zsum are this
+  // lane's share (its positions), summed over the quad column at the end.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, zsum[2] = {0.f, 0.f};
-  // O^T in the C layout: [m-tile][(row gid, 2tid), (gid, 2tid+1), (gid+8, 2tid), (gid+8, 2tid+1)]; row r of m-tile mt
-  // is dim 16mt + r for bf16 values, int2_value_dim for int2 values
+  // O^T in the C layout: [m-tile][(row gid, slot 0), (gid, slot 1), (gid+8, slot 0), (gid+8, slot 1)]; row r of
+  // m-tile mt is dim 16mt + r for bf16 values, int2_value_dim for int2 values. With HS = 1, slot 1 stays zero.
   float acc[kD / 16][4];
 #pragma unroll
   for (int mt = 0; mt < kD / 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
@@ -231,27 +288,48 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     [[maybe_unused]] constexpr bool kStaged = std::is_same_v<std::decay_t<decltype(krow)>, StagedTile>;  // the ring
     [[maybe_unused]] const int nv = partial ? nvalid : kTile;  // rows in range
 
-    // ---- scores of positions p0 + gid (c[0], c[1]) and p0 + gid + 8 (c[2], c[3]) for heads 2tid, 2tid + 1
+    // ---- scores of positions p0 + gid (s[j]) and p0 + gid + 8 (s[2 + j]) for slots j < HS
     float s[4] = {0.f, 0.f, 0.f, 0.f};
-    if constexpr (KQ) {
-      // k-step 4wi + k: A = field k of code word tid + 4wi of rows ra, rb; bytes 0, 2 (slots 2tid, 2tid + 1) and,
+    if constexpr (kI8) {
+      // field f of code words tid, tid + 4 of rows ra, rb in place: u8 c·4^f. One mma per field from zero;
+      // Σ_f 4^(3-f) acc_f = 64 Σ code·q_term in each column, and the hi and lo columns (c0, c1 / c2, c3) give
+      // S = 128 · hi + lo, exact in 32 bits (|S| < 2^29).
+      uint32_t af[4][4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const uint32_t mask = 0x03030303u << (2 * f);
+        af[f][0] = w.kw[0][0] & mask, af[f][1] = w.kw[1][0] & mask;
+        af[f][2] = w.kw[0][1] & mask, af[f][3] = w.kw[1][1] & mask;
+      }
+      const float sa = params_scale(w.kp[0]), za = params_zero(w.kp[0]);
+      const float sb = params_scale(w.kp[1]), zb = params_zero(w.kp[1]);
+      int c[4][4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) mma_u8s8(c[f], af[f], qk[f]);
+      int t[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) t[r] = 4 * (4 * (4 * c[0][r] + c[1][r]) + c[2][r]) + c[3][r];
+      s[0] = sa * (kstep * float(128 * t[0] + t[1]) - za * ksum[0]);
+      s[2] = sb * (kstep * float(128 * t[2] + t[3]) - zb * ksum[0]);
+    } else if constexpr (KQ) {
+      // k-step 4r + f: A = field f of code word tid + 4r of rows ra, rb; bytes 0, 2 (slots 2tid, 2tid + 1) and,
       // shifted down by 8, bytes 1, 3 (slots 2tid + 8, 2tid + 9)
 #pragma unroll
-      for (int wi = 0; wi < 2; ++wi) {
-        const uint32_t wa = w.kw[0][wi], wb = w.kw[1][wi];
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t wa = w.kw[0][r], wb = w.kw[1][r];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t af[4] = {codes_sub2(wa, k), codes_sub2(wb, k), codes_sub2(wa >> 8, k),
-                                  codes_sub2(wb >> 8, k)};
-          mma_f16(s, af, qb[4 * wi + k]);
+        for (int f = 0; f < 4; ++f) {
+          const uint32_t af[4] = {codes_sub2(wa, f), codes_sub2(wb, f), codes_sub2(wa >> 8, f), codes_sub2(wb >> 8, f)};
+          mma_f16(s, af, qb[4 * r + f]);
         }
       }
       const float sa = params_scale(w.kp[0]), za = params_zero(w.kp[0]);
       const float sb = params_scale(w.kp[1]), zb = params_zero(w.kp[1]);
-      s[0] = sa * kTwo24 * (s[0] - za * qsum[0]);
-      s[1] = sa * kTwo24 * (s[1] - za * qsum[1]);
-      s[2] = sb * kTwo24 * (s[2] - zb * qsum[0]);
-      s[3] = sb * kTwo24 * (s[3] - zb * qsum[1]);
+#pragma unroll
+      for (int j = 0; j < HS; ++j) {
+        s[j] = sa * (kTwo24 * s[j] - za * ksum[j]);
+        s[2 + j] = sb * (kTwo24 * s[2 + j] - zb * ksum[j]);
+      }
     } else if constexpr (kStaged) {
       // bf16 rows from the ring (rows past nvalid are zero): matrix j = lane / 8 of the x4 load is rows
       // 8 (j % 2) .. + 7 at dims 16kc + 8 (j / 2) .., the A fragment's a0 .. a3
@@ -285,10 +363,12 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     // reduction and the rescale. The result is the same softmax (any m works in exact arithmetic). Position 0 of a
     // tile is always valid, so the first tile raises m from -inf to a finite value.
     constexpr float kLazyMax = 1.f;  // log2(2)
-    const bool raise = fmaxf(s[0], s[2]) > m[0] || fmaxf(s[1], s[3]) > m[1];
+    bool raise = false;
+#pragma unroll
+    for (int j = 0; j < HS; ++j) raise = raise || fmaxf(s[j], s[2 + j]) > m[j];
     if (__any_sync(0xffffffffu, raise)) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < HS; ++j) {
         const float m_new = fmaxf(m[j], col_max(fmaxf(s[j], s[2 + j])) + kLazyMax);
         const float corr = exp2_ftz(m[j] - m_new);
         m[j] = m_new, l[j] *= corr, zsum[j] *= corr;
@@ -296,9 +376,9 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
         for (int mt = 0; mt < kD / 16; ++mt) acc[mt][j] *= corr, acc[mt][2 + j] *= corr;
       }
     }
-    float pw[4];
+    float pw[4] = {0.f, 0.f, 0.f, 0.f};  // with HS = 1, slot 1 (padding) keeps p = 0
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < HS; ++j) {
       pw[j] = exp2_ftz(s[j] - m[j]);
       pw[2 + j] = exp2_ftz(s[2 + j] - m[j]);
       l[j] += pw[j] + pw[2 + j];
@@ -306,7 +386,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
 
     // ---- P' = p · scale_v (the B operand of the value mma; p <= 1, so P' <= scale_v stays inside f16), and the
     // zero term.
-    uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid
+    uint32_t pb_frag[2];  // positions {2tid, 2tid+1} and {2tid+8, 2tid+9}, head gid / 2 + 4 (gid % 2)
     [[maybe_unused]] uint32_t pb_lo[2] = {};  // windows: the rounding error of pb_frag
     {
       [[maybe_unused]] float wa = 1.f, wb = 1.f, za = 0.f, zb = 0.f;
@@ -318,12 +398,12 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
           if (gid + 8 >= nv) wb = zb = 0.f;
         }
       }
-      // P' of (gid, 2tid), (gid, 2tid + 1), (gid + 8, 2tid), (gid + 8, 2tid + 1). The mma takes it rounded to f16;
+      // P' of (gid, slot 0), (gid, slot 1), (gid + 8, slot 0), (gid + 8, slot 1). The mma takes it rounded to f16;
       // the zero term takes it unrounded (the difference, 2^-12 of P' · zero, is below the f16 rounding of P' that
       // the code term already carries). bf16 rows: rounded here, as the windows' lo term is the rest.
-      float x[4];
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < HS; ++j) {
         if constexpr (VQ) {
           x[j] = pw[j] * wa, x[2 + j] = pw[2 + j] * wb;
           zsum[j] += x[j] * za + x[2 + j] * zb;
@@ -468,7 +548,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       advance(qi, qj);
     }
     // Unrolled by 2 for int2 values (the copies of cur / at0 / at1 become register renaming); the other instances
-    // would exceed 128 registers (nvcc 13: 132 and 136) and lose a block per SM.
+    // would exceed 128 registers (nvcc 13: 132 and 136) and lose a block per SM (__launch_bounds__ asks for 4).
     constexpr int kUnroll = VQ ? 2 : 1;
 #pragma unroll kUnroll
     for (; p0 < hi; p0 += kStride) {
@@ -487,10 +567,10 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
 
   // ---- this warp's state to shared memory (zero term subtracted), then the block's merge into the split's slot
 #pragma unroll
-  for (int j = 0; j < 2; ++j) zsum[j] = col_sum(zsum[j]), l[j] = col_sum(l[j]);
+  for (int j = 0; j < HS; ++j) zsum[j] = col_sum(zsum[j]), l[j] = col_sum(l[j]);
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int h = 2 * tid + j;
+  for (int j = 0; j < HS; ++j) {
+    const int h = tid + 4 * j;
     if (h >= g) continue;
     if (gid == 0) sh.m[warp][h] = m[j] * kLn2, sh.l[warp][h] = l[j];  // m in base e for the merge
 #pragma unroll
@@ -506,12 +586,12 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
 }
 
 // Grid (row, kv head, n_splits + n_win): blocks z < n_splits take the splits of the quantized region, blocks
-// z >= n_splits the windows, so one launch covers the whole view.
-template <bool KQ, bool VQ>
-__global__ void __launch_bounds__(kWarps * 32) quant_attention_mma_kernel(CacheGeometry geo, AttentionLaunch a) {
+// z >= n_splits the windows, so one launch covers the whole view. HS: head slots per lane (1: g <= 4, 2: g <= 8).
+template <bool KQ, bool VQ, int HS>
+__global__ void __launch_bounds__(kWarps * 32, 4) quant_attention_mma_kernel(CacheGeometry geo, AttentionLaunch a) {
   __shared__ BlockShared sh;
-  if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true>(geo, a, sh);
-  else attend_block<KQ, VQ, false>(geo, a, sh);
+  if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS>(geo, a, sh);
+  else attend_block<KQ, VQ, false, HS>(geo, a, sh);
 }
 
 }  // namespace
@@ -521,13 +601,14 @@ bool attention_mma_supported(const CacheGeometry& g) {
 }
 
 namespace {
-// The kernel instance of the cache's tensor-core instance row: KQ / VQ = keys / values are int2 rows of one
-// 128-value group, else bf16 rows (fn null for a CUDA-core row or no row), and its dynamic shared memory.
+// The kernel instance of the cache's tensor-core instance row and GQA group g: KQ / VQ = keys / values are int2 rows
+// of one 128-value group, else bf16 rows, HS = 1 head slot per lane for g <= 4, else 2 (fn null for a CUDA-core row
+// or no row), and its dynamic shared memory.
 struct MmaKernel {
   void (*fn)(CacheGeometry, AttentionLaunch) = nullptr;
   int smem = 0;  // bytes: the warps' rings of staged bf16 tiles (bf16 / bf16), else 0
 };
-MmaKernel mma_kernel(const CacheGeometry& g) {
+MmaKernel mma_kernel(const CacheGeometry& g, int group) {
   MmaKernel k;
   with_instance(g.instance, [&](auto row) {
     constexpr GpuInstance r = kGpuInstances[decltype(row)::value];
@@ -538,7 +619,8 @@ MmaKernel mma_kernel(const CacheGeometry& g) {
                     "the tensor-core kernel takes int2 rows of one 128-value group");
       static_assert(r.page_multiple % kTile == 0, "tensor-core tiles never cross a page");
       constexpr bool kq = r.k == CodecId::kInt2, vq = r.v == CodecId::kInt2;
-      k = {quant_attention_mma_kernel<kq, vq>, ring_bytes<kq, vq>};
+      k = {group <= 4 ? quant_attention_mma_kernel<kq, vq, 1> : quant_attention_mma_kernel<kq, vq, 2>,
+           ring_bytes<kq, vq>};
     }
   });
   return k;
@@ -552,7 +634,7 @@ int allow_smem(const MmaKernel& k) {
 }  // namespace
 
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
-  const MmaKernel kernel = mma_kernel(g);
+  const MmaKernel kernel = mma_kernel(g, a.n_heads / g.n_kv);
   if (!kernel.fn) return cudaErrorInvalidValue;  // not a tensor-core row
   if (const int e = allow_smem(kernel); e != cudaSuccess) return e;
   const dim3 grid(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits + a.n_win));  // + the windows' blocks
@@ -560,8 +642,8 @@ int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void*
   return cudaGetLastError();
 }
 
-int attention_mma_blocks_per_sm(const CacheGeometry& g, int* blocks) {
-  const MmaKernel kernel = mma_kernel(g);
+int attention_mma_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks) {
+  const MmaKernel kernel = mma_kernel(g, n_heads / g.n_kv);
   if (!kernel.fn) return cudaErrorInvalidValue;
   if (const int e = allow_smem(kernel); e != cudaSuccess) return e;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel.fn, kWarps * 32, size_t(kernel.smem));

@@ -137,8 +137,8 @@ int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, cons
 // (n_slots = n_splits + n_win).
 bool attention_mma_supported(const CacheGeometry& g);
 int launch_attention_mma(const CacheGeometry& g, const AttentionLaunch& a, void* stream);
-// *blocks = how many blocks of the tensor-core kernel for g one SM holds at once.
-int attention_mma_blocks_per_sm(const CacheGeometry& g, int* blocks);
+// *blocks = how many blocks of the tensor-core kernel for g and n_heads query heads one SM holds at once.
+int attention_mma_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks);
 // The prefill kernel (prefill_attention.cu): FlashAttention-2 tiles of a chunk's queries x key / value tiles of its
 // decode-faithful views, on tensor cores, for the caches of a tensor-core instance row (gpu_prefill_kernel in
 // gpu_instances.h). Grid (tile, kv head, KV split of split_tokens positions, a multiple of kPrefillKeys): every

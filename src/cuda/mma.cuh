@@ -5,6 +5,10 @@
 //   A (16 x 16, row-major)  a0: row gid, cols 2tid, 2tid+1   a1: row gid+8, same cols   a2 / a3: cols + 8
 //   B (16 x 8,  "col")      b0: rows (k) 2tid, 2tid+1, col gid   b1: rows 2tid+8, 2tid+9
 //   C (16 x 8,  f32)        c0, c1: row gid, cols 2tid, 2tid+1   c2, c3: row gid+8
+// and mma.sync m16n8k32 on 8-bit operands (u8 A, s8 B, four to a register, byte i first), with s32 accumulation:
+//   A (16 x 32, row-major)  a0: row gid, cols 4tid .. 4tid+3   a1: row gid+8, same cols   a2 / a3: cols + 16
+//   B (32 x 8,  "col")      b0: rows (k) 4tid .. 4tid+3, col gid   b1: rows + 16
+//   C (16 x 8,  s32)        as above
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +28,13 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// c = A · B on u8 x s8 operands (exact integer products and sums), from zero.
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
 }
 // The mma of the operand type: f16 (F16) or bf16.
 template <bool F16>
