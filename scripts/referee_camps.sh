@@ -7,7 +7,8 @@
 # the device of every run. Runs resume, so the script can be called again until every run has its record.
 #   scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]      (KVQ=path/to/kvq, default build/kvq)
 # PART=gpu runs the GPU rows only, PART=cpu the CPU rows only (then the report): the two halves can run on different
-# machines, carrying OUT/runs between them. On the H200 machine 7 CPU processes at once took about 14 min a row
+# machines, carrying OUT/runs between them. WINDOWS is --cache-windows (default 64/256; e.g. 16/64,0/0) and PROTOCOLS
+# the protocols run (default common,as-shipped). On the H200 machine 7 CPU processes at once took about 14 min a row
 # (3-15 min one at a time on this project's 2-core AMD EPYC), so docs/referee-camps-8k.md ran the GPU rows there and
 # the CPU rows here.
 set -uo pipefail
@@ -15,9 +16,11 @@ OUT=${1:?usage: scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]}
 CTX=${2:-8192}
 NCPU=${3:-7}
 PART=${PART:-all}
+WINDOWS=${WINDOWS:-64/256}
+PROTOCOLS=${PROTOCOLS:-common,as-shipped}
 KVQ=${KVQ:-build/kvq}
 S=(-m models/ref --calib-data data/calib/linux.txt --eval-data data/eval -o "$OUT" --ctx "$CTX" --windows 2
-   --passkey-trials 1 --depths 0,0.5,1 --cache-windows 64/256 --no-leakage)
+   --passkey-trials 1 --depths 0,0.5,1 --cache-windows "$WINDOWS" --no-leakage)
 
 # Every row of the report, in its order; the two lists below split them between the devices.
 METHODS="bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4"
@@ -37,6 +40,7 @@ declare -a load jobs
 for ((i = 0; i < NCPU; ++i)); do load[i]=0; jobs[i]=""; done
 for row in $CPU_ROWS; do
   IFS=: read -r proto method secs <<< "$row"
+  [[ ",$PROTOCOLS," == *",$proto,"* ]] || continue
   best=0
   for ((i = 1; i < NCPU; ++i)); do ((load[i] < load[best])) && best=$i; done
   load[best]=$((load[best] + secs))
@@ -54,10 +58,12 @@ run_jobs() {  # LOG DEVICE-FLAGS... -- PROTO:METHOD...: one referee process per 
   done > "$log" 2>&1
 }
 if [ "$PART" != cpu ]; then
-  run_jobs "$OUT/logs/gpu-common.log" --device cuda --gpu-gemm fp32 -t 1 -- "common:$GPU_COMMON" &
-  pids+=($!)
-  run_jobs "$OUT/logs/gpu-shipped.log" --device cuda --gpu-gemm fp32 -t 1 -- "as-shipped:$GPU_SHIPPED" &
-  pids+=($!)
+  for proto in common as-shipped; do
+    [[ ",$PROTOCOLS," == *",$proto,"* ]] || continue
+    rows=$GPU_COMMON; [ $proto = common ] || rows=$GPU_SHIPPED
+    run_jobs "$OUT/logs/gpu-$proto.log" --device cuda --gpu-gemm fp32 -t 1 -- "$proto:$rows" &
+    pids+=($!)
+  done
 fi
 if [ "$PART" != gpu ]; then
   for ((i = 0; i < NCPU; ++i)); do
@@ -68,6 +74,6 @@ if [ "$PART" != gpu ]; then
 fi
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
-"$KVQ" referee "${S[@]}" --protocols common,as-shipped --methods "$METHODS" --report-only > "$OUT/logs/report.log" 2>&1 ||
+"$KVQ" referee "${S[@]}" --protocols "$PROTOCOLS" --methods "$METHODS" --report-only > "$OUT/logs/report.log" 2>&1 ||
   rc=1
 exit $rc
