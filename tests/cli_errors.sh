@@ -149,6 +149,9 @@ expect_error "bench decode: --vs-bf16 of a bf16 cache" bench decode -m $M -c 64 
 expect_error "bench decode: --seqs max on the CPU without a budget" bench decode -m $M -c 64 --seqs max --dummy-weights
 expect_error "bench decode: --fill-cache on the CPU" bench decode -m $M -c 64 --fill-cache
 expect_error "bench decode: --seqs max with a budget that holds no sequence" bench decode -m $M -c 4096 --seqs max --kv-budget-gib 0.001 --dummy-weights
+expect_error "bench gemm: a directory without config.json" bench gemm -m data
+expect_error "bench gemm: --rows 0" bench gemm -m $S --rows 0
+expect_error "bench gemm: a malformed --rows" bench gemm -m $S --rows 8,x
 expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
 expect_error "serve: a chat template with dummy weights (token ids only)" serve -m $S --dummy-weights --chat-template chatml
 # ~197 GiB of fp32 + bf16 weights: more host memory than a CI machine has

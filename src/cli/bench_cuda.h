@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kv/cache.h"
+#include "model/config.h"
 #include "model/runner.h"
 
 namespace kvq::cli {
@@ -25,6 +26,16 @@ struct GpuAttentionBench {
 
 // Throws kvq::Error when built without CUDA or when no device is available.
 void bench_attention_cuda(const GpuAttentionBench& o);
+
+// kvq bench gemm: the decode step's bf16 GEMMs at a model's shapes (config.json only) at each row count, as GpuModel
+// runs them (cuBLAS): time and share of the read probe of each, and of a step's GEMMs in all.
+struct GpuGemmBench {
+  ModelConfig model;
+  std::vector<int> rows;  // rows per GEMM: sequences of a decode step
+  int iters = 20;
+};
+// Throws kvq::Error when built without CUDA or when no device is available.
+void bench_gemm_cuda(const GpuGemmBench& o);
 
 // The device's streaming-read bandwidth, bytes/s (cuda::read_bandwidth_probe over up to 2 GiB of free memory): what
 // bench attention and bench decode set their steps against. Throws without CUDA.

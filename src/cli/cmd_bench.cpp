@@ -350,6 +350,12 @@ void bench_decode(const BenchDecodeOptions& o) {
   }
 }
 
+struct BenchGemmOptions {
+  std::string dir;        // model or shape directory
+  std::vector<int> rows;  // empty: the default list
+  int iters = 20;
+};
+
 struct BenchAttentionOptions {
   CacheOptions cache;
   int ctx = 8192;         // tokens in the cache before the timed decode steps
@@ -572,7 +578,7 @@ void bench_attention(const BenchAttentionOptions& o) {
 }  // namespace
 
 void add_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks (decode, attention)");
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks (decode, attention, gemm)");
   bench->require_subcommand(1);
   auto o = std::make_shared<BenchDecodeOptions>();
   CLI::App* dec = bench->add_subcommand("decode", "prefill and decode tokens/s of a model");
@@ -633,6 +639,26 @@ void add_bench(CLI::App& app) {
     if (!a->ctx_list.empty()) a->ctx = a->ctx_list[0];
     if (!a->batch_list.empty()) a->batch = a->batch_list[0];
     bench_attention(*a);
+  });
+
+  auto gm = std::make_shared<BenchGemmOptions>();
+  CLI::App* gemm = bench->add_subcommand(
+      "gemm", "--device cuda: the decode step's bf16 GEMMs (cuBLAS) at a model's shapes, time and share of the read "
+              "bandwidth per row count");
+  gemm->add_option("-m,--model", gm->dir, "checkpoint or shape directory (only config.json is read, e.g. "
+                   "models/shapes/qwen3-8b)")->required()->check(CLI::ExistingDirectory);
+  gemm->add_option("--rows", gm->rows, "rows per GEMM (sequences of a decode step), a list; default "
+                   "1,8,16,32,64,128,256")
+      ->check(CLI::Range(1, 4096))
+      ->delimiter(',');
+  gemm->add_option("--iters", gm->iters, "timed steps per GEMM, each at least 8 calls back to back (median reported)")
+      ->check(CLI::Range(1, 1 << 20));
+  gemm->callback([gm] {
+    GpuGemmBench g;
+    g.model = ModelConfig::load(gm->dir + "/config.json");
+    g.rows = gm->rows.empty() ? std::vector<int>{1, 8, 16, 32, 64, 128, 256} : gm->rows;
+    g.iters = gm->iters;
+    bench_gemm_cuda(g);
   });
 }
 

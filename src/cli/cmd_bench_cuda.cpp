@@ -33,6 +33,10 @@ PoolProbe probe_pool_cuda(const CacheConfig&, int, int, int, int, size_t) {
   KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
 }
 
+void bench_gemm_cuda(const GpuGemmBench&) {
+  KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
+}
+
 double read_bandwidth_cuda() {
   KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
 }
@@ -249,6 +253,33 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
 double read_bandwidth_cuda() {
   cuda::require_device();
   return cuda::read_bandwidth_probe(std::min<size_t>(size_t(2) << 30, cuda::free_device_memory() / 4));
+}
+
+void bench_gemm_cuda(const GpuGemmBench& o) {
+  const ModelConfig& m = o.model;
+  struct Gemm {
+    const char* name;
+    int out, in, per_step;  // per_step: how many a decode step runs
+  };
+  const int L = m.n_layers, H = m.hidden_size, I = m.intermediate_size, qd = m.n_heads * m.head_dim;
+  const Gemm gemms[] = {{"qkv", qd + 2 * m.n_kv_heads * m.head_dim, H, L}, {"o", H, qd, L},
+                        {"gate_up", 2 * I, H, L}, {"down", H, I, L}, {"head", m.vocab_size, H, 1}};
+  const double bw = read_bandwidth_cuda();
+  std::printf("bf16 GEMMs of a decode step (cuBLAS, fp32 accumulation and output), W read cold; read probe %.2f "
+              "TB/s\n", bw / 1e12);
+  for (int rows : o.rows) {
+    double step_ms = 0, step_bytes = 0;
+    for (const Gemm& g : gemms) {
+      const double ms = cuda::time_gemm_bf16(rows, g.out, g.in, o.iters);
+      const double bytes = double(g.out) * g.in * 2 + double(rows) * (g.in * 2 + g.out * 4);
+      std::printf("rows %4d %-8s %6d x %6d | %8.1f MB | %8.1f us | %5.2f TB/s | %3.0f%% of the probe\n", rows, g.name,
+                  g.out, g.in, bytes / 1e6, ms * 1e3, bytes / (ms * 1e-3) / 1e12, 100 * bytes / (ms * 1e-3) / bw);
+      step_ms += g.per_step * ms;
+      step_bytes += g.per_step * bytes;
+    }
+    std::printf("rows %4d a step's GEMMs: %.3f GB in %.3f ms, %.0f%% of the probe\n", rows, step_bytes / 1e9, step_ms,
+                100 * step_bytes / (step_ms * 1e-3) / bw);
+  }
 }
 
 PoolProbe probe_pool_cuda(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int ctx,

@@ -1,5 +1,6 @@
 #include "cuda/bench_support.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 
 #include "common/error.h"
 #include "cuda/gpu_kernels.h"
+#include "cuda/gpu_model_kernels.h"  // dummy_fill
 #include "cuda/runtime.h"
 
 namespace kvq::cuda {
@@ -55,6 +57,39 @@ size_t free_device_memory(size_t* total) {
 
 void fill_normal(float* d, size_t n, uint64_t seed, float scale, void* stream) {
   check(launch_fill_normal(d, n, seed, scale, stream), "fill_normal kernel");
+}
+
+double time_gemm_bf16(int rows, int out, int in, int iters) {
+  KVQ_CHECK(rows >= 1 && out >= 1 && in >= 1, "bench gemm: shape {} x {} x {}", rows, out, in);
+  const size_t w_bytes = size_t(out) * in * 2;
+  const int copies = int(std::clamp<size_t>((size_t(512) << 20) / w_bytes + 1, 1, 64));  // >= 512 MiB in all
+  std::vector<DeviceBuffer> w;
+  cudaStream_t st = nullptr;
+  for (int i = 0; i < copies; ++i) {
+    w.emplace_back(w_bytes);
+    check(kernels::dummy_fill({nullptr, w.back().as<uint16_t>()}, int64_t(out) * in, TensorInit::Normal, 0.02f,
+                              0x5eed + i, 0, st),
+          "fill W");
+  }
+  DeviceBuffer x(size_t(rows) * in * 2), y(size_t(rows) * out * 4);
+  check(kernels::dummy_fill({nullptr, x.as<uint16_t>()}, int64_t(rows) * in, TensorInit::Normal, 1.f, 7, 1, st),
+        "fill x");
+  cublasHandle_t blas = nullptr;
+  KVQ_CHECK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasCreate failed");
+  const int reps = std::max(copies, 8);
+  const float one = 1.f, zero = 0.f;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  const double ms = median_step_ms(
+      [&] {
+        for (int i = 0; i < reps && status == CUBLAS_STATUS_SUCCESS; ++i)
+          status = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w[i % copies].get(), CUDA_R_16BF,
+                                in, x.get(), CUDA_R_16BF, in, &zero, y.get(), CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT);
+      },
+      2, iters, st);
+  cublasDestroy(blas);
+  KVQ_CHECK(status == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasGemmEx: {}", cublasGetStatusString(status));
+  return ms / reps;
 }
 
 }  // namespace kvq::cuda

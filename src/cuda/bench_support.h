@@ -18,4 +18,10 @@ size_t free_device_memory(size_t* total = nullptr);
 // d[0, n) <- scale * N(0, 1), deterministic in (seed, index), on `stream`.
 void fill_normal(float* d, size_t n, uint64_t seed, float scale, void* stream);
 
+// kvq bench gemm: the median milliseconds of one GEMM of the decode step as GpuModel runs it with bf16 GEMMs,
+// y[rows, out] = x[rows, in] · W^T (cublasGemmEx: bf16 W and x, fp32 accumulation and y). W is read cold: the calls
+// cycle over copies of W that together exceed the L2 cache, and a timed step is at least 8 calls back to back, as a
+// decode step's GEMMs follow one another (a lone call between two events would also time the launch gap).
+double time_gemm_bf16(int rows, int out, int in, int iters);
+
 }  // namespace kvq::cuda
