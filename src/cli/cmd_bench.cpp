@@ -643,8 +643,8 @@ void add_bench(CLI::App& app) {
 
   auto gm = std::make_shared<BenchGemmOptions>();
   CLI::App* gemm = bench->add_subcommand(
-      "gemm", "--device cuda: the decode step's bf16 GEMMs (cuBLAS) at a model's shapes, time and share of the read "
-              "bandwidth per row count");
+      "gemm", "GPU: the decode step's bf16 GEMMs (cuBLAS) at a model's shapes, time and share of the read bandwidth "
+              "per row count");
   gemm->add_option("-m,--model", gm->dir, "checkpoint or shape directory (only config.json is read, e.g. "
                    "models/shapes/qwen3-8b)")->required()->check(CLI::ExistingDirectory);
   gemm->add_option("--rows", gm->rows, "rows per GEMM (sequences of a decode step), a list; default "

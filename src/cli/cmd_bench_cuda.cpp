@@ -1,7 +1,8 @@
 // kvq bench attention --device cuda: per shape (batch, ctx) the median time of one decode-step attention call of
 // the GPU cache (query rotation, attention over the decode-faithful view of every sequence, split-KV merge),
 // the bytes it reads, TB/s, the fraction of a read-bandwidth probe measured in the same run, and the speedup
-// over the bf16 cache of the same shape. Caches are filled on the GPU with random rows in large chunks.
+// over the bf16 cache of the same shape. Caches are filled on the GPU with random rows in large chunks. Also kvq bench
+// gemm: the decode step's GEMMs at a model's shapes, and bench decode's GPU helpers (the pool probe, --fill-cache).
 #include "cli/bench_cuda.h"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// Host helpers for GPU benchmarks (kvq bench attention --device cuda): event timing, the read-bandwidth probe,
-// device memory and random fills. Plain C++ header; throws kvq::Error on CUDA failures.
+// Host helpers for GPU benchmarks (kvq bench attention --device cuda, bench gemm): event timing, the read-bandwidth
+// probe, device memory, random fills and a decode-step GEMM timed. Plain C++ header; throws kvq::Error on CUDA failures.
 #pragma once
 
 #include <cstddef>
