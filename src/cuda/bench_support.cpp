@@ -1,12 +1,12 @@
 #include "cuda/bench_support.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "common/error.h"
+#include "cuda/blas.h"
 #include "cuda/gpu_kernels.h"
 #include "cuda/gpu_model_kernels.h"  // dummy_fill
 #include "cuda/runtime.h"
@@ -77,14 +77,11 @@ double time_gemm_bf16(int rows, int out, int in, int iters) {
   cublasHandle_t blas = nullptr;
   KVQ_CHECK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasCreate failed");
   const int reps = std::max(copies, 8);
-  const float one = 1.f, zero = 0.f;
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   const double ms = median_step_ms(
       [&] {
         for (int i = 0; i < reps && status == CUBLAS_STATUS_SUCCESS; ++i)
-          status = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w[i % copies].get(), CUDA_R_16BF,
-                                in, x.get(), CUDA_R_16BF, in, &zero, y.get(), CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT);
+          status = gemm_bf16(blas, w[i % copies].get(), x.get(), rows, out, in, y.as<float>());
       },
       2, iters, st);
   cublasDestroy(blas);

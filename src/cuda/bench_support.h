@@ -1,5 +1,6 @@
 // Host helpers for GPU benchmarks (kvq bench attention --device cuda, bench gemm): event timing, the read-bandwidth
-// probe, device memory, random fills and a decode-step GEMM timed. Plain C++ header; throws kvq::Error on CUDA failures.
+// probe, device memory, random fills and a decode-step GEMM timed. Plain C++ header; throws kvq::Error on CUDA
+// failures.
 #pragma once
 
 #include <cstddef>

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/half.h"
 #include "cuda/bench_support.h"
+#include "cuda/blas.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_model_kernels.h"
@@ -245,23 +246,14 @@ struct GpuModel::Impl {
   kernels::RowsOut gemm_input(float* in) const {
     return gemm == GemmPrecision::Bf16 ? kernels::RowsOut{nullptr, xb.as<uint16_t>()} : kernels::RowsOut{in, nullptr};
   }
-  // y[rows, W.out] = x[rows, W.in] · W^T, fp32 accumulation. x_in is fp32; for bf16 GEMMs it is converted into xb
-  // first, unless the kernel that wrote it also wrote xb (staged: gemm_input(x_in) was its output).
-  // cuBLAS is column-major: y^T = W · x^T, with W row-major [out, in] read as the column-major [in, out] matrix
-  // transposed.
+  // y[rows, W.out] = x[rows, W.in] · W^T, fp32 accumulation (cuda/blas.h). x_in is fp32; for bf16 GEMMs it is
+  // converted into xb first, unless the kernel that wrote it also wrote xb (staged: gemm_input(x_in) was its output).
   void linear(const float* x_in, int rows, const DeviceLinear& W, float* y, bool staged = false) {
-    const float one = 1.f, zero = 0.f;
     if (gemm == GemmPrecision::Bf16) {
       if (!staged) check(kernels::to_bf16(x_in, int64_t(rows) * W.in, xb.as<uint16_t>(), stream), "to_bf16");
-      check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.out, rows, W.in, &one, W.w.get(), CUDA_R_16BF,
-                                W.in, xb.get(), CUDA_R_16BF, W.in, &zero, y, CUDA_R_32F, W.out, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (bf16)");
+      check_cublas(gemm_bf16(blas, W.w.get(), xb.get(), rows, W.out, W.in, y), "cublasGemmEx (bf16)");
     } else {
-      check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.out, rows, W.in, &one, W.w.get(), CUDA_R_32F,
-                                W.in, x_in, CUDA_R_32F, W.in, &zero, y, CUDA_R_32F, W.out, CUBLAS_COMPUTE_32F_PEDANTIC,
-                                CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (fp32)");
+      check_cublas(gemm_f32(blas, W.w.get(), x_in, rows, W.out, W.in, y), "cublasGemmEx (fp32)");
     }
   }
 
