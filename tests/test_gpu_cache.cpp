@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -241,6 +242,54 @@ TEST(GpuCache, SplitKvResultEqualsUnsplit) {
       // Same rows, other merge order; on tensor cores P' is rounded against each split's running max.
       EXPECT_LT(nmse(o, one), std::max(1e-11, 0.1 * operand_budget(type, 128))) << type << " split " << split;
     }
+  }
+}
+
+// The merge inside the tensor-core launch: the last block of each (row, kv head) to finish merges and resets its
+// count, so every launch writes every output (poisoned with NaN before each) and repeated launches over two layers
+// and three rows of different split counts give the same outputs bit for bit.
+TEST(GpuCache, FusedMergeWritesEveryOutputOnEveryLaunch) {
+  REQUIRE_GPU();
+  constexpr int kKv = 8, kHeads = 32, kLayers = 2;
+  const size_t n_out = size_t(3) * kHeads * kD;
+  const std::vector<float> poison(n_out, std::numeric_limits<float>::quiet_NaN());
+  for (const char* type : {"int2", "bf16"}) {
+    const CacheConfig cfg = config(type, 128, 16, 64);
+    cuda::GpuKvCache c(cfg, kLayers, kKv, kD, 4096, 3);
+    std::mt19937 rng(5);
+    std::vector<int> seqs;
+    for (int len : {3001, 777, 40}) {
+      const int s = c.new_sequence();
+      seqs.push_back(s);
+      for (int p = 0; p < len; p += cfg.max_chunk) {
+        const int n = std::min(cfg.max_chunk, len - p);
+        c.begin_step({s}, {n});
+        for (int l = 0; l < kLayers; ++l) {
+          Dev<float> k(random_rows(rng, n, kKv, Data::HeavyTailed)), v(random_rows(rng, n, kKv, Data::HeavyTailed));
+          c.append(l, k.get(), v.get());
+        }
+        c.commit_step();
+      }
+    }
+    Dev<float> k(random_rows(rng, 3, kKv, Data::Gaussian)), v(random_rows(rng, 3, kKv, Data::Gaussian));
+    Dev<float> q(random_rows(rng, 3, kHeads, Data::Gaussian, 2.f)), out(n_out);
+    c.set_split_tokens(256);  // rows of many, few and no quantized splits
+    c.begin_step(seqs, {1, 1, 1});
+    std::vector<float> first[kLayers];
+    for (int round = 0; round < 3; ++round)
+      for (int l = 0; l < kLayers; ++l) {
+        if (round == 0) c.append(l, k.get(), v.get());
+        out.buf.upload(poison.data(), n_out * sizeof(float));
+        c.attention(l, q.get(), kHeads, out.get());
+        cuda::sync("fused merge");
+        std::vector<float> o(n_out);
+        out.buf.download(o.data(), n_out * sizeof(float));
+        const auto finite = std::count_if(o.begin(), o.end(), [](float x) { return std::isfinite(x); });
+        ASSERT_EQ(finite, std::ptrdiff_t(n_out)) << type << " layer " << l << " launch " << round;
+        if (round == 0) first[l] = o;
+        else EXPECT_EQ(std::memcmp(o.data(), first[l].data(), n_out * sizeof(float)), 0) << type << " layer " << l;
+      }
+    c.commit_step();
   }
 }
 

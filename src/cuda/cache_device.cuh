@@ -141,4 +141,89 @@ __device__ __forceinline__ void write_block_partial(const float (*w_m)[kMaxGroup
   }
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// out[row_index[row]][j] <- (the exact log-sum-exp merge of the n_slots partials of launch row `row`, query head j)
+// R_V^T (r_v null: no transform), by one warp: lane i takes channels 4i .. 4i + 3. The slots' (max, sum) pairs are
+// read 32 at a time (a slot per lane) and their weights exp(m_s - M) broadcast by shuffles; each lane sums its four
+// channels over the slots in slot order, 8 slots' loads in flight (every slot is written, an empty one as
+// m = -inf, acc = 0). The partials are read past L1 (__ldcg): in a fused merge other blocks wrote them. o: kHeadDim
+// floats of shared memory of the warp (for R_V).
+__device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, int row, int j, const float* r_v,
+                                           float* out, float* o) {
+  constexpr int kD = kHeadDim;
+  const int lane = threadIdx.x & 31;
+  const int g = a.n_heads / n_kv, head = j / g, h = j % g;
+  const int64_t part0 = (int64_t(row) * n_kv + head) * a.n_slots;
+  const float* ml = a.part_ml + (part0 * g + h) * 2;             // slot s: ml[s * g * 2 + {0, 1}]
+  const float* acc = a.part_acc + (part0 * g + h) * kD + 4 * lane;  // slot s: acc[s * g * kD]
+  float M = -INFINITY;
+  for (int s = lane; s < a.n_slots; s += 32) M = fmaxf(M, __ldcg(ml + int64_t(s) * g * 2));
+  M = warp_max(M);  // finite: every view holds position t itself
+  float L = 0.f;
+  float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < a.n_slots; s0 += 32) {
+    const int s = s0 + lane;
+    float e = 0.f;
+    if (s < a.n_slots) {
+      const float ms = __ldcg(ml + int64_t(s) * g * 2);
+      if (ms > -INFINITY) e = expf(ms - M), L += __ldcg(ml + int64_t(s) * g * 2 + 1) * e;
+    }
+    const int n = min(32, a.n_slots - s0);
+#pragma unroll 8
+    for (int i = 0; i < n; ++i) {
+      const float w = __shfl_sync(0xffffffffu, e, i);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s0 + i) * g * kD));
+      A.x = fmaf(x.x, w, A.x), A.y = fmaf(x.y, w, A.y), A.z = fmaf(x.z, w, A.z), A.w = fmaf(x.w, w, A.w);
+    }
+  }
+  L = warp_sum(L);  // > 0: every view holds position t itself
+  const int64_t off = (int64_t(a.row_index ? a.row_index[row] : row) * a.n_heads + j) * kD;
+  const float4 r = make_float4(A.x / L, A.y / L, A.z / L, A.w / L);
+  if (!r_v) {  // (out is only 4-byte aligned in general)
+    float* dst = out + off + 4 * lane;
+    dst[0] = r.x, dst[1] = r.y, dst[2] = r.z, dst[3] = r.w;
+    return;
+  }
+  __syncwarp();  // o[] may still be read by the warp's previous head
+  o[4 * lane] = r.x, o[4 * lane + 1] = r.y, o[4 * lane + 2] = r.z, o[4 * lane + 3] = r.w;
+  __syncwarp();
+  // o R_V^T: out[b] = Σ_a o[a] R_V[b][a], double accumulation as kv/transform.cpp; lane takes b = lane + 32k.
+  const float* R = r_v + (int64_t(a.layer) * n_kv + head) * kD * kD;
+#pragma unroll
+  for (int k = 0; k < kD / 32; ++k) {
+    const int b = lane + 32 * k;
+    double sum = 0.0;
+    for (int x = 0; x < kD; ++x) sum = __dadd_rn(sum, __dmul_rn(double(o[x]), double(R[int64_t(b) * kD + x])));
+    out[off + b] = float(sum);
+  }
+}
+
+// The end of a block of a launch with the merge fused in (a.arrivals): counts the block's arrival at its
+// (row, kv head); in the last of the a.n_slots blocks to arrive, warp w merges query heads w, w + W, ... of the g
+// (merge_head, into a.out) and the count is reset to zero for the next launch. The others return. Call after
+// write_block_partial, with every thread of the block (W warps); scratch: W · kHeadDim floats of shared memory that
+// the block no longer reads.
+template <int W>
+__device__ __forceinline__ void merge_if_last(const AttentionLaunch& a, int n_kv, int row, int head, float* scratch) {
+  int* arrived = a.arrivals + int64_t(row) * n_kv + head;
+  __threadfence();  // this thread's part of the partial is visible to every block before the arrival is counted
+  __syncthreads();
+  // The flag is the barrier's predicate, not a shared variable. On the H200 a first version with 1 KB of shared memory
+  // of its own left the bf16 instance one block per SM instead of two (641 against 505 us at 8 x 64K), and one with a
+  // 16-byte flag still ran 586 us.
+  if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(arrived, 1) == a.n_slots - 1)) return;
+  __threadfence();  // every other block's partial, counted before this one's arrival, is read after it
+  const int g = a.n_heads / n_kv, warp = threadIdx.x >> 5;
+  for (int h = warp; h < g; h += W) merge_head(a, n_kv, row, head * g + h, a.r_v, a.out, scratch + warp * kHeadDim);
+  if (threadIdx.x == 0) *arrived = 0;  // every block of this (row, kv head) has arrived
+}
+
 }  // namespace kvq::cuda::dev

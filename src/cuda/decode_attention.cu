@@ -10,7 +10,9 @@
 //      caches it supports (int2 of one group, bf16), with the windows in n_win more slots of the same launch; this
 //      CUDA-core kernel the others (int4, int8, KIVI). The reference twin (decode_attention_ref.cu) has this
 //      kernel's grid and output and replaces it when asked.
-//   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T, into the step row.
+//   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T, into the step row
+//      (dev::merge_head, a warp per head). The tensor-core kernel does it in its launch: the last of a (row, kv head)'s blocks to
+//      finish merges its g heads (AttentionLaunch::arrivals), which saves a launch and its tail per layer.
 //
 // The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
 // row against the group's queries in shared memory, broadcast reads, with the key codec's score: int2 / int4
@@ -54,14 +56,7 @@ __global__ void prepare_queries_kernel(const float* q, const int* row_index, int
   q_out[off + c] = float(acc);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using dev::warp_max, dev::warp_sum;
 
 // K, V: the device codecs of the quantized region's keys and values (the windows are WindowRows). GQ: register
 // arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and GQ = kMaxGroupHeads
@@ -186,63 +181,13 @@ CudaCoreKernel cuda_core_kernel(const CacheGeometry& geo, int gq) {
   return k;
 }
 
-// The max (Max = true) or sum of v over the block's kD threads, in every thread.
-template <bool Max>
-__device__ __forceinline__ float block_reduce(float v) {
-  __shared__ float part[kD / 32];
-  v = Max ? warp_max(v) : warp_sum(v);
-  __syncthreads();  // part[] may still be read by a previous call
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = part[0];
-#pragma unroll
-  for (int w = 1; w < kD / 32; ++w) v = Max ? fmaxf(v, part[w]) : v + part[w];
-  return v;
-}
-
-// One block of kD threads per (row, query head), thread = channel. The slots' (max, sum) pairs are read in parallel
-// (thread i takes slots i, i + kD, ...), their weights exp(m_s - M) go through shared memory, and each thread sums
-// its channel over the slots with 8 loads in flight (every slot is written, an empty one as m = -inf, acc = 0).
-__global__ void __launch_bounds__(kD) merge_kernel(AttentionLaunch a, int n_kv, int layer, const float* r_v, float* out) {
-  const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
-  const int g = a.n_heads / n_kv, head = j / g, h = j % g;
-  const int64_t part0 = (int64_t(row) * n_kv + head) * a.n_slots;
-  const float* ml = a.part_ml + (part0 * g + h) * 2;          // slot s: ml[s * g * 2 + {0, 1}]
-  const float* acc = a.part_acc + (part0 * g + h) * kD + c;  // slot s: acc[s * g * kD]
-  float M = -INFINITY;
-  for (int s = c; s < a.n_slots; s += kD) M = fmaxf(M, ml[int64_t(s) * g * 2]);
-  M = block_reduce<true>(M);  // finite: every view holds position t itself
-  __shared__ float weight[kD];
-  float L = 0.f, A = 0.f;
-  for (int s0 = 0; s0 < a.n_slots; s0 += kD) {
-    const int s = s0 + c;
-    float e = 0.f;
-    if (s < a.n_slots) {
-      const float ms = ml[int64_t(s) * g * 2];
-      if (ms > -INFINITY) e = expf(ms - M), L += ml[int64_t(s) * g * 2 + 1] * e;
-    }
-    weight[c] = e;
-    __syncthreads();
-    const int n = min(kD, a.n_slots - s0);
-#pragma unroll 8
-    for (int i = 0; i < n; ++i) A = fmaf(acc[int64_t(s0 + i) * g * kD], weight[i], A);
-    __syncthreads();
-  }
-  L = block_reduce<false>(L);
-  const float o = A / L;  // L > 0: every view holds position t itself
-  const int64_t off = (int64_t(a.row_index ? a.row_index[row] : row) * a.n_heads + j) * kD;
-  if (!r_v) {
-    out[off + c] = o;
-    return;
-  }
-  __shared__ float os[kD];
-  os[c] = o;
-  __syncthreads();
-  // o R_V^T: out[b] = Σ_a o[a] R_V[b][a], double accumulation as kv/transform.cpp.
-  const float* R = r_v + (int64_t(layer) * n_kv + head) * kD * kD + int64_t(c) * kD;
-  double s = 0.0;
-  for (int x = 0; x < kD; ++x) s = __dadd_rn(s, __dmul_rn(double(os[x]), double(R[x])));
-  out[off + c] = float(s);
+// Block (row, query heads 4y .. 4y + 3), a warp per head: dev::merge_head.
+constexpr int kMergeWarps = 4;
+__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(AttentionLaunch a, int n_kv, const float* r_v,
+                                                                 float* out) {
+  __shared__ float o[kMergeWarps][kD];
+  const int warp = threadIdx.x >> 5, j = blockIdx.y * kMergeWarps + warp;
+  if (j < a.n_heads) dev::merge_head(a, n_kv, blockIdx.x, j, r_v, out, o[warp]);
 }
 
 }  // namespace
@@ -256,8 +201,8 @@ int launch_prepare_queries(const CacheGeometry& g, const AttentionLaunch& a, con
 
 int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, float* d_out,
                           void* stream) {
-  merge_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, static_cast<cudaStream_t>(stream)>>>(
-      a, g.n_kv, a.layer, t.r_v, d_out);
+  const dim3 grid(unsigned(a.n_rows), unsigned((a.n_heads + kMergeWarps - 1) / kMergeWarps));
+  merge_kernel<<<grid, kMergeWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(a, g.n_kv, t.r_v, d_out);
   return cudaGetLastError();
 }
 
@@ -268,6 +213,9 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
   const bool mma = !reference && attention_mma_supported(g);
   AttentionLaunch a = a_in;
   a.n_slots = a.n_splits + (mma ? a.n_win : 0);
+  const bool fused_merge = mma && a.arrivals;  // the tensor-core kernel's last block of each (row, kv head) merges
+  if (fused_merge) a.r_v = t.r_v, a.out = d_out;
+  else a.arrivals = nullptr;
   int e = launch_prepare_queries(g, a, t, d_q, stream);
   if (e != cudaSuccess) return e;
   if (reference) {
@@ -280,7 +228,7 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
     kernel<<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), kWarps * 32, 0, st>>>(g, a);
     e = cudaGetLastError();
   }
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess || fused_merge) return e;
   return launch_merge_partials(g, a, t, d_out, stream);
 }
 

@@ -1,8 +1,8 @@
 // Tensor-core decode attention over each row's whole view in one launch: the QUANTIZED region [S0, qe(t)) in splits,
 // for int2 rows of one 128-value group and bf16 rows (keys and values chosen independently), and the BF16 sink and
 // recent windows in n_win more blocks per (row, kv head) with the same tile code on bf16 rows, into n_win more
-// partial slots. The merge kernel (decode_attention.cu) combines every slot exactly (log-sum-exp), so the result is one
-// softmax over the whole view.
+// partial slots. The last of a (row, kv head)'s blocks to finish (or the merge kernel of decode_attention.cu, without
+// a.arrivals) combines every slot exactly (log-sum-exp), so the result is one softmax over the whole view.
 //
 // Grid (row, kv head, n_splits + n_win); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
 // start at S0 + k·split_tokens and pages hold a multiple of 16 rows). mma.sync with the GQA group on the N side
@@ -592,6 +592,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) quant_attention_mma_kernel(Cac
   __shared__ BlockShared sh;
   if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS>(geo, a, sh);
   else attend_block<KQ, VQ, false, HS>(geo, a, sh);
+  if (a.arrivals) dev::merge_if_last<kWarps>(a, geo.n_kv, blockIdx.x, blockIdx.y, &sh.acc[0][0][0]);
 }
 
 }  // namespace

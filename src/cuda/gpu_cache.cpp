@@ -168,6 +168,7 @@ struct GpuKvCache::Impl {
   int n_rows = 0, n_items = 0;
   DeviceBuffer desc;                    // RowDesc[rows + items]
   DeviceBuffer q_work, part_acc, part_ml;
+  DeviceBuffer arrivals;                // int[decode rows][n_kv]: the fused merge's counts, zero between launches
   int split_tokens = 0;                 // 0 = automatic
   // The step's attention plan (plan_attention), the same for every layer: which rows take which kernel, and each
   // kernel's splits.
@@ -480,6 +481,10 @@ const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
   grow(q_work, size_t(n_rows) * n_heads * kHeadDim * sizeof(float));
   grow(part_acc, parts * kHeadDim * sizeof(float));
   grow(part_ml, parts * 2 * sizeof(float));
+  if (const size_t bytes = size_t(plan.n_dec) * n_kv * sizeof(int); arrivals.bytes() < bytes) {
+    grow(arrivals, bytes);
+    check(cudaMemsetAsync(arrivals.get(), 0, arrivals.bytes(), stream), "cudaMemset arrivals");  // kept zero after
+  }
   return plan;
 }
 
@@ -504,6 +509,7 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
     a.n_splits = p.n_splits;
     a.n_win = p.n_win;
     a.n_slots = p.n_splits;  // launch_attention adds the window slots when it takes the tensor-core path
+    a.arrivals = m.arrivals.as<int>();  // used by the tensor-core path only
     check(launch_attention(g, a, m.tptrs, d_q, d_out, m.reference, m.stream), "GPU attention kernel");
   }
   if (p.n_tiles > 0) {  // the prefill kernel: the chunks of >= prefill_rows rows
@@ -525,7 +531,7 @@ GpuKvCache::StepSignature GpuKvCache::step_signature(int n_heads) {
   return {m.n_rows,        m.n_items,          n_heads,           p.split,           p.n_splits,
           p.n_win,         p.n_dec,            p.n_tiles,         p.pf_split,        p.pf_splits,
           m.reference,     m.desc.get(),       m.q_work.get(),    m.part_acc.get(),  m.part_ml.get(),
-          m.decode_desc.get(), m.decode_index.get(), m.prefill_tiles.get(), m.prefill_index.get(),
+          m.arrivals.get(),   m.decode_desc.get(), m.decode_index.get(), m.prefill_tiles.get(), m.prefill_index.get(),
           m.tptrs.key_mean, m.tptrs.r_k,      m.tptrs.r_v};
 }
 

@@ -91,7 +91,7 @@ class GpuKvCache {
     int n_heads, split_tokens, n_splits, n_win;  // the attention plan: the decode kernel's
     int n_decode_rows, n_prefill_tiles, prefill_split, prefill_splits;  // the rows of each kernel; the prefill plan
     bool reference;                             // set_reference_attention
-    const void *desc, *q_work, *part_acc, *part_ml;  // step descriptors and attention scratch
+    const void *desc, *q_work, *part_acc, *part_ml, *arrivals;  // step descriptors and attention scratch
     const void *decode_desc, *decode_index, *prefill_tiles, *prefill_index;  // each kernel's rows (mixed steps)
     const void *key_mean, *r_k, *r_v;           // the transform (CacheConfig::transform, uploaded once)
     bool operator==(const StepSignature&) const = default;

@@ -124,9 +124,16 @@ struct AttentionLaunch {
   float* q_work;           // [n_rows][n_heads][d] scratch: scaled, rotated queries of the launch rows
   float* part_acc;         // [n_rows][n_kv][n_slots][g][d] scratch: unnormalised partial outputs
   float* part_ml;          // [n_rows][n_kv][n_slots][g][2] scratch: partial (max, sum)
+  // The merge inside the attention launch (the tensor-core decode path): the last of a (row, kv head)'s n_slots
+  // blocks to finish merges them into out (launch_attention sets r_v and out). arrivals: [n_rows][n_kv] device
+  // counts of finished blocks, zero between launches (that last block resets its count); null: a merge launch.
+  int* arrivals;
+  const float* r_v;
+  float* out;
 };
 // The first and last launch of every attention path: q_work <- (q[row_index[r]] · scale) R_K for every launch row r,
-// and out[row_index[r]] <- (the exact log-sum-exp merge of r's n_slots partials) R_V^T.
+// and out[row_index[r]] <- (the exact log-sum-exp merge of r's n_slots partials) R_V^T (the tensor-core decode path
+// merges inside its launch instead when a.arrivals is set).
 int launch_prepare_queries(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
                            void* stream);
 int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, float* d_out,
