@@ -152,6 +152,8 @@ expect_error "bench decode: --seqs max with a budget that holds no sequence" ben
 expect_error "bench gemm: a directory without config.json" bench gemm -m data
 expect_error "bench gemm: --rows 0" bench gemm -m $S --rows 0
 expect_error "bench gemm: a malformed --rows" bench gemm -m $S --rows 8,x
+expect_error "bench attention: --kv-split on the CPU" bench attention --ctx 256 --kv-split 2048
+expect_error "bench attention: a negative --kv-split" bench attention --device cuda --kv-split -128
 expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
 expect_error "serve: a chat template with dummy weights (token ids only)" serve -m $S --dummy-weights --chat-template chatml
 # ~197 GiB of fp32 + bf16 weights: more host memory than a CI machine has

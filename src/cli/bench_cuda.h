@@ -21,6 +21,7 @@ struct GpuAttentionBench {
   int iters = 20;            // timed steps per shape (median reported)
   int prefill = 0;           // > 0: time one prefill chunk of this many queries at each ctx (batch 1), the prefill
                              // kernel against the per-row path, instead of the decode grid
+  int split_tokens = 0;      // positions per KV split of the decode kernel (0: the planner's; GpuKvCache)
   bool json = false;         // one JSON array of records instead of the table
 };
 

@@ -364,6 +364,7 @@ struct BenchAttentionOptions {
   int head_dim = 128;     // d
   int batch = 1;          // sequences, one decode query each per step
   int prefill = 0;        // --device cuda, > 0: time one prefill chunk of this many queries instead of decode steps
+  int split = 0;          // --device cuda: positions per KV split of the decode kernel (0: the planner's)
   int iters = 20;         // timed decode steps per configuration
   int threads = 0;        // worker threads (0: all cores)
   bool hot = false;       // keep the cache in the CPU caches between steps (default: evict it)
@@ -412,6 +413,7 @@ void bench_attention_device(const BenchAttentionOptions& o) {
   g.ctxs = o.ctx_list.empty() ? std::vector<int>{4096, 16384, 65536, 131072} : o.ctx_list;
   g.q_heads = o.q_heads, g.kv_heads = o.kv_heads, g.head_dim = o.head_dim, g.iters = o.iters, g.json = o.json;
   g.prefill = o.prefill;
+  g.split_tokens = o.split;
   bench_attention_cuda(g);
 }
 
@@ -624,6 +626,9 @@ void add_bench(CLI::App& app) {
   att->add_option("--prefill", a->prefill, "--device cuda: time one prefill chunk of this many queries at each --ctx "
                   "(one sequence), the tensor-core prefill kernel against the per-row path")
       ->check(CLI::Range(1, 1 << 16));
+  att->add_option("--kv-split", a->split, "--device cuda: positions per KV split of the decode attention kernel, "
+                  "rounded up to a multiple of 128 (default 0: the planner's choice)")
+      ->check(CLI::Range(0, 1 << 24));
   att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
   att->add_option("--caches", a->caches, "cache types or presets to time in one run against one bf16 baseline, e.g. "
@@ -634,6 +639,7 @@ void add_bench(CLI::App& app) {
   att->callback([a] {
     if (a->device == "cuda") return bench_attention_device(*a);
     KVQ_CHECK(a->prefill == 0, "bench attention: --prefill needs --device cuda");
+    KVQ_CHECK(a->split == 0, "bench attention: --kv-split needs --device cuda");
     KVQ_CHECK(a->ctx_list.size() <= 1 && a->batch_list.size() <= 1,
               "bench attention: lists of --ctx / --batch need --device cuda (the CPU bench runs one shape)");
     if (!a->ctx_list.empty()) a->ctx = a->ctx_list[0];

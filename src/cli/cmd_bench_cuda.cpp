@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -108,6 +109,7 @@ std::optional<ShapeResult> run_shape(const GpuAttentionBench& o, CacheConfig cfg
   cuda::DeviceBuffer q(size_t(batch) * o.q_heads * o.head_dim * 4), out(q.bytes());
   uint64_t seed = 1;
   fill_random(cache, seqs, ctx, chunk, 1, row_floats, k, v, seed);
+  cache.set_split_tokens(o.split_tokens);
   // The timed step: one decode token per sequence (appended once), attention timed repeatedly.
   cuda::fill_normal(k.as<float>(), size_t(batch) * row_floats, seed++, 1.f, cache.stream());
   cuda::fill_normal(v.as<float>(), size_t(batch) * row_floats, seed++, 1.f, cache.stream());
@@ -220,9 +222,10 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
   bf.transform = nullptr;
   auto name = [](const CacheConfig& c) { return "k=" + c.k.type + " v=" + c.v.type; };
   if (!o.json)
-    std::printf("%s | read probe %.2f TB/s | q-heads %d kv-heads %d d %d | median of %d steps\n"
+    std::printf("%s | read probe %.2f TB/s | q-heads %d kv-heads %d d %d | KV split %s | median of %d steps\n"
                 "%6s %7s %-24s %10s %12s %7s %7s %8s\n",
-                cuda::device_description().c_str(), probe_bw / 1e12, o.q_heads, o.kv_heads, o.head_dim, o.iters,
+                cuda::device_description().c_str(), probe_bw / 1e12, o.q_heads, o.kv_heads, o.head_dim,
+                o.split_tokens ? std::to_string((o.split_tokens + 127) / 128 * 128).c_str() : "auto", o.iters,
                 "batch", "ctx", "cache", "us", "MB read", "TB/s", "%probe", "vs bf16");
   nlohmann::json records = nlohmann::json::array();
   for (int batch : o.batches)
