@@ -152,6 +152,7 @@ expect_error "bench decode: --seqs max with a budget that holds no sequence" ben
 expect_error "bench gemm: a directory without config.json" bench gemm -m data
 expect_error "bench gemm: --rows 0" bench gemm -m $S --rows 0
 expect_error "bench gemm: a malformed --rows" bench gemm -m $S --rows 8,x
+expect_error "bench gemm: a negative --lt" bench gemm -m $S --lt -1
 expect_error "bench attention: --kv-split on the CPU" bench attention --ctx 256 --kv-split 2048
 expect_error "bench attention: a negative --kv-split" bench attention --device cuda --kv-split -128
 expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna

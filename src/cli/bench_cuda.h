@@ -34,6 +34,7 @@ struct GpuGemmBench {
   ModelConfig model;
   std::vector<int> rows;  // rows per GEMM: sequences of a decode step
   int iters = 20;
+  int lt_algos = 0;       // > 0: also time the first lt_algos algorithms of cuBLASLt's heuristic per GEMM
 };
 // Throws kvq::Error when built without CUDA or when no device is available.
 void bench_gemm_cuda(const GpuGemmBench& o);

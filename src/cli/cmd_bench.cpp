@@ -354,6 +354,7 @@ struct BenchGemmOptions {
   std::string dir;        // model or shape directory
   std::vector<int> rows;  // empty: the default list
   int iters = 20;
+  int lt_algos = 0;       // --lt: cuBLASLt heuristic algorithms timed per GEMM
 };
 
 struct BenchAttentionOptions {
@@ -659,11 +660,15 @@ void add_bench(CLI::App& app) {
       ->delimiter(',');
   gemm->add_option("--iters", gm->iters, "timed steps per GEMM, each at least 8 calls back to back (median reported)")
       ->check(CLI::Range(1, 1 << 20));
+  gemm->add_option("--lt", gm->lt_algos, "also time the first N algorithms cuBLASLt's heuristic offers for each GEMM "
+                   "and print the fastest beside cuBLAS's own choice (default 0: off)")
+      ->check(CLI::Range(0, 1024));
   gemm->callback([gm] {
     GpuGemmBench g;
     g.model = ModelConfig::load(gm->dir + "/config.json");
     g.rows = gm->rows.empty() ? std::vector<int>{1, 8, 16, 32, 64, 128, 256} : gm->rows;
     g.iters = gm->iters;
+    g.lt_algos = gm->lt_algos;
     bench_gemm_cuda(g);
   });
 }

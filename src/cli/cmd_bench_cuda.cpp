@@ -270,19 +270,32 @@ void bench_gemm_cuda(const GpuGemmBench& o) {
                         {"gate_up", 2 * I, H, L}, {"down", H, I, L}, {"head", m.vocab_size, H, 1}};
   const double bw = read_bandwidth_cuda();
   std::printf("bf16 GEMMs of a decode step (cuBLAS, fp32 accumulation and output), W read cold; read probe %.2f "
-              "TB/s\n", bw / 1e12);
+              "TB/s%s\n", bw / 1e12, o.lt_algos > 0 ? "; beside it the fastest of cuBLASLt's heuristic algorithms" : "");
   for (int rows : o.rows) {
-    double step_ms = 0, step_bytes = 0;
+    double step_ms = 0, step_lt_ms = 0, step_bytes = 0;
+    bool lt_all = o.lt_algos > 0;  // every GEMM has a cuBLASLt time
     for (const Gemm& g : gemms) {
-      const double ms = cuda::time_gemm_bf16(rows, g.out, g.in, o.iters);
+      const cuda::GemmTiming t = cuda::time_gemm_bf16(rows, g.out, g.in, o.iters, o.lt_algos);
       const double bytes = double(g.out) * g.in * 2 + double(rows) * (g.in * 2 + g.out * 4);
-      std::printf("rows %4d %-8s %6d x %6d | %8.1f MB | %8.1f us | %5.2f TB/s | %3.0f%% of the probe\n", rows, g.name,
-                  g.out, g.in, bytes / 1e6, ms * 1e3, bytes / (ms * 1e-3) / 1e12, 100 * bytes / (ms * 1e-3) / bw);
-      step_ms += g.per_step * ms;
+      std::printf("rows %4d %-8s %6d x %6d | %8.1f MB | %8.1f us | %5.2f TB/s | %3.0f%% of the probe", rows, g.name,
+                  g.out, g.in, bytes / 1e6, t.ms * 1e3, bytes / (t.ms * 1e-3) / 1e12, 100 * bytes / (t.ms * 1e-3) / bw);
+      if (t.lt_timed > 0)
+        std::printf(" | cuBLASLt %8.1f us, %3.0f%%, %.2fx (best of %d, heuristic's #%d: %s)", t.lt_ms * 1e3,
+                    100 * bytes / (t.lt_ms * 1e-3) / bw, t.ms / t.lt_ms, t.lt_timed, t.lt_rank + 1, t.lt_algo);
+      else if (o.lt_algos > 0)
+        std::printf(" | cuBLASLt: no algorithm");
+      std::printf("\n");
+      step_ms += g.per_step * t.ms;
+      step_lt_ms += g.per_step * t.lt_ms;
       step_bytes += g.per_step * bytes;
+      lt_all = lt_all && t.lt_timed > 0;
     }
-    std::printf("rows %4d a step's GEMMs: %.3f GB in %.3f ms, %.0f%% of the probe\n", rows, step_bytes / 1e9, step_ms,
+    std::printf("rows %4d a step's GEMMs: %.3f GB in %.3f ms, %.0f%% of the probe", rows, step_bytes / 1e9, step_ms,
                 100 * step_bytes / (step_ms * 1e-3) / bw);
+    if (lt_all)
+      std::printf("; with each GEMM's fastest cuBLASLt algorithm %.3f ms, %.0f%%", step_lt_ms,
+                  100 * step_bytes / (step_lt_ms * 1e-3) / bw);
+    std::printf("\n");
   }
 }
 

@@ -1,8 +1,10 @@
 #include "cuda/bench_support.h"
 
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "common/error.h"
@@ -59,8 +61,68 @@ void fill_normal(float* d, size_t n, uint64_t seed, float scale, void* stream) {
   check(launch_fill_normal(d, n, seed, scale, stream), "fill_normal kernel");
 }
 
-double time_gemm_bf16(int rows, int out, int in, int iters) {
+namespace {
+
+// The cuBLASLt form of gemm_bf16 (blas.h): column-major y^T[out, rows] = op(W)[out, in] · x^T[in, rows] with W read
+// as the column-major [in, out] matrix transposed.
+struct LtGemm {
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtGemm(int rows, int out, int in, size_t workspace) {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    bool ok = cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, in, out, in) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, in, rows, in) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, out, rows, out) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                   sizeof workspace) == CUBLAS_STATUS_SUCCESS;
+    if (!ok) release();
+    KVQ_CHECK(ok, "bench gemm: cuBLASLt setup failed");
+  }
+  ~LtGemm() { release(); }
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+  void release() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (lt) cublasLtDestroy(lt);
+    pref = nullptr, c = b = a = nullptr, op = nullptr, lt = nullptr;
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> algorithms(int n) const {
+    std::vector<cublasLtMatmulHeuristicResult_t> r(size_t(std::max(n, 1)));
+    int got = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, n, r.data(), &got) != CUBLAS_STATUS_SUCCESS) got = 0;
+    r.resize(size_t(got));
+    return r;
+  }
+  cublasStatus_t run(const cublasLtMatmulAlgo_t& algo, const void* W, const void* x, float* y, void* ws,
+                     size_t ws_bytes, cudaStream_t st) const {
+    const float one = 1.f, zero = 0.f;
+    return cublasLtMatmul(lt, op, &one, W, a, x, b, &zero, y, c, y, c, &algo, ws, ws_bytes, st);
+  }
+};
+
+uint32_t algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  uint32_t v = 0;  // ID is an int32, the others uint32 (or uint16: read into the low bytes)
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
+  return v;
+}
+
+}  // namespace
+
+GemmTiming time_gemm_bf16(int rows, int out, int in, int iters, int lt_algos) {
   KVQ_CHECK(rows >= 1 && out >= 1 && in >= 1, "bench gemm: shape {} x {} x {}", rows, out, in);
+  constexpr size_t kWorkspace = size_t(32) << 20;  // GpuModel's (kBlasWorkspaceBytes)
   const size_t w_bytes = size_t(out) * in * 2;
   const int copies = int(std::clamp<size_t>((size_t(512) << 20) / w_bytes + 1, 1, 64));  // >= 512 MiB in all
   std::vector<DeviceBuffer> w;
@@ -71,22 +133,50 @@ double time_gemm_bf16(int rows, int out, int in, int iters) {
                               0x5eed + i, 0, st),
           "fill W");
   }
-  DeviceBuffer x(size_t(rows) * in * 2), y(size_t(rows) * out * 4);
+  DeviceBuffer x(size_t(rows) * in * 2), y(size_t(rows) * out * 4), workspace(kWorkspace);
   check(kernels::dummy_fill({nullptr, x.as<uint16_t>()}, int64_t(rows) * in, TensorInit::Normal, 1.f, 7, 1, st),
         "fill x");
   cublasHandle_t blas = nullptr;
   KVQ_CHECK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasCreate failed");
   const int reps = std::max(copies, 8);
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  const double ms = median_step_ms(
-      [&] {
-        for (int i = 0; i < reps && status == CUBLAS_STATUS_SUCCESS; ++i)
-          status = gemm_bf16(blas, w[i % copies].get(), x.get(), rows, out, in, y.as<float>());
-      },
-      2, iters, st);
+  cublasStatus_t status = cublasSetWorkspace(blas, workspace.get(), workspace.bytes());
+  GemmTiming t;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    t.ms = median_step_ms(
+               [&] {
+                 for (int i = 0; i < reps && status == CUBLAS_STATUS_SUCCESS; ++i)
+                   status = gemm_bf16(blas, w[i % copies].get(), x.get(), rows, out, in, y.as<float>());
+               },
+               2, iters, st) /
+           reps;
   cublasDestroy(blas);
   KVQ_CHECK(status == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasGemmEx: {}", cublasGetStatusString(status));
-  return ms / reps;
+  if (lt_algos <= 0) return t;
+
+  const LtGemm lt(rows, out, in, kWorkspace);
+  const std::vector<cublasLtMatmulHeuristicResult_t> algos = lt.algorithms(lt_algos);
+  for (size_t k = 0; k < algos.size(); ++k) {
+    if (algos[k].state != CUBLAS_STATUS_SUCCESS || algos[k].workspaceSize > kWorkspace) continue;
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    const double ms = median_step_ms(
+                          [&] {
+                            for (int i = 0; i < reps && s == CUBLAS_STATUS_SUCCESS; ++i)
+                              s = lt.run(algos[k].algo, w[i % copies].get(), x.get(), y.as<float>(), workspace.get(),
+                                         kWorkspace, st);
+                          },
+                          2, iters, st) /
+                      reps;
+    if (s != CUBLAS_STATUS_SUCCESS) continue;  // an algorithm that refuses this problem is skipped
+    ++t.lt_timed;
+    if (t.lt_ms == 0 || ms < t.lt_ms) {
+      t.lt_ms = ms, t.lt_rank = int(k);
+      const auto& a = algos[k].algo;
+      std::snprintf(t.lt_algo, sizeof t.lt_algo, "id %u tile %u stages %u split-k %u",
+                    algo_config(a, CUBLASLT_ALGO_CONFIG_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                    algo_config(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+    }
+  }
+  return t;
 }
 
 }  // namespace kvq::cuda
