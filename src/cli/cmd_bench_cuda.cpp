@@ -270,7 +270,8 @@ void bench_gemm_cuda(const GpuGemmBench& o) {
                         {"gate_up", 2 * I, H, L}, {"down", H, I, L}, {"head", m.vocab_size, H, 1}};
   const double bw = read_bandwidth_cuda();
   std::printf("bf16 GEMMs of a decode step (cuBLAS, fp32 accumulation and output), W read cold; read probe %.2f "
-              "TB/s%s\n", bw / 1e12, o.lt_algos > 0 ? "; beside it the fastest of cuBLASLt's heuristic algorithms" : "");
+              "TB/s%s\n",
+              bw / 1e12, o.lt_algos > 0 ? "; beside it the fastest of cuBLASLt's heuristic algorithms" : "");
   for (int rows : o.rows) {
     double step_ms = 0, step_lt_ms = 0, step_bytes = 0;
     bool lt_all = o.lt_algos > 0;  // every GEMM has a cuBLASLt time

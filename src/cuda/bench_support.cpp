@@ -72,18 +72,25 @@ struct LtGemm {
   cublasLtMatmulPreference_t pref = nullptr;
   LtGemm(int rows, int out, int in, size_t workspace) {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    bool ok = cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, in, out, in) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, in, rows, in) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, out, rows, out) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                   sizeof workspace) == CUBLAS_STATUS_SUCCESS;
-    if (!ok) release();
-    KVQ_CHECK(ok, "bench gemm: cuBLASLt setup failed");
+    try {
+      need(cublasLtCreate(&lt), "cublasLtCreate");
+      need(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+      need(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
+      need(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+      need(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, in, out, in), "layout of W");
+      need(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, in, rows, in), "layout of x");
+      need(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, out, rows, out), "layout of y");
+      need(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+      need(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                sizeof workspace),
+           "workspace preference");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  static void need(cublasStatus_t s, const char* what) {
+    KVQ_CHECK(s == CUBLAS_STATUS_SUCCESS, "bench gemm: cuBLASLt {}: {}", what, cublasGetStatusString(s));
   }
   ~LtGemm() { release(); }
   LtGemm(const LtGemm&) = delete;

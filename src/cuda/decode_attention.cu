@@ -11,8 +11,8 @@
 //      CUDA-core kernel the others (int4, int8, KIVI). The reference twin (decode_attention_ref.cu) has this
 //      kernel's grid and output and replaces it when asked.
 //   3. merge: per (row, head) the exact log-sum-exp merge of the splits, then o <- o R_V^T, into the step row
-//      (dev::merge_head, a warp per head). The tensor-core kernel does it in its launch: the last of a (row, kv head)'s blocks to
-//      finish merges its g heads (AttentionLaunch::arrivals), which saves a launch and its tail per layer.
+//      (dev::merge_head, a warp per head). The tensor-core kernel does it in its launch: the last of a
+//      (row, kv head)'s blocks to finish merges its g heads (AttentionLaunch::arrivals), which saves a launch a layer.
 //
 // The fast kernel: 4 warps, each takes tiles of 32 positions. Scores: lane = position (the lane decodes its K
 // row against the group's queries in shared memory, broadcast reads, with the key codec's score: int2 / int4
