@@ -129,7 +129,7 @@ uint32_t algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigA
 
 GemmTiming time_gemm_bf16(int rows, int out, int in, int iters, int lt_algos) {
   KVQ_CHECK(rows >= 1 && out >= 1 && in >= 1, "bench gemm: shape {} x {} x {}", rows, out, in);
-  constexpr size_t kWorkspace = size_t(32) << 20;  // GpuModel's (kBlasWorkspaceBytes)
+  constexpr size_t kWorkspace = kBlasWorkspaceBytes;  // GpuModel's
   const size_t w_bytes = size_t(out) * in * 2;
   const int copies = int(std::clamp<size_t>((size_t(512) << 20) / w_bytes + 1, 1, 64));  // >= 512 MiB in all
   std::vector<DeviceBuffer> w;
@@ -146,16 +146,18 @@ GemmTiming time_gemm_bf16(int rows, int out, int in, int iters, int lt_algos) {
   cublasHandle_t blas = nullptr;
   KVQ_CHECK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasCreate failed");
   const int reps = std::max(copies, 8);
+  // Median milliseconds of one call(W): timed steps of reps calls over the copies of W; status: the first failure.
+  auto per_call_ms = [&](auto call, cublasStatus_t& status) {
+    const auto step = [&] {
+      for (int i = 0; i < reps && status == CUBLAS_STATUS_SUCCESS; ++i) status = call(w[i % copies].get());
+    };
+    return median_step_ms(step, 2, iters, st) / reps;
+  };
   cublasStatus_t status = cublasSetWorkspace(blas, workspace.get(), workspace.bytes());
   GemmTiming t;
   if (status == CUBLAS_STATUS_SUCCESS)
-    t.ms = median_step_ms(
-               [&] {
-                 for (int i = 0; i < reps && status == CUBLAS_STATUS_SUCCESS; ++i)
-                   status = gemm_bf16(blas, w[i % copies].get(), x.get(), rows, out, in, y.as<float>());
-               },
-               2, iters, st) /
-           reps;
+    t.ms = per_call_ms([&](const void* W) { return gemm_bf16(blas, W, x.get(), rows, out, in, y.as<float>()); },
+                       status);
   cublasDestroy(blas);
   KVQ_CHECK(status == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasGemmEx: {}", cublasGetStatusString(status));
   if (lt_algos <= 0) return t;
@@ -165,14 +167,9 @@ GemmTiming time_gemm_bf16(int rows, int out, int in, int iters, int lt_algos) {
   for (size_t k = 0; k < algos.size(); ++k) {
     if (algos[k].state != CUBLAS_STATUS_SUCCESS || algos[k].workspaceSize > kWorkspace) continue;
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    const double ms = median_step_ms(
-                          [&] {
-                            for (int i = 0; i < reps && s == CUBLAS_STATUS_SUCCESS; ++i)
-                              s = lt.run(algos[k].algo, w[i % copies].get(), x.get(), y.as<float>(), workspace.get(),
-                                         kWorkspace, st);
-                          },
-                          2, iters, st) /
-                      reps;
+    const double ms = per_call_ms(
+        [&](const void* W) { return lt.run(algos[k].algo, W, x.get(), y.as<float>(), workspace.get(), kWorkspace, st); },
+        s);
     if (s != CUBLAS_STATUS_SUCCESS) continue;  // an algorithm that refuses this problem is skipped
     ++t.lt_timed;
     if (t.lt_ms == 0 || ms < t.lt_ms) {

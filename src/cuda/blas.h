@@ -4,7 +4,12 @@
 
 #include <cublas_v2.h>
 
+#include <cstddef>
+
 namespace kvq::cuda {
+
+// The cuBLAS workspace GpuModel gives its handle (cuBLAS's recommendation for Hopper), and bench gemm its calls.
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 
 // y[rows, out] = x[rows, in] · W^T with bf16 W (row-major [out, in]) and x, fp32 accumulation and output, enqueued on
 // the handle's stream. cuBLAS is column-major: y^T = W · x^T, with W read as the column-major [in, out] matrix

@@ -40,7 +40,6 @@ DeviceBuffer upload_f32(const std::vector<float>& v) {
   return b;
 }
 
-constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
 // A linear weight [out, in] in the GEMM precision.
 struct DeviceLinear {
