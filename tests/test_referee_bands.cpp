@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/error.h"
@@ -43,9 +44,10 @@ json fake_run(const std::string& key, const std::string& label, const std::strin
 
 // bf16 and four quantized runs, common protocol; bf16 and turboquant_2bit again as shipped. Every window of a quantized
 // run scores ln(ratio) nats per token more than bf16's, so its ppl is ratio × bf16's and the paired CI collapses to
-// that point.
-json fake_results() {
-  const std::vector<double> bf16 = {100, 110, 105, 95};
+// that point. `windows` eval windows (at most 5) of the one domain.
+json fake_results(size_t windows = 5) {
+  std::vector<double> bf16 = {100, 110, 105, 95, 102};
+  bf16.resize(windows);
   auto scaled = [&](double ratio) {
     std::vector<double> v;
     for (double x : bf16) v.push_back(x + std::log(ratio) * kTokensPerWindow);
@@ -208,7 +210,9 @@ TEST(RefereeBands, BandsPairEachRunWithItsProtocolsBf16AndItsBandsBest) {
   EXPECT_TRUE(claim("close to BF16")["kvq"]["common"]["64"].is_null());
   const json& q4c = claim("q4_0 as users run it")["kvq"]["common"]["64"];  // +0.65%, inside [0.2, 1.2]
   EXPECT_NEAR(q4c["measured"].get<double>(), 0.65, 1e-9);
+  EXPECT_EQ(q4c["windows"], 5);
   EXPECT_EQ(q4c["verdict"], "holds");
+  EXPECT_EQ(claim_run_text(q4c), "q4_0 at 4.500 bits");
   // OScaR's near-lossless claim at 3.02 bits: its run holds +0.2% but at 9 bits, another band: cannot tell
   const json& oscar = claim("near-lossless INT2")["kvq"]["as-shipped"]["64"];
   EXPECT_EQ(oscar["key"], "oscar_int2__shipped");
@@ -217,4 +221,31 @@ TEST(RefereeBands, BandsPairEachRunWithItsProtocolsBf16AndItsBandsBest) {
   const json& kitty = claim("~2.5 bits")["kvq"]["common"]["64"];  // +5% > 1%: does not hold
   EXPECT_EQ(kitty["key"], "kitty_int2__0-0");
   EXPECT_EQ(kitty["verdict"], "does not hold");
+}
+
+// The same +0.65% from 4 windows: a bootstrap over fewer than kClaimMinWindows windows cannot tell, and the tables say
+// why; a passkey claim still reads its Wilson interval.
+TEST(RefereeClaims, APplIncreaseFromTooFewWindowsCannotTell) {
+  static_assert(kClaimMinWindows == 5);
+  for (size_t windows : {1u, 4u}) {
+    SCOPED_TRACE(windows);
+    json j = fake_results(windows);
+    j["bands"] = referee_bands_json(j);
+    j["claims"] = referee_claims_json(j);
+    for (const json& c : j["claims"]) {
+      const json& cell = c["kvq"]["common"]["64"];
+      const std::string text = c["claim"];
+      if (text.find("q4_0 as users run it") != std::string::npos) {
+        EXPECT_NEAR(cell["measured"].get<double>(), 0.65, 1e-9);
+        EXPECT_NEAR(cell["ci95"][0].get<double>(), 0.65, 1e-9);  // collapsed: the interval alone would hold
+        EXPECT_EQ(cell["windows"], int(windows));
+        EXPECT_EQ(cell["verdict"], "cannot tell");
+        EXPECT_EQ(claim_run_text(cell),
+                  fmt::format("q4_0 at 4.500 bits ({} window{})", windows, windows == 1 ? "" : "s"));
+      } else if (text.find("NIAH 30/30") != std::string::npos) {
+        EXPECT_FALSE(cell.contains("windows"));  // passkey: trials, not windows
+      }
+    }
+    EXPECT_NE(referee_claims_markdown(j).find(fmt::format("q4_0 at 4.500 bits ({} window", windows)), std::string::npos);
+  }
 }

@@ -39,13 +39,17 @@ struct Figure {
   json row;  // the band row, without vs_best
 };
 
-// The paired ratio of run a over run b at ctx on the targets both scored (paired_windows), or nullopt when b (or a)
-// recorded no tail from the later prompt.
-std::optional<Interval> paired_ratio(const json& a, const json& b, const std::string& cs,
-                                     const std::vector<std::string>& domains, int resamples, uint64_t seed) {
+// The paired ratio of run a over run b at ctx on the targets both scored (paired_windows), and the number of windows
+// its bootstrap resampled; nullopt when b (or a) recorded no tail from the later prompt.
+struct PairedRatio {
+  Interval ratio;
+  int windows = 0;
+};
+std::optional<PairedRatio> paired_ratio(const json& a, const json& b, const std::string& cs,
+                                        const std::vector<std::string>& domains, int resamples, uint64_t seed) {
   const auto both = paired_windows(a, b, cs, domains);
   if (!both) return std::nullopt;
-  return paired_ppl_ratio(both->first, both->second, resamples, seed);
+  return PairedRatio{paired_ppl_ratio(both->first, both->second, resamples, seed), int(both->first.nll.size())};
 }
 
 }  // namespace
@@ -93,14 +97,16 @@ json referee_bands_json(const json& j) {
         const json& pk = (*r)["results"]["passkey"][cs];
         f.row = {{"key", key}, {"method", run_label(*r)}, {"windows", run_windows(*r)}, {"bits", f.bits},
                  {"scored_from", f.scored_from}, {"ppl", p.estimate}, {"ppl_ci95", pair_json(p.lo, p.hi)},
-                 {"increase_pct", nullptr}, {"increase_pct_ci95", nullptr}, {"kl", kl["kl_mean"]},
+                 {"increase_pct", nullptr}, {"increase_pct_ci95", nullptr}, {"increase_windows", nullptr},
+                 {"kl", kl["kl_mean"]},
                  {"kl_ci95", kl["kl_ci95"]}, {"top1", kl["top1"]}, {"passkey", pk["accuracy"]},
                  {"passkey_ci95", pk["ci95"]}};
         // against bf16 on the targets this run scored (the eviction row: bf16's tail from its prompt)
-        if (const std::optional<Interval> q =
+        if (const std::optional<PairedRatio> q =
                 bf16 ? paired_ratio(*r, *bf16, cs, domains, resamples, tag("bf16/" + key)) : std::nullopt) {
-          f.row["increase_pct"] = pct(q->estimate);
-          f.row["increase_pct_ci95"] = pair_json(pct(q->lo), pct(q->hi));
+          f.row["increase_pct"] = pct(q->ratio.estimate);
+          f.row["increase_pct_ci95"] = pair_json(pct(q->ratio.lo), pct(q->ratio.hi));
+          f.row["increase_windows"] = q->windows;
         }
         figs.push_back(std::move(f));
       }
@@ -124,16 +130,16 @@ json referee_bands_json(const json& j) {
           json row = f->row;
           row["vs_best"] = nullptr;
           const std::string key = row["key"], best_key = best->row["key"];
-          const std::optional<Interval> q =
+          const std::optional<PairedRatio> q =
               f == best ? std::nullopt
                         : paired_ratio(*f->run, *best->run, cs, domains, resamples, tag("best/" + key + "/" + best_key));
           if (q)
-            row["vs_best"] = {{"ratio", q->estimate},
-                              {"ci95", pair_json(q->lo, q->hi)},
-                              {"change_pct", pct(q->estimate)},
-                              {"change_pct_ci95", pair_json(pct(q->lo), pct(q->hi))},
+            row["vs_best"] = {{"ratio", q->ratio.estimate},
+                              {"ci95", pair_json(q->ratio.lo, q->ratio.hi)},
+                              {"change_pct", pct(q->ratio.estimate)},
+                              {"change_pct_ci95", pair_json(pct(q->ratio.lo), pct(q->ratio.hi))},
                               {"scored_from", std::max(f->scored_from, best->scored_from)},
-                              {"verdict", q->lo <= 1.0 ? "tied" : "worse"}};
+                              {"verdict", q->ratio.lo <= 1.0 ? "tied" : "worse"}};
           rows.push_back(std::move(row));
         }
         const BitBand& band = referee_bit_bands()[b];

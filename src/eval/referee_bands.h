@@ -40,10 +40,11 @@ const std::vector<BitBand>& referee_bit_bands();
 int bit_band(double bits);
 
 // results.json "bands": {protocol: {ctx: [{band, lo, hi, best_key, runs: [{key, method, windows, bits, scored_from,
-// ppl, ppl_ci95, increase_pct, increase_pct_ci95, kl, kl_ci95, top1, passkey, passkey_ci95, vs_best}]}]}} with vs_best
-// = null for the band's best (or a pair the records cannot make: a record from before tails), else {ratio, ci95,
-// change_pct, change_pct_ci95, scored_from, verdict}; only bands that hold a run; increase null without a bf16 run of
-// that protocol (or its tail).
+// ppl, ppl_ci95, increase_pct, increase_pct_ci95, increase_windows, kl, kl_ci95, top1, passkey, passkey_ci95,
+// vs_best}]}]}} with vs_best = null for the band's best (or a pair the records cannot make: a record from before
+// tails), else {ratio, ci95, change_pct, change_pct_ci95, scored_from, verdict}; only bands that hold a run; increase
+// (and increase_windows, the eval windows its paired bootstrap resampled) null without a bf16 run of that protocol (or
+// its tail).
 // results.json "pareto": {protocol: {ctx: [{key, method, windows, bits, scored_from, increase_pct, increase_pct_ci95,
 // kl, kl_ci95, front}]}} ordered by bits.
 // Both from the other keys of results (config.ctx, config.bootstrap, seeds.seed, eval_data, runs).

@@ -105,7 +105,9 @@ std::string claim_rule_text() {
          "holds when the CI's lower end is at least value - tol and does not hold when its upper end is below. "
          "Anything else: cannot tell at this sample size. A run outside the claim's effective-bit band (the only "
          "run of the format at that ctx has other bits, e.g. windows or BF16 layers of its path at a short context) "
-         "is shown, marked 'other band', and cannot tell: it is not the claim's setting. The camps measured on "
+         "is shown, marked 'other band', and cannot tell: it is not the claim's setting. A ppl increase resampled "
+         "from fewer than " + std::to_string(kClaimMinWindows) + " eval windows is marked with its window count and "
+         "cannot tell: a bootstrap over so few windows has almost no distinct resamples. The camps measured on "
          "other models and stacks: a verdict is about the referee's model, not theirs.";
 }
 
@@ -143,11 +145,14 @@ json referee_claims_json(const json& j) {
           const double v = ppl ? r["increase_pct"].get<double>() : r["passkey"].get<double>();
           const json ci = ppl ? r["increase_pct_ci95"] : r["passkey_ci95"];
           const bool same_band = bit_band(r["bits"].get<double>()) == bit_band(c.bits);
+          const int windows = ppl ? r["increase_windows"].get<int>() : kClaimMinWindows;
           cell = {{"key", r["key"]}, {"method", r["method"]}, {"bits", r["bits"]}, {"same_band", same_band},
                   {"measured", v}, {"ci95", ci},
-                  {"verdict", same_band ? claim_verdict(c.kind, c.value, c.tolerance, ci[0].get<double>(),
-                                                        ci[1].get<double>())
-                                        : "cannot tell"}};
+                  {"verdict", same_band && windows >= kClaimMinWindows
+                                  ? claim_verdict(c.kind, c.value, c.tolerance, ci[0].get<double>(),
+                                                  ci[1].get<double>())
+                                  : "cannot tell"}};
+          if (ppl) cell["windows"] = windows;
         }
         kvq[protocol][cs] = cell;
       }
@@ -156,6 +161,14 @@ json referee_claims_json(const json& j) {
                    {"metric", c.metric}, {"kind", claim_kind_name(c.kind)}, {"value", c.value},
                    {"tolerance", c.tolerance}, {"bits", c.bits}, {"methods", c.methods}, {"kvq", kvq}});
   }
+  return out;
+}
+
+std::string claim_run_text(const json& cell) {
+  std::string out = fmt::format("{} at {:.3f} bits", cell["method"].get<std::string>(), cell["bits"].get<double>());
+  if (!cell.value("same_band", true)) out += " (other band)";
+  if (const int w = cell.value("windows", kClaimMinWindows); w < kClaimMinWindows)
+    out += fmt::format(" ({} window{})", w, w == 1 ? "" : "s");
   return out;
 }
 
@@ -168,9 +181,7 @@ std::string referee_claims_markdown(const json& j) {
     const double v = cell["measured"], lo = cell["ci95"][0], hi = cell["ci95"][1];
     const std::string fig = ppl ? fmt::format("{:+.3f}% [{:+.3f}%, {:+.3f}%]", v, lo, hi)
                                 : fmt::format("{:.0f}% [{:.0f}%, {:.0f}%]", 100 * v, 100 * lo, 100 * hi);
-    return fmt::format("{} at {:.3f} bits{} | {} | **{}**", cell["method"].get<std::string>(),
-                       cell["bits"].get<double>(), cell.value("same_band", true) ? "" : " (other band)", fig,
-                       cell["verdict"].get<std::string>());
+    return fmt::format("{} | {} | **{}**", claim_run_text(cell), fig, cell["verdict"].get<std::string>());
   };
   for (const json& x : j["config"]["ctx"]) {
     const std::string cs = std::to_string(x.get<int>());

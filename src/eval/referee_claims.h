@@ -13,8 +13,11 @@
 //            not hold when its upper end is below it, else cannot tell.
 // The kvq figure is the run of the claim's methods, in that protocol and at that ctx, in the claim's effective-bit band
 // (eval/referee_bands.h) with the nearest bits; without one, the nearest run outside it, shown but "cannot tell" (it
-// is not the claim's setting: e.g. Kitty's own windows at a short context); ppl increases are the paired bootstrap against the protocol's bf16 run over every eval domain
-// pooled (results.json "bands"), passkey accuracy with its Wilson CI.
+// is not the claim's setting: e.g. Kitty's own windows at a short context); ppl increases are the paired bootstrap
+// against the protocol's bf16 run over every eval domain pooled (results.json "bands"), passkey accuracy with its
+// Wilson CI. A ppl increase resampled from fewer than kClaimMinWindows eval windows cannot tell either: a percentile
+// bootstrap over so few windows has almost no distinct resamples (over one it collapses to the point), so its
+// interval says nothing about the sample size.
 #pragma once
 
 #include <string>
@@ -43,6 +46,9 @@ struct CampClaim {
 // Every claim, in report order.
 const std::vector<CampClaim>& camp_claims();
 
+// The fewest eval windows a ppl verdict rests on (the paired bootstrap's resampled units); below it: cannot tell.
+inline constexpr int kClaimMinWindows = 5;
+
 // The verdict of a claim on kvq's 95% CI [lo, hi]: "holds" | "does not hold" | "cannot tell".
 std::string claim_verdict(ClaimKind kind, double value, double tolerance, double lo, double hi);
 
@@ -50,10 +56,13 @@ std::string claim_verdict(ClaimKind kind, double value, double tolerance, double
 std::string claim_rule_text();
 
 // results.json "claims": [{camp, claim, source, measured_on, metric, kind, value, tolerance, bits, methods,
-// kvq: {protocol: {ctx: {key, method, bits, same_band, measured, ci95, verdict} or null (no run of its methods)}}}],
-// from
-// results["bands"] (referee_bands_json) and config.ctx.
+// kvq: {protocol: {ctx: {key, method, bits, same_band, measured, ci95, windows (ppl claims: the paired increase's
+// windows), verdict} or null (no run of its methods)}}}], from results["bands"] (referee_bands_json) and config.ctx.
 nlohmann::json referee_claims_json(const nlohmann::json& results);
+
+// A claim cell's run as the tables name it: "e8_2 at 2.125 bits", marked " (other band)" outside the claim's band and
+// " (N windows)" below kClaimMinWindows (the two reasons a cell cannot tell whatever its interval).
+std::string claim_run_text(const nlohmann::json& cell);
 
 // report.md's claims section ("" without results["claims"]). The HTML twin is in report_html.cpp.
 std::string referee_claims_markdown(const nlohmann::json& results);

@@ -187,7 +187,10 @@ void check_equal_bits(Schema& s, const json& j, const std::vector<std::string>& 
               s.interval(r, rw, "kl_ci95");
               s.number(r, rw, "passkey");
               s.interval(r, rw, "passkey_ci95");
-              if (!r.value("increase_pct", json()).is_null()) s.interval(r, rw, "increase_pct_ci95");
+              if (!r.value("increase_pct", json()).is_null()) {
+                s.interval(r, rw, "increase_pct_ci95");
+                s.integer(r, rw, "increase_windows");
+              }
               if (r.contains("vs_best") && !r["vs_best"].is_null()) {
                 s.interval(r["vs_best"], rw + ".vs_best", "ci95");
                 s.string(r["vs_best"], rw + ".vs_best", "verdict");
@@ -253,6 +256,7 @@ void check_equal_bits(Schema& s, const json& j, const std::vector<std::string>& 
           s.string(cell, kw, "key");
           s.number(cell, kw, "measured");
           s.interval(cell, kw, "ci95");
+          if (c.value("metric", "") == "ppl_increase_pct") s.integer(cell, kw, "windows");
           if (s.string(cell, kw, "verdict") && cell["verdict"] != "holds" && cell["verdict"] != "does not hold" &&
               cell["verdict"] != "cannot tell")
             s.errors.push_back(kw + ".verdict: expected holds, does not hold or cannot tell");

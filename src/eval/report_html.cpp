@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "eval/referee.h"
+#include "eval/referee_claims.h"
 #include "eval/referee_eviction.h"
 #include "eval/referee_pooled.h"
 #include "eval/referee_view.h"
@@ -410,9 +411,7 @@ std::string claims_html(const json& j) {
           continue;
         }
         const double v = cell["measured"], lo = cell["ci95"][0], hi = cell["ci95"][1];
-        h += fmt::format("<td>{} at {:.3f} bits{}</td><td>{}</td><td class=\"verdict\">{}</td>",
-                         esc(cell["method"].get<std::string>()), cell["bits"].get<double>(),
-                         cell.value("same_band", true) ? "" : " (other band)",
+        h += fmt::format("<td>{}</td><td>{}</td><td class=\"verdict\">{}</td>", esc(claim_run_text(cell)),
                          ppl ? fmt::format("{:+.3f}% [{:+.3f}%, {:+.3f}%]", v, lo, hi)
                              : fmt::format("{:.0f}% [{:.0f}%, {:.0f}%]", 100 * v, 100 * lo, 100 * hi),
                          esc(cell["verdict"].get<std::string>()));
