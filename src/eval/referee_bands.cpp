@@ -98,9 +98,8 @@ json referee_bands_json(const json& j) {
         f.row = {{"key", key}, {"method", run_label(*r)}, {"windows", run_windows(*r)}, {"bits", f.bits},
                  {"scored_from", f.scored_from}, {"ppl", p.estimate}, {"ppl_ci95", pair_json(p.lo, p.hi)},
                  {"increase_pct", nullptr}, {"increase_pct_ci95", nullptr}, {"increase_windows", nullptr},
-                 {"kl", kl["kl_mean"]},
-                 {"kl_ci95", kl["kl_ci95"]}, {"top1", kl["top1"]}, {"passkey", pk["accuracy"]},
-                 {"passkey_ci95", pk["ci95"]}};
+                 {"kl", kl["kl_mean"]}, {"kl_ci95", kl["kl_ci95"]}, {"top1", kl["top1"]},
+                 {"passkey", pk["accuracy"]}, {"passkey_ci95", pk["ci95"]}};
         // against bf16 on the targets this run scored (the eviction row: bf16's tail from its prompt)
         if (const std::optional<PairedRatio> q =
                 bf16 ? paired_ratio(*r, *bf16, cs, domains, resamples, tag("bf16/" + key)) : std::nullopt) {
