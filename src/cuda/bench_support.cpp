@@ -129,7 +129,6 @@ uint32_t algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigA
 
 GemmTiming time_gemm_bf16(int rows, int out, int in, int iters, int lt_algos) {
   KVQ_CHECK(rows >= 1 && out >= 1 && in >= 1, "bench gemm: shape {} x {} x {}", rows, out, in);
-  constexpr size_t kWorkspace = kBlasWorkspaceBytes;  // GpuModel's
   const size_t w_bytes = size_t(out) * in * 2;
   const int copies = int(std::clamp<size_t>((size_t(512) << 20) / w_bytes + 1, 1, 64));  // >= 512 MiB in all
   std::vector<DeviceBuffer> w;
@@ -140,7 +139,7 @@ GemmTiming time_gemm_bf16(int rows, int out, int in, int iters, int lt_algos) {
                               0x5eed + i, 0, st),
           "fill W");
   }
-  DeviceBuffer x(size_t(rows) * in * 2), y(size_t(rows) * out * 4), workspace(kWorkspace);
+  DeviceBuffer x(size_t(rows) * in * 2), y(size_t(rows) * out * 4), workspace(kBlasWorkspaceBytes);
   check(kernels::dummy_fill({nullptr, x.as<uint16_t>()}, int64_t(rows) * in, TensorInit::Normal, 1.f, 7, 1, st),
         "fill x");
   cublasHandle_t blas = nullptr;
@@ -162,14 +161,15 @@ GemmTiming time_gemm_bf16(int rows, int out, int in, int iters, int lt_algos) {
   KVQ_CHECK(status == CUBLAS_STATUS_SUCCESS, "bench gemm: cublasGemmEx: {}", cublasGetStatusString(status));
   if (lt_algos <= 0) return t;
 
-  const LtGemm lt(rows, out, in, kWorkspace);
+  const LtGemm lt(rows, out, in, workspace.bytes());
   const std::vector<cublasLtMatmulHeuristicResult_t> algos = lt.algorithms(lt_algos);
   for (size_t k = 0; k < algos.size(); ++k) {
-    if (algos[k].state != CUBLAS_STATUS_SUCCESS || algos[k].workspaceSize > kWorkspace) continue;
+    if (algos[k].state != CUBLAS_STATUS_SUCCESS || algos[k].workspaceSize > workspace.bytes()) continue;
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    const double ms = per_call_ms(
-        [&](const void* W) { return lt.run(algos[k].algo, W, x.get(), y.as<float>(), workspace.get(), kWorkspace, st); },
-        s);
+    const auto call = [&](const void* W) {
+      return lt.run(algos[k].algo, W, x.get(), y.as<float>(), workspace.get(), workspace.bytes(), st);
+    };
+    const double ms = per_call_ms(call, s);
     if (s != CUBLAS_STATUS_SUCCESS) continue;  // an algorithm that refuses this problem is skipped
     ++t.lt_timed;
     if (t.lt_ms == 0 || ms < t.lt_ms) {

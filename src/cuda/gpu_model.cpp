@@ -40,7 +40,6 @@ DeviceBuffer upload_f32(const std::vector<float>& v) {
   return b;
 }
 
-
 // A linear weight [out, in] in the GEMM precision.
 struct DeviceLinear {
   DeviceBuffer w;  // [out, in] row-major, bf16 bits or fp32
