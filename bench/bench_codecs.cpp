@@ -13,8 +13,8 @@
 
 #include <benchmark/benchmark.h>
 
-#include "kv/codec.h"
-#include "kv/simd.h"
+#include "codecs/codec.h"
+#include "simd/simd.h"
 
 namespace {
 
@@ -134,7 +134,7 @@ void register_all() {
                                      BM_InCache, Case{spec(type, 128), level}, rows)
             ->Unit(benchmark::kMicrosecond)
             ->MinTime(0.3);
-  // TurboQuant presets: codebook (or FP8) keys with uniform values (kv/codec_turboquant.h).
+  // TurboQuant presets: codebook (or FP8) keys with uniform values (codecs/turboquant/codec_turboquant.h).
   const struct {
     const char* name;
     const char *k, *v;

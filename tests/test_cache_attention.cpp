@@ -12,16 +12,16 @@
 
 #include "attention/attention.h"
 #include "attention/attention_ref.h"
-#include "kv/simd.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
-#include "kv/codec_registry.h"
 #include "kv/transform.h"
 #include "model/model.h"
 #include "rotation/rotation_file.h"
-#include "tokenizer/tokenizer.h"
+#include "simd/simd.h"
 #include "test_helpers.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace kvq;
 

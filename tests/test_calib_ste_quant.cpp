@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "calib/ste_quant.h"
+#include "codecs/group_quant.h"
 #include "common/error.h"
-#include "kv/group_quant.h"
 
 using namespace kvq;
 

@@ -12,13 +12,13 @@
 
 #include <gtest/gtest.h>
 
+#include "codecs/codec.h"
+#include "codecs/group_quant.h"
+#include "codecs/layout.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
-#include "kv/codec.h"
-#include "kv/codec_registry.h"
-#include "kv/group_quant.h"
-#include "kv/layout.h"
-#include "kv/simd.h"
+#include "simd/simd.h"
 #include "test_helpers.h"
 
 using namespace kvq;
@@ -515,7 +515,7 @@ TEST(CodecTable, UnknownTypesAndClipsACodecIgnoresAreRefusedByName) {
 }
 
 // quantize_group is written with the per-element maths it shares with the GPU's demotion kernels
-// (kv/group_quant.h, KVQ_HD): it must store the same bits as the implementation it replaced, here verbatim, on
+// (codecs/group_quant.h, KVQ_HD): it must store the same bits as the implementation it replaced, here verbatim, on
 // random, heavy-tailed, clipped, constant, zero, signed-zero, tiny, huge and inf groups at every width.
 namespace {
 

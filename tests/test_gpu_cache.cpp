@@ -18,18 +18,18 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
+#include "gpu_twin.h"
 #include "kv/cache.h"
-#include "kv/codec_registry.h"
-#include "kv/simd.h"
 #include "kv/transform.h"
 #include "rotation/rotation_file.h"
-#include "gpu_twin.h"
+#include "simd/simd.h"
 #include "test_helpers.h"
 
 using namespace kvq;
@@ -505,7 +505,7 @@ TEST(GpuCache, ExhaustedPoolRefusesTheStepBeforeAnythingChanges) {
   EXPECT_EQ(c.length(a), 768);
 }
 
-// --- TurboQuant (cuda/codec_turboquant.cuh): codebook keys with the Hadamard their codecs imply, uniform values.
+// --- TurboQuant (codecs/turboquant/codec_turboquant.cuh): codebook keys with the Hadamard their codecs imply, uniform values.
 
 // The cache of a --kv-cache-dtype preset with the transform its codecs imply (the Hadamard on keys), for n_layers x
 // n_kv heads.
@@ -524,7 +524,7 @@ using TqCase = std::tuple<std::string, std::pair<int, int>, int>;  // preset, (s
 class GpuVsCpuTurboQuant : public ::testing::TestWithParam<TqCase> {};
 
 // Both caches rotate keys and queries by H with the same double accumulation (append, prepare_queries vs
-// kv/transform.cpp) and encode with kv/turboquant.h's operations, so every stored row is bit-identical: bf16
+// kv/transform.cpp) and encode with codecs/turboquant/turboquant.h's operations, so every stored row is bit-identical: bf16
 // windows, codebook keys (n in the canonical order, the same midpoints) and uniform values. Attention differs by
 // float summation order only (no int operands on either side): 1e-6.
 TEST_P(GpuVsCpuTurboQuant, StoredRowsAreBitIdenticalAndAttentionMatchesTheCpuCache) {
@@ -687,7 +687,7 @@ TEST(GpuCacheGeometry, TurboQuantPresetsHaveRowsAndTheCpuRowSizes) {
     EXPECT_EQ(g.v_row, c.v_row) << c.preset;
     EXPECT_EQ(g.k_region % 16, 0) << c.preset;  // the value rows start aligned
     EXPECT_EQ(g.head_bytes % 4, 0) << c.preset;
-    EXPECT_EQ(g.k_codebook, nullptr) << c.preset;  // uploaded by GpuKvCache only
+    EXPECT_EQ(g.k_table, nullptr) << c.preset;  // uploaded by GpuKvCache only
   }
 }
 
@@ -719,7 +719,7 @@ TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
   EXPECT_EQ(o.k_block_tokens, 32);
   EXPECT_EQ(o.block_tokens, 32);
   EXPECT_EQ(o.k_block, 1536);
-  EXPECT_EQ(o.k_row, 32);
+  EXPECT_EQ(o.k_row, 0);  // per-channel key blocks are addressed by block, never by row
   EXPECT_EQ(o.v_row, 48);
   EXPECT_EQ(o.scale_region, 128 * 4);
   EXPECT_EQ(o.page_bytes, 3 * (2 * o.head_bytes + o.scale_region));

@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "codecs/registry.h"
 #include "cuda/gpu_instances.h"
-#include "kv/codec_registry.h"
 
 using namespace kvq;
 using namespace kvq::cuda;
@@ -174,7 +174,7 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   scaled_int2.k.token_scale = true;
   EXPECT_TRUE(has(gpu_unsupported(scaled_int2, kHeadDim), "key type int2/g128 with a token scale"));
   EXPECT_TRUE(has(gpu_unsupported(config("oscar_int2", "oscar_int2", 128, 48), kHeadDim), "pages of 48 tokens"));
-  // Kitty's value rows are min / scale rows of its own (kv/codec_kitty.h), not the int2 rows a KIVI value maps to.
+  // Kitty's value rows are min / scale rows of its own (codecs/kitty/codec_kitty.h), not the int2 rows a KIVI value maps to.
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kHeadDim), "values kitty_int2"));
   EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kHeadDim), "kitty_int2"));
   // llama.cpp's types other than the q8_0 / q4_0 pairs have no GPU kernels: refused by name, never run as another

@@ -1,5 +1,5 @@
-// llama.cpp's q8_0 and q4_0 cache types on the GPU (cuda/codec_llamacpp.cuh) against the CPU cache
-// (kv/codec_llamacpp.h) on identical inputs: stored rows byte for byte (both quantize with kv/llamacpp_blocks.h's IEEE
+// llama.cpp's q8_0 and q4_0 cache types on the GPU (codecs/llamacpp/codec_llamacpp.cuh) against the CPU cache
+// (codecs/llamacpp/codec_llamacpp.h) on identical inputs: stored rows byte for byte (both quantize with codecs/llamacpp/llamacpp_blocks.h's IEEE
 // operations from the same bf16 window rows), with and without llama.cpp's KV rotation (attn_rot, which the GPU cache
 // applies itself as it applies every KvTransform); attention outputs by NMSE; the fast CUDA-core kernel against its
 // reference twin at every GQA instance; the rows' sizes and alignment on the host. The engine-level ppl against the
@@ -14,14 +14,14 @@
 #include <tuple>
 #include <vector>
 
+#include "codecs/llamacpp/attn_rot.h"
+#include "codecs/registry.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_kernels.h"
-#include "kv/cache.h"
-#include "kv/codec_registry.h"
-#include "rotation/attn_rot.h"
-#include "rotation/rotation_file.h"
 #include "gpu_twin.h"
+#include "kv/cache.h"
+#include "rotation/rotation_file.h"
 
 using namespace kvq;
 using namespace kvq::gpu_test;

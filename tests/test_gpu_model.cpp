@@ -27,6 +27,7 @@
 
 #include <gtest/gtest.h>
 
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_model.h"
@@ -35,7 +36,6 @@
 #include "engine/scheduler.h"
 #include "eval/evaluator.h"
 #include "eval/perplexity.h"
-#include "kv/codec_registry.h"
 #include "model/runner.h"
 #include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"

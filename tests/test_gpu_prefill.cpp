@@ -23,7 +23,7 @@
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/cache.h"
-#include "kv/simd.h"
+#include "simd/simd.h"
 
 using namespace kvq;
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "codecs/pnmix/codec_pnmix.h"
+#include "codecs/registry.h"
 #include "common/error.h"
-#include "kv/codec_pnmix.h"
-#include "kv/codec_registry.h"
 #include "model/config.h"
 
 namespace kvq::test {
@@ -54,7 +54,7 @@ inline std::vector<float> random_orthogonal(int d, std::mt19937& rng) {
   return std::vector<float>(m.begin(), m.end());
 }
 
-// A PN-Mix width table (kv/codec_pnmix.h) for tests: every (layer, kv head) at head_dim d gets the pattern
+// A PN-Mix width table (codecs/pnmix/codec_pnmix.h) for tests: every (layer, kv head) at head_dim d gets the pattern
 // 1, 1, 3, 4, 1, 2, 2, 2 over its pairs (average 2 bits, all four widths), rotated by the head's index so heads differ.
 inline std::shared_ptr<const PairBitTable> pnmix_widths(int n_layers, int n_kv_heads, int d) {
   constexpr uint8_t kPattern[8] = {1, 1, 3, 4, 1, 2, 2, 2};

@@ -1,4 +1,4 @@
-// Kitty (docs/METHODS.md §5.5): the boosted set is the top quarter (or 20%) of channels by mean |k| in each
+// Kitty (docs/guide/methods.md §5.5): the boosted set is the top quarter (or 20%) of channels by mean |k| in each
 // 128-token block, ties to the lower channel index (hand cases and a brute-force ranking of random blocks); stored
 // codes, scales, mins and the channel map bit-exact against a scalar reference written from the spec; the NMSE budget
 // of the bit widths; degenerate blocks and rows; the bytes per token of §5.5; the block rule of the cache.
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "codecs/kitty/codec_kitty.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "kv/cache.h"
-#include "kv/codec_kitty.h"
-#include "kv/codec_registry.h"
 
 using namespace kvq;
 

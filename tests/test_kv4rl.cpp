@@ -14,13 +14,13 @@
 
 #include "attention/attention.h"
 #include "attention/attention_ref.h"
+#include "codecs/group_quant.h"
+#include "codecs/int/codec_int.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
 #include "kv/cache.h"
-#include "kv/codec_int.h"
-#include "kv/codec_registry.h"
-#include "kv/group_quant.h"
 #include "test_helpers.h"
 
 using namespace kvq;

@@ -15,10 +15,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "codecs/registry.h"
 #include "common/sha256.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
-#include "kv/codec_registry.h"
 #include "model/model.h"
 #include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"

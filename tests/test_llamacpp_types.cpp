@@ -15,13 +15,13 @@
 
 #include <gtest/gtest.h>
 
+#include "codecs/codec.h"
+#include "codecs/llamacpp/attn_rot.h"
+#include "codecs/llamacpp/llamacpp_blocks.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
-#include "kv/codec.h"
-#include "kv/codec_registry.h"
-#include "kv/llamacpp_blocks.h"
 #include "model/safetensors.h"
-#include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 
@@ -409,7 +409,7 @@ TEST(LlamaCppTypes, F16RowsAreLlamaCppsFp16Bits) {
   }
 }
 
-// llama.cpp's KV rotation (rotation/attn_rot.h; docs/research/llamacpp-kv.md §3.2, §3.4).
+// llama.cpp's KV rotation (codecs/llamacpp/attn_rot.h; docs/research/llamacpp-kv.md §3.2, §3.4).
 TEST(AttnRot, SizesAreLlamaCppsLargestPowerOfTwoForKeysAnd64ForValues) {
   EXPECT_EQ(attn_rot_k_size(64), 64);
   EXPECT_EQ(attn_rot_k_size(128), 128);
@@ -452,9 +452,9 @@ TEST(AttnRot, IsTheTransformTheTableImpliesAndCodecTransformBuildsIt) {
     return c;
   };
   for (const char* t : {"q8_0", "q5_0", "q4_1", "q4_0", "iq4_nl"})
-    EXPECT_EQ(codec_traits(t).transform, kTransformAttnRot) << t;
-  EXPECT_EQ(codec_traits("f16").transform, kTransformNone);
-  EXPECT_EQ(implied_transform(cache("f16", "q4_0").k, cache("f16", "q4_0").v), kTransformAttnRot);
+    EXPECT_EQ(codec_traits(t).transform, CodecTransform::kAttnRot) << t;
+  EXPECT_EQ(codec_traits("f16").transform, CodecTransform::kNone);
+  EXPECT_EQ(implied_transform(cache("f16", "q4_0").k, cache("f16", "q4_0").v), CodecTransform::kAttnRot);
   const auto both = codec_transform(cache("q4_0", "q4_0"), 2, 2, 128);
   ASSERT_NE(both, nullptr);
   EXPECT_EQ(both->name, "attn_rot");

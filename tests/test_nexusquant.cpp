@@ -1,4 +1,4 @@
-// NexusQuant (docs/METHODS.md §5.3): the E8 nearest-point rules against hand-worked vectors and a brute-force search,
+// NexusQuant (docs/guide/methods.md §5.3): the E8 nearest-point rules against hand-worked vectors and a brute-force search,
 // the coset rule of the strict ablation, grid points round-tripping exactly, hand-worked rows through the codecs,
 // bytes per block, NMSE budgets, degenerate rows, RoPE removal (rotation/rope.h, kv/codec_rope.h), the key-codec
 // wrapping and its errors, the GPU's refusal, and perplexity on models/ref.
@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "codecs/nexus/codec_nexus.h"
+#include "codecs/nexus/e8_lattice.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "cuda/gpu_instances.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
-#include "kv/codec_nexus.h"
-#include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
-#include "kv/e8_lattice.h"
 #include "kv/transform.h"
 #include "model/model.h"
 #include "rotation/hadamard.h"

@@ -1,4 +1,4 @@
-// OScaR (oscar_int2, docs/METHODS.md §5.4): the integer-zero-point quantizer on hand-worked groups (rounding half to
+// OScaR (oscar_int2, docs/guide/methods.md §5.4): the integer-zero-point quantizer on hand-worked groups (rounding half to
 // even, the (0, 0) -> (-1, 1) case, groups without range, the fp16 storage), the codecs' stored bytes bit-exact
 // against a scalar reference written from the spec, the bytes per block and per token, the token scale ν (the norm
 // over all kv heads, stored once per token and layer), the lossless identity of dividing by ν and multiplying it
@@ -14,14 +14,14 @@
 
 #include "attention/attention.h"
 #include "attention/attention_ref.h"
+#include "codecs/oscar/codec_oscar.h"
+#include "codecs/oscar/oscar_format.h"
+#include "codecs/registry.h"
+#include "codecs/support_matrix.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
-#include "kv/codec_oscar.h"
-#include "kv/codec_registry.h"
-#include "kv/oscar_format.h"
-#include "kv/support_matrix.h"
 #include "model/model.h"
 #include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"
@@ -281,7 +281,7 @@ TEST(OscarTable, TheRowDeclaresItsLayoutScaleAndTransform) {
   EXPECT_EQ(&t, &codec_traits(CodecId::kOscarInt2));
   EXPECT_TRUE(t.per_channel_keys && t.token_scale_keys && fixed_format(t));
   EXPECT_FALSE(t.takes_clip || t.fake_quant);
-  EXPECT_EQ(t.transform, "hadamard");
+  EXPECT_EQ(t.transform, CodecTransform::kHadamard);
   const CodecSpec k = codec_spec("oscar_int2", true, 128, 0.f), v = codec_spec("oscar_int2", false, 128, 0.f);
   EXPECT_TRUE(k.per_channel && k.token_scale);
   EXPECT_FALSE(v.per_channel || v.token_scale);

@@ -12,10 +12,10 @@
 
 #include <fmt/format.h>
 
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "kv/cache.h"
 #include "kv/cache_layout.h"
-#include "kv/codec_registry.h"
 #include "kv/page_pool.h"
 #include "test_helpers.h"
 

@@ -1,4 +1,4 @@
-// PN-Mix (docs/METHODS.md §5.7): the greedy allocation (budget, the rule on hand-worked cases, the pair scores on a
+// PN-Mix (docs/guide/methods.md §5.7): the greedy allocation (budget, the rule on hand-worked cases, the pair scores on a
 // synthetic case), the key codec (stored bytes and decode against a scalar reference, bits from stored bytes, one
 // codec per head in the cache, the map in the footprint) and the calibration file (round trip, refusals, truncation
 // and corruption).
@@ -15,14 +15,14 @@
 
 #include "attention/attention_ref.h"
 #include "calib/pnmix.h"
-#include "calib/pnmix_file.h"
+#include "codecs/group_quant.h"
+#include "codecs/int/codec_int.h"
+#include "codecs/pnmix/codec_pnmix.h"
+#include "codecs/pnmix/pnmix_file.h"
 #include "common/error.h"
 #include "cuda/gpu_instances.h"
 #include "kv/cache.h"
-#include "kv/codec_int.h"
-#include "kv/codec_pnmix.h"
 #include "kv/codec_rope.h"
-#include "kv/group_quant.h"
 #include "rotation/rotation_file.h"
 #include "test_helpers.h"
 

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "attention/attention.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "cuda/gpu_instances.h"
@@ -20,7 +21,6 @@
 #include "eval/passkey.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
-#include "kv/codec_registry.h"
 #include "kv/evict.h"
 #include "model/model.h"
 #include "model/runner.h"

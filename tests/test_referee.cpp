@@ -16,10 +16,10 @@
 
 #include <gtest/gtest.h>
 
-#include "calib/pnmix_file.h"
+#include "codecs/pnmix/pnmix_file.h"
 #include "common/error.h"
-#include "eval/referee.h"
-#include "eval/referee_view.h"
+#include "referee/referee.h"
+#include "referee/view.h"
 
 using namespace kvq;
 namespace fs = std::filesystem;

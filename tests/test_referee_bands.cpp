@@ -1,4 +1,4 @@
-// The referee at equal bits and the camps' claims (eval/referee_bands.h, eval/referee_claims.h) on hand-made numbers —
+// The referee at equal bits and the camps' claims (referee/bands.h, referee/claims.h) on hand-made numbers —
 // no model runs: band assignment of hand-worked bit counts (METHODS §6's INT2 figures, llama.cpp's 4.5 bits), the
 // verdict rule on hand-made intervals, and a synthetic results.json of five runs in two protocols whose bands, paired
 // increases, Pareto front and claims are checked by hand.
@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
-#include "eval/referee_bands.h"
-#include "eval/referee_claims.h"
-#include "eval/referee_methods.h"
+#include "referee/bands.h"
+#include "referee/claims.h"
+#include "referee/methods.h"
 
 using namespace kvq;
 using nlohmann::json;

@@ -1,4 +1,4 @@
-// The referee's eviction section (eval/referee_eviction.h) on a synthetic results.json — no model runs: an eviction
+// The referee's eviction section (referee/eviction.h) on a synthetic results.json — no model runs: an eviction
 // row scored after a prompt of 60 of 64 tokens, its paired int2 row (prompt 0, with the NLL and KL tails it recorded
 // from 60) and bf16, two domains. The KL and top-1 of both rows on the eviction row's rows are the pooled sums over
 // windows by hand, their CIs hold them, the paired difference is Σ (a − b) / Σ rows and collapses to it when every
@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
-#include "eval/referee_eviction.h"
+#include "referee/eviction.h"
 
 using namespace kvq;
 using nlohmann::json;

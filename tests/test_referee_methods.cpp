@@ -5,13 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include "codecs/registry.h"
 #include "common/error.h"
-#include "eval/referee.h"
-#include "eval/referee_plan.h"
-#include "eval/referee_pooled.h"
-#include "eval/referee_results.h"
-#include "kv/codec_registry.h"
 #include "model/config.h"
+#include "referee/plan.h"
+#include "referee/pooled.h"
+#include "referee/referee.h"
+#include "referee/results.h"
 
 using namespace kvq;
 using nlohmann::json;
@@ -57,9 +57,9 @@ TEST(RefereeMethods, EveryRowNamesKnownRotationsBasesBaselinesAndClipSources) {
       EXPECT_LT(method_codec_spec(m.value_type, false).clip, 1.0f);
     }
     // A row's transform is its rotation or the one its codecs imply, never both (run_cache takes one).
-    const std::string_view implied = implied_transform(method_codec_spec(m.key_type, true),
+    const CodecTransform implied = implied_transform(method_codec_spec(m.key_type, true),
                                                        method_codec_spec(m.value_type, false));
-    if (implied != kTransformNone) {
+    if (implied != CodecTransform::kNone) {
       EXPECT_EQ(m.rotation, "none");
     }
     if (m.tunes_clips) {

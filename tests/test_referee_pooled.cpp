@@ -1,4 +1,4 @@
-// The referee's unseen-domain figures (eval/referee_pooled.h) on a synthetic results.json — no model runs: three
+// The referee's unseen-domain figures (referee/pooled.h) on a synthetic results.json — no model runs: three
 // domains (linux = the calibration file's stem, python, perl), four fake runs with known window NLLs; the pooled ppl
 // is exp(Σ nll / Σ tokens) over python and perl only, the paired CI holds its estimate and collapses to it when every
 // window has the same ratio, the pairs follow each method's natural base, and mismatched windows are refused.
@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
-#include "eval/referee.h"
-#include "eval/referee_pooled.h"
+#include "referee/pooled.h"
+#include "referee/referee.h"
 
 using namespace kvq;
 using nlohmann::json;

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "codecs/layout.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "kv/cache.h"
-#include "kv/codec_registry.h"
-#include "kv/layout.h"
 #include "test_helpers.h"
 
 using namespace kvq;

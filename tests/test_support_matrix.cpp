@@ -1,4 +1,4 @@
-// The support matrix of `kvq info --codecs` (kv/support_matrix.h): every codec of the table at head_dim 64 and 128,
+// The support matrix of `kvq info --codecs` (codecs/support_matrix.h): every codec of the table at head_dim 64 and 128,
 // the bytes and bits its CPU codec stores, and the GPU path from the instance table (cuda/gpu_instances.h).
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <set>
 #include <string>
 
-#include "kv/codec_registry.h"
-#include "kv/support_matrix.h"
+#include "codecs/registry.h"
+#include "codecs/support_matrix.h"
 
 using namespace kvq;
 
@@ -63,7 +63,7 @@ TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
   EXPECT_NE(text.find("tensor-core"), std::string::npos);
 }
 
-// llama.cpp's blocks of 32 (kv/codec_llamacpp.h): the CPU codec's bytes and bits; q8_0 and q4_0 on CUDA cores at
+// llama.cpp's blocks of 32 (codecs/llamacpp/codec_llamacpp.h): the CPU codec's bytes and bits; q8_0 and q4_0 on CUDA cores at
 // head_dim 128 (their instance rows: q8_0 / q4_0, q4_0 / q4_0, q8_0 / q8_0), the other types CPU only.
 TEST(SupportMatrix, LlamaCppQ8_0AndQ4_0RunOnCudaCoresAtHeadDim128) {
   const std::vector<SupportRow> rows = support_matrix({64, 128});

@@ -1,4 +1,4 @@
-// TurboQuant (docs/METHODS.md §5.2): the generated Lloyd–Max codebook against the spec's values, the key codecs' codes
+// TurboQuant (docs/guide/methods.md §5.2): the generated Lloyd–Max codebook against the spec's values, the key codecs' codes
 // bit for bit against an independent reading of the spec, distortion by bit width, the norm correction, degenerate
 // rows, the FP8 cast by hand, the value quantizer's fp16 mismatch, bytes per row, the presets and their transform,
 // attention invariance under the implied Hadamard (windows included) and perplexity end to end on models/ref.
@@ -14,16 +14,16 @@
 #include <gtest/gtest.h>
 
 #include "attention/attention.h"
+#include "codecs/codec.h"
+#include "codecs/registry.h"
+#include "codecs/turboquant/codec_turboquant.h"
+#include "codecs/turboquant/lloyd_max.h"
+#include "codecs/turboquant/turboquant.h"
 #include "common/error.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
 #include "eval/perplexity.h"
 #include "kv/cache.h"
-#include "kv/codec.h"
-#include "kv/codec_registry.h"
-#include "kv/codec_turboquant.h"
-#include "kv/lloyd_max.h"
-#include "kv/turboquant.h"
 #include "model/model.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
@@ -74,7 +74,7 @@ double relative_mse(const std::vector<float>& x, const std::vector<float>& xh) {
   return se / ss;
 }
 
-// The spec's key row (§5.2 steps 1-4), written independently of kv/turboquant.h: n in the canonical order (lane l
+// The spec's key row (§5.2 steps 1-4), written independently of codecs/turboquant/turboquant.h: n in the canonical order (lane l
 // sums y_l², y_{l+32}², ... then halving pairs), idx = how many midpoints are <= x (upper_bound), the packing by its
 // formulas, n as little-endian fp16.
 std::vector<uint8_t> spec_key_row(const float* y, int d, int bits, const LloydMaxCodebook& cb) {
@@ -536,7 +536,7 @@ TEST(TurboQuantTable, CodebookKeysImplyTheHadamardOnKeysOnly) {
   CacheConfig c;
   c.k = codec_spec("tq3nc", true, 128, 0.f);
   c.v = codec_spec("tqv3", false, 128, 0.f);
-  EXPECT_EQ(implied_transform(c.k, c.v), kTransformHadamardKeys);
+  EXPECT_EQ(implied_transform(c.k, c.v), CodecTransform::kHadamardKeys);
   const auto t = codec_transform(c, 2, 3, 64);
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->name, "hadamard_k");

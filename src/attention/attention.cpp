@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kv/simd.h"
 #include "common/error.h"
+#include "simd/simd.h"
 
 namespace kvq {
 

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "codecs/oscar/oscar_format.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
-#include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
-#include "kv/oscar_format.h"
 
 namespace kvq {
 

@@ -2,7 +2,7 @@
 // key/value rows of one sequence and one layer, builds every row as decode would hold it, and runs a plain softmax
 // in double. Written independently of KvCache's storage; short and slow on purpose.
 //
-// Row of position pos as read by a query at t (kv/cache.h, docs/METHODS.md §2):
+// Row of position pos as read by a query at t (kv/cache.h, docs/guide/methods.md §2):
 //   pos < S0 or pos >= qe(t):  the window codec's decode(encode(x))                       (bf16-rounded rows)
 //   S0 <= pos < qe(t):         the K / V codec's decode_at(encode_at(block)) of the window-codec rows of pos's block;
 //                              token-scaled keys: ν_t · decode_at(encode_at(rows / ν_t)), ν_t over all kv heads;

@@ -6,8 +6,8 @@
 #include "calib/optr.h"
 #include "calib/oscar.h"
 #include "calib/pnmix.h"
+#include "codecs/registry.h"
 #include "common/error.h"
-#include "kv/codec_registry.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 

@@ -1,4 +1,4 @@
-// PN-Mix calibration (docs/METHODS.md §5.7, kvq's definition): the width of every RoPE channel pair of every
+// PN-Mix calibration (docs/guide/methods.md §5.7, kvq's definition): the width of every RoPE channel pair of every
 // (layer, kv head), allocated from calibration traces.
 //
 //   pair i of a split-half head = channels (i, i + d/2); ‖x^(i)‖ = sqrt(x_i² + x_{i+d/2}²), which RoPE leaves unchanged
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "calib/calibrate.h"
-#include "kv/codec_pnmix.h"
+#include "codecs/pnmix/codec_pnmix.h"
 #include "model/model.h"
 
 namespace kvq {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "codecs/group_quant.h"
 #include "common/error.h"
-#include "kv/group_quant.h"
 
 namespace kvq {
 

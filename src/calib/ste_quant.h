@@ -1,18 +1,19 @@
 // Straight-through INT-b group quantizer for calibration (METHODS §4, OptR).
 //
-// Forward: the real cache quantizer, kvq::quantize_group (src/kv/group_quant.h, fp16 scale/zero), per group of
-// `group` columns of every row, dequantized: x̂ = (code − zero)·scale.
-// Backward (the reference code's rule): rounding is identity, the clip threshold thr is a constant, min/max/
-// scale/zero are differentiated normally. With x_c = clamp(x, −thr, thr), lo = x_c[i_min], hi = x_c[i_max],
-// s = (hi − lo)/L (L = 2^b − 1), z = −lo/s and code = x_c/s + z + r (r the rounding residual, held fixed):
+// Forward: the real cache quantizer, kvq::quantize_group (src/codecs/group_quant.h, fp16 scale/zero), per group of
+// `group` columns of every row, dequantized: x̂ = (code − zero)·scale. Backward (the reference code's rule): rounding
+// is identity, the clip threshold thr is a constant, min/max/ scale/zero are differentiated normally. With x_c =
+// clamp(x, −thr, thr), lo = x_c[i_min], hi = x_c[i_max], s = (hi − lo)/L (L = 2^b − 1), z = −lo/s and code = x_c/s + z
+// + r (r the rounding residual, held fixed):
 //     x̂ = (code − z)·s = x_c + r·s.
-// Hence, with m_i = [|x_i| <= thr] (clamp passes x_i; decided on the float value the quantizer saw) and upstream gradient g = ∂L/∂x̂:
+// Hence, with m_i = [|x_i| <= thr] (clamp passes x_i; decided on the float value the quantizer saw) and upstream
+// gradient g = ∂L/∂x̂:
 //     ∂L/∂x_i = m_i·g_i + m_i·[i == i_max]·c − m_i·[i == i_min]·c,   c = Σ_j g_j r_j / L.
-// r is taken from the real forward, r = (x̂ − x_c)/s with the float s (so the fp16 rounding of the stored
-// scale/zero is inside r); groups with s == 0 get r = 0 (pure pass-through).
-// The surrogate x̂(x) = x̃ + r·(x̃[i_max] − x̃[i_min])/L, with x̃_i = x_i where m_i = 1 and the frozen clip value
-// ±thr elsewhere, equals the real forward at the point where the state was recorded and its exact gradient is
-// the backward above — tests check the backward against finite differences of this surrogate.
+// r is taken from the real forward, r = (x̂ − x_c)/s with the float s (so the fp16 rounding of the stored scale/zero is
+// inside r); groups with s == 0 get r = 0 (pure pass-through). The surrogate x̂(x) = x̃ + r·(x̃[i_max] − x̃[i_min])/L,
+// with x̃_i = x_i where m_i = 1 and the frozen clip value ±thr elsewhere, equals the real forward at the point where
+// the state was recorded and its exact gradient is the backward above — tests check the backward against finite
+// differences of this surrogate.
 #pragma once
 
 #include <cstdint>

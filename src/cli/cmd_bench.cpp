@@ -17,10 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attention/attention.h"
 #include "cli/bench_cuda.h"
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "attention/attention.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "engine/scheduler.h"

@@ -16,11 +16,11 @@
 #include "common/error.h"
 
 #ifdef KVQ_HAVE_CUDA
+#include "codecs/codec.h"
 #include "cuda/bench_support.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
-#include "kv/codec.h"
 #endif
 
 namespace kvq::cli {

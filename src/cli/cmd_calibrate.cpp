@@ -9,9 +9,9 @@
 
 #include "calib/calibrate.h"
 #include "calib/pnmix.h"
-#include "calib/pnmix_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "codecs/pnmix/pnmix_file.h"
 #include "common/error.h"
 #include "common/sha256.h"
 #include "rotation/rotation_file.h"
@@ -64,7 +64,7 @@ CalibrationText read_calibration_text(const CalibrateOptions& o) {
   return c;
 }
 
-// --method pnmix: key widths per RoPE pair (calib/pnmix.h), written as a PN-Mix file (calib/pnmix_file.h).
+// --method pnmix: key widths per RoPE pair (calib/pnmix.h), written as a PN-Mix file (codecs/pnmix/pnmix_file.h).
 void run_pnmix(const CalibrateOptions& o, const Plan& p) {
   o.calib.validate(p.model);
   const CalibrationText cal = read_calibration_text(o);

@@ -1,5 +1,5 @@
-// kvq eval: decode-faithful fidelity metrics of one KV-cache configuration (docs/METHODS.md §8): ppl per domain, KL and
-// top-1 against a BF16-cache run in lockstep, passkey retrieval over ctx × depth, per-layer errors.
+// kvq eval: decode-faithful fidelity metrics of one KV-cache configuration (docs/guide/methods.md §8): ppl per domain,
+// KL and top-1 against a BF16-cache run in lockstep, passkey retrieval over ctx × depth, per-layer errors.
 #include <algorithm>
 #include <cstdio>
 

@@ -5,8 +5,8 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "codecs/support_matrix.h"
 #include "common/error.h"
-#include "kv/support_matrix.h"
 
 namespace kvq::cli {
 
@@ -18,10 +18,16 @@ struct InfoOptions {
   int ctx = 0;
   bool json = false;
   bool codecs = false;  // --codecs: the support matrix, no model
+  bool markdown = false;  // --codecs --markdown: docs/guide/codecs.md
 };
 
-// kvq info --codecs: the codec table's support matrix (kv/support_matrix.h), as a table or JSON rows.
-void print_codecs(bool as_json) {
+// kvq info --codecs: the codec table's support matrix (codecs/support_matrix.h), as a table, JSON rows or the
+// markdown page docs/guide/codecs.md.
+void print_codecs(bool as_json, bool markdown) {
+  if (markdown) {
+    std::printf("%s", support_markdown().c_str());
+    return;
+  }
   const std::vector<SupportRow> rows = support_matrix();
   if (!as_json) {
     std::printf("%s\n--kv-cache-dtype presets (a key and a value codec and the windows' codec; bytes and bits of the "
@@ -38,7 +44,9 @@ void print_codecs(bool as_json) {
 }
 
 void run(const InfoOptions& o) {
-  if (o.codecs) return print_codecs(o.json);
+  KVQ_CHECK(!o.markdown || o.codecs, "info: --markdown prints the codec page: it needs --codecs");
+  KVQ_CHECK(!(o.markdown && o.json), "info: --markdown and --json exclude each other");
+  if (o.codecs) return print_codecs(o.json, o.markdown);
   KVQ_CHECK(!o.model.dir.empty(), "info: -m DIR is required (or --codecs for the codec support matrix)");
   const Plan p = plan(o.model, o.cache, o.ctx);
   const ModelConfig& c = p.model;
@@ -104,8 +112,11 @@ void add_info(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print one JSON object (with --codecs: an array of matrix rows)");
   CLI::Option* codecs = cmd->add_flag("--codecs", o->codecs, "print the codec support matrix (codec x device x "
                                       "head_dim x group: bytes and bits stored) and exit");
+  cmd->add_flag("--markdown", o->markdown, "with --codecs: the matrix as the markdown page docs/guide/codecs.md");
   for (CLI::Option* other : cmd->get_options())  // the matrix takes no model, context or cache flag
-    if (other != codecs && other->get_name() != "--json" && other->get_name() != "--help") codecs->excludes(other);
+    if (other != codecs && other->get_name() != "--json" && other->get_name() != "--markdown" &&
+        other->get_name() != "--help")
+      codecs->excludes(other);
   cmd->callback([o] { run(*o); });
 }
 

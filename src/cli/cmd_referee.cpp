@@ -11,7 +11,7 @@
 #include "cli/options.h"
 #include "common/error.h"
 #include "eval/evaluator.h"
-#include "eval/referee.h"
+#include "referee/referee.h"
 
 namespace kvq::cli {
 

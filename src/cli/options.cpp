@@ -3,11 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "calib/pnmix_file.h"
+#include "codecs/llamacpp/attn_rot.h"
+#include "codecs/pnmix/pnmix_file.h"
+#include "codecs/registry.h"
 #include "common/error.h"
-#include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
-#include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 #ifdef KVQ_HAVE_CUDA
@@ -157,7 +157,7 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
                   "(vLLM TurboQuant's boundary layers); counted in the effective bits");
   cmd->add_option("--attn-rot", o.attn_rot,
                   "llama.cpp's KV rotation, implied by its cache types (" +
-                      codec_names_if([](const CodecTraits& t) { return t.transform == kTransformAttnRot; }) +
+                      codec_names_if([](const CodecTraits& t) { return t.transform == CodecTransform::kAttnRot; }) +
                       "): auto (as llama.cpp: keys when -ctk is one, values when -ctv is one, head_dim % 64 == 0) or "
                       "off (as llama.cpp's LLAMA_ATTN_ROT_DISABLE=1, which kvq also honours); default auto")
       ->check(CLI::IsMember({"auto", "off"}));
@@ -225,9 +225,9 @@ void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim)
 #endif
 }
 
-// Whether llama.cpp's KV rotation (rotation/attn_rot.h), which its cache types imply, is on: yes unless --attn-rot off
-// or llama.cpp's own switch LLAMA_ATTN_ROT_DISABLE (read once here, as llama.cpp reads it once per cache) says off;
-// --attn-rot auto against that switch is an error (never a silent override).
+// Whether llama.cpp's KV rotation (codecs/llamacpp/attn_rot.h), which its cache types imply, is on: yes unless
+// --attn-rot off or llama.cpp's own switch LLAMA_ATTN_ROT_DISABLE (read once here, as llama.cpp reads it once per
+// cache) says off; --attn-rot auto against that switch is an error (never a silent override).
 bool attn_rot_on(const CacheOptions& c) {
   const char* env = std::getenv("LLAMA_ATTN_ROT_DISABLE");
   const bool env_off = env != nullptr && std::atoi(env) != 0;
@@ -331,7 +331,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   if (!c.pnmix.empty() || codec_traits(p.cache.k.type).per_head) p.cache.k.pair_bits = pnmix_widths(m, c, p.cache, mc);
   // The transform the codecs imply (the codec table's transform column: TurboQuant's Hadamard on keys, OScaR's on keys
   // and values, llama.cpp's attn_rot unless --attn-rot off), built once; another --rotation would replace it.
-  const bool llama_rot = implied_transform(p.cache.k, p.cache.v) == kTransformAttnRot, attn_rot = attn_rot_on(c);
+  const bool llama_rot = implied_transform(p.cache.k, p.cache.v) == CodecTransform::kAttnRot, attn_rot = attn_rot_on(c);
   std::shared_ptr<const KvTransform> implied =
       llama_rot && !attn_rot ? nullptr : codec_transform(p.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   {  // builds the codecs (with that transform) and resolves the skipped layers: names what's unsupported

@@ -4,7 +4,7 @@
 // Why the wrappers: nvcc compiles device code with -fmad=true, which may fuse a * b + c into one fma and so change
 // the rounding; the __f*_rn intrinsics are never fused. The host is compiled for baseline x86-64 (no FMA, SSE
 // arithmetic), where plain operators already round each operation. Shared bit-exact maths (common/half.h,
-// kv/group_quant.h) is written with these, so the host and the GPU compute the same bits.
+// codecs/group_quant.h) is written with these, so the host and the GPU compute the same bits.
 #pragma once
 
 #include <stdint.h>
@@ -12,7 +12,7 @@
 #include <cmath>
 #include <cstring>
 
-// As kv/layout.h defines it (an identical redefinition is allowed).
+// As codecs/layout.h defines it (an identical redefinition is allowed).
 #ifndef KVQ_HD
 #if defined(__CUDACC__)
 #define KVQ_HD __host__ __device__

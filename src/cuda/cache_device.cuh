@@ -8,10 +8,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "codecs/codec_id.h"
+#include "codecs/layout.h"
 #include "common/half.h"
 #include "cuda/gpu_kernels.h"
-#include "kv/codec_id.h"
-#include "kv/layout.h"
 
 namespace kvq::cuda::dev {
 
@@ -109,8 +109,9 @@ constexpr bool token_scaled() {
   }
 }
 
-// A key codec that reads the cache's TurboQuant codebook (codec_turboquant.cuh) says kCodebook = true; its value, score
-// and encode_row take CacheGeometry::k_codebook in place of the group (and clip) arguments.
+// A key codec that decodes with its lookup table (KvCodec::lookup_table, uploaded as CacheGeometry::k_table:
+// TurboQuant's codebook, codecs/turboquant/codec_turboquant.cuh) says kCodebook = true; its value, score and encode_row
+// take the table in place of the group (and clip) arguments.
 template <class C>
 concept ReadsCodebook = requires { requires C::kCodebook; };
 

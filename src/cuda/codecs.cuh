@@ -4,12 +4,12 @@
 
 #include <utility>
 
-#include "cuda/codec_bf16.cuh"
-#include "cuda/codec_int.cuh"
-#include "cuda/codec_kivi.cuh"
-#include "cuda/codec_llamacpp.cuh"
-#include "cuda/codec_oscar.cuh"
-#include "cuda/codec_turboquant.cuh"
+#include "codecs/half/codec_bf16.cuh"
+#include "codecs/int/codec_int.cuh"
+#include "codecs/kivi/codec_kivi.cuh"
+#include "codecs/llamacpp/codec_llamacpp.cuh"
+#include "codecs/oscar/codec_oscar.cuh"
+#include "codecs/turboquant/codec_turboquant.cuh"
 #include "cuda/gpu_instances.h"
 
 namespace kvq::cuda {

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
       if (!kr.quant) {
         WindowRows::score<GQ>(kr.ptr, 0, kHeadDim, qs, qsum, g, s);
       } else if constexpr (dev::ReadsCodebook<K>) {
-        K::template score<GQ>(kr.ptr, geo.k_codebook, qs, g, s);
+        K::template score<GQ>(kr.ptr, geo.k_table, qs, g, s);
       } else {
         K::template score<GQ>(kr.ptr, kr.block_row, geo.k_group, qs, qsum, g, s);
         if constexpr (dev::token_scaled<K>()) {  // OScaR: ν_p · q·k̂

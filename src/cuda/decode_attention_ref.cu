@@ -34,7 +34,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
     // bf16 window row, or the key codec's row / KIVI key block; the value codec's row
     float kc;
     if (!kr.quant) kc = WindowRows::value(kr.ptr, 0, kD, c);
-    else if constexpr (dev::ReadsCodebook<K>) kc = K::value(kr.ptr, geo.k_codebook, c);
+    else if constexpr (dev::ReadsCodebook<K>) kc = K::value(kr.ptr, geo.k_table, c);
     else kc = K::value(kr.ptr, kr.block_row, geo.k_group, c);
     const float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : WindowRows::value(vr.ptr, 0, kD, c);
     for (int h = 0; h < g; ++h) red[h][c] = q[h] * kc;

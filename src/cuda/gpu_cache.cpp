@@ -11,14 +11,12 @@
 #include <optional>
 #include <set>
 
+#include "codecs/layout.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
-#include "kv/codec_registry.h"
-#include "kv/codec_turboquant.h"
-#include "kv/layout.h"
-#include "kv/oscar_format.h"
 
 namespace kvq::cuda {
 
@@ -27,32 +25,7 @@ namespace {
 // The traits row of a validated spec's type (gpu_instances.h has refused unknown types before any of these).
 const CodecTraits& traits(const CodecSpec& s) { return codec_traits(s.type); }
 
-bool is_oscar(const CodecSpec& s) { return traits(s).id == CodecId::kOscarInt2; }
-
-// Bytes of one stored row: layout::IntRow, (KIVI / OScaR keys) one token's packed codes of a key block,
-// layout::OscarValueRow, or the row of another ungrouped codec (bf16, TurboQuant: the CPU codec's block).
-int row_bytes(const CodecSpec& s) {
-  const CodecTraits& t = traits(s);
-  if (s.per_channel) return layout::packed_bytes(kHeadDim, t.code_bits);
-  if (is_oscar(s)) return layout::oscar_value_row_bytes(kHeadDim);
-  if (!t.grouped) {
-    CodecSpec d = s;
-    d.head_dim = kHeadDim;
-    return int(make_codec(d)->bytes_per_block());
-  }
-  return layout::int_row_bytes(kHeadDim, s.group, t.code_bits);
-}
-// Tokens and bytes of one stored K block: a row, or a KIVI / OScaR key block.
-int key_block_tokens(const CodecSpec& s) {
-  return !s.per_channel ? 1 : is_oscar(s) ? layout::kOscarGroup : s.group;
-}
-int key_block_bytes(const CodecSpec& s) {
-  if (!s.per_channel) return row_bytes(s);
-  if (is_oscar(s)) return layout::oscar_key_block_bytes(kHeadDim);
-  return layout::kivi_key_block_bytes(kHeadDim, s.group, traits(s).code_bits);
-}
-
-// Quantile index of kv/group_quant.cpp: min(floor(clip n), n - 1), or -1 for clip >= 1 (plain max |x|).
+// Quantile index of codecs/group_quant.cpp: min(floor(clip n), n - 1), or -1 for clip >= 1 (plain max |x|).
 int clip_index(const CodecSpec& s) {
   if (!traits(s).grouped || s.clip >= 1.0f) return -1;
   return std::min(int(std::floor(double(s.clip) * s.group)), s.group - 1);
@@ -127,12 +100,17 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int m
   g.pages_per_seq = std::max(1, l.pages_per_seq(max_ctx));  // the page pool's block table width
   g.instance = gpu_instance(cfg, kHeadDim);
   if (g.instance >= 0) g.k_codec = kGpuInstances[g.instance].k, g.v_codec = kGpuInstances[g.instance].v;
-  g.k_block_tokens = key_block_tokens(cfg.k);
+  // The blocks are the CPU codecs' (the layout's): per-token rows, or per-channel key blocks of G tokens, so the pages
+  // are byte-equal; a skipped layer stores bf16 rows.
+  const bool skipped = l.skipped.has(layer);
+  const CodecBlock k = skipped ? CodecBlock{1, l.skip_row} : l.k, v = skipped ? CodecBlock{1, l.skip_row} : l.v;
+  g.k_block_tokens = k.tokens;
+  g.k_block = int(k.bytes);
+  g.k_row = k.tokens == 1 ? int(k.bytes) : 0;  // per-channel key blocks are addressed by block, never by row
+  g.v_row = int(v.bytes);
   g.k_group = traits(cfg.k).grouped ? cfg.k.group : kHeadDim;
   g.v_group = traits(cfg.v).grouped ? cfg.v.group : kHeadDim;
   g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
-  g.k_row = row_bytes(cfg.k), g.v_row = row_bytes(cfg.v);
-  g.k_block = key_block_bytes(cfg.k);
   g.k_region = l.layer_k_region(layer);
   g.head_bytes = l.layer_head_bytes(layer);
   g.layer_offset = l.layer_offset(layer);
@@ -160,7 +138,7 @@ struct GpuKvCache::Impl {
   bool table_dirty = false;             // the pool's block tables changed since the last upload
   DeviceBuffer mu, rk, rv;
   TransformPtrs tptrs{};
-  DeviceBuffer codebook;                // TurboQuant codebook keys: centroids | midpoints (CacheGeometry::k_codebook)
+  DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
   // The step.
   bool in_step = false;
   std::vector<int> step_seqs, step_n;
@@ -231,13 +209,8 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   m.geo.reserve(size_t(n_layers));
   for (int l = 0; l < n_layers; ++l) {
     const CacheGeometry& g = m.geo.emplace_back(geometry(m.layout, cfg, max_ctx, l));
-    const bool skipped = m.layout.skipped.has(l);
-    const CodecBlock k = skipped ? CodecBlock{1, m.layout.skip_row} : m.layout.k;
-    const CodecBlock v = skipped ? CodecBlock{1, m.layout.skip_row} : m.layout.v;
-    KVQ_CHECK(g.k_block == k.bytes && g.k_block_tokens == k.tokens && g.v_row == v.bytes && v.tokens == 1 &&
-                  g.pages_per_seq == m.pool->table_width(),
-              "GPU KV cache: layer {}: blocks of {} / {} bytes differ from the CPU codecs' {} / {} (internal)", l,
-              g.k_block, g.v_row, k.bytes, v.bytes);
+    KVQ_CHECK(g.pages_per_seq == m.pool->table_width(), "GPU KV cache: layer {}: a block table of {} pages, the pool's "
+              "has {} (internal)", l, g.pages_per_seq, m.pool->table_width());
   }
 
   const PagePool& pool = *m.pool;
@@ -265,13 +238,13 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     return attention_prefill_supported(g);
   });
   if (cfg.transform) m.upload_transform(*cfg.transform);
+  // The constants the key codec decodes with (TurboQuant's codebook), the CPU codec's own, so both store the same
+  // codes; skipped (bf16) layers never read them.
   CodecSpec kspec = cfg.k;
   kspec.head_dim = kHeadDim;
-  if (const auto kc = make_codec(kspec); const auto* tk = dynamic_cast<const TqKeyCodec*>(kc.get())) {
-    std::vector<float> cb = tk->codebook().centroids;  // the CPU codec's codebook, so both store the same codes
-    cb.insert(cb.end(), tk->codebook().midpoints.begin(), tk->codebook().midpoints.end());
-    m.upload(m.codebook, cb.data(), cb.size() * sizeof(float));
-    for (CacheGeometry& g : m.geo) g.k_codebook = m.codebook.as<float>();  // skipped (bf16) layers never read it
+  if (const std::vector<float> table = make_codec(kspec)->lookup_table(); !table.empty()) {
+    m.upload(m.k_table, table.data(), table.size() * sizeof(float));
+    for (CacheGeometry& g : m.geo) g.k_table = m.k_table.as<float>();
   }
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
 }

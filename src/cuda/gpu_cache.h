@@ -1,21 +1,21 @@
 // The paged KV cache in GPU memory and the decode attention over it (issue #7).
 //
-// Same semantics as the CPU KvCache (kv/cache.h): BF16 sink [0, S0) and recent windows, a quantized paged region
-// [S0, qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves the
-// recent window (a whole block of B = block_tokens positions at once: G for KIVI keys, 32 for OScaR's, else 1, or
-// CacheConfig::demote_block, a multiple of it, e.g. 256). Same
-// block layouts: rows and blocks are kv/layout.h / kv/oscar_format.h structs (Bf16Row, IntRow, KiviKeyBlock,
-// OscarKeyBlock, OscarValueRow) and, for token-scaled keys, the page's ν region, byte for byte what the CPU cache
-// stores, so a page copied from the GPU decodes with the CPU codec.
+// Same semantics as the CPU KvCache (kv/cache.h): BF16 sink [0, S0) and recent windows, a quantized paged region [S0,
+// qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves the recent window
+// (a whole block of B = block_tokens positions at once: G for KIVI keys, 32 for OScaR's, else 1, or
+// CacheConfig::demote_block, a multiple of it, e.g. 256). Same block layouts: rows and blocks are codecs/layout.h /
+// codecs/oscar/oscar_format.h structs (Bf16Row, IntRow, KiviKeyBlock, OscarKeyBlock, OscarValueRow) and, for
+// token-scaled keys, the page's ν region, byte for byte what the CPU cache stores, so a page copied from the GPU
+// decodes with the CPU codec.
 //
-// A step works on a batch of sequences: sequence b contributes tokens [pos0_b, pos0_b + n_b) with pos0_b its
-// current length, and their rows are concatenated (vLLM "varlen"): row r of k/v/q belongs to one (b, i).
-// Decode is n_b = 1 for every b; prefill is one sequence with n_b = chunk.
+// A step works on a batch of sequences: sequence b contributes tokens [pos0_b, pos0_b + n_b) with pos0_b its current
+// length, and their rows are concatenated (vLLM "varlen"): row r of k/v/q belongs to one (b, i). Decode is n_b = 1 for
+// every b; prefill is one sequence with n_b = chunk.
 //
-// The cache owns the per-layer transform of its config (CacheConfig::transform: key means, R_K, R_V,
-// kv/transform.h), uploaded at construction: append() centres and rotates keys
-// and rotates values before quantizing; attention() rotates queries and un-rotates outputs, so callers pass
-// plain post-RoPE q / k / v and get plain attention outputs, exactly like the CPU path with a KvTransform.
+// The cache owns the per-layer transform of its config (CacheConfig::transform: key means, R_K, R_V, kv/transform.h),
+// uploaded at construction: append() centres and rotates keys and rotates values before quantizing; attention() rotates
+// queries and un-rotates outputs, so callers pass plain post-RoPE q / k / v and get plain attention outputs, exactly
+// like the CPU path with a KvTransform.
 //
 // All pointers named d_* are device pointers; all calls are asynchronous on the cache's stream unless noted.
 #pragma once
@@ -114,9 +114,9 @@ class GpuKvCache {
   void set_split_tokens(int n);
   // Run the simple reference twin of the attention kernel instead of the fast path (prefill chunks too: row by row).
   void set_reference_attention(bool on);
-  // A step's sequence of at least n rows takes the prefill kernel (default kPrefillMinRows, cuda/gpu_kernels.h; 1: every
-  // row, decode rows too; 0: none, every chunk row by row on the decode kernels, the path it is tested against). Takes
-  // effect at the next attention(), also inside a step.
+  // A step's sequence of at least n rows takes the prefill kernel (default kPrefillMinRows, cuda/gpu_kernels.h; 1:
+  // every row, decode rows too; 0: none, every chunk row by row on the decode kernels, the path it is tested against).
+  // Takes effect at the next attention(), also inside a step.
   void set_prefill_rows(int n);
   // attention() calls that ran the prefill kernel (for one step's layer, once each), since construction.
   int64_t prefill_kernel_calls() const;

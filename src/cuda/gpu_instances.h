@@ -11,7 +11,7 @@
 //
 // Rows name codecs by the blocks they store: keys are per-token rows, or per-channel key blocks for a codec with
 // per_channel_keys (KIVI, OScaR); values are per-token rows. The per-token rows of a KIVI type (its values, or keys
-// without per_channel) are the int rows of its bits (kv/codec_registry.cpp builds them as an IntCodec), so a
+// without per_channel) are the int rows of its bits (codecs/registry.cpp builds them as an IntCodec), so a
 // kivi2 value spec runs under a row whose values are int2; OScaR's values are its own rows (a format with its own
 // groups, fixed_format). The first row that fits a cache runs it: tensor-core rows come first.
 #pragma once
@@ -20,10 +20,10 @@
 #include <cstdint>
 #include <string>
 
+#include "codecs/codec_id.h"
+#include "codecs/registry.h"  // codec_traits, find_codec
 #include "cuda/gpu_kernels.h"  // kHeadDim
 #include "kv/cache.h"          // CacheConfig, CodecSpec
-#include "kv/codec_id.h"
-#include "kv/codec_registry.h"  // codec_traits, find_codec
 
 namespace kvq::cuda {
 
@@ -56,34 +56,39 @@ struct GpuInstance {
 // (kEvery) or 1 (kGeneric) attention kernels, each ~2 s of nvcc; every row also costs a reference twin and 1-2
 // demotion kernels (~0.3 s each, shared by rows of the same pair); a tensor-core row 1 attention kernel.
 // clang-format off
+namespace instance_table {  // the rows name enumerators without their enums' names
+using enum GpuPath;
+using enum GpuGqa;
+using enum CodecId;
 inline constexpr GpuInstance kGpuInstances[] = {
-  // path                keys             values          groups     page  GQA instances
-  {GpuPath::kTensorCore, CodecId::kInt2,  CodecId::kInt2, kG128,     16,   GpuGqa::kGeneric},
-  {GpuPath::kTensorCore, CodecId::kInt2,  CodecId::kBf16, kG128,     16,   GpuGqa::kGeneric},
-  {GpuPath::kTensorCore, CodecId::kBf16,  CodecId::kInt2, kG128,     16,   GpuGqa::kGeneric},
-  {GpuPath::kTensorCore, CodecId::kBf16,  CodecId::kBf16, kAnyGroup, 16,   GpuGqa::kGeneric},
-  {GpuPath::kCudaCore,   CodecId::kInt8,  CodecId::kInt8, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kInt4,  CodecId::kInt4, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kInt2,  CodecId::kInt2, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kKivi2, CodecId::kInt2, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kKivi4, CodecId::kInt4, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kInt4,  CodecId::kInt2, kAnyGroup,  8,   GpuGqa::kGeneric},
-  {GpuPath::kCudaCore,   CodecId::kKivi2, CodecId::kInt4, kAnyGroup,  8,   GpuGqa::kGeneric},
-  {GpuPath::kCudaCore,   CodecId::kBf16,  CodecId::kBf16, kAnyGroup,  8,   GpuGqa::kGeneric},
+  {.path = kTensorCore, .k = kInt2,      .v = kInt2,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric},
+  {.path = kTensorCore, .k = kInt2,      .v = kBf16,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric},
+  {.path = kTensorCore, .k = kBf16,      .v = kInt2,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric},
+  {.path = kTensorCore, .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 16, .gqa = kGeneric},
+  {.path = kCudaCore,   .k = kInt8,      .v = kInt8,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kInt2,      .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kKivi2,     .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kKivi4,     .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kInt4,      .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
+  {.path = kCudaCore,   .k = kKivi2,     .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
+  {.path = kCudaCore,   .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
   // OScaR: token-scaled keys in 32-token blocks, values in 32-channel groups (no --kv-group: its own groups)
-  {GpuPath::kCudaCore,   CodecId::kOscarInt2, CodecId::kOscarInt2, kAnyGroup, 32, GpuGqa::kEvery},
+  {.path = kCudaCore,   .k = kOscarInt2, .v = kOscarInt2, .groups = kAnyGroup, .page_multiple = 32, .gqa = kEvery},
   // TurboQuant presets (codec_turboquant.cuh; ungrouped sides): turboquant_3bit_nc and turboquant_2bit (the timed
   // pairs) with every GQA instance, turboquant_4bit_nc and turboquant_k3v4_nc with the generic one
-  {GpuPath::kCudaCore,   CodecId::kTq3nc, CodecId::kTqv3, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kTq2nc, CodecId::kTqv2, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kTq4nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
-  {GpuPath::kCudaCore,   CodecId::kTq3nc, CodecId::kTqv4, kAnyGroup,  8,   GpuGqa::kGeneric},
+  {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv3,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kTq2nc,     .v = kTqv2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kTq4nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
+  {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
   // llama.cpp's q8_0 and q4_0 (codec_llamacpp.cuh; blocks of 32 with an fp16 scale, ungrouped): -ctk q8_0 -ctv q4_0
   // (its common pair) and q4_0 with every GQA instance, q8_0 with the generic one
-  {GpuPath::kCudaCore,   CodecId::kQ8_0,  CodecId::kQ4_0, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kQ4_0,  CodecId::kQ4_0, kAnyGroup,  8,   GpuGqa::kEvery},
-  {GpuPath::kCudaCore,   CodecId::kQ8_0,  CodecId::kQ8_0, kAnyGroup,  8,   GpuGqa::kGeneric},
+  {.path = kCudaCore,   .k = kQ8_0,      .v = kQ4_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kQ4_0,      .v = kQ4_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
+  {.path = kCudaCore,   .k = kQ8_0,      .v = kQ8_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
 };
+}  // namespace instance_table
+using instance_table::kGpuInstances;
 // clang-format on
 inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpuInstances[0]));
 

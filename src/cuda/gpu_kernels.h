@@ -6,9 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codecs/codec_id.h"
+#include "codecs/layout.h"        // KVQ_HD
 #include "kv/cache_layout.h"  // quant_end
-#include "kv/codec_id.h"
-#include "kv/layout.h"        // KVQ_HD
 
 namespace kvq {
 struct CacheConfig;  // kv/cache.h
@@ -43,7 +43,7 @@ struct CacheGeometry {
   int k_group, v_group;        // G of the int codecs (values per scale/zero group; KIVI keys: tokens per block)
   int k_clip_index, v_clip_index;  // quantile index min(floor(clip G), G - 1); -1 = plain max |x| (clip >= 1)
   int k_block_tokens;          // Gk: tokens per stored K block, 1 (per-token rows) or G (KIVI keys, per channel)
-  int k_row, v_row;            // bytes of one stored K / V row (KIVI keys: one token's packed codes, d b / 8)
+  int k_row, v_row;            // bytes of one stored K / V row (0 for per-channel key blocks: never read by row)
   int k_block;                 // bytes of one stored K block: k_row, or the layout::KiviKeyBlock for KIVI keys
   int64_t k_region, head_bytes;  // bytes of one page's K blocks of one head; K + V blocks of one head (this layer)
   int64_t layer_offset;        // bytes of a page before this layer (CacheLayout::layer_offset): head h at
@@ -55,8 +55,8 @@ struct CacheGeometry {
   uint16_t* sinks;             // sink rows (bf16 bits)
   uint16_t* ring;              // recent rows (bf16 bits)
   const int* page_table;       // [max_seqs][pages_per_seq]
-  const float* k_codebook;     // TurboQuant codebook keys: [2^b centroids | 2^b - 1 midpoints] fp32 (kv/lloyd_max.h),
-                               // the CPU codec's; null for other key codecs
+  const float* k_table;        // the key codec's lookup table (KvCodec::lookup_table: TurboQuant's codebook, [2^b
+                               // centroids | 2^b - 1 midpoints] fp32), the CPU codec's; null for the other key codecs
 };
 
 // The sizes and layout of layer `layer` of a cache (every field but the device pointers, which stay null): the one

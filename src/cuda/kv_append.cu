@@ -2,14 +2,14 @@
 //   append: per (row, kv head, K/V): centre (keys), rotate by R_K / R_V (double accumulation in the CPU's order, so
 //           the rows are bit-identical to kv/transform.cpp), round to bf16 into the sink or the recent ring.
 //   demote: per (position, kv head, K/V), one warp: bf16 ring row -> the codec's encode_row (int rows: the group
-//           quantizer of kv/group_quant.cpp with the same float operations, no fast math, no contraction;
+//           quantizer of codecs/group_quant.cpp with the same float operations, no fast math, no contraction;
 //           bf16: a copy) -> its row in the page.
 //   demote KIVI keys: per (block of G positions, kv head), one thread per channel: the codec's encode_block (the
 //           same quantizer over the channel's G bf16 ring values, the CPU's serial loop order) -> its
 //           layout::KiviKeyBlock in the page.
 //   token scales (OScaR keys, before their blocks): per position, one warp: ν over the bf16 ring key rows of all
-//           kv heads (kv/oscar_format.h, the CPU's order) -> the page's token-scale region, which the key blocks'
-//           encode_block then divides by.
+//           kv heads (codecs/oscar/oscar_format.h, the CPU's order) -> the page's token-scale region, which the key
+//           blocks' encode_block then divides by.
 // Both are templated on the codecs of the cache's instance row (gpu_instances.h), chosen at with_instance.
 #include <cuda_runtime.h>
 
@@ -58,7 +58,7 @@ __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* it
   const uint16_t* src = dev::ring_row(g, it.seq, layer, kv, head, it.pos);
   uint8_t* dst = dev::page_row(g, it.seq, layer, kv, head, it.pos);
   if (kv == 0) {
-    if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_codebook, sh);
+    if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_table, sh);
     else if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);
   } else {
     V::encode_row(src, dst, g.v_group, g.v_clip_index, sh);

@@ -1,4 +1,4 @@
-// kvq eval: the fidelity metrics of docs/METHODS.md §8 for one KV-cache configuration, decode-faithful (§2):
+// kvq eval: the fidelity metrics of docs/guide/methods.md §8 for one KV-cache configuration, decode-faithful (§2):
 //   ppl      per domain, with a bootstrap 95% CI over windows
 //   kl       KL(p_bf16 ‖ p_method) per token and top-1 agreement against a BF16-cache run in lockstep
 //   passkey  needle retrieval accuracy over context lengths × depths × trials, Wilson 95% CIs
@@ -60,9 +60,9 @@ struct EvalConfig {
   int prompt_tokens = 0;
   double prompt_fraction = 0;
   int prompt_at(int ctx) const;            // P for windows of ctx tokens (kvq::Error when both are given, or P >= ctx)
-  // A tail of each ppl / kl window (eval/perplexity.h): its NLL over the targets at positions >= T = floor(tail_fraction
-  // · ctx) is recorded too, and its KL and top-1 against the BF16 run over the rows predicting them, from the same
-  // passes (the referee pairs runs of different prompts on it); 0: none.
+  // A tail of each ppl / kl window (eval/perplexity.h): its NLL over the targets at positions >= T =
+  // floor(tail_fraction · ctx) is recorded too, and its KL and top-1 against the BF16 run over the rows predicting
+  // them, from the same passes (the referee pairs runs of different prompts on it); 0: none.
   double tail_fraction = 0;
   int tail_at(int ctx) const;              // T for windows of ctx tokens (0: none; kvq::Error unless P <= T < ctx)
 

@@ -1,12 +1,12 @@
-// Lockstep fidelity pass (docs/METHODS.md §8): the BF16-cache run and the method's run over the same tokens in the same
-// process, chunk by chunk — forward the BF16 chunk, forward the method chunk, compare the two [chunk, vocab] logit
-// blocks, accumulate — so at most one chunk of logits per run is held. Both runs are decode-faithful (the method's
-// cache is read as decode would hold it). With layers, a third run (the method cache fed the BF16 run's layer
-// inputs) gives each layer's own attention-output error (eval/layer_errors.h).
-// With a prompt of P tokens (eval/perplexity.h): every run prefills [0, P), calls Runner::end_prompt (the reference is
-// decode-faithful BF16: a no-op there), then runs [P, ctx); KL and top-1 compare the rows that predict positions >= P
-// (rows max(P - 1, 0) .. ctx - 1, the last row included as without a prompt) and the NLLs score the same targets as
-// perplexity(); the per-layer errors still cover every row.
+// Lockstep fidelity pass (docs/guide/methods.md §8): the BF16-cache run and the method's run over the same tokens in
+// the same process, chunk by chunk — forward the BF16 chunk, forward the method chunk, compare the two [chunk, vocab]
+// logit blocks, accumulate — so at most one chunk of logits per run is held. Both runs are decode-faithful (the
+// method's cache is read as decode would hold it). With layers, a third run (the method cache fed the BF16 run's layer
+// inputs) gives each layer's own attention-output error (eval/layer_errors.h). With a prompt of P tokens
+// (eval/perplexity.h): every run prefills [0, P), calls Runner::end_prompt (the reference is decode-faithful BF16: a
+// no-op there), then runs [P, ctx); KL and top-1 compare the rows that predict positions >= P (rows max(P - 1, 0) ..
+// ctx - 1, the last row included as without a prompt) and the NLLs score the same targets as perplexity(); the
+// per-layer errors still cover every row.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +14,8 @@
 #include <memory>
 #include <vector>
 
-#include "eval/layer_errors.h"
 #include "common/thread_pool.h"
+#include "eval/layer_errors.h"
 #include "kv/cache.h"
 #include "model/runner.h"
 

@@ -1,4 +1,4 @@
-// Per-layer error observers for the lockstep fidelity pass (docs/METHODS.md §8).
+// Per-layer error observers for the lockstep fidelity pass (docs/guide/methods.md §8).
 //
 // Definitions (all against the BF16-cache pass over the same tokens, sums over every position of every window):
 //   attn_local[l]  = sqrt(Σ‖y_l^forced - y_l^bf16‖² / Σ‖y_l^bf16‖²): the layer's OWN post-W_O attention-output

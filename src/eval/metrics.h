@@ -1,4 +1,4 @@
-// Per-token fidelity metrics on logit rows (docs/METHODS.md §8), all computed in double precision.
+// Per-token fidelity metrics on logit rows (docs/guide/methods.md §8), all computed in double precision.
 #pragma once
 
 #include <cstdint>

@@ -1,14 +1,14 @@
-// Perplexity over non-overlapping windows of ctx tokens, decode-faithful (docs/METHODS.md §2): each window is a fresh
-// sequence prefilled in chunks through the configured KV cache, and every position but the window's first is
+// Perplexity over non-overlapping windows of ctx tokens, decode-faithful (docs/guide/methods.md §2): each window is a
+// fresh sequence prefilled in chunks through the configured KV cache, and every position but the window's first is
 // scored against the next token.
 //
 // With a prompt of P > 0 tokens per window (the "as shipped" rows, METHODS §5): tokens [0, P) are the prompt, prefilled
 // in chunks of max_chunk; then Runner::end_prompt applies the cache's prompt policy (CacheConfig::prompt_policy); then
 // tokens [P, ctx) are teacher-forced in chunks (the cache reads decode-faithfully after the prompt), and only the
 // targets at positions >= P are scored: ctx - P per window. P = 0 is the plain decode-faithful scoring (ctx - 1
-// targets; end_prompt is still called before the first token, which a decode-faithful cache ignores).
-// A tail T (P <= T < ctx, 0: none) also sums each window's NLL over its targets at positions >= T, from the same pass:
-// the referee pairs a run with one of a longer prompt (its eviction row) on the targets both scored.
+// targets; end_prompt is still called before the first token, which a decode-faithful cache ignores). A tail T (P <= T
+// < ctx, 0: none) also sums each window's NLL over its targets at positions >= T, from the same pass: the referee pairs
+// a run with one of a longer prompt (its eviction row) on the targets both scored.
 #pragma once
 
 #include <cstdint>

@@ -5,12 +5,12 @@
 #include <cstring>
 #include <numeric>
 
+#include "codecs/oscar/oscar_format.h"
+#include "codecs/pnmix/codec_pnmix.h"
+#include "codecs/registry.h"
 #include "common/error.h"
-#include "kv/codec_pnmix.h"
-#include "kv/codec_registry.h"
 #include "kv/codec_rope.h"
 #include "kv/evict.h"
-#include "kv/oscar_format.h"
 
 namespace kvq {
 
@@ -163,10 +163,11 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
   // that rotation, so the cache refuses them without it (never silently without it, nor with another). OScaR's
   // Hadamard improves its quantizer but is not part of its format: storage tests may run it under any transform; the
   // CLI always builds the implied one (cli/options.cpp plan()).
-  const std::string_view implied = implied_transform(cfg.k, cfg.v);
-  KVQ_CHECK(implied != kTransformHadamardKeys || (cfg.transform && cfg.transform->name == implied),
+  const CodecTransform implied = implied_transform(cfg.k, cfg.v);
+  KVQ_CHECK(implied != CodecTransform::kHadamardKeys ||
+                (cfg.transform && cfg.transform->name == transform_name(implied)),
             "KV cache: cache types k={} v={} imply the transform '{}', the cache has '{}' (rotation/rotation_file.h: "
-            "codec_transform builds it)", cfg.k.type, cfg.v.type, implied, cfg.rotation());
+            "codec_transform builds it)", cfg.k.type, cfg.v.type, transform_name(implied), cfg.rotation());
   const int block_tokens = std::lcm(k.tokens_per_block(), v.tokens_per_block());
   KVQ_CHECK(cfg.page_tokens > 0 && cfg.page_tokens % block_tokens == 0,
             "KV cache: page size {} is not a multiple of the codec block of {} tokens ({} keys, {} values)",
@@ -386,7 +387,7 @@ void KvCache::demote(int seq, Sequence& s, int layer, int from, int to) {
 }
 
 // nu[i] = ν of position b0 + i for the n positions of a codec block: the norm of its key rows over all kv heads
-// (kv/oscar_format.h), from the window rows the codecs will encode.
+// (codecs/oscar/oscar_format.h), from the window rows the codecs will encode.
 void KvCache::demote_scales(Sequence& s, int layer, int b0, int n, float* nu) const {
   std::vector<float> row(static_cast<size_t>(d_));
   for (int i = 0; i < n; ++i) {

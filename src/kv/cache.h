@@ -1,21 +1,21 @@
 // Paged KV cache with sink / recent windows (BF16, or INT8 for KV4-RL) and a quantized (codec) region.
 //
-// Positions of one sequence, for a query at position t (docs/METHODS.md §2, decode-faithful):
+// Positions of one sequence, for a query at position t (docs/guide/methods.md §2, decode-faithful):
 //   [0, S0)                 sinks, window codec (BF16), always
 //   [S0, qe(t))             quantized region, read through the K / V codecs from pages
 //   [max(S0, qe(t)), t]     recent window, window codec (BF16), from a ring buffer
-// with qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B and B = block_tokens() (1 for per-token codecs, G for
-// KIVI keys): a block is demoted — quantized into the paged region — once its last token has left the window.
+// with qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B and B = block_tokens() (1 for per-token codecs, G for KIVI
+// keys): a block is demoted — quantized into the paged region — once its last token has left the window.
 // CacheConfig::demote_block makes B a multiple of that codec block: OScaR ships no sinks and an FP16 residual of the
 // newest n mod 256 tokens, packed 256 at a time, which is exactly S0 = 0, W = 0, B = 256 (METHODS §5.4). The codecs
-// still encode their own blocks (codec_block_tokens()); B only says how many positions leave the window at once.
-// A prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every
-// query of the chunk reads exactly what decode would hold at its step.
+// still encode their own blocks (codec_block_tokens()); B only says how many positions leave the window at once. A
+// prefill chunk demotes everything that leaves the window by the chunk's end before attention runs, and every query of
+// the chunk reads exactly what decode would hold at its step.
 //
 // That is the default prompt policy, decode-faithful. The others (CacheConfig::prompt_policy, the camps' "as shipped"
-// prefill semantics, docs/METHODS.md §5) change what is read around the end of a sequence's prompt, which the caller
-// marks with end_prompt(seq) at P = the sequence's length. They keep one more per-sequence store, the exact store:
-// every row as appended, in the window codec (bf16; bf16 too for int8 windows), at slot = position.
+// prefill semantics, docs/guide/methods.md §5) change what is read around the end of a sequence's prompt, which the
+// caller marks with end_prompt(seq) at P = the sequence's length. They keep one more per-sequence store, the exact
+// store: every row as appended, in the window codec (bf16; bf16 too for int8 windows), at slot = position.
 //   exact-prompt           the prompt's rows go to the windows and pages as usual (so the pages equal the
 //                          decode-faithful cache's) and to the exact store; until end_prompt every query reads only the
 //                          exact store; after it the store is no longer written nor read: the cache as stored.
@@ -28,8 +28,8 @@
 //                          their rows to slots [0, kept) in position order and records their positions; later tokens
 //                          take slots kept + (position - P). An evicted row is never read again.
 // footprint(n, P) counts what each policy keeps: exact-prompt the same as decode-faithful (the prompt's exact rows are
-// prefill state), quantize-after-prompt window-codec rows outside [S0, qe(P - 1)), evict the kept and later rows.
-// The page pool reserves pages as for decode-faithful whatever the policy (an evaluation cache, CPU only).
+// prefill state), quantize-after-prompt window-codec rows outside [S0, qe(P - 1)), evict the kept and later rows. The
+// page pool reserves pages as for decode-faithful whatever the policy (an evaluation cache, CPU only).
 //
 // Storage (sizes: kv/cache_layout.h; pages and sequence slots: kv/page_pool.h):
 //   pages  [n_pages][n_layers][n_kv_heads] { K blocks [P / Bk][bytes_k] | V blocks [P / Bv][bytes_v] }
@@ -40,23 +40,22 @@
 //          int8 windows (KV4-RL, METHODS §5.6): then [ring_tokens] slots of body rows (cache_layout.h, ring_body)
 //          token-scaled keys (CodecSpec::token_scale, OScaR): the page ends with ν [n_layers][P] fp32 (cache_layout.h)
 // A per_head key codec (PN-Mix: widths per (layer, kv head), CodecSpec::pair_bits) is one codec per head, all of the
-// same block bytes, so pages keep one layout; each Quant run carries its head's codec.
-// Keys and values are stored exactly as given: the config's transform (centring, rotation) is applied by the caller
-// before append() (Model::attention_block). With token-scaled keys, demotion computes ν_t over the window rows of
-// all kv heads, stores it in the page and encodes k / ν_t; a Quant run carries ν and attention multiplies the
-// run's scores by it (METHODS §5.4). A key group of G tokens (per-channel keys) is demoted whole once its last token
-// left the window, so a group that is not yet full is still read exactly; groups are aligned to S0 + multiples of
-// B, which are absolute positions whenever S0 is a multiple of B (S0 = 0 as OScaR ships, or kvq's default 64).
+// same block bytes, so pages keep one layout; each Quant run carries its head's codec. Keys and values are stored
+// exactly as given: the config's transform (centring, rotation) is applied by the caller before append()
+// (Model::attention_block). With token-scaled keys, demotion computes ν_t over the window rows of all kv heads, stores
+// it in the page and encodes k / ν_t; a Quant run carries ν and attention multiplies the run's scores by it (METHODS
+// §5.4). A key group of G tokens (per-channel keys) is demoted whole once its last token left the window, so a group
+// that is not yet full is still read exactly; groups are aligned to S0 + multiples of B, which are absolute positions
+// whenever S0 is a multiple of B (S0 = 0 as OScaR ships, or kvq's default 64).
 //
-// Demotion quantizes a row from the value the BF16 window holds, bf16(x). A BF16 (or f32) window row is that value,
-// so demotion decodes it and encodes it with the body codec. A quantized window row (int8) is not, and METHODS §5.6
-// chooses not to re-quantize the INT8 copy (on models/ref the two are equally good: docs/results-cpu.md); x itself
-// is gone once append() returns. So with a
-// quantized window codec append() also encodes each non-sink row's body row from bf16(x) into the ring slot beside
-// its window rows, and demotion copies those bytes into the page: the pages hold exactly the bytes of the same cache
-// with BF16 windows. The body rows are stored state, counted in ring_bytes() and footprint() (a recent-window token
-// costs its INT8 rows plus its body rows). Only per-token body codecs without a token scale can be encoded a row at a
-// time (cache_layout refuses the others).
+// Demotion quantizes a row from the value the BF16 window holds, bf16(x). A BF16 (or f32) window row is that value, so
+// demotion decodes it and encodes it with the body codec. A quantized window row (int8) is not, and METHODS §5.6
+// chooses not to re-quantize the INT8 copy (on models/ref the two are equally good: docs/results/cpu.md); x itself is
+// gone once append() returns. So with a quantized window codec append() also encodes each non-sink row's body row from
+// bf16(x) into the ring slot beside its window rows, and demotion copies those bytes into the page: the pages hold
+// exactly the bytes of the same cache with BF16 windows. The body rows are stored state, counted in ring_bytes() and
+// footprint() (a recent-window token costs its INT8 rows plus its body rows). Only per-token body codecs without a
+// token scale can be encoded a row at a time (cache_layout refuses the others).
 #pragma once
 
 #include <cstdint>
@@ -65,17 +64,17 @@
 #include <string_view>
 #include <vector>
 
+#include "codecs/codec.h"
 #include "common/half.h"
 #include "kv/cache_layout.h"
-#include "kv/codec.h"
 #include "kv/page_pool.h"
 #include "kv/transform.h"
 
 namespace kvq {
 
 // What a sequence's cache does at the end of its prompt (KvCache::end_prompt, Runner::end_prompt): the prefill
-// semantics a camp ships (docs/METHODS.md §5 "as shipped"), labelled wherever a number is printed. P = the prompt's
-// length, the sequence's length when end_prompt is called.
+// semantics a camp ships (docs/guide/methods.md §5 "as shipped"), labelled wherever a number is printed. P = the
+// prompt's length, the sequence's length when end_prompt is called.
 enum class PromptPolicy : uint8_t {
   kDecodeFaithful,       // "decode-faithful" (default): every query reads what decode would hold (§2); end_prompt
                          // does nothing
@@ -124,10 +123,10 @@ struct CacheConfig {
   std::vector<float> key_rope;
   // The prefill semantics (PromptPolicy above); decode-faithful unless a camp's "as shipped" row asks otherwise.
   PromptPolicy prompt_policy = PromptPolicy::kDecodeFaithful;
-  // evict only: the bits per element the cache may store, as a fraction f = evict_bits / 16 of the BF16 bytes at context
-  // N = evict_ctx (kv/evict.h): every token after the prompt is kept, so floor(f · N) - (N - P) prompt tokens are and
-  // a sequence of N tokens stores floor(f · N) tokens' rows, e.g. a quantized row's bytes at N with evict_bits = its
-  // b_eff at N (the referee's eviction row). evict_bits in (0, 16].
+  // evict only: the bits per element the cache may store, as a fraction f = evict_bits / 16 of the BF16 bytes at
+  // context N = evict_ctx (kv/evict.h): every token after the prompt is kept, so floor(f · N) - (N - P) prompt tokens
+  // are and a sequence of N tokens stores floor(f · N) tokens' rows, e.g. a quantized row's bytes at N with evict_bits
+  // = its b_eff at N (the referee's eviction row). evict_bits in (0, 16].
   double evict_bits = 0;
   // evict only: N above; 0 = the prompt's end (N = P: floor(f · P) prompt tokens kept, f × the prompt's BF16 bytes).
   int evict_ctx = 0;

@@ -1,7 +1,7 @@
-// The sizes of a paged KV cache (kv/cache.h): THE arithmetic of pages, windows and the quantized region, shared by
-// the CPU cache, the GPU cache (cuda/gpu_cache.cpp copies it into its CacheGeometry) and the page pool
-// (kv/page_pool.h). A plain value: no STL, includable from .cu files (KVQ_HD). Built on the host by
-// kvq::cache_layout() (kv/cache.h) from a validated CacheConfig and the codecs' block sizes.
+// The sizes of a paged KV cache (kv/cache.h): THE arithmetic of pages, windows and the quantized region, shared by the
+// CPU cache, the GPU cache (cuda/gpu_cache.cpp copies it into its CacheGeometry) and the page pool (kv/page_pool.h). A
+// plain value: no STL, includable from .cu files (KVQ_HD). Built on the host by kvq::cache_layout() (kv/cache.h) from a
+// validated CacheConfig and the codecs' block sizes.
 //
 //   page     [n_layers][n_kv] { K blocks [P / Bk][k.bytes] | V blocks [P / Bv][v.bytes] }     page_bytes
 //            page i of a sequence covers quantized positions [S0 + i P, S0 + (i + 1) P); a layer in the skip set
@@ -16,9 +16,9 @@
 //            row's BF16 value; demotion copies them into the page. Per-token body codecs only (kvq::cache_layout).
 // A sequence of n tokens holds pages_for(n) pages: its quantized region is [S0, qe(n - 1)).
 //
-// Token-scaled keys (CodecSpec::token_scale, OScaR: METHODS §5.4, kv/oscar_format.h) need one scale per (token,
-// layer) across the kv heads, which no per-head codec block can hold: the page ends with a token-scale region, ν of
-// quantized position S0 + i P + j of layer l at float [l][j]. The cache computes ν over all heads when a block is
+// Token-scaled keys (CodecSpec::token_scale, OScaR: METHODS §5.4, codecs/oscar/oscar_format.h) need one scale per
+// (token, layer) across the kv heads, which no per-head codec block can hold: the page ends with a token-scale region,
+// ν of quantized position S0 + i P + j of layer l at float [l][j]. The cache computes ν over all heads when a block is
 // demoted (from the window rows), divides the key rows by it before encode, and attention multiplies the quantized
 // region's scores by it; windows keep plain rows. 4 bytes per token per layer: 4 / n_kv per (token, kv head).
 #pragma once
@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kv/layout.h"  // KVQ_HD
+#include "codecs/layout.h"  // KVQ_HD
 
 namespace kvq {
 
@@ -86,7 +86,8 @@ struct CacheLayout {
   int64_t scale_region;          // bytes of one page's token scales ν of one layer: P fp32, or 0 (not token-scaled)
   int64_t page_bytes;            // one page: every layer's heads, n_kv * Σ_l layer_head_bytes(l), + n_layers * scale_region
   int64_t k_meta;                // bytes the key codec of one (layer, kv head) stores once, beside its blocks (PN-Mix's map
-                                 // of pair widths: KvCodec::metadata_bytes), layers not skipped; 0 for every other codec
+                                 // of pair widths: KvCodec::metadata_bytes), layers not skipped; 0 for every other
+                                 // codec
 
   KVQ_HD int quant_end(int t) const { return kvq::quant_end(t, sink, recent, block_tokens); }
   // Layer l's part of a page: its heads' { K | V } blocks, at layer_offset(l), layer_head_bytes(l) per head.
@@ -126,11 +127,12 @@ struct CacheLayout {
                double(n_layers) +
            double(scale_region) / page_tokens;
   }
-  // Per (token, layer): K and V rows of every kv head. Sinks and the W most recent tokens are window rows, the rest
-  // is stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted as
+  // Per (token, layer): K and V rows of every kv head. Sinks and the W most recent tokens are window rows, the rest is
+  // stored by the codecs (and ν of token-scaled keys); residual tokens of a partly filled KIVI block are counted as
   // window rows. Skipped layers' bf16 rows count in the quantized region (averaged over the layers), so b_q and b_eff
   // include them. The body rows kept beside quantized window rows (ring_body) count for every window token but the
-  // sinks (they are never demoted). A key codec's metadata (k_meta) counts once per (layer, kv head), over the n tokens.
+  // sinks (they are never demoted). A key codec's metadata (k_meta) counts once per (layer, kv head), over the n
+  // tokens.
   CacheFootprint footprint(int n) const {
     const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
     const double window = window_token_bytes();

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "codecs/float_dot.h"
+#include "codecs/registry.h"
 #include "common/error.h"
-#include "kv/codec_registry.h"
-#include "kv/float_dot.h"
 #include "rotation/rope.h"
 
 namespace kvq {
@@ -99,7 +99,7 @@ std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, in
   }
   if (!codec_traits(s.type).pre_rope_keys) return codec;
   KVQ_CHECK(int(cfg.key_rope.size()) * 2 == head_dim,
-            "KV cache: {} keys are stored without RoPE (docs/METHODS.md §5.3), which needs the model's RoPE "
+            "KV cache: {} keys are stored without RoPE (docs/guide/methods.md §5.3), which needs the model's RoPE "
             "frequencies (head_dim / 2 = {}); this cache config has {} (the runner fills them from the model config)",
             s.type, head_dim / 2, cfg.key_rope.size());
   const KvTransform* t = cfg.transform.get();

@@ -1,6 +1,6 @@
-// Keys stored without RoPE (docs/METHODS.md §5.3: NexusQuant removes RoPE from a key before quantizing it and
+// Keys stored without RoPE (docs/guide/methods.md §5.3: NexusQuant removes RoPE from a key before quantizing it and
 // re-applies it after dequantizing). The model hands the cache post-RoPE keys; a cache whose key codec's row has
-// pre_rope_keys (kv/codec_registry.h) wraps that codec in a RopeKeyCodec, the one positional codec (kv/codec.h):
+// pre_rope_keys (codecs/registry.h) wraps that codec in a RopeKeyCodec, the one positional codec (codecs/codec.h):
 //   encode_at(x, pos0)   x_r -> RoPE^-1 at pos0 + r (rotation/rope.h, the model's frequencies), then the inner encode
 //   decode_at(b, pos0)   the inner decode, then RoPE at pos0 + r
 //   scores_at            q · RoPE_pos(x̂_t): each piece's rows decoded into a scratch [n, d], rotated with the
@@ -20,8 +20,8 @@
 #include <memory>
 #include <vector>
 
+#include "codecs/codec.h"
 #include "kv/cache.h"
-#include "kv/codec.h"
 
 namespace kvq {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <numeric>
 
+#include "codecs/float_dot.h"
 #include "common/error.h"
-#include "kv/float_dot.h"
 
 namespace kvq {
 

@@ -1,4 +1,4 @@
-// Eviction at equal bytes (docs/METHODS.md §5.8; LORE-KV's camp, which has no public code: the row is labelled
+// Eviction at equal bytes (docs/guide/methods.md §5.8; LORE-KV's camp, which has no public code: the row is labelled
 // AnDPro-style). Once, after the prompt of P tokens, each (layer, kv head) keeps the sinks, the recent window and the
 // prompt tokens of highest score
 //   score_t = Σ_{q ∈ obs} Σ_{j ∈ group} p_{q,j,t} · ⟨v_t, o_{q,j} / ‖o_{q,j}‖⟩
@@ -9,7 +9,7 @@
 // a stated context N: every token after the prompt is kept, so floor(f · N) - (N - P) prompt tokens are, and a
 // sequence of N tokens stores floor(f · N) tokens' rows, f × its BF16 bytes (within one token's rows). N = P (the
 // default) is the prompt's budget: floor(f · P) prompt tokens, f × the prompt's BF16 bytes at context P; the referee
-// states N = its context, so that the bytes equal a quantized row's there (eval/referee_methods.h).
+// states N = its context, so that the bytes equal a quantized row's there (referee/methods.h).
 // (choice) Ties of score: the lower position is kept. Every kv head keeps the same number of tokens, so the bytes
 // are the same for every (layer, head).
 #pragma once
@@ -30,8 +30,8 @@ int evict_budget(double bits, int row_bits, int prompt_tokens, int at_ctx = 0);
 void evict_check_windows(int budget, int sink, int recent, int prompt_tokens);
 
 // score_t for t in [0, n_tokens) of one (layer, kv head): keys, values [n_tokens, d] (the stored rows, decoded),
-// queries [n_q, group, d] already scaled by 1/sqrt(d), query i at position q_pos[i] < n_tokens (it reads t <= q_pos[i]).
-// Dot products in float (kv/float_dot.h), the softmax and the score sums in double; d a multiple of 8.
+// queries [n_q, group, d] already scaled by 1/sqrt(d), query i at position q_pos[i] < n_tokens (it reads t <=
+// q_pos[i]). Dot products in float (codecs/float_dot.h), the softmax and the score sums in double; d a multiple of 8.
 std::vector<double> evict_scores(const float* keys, const float* values, int n_tokens, int d, const float* queries,
                                  const int* q_pos, int n_q, int group);
 

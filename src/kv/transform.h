@@ -1,4 +1,4 @@
-// Per-layer transforms between the model and the KV cache (docs/METHODS.md §3-4), all exact in full precision:
+// Per-layer transforms between the model and the KV cache (docs/guide/methods.md §3-4), all exact in full precision:
 //   keys     k <- (k - mu_{l,h}) R_K         cached; queries q <- q R_K once per step (scores unchanged)
 //   values   v <- v R_V                      cached; attention outputs o <- o R_V^T once per step
 // Key centering happens before rotation and applies to EVERY cached key (sink and recent windows included).

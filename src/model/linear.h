@@ -2,7 +2,7 @@
 //
 // A decode step (n <= kGemvRows rows) is bound by reading W once. When every weight is exactly a bfloat16 (a bf16
 // checkpoint: the fp32 weights are its values widened), the layer keeps a bf16 copy and reads that — half the bytes —
-// through the bf16 row kernels of the cache (kv/simd.h: each weight widened exactly to fp32, fp32 FMAs), so the
+// through the bf16 row kernels of the cache (simd/simd.h: each weight widened exactly to fp32, fp32 FMAs), so the
 // result is the same fp32 maths as OpenBLAS's on the fp32 weights, in another summation order. Larger n (prefill)
 // runs OpenBLAS sgemm on the fp32 weights; so do weights that are not all bf16 (f16 or f32 checkpoints).
 // The bf16 copy costs half of the fp32 weights again in memory (the fp32 ones stay: calibration and the GPU upload
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/thread_pool.h"
-#include "kv/simd.h"
+#include "simd/simd.h"
 
 namespace kvq {
 

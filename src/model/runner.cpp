@@ -4,7 +4,7 @@
 
 #include "common/blas_core.h"
 #include "common/error.h"
-#include "kv/simd.h"
+#include "simd/simd.h"
 
 namespace kvq {
 

@@ -1,10 +1,10 @@
 // Rotary position embedding (RoPE), "rotate half" (GPT-NeoX / Hugging Face) layout: the one definition of the rotary
-// maths, used by the model (q and k after their projections) and by the KV cache for key codecs that store keys
-// without RoPE (kv/codec_rope.h: NexusQuant, docs/METHODS.md §5.3), so that removing RoPE at a position is the exact
+// maths, used by the model (q and k after their projections) and by the KV cache for key codecs that store keys without
+// RoPE (kv/codec_rope.h: NexusQuant, docs/guide/methods.md §5.3), so that removing RoPE at a position is the exact
 // transpose of what the model applied there.
 //
-// Row x at position p: for f < d/2, the pair (x_f, x_{f+d/2}) is rotated by the angle p · inv_freq[f] (an fp32
-// product, as transformers computes it; cos and sin in double, rounded to fp32):
+// Row x at position p: for f < d/2, the pair (x_f, x_{f+d/2}) is rotated by the angle p · inv_freq[f] (an fp32 product,
+// as transformers computes it; cos and sin in double, rounded to fp32):
 //   forward  (x_f, x_{f+d/2}) <- (x_f c - x_{f+d/2} s,  x_{f+d/2} c + x_f s)
 //   inverse  (x_f, x_{f+d/2}) <- (x_f c + x_{f+d/2} s,  x_{f+d/2} c - x_f s)      (the transposed rotation)
 #pragma once

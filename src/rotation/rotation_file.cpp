@@ -2,11 +2,11 @@
 
 #include <cmath>
 
+#include "codecs/llamacpp/attn_rot.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/version.h"
-#include "kv/codec_registry.h"
 #include "model/safetensors.h"
-#include "rotation/attn_rot.h"
 #include "rotation/hadamard.h"
 
 namespace kvq {
@@ -148,30 +148,29 @@ KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim) {
   t.n_layers = n_layers;
   t.n_kv_heads = n_kv_heads;
   t.head_dim = head_dim;
-  t.name = std::string(kTransformHadamardKeys);
+  t.name = std::string(transform_name(CodecTransform::kHadamardKeys));
   t.r_k = block_hadamard(head_dim, head_dim, n_layers * n_kv_heads);
   return t;
 }
 
 KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim) {
   KvTransform t = hadamard_key_transform(n_layers, n_kv_heads, head_dim);
-  t.name = std::string(kTransformHadamard);
+  t.name = std::string(transform_name(CodecTransform::kHadamard));
   t.r_v = t.r_k;
   return t;
 }
 
 std::shared_ptr<const KvTransform> codec_transform(const CacheConfig& cache, int n_layers, int n_kv_heads,
                                                    int head_dim) {
-  const std::string_view kind = implied_transform(cache.k, cache.v);
-  if (kind == kTransformNone) return nullptr;
-  if (kind == kTransformAttnRot) {  // llama.cpp's: keys and values decide apart; head_dim % 64 != 0 rotates nothing
+  const CodecTransform kind = implied_transform(cache.k, cache.v);
+  if (kind == CodecTransform::kNone) return nullptr;
+  // llama.cpp's: keys and values decide apart; head_dim % 64 != 0 rotates nothing
+  if (kind == CodecTransform::kAttnRot) {
     const AttnRot rot = attn_rot_for(cache, head_dim);
     if (!rot.on()) return nullptr;
     return std::make_shared<KvTransform>(attn_rot_transform(rot, n_layers, n_kv_heads, head_dim));
   }
-  KVQ_CHECK(kind == kTransformHadamardKeys || kind == kTransformHadamard,
-            "cache types k={} v={} imply transform '{}', which kvq cannot build", cache.k.type, cache.v.type, kind);
-  const bool keys_only = kind == kTransformHadamardKeys;
+  const bool keys_only = kind == CodecTransform::kHadamardKeys;
   KVQ_CHECK(is_power_of_two(head_dim),
             "cache types k={} v={} imply the Hadamard on {} ({}), which needs a power-of-two head_dim (the model has {})",
             cache.k.type, cache.v.type, keys_only ? "keys" : "keys and values", keys_only ? "TurboQuant" : "OScaR",

@@ -38,12 +38,12 @@ void check_rotation_fits(const RotationFile& f, const std::string& model_fingerp
 // The data-free QuaRot transform: R_K = R_V = H_d / sqrt(d) for every layer and head (no centering).
 KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim);
 // TurboQuant's key transform (METHODS §5.2): R_K = H_d / sqrt(d) for every layer and head, values unrotated (no R_V,
-// no centering); named kTransformHadamardKeys (kv/codec_registry.h).
+// no centering); named transform_name(CodecTransform::kHadamardKeys) (codecs/registry.h).
 KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim);
 
 // The transform a cache's codecs imply (the codec table's transform column: implied_transform), or null when they
 // imply none. The Hadamard needs a power-of-two head_dim: otherwise a kvq::Error names the codecs. llama.cpp's
-// attn_rot (rotation/attn_rot.h) is built as llama.cpp builds it, so it is null when head_dim % 64 != 0.
+// attn_rot (codecs/llamacpp/attn_rot.h) is built as llama.cpp builds it, so it is null when head_dim % 64 != 0.
 std::shared_ptr<const KvTransform> codec_transform(const CacheConfig& cache, int n_layers, int n_kv_heads,
                                                    int head_dim);
 

@@ -1,6 +1,6 @@
 // The server's error channel: an OpenAI-style error with its HTTP status, rendered as
 //   {"error": {"message": ..., "type": ..., "param": ... | null, "code": ... | null}}
-// Types by status (docs/serve.md): 400 / 404 / 413 invalid_request_error, 401 authentication_error, 429
+// Types by status (docs/guide/serve.md): 400 / 404 / 413 invalid_request_error, 401 authentication_error, 429
 // rate_limit_error, 500 / 503 server_error.
 #pragma once
 

@@ -1,0 +1,59 @@
+#include "codecs/group_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/error.h"
+
+namespace kvq {
+
+namespace {
+
+float clip_threshold(const float* x, int n, float clip) {
+  if (clip >= 1.0f) {
+    float m = 0.f;
+    for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+    return m;
+  }
+  const int k = std::min(int(std::floor(double(clip) * n)), n - 1);
+  float buf[512];
+  std::vector<float> heap;
+  float* a = buf;
+  if (n > 512) {
+    heap.resize(size_t(n));
+    a = heap.data();
+  }
+  for (int i = 0; i < n; ++i) a[i] = std::fabs(x[i]);
+  std::nth_element(a, a + k, a + n);
+  return a[k];
+}
+
+}  // namespace
+
+GroupQuant quantize_group(const float* x, int n, int bits, float clip, uint8_t* codes) {
+  KVQ_CHECK(n > 0 && bits >= 1 && bits <= 8, "quantize_group: n={} bits={}", n, bits);
+  GroupQuant q{};
+  q.thr = clip_threshold(x, n, clip);
+  float lo = INFINITY, hi = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    const float v = clip_value(x[i], q.thr);
+    if (v < lo) lo = v, q.i_min = i;
+    if (v > hi) hi = v, q.i_max = i;
+  }
+  const float scale = group_scale(lo, hi, bits);
+  if (group_degenerate(lo, hi, scale)) {
+    // Degenerate: every value decodes to lo (exact when lo is representable in fp16).
+    q.scale = degenerate_scale(lo);
+    q.zero = degenerate_zero(lo);
+    std::fill(codes, codes + n, uint8_t(0));
+    return q;
+  }
+  q.scale = f32_to_fp16(scale);
+  q.zero = group_zero(lo, scale);
+  const float zero = fp16_to_f32(q.zero), levels = quant_levels(bits);
+  for (int i = 0; i < n; ++i) codes[i] = quant_code(clip_value(x[i], q.thr), scale, zero, levels);
+  return q;
+}
+
+}  // namespace kvq

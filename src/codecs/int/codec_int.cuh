@@ -1,0 +1,130 @@
+// Device codec of per-token int rows (codecs/int/codec_int.h; layout::IntRow: fp16 (scale, zero) per group of G values,
+// then the packed BITS-bit codes): int8 / int4 / int2, and the values (and per-token keys) of KIVI. G is a run-time
+// value (32, 64, 128: the instance table's groups). Interface: cache_device.cuh (DeviceCodecOf).
+#pragma once
+
+#include "codecs/group_quant.cuh"
+#include "cuda/cache_device.cuh"
+
+namespace kvq::cuda::dev {
+
+template <int BITS>
+struct IntRows {
+  static_assert(BITS == 2 || BITS == 4 || BITS == 8, "int rows of 2, 4 or 8 bits");
+  static constexpr bool kKeyBlocks = false;  // per-token rows
+
+  // Value c of a row with group G (row: unused).
+  static __device__ __forceinline__ float value(const void* p, int /*row*/, int group, int c) {
+    const uint8_t* r = static_cast<const uint8_t*>(p);
+    const uint16_t* params = reinterpret_cast<const uint16_t*>(r);  // 4-byte aligned rows (sizes: multiples of 4)
+    const int gi = c / group;
+    const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
+    const uint8_t* codes = r + layout::int_row_params_bytes(kHeadDim, group);
+    const int code = (codes[layout::code_byte(c, BITS)] >> layout::code_shift(c, BITS)) & ((1 << BITS) - 1);
+    return dequant(float(code), scale, zero);
+  }
+
+  // Values c0 .. c0 + 3 (c0 a multiple of 4) of a row with group G.
+  static __device__ __forceinline__ void values4(const void* p, int /*row*/, int group, int c0, float out[4]) {
+    const uint8_t* r = static_cast<const uint8_t*>(p);
+    const uint16_t* params = reinterpret_cast<const uint16_t*>(r);
+    const int gi = c0 / group;  // the 4 values share a group (G is a multiple of 32)
+    const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
+    // Values c0 .. c0 + 3 sit in 4 consecutive bytes of their unit at the same shift (layout.h): one aligned word.
+    const int ub = layout::unit_bytes(BITS), vv = c0 % layout::kUnitValues;
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group) +
+                                                          (c0 / layout::kUnitValues) * ub + vv % ub);
+    const int shift = BITS * (vv / ub), mask = (1 << BITS) - 1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = dequant(float((w >> (8 * i + shift)) & mask), scale, zero);
+  }
+
+  // Scores of one row against the g <= GQ queries qs[h][:]: s[h] += q_h · k̂. int2 / int4: per unit of 32 values,
+  // Σ code · q accumulated, then scale · (Σ code q - zero · Σ q) with qsum[h][unit] = Σ q over the unit, so scale and
+  // zero leave the inner loop. int8: the row's values, 4 at a time, then q · k.
+  template <int GQ>
+  static __device__ __forceinline__ void score(const void* p, int /*row*/, int group, const float (*qs)[kHeadDim],
+                                               const float (*qsum)[kHeadDim / 32], int g, float* s) {
+    if constexpr (BITS == 8) {
+      for (int c0 = 0; c0 < kHeadDim; c0 += 4) {
+        float kv4[4];
+        values4(p, 0, group, c0, kv4);
+#pragma unroll
+        for (int h = 0; h < GQ; ++h)
+          if (h < g)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
+      }
+    } else {
+      constexpr int ub = layout::unit_bytes(BITS), words = ub / 4, mask = (1 << BITS) - 1;
+      const uint8_t* r = static_cast<const uint8_t*>(p);
+      const uint16_t* params = reinterpret_cast<const uint16_t*>(r);
+      const uint32_t* codes = reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group));
+#pragma unroll
+      for (int u = 0; u < kHeadDim / 32; ++u) {
+        uint32_t w[words];
+#pragma unroll
+        for (int i = 0; i < words; ++i) w[i] = codes[u * words + i];
+        const int gi = u * 32 / group;
+        const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
+        float acc[GQ];
+#pragma unroll
+        for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
+#pragma unroll
+        for (int v = 0; v < 32; ++v) {
+          const int jj = v % ub, k = v / ub;
+          const float code = float((w[jj / 4] >> (8 * (jj % 4) + BITS * k)) & mask);
+#pragma unroll
+          for (int h = 0; h < GQ; ++h)
+            if (h < g) acc[h] = fmaf(qs[h][u * 32 + v], code, acc[h]);
+        }
+#pragma unroll
+        for (int h = 0; h < GQ; ++h)
+          if (h < g) s[h] = fmaf(scale, acc[h] - zero * qsum[h][u], s[h]);
+      }
+    }
+  }
+
+  // Demotion of one bf16 ring row src into the page row dst (layout::IntRow, group G) by the warp
+  // (lane = threadIdx.x): the group quantizer of codecs/group_quant.cpp with the same float operations, per group.
+  static __device__ __forceinline__ void encode_row(const uint16_t* src, uint8_t* dst, int group, int clip_index,
+                                                    RowScratch& sh) {
+    const int lane = threadIdx.x;
+    for (int i = lane; i < kHeadDim; i += 32) sh.x[i] = bf16_to_f32(src[i]);
+    __syncwarp();
+    const int G = group;
+    for (int gi = 0; gi < kHeadDim / G; ++gi) {
+      quantize_group_warp<BITS>(sh.x + gi * G, G, clip_index, sh.codes + gi * G, &sh.params[2 * gi],
+                                &sh.params[2 * gi + 1], &sh.thr);
+      __syncwarp();
+    }
+    // Params (fp16 scale, zero per group), then the packed codes: byte j of unit u holds values u 32 + j % (4b) +
+    // 4b k, k < 8 / b, at bits b k (layout.h).
+    uint16_t* p16 = reinterpret_cast<uint16_t*>(dst);
+    for (int i = lane; i < 2 * (kHeadDim / G); i += 32) p16[i] = sh.params[i];
+    uint8_t* packed = dst + layout::int_row_params_bytes(kHeadDim, G);
+    const int ub = layout::unit_bytes(BITS), n_bytes = layout::packed_bytes(kHeadDim, BITS);
+    for (int j = lane; j < n_bytes; j += 32) {
+      const int u = j / ub, jj = j % ub;
+      uint32_t b = 0;
+      for (int k = 0; k < 8 / BITS; ++k)
+        b |= uint32_t(sh.codes[u * layout::kUnitValues + jj + ub * k]) << (BITS * k);
+      packed[j] = uint8_t(b);
+    }
+  }
+};
+
+template <>
+struct DeviceCodecOf<CodecId::kInt8> {
+  using type = IntRows<8>;
+};
+template <>
+struct DeviceCodecOf<CodecId::kInt4> {
+  using type = IntRows<4>;
+};
+template <>
+struct DeviceCodecOf<CodecId::kInt2> {
+  using type = IntRows<2>;
+};
+
+}  // namespace kvq::cuda::dev

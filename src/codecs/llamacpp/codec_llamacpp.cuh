@@ -1,0 +1,129 @@
+// Device codec of llama.cpp's q8_0 and q4_0 rows (codecs/llamacpp/codec_llamacpp.h; blocks:
+// codecs/llamacpp/llamacpp_blocks.h, shared with the host, so that the GPU stores the CPU's bytes): a row of one
+// (token, kv head) is kHeadDim / 32 blocks back to back, each an fp16 scale d then its codes (q8_0: 32 int8, x̂ = d·q;
+// q4_0: 16 bytes packed by halves, x̂ = d·(q − 8)). Interface: cache_device.cuh (DeviceCodecOf). Ungrouped: the group
+// and clip arguments are unused.
+//
+// Rows are 136 (q8_0) or 72 (q4_0) bytes, 8-byte aligned (pages of a multiple of 8 rows, cache_geometry), but the
+// blocks inside are 34 / 18 bytes, only 2-byte aligned: the scoring lane loads its whole row as 8-byte words and takes
+// the fields out of registers (the byte offsets are compile-time constants after unrolling); values4 reads 16-bit
+// words.
+#pragma once
+
+#include <type_traits>
+
+#include "codecs/llamacpp/llamacpp_blocks.h"
+#include "cuda/cache_device.cuh"
+
+namespace kvq::cuda::dev {
+
+template <class Block>
+struct LlamaCppRows {
+  static_assert(std::is_same_v<Block, llamacpp::BlockQ8_0> || std::is_same_v<Block, llamacpp::BlockQ4_0>,
+                "llama.cpp rows on the GPU: q8_0 or q4_0 blocks");
+  static constexpr bool kKeyBlocks = false;  // per-token rows
+  static constexpr bool kQ8 = std::is_same_v<Block, llamacpp::BlockQ8_0>;
+  static constexpr int kBlocks = kHeadDim / llamacpp::kBlockValues;
+  static constexpr int kBlockBytes = int(sizeof(Block));
+  static constexpr int kRowBytes = kBlocks * kBlockBytes;
+  static constexpr int kWords = kRowBytes / 4;
+  static_assert(kRowBytes % 8 == 0, "whole 8-byte words per row: 8-byte aligned rows");
+
+  // Byte i / the 16-bit field at even byte i of a row held as 32-bit words w (i a compile-time constant after
+  // unrolling: the shifts resolve statically; an even i never straddles two words).
+  static __device__ __forceinline__ uint32_t byte_at(const uint32_t (&w)[kWords], int i) {
+    return (w[i / 4] >> (8 * (i % 4))) & 0xffu;
+  }
+  static __device__ __forceinline__ uint16_t half_at(const uint32_t (&w)[kWords], int i) {
+    return uint16_t(w[i / 4] >> (8 * (i % 4)));
+  }
+  // The level of value j of a block whose code bytes start at byte `at` of the row (x̂ = d·level).
+  static __device__ __forceinline__ int level_at(const uint32_t (&w)[kWords], int at, int j) {
+    if constexpr (kQ8) {
+      return int(int8_t(byte_at(w, at + j)));
+    } else {
+      return int((byte_at(w, at + j % 16) >> (j < 16 ? 0 : 4)) & 0xfu) - 8;
+    }
+  }
+
+  // Value c of a row (row, group: unused): the host's dequantizer, llamacpp::value (the reference twin's decode).
+  static __device__ __forceinline__ float value(const void* p, int /*row*/, int /*group*/, int c) {
+    const Block* b = static_cast<const Block*>(p);  // 2-byte aligned blocks, as the struct's fp16 field needs
+    return llamacpp::value(b[c / llamacpp::kBlockValues], c % llamacpp::kBlockValues);
+  }
+
+  // Values c0 .. c0 + 3 (c0 a multiple of 4, so one block's): its d and two 16-bit loads of the codes (q8_0: 4 bytes;
+  // q4_0: the 4 bytes holding them in their low (c0 % 32 < 16) or high nibbles). x̂ = d·level as value() rounds it.
+  static __device__ __forceinline__ void values4(const void* p, int /*row*/, int /*group*/, int c0, float out[4]) {
+    const uint8_t* blk = static_cast<const uint8_t*>(p) + (c0 / 32) * kBlockBytes;
+    const int j = c0 % 32;
+    const float d = fp16_to_f32(*reinterpret_cast<const uint16_t*>(blk));
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk + 2 + (kQ8 ? j : j % 16));  // even offsets
+    const uint32_t w = uint32_t(h[0]) | uint32_t(h[1]) << 16;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int level = kQ8 ? int(int8_t(w >> (8 * i))) : int((w >> (8 * i + (j < 16 ? 0 : 4))) & 0xfu) - 8;
+      out[i] = exact::mul(float(level), d);
+    }
+  }
+
+  // Scores of one row against the g <= GQ queries qs[h][:]: s[h] += Σ_b d_b (q_h,b · level_b), the scale applied once
+  // per block and query as the CPU's block kernels do (codecs/llamacpp/simd_blocks_impl.h). The whole row (17 / 9 loads
+  // of 8 bytes) is loaded before any use, so one DRAM round trip serves it.
+  template <int GQ>
+  static __device__ __forceinline__ void score(const void* p, int /*row*/, int /*group*/, const float (*qs)[kHeadDim],
+                                               const float (*/*qsum*/)[kHeadDim / 32], int g, float* s) {
+    const uint2* r = static_cast<const uint2*>(p);
+    uint32_t w[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords / 2; ++i) {
+      const uint2 x = r[i];
+      w[2 * i] = x.x, w[2 * i + 1] = x.y;
+    }
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      const int at = b * kBlockBytes;
+      const float d = fp16_to_f32(half_at(w, at));
+      float acc[GQ];
+#pragma unroll
+      for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float x = float(level_at(w, at + 2, j));
+#pragma unroll
+        for (int h = 0; h < GQ; ++h)
+          if (h < g) acc[h] = fmaf(qs[h][b * 32 + j], x, acc[h]);
+      }
+#pragma unroll
+      for (int h = 0; h < GQ; ++h)
+        if (h < g) s[h] = fmaf(d, acc[h], s[h]);
+    }
+  }
+
+  // Demotion of one bf16 ring row src into the page row dst by the warp (lane = threadIdx.x): the row as floats, then
+  // lane b < kBlocks quantizes block b with the host's quantizer (llamacpp::quantize: the same IEEE operations,
+  // common/hd.h), so the stored bytes are the CPU cache's.
+  static __device__ __forceinline__ void encode_row(const uint16_t* src, uint8_t* dst, int /*group*/,
+                                                    int /*clip_index*/, RowScratch& sh) {
+    const int lane = threadIdx.x;
+    for (int i = lane; i < kHeadDim; i += 32) sh.x[i] = bf16_to_f32(src[i]);
+    __syncwarp();
+    if (lane < kBlocks) {
+      Block b;
+      llamacpp::quantize(sh.x + lane * llamacpp::kBlockValues, b);
+      reinterpret_cast<Block*>(dst)[lane] = b;
+    }
+    __syncwarp();  // sh is reused by the next row
+  }
+};
+
+template <>
+struct DeviceCodecOf<CodecId::kQ8_0> {
+  using type = LlamaCppRows<llamacpp::BlockQ8_0>;
+};
+template <>
+struct DeviceCodecOf<CodecId::kQ4_0> {
+  using type = LlamaCppRows<llamacpp::BlockQ4_0>;
+};
+
+}  // namespace kvq::cuda::dev

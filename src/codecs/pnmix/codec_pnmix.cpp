@@ -1,0 +1,138 @@
+#include "codecs/pnmix/codec_pnmix.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "codecs/group_quant.h"
+#include "common/error.h"
+
+namespace kvq {
+
+namespace {
+
+// The bit stream of a row's codes: code of w bits at bit `at`, least significant bit first.
+void put_code(uint8_t* stream, int at, int w, uint8_t code) {
+  for (int b = 0; b < w; ++b, ++at)
+    if ((code >> b) & 1) stream[at / 8] |= uint8_t(1u << (at % 8));
+}
+uint8_t get_code(const uint8_t* stream, int at, int w) {
+  uint8_t code = 0;
+  for (int b = 0; b < w; ++b, ++at) code |= uint8_t(((stream[at / 8] >> (at % 8)) & 1u) << b);
+  return code;
+}
+
+// Widths present in one head's pairs (bit w set for width w).
+unsigned widths_used(const uint8_t* bits, int pairs) {
+  unsigned used = 0;
+  for (int i = 0; i < pairs; ++i) used |= 1u << bits[i];
+  return used;
+}
+
+int widths_sum(const std::vector<uint8_t>& bits) {
+  int s = 0;
+  for (uint8_t b : bits) s += b;
+  return s;
+}
+
+int popcount(unsigned x) {
+  int n = 0;
+  for (; x; x &= x - 1) ++n;
+  return n;
+}
+
+}  // namespace
+
+int PairBitTable::code_bits() const {
+  int sum = 0;
+  for (int i = 0; i < pairs(); ++i) sum += 2 * bits[size_t(i)];
+  return sum;
+}
+
+int PairBitTable::slots() const {
+  int most = 0;
+  for (int l = 0; l < n_layers; ++l)
+    for (int h = 0; h < n_kv_heads; ++h) most = std::max(most, popcount(widths_used(head(l, h), pairs())));
+  return most;
+}
+
+void PairBitTable::validate() const {
+  KVQ_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && head_dim % 32 == 0 && head_dim <= 256,
+            "pnmix widths: {} layers × {} kv heads × head_dim {} (head_dim a multiple of 32 up to 256)", n_layers,
+            n_kv_heads, head_dim);
+  KVQ_CHECK(bits.size() == size_t(n_layers) * n_kv_heads * pairs(),
+            "pnmix widths: {} entries for {} layers × {} kv heads × {} pairs", bits.size(), n_layers, n_kv_heads,
+            pairs());
+  for (uint8_t b : bits)
+    KVQ_CHECK(b >= kPnmixMinBits && b <= kPnmixMaxBits, "pnmix widths: a pair has {} bits (supported: {} to {})",
+              int(b), kPnmixMinBits, kPnmixMaxBits);
+  const int total = code_bits();
+  for (int l = 0; l < n_layers; ++l)
+    for (int h = 0; h < n_kv_heads; ++h) {
+      int sum = 0;
+      for (int i = 0; i < pairs(); ++i) sum += 2 * head(l, h)[i];
+      KVQ_CHECK(sum == total, "pnmix widths: layer {} kv head {} stores {} code bits per row, layer 0 head 0 {} "
+                "(every head spends the same budget)", l, h, sum, total);
+    }
+}
+
+PnmixKeyCodec::PnmixKeyCodec(const uint8_t* pair_bits, int head_dim, int n_slots, float clip)
+    : d_(head_dim), n_slots_(n_slots), code_bits_(0), clip_(clip), pair_bits_(pair_bits, pair_bits + head_dim / 2) {
+  const int half = d_ / 2;
+  for (int w = kPnmixMinBits; w <= kPnmixMaxBits; ++w) {
+    WidthGroup g{w, {}};
+    for (int c = 0; c < d_; ++c)
+      if (pair_bits_[size_t(c % half)] == w) g.channels.push_back(c);
+    code_bits_ += w * int(g.channels.size());
+    if (!g.channels.empty()) groups_.push_back(std::move(g));
+  }
+  KVQ_CHECK(int(groups_.size()) <= n_slots_ && code_bits_ == 2 * int(widths_sum(pair_bits_)),
+            "PnmixKeyCodec: {} widths present in {} slots, or widths outside {}..{}", groups_.size(), n_slots_,
+            kPnmixMinBits, kPnmixMaxBits);
+}
+
+void PnmixKeyCodec::encode(const float* x, uint8_t* block) const {
+  std::memset(block, 0, bytes_per_block());
+  uint8_t* stream = block + 4 * n_slots_;
+  float vals[256];
+  uint8_t codes[256];
+  int at = 0;
+  for (size_t j = 0; j < groups_.size(); ++j) {
+    const WidthGroup& g = groups_[j];
+    const int n = int(g.channels.size());
+    for (int i = 0; i < n; ++i) vals[i] = x[g.channels[size_t(i)]];
+    const GroupQuant gq = quantize_group(vals, n, g.bits, clip_, codes);
+    const layout::GroupParams gp{gq.scale, gq.zero};
+    std::memcpy(block + 4 * j, &gp, 4);
+    for (int i = 0; i < n; ++i, at += g.bits) put_code(stream, at, g.bits, codes[i]);
+  }
+}
+
+void PnmixKeyCodec::decode(const uint8_t* block, float* x) const {
+  const uint8_t* stream = block + 4 * n_slots_;
+  int at = 0;
+  for (size_t j = 0; j < groups_.size(); ++j) {
+    const WidthGroup& g = groups_[j];
+    layout::GroupParams gp;
+    std::memcpy(&gp, block + 4 * j, 4);
+    for (int c : g.channels) {
+      x[c] = dequant_value(get_code(stream, at, g.bits), gp.scale, gp.zero);
+      at += g.bits;
+    }
+  }
+}
+
+std::unique_ptr<KvCodec> make_pnmix_key_codec(const CodecSpec& s) {
+  KVQ_CHECK(s.pair_bits, "pnmix needs its calibrated widths: it is a key type, -ctk pnmix --pnmix FILE (from kvq "
+            "calibrate --method pnmix)");
+  const PairBitTable& t = *s.pair_bits;
+  t.validate();
+  KVQ_CHECK(t.head_dim == s.head_dim, "pnmix widths '{}' are for head_dim {}, the cache has {}", t.name, t.head_dim,
+            s.head_dim);
+  KVQ_CHECK(s.layer >= 0 && s.layer < t.n_layers && s.kv_head >= 0 && s.kv_head < t.n_kv_heads,
+            "pnmix widths '{}' are for {} layers × {} kv heads, the cache asks for layer {} kv head {}", t.name,
+            t.n_layers, t.n_kv_heads, s.layer, s.kv_head);
+  KVQ_CHECK(std::isfinite(s.clip) && s.clip > 0.f && s.clip <= 1.f, "pnmix keys: clip {} must be in (0, 1]", s.clip);
+  return std::make_unique<PnmixKeyCodec>(t.head(s.layer, s.kv_head), t.head_dim, t.slots(), s.clip);
+}
+
+}  // namespace kvq

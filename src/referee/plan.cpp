@@ -1,0 +1,141 @@
+// The referee's plan, run settings and resume (referee/plan.h).
+#include "referee/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/version.h"
+#include "referee/io.h"
+
+namespace kvq {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string run_key(const RefereeMethod& m, const RefereeWindows& w) {
+  if (!m.windows_matter) return referee_slug(m.label);
+  return referee_slug(m.label) + "__" + std::to_string(w.sink) + "-" + std::to_string(w.recent);
+}
+
+const RefereeMethod& leakage_method() {
+  const auto& all = referee_methods();
+  auto it = std::find_if(all.begin(), all.end(), [](const RefereeMethod& m) { return m.leakage; });
+  KVQ_CHECK(it != all.end(), "referee: no method row is marked for the leakage row");
+  return *it;
+}
+
+}  // namespace
+
+std::vector<PlannedRun> plan_referee_runs(const RefereeConfig& cfg, const RefereeData& data) {
+  std::vector<PlannedRun> plan;
+  const auto& protocols = cfg.protocols;
+  if (std::find(protocols.begin(), protocols.end(), RefereeProtocol::Common) != protocols.end()) {
+    for (const RefereeMethod& m : cfg.methods)
+      for (const RefereeWindows& w : cfg.windows) {
+        plan.push_back({m, w, false, run_key(m, w)});
+        if (!m.windows_matter) break;
+      }
+    if (cfg.leakage && data.leak_domain >= 0) {
+      const RefereeMethod& m = leakage_method();
+      const RefereeWindows w = cfg.windows.front();
+      plan.push_back(
+          {m, w, true, run_key(m, w) + "__leak-" + referee_slug(data.domains[size_t(data.leak_domain)].name)});
+    }
+  }
+  if (std::find(protocols.begin(), protocols.end(), RefereeProtocol::AsShipped) != protocols.end())
+    for (const RefereeMethod& m : cfg.methods)
+      if (m.shipped.defined)
+        plan.push_back({m, m.shipped.windows, false, referee_slug(m.label) + "__shipped", RefereeProtocol::AsShipped});
+  return plan;
+}
+
+double run_prompt_fraction(const PlannedRun& r) {
+  if (r.method.evicts()) return kEvictPromptFraction;
+  return r.protocol == RefereeProtocol::AsShipped ? 0.5 : 0.0;
+}
+
+int run_prompt_tokens(const PlannedRun& r, int ctx) { return int(std::floor(run_prompt_fraction(r) * ctx)); }
+
+std::string run_windows_label(const PlannedRun& r) {
+  return r.method.windows_matter || r.protocol == RefereeProtocol::AsShipped ? r.windows.label() : "any";
+}
+
+bool referee_tunes_clips(const RefereeConfig& cfg, const RefereeMethod& m) {
+  return !cfg.clip_grid.empty() && m.tunes_clips;
+}
+
+CalibText run_calib_text(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r) {
+  if (r.leakage && data.leak_domain >= 0) {
+    const EvalDomain& d = data.domains[size_t(data.leak_domain)];
+    return {d.path, d.sha256, d.ids};
+  }
+  return {cfg.calib_data, data.calib_sha256, data.calib_ids};
+}
+
+json run_settings(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r) {
+  json domains = json::array();
+  for (const EvalDomain& d : data.domains) domains.push_back({{"domain", d.name}, {"sha256", d.sha256}});
+  json s = {{"model_fingerprint", data.fingerprint},
+            {"eval_data", domains},
+            {"ctx", cfg.ctx},
+            {"eval_windows", cfg.eval_windows},
+            {"passkey_trials", cfg.passkey_trials},
+            {"depths", cfg.depths.empty() ? EvalConfig::default_depths() : cfg.depths},
+            {"bootstrap", cfg.bootstrap},
+            {"seed", cfg.seed},
+            {"group", cfg.group},
+            {"protocol", protocol_name(r.protocol)},
+            {"layer_skip", r.protocol == RefereeProtocol::AsShipped && !r.method.shipped.skip_layers.empty()
+                               ? r.method.shipped.skip_layers : "none"},
+            {"attn_rot", method_attn_rot(r.method, r.protocol)},
+            {"prompt_policy", method_prompt_policy(r.method, r.protocol)},
+            {"prompt", r.method.evicts()                        ? "first 15/16 of each window"
+                       : r.protocol == RefereeProtocol::AsShipped ? "first half of each window"
+                                                                  : "none"},
+            {"method", r.method.label},
+            {"sink", r.windows.sink},
+            {"recent", r.windows.recent},
+            {"device", cfg.device},
+            {"kvq_version", KVQ_VERSION}};
+  // A demotion block of its own (OScaR as shipped: 256) changes what is stored; only those runs record it (the others
+  // resume).
+  if (r.protocol == RefereeProtocol::AsShipped && r.method.shipped.demote_block > 0)
+    s["demote_block"] = r.method.shipped.demote_block;
+  // An eviction row's budget is its paired row's bytes at each ctx (only its settings say so: the others resume).
+  if (r.method.evicts()) s["equal_bytes"] = r.method.equal_bytes;
+  // Only tuned runs record the grid: the other runs stay valid, and resume, whatever the grid.
+  if (referee_tunes_clips(cfg, r.method))
+    s["clip_tuning"] = {{"grid", cfg.clip_grid}, {"windows", cfg.tune_windows}};
+  if (r.method.needs_calibration())
+    s["calibration"] = {{"sha256", run_calib_text(cfg, data, r).sha256},
+                        {"tokens", cfg.calib_tokens},
+                        {"chunk", cfg.calib_chunk},
+                        {"steps", cfg.calib_steps}};
+  return s;
+}
+
+std::string run_record_path(const RefereeConfig& cfg, const std::string& key) {
+  return (fs::path(cfg.out_dir) / "runs" / (key + ".json")).string();
+}
+
+std::optional<json> resumable_record(const std::string& path, const json& settings, const RefereeLog& log,
+                                     bool any_device) {
+  if (!fs::exists(path)) return std::nullopt;
+  try {
+    json old = json::parse(referee_read_text(path, "run record"));
+    json had = old.value("settings", json());
+    json want = settings;
+    if (any_device && had.is_object()) had.erase("device"), want.erase("device");
+    if (had == want) return old;
+    log(fmt::format("kvq: referee: {} was run with other settings; running it again", path), false);
+  } catch (const json::exception&) {
+    log(fmt::format("kvq: referee: {} is not valid json; running it again", path), false);
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvq

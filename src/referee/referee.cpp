@@ -1,0 +1,376 @@
+// kvq referee driver: checks the inputs, reads the data, and runs or resumes every planned (method, windows) run —
+// rotations and clips from the stores, kvq::evaluate per run — then writes results.json, report.md and report.html.
+#include "referee/referee.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "codecs/pnmix/codec_pnmix.h"
+#include "common/error.h"
+#include "common/sha256.h"
+#include "eval/evaluator.h"
+#include "kv/evict.h"
+#include "model/safetensors.h"
+#include "referee/io.h"
+#include "referee/plan.h"
+#include "referee/results.h"
+#include "referee/store.h"
+
+namespace kvq {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+class Referee {
+ public:
+  Referee(const RefereeConfig& cfg, const RefereeLog& log)
+      : cfg_(cfg), log_(log), store_(cfg, data_, [this]() -> Model& { return model(); }, [this] { return runners(); },
+                                     log) {}
+  RefereeResult run();
+
+ private:
+  void say(const std::string& s, bool transient = false) { log_(s, transient); }
+  void validate_inputs();
+  void load_data();
+  Model& model();
+  RunnerFactory runners();
+  RefereeResult calibrate_only(const std::vector<PlannedRun>& plan);
+  EvalConfig eval_config(std::vector<int> ctx, bool layers, const PlannedRun& r) const;
+  void check_caches(const std::vector<PlannedRun>& plan) const;
+  CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips, int ctx);
+  json evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s, int left);
+  json equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const;
+  json execute_run(const std::vector<PlannedRun>& plan, size_t i, const json& settings, double& executed_seconds);
+  int threads() const;
+  void write_results(const std::vector<PlannedRun>& plan, const json& missing,
+                     std::chrono::steady_clock::time_point t0);
+
+  const RefereeConfig& cfg_;
+  RefereeLog log_;
+  RefereeData data_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<Model> model_;
+  RefereeStore store_;
+  RefereeResult res_;
+};
+
+void Referee::validate_inputs() {
+  const RefereeConfig& c = cfg_;
+  KVQ_CHECK(!c.out_dir.empty(), "referee: no output directory (-o)");
+  KVQ_CHECK(fs::is_regular_file(c.calib_data), "calibration data '{}' is not a file", c.calib_data);
+  data_.all_eval_files = list_eval_files(c.eval_dir);
+  check_calibration_disjoint(c.calib_data, c.eval_dir);
+  KVQ_CHECK(!c.methods.empty(), "referee: no methods");
+  KVQ_CHECK(!c.windows.empty(), "referee: no window settings");
+  KVQ_CHECK(!c.ctx.empty(), "referee: no context lengths");
+  for (int ctx : c.ctx) KVQ_CHECK(ctx >= 2, "referee: context {} is too short", ctx);
+  KVQ_CHECK(c.passkey_trials >= 1, "referee: --passkey-trials {} must be >= 1", c.passkey_trials);
+  KVQ_CHECK(c.eval_windows >= 0, "referee: --windows {} must be >= 0", c.eval_windows);
+  KVQ_CHECK(c.group == 128 || c.group == 64 || c.group == 32, "referee: group {} must be 128, 64 or 32", c.group);
+  for (double d : c.depths) KVQ_CHECK(d >= 0 && d <= 1, "referee: passkey depth {} outside [0, 1]", d);
+  for (size_t i = 0; i < c.clip_grid.size(); ++i) {
+    KVQ_CHECK(c.clip_grid[i] >= 0.01f && c.clip_grid[i] <= 1.f, "referee: clip {} outside [0.01, 1]", c.clip_grid[i]);
+    for (size_t j = 0; j < i; ++j)
+      KVQ_CHECK(c.clip_grid[j] != c.clip_grid[i], "referee: clip {} is listed twice", c.clip_grid[i]);
+  }
+  KVQ_CHECK(c.tune_windows >= 1, "referee: --tune-windows {} must be >= 1", c.tune_windows);
+  for (const std::string& d : c.domains) {
+    const bool found = std::any_of(data_.all_eval_files.begin(), data_.all_eval_files.end(),
+                                   [&](const std::string& f) { return fs::path(f).stem() == d; });
+    KVQ_CHECK(found, "referee: eval domain '{}' has no file {}/{}.txt", d, c.eval_dir, d);
+  }
+}
+
+void Referee::load_data() {
+  data_.fingerprint = Checkpoint::open(cfg_.model_dir).fingerprint();
+  tok_ = std::make_unique<Tokenizer>(Tokenizer::load(cfg_.model_dir + "/tokenizer.json"));
+  for (const std::string& f : data_.all_eval_files) {
+    const std::string stem = fs::path(f).stem().string();
+    if (!cfg_.domains.empty() && std::find(cfg_.domains.begin(), cfg_.domains.end(), stem) == cfg_.domains.end())
+      continue;
+    EvalDomain d;
+    d.path = f;
+    d.name = stem;
+    const std::string text = referee_read_text(f, "eval text");
+    KVQ_CHECK(!text.empty(), "eval text '{}' is empty", f);
+    d.bytes = text.size();
+    d.sha256 = sha256_hex(text);
+    d.ids = tok_->encode(text);
+    data_.domains.push_back(std::move(d));
+  }
+  const std::string calib = referee_read_text(cfg_.calib_data, "calibration data");
+  data_.calib_bytes = calib.size();
+  data_.calib_sha256 = sha256_hex(calib);
+  data_.calib_ids = tok_->encode(calib);
+  for (size_t i = 0; i < data_.domains.size(); ++i)
+    if (data_.leak_domain < 0 || data_.domains[i].bytes > data_.domains[size_t(data_.leak_domain)].bytes)
+      data_.leak_domain = int(i);
+}
+
+Model& Referee::model() {
+  if (!model_) {
+    say(fmt::format("kvq: referee: loading {}", cfg_.model_dir));
+    model_ = Model::load(cfg_.model_dir, cfg_.threads);
+    KVQ_CHECK(model_->fingerprint() == data_.fingerprint, "model '{}' changed while the referee ran", cfg_.model_dir);
+  }
+  return *model_;
+}
+
+RunnerFactory Referee::runners() { return cfg_.runners ? cfg_.runners(model()) : cpu_runner_factory(model()); }
+
+// The evaluation passes of run r at contexts `ctx`: every task, or (layers false) all but the per-layer errors; as
+// shipped, each window's first half is the prompt, for an eviction row its first 15/16 (run_prompt_tokens). Every
+// other run also records its NLL over that last 1/16 (the tail), on which the eviction row is paired with it.
+EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const PlannedRun& r) const {
+  EvalConfig ec;
+  ec.tasks = layers ? std::vector<std::string>{"ppl", "kl", "passkey", "layers"}
+                    : std::vector<std::string>{"ppl", "kl", "passkey"};
+  ec.ctx = std::move(ctx);
+  ec.windows = cfg_.eval_windows;
+  ec.passkey_trials = cfg_.passkey_trials;
+  if (!cfg_.depths.empty()) ec.depths = cfg_.depths;
+  ec.seed = cfg_.seed;
+  ec.bootstrap = cfg_.bootstrap;
+  ec.prompt_fraction = run_prompt_fraction(r);
+  ec.tail_fraction = ec.prompt_fraction < kEvictPromptFraction ? kEvictPromptFraction : 0.0;
+  for (int c : ec.ctx) KVQ_CHECK(ec.prompt_at(c) == run_prompt_tokens(r, c), "internal: prompt of {} at ctx {}", r.key, c);
+  return ec;
+}
+
+// An eviction row's budget at every ctx (results.json runs[].equal_bytes): the paired row, the bits it stores at the
+// ctx and the windows (the target), the prompt, the prompt tokens kept and the tokens stored at the ctx.
+json Referee::equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const {
+  json by_ctx = json::object();
+  for (int ctx : cfg_.ctx) {
+    const double bits =
+        method_equal_bytes_bits(r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+    const int P = run_prompt_tokens(r, ctx), kept = evict_budget(bits, 16, P, ctx);
+    by_ctx[std::to_string(ctx)] = {{"target_bits", bits},
+                                   {"prompt_tokens", P},
+                                   {"kept_prompt_tokens", kept},
+                                   {"stored_tokens", kept + ctx - P},
+                                   {"stored_bits", 16.0 * (kept + ctx - P) / ctx}};
+  }
+  return {{"paired", r.method.equal_bytes},
+          {"windows", r.windows.label()},
+          {"rule", "the stored bytes at each ctx are those the paired row stores at the same windows (within one "
+                   "token's rows): every token after the prompt is kept at 16 bits, so the prompt keeps "
+                   "floor(target_bits ctx / 16) - (ctx - prompt_tokens) tokens"},
+          {"by_ctx", by_ctx}};
+}
+
+// Every planned run's cache is built and its footprint taken at each ctx with its prompt, before any run starts: an
+// unsupported combination (a codec and the model's head_dim, windows and a page size, a prompt policy the cache does
+// not have) is one error naming the run, not a failure after hours of other runs.
+void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
+  const ModelConfig mc = ModelConfig::load(cfg_.model_dir + "/config.json");
+  for (const PlannedRun& r : plan) {
+    try {
+      CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
+      c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
+      c.key_rope = mc.rope_inv_freq();
+      if (r.method.rotation == "none") c.transform = method_transform(r.method, r.protocol, c, mc.n_layers,
+                                                                      mc.n_kv_heads, mc.head_dim);
+      if (r.method.rotation_kind().key_widths) {  // PN-Mix: its widths come from calibration; probe with 2-bit pairs
+        auto w = std::make_shared<PairBitTable>();
+        w->n_layers = mc.n_layers, w->n_kv_heads = mc.n_kv_heads, w->head_dim = mc.head_dim, w->name = "pnmix(probe)";
+        w->bits.assign(size_t(mc.n_layers) * mc.n_kv_heads * size_t(mc.head_dim / 2), 2);
+        c.k.pair_bits = std::move(w);
+      }
+      for (int ctx : cfg_.ctx) {  // an eviction row's budget is its paired row's bytes at each ctx
+        set_equal_bytes_budget(c, r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+        KvCache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1).footprint(ctx, run_prompt_tokens(r, ctx));
+      }
+    } catch (const Error& e) {
+      KVQ_FAIL("referee: run {} ({}, protocol {}) cannot run: {}", r.key, r.method.label, protocol_name(r.protocol),
+               e.what());
+    }
+  }
+}
+
+// The cache of run r at ctx: its row's at the run's windows and protocol, with the run's clips and its rotation, or the
+// transform its codecs imply (a row has one or the other: tests/test_referee_methods.cpp), the model's RoPE for key
+// codecs that store keys without it, and for an eviction row the budget of its paired row's bytes at ctx.
+CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips, int ctx) {
+  CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
+  c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
+  c.k.clip = clips.k;
+  c.v.clip = clips.v;
+  const ModelConfig& mc = model().config();
+  c.transform = rot.transform ? rot.transform
+                              : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  c.k.pair_bits = rot.pair_bits;  // PN-Mix keys: their calibrated widths (null for every other row)
+  c.key_rope = mc.rope_inv_freq();
+  set_equal_bytes_budget(c, r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  return c;
+}
+
+// One run's `kvq eval --json` record: layers at the first ctx only; ppl, kl and passkey at every ctx (one evaluate()
+// per group, merged; an eviction row, whose budget depends on the ctx, one per ctx), plus the clips it used and, for
+// an eviction row, its budget at each ctx ("equal_bytes").
+json Referee::evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s,
+                           int left) {
+  const ClipChoice clips = store_.clips_for(r);
+  Model& m = model();
+  const RunnerFactory make = runners();
+  auto progress = [&](const std::string& stage, double frac, double eta) {
+    const double rest = avg_run_s > 0 && eta >= 0 ? eta + avg_run_s * left : -1;
+    say(fmt::format("kvq: run {}/{} {} {}: {} {:5.1f}%  ETA run {}, all {}", index, total, r.method.label,
+                    r.windows.label(), stage, 100 * frac, referee_fmt_seconds(eta), referee_fmt_seconds(rest)),
+        true);
+  };
+  auto pass = [&](std::vector<int> ctx, bool layers) {
+    const CacheConfig cache = run_cache(r, rot, clips, ctx.front());
+    return report_json(evaluate(m, make, *tok_, cache, data_.domains, eval_config(std::move(ctx), layers, r),
+                                progress));
+  };
+  json out = pass({cfg_.ctx.front()}, true);
+  std::vector<std::vector<int>> rest;  // the other contexts: one pass, or one each for an eviction row
+  for (size_t i = 1; i < cfg_.ctx.size(); ++i)
+    if (r.method.evicts() || rest.empty()) rest.push_back({cfg_.ctx[i]});
+    else rest.back().push_back(cfg_.ctx[i]);
+  for (std::vector<int>& ctx : rest) {
+    const json j = pass(std::move(ctx), false);
+    out["cache"]["footprint"].update(j["cache"]["footprint"]);
+    out["seeds"].update(j["seeds"]);
+    for (const char* t : {"ppl", "kl", "passkey"}) out["results"][t].update(j["results"][t]);
+    out["seconds"] = out["seconds"].get<double>() + j["seconds"].get<double>();
+  }
+  if (r.method.evicts()) out["equal_bytes"] = equal_bytes_json(r, m.config());
+  out["config"]["ctx"] = cfg_.ctx;
+  out["config"]["tasks"] = {"ppl", "kl", "passkey", "layers"};
+  out["config"]["layers_ctx"] = cfg_.ctx.front();
+  out["clips"] = clips.to_json();
+  return out;
+}
+
+// Runs plan[i] now and writes its record to OUT/runs/<key>.json; returns the record.
+json Referee::execute_run(const std::vector<PlannedRun>& plan, size_t i, const json& settings,
+                          double& executed_seconds) {
+  const PlannedRun& r = plan[i];
+  const auto r0 = std::chrono::steady_clock::now();
+  const Rotation rot = store_.rotation_for(r);
+  const double avg = res_.runs_executed > 0 ? executed_seconds / res_.runs_executed : -1;
+  size_t left = 0;
+  for (size_t k = i + 1; k < plan.size(); ++k) left += !fs::exists(run_record_path(cfg_, plan[k].key));
+  json rec = evaluate_run(r, rot, int(i + 1), int(plan.size()), avg, int(left));
+  add_run_fields(rec, cfg_, data_, r, rot, settings, model().pool().size());
+  referee_write_atomic(run_record_path(cfg_, r.key), rec.dump(1));
+  ++res_.runs_executed;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+  executed_seconds += s;
+  say(fmt::format("kvq: run {}/{} {} {}: finished in {:.1f} s", i + 1, plan.size(), r.method.label,
+                  r.windows.label(), s));
+  return rec;
+}
+
+// --calibrate-only: every rotation the plan needs, calibrated or found in OUT/rotations/; no runs, no reports.
+RefereeResult Referee::calibrate_only(const std::vector<PlannedRun>& plan) {
+  for (const PlannedRun& r : plan)
+    if (r.method.needs_calibration()) store_.rotation_for(r);
+  res_.calibrations_run = store_.calibrations_run();
+  res_.calibrations_reused = store_.calibrations_reused();
+  say(fmt::format("kvq: referee: {} rotation file(s) in {}/rotations ({} calibrated now, {} cached)",
+                  store_.rotation_files(), cfg_.out_dir, res_.calibrations_run, res_.calibrations_reused));
+  return std::move(res_);
+}
+
+int Referee::threads() const {
+  return model_ ? model_->pool().size() : cfg_.threads > 0 ? cfg_.threads : int(std::thread::hardware_concurrency());
+}
+
+void Referee::write_results(const std::vector<PlannedRun>& plan, const json& missing,
+                            std::chrono::steady_clock::time_point t0) {
+  res_.calibrations_run = store_.calibrations_run();
+  res_.calibrations_reused = store_.calibrations_reused();
+  const json& j = res_.results =
+      referee_results_json(cfg_, data_, {res_, int(plan.size()), missing, threads(), t0});
+  const std::vector<std::string> problems = referee_schema_errors(j);
+  KVQ_CHECK(problems.empty(), "referee: results.json fails its schema: {}", problems.front());
+  referee_write_atomic((fs::path(cfg_.out_dir) / "results.json").string(), j.dump(1));
+  referee_write_atomic((fs::path(cfg_.out_dir) / "report.md").string(), referee_markdown(j));
+  referee_write_atomic((fs::path(cfg_.out_dir) / "report.html").string(), referee_html(j));
+}
+
+RefereeResult Referee::run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  validate_inputs();
+  fs::create_directories(fs::path(cfg_.out_dir) / "runs");
+  fs::create_directories(fs::path(cfg_.out_dir) / "rotations");
+  load_data();
+  const std::vector<PlannedRun> plan = plan_referee_runs(cfg_, data_);
+  check_calibration_budgets(cfg_, data_, plan);
+  if (!cfg_.report_only) check_caches(plan);
+  if (cfg_.calibrate_only) return calibrate_only(plan);
+
+  double executed_seconds = 0;
+  json missing = json::array();
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const PlannedRun& r = plan[i];
+    const std::string path = run_record_path(cfg_, r.key);
+    const json settings = run_settings(cfg_, data_, r);
+    RefereeRun run;
+    run.key = r.key;
+    if (std::optional<json> old = resumable_record(path, settings, log_, cfg_.report_only && cfg_.any_device)) {
+      run.record = std::move(*old);
+      run.resumed = true;
+    }
+    if (!run.resumed && cfg_.report_only) {
+      missing.push_back({{"key", r.key}, {"method", r.method.label}, {"windows", r.windows.label()},
+                         {"leakage", r.leakage}});
+      continue;
+    }
+    if (run.resumed) {
+      ++res_.runs_resumed;
+      say(fmt::format("kvq: run {}/{} {} {}: done earlier ({})", i + 1, plan.size(), r.method.label,
+                      r.windows.label(), path));
+    } else {
+      run.record = execute_run(plan, i, settings, executed_seconds);
+    }
+    res_.runs.push_back(std::move(run));
+  }
+
+  if (cfg_.report_only) {
+    KVQ_CHECK(!res_.runs.empty(), "referee --report-only: no finished run of this plan in {}/runs (nothing to report)",
+              cfg_.out_dir);
+    if (!missing.empty())
+      say(fmt::format("kvq: referee: {} of {} runs have no record in {}/runs: reported as not run", missing.size(),
+                      plan.size(), cfg_.out_dir));
+  }
+  write_results(plan, missing, t0);
+  return std::move(res_);
+}
+
+}  // namespace
+
+void check_calibration_disjoint(const std::string& calib_file, const std::string& eval_dir) {
+  KVQ_CHECK(fs::is_regular_file(calib_file), "calibration data '{}' is not a file", calib_file);
+  const fs::path calib = fs::weakly_canonical(calib_file);
+  const fs::path dir = fs::weakly_canonical(eval_dir);
+  for (fs::path p = calib.parent_path(); !p.empty(); p = p.parent_path()) {
+    KVQ_CHECK(p != dir, "calibration data '{}' lies inside the eval data directory '{}': calibration must be disjoint "
+              "from evaluation data", calib_file, eval_dir);
+    if (p == p.root_path()) break;
+  }
+  const std::string sha = sha256_hex(referee_read_text(calib_file, "calibration data"));
+  for (const std::string& f : list_eval_files(eval_dir))
+    KVQ_CHECK(sha256_hex(referee_read_text(f, "eval text")) != sha,
+              "calibration data '{}' is identical (sha256 {}…) to eval file '{}': calibration must be disjoint from "
+              "evaluation data", calib_file, sha.substr(0, 12), f);
+}
+
+RefereeResult run_referee(const RefereeConfig& cfg, const RefereeLog& log) {
+  RefereeLog sink = log ? log : [](const std::string& line, bool transient) {
+    std::fprintf(stderr, transient ? "\r%-110s" : "\r%-110s\n", line.c_str());
+    std::fflush(stderr);
+  };
+  Referee r(cfg, sink);
+  return r.run();
+}
+
+}  // namespace kvq

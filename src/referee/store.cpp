@@ -1,0 +1,263 @@
+// The referee's rotation and clip stores (referee/store.h).
+#include "referee/store.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+
+#include "calib/pnmix.h"
+#include "codecs/pnmix/pnmix_file.h"
+#include "common/error.h"
+#include "common/sha256.h"
+#include "common/version.h"
+#include "eval/perplexity.h"
+#include "referee/io.h"
+#include "rotation/rotation_file.h"
+
+namespace kvq {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+CalibrateConfig run_calibrate_config(const RefereeConfig& cfg, const PlannedRun& r, const ClipChoice* clips) {
+  const RefereeMethod& m = r.method;
+  const bool learned = m.rotation_kind().learned;
+  CalibrateConfig cc;
+  cc.method = m.rotation;
+  if (m.rotation_kind().key_widths) cc.pnmix_score = m.pnmix_score, cc.key_bits = m.pnmix_key_bits;
+  cc.base = learned ? m.base : "oscar";  // the unused fields of a rotation that is not learned: as its file names
+  cc.objective = learned ? m.objective : "post-wo";  // under OUT/rotations/ were hashed
+  cc.tokens = cfg.calib_tokens;
+  cc.chunk = cfg.calib_chunk;
+  cc.steps = cfg.calib_steps;
+  // A learned rotation (OptR) is calibrated for the row's int2 grid and windows; OSCAR's statistics do not depend
+  // on them.
+  cc.cache = method_cache(m, learned ? r.windows : RefereeWindows{0, 0}, cfg.group);
+  if (clips && learned) cc.cache.k.clip = clips->k, cc.cache.v.clip = clips->v;
+  return cc;
+}
+
+void check_calibration_budgets(const RefereeConfig& cfg, const RefereeData& data, const std::vector<PlannedRun>& plan) {
+  const ModelConfig mc = ModelConfig::load(cfg.model_dir + "/config.json");
+  for (const PlannedRun& r : plan) {
+    if (!r.method.needs_calibration()) continue;
+    const CalibrateConfig cc = run_calibrate_config(cfg, r);
+    cc.validate(mc);
+    const size_t chunks = r.method.rotation_kind().learned ? size_t(cc.calib_chunks + cc.heldout_chunks) : 1;
+    const size_t need = size_t(cc.chunk) * chunks;
+    const CalibText text = run_calib_text(cfg, data, r);
+    KVQ_CHECK(text.ids.size() >= need, "referee: {} needs {} calibration tokens ({} chunk(s) of {}), '{}' has {}",
+              r.method.label, need, need / size_t(cc.chunk), cc.chunk, text.file, text.ids.size());
+  }
+  // Clip tuning reads the end of the calibration file, which must lie past the calibration budget.
+  if (std::any_of(plan.begin(), plan.end(), [&](const PlannedRun& r) { return referee_tunes_clips(cfg, r.method); })) {
+    const size_t held_out = size_t(cfg.tune_windows) * size_t(cfg.ctx.front());
+    KVQ_CHECK(data.calib_ids.size() >= size_t(cfg.calib_tokens) + held_out,
+              "referee: clip tuning needs {} held-out tokens ({} x {}) past the {}-token calibration budget; '{}' has "
+              "{} in all", held_out, cfg.tune_windows, cfg.ctx.front(), cfg.calib_tokens, cfg.calib_data,
+              data.calib_ids.size());
+  }
+}
+
+// ---- rotations ----
+
+json RefereeStore::rotation_key(const CalibrateConfig& cc, const std::string& data_sha) const {
+  json key = {{"model_fingerprint", data_.fingerprint}, {"calib_sha256", data_sha}, {"method", cc.method},
+          {"base", cc.base}, {"objective", cc.objective}, {"tokens", cc.tokens}, {"chunk", cc.chunk},
+          {"n_queries", cc.n_queries}, {"calib_chunks", cc.calib_chunks}, {"heldout_chunks", cc.heldout_chunks},
+          {"steps", cc.steps}, {"lr", cc.lr}, {"lambda_k", cc.lambda_k}, {"center_keys", cc.center_keys},
+          {"type", cc.cache.k.type}, {"group", cc.cache.k.group}, {"clip_k", cc.cache.k.clip},
+          {"clip_v", cc.cache.v.clip}, {"sink", cc.cache.sink}, {"recent", cc.cache.recent},
+          {"kvq_version", KVQ_VERSION}};
+  if (cc.method == "pnmix") key.update({{"pnmix_score", cc.pnmix_score}, {"key_bits", cc.key_bits}});
+  return key;
+}
+
+// Reads rot.file when it exists (checked against the model, the grid and the data); false when it does not.
+bool RefereeStore::read_rotation(const CalibrateConfig& cc, const std::string& data_sha, Rotation& rot) {
+  if (!fs::exists(rot.file)) return false;
+  const ModelConfig& mc = model_().config();
+  RotationFile f = load_rotation_file(rot.file);
+  check_rotation_fits(f, data_.fingerprint, mc.n_layers, mc.n_kv_heads, mc.head_dim, cc.cache);
+  KVQ_CHECK(f.meta.value("calib_sha256", "") == data_sha, "cached rotation file '{}' was calibrated on other data",
+            rot.file);
+  rot.transform = std::make_shared<KvTransform>(std::move(f.transform));
+  rot.meta = f.meta;
+  rot.reused = true;
+  rot.seconds = f.meta.value("capture_seconds", 0.0) + f.meta.value("optimise_seconds", 0.0);
+  ++calibrations_reused_;
+  say(fmt::format("kvq: referee: reusing cached rotation {}", rot.file));
+  return true;
+}
+
+void RefereeStore::calibrate_rotation(const PlannedRun& r, const CalibrateConfig& cc, const json& key,
+                                      Rotation& rot) {
+  const RefereeMethod& m = r.method;
+  const CalibText text = run_calib_text(cfg_, data_, r);
+  say(fmt::format("kvq: referee: calibrating {} on {} ({} tokens of budget {}, chunk {}{})", m.label, text.file,
+                  text.ids.size(), cc.tokens, cc.chunk,
+                  m.rotation_kind().learned ? fmt::format(", {} steps, windows {}", cc.steps, r.windows.label())
+                                            : ""));
+  Model& model = model_();
+  CalibrateReport rep;
+  KvTransform t = calibrate(model, text.ids, cc, &rep, [&](const char* stage, int done, int total) {
+    say(fmt::format("kvq: calibrate {} {} {}/{}", m.label, stage, done, total), true);
+  });
+  say(fmt::format("kvq: calibrated {} in {:.1f} s", m.label, rep.capture_seconds + rep.optimise_seconds));
+  json meta = calibration_metadata(cc, t, rep, data_.fingerprint, text.file, text.sha256);
+  meta["referee_key"] = key;
+  save_rotation_file(rot.file, t, meta);
+  rot.meta = meta;
+  rot.seconds = rep.capture_seconds + rep.optimise_seconds;
+  rot.transform = std::make_shared<KvTransform>(std::move(t));
+  ++calibrations_run_;
+}
+
+// PN-Mix widths (a key_widths kind): the same store, a PN-Mix file instead of a rotation file.
+bool RefereeStore::read_widths(const std::string& data_sha, Rotation& rot) {
+  if (!fs::exists(rot.file)) return false;
+  const ModelConfig& mc = model_().config();
+  PnmixFile f = load_pnmix_file(rot.file);
+  check_pnmix_fits(f, data_.fingerprint, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  KVQ_CHECK(f.meta.value("calib_sha256", "") == data_sha, "cached PN-Mix file '{}' was calibrated on other data",
+            rot.file);
+  rot.pair_bits = std::make_shared<PairBitTable>(std::move(f.table));
+  rot.meta = f.meta;
+  rot.reused = true;
+  rot.seconds = f.meta.value("capture_seconds", 0.0);
+  ++calibrations_reused_;
+  say(fmt::format("kvq: referee: reusing cached PN-Mix widths {}", rot.file));
+  return true;
+}
+
+void RefereeStore::calibrate_widths(const PlannedRun& r, const CalibrateConfig& cc, const json& key, Rotation& rot) {
+  const CalibText text = run_calib_text(cfg_, data_, r);
+  say(fmt::format("kvq: referee: calibrating {} widths on {} ({} tokens of budget {}, chunk {})", r.method.label,
+                  text.file, text.ids.size(), cc.tokens, cc.chunk));
+  const PnmixCalibration c = calibrate_pnmix(model_(), text.ids, cc, [&](const char* stage, int done, int total) {
+    say(fmt::format("kvq: calibrate {} {} {}/{}", r.method.label, stage, done, total), true);
+  });
+  json meta = {{"score", cc.pnmix_score},       {"model_fingerprint", data_.fingerprint},
+               {"calib_data", text.file},       {"calib_sha256", text.sha256},
+               {"calib_tokens", c.tokens_used}, {"chunk", cc.chunk},
+               {"capture_seconds", c.capture_seconds}, {"referee_key", key}};
+  save_pnmix_file(rot.file, c.table, c.scores, meta);
+  say(fmt::format("kvq: calibrated {} widths in {:.1f} s", r.method.label, c.capture_seconds));
+  rot.meta = meta;
+  rot.seconds = c.capture_seconds;
+  rot.pair_bits = std::make_shared<PairBitTable>(c.table);
+  ++calibrations_run_;
+}
+
+Rotation RefereeStore::rotation_for(const PlannedRun& r) {
+  const RefereeMethod& m = r.method;
+  const RefereeRotation& kind = m.rotation_kind();
+  Rotation rot;
+  const ModelConfig& mc = model_().config();
+  if (!kind.calibrated) {
+    if (kind.data_free) rot.transform = std::make_shared<KvTransform>(kind.data_free(mc));
+    return rot;
+  }
+  // A learned rotation (OptR) is calibrated for the clips its row is evaluated with (tuned through its base, never
+  // through itself); OSCAR's statistics do not depend on the grid.
+  const ClipChoice clips = kind.learned ? clips_for(r) : ClipChoice{};
+  const CalibrateConfig cc = run_calibrate_config(cfg_, r, kind.learned ? &clips : nullptr);
+  const std::string data_sha = run_calib_text(cfg_, data_, r).sha256;
+  const json key = rotation_key(cc, data_sha);
+  const std::string name = referee_slug(m.label) + "-" + sha256_hex(key.dump()).substr(0, 16) + ".safetensors";
+  rot.file = (fs::path(cfg_.out_dir) / "rotations" / name).string();
+  if (auto it = rotations_.find(rot.file); it != rotations_.end()) {
+    Rotation again = it->second;
+    again.reused = true;
+    ++calibrations_reused_;
+    return again;
+  }
+  if (kind.key_widths) {
+    if (!read_widths(data_sha, rot)) calibrate_widths(r, cc, key, rot);
+  } else if (!read_rotation(cc, data_sha, rot)) {
+    calibrate_rotation(r, cc, key, rot);
+  }
+  rotations_[rot.file] = rot;
+  return rot;
+}
+
+// ---- clips ----
+
+json RefereeStore::clip_spec(const RefereeMethod& tuned, const RefereeWindows& w) const {
+  return {{"model_fingerprint", data_.fingerprint}, {"calib_sha256", data_.calib_sha256}, {"method", tuned.label},
+          {"sink", w.sink}, {"recent", w.recent}, {"group", cfg_.group},
+          {"grid", cfg_.clip_grid}, {"ctx", cfg_.ctx.front()}, {"windows", cfg_.tune_windows},
+          {"kvq_version", KVQ_VERSION}};  // not the device: tune on one machine, evaluate on another
+}
+
+// Reads a stored choice made for `spec` into out; false when there is none (or not for this spec).
+bool RefereeStore::read_clips(const std::string& file, const json& spec, ClipChoice& out) const {
+  if (!fs::exists(file)) return false;
+  try {
+    const json j = json::parse(referee_read_text(file, "clip choice"));
+    if (j.value("spec", json()) != spec) return false;
+    out.k = j.at("k").get<float>();
+    out.v = j.at("v").get<float>();
+    out.grid = j.at("grid");
+    return true;
+  } catch (const json::exception&) {
+    say(fmt::format("kvq: referee: {} is not a valid clip choice; tuning again", file));
+  }
+  return false;
+}
+
+// Every (key, value) pair of the grid on the held-out text: the last windows of the calibration file, past the
+// calibration budget (check_calibration_budgets). out takes the best pair (the first of equal pairs in grid order)
+// and the grid; returns its ppl.
+double RefereeStore::tune_clips(const RefereeMethod& tuned, const RefereeWindows& w, ClipChoice& out,
+                                std::string& where) {
+  const int ctx = cfg_.ctx.front();
+  const size_t n = size_t(cfg_.tune_windows) * size_t(ctx);
+  const std::vector<int32_t> tail(data_.calib_ids.end() - std::ptrdiff_t(n), data_.calib_ids.end());
+  const Rotation rot = rotation_for({tuned, w, false, ""});  // not learned: none, data-free or grid-independent
+  const RunnerFactory make = runners_();
+  double best = std::numeric_limits<double>::infinity();
+  for (float ck : cfg_.clip_grid)
+    for (float cv : cfg_.clip_grid) {
+      CacheConfig c = method_cache(tuned, w, cfg_.group);
+      c.k.clip = ck;
+      c.v.clip = cv;
+      c.transform = rot.transform;
+      const std::unique_ptr<Runner> runner = make(c, ctx);
+      where = runner->describe();
+      const double ppl = perplexity(*runner, tail, ctx, cfg_.tune_windows).ppl();
+      say(fmt::format("kvq: referee: clips of {} {}: keys {} values {}: held-out ppl {:.4f}", tuned.label, w.label(),
+                      ck, cv, ppl), true);
+      out.grid.push_back({ck, cv, ppl});
+      if (ppl < best) best = ppl, out.k = ck, out.v = cv;
+    }
+  return best;
+}
+
+ClipChoice RefereeStore::clips_for(const PlannedRun& r) {
+  const CacheConfig defaults = method_cache(r.method, r.windows, cfg_.group);
+  ClipChoice out;
+  out.k = defaults.k.clip;
+  out.v = defaults.v.clip;
+  if (!referee_tunes_clips(cfg_, r.method)) return out;
+  const RefereeMethod& tuned = r.method.clips_from.empty() ? r.method : *find_referee_method(r.method.clips_from);
+  const std::string mem_key = tuned.label + "@" + r.windows.label();
+  if (auto it = clips_.find(mem_key); it != clips_.end()) return it->second;
+  const json spec = clip_spec(tuned, r.windows);
+  const fs::path file = fs::path(cfg_.out_dir) / "clips" /
+                        (referee_slug(tuned.label) + "-" + sha256_hex(spec.dump()).substr(0, 16) + ".json");
+  out.tuned_on = tuned.label;
+  if (!read_clips(file.string(), spec, out)) {
+    std::string where;
+    const double best = tune_clips(tuned, r.windows, out, where);
+    fs::create_directories(file.parent_path());
+    const json j = {{"spec", spec}, {"k", out.k}, {"v", out.v}, {"grid", out.grid}, {"runner", where}};
+    referee_write_atomic(file.string(), j.dump(1));
+    say(fmt::format("kvq: referee: clips of {} {}: keys {} values {} (held-out ppl {:.4f})", tuned.label,
+                    r.windows.label(), out.k, out.v, best));
+  }
+  clips_[mem_key] = out;
+  return out;
+}
+
+}  // namespace kvq

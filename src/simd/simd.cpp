@@ -1,0 +1,97 @@
+#include "simd/simd.h"
+
+#include <cmath>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "common/error.h"
+
+namespace kvq {
+
+namespace {
+#if defined(__x86_64__) || defined(__i386__)
+// F16C (CPUID.1:ECX bit 29); clang's __builtin_cpu_supports has no "f16c".
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+#endif
+}  // namespace
+
+const char* simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar: return "scalar";
+    case SimdLevel::kAvx2: return "avx2";
+    case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kAvx512Vnni: return "avx512vnni";
+  }
+  return "?";
+}
+
+bool simd_level_supported(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar: return true;
+#if defined(__x86_64__) || defined(__i386__)
+    case SimdLevel::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    case SimdLevel::kAvx512:
+      return simd_level_supported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq");
+    case SimdLevel::kAvx512Vnni:
+      return simd_level_supported(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx512vbmi");
+#else
+    default: return false;
+#endif
+  }
+  return false;
+}
+
+SimdLevel best_simd_level() {
+  static const SimdLevel best = simd_level_supported(SimdLevel::kAvx512Vnni) ? SimdLevel::kAvx512Vnni
+                                : simd_level_supported(SimdLevel::kAvx512) ? SimdLevel::kAvx512
+                                : simd_level_supported(SimdLevel::kAvx2) ? SimdLevel::kAvx2
+                                                                         : SimdLevel::kScalar;
+  return best;
+}
+
+RowKernels row_kernels(RowFormat format, SimdLevel level) {
+  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
+            simd_level_name(level), simd_level_name(best_simd_level()));
+  switch (level) {
+    case SimdLevel::kAvx512Vnni: return row_kernels_avx512_vnni(format);
+    case SimdLevel::kAvx512: return row_kernels_avx512(format);
+    case SimdLevel::kAvx2: return row_kernels_avx2(format);
+    case SimdLevel::kScalar: break;
+  }
+  return row_kernels_scalar(format);
+}
+
+SoftmaxKernels softmax_kernels(SimdLevel level) {
+  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
+            simd_level_name(level), simd_level_name(best_simd_level()));
+  switch (level) {
+    case SimdLevel::kAvx512Vnni:
+    case SimdLevel::kAvx512: return softmax_kernels_avx512();
+    case SimdLevel::kAvx2: return softmax_kernels_avx2();
+    case SimdLevel::kScalar: break;
+  }
+  return softmax_kernels_scalar();
+}
+
+float softmax_max_ref(const float* x, int n) {
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+float softmax_exp_sum_ref(float* x, int n, float m) {
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - m));
+  return sum;
+}
+
+}  // namespace kvq

@@ -1,0 +1,105 @@
+// Row kernels of the KV codecs: dot products and weighted sums read straight from packed rows
+// (layout.h), and the online softmax's row max and exp-and-sum; one implementation per instruction-set
+// level, written once over a vector-traits type (simd_kernels_impl.h, simd_softmax_impl.h), chosen at run time.
+//
+// The project is compiled without -mavx flags: the AVX2+FMA and AVX-512 kernels are compiled under
+// `#pragma GCC target` in their own files (simd_avx2.cpp, simd_avx512.cpp) and only called after
+// __builtin_cpu_supports said yes. Tests and benchmarks force a level through row_kernels(fmt, level) and
+// softmax_kernels(level).
+//
+// Math (per row t, group g with fp16 scale s and zero z, x̂ = (code - z)·s):
+//   scores:     q·x̂ = Σ_g s_g·(q_g·code_g) - Σ_g s_g·z_g·Σq_g      (Σq_g precomputed per query and group)
+//   accumulate: acc += Σ_t w_t,g·code_t - Σ_t w_t,g·z_t,g           (w = p·s; the zero term subtracted once)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+// For the SIMD kernels (simd_*.cpp): fixed-trip loops over the query block and the vectors of a unit must be unrolled
+// so that their arrays of vectors live in registers (-O2 does not unroll by itself).
+#define KVQ_UNROLL _Pragma("GCC unroll 16")
+
+namespace kvq {
+
+// kAvx512Vnni (needs VNNI and VBMI): the int formats use integer dot products (vpdpwssd) with q / weights rounded
+// to int16 (relative error ~2^-16 of the largest element per group or tile), except int2 rows of one 128-value
+// group, which round them to int8 (vpdpbusd, 1/254); bf16 uses the kAvx512 float kernels.
+enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+
+const char* simd_level_name(SimdLevel level);
+bool simd_level_supported(SimdLevel level);  // this CPU can run it
+SimdLevel best_simd_level();                  // the highest supported level
+
+// How the values of one row are stored: bf16 / f16 values, int codes after GroupParams (layout.h), or llama.cpp's
+// blocks of 32 values, each with its own fp16 scale (codecs/llamacpp/llamacpp_blocks.h; kernels in simd_blocks_impl.h).
+enum class RowFormat : int {
+  kBf16 = 0, kInt2 = 1, kInt4 = 2, kInt8 = 3,
+  kF16 = 4, kQ8_0 = 5, kQ5_0 = 6, kQ4_1 = 7, kQ4_0 = 8, kIq4Nl = 9,
+};
+
+// n_rows rows of d values, row t at rows + t·row_stride.
+struct RowsView {
+  const uint8_t* rows = nullptr;  // first row
+  size_t row_stride = 0;          // bytes between consecutive rows
+  int codes_offset = 0;           // bytes from a row's start to its values / packed codes
+  int d = 0;                      // values per row (multiple of 32; <= 256 for grouped rows)
+  int group = 0;                  // values per GroupParams group (grouped rows); d otherwise
+  bool grouped = false;           // rows start with GroupParams[d / group] (int rows); false: plain values or
+                                  // llama.cpp blocks (group 32)
+  int n_rows = 0;                 // rows to read
+};
+
+// s[i·s_stride + t] = q[i, :] · x̂_t       q: [n_q, d] contiguous
+using ScoresFn = void (*)(const RowsView& rows, const float* q, int n_q, float* s, size_t s_stride);
+// acc[i, :] += Σ_t p[i·p_stride + t] · x̂_t   acc: [n_q, d] contiguous
+using AccumulateFn = void (*)(const RowsView& rows, const float* p, size_t p_stride, int n_q, float* acc);
+
+struct RowKernels {
+  ScoresFn scores;
+  AccumulateFn accumulate;
+};
+
+// The kernels of one format at one level. Throws kvq::Error if this CPU does not support the level.
+RowKernels row_kernels(RowFormat format, SimdLevel level);
+
+// Per-level tables (one per file); used only by row_kernels.
+RowKernels row_kernels_scalar(RowFormat format);
+RowKernels row_kernels_avx2(RowFormat format);
+RowKernels row_kernels_avx512(RowFormat format);
+RowKernels row_kernels_avx512_vnni(RowFormat format);
+
+// The row primitives of the online softmax in attention/attention.cpp: max and exp-and-sum over one row of
+// scores, written once over the same vector traits as the row kernels (simd_softmax_impl.h).
+//
+// The levels compute exp with a Cephes-style polynomial: x = n·ln2 + r, |r| <= ln2/2, degree-6 polynomial in r,
+// times 2^n built in the exponent bits. Relative error <= 2e-7 (about 2 float ulp) against std::exp for x in
+// [-87, 0]; inputs below -87.3 give 0 (std::exp gives < 1.2e-38 there). Attention only calls exp on
+// x = s - max <= 0, so the results are weights in [0, 1].
+struct SoftmaxKernels {
+  float (*max)(const float* x, int n);         // max of x[0, n); -inf for n == 0
+  float (*exp_sum)(float* x, int n, float m);  // x[i] <- exp(x[i] - m) for i < n; returns the sum of the new x
+};
+
+// The softmax primitives at one level (kAvx512Vnni uses the kAvx512 ones). Throws kvq::Error if this CPU does
+// not support the level.
+SoftmaxKernels softmax_kernels(SimdLevel level);
+
+// Per-level tables (one per file); used only by softmax_kernels.
+SoftmaxKernels softmax_kernels_scalar();
+SoftmaxKernels softmax_kernels_avx2();
+SoftmaxKernels softmax_kernels_avx512();
+
+// The scalar reference twins, the spec of every level (plain loops, std::exp).
+float softmax_max_ref(const float* x, int n);
+float softmax_exp_sum_ref(float* x, int n, float m);
+
+}  // namespace kvq
+
+namespace kvq {
+struct CodecSpec;
+class KvCodec;
+// make_codec (codec.h) with the codec's scores()/accumulate() forced to `level` (tests, benchmarks).
+// Throws kvq::Error if the CPU does not support the level or the spec is not supported.
+std::unique_ptr<KvCodec> make_codec_at(const CodecSpec& spec, SimdLevel level);
+}  // namespace kvq

@@ -1,0 +1,163 @@
+// AVX-512 (F/BW/VL/DQ) + FMA + F16C row kernels and softmax primitives (16 floats per vector). Compiled for that
+// target by the pragma below, called only when simd_level_supported(kAvx512). Every header is included BEFORE the
+// pragma so that no inline function shared with other files is compiled for AVX-512.
+#include <cmath>
+#include <cstring>
+
+#include <immintrin.h>
+
+#include "codecs/layout.h"
+#include "codecs/llamacpp/llamacpp_blocks.h"
+#include "common/half.h"
+#include "simd/simd.h"
+
+#if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+// GCC 12 flags the _mm512_undefined_* passthrough operands of the conversion and min / max intrinsics (false
+// positive).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace kvq {
+namespace {
+
+#include "codecs/llamacpp/simd_blocks_x86.h"
+
+struct VAvx512 {
+  using F = __m512;
+  static constexpr int kW = 16, kMaxQBScores = 8, kMaxQBAcc = 8;  // 32 zmm registers
+  static constexpr int kScoreChains = 2, kMaxQBRowScores = 8;       // 16 sums + a unit's 2 vectors
+  static F zero() { return _mm512_setzero_ps(); }
+  static F loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F bcast(float x) { return _mm512_set1_ps(x); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F exp2i(F n) {
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static F zero_below(F x, F lo, F y) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y); }
+  static F load_partial(const float* p, int n, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), __mmask16((1u << n) - 1), p);
+  }
+  static void store_partial(float* p, F v, int n) { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v); }
+  static float hmax(F v) { return _mm512_reduce_max_ps(v); }
+  static float hsum(F v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static void hsum4(const F* v, float* out) {
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
+  // dst[j·dst_stride + i] = src[i·src_stride + j] for a 16 × 16 block: pairs of rows interleaved, then 4-row groups
+  // gathered per 128-bit lane, then the 4 × 4 transpose of the lanes.
+  static void transpose(const float* src, size_t src_stride, float* dst, size_t dst_stride) {
+    __m512 r[16], u[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 16; i += 2) {  // lane L of t[i] / t[i+1]: columns 4L, 4L+1 / 4L+2, 4L+3 of rows i, i+1
+      const __m512 lo = _mm512_unpacklo_ps(r[i], r[i + 1]), hi = _mm512_unpackhi_ps(r[i], r[i + 1]);
+      r[i] = lo, r[i + 1] = hi;
+    }
+    for (int g = 0; g < 16; g += 4) {  // lane L of u[g + k]: column 4L + k of rows g .. g+3
+      u[g + 0] = _mm512_shuffle_ps(r[g], r[g + 2], 0x44), u[g + 1] = _mm512_shuffle_ps(r[g], r[g + 2], 0xEE);
+      u[g + 2] = _mm512_shuffle_ps(r[g + 1], r[g + 3], 0x44), u[g + 3] = _mm512_shuffle_ps(r[g + 1], r[g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {  // column 4L + k = lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+      const __m512 x0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), x1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+      const __m512 y0 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44),
+                   y1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+      _mm512_storeu_ps(dst + (0 + k) * dst_stride, _mm512_shuffle_f32x4(x0, y0, 0x88));
+      _mm512_storeu_ps(dst + (4 + k) * dst_stride, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+      _mm512_storeu_ps(dst + (8 + k) * dst_stride, _mm512_shuffle_f32x4(x1, y1, 0x88));
+      _mm512_storeu_ps(dst + (12 + k) * dst_stride, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+    }
+  }
+  static float half(uint16_t h) { return _cvtsh_ss(h); }
+  static F u8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sixteen_bytes)); }
+  static F i8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sixteen_bytes)); }
+  // The loops over out[] are unrolled (KVQ_UNROLL): rolled, they store out[] to the stack for the caller to reload.
+  template <RowFormat Fmt>
+  static void unit(const uint8_t* p, F* out) {
+    if constexpr (Fmt == RowFormat::kBf16) {
+      KVQ_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        const __m512i w =
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
+        out[k] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      }
+    } else if constexpr (Fmt == RowFormat::kF16) {
+      KVQ_UNROLL
+      for (int k = 0; k < 2; ++k)
+        out[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
+    } else if constexpr (Fmt == RowFormat::kInt2) {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      __m256i v = _mm256_srlv_epi64(_mm256_set1_epi64x(x), _mm256_setr_epi64x(0, 2, 4, 6));
+      v = _mm256_and_si256(v, _mm256_set1_epi8(3));  // 64-bit lane k = values 8k .. 8k+7
+      out[0] = u8_to_f(_mm256_castsi256_si128(v));
+      out[1] = u8_to_f(_mm256_extracti128_si256(v, 1));
+    } else if constexpr (Fmt == RowFormat::kInt4) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i m = _mm_set1_epi8(0x0f);
+      out[0] = u8_to_f(_mm_and_si128(x, m));
+      out[1] = u8_to_f(_mm_and_si128(_mm_srli_epi16(x, 4), m));
+    } else {
+      out[0] = u8_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      out[1] = u8_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    }
+  }
+  template <RowFormat Fmt>
+  static void block(const uint8_t* p, F* out) {
+    __m128i lo, hi;
+    block_levels_i8<Fmt>(p, lo, hi);
+    out[0] = i8_to_f(lo);
+    out[1] = i8_to_f(hi);
+  }
+};
+
+#include "simd/simd_kernels_impl.h"
+#include "simd/simd_softmax_impl.h"
+
+}  // namespace
+
+RowKernels row_kernels_avx512(RowFormat format) { return row_kernels_for<VAvx512>(format); }
+SoftmaxKernels softmax_kernels_avx512() { return softmax_kernels_for<VAvx512>(); }
+
+}  // namespace kvq
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+#else
+#include "common/error.h"
+namespace kvq {
+RowKernels row_kernels_avx512(RowFormat) { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
+SoftmaxKernels softmax_kernels_avx512() { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
+}  // namespace kvq
+#endif
