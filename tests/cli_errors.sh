@@ -139,6 +139,16 @@ S=models/shapes/qwen3-8b  # a config without weights: only --dummy-weights runs 
 expect_error "ppl: dummy weights" ppl -m $M -f data/eval/linux.txt --dummy-weights
 expect_error "eval: dummy weights" eval -m $M --tasks ppl --dummy-weights
 expect_error "referee: dummy weights" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --quick --dummy-weights
+expect_error "referee: no model" referee --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --quick
+expect_error "referee: --results without --report-only" referee --results docs/reports/referee-niah-results.json.gz -o "$T/rr"
+expect_error "referee: --results with a model" referee --report-only --results docs/reports/referee-niah-results.json.gz -m $M -o "$T/rr"
+head -c 3000 docs/reports/referee-niah-results.json.gz > "$T/truncated.json.gz"
+expect_error "referee: a truncated results.json.gz" referee --report-only --results "$T/truncated.json.gz" -o "$T/rr"
+printf '{"runs": [' > "$T/bad.json"
+expect_error "referee: results that are not JSON" referee --report-only --results "$T/bad.json" -o "$T/rr"
+printf '{"runs": []}' > "$T/other.json"
+expect_error "referee: a JSON that is not a referee's results" referee --report-only --results "$T/other.json" -o "$T/rr"
+expect_error "info: --markdown without --codecs" info -m $M --markdown
 expect_error "calibrate: dummy weights" calibrate -m $M --data data/calib/linux.txt -o "$T/r.safetensors" --dummy-weights
 expect_error "run: dummy weights" run -m $S -p hi -n 1 --dummy-weights
 expect_error "bench decode: a shape config without --dummy-weights" bench decode -m $S -c 64

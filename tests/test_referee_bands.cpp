@@ -64,7 +64,8 @@ json fake_results(size_t windows = 5) {
       // OScaR's own residual (up to 255 newest tokens in FP16) at this short context: 9 bits, outside its claim's band
       fake_run("oscar_int2__shipped", "oscar_int2", "as-shipped", 9.0, scaled(1.002), 0.01, 1.0),
   });
-  return {{"eval_data", json::array({{{"domain", "python"}}})},
+  return {{"model", {{"dir", "models/ref"}, {"name", "models/ref"}, {"parameters", 19669376}}},
+          {"eval_data", json::array({{{"domain", "python"}}})},
           {"config", {{"ctx", {64}}, {"bootstrap", 200}}},
           {"seeds", {{"seed", 3}}},
           {"runs", runs}};
@@ -202,25 +203,36 @@ TEST(RefereeBands, BandsPairEachRunWithItsProtocolsBf16AndItsBandsBest) {
   };
   const json& nq = claim("NIAH 30/30")["kvq"];
   EXPECT_EQ(nq["common"]["64"]["key"], "e8_2__0-0");
-  EXPECT_EQ(nq["common"]["64"]["verdict"], "cannot tell");
+  EXPECT_EQ(nq["common"]["64"]["verdict"], "cannot tell on models/ref (19.7M)");  // measured on Llama-3.1-8B
   EXPECT_TRUE(nq["as-shipped"]["64"].is_null());
   const json& tq2 = claim("TurboQuant 2-bit at 2.125 bpe")["kvq"];
   EXPECT_TRUE(tq2["common"]["64"].is_null());
-  EXPECT_EQ(tq2["as-shipped"]["64"]["verdict"], "cannot tell");
+  EXPECT_EQ(tq2["as-shipped"]["64"]["verdict"], "cannot tell on models/ref (19.7M)");
   EXPECT_TRUE(claim("close to BF16")["kvq"]["common"]["64"].is_null());
   const json& q4c = claim("q4_0 as users run it")["kvq"]["common"]["64"];  // +0.65%, inside [0.2, 1.2]
   EXPECT_NEAR(q4c["measured"].get<double>(), 0.65, 1e-9);
   EXPECT_EQ(q4c["windows"], 5);
-  EXPECT_EQ(q4c["verdict"], "holds");
+  EXPECT_EQ(q4c["verdict"], "holds");  // llama.cpp's figure was measured on models/ref itself: the plain word
   EXPECT_EQ(claim_run_text(q4c), "q4_0 at 4.500 bits");
   // OScaR's near-lossless claim at 3.02 bits: its run holds +0.2% but at 9 bits, another band: cannot tell
   const json& oscar = claim("near-lossless INT2")["kvq"]["as-shipped"]["64"];
   EXPECT_EQ(oscar["key"], "oscar_int2__shipped");
   EXPECT_FALSE(oscar["same_band"].get<bool>());
-  EXPECT_EQ(oscar["verdict"], "cannot tell");
-  const json& kitty = claim("~2.5 bits")["kvq"]["common"]["64"];  // +5% > 1%: does not hold
+  EXPECT_EQ(oscar["verdict"], "cannot tell on models/ref (19.7M)");
+  const json& kitty = claim("~2.5 bits")["kvq"]["common"]["64"];  // +5% > 1%, on another model: not reproduced
   EXPECT_EQ(kitty["key"], "kitty_int2__0-0");
-  EXPECT_EQ(kitty["verdict"], "does not hold");
+  EXPECT_EQ(kitty["verdict"], "not reproduced on models/ref (19.7M)");
+  // No claim measured on another model reads "does not hold" (or "holds"): only the claims of models/ref itself do.
+  for (const json& c : j["claims"]) {
+    EXPECT_EQ(c["same_model"].get<bool>(), c["camp"] == "llama.cpp") << c["claim"];
+    for (const auto& [protocol, by_ctx] : c["kvq"].items())
+      for (const auto& [ctx, cell] : by_ctx.items())
+        if (!cell.is_null() && !c["same_model"].get<bool>()) {
+          const std::string v = cell["verdict"];
+          EXPECT_TRUE(v.ends_with(" on models/ref (19.7M)")) << c["claim"] << ": " << v;
+          EXPECT_EQ(v.find("hold"), std::string::npos) << c["claim"] << ": " << v;
+        }
+  }
 }
 
 // The same +0.65% from 4 windows: a bootstrap over fewer than kClaimMinWindows windows cannot tell, and the tables say
@@ -248,4 +260,47 @@ TEST(RefereeClaims, APplIncreaseFromTooFewWindowsCannotTell) {
     }
     EXPECT_NE(referee_claims_markdown(j).find(fmt::format("q4_0 at 4.500 bits ({} window", windows)), std::string::npos);
   }
+}
+
+// A verdict names the model it was reached on: the rule's words only where the evaluated checkpoint is one the claim
+// was measured on, matched by name (the whole name or its last path component, letters and digits without case).
+TEST(RefereeClaims, VerdictsSayHoldsOnlyOnTheClaimsOwnModelAndNameTheModelElsewhere) {
+  CampClaim c;
+  c.models = {"Llama-3.1-8B-Instruct"};
+  EXPECT_TRUE(claim_same_model(c, "meta-llama/Llama-3.1-8B-Instruct"));
+  EXPECT_TRUE(claim_same_model(c, "/data/models/llama-3.1-8b-instruct"));
+  EXPECT_TRUE(claim_same_model(c, "Llama_3.1_8B_Instruct"));
+  EXPECT_FALSE(claim_same_model(c, "meta-llama/Llama-3.1-8B"));         // the base model is another checkpoint
+  EXPECT_FALSE(claim_same_model(c, "my-Llama-3.1-8B-Instruct"));        // a name that only ends like it
+  EXPECT_FALSE(claim_same_model(c, "models/ref"));
+  EXPECT_FALSE(claim_same_model(CampClaim{}, "models/ref"));            // a claim that names no model: never
+  EXPECT_EQ(claim_verdict_text("holds", true, "x"), "holds");
+  EXPECT_EQ(claim_verdict_text("does not hold", true, "x"), "does not hold");
+  EXPECT_EQ(claim_verdict_text("cannot tell", true, "x"), "cannot tell");
+  EXPECT_EQ(claim_verdict_text("holds", false, "models/ref (19.7M)"), "reproduced on models/ref (19.7M)");
+  EXPECT_EQ(claim_verdict_text("does not hold", false, "models/ref (19.7M)"), "not reproduced on models/ref (19.7M)");
+  EXPECT_EQ(claim_verdict_text("cannot tell", false, "models/ref (19.7M)"), "cannot tell on models/ref (19.7M)");
+  EXPECT_EQ(referee_model_label({{"model", {{"dir", "m"}, {"name", "Qwen/Qwen3-8B"}, {"parameters", 8190735360}}}}),
+            "Qwen/Qwen3-8B (8.19B)");
+  EXPECT_EQ(referee_model_label({{"model", {{"dir", "models/ref"}}}}), "models/ref");  // a record without a count
+
+  // The same runs evaluated on the NexusQuant claims' own model: their cells read the rule's words, the rest name it.
+  json j = fake_results();
+  j["model"] = {{"dir", "/ckpt/Llama-3.1-8B-Instruct"}, {"name", "meta-llama/Llama-3.1-8B-Instruct"},
+                {"parameters", 8030261248}};
+  j["bands"] = referee_bands_json(j);
+  j["claims"] = referee_claims_json(j);
+  for (const json& c : j["claims"]) {
+    const json& cell = c["kvq"]["common"]["64"];
+    if (cell.is_null()) continue;
+    if (c["camp"] == "NexusQuant") {
+      EXPECT_TRUE(c["same_model"].get<bool>());
+      EXPECT_EQ(cell["verdict"], "cannot tell") << c["claim"];
+    } else {
+      EXPECT_FALSE(c["same_model"].get<bool>());
+      EXPECT_TRUE(cell["verdict"].get<std::string>().ends_with(" on meta-llama/Llama-3.1-8B-Instruct (8.03B)"))
+          << c["claim"] << ": " << cell["verdict"];
+    }
+  }
+  EXPECT_NE(referee_claims_markdown(j).find("checked on meta-llama/Llama-3.1-8B-Instruct (8.03B)"), std::string::npos);
 }

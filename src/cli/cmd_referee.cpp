@@ -1,5 +1,5 @@
-// kvq referee: every cache method × window setting on the same model, data, seeds and group, with calibration on
-// data disjoint from the eval data (docs/METHODS.md §6-8). Writes OUT/results.json, report.md, report.html and prints
+// kvq referee: every cache method × window setting on the same model, data, seeds and group, with calibration on data
+// disjoint from the eval data (docs/guide/methods.md §6-8). Writes OUT/results.json, report.md, report.html and prints
 // the summary table.
 #include <algorithm>
 #include <cstdio>
@@ -20,6 +20,7 @@ namespace {
 struct RefereeOptions {
   RefereeConfig cfg;
   ModelOptions model;  // --device / --gpu-gemm of the evaluation passes
+  std::string results;  // --results: a finished results.json to render (with --report-only)
   std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths, clip_grid,
               protocols = "common,as-shipped";
   bool quick = false, no_leakage = false;
@@ -33,8 +34,20 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 void run(RefereeOptions o, const CLI::App* cmd) {
-  require_checkpoint(o.model, "referee");
   RefereeConfig& c = o.cfg;
+  if (!o.results.empty()) {  // the reports of a finished results.json: nothing else is read
+    KVQ_CHECK(c.report_only, "referee: --results FILE renders a results.json: it needs --report-only");
+    for (const char* flag : {"--model", "--calib-data", "--eval-data", "--ctx", "--methods", "--device", "--quick"})
+      KVQ_CHECK(cmd->count(flag) == 0, "referee --report-only --results: {} does not apply (the results say what ran)",
+                flag);
+    render_referee_reports(o.results, c.out_dir);
+    std::printf("wrote %s/report.md, report.html from %s\n", c.out_dir.c_str(), o.results.c_str());
+    return;
+  }
+  for (const auto& [flag, value] : {std::pair{"--model", &c.model_dir}, {"--calib-data", &c.calib_data},
+                                    {"--eval-data", &c.eval_dir}})
+    KVQ_CHECK(!value->empty(), "referee: {} is required", flag);
+  require_checkpoint(o.model, "referee");
   auto given = [&](const char* flag) { return cmd->count(flag) > 0; };
   if (o.quick) {  // the demo / CI subset; explicit flags still win
     if (!given("--methods")) o.methods = referee_quick_methods();
@@ -101,10 +114,14 @@ void add_referee(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("referee", "fair comparison of every KV-cache method × window setting "
                                                 "(results.json, report.md, report.html)");
   RefereeConfig& c = o->cfg;
-  cmd->add_option("-m,--model", c.model_dir, "Hugging Face checkpoint directory")->required()
+  cmd->add_option("-m,--model", c.model_dir, "Hugging Face checkpoint directory (required unless --results)")
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--calib-data", c.calib_data, "calibration text, disjoint from the eval data")->required();
-  cmd->add_option("--eval-data", c.eval_dir, "directory of eval texts; every DIR/*.txt is one domain")->required();
+  cmd->add_option("--model-name", c.model_name, "the model's name in the verdicts, e.g. Qwen/Qwen3-8B (default: "
+                  "config.json's _name_or_path, else -m)");
+  cmd->add_option("--calib-data", c.calib_data, "calibration text, disjoint from the eval data (required unless "
+                  "--results)");
+  cmd->add_option("--eval-data", c.eval_dir, "directory of eval texts; every DIR/*.txt is one domain (required "
+                  "unless --results)");
   cmd->add_option("-o,--output", c.out_dir, "output directory (results, reports, runs/, rotations/)")->required();
   cmd->add_option("--ctx", o->ctx, "comma-separated context lengths (layers at the first)");
   const std::string quick = referee_quick_methods();
@@ -138,6 +155,9 @@ void add_referee(CLI::App& app) {
   cmd->add_flag("--report-only", c.report_only, "run nothing: write results.json and the reports from the runs already "
                 "in OUT/runs (e.g. made on another machine), listing the missing ones; the records of every device "
                 "unless --device names one");
+  cmd->add_option("--results", o->results, "with --report-only: write OUT/report.md and report.html from this "
+                  "results.json (or .json.gz, e.g. docs/reports/*-results.json.gz), the claims re-checked; needs no "
+                  "model or data")->check(CLI::ExistingFile);
   cmd->add_flag("--calibrate-only", c.calibrate_only, "only calibrate (or find cached) the rotations the runs need, "
                 "into OUT/rotations/, and stop");
   cmd->callback([o, cmd] { run(*o, cmd); });

@@ -220,9 +220,21 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
     config_fail(where, fmt::format("initializer_range {} must be in (0, 1)", init_std));
   }
   c.initializer_range = float(init_std);
+  c.name_or_path = opt_string(j, "_name_or_path", where);
   c.torch_dtype = opt_string(j, "torch_dtype", where);
   if (c.torch_dtype.empty()) c.torch_dtype = opt_string(j, "dtype", where);  // transformers >= 5
   return c;
+}
+
+int64_t ModelConfig::n_params() const {
+  const int64_t h = hidden_size, q = int64_t(n_heads) * head_dim, kv = int64_t(n_kv_heads) * head_dim;
+  int64_t layer = h * q + 2 * h * kv + q * h  // q, k, v, o projections
+                  + 3 * h * intermediate_size   // gate, up, down
+                  + 2 * h;                      // input and post-attention norms
+  if (qk_norm) layer += 2 * head_dim;
+  if (qkv_bias) layer += q + 2 * kv;
+  const int64_t embed = int64_t(vocab_size) * h;
+  return embed * (tie_embeddings ? 1 : 2) + n_layers * layer + h;  // + the final norm
 }
 
 std::vector<float> ModelConfig::rope_inv_freq() const {

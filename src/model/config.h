@@ -2,6 +2,7 @@
 // validated once; everything downstream reads sizes from here.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,11 +44,15 @@ struct ModelConfig {
   int bos_token_id = -1;            // -1 when the config has none
   std::string torch_dtype;          // "bfloat16", "float32", ... ("" when absent)
   float initializer_range = 0.02f;  // std of transformers' random init of linears and embeddings (--dummy-weights)
+  std::string name_or_path;         // config.json "_name_or_path" (the hub id it was saved from; "" when absent)
 
   // Reads and parses path (config.json); throws kvq::Error naming the file and the field.
   static ModelConfig load(const std::string& path);
   // Parses a config.json object; where names it in error messages.
   static ModelConfig parse(const nlohmann::json& j, std::string_view where);
+
+  // Parameters of the checkpoint: embeddings, every layer's projections, norms and biases, and lm_head unless tied.
+  int64_t n_params() const;
 
   // head_dim / 2 RoPE inverse frequencies (fp32), llama3 scaling applied as in transformers'
   // _compute_llama3_parameters.

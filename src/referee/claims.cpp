@@ -1,6 +1,7 @@
 #include "referee/claims.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <utility>
 
@@ -27,6 +28,7 @@ constexpr double kNearLossless = 1.0;  // kvq's reading of "near-lossless" / "cl
 const std::string kVllmDoc = "vLLM turboquant/config.py docstring (docs/research/methods-2026-12.md §1.7)";
 const std::string kVllmStack = "vLLM's merged TurboQuant backend; model, data and context not stated in the code; "
                                "layers 0, 1, L-2, L-1 always BF16";
+const std::string kNexusPr = "vLLM PR #47742 (docs/research/methods-2026-12.md §2.9)";
 const std::string kLlamaFig = "llama.cpp itself on models/ref (docs/research/llamacpp-kv.md §4)";
 const std::string kLlamaStack = "llama.cpp CPU, flash attention, attn_rot on, no windows; models/ref as GGUF F16, "
                                 "python.txt, 4 windows of 2048, every token scored";
@@ -39,38 +41,49 @@ std::string claim_kind_name(ClaimKind k) {
 
 const std::vector<CampClaim>& camp_claims() {
   static const std::vector<CampClaim> kClaims = {
-      {"TurboQuant (vLLM)", "turboquant_k8v4: 2.6x compression, +1.17% PPL", kVllmDoc, kVllmStack, kPpl,
-       ClaimKind::Value, 1.17, half_or_half_point(1.17), 6.125, {"turboquant_k8v4"}},
-      {"TurboQuant (vLLM)", "turboquant_4bit_nc: 3.8x compression, +2.71% PPL", kVllmDoc, kVllmStack, kPpl,
-       ClaimKind::Value, 2.71, half_or_half_point(2.71), 4.1875, {"turboquant_4bit_nc"}},
-      {"TurboQuant (vLLM)", "turboquant_k3v4_nc: ~3.5x compression, +10.63% PPL", kVllmDoc, kVllmStack, kPpl,
-       ClaimKind::Value, 10.63, half_or_half_point(10.63), 3.6875, {"turboquant_k3v4_nc"}},
-      {"TurboQuant (vLLM)", "turboquant_3bit_nc: 4.9x compression, +20.59% PPL", kVllmDoc, kVllmStack, kPpl,
-       ClaimKind::Value, 20.59, half_or_half_point(20.59), 3.1875, {"turboquant_3bit_nc"}},
-      {"NexusQuant", "NIAH 30/30 at 2.125 bpe (E8, K2V2)",
-       "vLLM PR #47742 (docs/research/methods-2026-12.md §2.9)",
-       "the author's vLLM draft backend, 2x T4, Llama-3.1-8B-Instruct, 4K context, 30 NIAH trials (their bpe omits "
-       "the scale; kvq's 2.125-bit format is e8_2)",
-       kPasskey, ClaimKind::AtLeast, 1.0, kRetrievalTol, 2.125, {"e8_2", "nexusquant"}},
-      {"NexusQuant", "TurboQuant 2-bit at 2.125 bpe: NIAH 0/30",
-       "vLLM PR #47742 (docs/research/methods-2026-12.md §2.9)",
-       "NexusQuant's own TurboQuant implementation, 2x T4, Llama-3.1-8B-Instruct, 4K context, 30 NIAH trials",
-       kPasskey, ClaimKind::AtMost, 0.0, kRetrievalTol, 2.125, {"turboquant_2bit"}},
-      {"OScaR", "near-lossless INT2 (LongBench-E 41.75 vs BF16 41.70 on Llama-3.1-8B)",
-       "OScaR-KV-Quant README (docs/research/methods-2026-12.md §3.6)",
-       "OScaR's kernels (BitDecoding/HadaCore, sm80), Llama-3.1-8B and Qwen3-8B, LongBench-E",
-       kPpl, ClaimKind::AtMost, kNearLossless, 0.0, 3.02, {"oscar_int2"}},
-      {"Kitty", "~2.5 bits per element with accuracy close to full precision (Kitty-Pro)",
-       "Kitty, arXiv 2511.18643 / MLSys 2026 (docs/research/methods-2026-12.md §4)",
-       "Kitty's accuracy simulation (20% boosted channels, sink 32, buffer 128), Qwen3 and LLaMA3, reasoning tasks",
-       kPpl, ClaimKind::AtMost, kNearLossless, 0.0, 2.5, {"kitty_int2_20", "kitty_int2"}},
-      {"OptR", "close to BF16 at 2.32 bits", "as quoted in issue #20 (the OptR paper; no primary text in docs/research)",
-       "not stated in kvq's notes", kPpl, ClaimKind::AtMost, kNearLossless, 0.0, 2.32,
-       {"optr(oscar)", "optr(quarot)"}},
-      {"llama.cpp", "q8_0 as users run it (-ctk q8_0 -ctv q8_0): +0.008% ppl", kLlamaFig, kLlamaStack, kPpl,
-       ClaimKind::Value, 0.008, half_or_half_point(0.008), 8.5, {"q8_0"}},
-      {"llama.cpp", "q4_0 as users run it (-ctk q4_0 -ctv q4_0): +0.699% ppl", kLlamaFig, kLlamaStack, kPpl,
-       ClaimKind::Value, 0.699, half_or_half_point(0.699), 4.5, {"q4_0"}},
+      {.camp = "TurboQuant (vLLM)", .claim = "turboquant_k8v4: 2.6x compression, +1.17% PPL", .source = kVllmDoc,
+       .measured_on = kVllmStack, .metric = kPpl, .kind = ClaimKind::Value, .value = 1.17,
+       .tolerance = half_or_half_point(1.17), .bits = 6.125, .methods = {"turboquant_k8v4"}},
+      {.camp = "TurboQuant (vLLM)", .claim = "turboquant_4bit_nc: 3.8x compression, +2.71% PPL", .source = kVllmDoc,
+       .measured_on = kVllmStack, .metric = kPpl, .kind = ClaimKind::Value, .value = 2.71,
+       .tolerance = half_or_half_point(2.71), .bits = 4.1875, .methods = {"turboquant_4bit_nc"}},
+      {.camp = "TurboQuant (vLLM)", .claim = "turboquant_k3v4_nc: ~3.5x compression, +10.63% PPL", .source = kVllmDoc,
+       .measured_on = kVllmStack, .metric = kPpl, .kind = ClaimKind::Value, .value = 10.63,
+       .tolerance = half_or_half_point(10.63), .bits = 3.6875, .methods = {"turboquant_k3v4_nc"}},
+      {.camp = "TurboQuant (vLLM)", .claim = "turboquant_3bit_nc: 4.9x compression, +20.59% PPL", .source = kVllmDoc,
+       .measured_on = kVllmStack, .metric = kPpl, .kind = ClaimKind::Value, .value = 20.59,
+       .tolerance = half_or_half_point(20.59), .bits = 3.1875, .methods = {"turboquant_3bit_nc"}},
+      {.camp = "NexusQuant", .claim = "NIAH 30/30 at 2.125 bpe (E8, K2V2)", .source = kNexusPr,
+       .measured_on = "the author's vLLM draft backend, 2x T4, Llama-3.1-8B-Instruct, 4K context, 30 NIAH trials "
+                      "(their bpe omits the scale; kvq's 2.125-bit format is e8_2)",
+       .metric = kPasskey, .kind = ClaimKind::AtLeast, .value = 1.0, .tolerance = kRetrievalTol, .bits = 2.125,
+       .methods = {"e8_2", "nexusquant"}, .models = {"Llama-3.1-8B-Instruct"}},
+      {.camp = "NexusQuant", .claim = "TurboQuant 2-bit at 2.125 bpe: NIAH 0/30", .source = kNexusPr,
+       .measured_on = "NexusQuant's own TurboQuant implementation, 2x T4, Llama-3.1-8B-Instruct, 4K context, 30 NIAH "
+                      "trials",
+       .metric = kPasskey, .kind = ClaimKind::AtMost, .value = 0.0, .tolerance = kRetrievalTol, .bits = 2.125,
+       .methods = {"turboquant_2bit"}, .models = {"Llama-3.1-8B-Instruct"}},
+      {.camp = "OScaR", .claim = "near-lossless INT2 (LongBench-E 41.75 vs BF16 41.70 on Llama-3.1-8B)",
+       .source = "OScaR-KV-Quant README (docs/research/methods-2026-12.md §3.6)",
+       .measured_on = "OScaR's kernels (BitDecoding/HadaCore, sm80), Llama-3.1-8B and Qwen3-8B, LongBench-E",
+       .metric = kPpl, .kind = ClaimKind::AtMost, .value = kNearLossless, .tolerance = 0.0, .bits = 3.02,
+       .methods = {"oscar_int2"}, .models = {"Llama-3.1-8B", "Qwen3-8B"}},
+      {.camp = "Kitty", .claim = "~2.5 bits per element with accuracy close to full precision (Kitty-Pro)",
+       .source = "Kitty, arXiv 2511.18643 / MLSys 2026 (docs/research/methods-2026-12.md §4)",
+       .measured_on = "Kitty's accuracy simulation (20% boosted channels, sink 32, buffer 128), Qwen3 and LLaMA3 "
+                      "(sizes not in kvq's notes), reasoning tasks",
+       .metric = kPpl, .kind = ClaimKind::AtMost, .value = kNearLossless, .tolerance = 0.0, .bits = 2.5,
+       .methods = {"kitty_int2_20", "kitty_int2"}},
+      {.camp = "OptR", .claim = "close to BF16 at 2.32 bits",
+       .source = "as quoted in issue #20 (the OptR paper; no primary text in docs/research)",
+       .measured_on = "not stated in kvq's notes", .metric = kPpl, .kind = ClaimKind::AtMost, .value = kNearLossless,
+       .tolerance = 0.0, .bits = 2.32, .methods = {"optr(oscar)", "optr(quarot)"}},
+      {.camp = "llama.cpp", .claim = "q8_0 as users run it (-ctk q8_0 -ctv q8_0): +0.008% ppl", .source = kLlamaFig,
+       .measured_on = kLlamaStack, .metric = kPpl, .kind = ClaimKind::Value, .value = 0.008,
+       .tolerance = half_or_half_point(0.008), .bits = 8.5, .methods = {"q8_0"}, .models = {"models/ref"}},
+      {.camp = "llama.cpp", .claim = "q4_0 as users run it (-ctk q4_0 -ctv q4_0): +0.699% ppl", .source = kLlamaFig,
+       .measured_on = kLlamaStack, .metric = kPpl, .kind = ClaimKind::Value, .value = 0.699,
+       .tolerance = half_or_half_point(0.699), .bits = 4.5, .methods = {"q4_0"}, .models = {"models/ref"}},
   };
   return kClaims;
 }
@@ -94,6 +107,53 @@ std::string claim_verdict(ClaimKind kind, double value, double tol, double lo, d
   KVQ_FAIL("claim verdict: unknown kind");
 }
 
+namespace {
+
+// Letters and digits, lower case: "Qwen/Qwen3-8B" -> "qwenqwen38b".
+std::string name_key(const std::string& name) {
+  std::string out;
+  for (const char ch : name)
+    if (std::isalnum(static_cast<unsigned char>(ch))) out += char(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+// 19'700'000 -> "19.7M", 8'190'000'000 -> "8.19B".
+std::string params_text(double n) {
+  if (n >= 1e9) return fmt::format("{:.3g}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.3g}M", n / 1e6);
+  return fmt::format("{:.3g}K", n / 1e3);
+}
+
+}  // namespace
+
+bool claim_same_model(const CampClaim& c, const std::string& model_name) {
+  const std::string evaluated = name_key(model_name);
+  for (const std::string& m : c.models) {
+    const std::string k = name_key(m);
+    if (k.empty() || evaluated.size() < k.size()) continue;
+    // the whole evaluated name, or its last path component: "/data/Qwen3-8B" is Qwen3-8B, "my-Qwen3-8B" is not
+    if (evaluated == k) return true;
+    const size_t slash = model_name.find_last_of('/');
+    if (slash != std::string::npos && name_key(model_name.substr(slash + 1)) == k) return true;
+  }
+  return false;
+}
+
+std::string claim_verdict_text(const std::string& outcome, bool same_model, const std::string& model_label) {
+  if (same_model) return outcome;
+  if (outcome == "holds") return "reproduced on " + model_label;
+  if (outcome == "does not hold") return "not reproduced on " + model_label;
+  return "cannot tell on " + model_label;
+}
+
+std::string referee_model_label(const json& j) {
+  const json none = json::object();
+  const json& m = j.contains("model") && j["model"].is_object() ? j["model"] : none;
+  const std::string name = m.contains("name") ? m["name"].get<std::string>() : m.value("dir", std::string("?"));
+  if (!m.contains("parameters") || !m["parameters"].is_number()) return name;
+  return fmt::format("{} ({})", name, params_text(m["parameters"].get<double>()));
+}
+
 std::string claim_rule_text() {
   return "Verdicts on kvq's 95% CI (paired bootstrap of the ppl increase over the same protocol's bf16 run, every eval "
          "domain pooled; Wilson interval for passkey), from the run of the claim's formats whose effective bits are "
@@ -107,15 +167,23 @@ std::string claim_rule_text() {
          "run of the format at that ctx has other bits, e.g. windows or BF16 layers of its path at a short context) "
          "is shown, marked 'other band', and cannot tell: it is not the claim's setting. A ppl increase resampled "
          "from fewer than " + std::to_string(kClaimMinWindows) + " eval windows is marked with its window count and "
-         "cannot tell: a bootstrap over so few windows has almost no distinct resamples. The camps measured on "
-         "other models and stacks: a verdict is about the referee's model, not theirs.";
+         "cannot tell: a bootstrap over so few windows has almost no distinct resamples. Every verdict names the model "
+         "it was reached on. On a model the claim was measured on, it reads holds, does not hold or cannot tell; on "
+         "any other model, reproduced, not reproduced or cannot tell on that model: a compressed cache's error "
+         "follows the model's key and value outliers (which channels carry them, how large they are, how many heads "
+         "share them), and that structure does not carry across model scales and families, so a claim measured on "
+         "another model is checked for whether it carries over to this one, not judged.";
 }
 
 json referee_claims_json(const json& j) {
   json out = json::array();
+  const std::string label = referee_model_label(j);
   const json none = json::object();
   const json& bands = j.contains("bands") ? j["bands"] : none;
+  const json& model = j.contains("model") && j["model"].is_object() ? j["model"] : none;
+  const std::string model_name = model.value("name", model.value("dir", std::string()));
   for (const CampClaim& c : camp_claims()) {
+    const bool same_model = claim_same_model(c, model_name);
     json kvq = json::object();
     for (const std::string& protocol : referee_protocol_order()) {
       if (!bands.contains(protocol)) continue;
@@ -146,12 +214,12 @@ json referee_claims_json(const json& j) {
           const json ci = ppl ? r["increase_pct_ci95"] : r["passkey_ci95"];
           const bool same_band = bit_band(r["bits"].get<double>()) == bit_band(c.bits);
           const int windows = ppl ? r["increase_windows"].get<int>() : kClaimMinWindows;
+          const std::string outcome =
+              same_band && windows >= kClaimMinWindows
+                  ? claim_verdict(c.kind, c.value, c.tolerance, ci[0].get<double>(), ci[1].get<double>())
+                  : "cannot tell";
           cell = {{"key", r["key"]}, {"method", r["method"]}, {"bits", r["bits"]}, {"same_band", same_band},
-                  {"measured", v}, {"ci95", ci},
-                  {"verdict", same_band && windows >= kClaimMinWindows
-                                  ? claim_verdict(c.kind, c.value, c.tolerance, ci[0].get<double>(),
-                                                  ci[1].get<double>())
-                                  : "cannot tell"}};
+                  {"measured", v}, {"ci95", ci}, {"verdict", claim_verdict_text(outcome, same_model, label)}};
           if (ppl) cell["windows"] = windows;
         }
         kvq[protocol][cs] = cell;
@@ -159,7 +227,8 @@ json referee_claims_json(const json& j) {
     }
     out.push_back({{"camp", c.camp}, {"claim", c.claim}, {"source", c.source}, {"measured_on", c.measured_on},
                    {"metric", c.metric}, {"kind", claim_kind_name(c.kind)}, {"value", c.value},
-                   {"tolerance", c.tolerance}, {"bits", c.bits}, {"methods", c.methods}, {"kvq", kvq}});
+                   {"tolerance", c.tolerance}, {"bits", c.bits}, {"methods", c.methods}, {"models", c.models},
+                   {"same_model", same_model}, {"kvq", kvq}});
   }
   return out;
 }
@@ -174,7 +243,7 @@ std::string claim_run_text(const json& cell) {
 
 std::string referee_claims_markdown(const json& j) {
   if (!j.contains("claims")) return "";
-  std::string s = "\n## The camps' claims, checked on this model\n\n" + claim_rule_text() + "\n";
+  std::string s = "\n## The camps' claims, checked on " + referee_model_label(j) + "\n\n" + claim_rule_text() + "\n";
   const auto measured = [](const json& claim, const json& cell) -> std::string {
     if (cell.is_null()) return "no run | - | -";
     const bool ppl = claim["metric"] == kPpl;

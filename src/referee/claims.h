@@ -11,13 +11,19 @@
 //            it, else cannot tell.
 //   at_least a promise of at least `value` (retrieval 30/30): holds when the CI's lower end is at least value - tol, does
 //            not hold when its upper end is below it, else cannot tell.
-// The kvq figure is the run of the claim's methods, in that protocol and at that ctx, in the claim's effective-bit band
-// (referee/bands.h) with the nearest bits; without one, the nearest run outside it, shown but "cannot tell" (it is not
-// the claim's setting: e.g. Kitty's own windows at a short context); ppl increases are the paired bootstrap against the
-// protocol's bf16 run over every eval domain pooled (results.json "bands"), passkey accuracy with its Wilson CI. A ppl
-// increase resampled from fewer than kClaimMinWindows eval windows cannot tell either: a percentile bootstrap over so
-// few windows has almost no distinct resamples (over one it collapses to the point), so its interval says nothing about
-// the sample size.
+// A verdict names the model it was reached on. Where the evaluated checkpoint is one the claim was measured on
+// (CampClaim::models, matched by name), the words are the rule's: holds / does not hold / cannot tell. Elsewhere they
+// are "reproduced on M" / "not reproduced on M" / "cannot tell on M", M the evaluated model and its size
+// (referee_model_label: "models/ref (19.7M)"): a compressed cache's error follows the model's key and value outliers
+// (their channels, their scale, how many heads share them), which differ between a 20M and an 8B model and between
+// families, so a claim measured on another model is checked for whether it carries over, not judged. The kvq figure is
+// the run of the claim's methods, in that protocol and at that ctx, in the claim's effective-bit band (referee/bands.h)
+// with the nearest bits; without one, the nearest run outside it, shown but "cannot tell" (it is not the claim's
+// setting: e.g. Kitty's own windows at a short context); ppl increases are the paired bootstrap against the protocol's
+// bf16 run over every eval domain pooled (results.json "bands"), passkey accuracy with its Wilson CI. A ppl increase
+// resampled from fewer than kClaimMinWindows eval windows cannot tell either: a percentile bootstrap over so few
+// windows has almost no distinct resamples (over one it collapses to the point), so its interval says nothing about the
+// sample size.
 #pragma once
 
 #include <string>
@@ -41,6 +47,8 @@ struct CampClaim {
   double tolerance = 0;              // the rule's tol, in the metric's unit
   double bits = 0;                   // bits per element the claim states
   std::vector<std::string> methods;  // kvq rows that carry the format (the nearest-bits run is compared)
+  std::vector<std::string> models;   // the checkpoints it was measured on, where the source names them
+                                     // ("Llama-3.1-8B-Instruct"); empty when it does not
 };
 
 // Every claim, in report order.
@@ -49,15 +57,29 @@ const std::vector<CampClaim>& camp_claims();
 // The fewest eval windows a ppl verdict rests on (the paired bootstrap's resampled units); below it: cannot tell.
 inline constexpr int kClaimMinWindows = 5;
 
-// The verdict of a claim on kvq's 95% CI [lo, hi]: "holds" | "does not hold" | "cannot tell".
+// The rule's outcome for a claim on kvq's 95% CI [lo, hi]: "holds" | "does not hold" | "cannot tell".
 std::string claim_verdict(ClaimKind kind, double value, double tolerance, double lo, double hi);
+
+// Whether the evaluated model (its name: results.json model.name, e.g. "Qwen/Qwen3-8B" or "models/ref") is one of the
+// claim's models: equal, or ending in one, letters and digits compared without case ("/models/Qwen3-8B" is
+// "Qwen3-8B"; "Qwen3-8B-Base" is not).
+bool claim_same_model(const CampClaim& c, const std::string& model_name);
+
+// The verdict as published: the outcome itself on the claim's own model, else its reading on `model_label`
+// ("reproduced on L", "not reproduced on L", "cannot tell on L").
+std::string claim_verdict_text(const std::string& outcome, bool same_model, const std::string& model_label);
+
+// The evaluated model as verdicts name it: results["model"]'s name (else its dir) and parameter count, "models/ref
+// (19.7M)", "Qwen/Qwen3-8B (8.19B)"; without a count, the name alone.
+std::string referee_model_label(const nlohmann::json& results);
 
 // The rule above, in one paragraph (report.md, report.html, results.json "claims_rule").
 std::string claim_rule_text();
 
-// results.json "claims": [{camp, claim, source, measured_on, metric, kind, value, tolerance, bits, methods,
-// kvq: {protocol: {ctx: {key, method, bits, same_band, measured, ci95, windows (ppl claims: the paired increase's
-// windows), verdict} or null (no run of its methods)}}}], from results["bands"] (referee_bands_json) and config.ctx.
+// results.json "claims": [{camp, claim, source, measured_on, models, metric, kind, value, tolerance, bits, methods,
+// same_model, kvq: {protocol: {ctx: {key, method, bits, same_band, measured, ci95, windows (ppl claims: the paired
+// increase's windows), verdict (claim_verdict_text)} or null (no run of its methods)}}}], from results["bands"]
+// (referee_bands_json), config.ctx and results["model"].
 nlohmann::json referee_claims_json(const nlohmann::json& results);
 
 // A claim cell's run as the tables name it: "e8_2 at 2.125 bits", marked " (other band)" outside the claim's band and

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <zlib.h>
+
 #include "common/error.h"
 
 namespace kvq {
@@ -54,6 +56,31 @@ std::string referee_utc_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+std::string referee_read_maybe_gz(const std::string& path, const char* what) {
+  std::string bytes = referee_read_text(path, what);
+  if (bytes.size() < 2 || uint8_t(bytes[0]) != 0x1f || uint8_t(bytes[1]) != 0x8b) return bytes;
+  z_stream z{};
+  KVQ_CHECK(inflateInit2(&z, 15 + 32) == Z_OK, "cannot inflate {} '{}': zlib init", what, path);  // gzip header
+  z.next_in = reinterpret_cast<Bytef*>(bytes.data());
+  z.avail_in = uInt(bytes.size());
+  std::string out;
+  char buf[1 << 16];
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof(buf);
+    rc = inflate(&z, Z_NO_FLUSH);
+    out.append(buf, sizeof(buf) - z.avail_out);
+    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;  // input ended before the stream did
+  }
+  const std::string why = rc == Z_BUF_ERROR ? std::string("the stream ends early")
+                          : z.msg           ? std::string(z.msg)
+                                            : "zlib error " + std::to_string(rc);
+  inflateEnd(&z);
+  KVQ_CHECK(rc == Z_STREAM_END, "{} '{}' is a truncated or corrupt gzip file ({})", what, path, why);
+  return out;
 }
 
 }  // namespace kvq

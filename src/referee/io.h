@@ -16,5 +16,8 @@ std::string referee_slug(const std::string& s);
 std::string referee_fmt_seconds(double s);
 // "2026-12-01T09:00:00Z".
 std::string referee_utc_now();
+// The text of `path`, inflated when it is gzip-compressed (by its magic bytes); kvq::Error naming the file when it
+// cannot be read or is a truncated or corrupt gzip stream.
+std::string referee_read_maybe_gz(const std::string& path, const char* what);
 
 }  // namespace kvq

@@ -13,9 +13,14 @@
 #include "common/sha256.h"
 #include "eval/evaluator.h"
 #include "kv/evict.h"
+#include "model/config.h"
 #include "model/safetensors.h"
+#include "referee/bands.h"
+#include "referee/claims.h"
+#include "referee/eviction.h"
 #include "referee/io.h"
 #include "referee/plan.h"
+#include "referee/pooled.h"
 #include "referee/results.h"
 #include "referee/store.h"
 
@@ -362,6 +367,41 @@ void check_calibration_disjoint(const std::string& calib_file, const std::string
     KVQ_CHECK(sha256_hex(referee_read_text(f, "eval text")) != sha,
               "calibration data '{}' is identical (sha256 {}…) to eval file '{}': calibration must be disjoint from "
               "evaluation data", calib_file, sha.substr(0, 12), f);
+}
+
+json render_referee_reports(const std::string& results_file, const std::string& out_dir) {
+  const std::string text = referee_read_maybe_gz(results_file, "referee results");
+  json j = json::parse(text, nullptr, false);
+  KVQ_CHECK(!j.is_discarded() && j.is_object(), "referee results '{}' is not a JSON object", results_file);
+  for (const char* key : {"model", "config", "runs", "eval_data"})
+    KVQ_CHECK(j.contains(key), "referee results '{}' have no \"{}\" (not a results.json of kvq referee)", results_file,
+              key);
+  json& model = j["model"];
+  if (!model.contains("name") || !model.contains("parameters")) {  // a record from before they were written
+    std::string dir = model["dir"].get<std::string>();
+    if (!model.contains("name")) {
+      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+      model["name"] = dir;
+    }
+    std::error_code ec;
+    if (!model.contains("parameters") && fs::is_regular_file(fs::path(dir) / "config.json", ec) &&
+        Checkpoint::open(dir).fingerprint() == model["fingerprint"].get<std::string>())
+      model["parameters"] = ModelConfig::load(dir + "/config.json").n_params();
+  }
+  // What is derived from the run records, derived again by this kvq (as --report-only over OUT/runs would): the
+  // unseen-domain pool, the equal-bit bands and Pareto series, the eviction rows and the claims under the current rule.
+  j["unseen"] = referee_unseen_json(j);
+  j["bands"] = referee_bands_json(j);
+  j["pareto"] = referee_pareto_json(j);
+  j["eviction"] = referee_eviction_json(j);
+  j["claims"] = referee_claims_json(j);
+  j["claims_rule"] = claim_rule_text();
+  const std::vector<std::string> problems = referee_schema_errors(j);
+  KVQ_CHECK(problems.empty(), "referee results '{}' fail the schema: {}", results_file, problems.front());
+  fs::create_directories(out_dir);
+  referee_write_atomic((fs::path(out_dir) / "report.md").string(), referee_markdown(j));
+  referee_write_atomic((fs::path(out_dir) / "report.html").string(), referee_html(j));
+  return j;
 }
 
 RefereeResult run_referee(const RefereeConfig& cfg, const RefereeLog& log) {

@@ -1,5 +1,5 @@
-// kvq referee: the fair comparison of docs/METHODS.md §5, §7 — every camp's cache method under two protocols on the
-// same model, eval data, seeds and group (128), with the fidelity metrics of §8 (kvq::evaluate) and the honest
+// kvq referee: the fair comparison of docs/guide/methods.md §5, §7 — every camp's cache method under two protocols on
+// the same model, eval data, seeds and group (128), with the fidelity metrics of §8 (kvq::evaluate) and the honest
 // effective bits of §6 at each stated context, grouped by equal bits and held against the camps' published claims.
 //
 // Methods (labels; --methods takes them comma-separated; one row each in referee/methods.cpp):
@@ -31,10 +31,10 @@
 // every setting (model fingerprint, calibration sha256, method, budget, grid, windows). A leakage row: optr(oscar) at
 // the first window setting calibrated on the largest evaluated domain's eval file. Resume: OUT/runs/<key>.json per
 // (method, windows, protocol) as soon as it finishes; a rerun skips runs whose json exists and records the same
-// settings. Files: referee_methods (the method table), referee_plan (runs, settings, resume), referee_store (rotation
-// and clip stores), referee_results (run records, results.json), referee_bands / referee_claims (equal bits, claims),
-// referee_report / report_html / referee_pooled (the reports), referee.cpp (the driver: inputs, evaluation passes, the
-// run loop).
+// settings. Files (src/referee/): methods (the method table), plan (runs, settings, resume), store (rotation and clip
+// stores), results (run records, results.json), bands / claims (equal bits, claims), eviction (the eviction rows),
+// pooled (the unseen-domain pool), report_md / report_html (the reports), io and view (helpers), referee.cpp (the
+// driver: inputs, evaluation passes, the run loop).
 #pragma once
 
 #include <cstdint>
@@ -51,6 +51,8 @@ namespace kvq {
 
 struct RefereeConfig {
   std::string model_dir;               // -m
+  std::string model_name;              // --model-name: how verdicts name the model (default: config.json's
+                                       // _name_or_path, else model_dir)
   std::string calib_data;              // --calib-data: calibration text (disjoint from the eval data)
   std::string eval_dir;                // --eval-data: DIR/*.txt, one domain each
   std::string out_dir;                 // -o: results, reports, runs/, rotations/
@@ -107,6 +109,13 @@ using RefereeLog = std::function<void(const std::string& line, bool transient)>;
 // once OUT/rotations/ holds every rotation the plan needs (no runs, no reports): calibrate on one machine, carry
 // OUT/ to another and evaluate there.
 RefereeResult run_referee(const RefereeConfig& cfg, const RefereeLog& log = {});
+
+// `kvq referee --report-only --results FILE -o OUT`: report.md and report.html of a results.json written earlier
+// (plain or gzip-compressed: docs/reports/*-results.json.gz) into out_dir, rendered by this kvq, its claims checked
+// again under the current rule. A record from before results.json named its model (model.name, model.parameters)
+// takes them from model.dir when that checkpoint is here with the recorded fingerprint, else its dir alone.
+// Returns the results as rendered.
+nlohmann::json render_referee_reports(const std::string& results_file, const std::string& out_dir);
 
 // Refuses (kvq::Error) calibration data inside eval_dir or byte-identical (sha256) to one of its .txt files.
 void check_calibration_disjoint(const std::string& calib_file, const std::string& eval_dir);

@@ -392,7 +392,8 @@ std::string eviction_html(const json& j) {
 // The claims table (results.json "claims", referee/claims.h), one per ctx.
 std::string claims_html(const json& j) {
   if (!j.contains("claims")) return "";
-  std::string h = "<h2>The camps' claims, checked on this model</h2>\n<p>" + esc(j.value("claims_rule", "")) + "</p>\n";
+  std::string h = "<h2>The camps' claims, checked on " + esc(referee_model_label(j)) + "</h2>\n<p>" +
+                  esc(j.value("claims_rule", "")) + "</p>\n";
   for (const json& x : j["config"]["ctx"]) {
     const std::string cs = std::to_string(x.get<int>());
     h += fmt::format("<h3>ctx {}</h3>\n<table id=\"claims-{}\">\n<tr><th>camp</th><th>claim</th><th>published in</th>"

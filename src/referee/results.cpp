@@ -9,6 +9,7 @@
 
 #include "codecs/pnmix/codec_pnmix.h"
 #include "common/version.h"
+#include "model/config.h"
 #include "referee/bands.h"
 #include "referee/claims.h"
 #include "referee/eviction.h"
@@ -195,12 +196,27 @@ void add_run_fields(json& rec, const RefereeConfig& cfg, const RefereeData& data
   rec["threads"] = threads;
 }
 
+namespace {
+
+// The evaluated model: its directory and fingerprint (what resume checks), and the name and size its verdicts carry
+// (referee/claims.h: referee_model_label).
+json model_json(const RefereeConfig& cfg, const RefereeData& data) {
+  const ModelConfig mc = ModelConfig::load(cfg.model_dir + "/config.json");
+  std::string dir = cfg.model_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string name = !cfg.model_name.empty() ? cfg.model_name : !mc.name_or_path.empty() ? mc.name_or_path : dir;
+  return {{"dir", cfg.model_dir}, {"fingerprint", data.fingerprint}, {"name", name}, {"parameters", mc.n_params()},
+          {"model_type", mc.model_type}};
+}
+
+}  // namespace
+
 json referee_results_json(const RefereeConfig& cfg, const RefereeData& data, const RefereeOutcome& o) {
   json j;
   j["kvq"] = {{"version", KVQ_VERSION}, {"git", git_describe()}};
   j["date"] = referee_utc_now();
   j["machine"] = machine_json(o.threads);
-  j["model"] = {{"dir", cfg.model_dir}, {"fingerprint", data.fingerprint}};
+  j["model"] = model_json(cfg, data);
   j["calibration_data"] = {{"file", cfg.calib_data}, {"sha256", data.calib_sha256}, {"bytes", data.calib_bytes},
                            {"tokens", data.calib_ids.size()}};
   json eval_data = json::array();
