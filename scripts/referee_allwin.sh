@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 8K referee over EVERY eval window (5 domains, 108 windows of 8192 tokens) for the INT2 rotation methods at
-# windows 64/256 and 16/64, behind docs/referee-ref-allwin.md. scripts/referee_full.sh takes 4 windows per domain,
+# windows 64/256 and 16/64, behind docs/reports/referee-ref-allwin.md. scripts/referee_full.sh takes 4 windows per domain,
 # which cannot resolve the OptR-versus-OSCAR gap; this takes all of them (passkey reduced to one prompt at depth 0.5).
 #   scripts/referee_allwin.sh OUT [extra kvq referee flags]
 # Same calibration settings as referee_full.sh, so its rotations and clips (OUT/rotations, OUT/clips) are reused when

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The referee over every camp under both protocols (docs/referee-camps-8k.md) on one machine with a GPU and 16 cores:
+# The referee over every camp under both protocols (docs/reports/referee-camps-8k.md) on one machine with a GPU and 16 cores:
 # the rows the GPU runs (a compiled GPU instance, bf16 windows, decode-faithful prompts: `kvq info --device cuda`
 # lists them) go to two processes with --device cuda, the others (exact-prompt, quantize-after-prompt and eviction
 # rows, int8 windows, the codecs with no GPU kernel: E8, Kitty, PN-Mix, fp8 keys) to CPU processes of 2 threads,
@@ -9,7 +9,7 @@
 # PART=gpu runs the GPU rows only, PART=cpu the CPU rows only (then the report): the two halves can run on different
 # machines, carrying OUT/runs between them. WINDOWS is --cache-windows (default 64/256; e.g. 16/64,0/0) and PROTOCOLS
 # the protocols run (default common,as-shipped). On the H200 machine 7 CPU processes at once took about 14 min a row
-# (3-15 min one at a time on this project's 2-core AMD EPYC), so docs/referee-camps-8k.md ran the GPU rows there and
+# (3-15 min one at a time on this project's 2-core AMD EPYC), so docs/reports/referee-camps-8k.md ran the GPU rows there and
 # the CPU rows here.
 set -uo pipefail
 OUT=${1:?usage: scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full referee on models/ref behind docs/referee-ref.md: every method x windows {64/256, 16/64, 0/0} at 8K and
+# The full referee on models/ref behind docs/reports/referee-ref.md: every method x windows {64/256, 16/64, 0/0} at 8K and
 # 4K, 4 windows of each eval domain per context, 10 passkey prompts per (ctx, depth), plus the leakage row.
 #   scripts/referee_full.sh OUT [extra kvq referee flags]
 # With KVQ_DEVICE=cuda the evaluation passes run on the GPU (fp32 GEMMs); calibration always runs on the CPU.
