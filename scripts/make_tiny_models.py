@@ -9,9 +9,10 @@ For each model, tests/models/<name>/ gets
   model.safetensors      random weights (seeded), stored in bfloat16 as downloaded checkpoints are
   tokenizer.json         models/ref's byte-level BPE cut to the model's 512 ids (its first merges), so run and serve work
   tokenizer_config.json  models/ref's (chat template included)
-  golden.safetensors     per prompt i: p{i}.ids (int32), p{i}.logits (float32, every position; transformers' eager
-                         attention in float32 on the bf16 weights), p{i}.greedy (int32, 24 greedy tokens) and
-                         p{i}.margin (float32, the greedy step's top-1 minus top-2 logit)
+  golden.safetensors     per prompt i: p{i}.ids (int32), p{i}.rows (int32: its first and last 8 positions) and
+                         p{i}.logits (float32, those rows; transformers' eager attention in float32 on the bf16
+                         weights), p{i}.greedy (int32, 24 greedy tokens) and p{i}.margin (float32, each greedy step's
+                         top-1 minus top-2 logit)
 and tests/models/MANIFEST.json lists them with what each checks.
 """
 import argparse
@@ -31,7 +32,7 @@ COMMON = {"vocab_size": VOCAB, "rms_norm_eps": 1e-6, "max_position_embeddings": 
           "torch_dtype": "bfloat16", "use_cache": True}
 MODELS = {
     "llama3-d64": ("LlamaForCausalLM", "llama", {
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 64, "rope_theta": 500000.0, "tie_word_embeddings": True,
         "max_position_embeddings": 131072,
         "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
@@ -39,37 +40,37 @@ MODELS = {
                          "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
         "Llama 3.2: llama3 RoPE scaling, tied embeddings, head_dim 64, GQA 4/2"),
     "qwen2.5-d64": ("Qwen2ForCausalLM", "qwen2", {
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_sliding_window": False,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 1,
+        "num_key_value_heads": 1, "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_sliding_window": False,
         "sliding_window": 32768, "max_window_layers": 2, "rope_scaling": None},
         "Qwen2.5: q/k/v biases, untied lm_head, head_dim 64 from hidden / heads"),
     "qwen3-d128": ("Qwen3ForCausalLM", "qwen3", {
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 128, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 128, "rope_theta": 1000000.0, "tie_word_embeddings": False,
         "attention_bias": False, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2,
         "rope_scaling": None},
         "Qwen3: QK-norm, head_dim 128"),
     "qwen3-d256": ("Qwen3ForCausalLM", "qwen3", {
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "head_dim": 256, "rope_theta": 1000000.0, "tie_word_embeddings": True,
         "attention_bias": False, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2,
         "rope_scaling": None},
-        "Qwen3: QK-norm, head_dim 256 (Gemma's width), MQA"),
+        "Qwen3: QK-norm, head_dim 256 (Gemma's width), MQA, heads wider than the hidden size"),
     "mistral-d64-sw": ("MistralForCausalLM", "mistral", {
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 64, "rope_theta": 1000000.0, "tie_word_embeddings": False,
         "sliding_window": 24},
         "Mistral: sliding-window attention (24 positions, the prompts run past it), head_dim 64"),
     "llama-d96": ("LlamaForCausalLM", "llama", {
-        "hidden_size": 384, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
+        "hidden_size": 96, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 1,
+        "num_key_value_heads": 1, "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
         "mlp_bias": False, "rope_scaling": None},
-        "Llama with head_dim 96 (Phi-3's width), default RoPE"),
+        "Llama with head_dim 96 (Phi-3's width) from hidden / heads, default RoPE"),
     "llama-d80": ("LlamaForCausalLM", "llama", {
-        "hidden_size": 320, "intermediate_size": 640, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "rope_theta": 10000.0, "tie_word_embeddings": True, "attention_bias": False,
+        "hidden_size": 80, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 1,
+        "num_key_value_heads": 1, "rope_theta": 10000.0, "tie_word_embeddings": True, "attention_bias": False,
         "mlp_bias": False, "rope_scaling": None},
-        "Llama with head_dim 80 (StableLM's width), no GQA"),
+        "Llama with head_dim 80 (StableLM's width) from hidden / heads"),
 }
 PROMPT_LENGTHS = (7, 33, 80)  # the 80-token prompt crosses the Mistral window and a 64-token page
 
@@ -146,7 +147,9 @@ def main():
                 margin.append(float(top.values[0] - top.values[1]))
                 seq.append(greedy[-1])
             golden[f"p{i}.ids"] = ids.to(torch.int32)
-            golden[f"p{i}.logits"] = logits.contiguous()
+            rows = sorted(set(range(min(8, n))) | set(range(max(0, n - 8), n)))
+            golden[f"p{i}.rows"] = torch.tensor(rows, dtype=torch.int32)
+            golden[f"p{i}.logits"] = logits[rows].contiguous()
             golden[f"p{i}.greedy"] = torch.tensor(greedy, dtype=torch.int32)
             golden[f"p{i}.margin"] = torch.tensor(margin, dtype=torch.float32)
         save_file(golden, os.path.join(d, "golden.safetensors"))
