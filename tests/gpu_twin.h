@@ -1,6 +1,7 @@
 // The twin harness of the GPU cache tests (tests/test_gpu_cache.cpp, tests/test_gpu_llamacpp.cpp): random rows, the
 // same sequences driven through a CPU KvCache and a GpuKvCache step by step (attention compared by NMSE, stored rows
-// byte for byte), and one decode step of a filled GPU cache (fast kernel vs its reference twin). CUDA builds only.
+// byte for byte), and one decode step of a filled GPU cache (fast kernel vs its reference twin), at head_dim kD = 128
+// unless a d is given. CUDA builds only.
 #pragma once
 
 #ifdef KVQ_HAVE_CUDA
@@ -32,25 +33,25 @@ constexpr int kD = 128;
 enum class Data { Gaussian, HeavyTailed };
 
 // [n, heads, d]: N(0, 1) (or a log-normal scale mixture of it: heavy tails, outliers) plus a per-channel offset.
-inline std::vector<float> random_rows(std::mt19937& rng, int n, int heads, Data data, float scale = 1.f) {
+inline std::vector<float> random_rows(std::mt19937& rng, int n, int heads, Data data, float scale = 1.f, int d = kD) {
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(size_t(n) * heads * kD);
+  std::vector<float> x(size_t(n) * heads * d);
   for (size_t i = 0; i < x.size(); ++i) {
     float v = nd(rng);
     if (data == Data::HeavyTailed) v *= std::exp(0.9f * nd(rng));
-    x[i] = scale * (v + 0.5f * float(int(i % kD) % 7 - 3));
+    x[i] = scale * (v + 0.5f * float(int(i % d) % 7 - 3));
   }
   return x;
 }
 
-inline KvTransform random_transform(int n_layers, int n_kv, std::mt19937& rng) {
+inline KvTransform random_transform(int n_layers, int n_kv, std::mt19937& rng, int d = kD) {
   KvTransform t;
-  t.n_layers = n_layers, t.n_kv_heads = n_kv, t.head_dim = kD, t.name = "test";
+  t.n_layers = n_layers, t.n_kv_heads = n_kv, t.head_dim = d, t.name = "test";
   std::normal_distribution<float> nd(0.f, 0.7f);
-  t.key_mean.resize(size_t(n_layers) * n_kv * kD);
+  t.key_mean.resize(size_t(n_layers) * n_kv * d);
   for (auto& x : t.key_mean) x = nd(rng);
   for (int i = 0; i < n_layers * n_kv; ++i) {
-    const auto rk = test::random_orthogonal(kD, rng), rv = test::random_orthogonal(kD, rng);
+    const auto rk = test::random_orthogonal(d, rng), rv = test::random_orthogonal(d, rng);
     t.r_k.insert(t.r_k.end(), rk.begin(), rk.end());
     t.r_v.insert(t.r_v.end(), rv.begin(), rv.end());
   }
@@ -81,10 +82,11 @@ inline CacheConfig with_transform(CacheConfig c, const KvTransform& t) {
   return c;
 }
 
-// The same sequences in a CPU KvCache and a GpuKvCache, driven through identical steps.
+// The same sequences in a CPU KvCache and a GpuKvCache of head_dim d, driven through identical steps.
 struct Twin {
   static constexpr int kLayers = 2, kKv = 2, kHeads = 8;  // GQA group of 4
   CacheConfig cfg;
+  int d;
   KvCache cpu;
   cuda::GpuKvCache gpu;
   KvTransform tf;
@@ -92,9 +94,9 @@ struct Twin {
   std::vector<int> cpu_ids, gpu_ids;
   double worst_nmse = 0;
 
-  Twin(const CacheConfig& c, int max_ctx, int n_seqs, const KvTransform& t)
-      : cfg(c), cpu(c, kLayers, kKv, kD, max_ctx, n_seqs), gpu(with_transform(c, t), kLayers, kKv, kD, max_ctx, n_seqs),
-        tf(t) {
+  Twin(const CacheConfig& c, int max_ctx, int n_seqs, const KvTransform& t, int head_dim = kD)
+      : cfg(c), d(head_dim), cpu(c, kLayers, kKv, d, max_ctx, n_seqs),
+        gpu(with_transform(c, t), kLayers, kKv, d, max_ctx, n_seqs), tf(t) {
     for (int i = 0; i < n_seqs; ++i) cpu_ids.push_back(cpu.new_sequence()), gpu_ids.push_back(gpu.new_sequence());
   }
 
@@ -107,10 +109,10 @@ struct Twin {
     for (int b : idx) gseq.push_back(gpu_ids[size_t(b)]);
     gpu.begin_step(gseq, n);
     ASSERT_EQ(gpu.step_rows(), rows);
-    const float scale = 1.f / std::sqrt(float(kD));
+    const float scale = 1.f / std::sqrt(float(d));
     for (int l = 0; l < kLayers; ++l) {
-      const auto k = random_rows(rng, rows, kKv, data), v = random_rows(rng, rows, kKv, data);
-      const auto q = random_rows(rng, rows, kHeads, data, 0.7f);
+      const auto k = random_rows(rng, rows, kKv, data, 1.f, d), v = random_rows(rng, rows, kKv, data, 1.f, d);
+      const auto q = random_rows(rng, rows, kHeads, data, 0.7f, d);
       Dev<float> dk(k), dv(v), dq(q), dout(q.size());
       gpu.append(l, dk.get(), dv.get());
       if (compare) gpu.attention(l, dq.get(), kHeads, dout.get());
@@ -121,18 +123,18 @@ struct Twin {
       for (size_t b = 0; b < idx.size(); ++b) {
         const int s = cpu_ids[size_t(idx[b])], nb = n[b], pos0 = cpu.length(s);
         if (l == 0) cpu.reserve(s, nb);
-        std::vector<float> kb(k.begin() + size_t(r0) * kKv * kD, k.begin() + size_t(r0 + nb) * kKv * kD);
-        std::vector<float> vb(v.begin() + size_t(r0) * kKv * kD, v.begin() + size_t(r0 + nb) * kKv * kD);
-        std::vector<float> qb(q.begin() + size_t(r0) * kHeads * kD, q.begin() + size_t(r0 + nb) * kHeads * kD);
+        std::vector<float> kb(k.begin() + size_t(r0) * kKv * d, k.begin() + size_t(r0 + nb) * kKv * d);
+        std::vector<float> vb(v.begin() + size_t(r0) * kKv * d, v.begin() + size_t(r0 + nb) * kKv * d);
+        std::vector<float> qb(q.begin() + size_t(r0) * kHeads * d, q.begin() + size_t(r0 + nb) * kHeads * d);
         for (float& x : qb) x *= scale;  // as model.cpp: scale, then transform
         tf.keys(l, nb, kb.data());
         tf.values(l, nb, vb.data());
         tf.queries(l, nb, kHeads, qb.data());
         cpu.append(s, l, pos0, nb, kb.data(), vb.data());
         if (compare)
-          cache_attention(cpu, s, l, pos0, nb, qb.data(), want.data() + size_t(r0) * kHeads * kD,
-                        AttentionShape{kHeads, kKv, kD}, pool);
-        if (compare) tf.outputs(l, nb, kHeads, want.data() + size_t(r0) * kHeads * kD);
+          cache_attention(cpu, s, l, pos0, nb, qb.data(), want.data() + size_t(r0) * kHeads * d,
+                        AttentionShape{kHeads, kKv, d}, pool);
+        if (compare) tf.outputs(l, nb, kHeads, want.data() + size_t(r0) * kHeads * d);
         r0 += nb;
       }
       if (compare) {
@@ -196,23 +198,24 @@ struct Twin {
   }
 };
 
-// Fills a GPU cache with one sequence of `len` tokens (random rows) and returns its attention outputs for
+// Fills a GPU cache of head_dim d with one sequence of `len` tokens (random rows) and returns its attention outputs for
 // one decode step under the given split size and kernel.
 inline std::vector<float> decode_once(const CacheConfig& cfg, int len, int split_tokens, bool reference,
-                                      int kHeads = 32) {
+                                      int kHeads = 32, int d = kD) {
   constexpr int kKv = 8;  // with 32 query heads: the benchmark's GQA shape
-  cuda::GpuKvCache c(cfg, 1, kKv, kD, len + 1, 1);
+  cuda::GpuKvCache c(cfg, 1, kKv, d, len + 1, 1);
   const int s = c.new_sequence();
   std::mt19937 rng(77);
   for (int p = 0; p < len; p += cfg.max_chunk) {
     const int n = std::min(cfg.max_chunk, len - p);
-    Dev<float> k(random_rows(rng, n, kKv, Data::HeavyTailed)), v(random_rows(rng, n, kKv, Data::HeavyTailed));
+    Dev<float> k(random_rows(rng, n, kKv, Data::HeavyTailed, 1.f, d));
+    Dev<float> v(random_rows(rng, n, kKv, Data::HeavyTailed, 1.f, d));
     c.begin_step({s}, {n});
     c.append(0, k.get(), v.get());
     c.commit_step();
   }
-  Dev<float> k(random_rows(rng, 1, kKv, Data::Gaussian)), v(random_rows(rng, 1, kKv, Data::Gaussian));
-  Dev<float> q(random_rows(rng, 1, kHeads, Data::Gaussian, 2.f)), out(size_t(kHeads) * kD);
+  Dev<float> k(random_rows(rng, 1, kKv, Data::Gaussian, 1.f, d)), v(random_rows(rng, 1, kKv, Data::Gaussian, 1.f, d));
+  Dev<float> q(random_rows(rng, 1, kHeads, Data::Gaussian, 2.f, d)), out(size_t(kHeads) * d);
   c.set_split_tokens(split_tokens);
   c.set_reference_attention(reference);
   c.begin_step({s}, {1});
@@ -220,7 +223,7 @@ inline std::vector<float> decode_once(const CacheConfig& cfg, int len, int split
   c.attention(0, q.get(), kHeads, out.get());
   c.commit_step();
   cuda::sync("decode_once");
-  std::vector<float> o(size_t(kHeads) * kD);
+  std::vector<float> o(size_t(kHeads) * d);
   out.buf.download(o.data(), o.size() * sizeof(float));
   return o;
 }

@@ -1,8 +1,9 @@
 // The GPU paged KV cache (cuda/gpu_cache.h) against the CPU KvCache + cache_attention on identical inputs:
 // stored rows byte for byte (the quantizer is bit-exact), attention outputs by NMSE, prefill chunks then batched
 // decode over sequences of awkward lengths, every codec and window setting, with and without a transform;
-// split-KV and the reference twin; refusals. Every test skips itself (reported as Skipped) without a GPU, except the
-// host-side geometry checks (GpuCacheGeometry.*), which run everywhere the CUDA backend is built.
+// split-KV and the reference twin; refusals; the same at head dims 64, 96 and 256 (GpuCacheHeadDims*, every codec row
+// at each d it is compiled for). Every test skips itself (reported as Skipped) without a GPU, except the host-side
+// geometry checks (GpuCacheGeometry.*), which run everywhere the CUDA backend is built.
 #ifdef KVQ_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -37,12 +38,12 @@ using namespace kvq::gpu_test;
 
 namespace {
 
-CacheConfig config(const std::string& type, int group, int sink, int recent, int chunk = 512) {
+CacheConfig config(const std::string& type, int group, int sink, int recent, int chunk = 512, int d = kD) {
   CacheConfig c;
   for (CodecSpec* s : {&c.k, &c.v}) {
     s->type = type;
     s->group = group;
-    s->head_dim = kD;
+    s->head_dim = d;
   }
   c.k.clip = type == "bf16" ? 1.0f : 0.96f;  // the METHODS §1 defaults: quantile clip on both
   c.v.clip = type == "bf16" ? 1.0f : 0.92f;
@@ -52,7 +53,7 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   }
   if (type == "oscar_int2") {  // as the CLI builds it: its own groups, keys per channel and token-scaled, no clip
     c.k = codec_spec(type, true, group, 0.f), c.v = codec_spec(type, false, group, 0.f);
-    c.k.head_dim = c.v.head_dim = kD;
+    c.k.head_dim = c.v.head_dim = d;
   }
   c.sink = sink;
   c.recent = recent;
@@ -61,13 +62,13 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
   return c;
 }
 
-// Extra NMSE of the tensor-core path (quantized region of bf16 rows and of int2 rows of one 128-value group): it
-// rounds q and the probabilities P' to bf16 (2^-9 relative; bf16 rows, as FlashAttention does), or for int2 rows P'
-// to f16 (2^-11) and q to f16 (GQA groups above 4) or to two int8 terms (2^-15 of the head's largest element; the
-// H200 gives NMSE 3e-9 - 2e-8 against the reference twin at g = 1 .. 8). 0 where the CUDA-core kernel runs (exact
-// float arithmetic on the decoded rows).
-double operand_budget(const std::string& type, int group) {
-  return type == "bf16" ? 1e-4 : type == "int2" && group == 128 ? 1e-5 : 0.0;
+// Extra NMSE of the tensor-core path (quantized region of bf16 rows of any head_dim and of int2 rows of one 128-value
+// group, d = 128): it rounds q and the probabilities P' to bf16 (2^-9 relative; bf16 rows, as FlashAttention does),
+// or for int2 rows P' to f16 (2^-11) and q to f16 (GQA groups above 4) or to two int8 terms (2^-15 of the head's
+// largest element; the H200 gives NMSE 3e-9 - 2e-8 against the reference twin at g = 1 .. 8). 0 where the CUDA-core
+// kernel runs (exact float arithmetic on the decoded rows).
+double operand_budget(const std::string& type, int group, int d = kD) {
+  return type == "bf16" ? 1e-4 : type == "int2" && group == 128 && d == 128 ? 1e-5 : 0.0;
 }
 
 // NMSE budget of GPU vs CPU attention outputs. The CPU fast path on AVX-512 VNNI rounds queries / weights to
@@ -82,11 +83,13 @@ double operand_budget(const std::string& type, int group) {
 // groups (CPU vs the exact double reference on this heavy-tailed data, AVX-512 VNNI: up to 9e-8 for kivi2/g32 and
 // kivi4/g128): 1e-6, the CPU's own budget for its fast path (tests/test_cache_attention.cpp).
 // OScaR: keys fold the per-channel scale into q as KIVI's do, values per 32-channel group: KIVI's 1e-6.
-double budget(const std::string& type, int group, bool transform) {
+// The CPU's int8 path takes int2 rows whose one group is the whole row of a multiple of 128 (simd_avx512_vnni.cpp):
+// G = d = 128 here; at the other head dims the int rows take its int16 path.
+double budget(const std::string& type, int group, bool transform, int d = kD) {
   const bool kivi = type.rfind("kivi", 0) == 0 || type == "oscar_int2";
-  const bool int8_operands =
-      (type == "int2" || type == "kivi2") && group == 128 && best_simd_level() == SimdLevel::kAvx512Vnni;
-  const double kernels = std::max(operand_budget(type, group), int8_operands ? 2e-3 : kivi ? 1e-6 : 1e-7);
+  const bool int8_operands = (type == "int2" || type == "kivi2") && group == 128 && d == 128 &&
+                             best_simd_level() == SimdLevel::kAvx512Vnni;
+  const double kernels = std::max(operand_budget(type, group, d), int8_operands ? 2e-3 : kivi ? 1e-6 : 1e-7);
   if (!transform || type == "bf16") return kernels;
   return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" || type == "kivi4" ? 1e-4 : 1e-3);
 }
@@ -509,14 +512,15 @@ TEST(GpuCache, ExhaustedPoolRefusesTheStepBeforeAnythingChanges) {
 
 // The cache of a --kv-cache-dtype preset with the transform its codecs imply (the Hadamard on keys), for n_layers x
 // n_kv heads.
-CacheConfig preset_config(const std::string& preset, int sink, int recent, int n_layers, int n_kv, int chunk = 512) {
+CacheConfig preset_config(const std::string& preset, int sink, int recent, int n_layers, int n_kv, int chunk = 512,
+                          int d = kD) {
   const CodecPreset* p = find_preset(preset);
   EXPECT_NE(p, nullptr) << preset;
-  CacheConfig c = config("bf16", 128, sink, recent, chunk);
+  CacheConfig c = config("bf16", 128, sink, recent, chunk, d);
   c.k = codec_spec(codec_traits(p->k).name, true, 128, 0.f);
   c.v = codec_spec(codec_traits(p->v).name, false, 128, 0.f);
-  c.k.head_dim = c.v.head_dim = kD;
-  c.transform = codec_transform(c, n_layers, n_kv, kD);
+  c.k.head_dim = c.v.head_dim = d;
+  c.transform = codec_transform(c, n_layers, n_kv, d);
   return c;
 }
 
@@ -586,6 +590,152 @@ TEST(GpuCache, TurboQuantWithoutItsHadamardIsRefused) {
   EXPECT_THROW(cuda::GpuKvCache(cfg, 1, 2, kD, 1024, 1), Error);
 }
 
+// --- Head dims 64, 96 and 256 (cuda/gpu_instances.h: the rows at each d their format and the budget allow; bf16 on
+// tensor cores, int2 of any group on CUDA cores away from 128).
+
+// A cache of `type` at head_dim d: the codec table's own specs for a preset name, else config()'s.
+CacheConfig head_dim_config(const std::string& type, int group, int sink, int recent, int d) {
+  if (find_preset(type)) return preset_config(type, sink, recent, Twin::kLayers, Twin::kKv, 512, d);
+  return config(type, group, sink, recent, 512, d);
+}
+
+using DimCase = std::tuple<std::string, int, int, int>;  // type or preset, group, head_dim, variant as Case's
+class GpuCacheHeadDims : public ::testing::TestWithParam<DimCase> {};
+
+// The twins at d: prefill chunks, batched decode and a mixed step over sequences of awkward lengths, two window
+// settings; stored rows byte for byte and attention by the budgets of d = 128 (the CUDA-core kernels' are exact float
+// arithmetic on the decoded rows; bf16's tensor-core operand rounding is the same at every d).
+TEST_P(GpuCacheHeadDims, StoredRowsAndAttentionMatchTheCpuCache) {
+  REQUIRE_GPU();
+  const auto& [type, group, d, variant] = GetParam();
+  const bool preset = find_preset(type) != nullptr;
+  for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{16, 64}, {0, 0}}) {
+    const CacheConfig cfg = head_dim_config(type, group, sink, recent, d);
+    ASSERT_GE(cuda::gpu_instance(cfg, d), 0) << cuda::gpu_unsupported(cfg, d);
+    std::mt19937 rng(4000 + variant * 17 + group + d + sink);
+    const bool transform = variant == 2;
+    const Data data = variant == 0 ? Data::Gaussian : Data::HeavyTailed;
+    const KvTransform tf = preset ? *cfg.transform
+                           : transform ? random_transform(Twin::kLayers, Twin::kKv, rng, d)
+                                       : KvTransform{};
+    const std::vector<int> lengths = {1, 63, 65, 257, 1000, 2049};
+    Twin tw(cfg, 2049 + 64, int(lengths.size()), tf, d);
+    const double b = preset ? 1e-6 : budget(type, group, transform, d);
+    for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, data, b);
+    std::vector<int> all, ones(lengths.size(), 1), mixed;
+    for (size_t i = 0; i < lengths.size(); ++i) all.push_back(int(i)), mixed.push_back(1 + int(i) * 5);
+    for (int s = 0; s < 2; ++s) tw.step(all, ones, rng, data, true, b, "decode step " + std::to_string(s));
+    tw.step(all, mixed, rng, data, true, b, "mixed step");
+    int64_t total = 0, bad = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) bad += tw.row_mismatches(int(i), &total);
+    std::printf("[ gpu    ] d %d %s/g%d sink %d recent %d variant %d: worst NMSE %.3g, %lld of %lld stored rows "
+                "differ\n",
+                d, type.c_str(), group, sink, recent, variant, tw.worst_nmse, (long long)bad, (long long)total);
+    EXPECT_GT(total, 0);
+    if (!transform) {
+      EXPECT_EQ(bad, 0) << "identical inputs must give bit-identical stored rows (d " << d << ")";
+    } else {
+      EXPECT_LE(double(bad), 0.01 * double(total))
+          << "more than 1% of the rows differ with a transform (d " << d << ")";
+    }
+  }
+}
+
+std::string dim_case_name(const ::testing::TestParamInfo<DimCase>& info) {
+  const auto& [type, group, d, variant] = info.param;
+  static const char* v[] = {"gauss", "heavy", "heavy_rot"};
+  return "d" + std::to_string(d) + "_" + type + "_g" + std::to_string(group) + "_" + v[variant];
+}
+
+// bf16 (tensor cores) at every d; int2 at its default groups (64 at 64, 32 at 96, 128 at 256) and one more.
+INSTANTIATE_TEST_SUITE_P(Bf16, GpuCacheHeadDims,
+                         ::testing::Combine(::testing::Values("bf16"), ::testing::Values(128),
+                                            ::testing::Values(64, 96, 256), ::testing::Values(0, 2)),
+                         dim_case_name);
+INSTANTIATE_TEST_SUITE_P(Int2, GpuCacheHeadDims,
+                         ::testing::Values(DimCase{"int2", 64, 64, 0}, DimCase{"int2", 64, 64, 1},
+                                           DimCase{"int2", 64, 64, 2}, DimCase{"int2", 32, 64, 1},
+                                           DimCase{"int2", 32, 96, 0}, DimCase{"int2", 32, 96, 2},
+                                           DimCase{"int2", 128, 256, 0}, DimCase{"int2", 128, 256, 1},
+                                           DimCase{"int2", 128, 256, 2}, DimCase{"int2", 64, 256, 1}),
+                         dim_case_name);
+INSTANTIATE_TEST_SUITE_P(Int48, GpuCacheHeadDims,
+                         ::testing::Values(DimCase{"int4", 64, 64, 1}, DimCase{"int4", 32, 96, 1},
+                                           DimCase{"int4", 128, 256, 1}, DimCase{"int8", 64, 64, 1},
+                                           DimCase{"int8", 32, 96, 0}, DimCase{"int8", 128, 256, 1}),
+                         dim_case_name);
+// KIVI (keys per channel over G tokens: no group divides d) at 64 and 96 (not compiled at 256); OScaR at 64 and 256
+// and the TurboQuant presets (with their Hadamard) at 64 (powers of two; 256 is not compiled for them).
+INSTANTIATE_TEST_SUITE_P(KiviOscarTurboQuant, GpuCacheHeadDims,
+                         ::testing::Values(DimCase{"kivi2", 64, 64, 0}, DimCase{"kivi2", 32, 64, 1},
+                                           DimCase{"kivi4", 32, 96, 1}, DimCase{"oscar_int2", 32, 64, 0},
+                                           DimCase{"oscar_int2", 32, 256, 1}, DimCase{"turboquant_2bit", 0, 64, 1},
+                                           DimCase{"turboquant_3bit_nc", 0, 64, 0},
+                                           DimCase{"turboquant_4bit_nc", 0, 64, 1},
+                                           DimCase{"turboquant_k3v4_nc", 0, 64, 0}),
+                         dim_case_name);
+
+// The fast kernels against the reference twin at each head dim: the tensor-core (bf16) and CUDA-core (int, KIVI,
+// OScaR, TurboQuant) paths, GQA groups 1 .. 8 (away from 128 the CUDA-core rows compile the generic kernel only).
+TEST(GpuCacheHeadDimsFast, FastAttentionMatchesReferenceTwinAtEveryHeadDim) {
+  REQUIRE_GPU();
+  struct C {
+    const char* type;
+    int group, d;
+  };
+  for (const C& c : std::vector<C>{{"bf16", 128, 64},           {"bf16", 128, 96},  {"bf16", 128, 256},
+                                   {"int2", 64, 64},            {"int2", 32, 96},   {"int2", 128, 256},
+                                   {"int4", 32, 96},            {"int8", 64, 256},  {"kivi2", 64, 64},
+                                   {"kivi4", 32, 96},           {"oscar_int2", 32, 64},
+                                   {"oscar_int2", 32, 256},     {"turboquant_2bit", 0, 64},
+                                   {"turboquant_3bit_nc", 0, 64}, {"int4", 64, 256}})
+    for (int heads : {8, 16, 24, 64}) {
+      CacheConfig cfg = find_preset(c.type) ? preset_config(c.type, 16, 64, 1, 8, 512, c.d)
+                                            : config(c.type, c.group, 16, 64, 512, c.d);
+      const auto fast = decode_once(cfg, 2001, 0, false, heads, c.d), ref = decode_once(cfg, 2001, 0, true, heads, c.d);
+      const double e = nmse(fast, ref);
+      EXPECT_LT(e, std::max(1e-9, operand_budget(c.type, c.group, c.d)))
+          << c.type << "/g" << c.group << " d " << c.d << " g " << heads / 8;
+      if (heads == 64)
+        std::printf("[ gpu    ] fast vs reference twin, d %d %s/g%d, GQA group 8: NMSE %.3g\n", c.d, c.type,
+                    c.group, e);
+    }
+}
+
+// The tensor-core split-KV merge and the merge fused into its launch at the other head dims: split sizes give the same
+// outputs, and repeated launches the same bits.
+TEST(GpuCacheHeadDimsFast, SplitKvAndRepeatedLaunchesAgreeAtEveryHeadDim) {
+  REQUIRE_GPU();
+  for (int d : {64, 96, 256})
+    for (const char* type : {"bf16", "int2"}) {
+      const int group = std::string(type) == "int2" ? (d == 96 ? 32 : d == 64 ? 64 : 128) : 128;
+      const CacheConfig cfg = config(type, group, 64, 256, 512, d);
+      const auto one = decode_once(cfg, 5000, 8192, false, 32, d);
+      EXPECT_EQ(decode_once(cfg, 5000, 8192, false, 32, d), one) << type << " d " << d << ": a repeated launch";
+      for (int split : {128, 1024, 0}) {
+        const auto o = decode_once(cfg, 5000, split, false, 32, d);
+        EXPECT_LT(nmse(o, one), std::max(1e-11, 0.1 * operand_budget(type, group, d)))
+            << type << " d " << d << " split " << split;
+      }
+    }
+}
+
+// A layer of --kv-skip-layers at d = 64: bf16 rows on the bf16 instance of that d beside int2/g64 on CUDA cores.
+TEST(GpuCacheHeadDimsFast, SkippedLayersMatchTheCpuCacheAtHeadDim64) {
+  REQUIRE_GPU();
+  CacheConfig cfg = config("int2", 64, 16, 64, 512, 64);
+  cfg.skip_layers = {-1};
+  std::mt19937 rng(22);
+  Twin tw(cfg, 2048, 2, KvTransform{}, 64);
+  const double b = std::max(budget("int2", 64, false, 64), budget("bf16", 128, false, 64));
+  tw.prefill(0, 1500, rng, Data::HeavyTailed, b);
+  tw.prefill(1, 300, rng, Data::Gaussian, b);
+  for (int s = 0; s < 3; ++s) tw.step({0, 1}, {1, 1}, rng, Data::HeavyTailed, true, b, "decode");
+  int64_t total = 0;
+  EXPECT_EQ(tw.row_mismatches(0, &total) + tw.row_mismatches(1, &total), 0);
+  EXPECT_GT(total, 0);
+}
+
 // --- Host side, no GPU needed: the geometry the kernels address the cache with, against the CPU cache.
 
 TEST(GpuCacheGeometry, SupportsKiviKeysPerChannelAndPerTokenValues) {
@@ -596,7 +746,9 @@ TEST(GpuCacheGeometry, SupportsKiviKeysPerChannelAndPerTokenValues) {
       EXPECT_TRUE(cuda::gpu_codec_supported(k)) << type << "/g" << group << " keys";
       EXPECT_TRUE(cuda::gpu_codec_supported(v)) << type << "/g" << group << " values";
     }
-  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi2", .head_dim = 64, .group = 128, .per_channel = true}));
+  EXPECT_TRUE(cuda::gpu_codec_supported({.type = "kivi2", .head_dim = 64, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi2", .head_dim = 256, .group = 128, .per_channel = true}));
+  EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi2", .head_dim = 64, .group = 128}));  // values: G | d
   EXPECT_FALSE(cuda::gpu_codec_supported({.type = "kivi2", .head_dim = kD, .group = 16, .per_channel = true}));
   EXPECT_FALSE(cuda::gpu_codec_supported({.type = "int2", .head_dim = kD, .group = 128, .per_channel = true}));
   EXPECT_FALSE(cuda::gpu_codec_supported({.type = "bf16", .head_dim = kD, .group = 128, .per_channel = true}));
@@ -737,6 +889,44 @@ TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
   EXPECT_EQ(cuda::quant_end(od, 255), 256);
   // No quantized region at all: the block table keeps one column.
   EXPECT_EQ(cuda::cache_geometry(config("int2", 128, 64, 256), 1, 1, 32).pages_per_seq, 1);
+}
+
+// The geometry at head dims 64, 96 and 256: d from the config's specs, the instance row compiled for that d, and the
+// CPU cache's sizes (rows, page layout, windows of d bf16 values).
+TEST(GpuCacheGeometry, HeadDimsTakeTheirInstanceRowAndTheCpuSizes) {
+  struct C {
+    const char* type;
+    int group, d;
+    cuda::GpuPath path;
+  };
+  for (const C& c : std::vector<C>{{"bf16", 128, 64, cuda::GpuPath::kTensorCore},
+                                   {"bf16", 128, 96, cuda::GpuPath::kTensorCore},
+                                   {"bf16", 128, 256, cuda::GpuPath::kTensorCore},
+                                   {"int2", 64, 64, cuda::GpuPath::kCudaCore},
+                                   {"int2", 32, 96, cuda::GpuPath::kCudaCore},
+                                   {"int2", 128, 256, cuda::GpuPath::kCudaCore},
+                                   {"kivi2", 64, 64, cuda::GpuPath::kCudaCore},
+                                   {"oscar_int2", 32, 256, cuda::GpuPath::kCudaCore}}) {
+    const CacheConfig cfg = config(c.type, c.group, 16, 64, 100, c.d);
+    const std::string what = cfg.describe() + " d " + std::to_string(c.d);
+    constexpr int kLayers = 2, kKv = 3, kCtx = 3000;
+    const cuda::CacheGeometry g = cuda::cache_geometry(cfg, kLayers, kKv, kCtx);
+    const CacheLayout l = cache_layout(cfg, kLayers, kKv, c.d);
+    EXPECT_EQ(g.head_dim, c.d) << what;
+    ASSERT_GE(g.instance, 0) << what << ": " << cuda::gpu_unsupported(cfg, c.d);
+    EXPECT_EQ(g.instance, cuda::gpu_instance(cfg, c.d)) << what;
+    EXPECT_TRUE(cuda::gpu_row_compiled(cuda::kGpuInstances[g.instance], c.d)) << what;
+    EXPECT_EQ(cuda::kGpuInstances[g.instance].path, c.path) << what;
+    EXPECT_EQ(g.k_block, l.k.bytes) << what;
+    EXPECT_EQ(g.v_row, l.v.bytes) << what;
+    EXPECT_EQ(g.head_bytes, l.head_bytes) << what;
+    EXPECT_EQ(g.page_bytes, l.page_bytes) << what;
+    EXPECT_EQ(g.ring_tokens, l.ring_tokens) << what;
+    EXPECT_EQ(g.head_bytes % 4, 0) << what;
+    const KvCache cpu(cfg, kLayers, kKv, c.d, kCtx, 1);
+    const size_t windows = size_t(kLayers) * 2 * kKv * size_t(16 + g.ring_tokens) * size_t(c.d) * 2;
+    EXPECT_EQ(cpu.bytes_allocated(), size_t(g.pages_per_seq) * size_t(g.page_bytes) + windows) << what;
+  }
 }
 
 // A layer of --kv-skip-layers: the bf16 instance row, bf16 rows, and its part of the page at the layout's offset.

@@ -2,8 +2,9 @@
 // (codecs/llamacpp/codec_llamacpp.h) on identical inputs: stored rows byte for byte (both quantize with codecs/llamacpp/llamacpp_blocks.h's IEEE
 // operations from the same bf16 window rows), with and without llama.cpp's KV rotation (attn_rot, which the GPU cache
 // applies itself as it applies every KvTransform); attention outputs by NMSE; the fast CUDA-core kernel against its
-// reference twin at every GQA instance; the rows' sizes and alignment on the host. The engine-level ppl against the
-// CPU is in tests/test_gpu_model.cpp. Every test but the host-side GpuCacheGeometry one skips itself without a GPU.
+// reference twin at every GQA instance; the same at head dims 64, 96 and 256 (GpuCacheHeadDimsLlamaCpp); the rows'
+// sizes and alignment on the host. The engine-level ppl against the CPU is in tests/test_gpu_model.cpp. Every test but
+// the host-side GpuCacheGeometry one skips itself without a GPU.
 #ifdef KVQ_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -31,15 +32,15 @@ namespace {
 // Keys kt, values vt as the CLI builds them (-ctk kt -ctv vt), windows (sink, recent), pages of 128, with llama.cpp's
 // KV rotation when attn_rot (codec_transform: what --attn-rot auto turns on; n_layers x n_kv heads).
 CacheConfig llama_config(const std::string& kt, const std::string& vt, int sink, int recent, bool attn_rot,
-                         int n_layers, int n_kv, int chunk = 512) {
+                         int n_layers, int n_kv, int chunk = 512, int d = kD) {
   CacheConfig c;
   c.k = codec_spec(kt, true, kDefaultGroup, 0.f);
   c.v = codec_spec(vt, false, kDefaultGroup, 0.f);
-  c.k.head_dim = c.v.head_dim = kD;
+  c.k.head_dim = c.v.head_dim = d;
   c.sink = sink, c.recent = recent;
   c.page_tokens = 128;
   c.max_chunk = chunk;
-  if (attn_rot) c.transform = codec_transform(c, n_layers, n_kv, kD);
+  if (attn_rot) c.transform = codec_transform(c, n_layers, n_kv, d);
   return c;
 }
 
@@ -136,6 +137,50 @@ TEST(GpuCache, AttnRotChangesTheStoredCodesButNotWhatAttentionComputes) {
   EXPECT_LT(e_on, 0.5);
   EXPECT_LT(e_off, 0.5);
 }
+
+// At head dims 64 and 96 (their rows are not compiled at 256: cuda/gpu_instances.h's budget): rows of 2 and 3 blocks
+// (2-byte aligned at 96: 102 / 54 bytes), read in 4- and 2-byte words; attn_rot where llama.cpp applies it (64:
+// head_dim % 64 == 0). Stored rows byte for byte and attention within the d = 128 budget, then the fast kernel
+// against its reference twin (GQA groups 1 and 8).
+using DimCase = std::tuple<Pair, int, bool>;  // (keys, values), head_dim, attn_rot
+class GpuCacheHeadDimsLlamaCpp : public ::testing::TestWithParam<DimCase> {};
+
+TEST_P(GpuCacheHeadDimsLlamaCpp, StoredRowsAreBitIdenticalAndAttentionMatchesTheCpuCache) {
+  REQUIRE_GPU();
+  const auto& [pair, d, rot] = GetParam();
+  const CacheConfig cfg = llama_config(pair.first, pair.second, 16, 64, rot, Twin::kLayers, Twin::kKv, 512, d);
+  ASSERT_GE(cuda::gpu_instance(cfg, d), 0) << cuda::gpu_unsupported(cfg, d);
+  EXPECT_EQ(cfg.transform != nullptr, rot && d % 64 == 0) << "attn_rot rotates head_dim multiples of 64";
+  std::mt19937 rng(3100 + d + rot);
+  const std::vector<int> lengths = {1, 65, 257, 1000, 2049};
+  Twin tw(cfg, 2049 + 64, int(lengths.size()), cfg.transform ? *cfg.transform : KvTransform{}, d);
+  const double b = 1e-6;
+  for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, Data::HeavyTailed, b);
+  std::vector<int> all, ones(lengths.size(), 1);
+  for (size_t i = 0; i < lengths.size(); ++i) all.push_back(int(i));
+  for (int s = 0; s < 2; ++s) tw.step(all, ones, rng, Data::HeavyTailed, true, b, "decode step " + std::to_string(s));
+  int64_t total = 0, bad = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) bad += tw.row_mismatches(int(i), &total);
+  std::printf("[ gpu    ] d %d k=%s v=%s attn_rot %d: worst NMSE %.3g, %lld of %lld stored rows differ\n", d,
+              pair.first, pair.second, int(rot), tw.worst_nmse, (long long)bad, (long long)total);
+  EXPECT_EQ(bad, 0) << "identical inputs must give bit-identical stored rows";
+  EXPECT_GT(total, 0);
+  for (int heads : {8, 64}) {
+    const CacheConfig one = llama_config(pair.first, pair.second, 16, 64, rot, 1, 8, 512, d);
+    const double e = nmse(decode_once(one, 2000, 0, false, heads, d), decode_once(one, 2000, 0, true, heads, d));
+    EXPECT_LT(e, 1e-9) << "fast vs reference twin, d " << d << " g " << heads / 8;
+  }
+}
+
+std::string dim_case_name(const ::testing::TestParamInfo<DimCase>& info) {
+  const auto& [pair, d, rot] = info.param;
+  return "d" + std::to_string(d) + "_k_" + pair.first + "_v_" + pair.second + (rot ? "_attn_rot" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, GpuCacheHeadDimsLlamaCpp,
+                         ::testing::Combine(::testing::ValuesIn(kPairs), ::testing::Values(64, 96),
+                                            ::testing::Values(false, true)),
+                         dim_case_name);
 
 }  // namespace
 

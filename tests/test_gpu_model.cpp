@@ -209,6 +209,51 @@ TEST(GpuModel, GreedyContinuationOf32TokensEqualsCpu) {
   }
 }
 
+// The forward pass at the other head dims, on the tiny random checkpoints of tests/models (MANIFEST.json): Qwen2.5 at
+// 64 (q/k/v biases), a Llama at 96, Qwen3 at 256 (QK-norm, MQA, heads wider than the hidden size). Logits after a
+// chunked prefill (chunks of 48 rows: the prefill kernel for bf16 caches) and teacher-forced decode steps against the
+// CPU model's, with bf16 caches (tensor cores, both GEMM precisions, the bounds of the models/ref test above) and int2
+// at a group dividing d (CUDA cores; fp32 GEMMs, the bf16-GEMM bounds: a code flipped by the GEMMs' last bits moves a
+// key by a step), windows of 4 + 16 and pages of 32 so that demotion runs.
+TEST(GpuModelHeadDims, LogitsMatchCpuOnTheTinyCheckpoints) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [dir, group] :
+       {std::pair{"qwen2.5-d64", 64}, std::pair{"llama-d96", 32}, std::pair{"qwen3-d256", 128}}) {
+    const std::unique_ptr<Model> m = Model::load(kSrc + "/tests/models/" + dir, 0);
+    const int d = m->config().head_dim, V = m->config().vocab_size;
+    std::vector<int32_t> ids(140);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % size_t(V));
+    const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 130), feed(ids.begin() + 130, ids.end());
+    for (const std::string type : {"bf16", "int2"}) {
+      CacheConfig cc = cache_config(type, 4, 16, 32, 48);  // chunks of 48, 48, 34
+      cc.k.group = cc.v.group = group;
+      cc.k.head_dim = cc.v.head_dim = d;
+      CpuRunner cpu(*m, cc, 256);
+      const auto want = run_logits(cpu, prompt, feed);
+      for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+        if (type == "int2" && p == GemmPrecision::Bf16) continue;
+        GpuModel gpu(*m, cc, 256, 1, p);
+        const std::string what = std::string(dir) + " (d " + std::to_string(d) + ") cache " + type + " gemm " +
+                                 std::string(cuda::gemm_precision_name(p));
+        EXPECT_NE(gpu.describe().find(type == "bf16" ? "tensor-core attention" : "CUDA-core attention"),
+                  std::string::npos)
+            << what << ": " << gpu.describe();
+        const auto got = run_logits(gpu, prompt, feed);
+        const Tolerance tol = type == "bf16" ? tolerance(p) : tolerance(GemmPrecision::Bf16);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t s = 0; s < want.size(); ++s) {
+          const LogitDiff diff = compare(want[s], got[s]);
+          if (s == 0 || s + 1 == want.size())
+            std::printf("%s step %zu: max |diff| %.3g, rms diff %.3g, rms logits %.3g\n", what.c_str(), s,
+                        diff.max_abs, diff.rms_diff, diff.rms_ref);
+          EXPECT_LE(diff.max_abs, tol.max_abs_rel * diff.rms_ref) << what << " step " << s;
+          EXPECT_LE(diff.rms_diff, tol.rms_rel * diff.rms_ref) << what << " step " << s;
+        }
+      }
+    }
+  }
+}
+
 // ppl over one 2048-token window of data/eval/python.txt, 64/256 windows: GPU within 0.1% of CPU for bf16, int2 and
 // the referee's kivi2 (keys per channel over 128-token blocks) with fp32 GEMMs, which isolate the cache (measured
 // on the H200: <= 0.01%). With bf16 GEMMs the model's activations themselves differ by O(0.1%) per GEMM (measured:

@@ -2,8 +2,9 @@
 // on the decode kernels, GpuKvCache::set_prefill_rows(0)): two GPU caches of one config fed identical rows and
 // queries, attention outputs compared by NMSE, on awkward chunk lengths, window edges inside the key and query
 // tiles (sinks not a multiple of 16, W = 0), GQA groups 1 .. 8, chunks onto an existing context, several sequences in
-// one step (with decode rows beside them), and its KV splits; and against the CPU cache once. Every test checks that
-// the prefill kernel really ran (prefill_kernel_calls). Skipped without a GPU.
+// one step (with decode rows beside them), and its KV splits; and against the CPU cache once; bf16 at head dims 64, 96
+// and 256 (GpuPrefillHeadDims). Every test checks that the prefill kernel really ran (prefill_kernel_calls). Skipped
+// without a GPU.
 #ifdef KVQ_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -34,12 +35,12 @@ namespace {
 
 constexpr int kD = 128;
 
-// Keys k_type, values v_type ("bf16" or "int2" of one 128-value group, with the CLI's default clips).
-CacheConfig config(const std::string& k_type, const std::string& v_type, int sink, int recent, int chunk) {
+// Keys k_type, values v_type ("bf16" or "int2" of one 128-value group, with the CLI's default clips), head_dim d.
+CacheConfig config(const std::string& k_type, const std::string& v_type, int sink, int recent, int chunk, int d = kD) {
   CacheConfig c;
   c.k.type = k_type, c.v.type = v_type;
   c.k.group = c.v.group = 128;
-  c.k.head_dim = c.v.head_dim = kD;
+  c.k.head_dim = c.v.head_dim = d;
   c.k.clip = k_type == "bf16" ? 1.0f : 0.96f;
   c.v.clip = v_type == "bf16" ? 1.0f : 0.92f;
   c.sink = sink;
@@ -56,10 +57,11 @@ CacheConfig config(const std::string& k_type, const std::string& v_type, int sin
 double budget(const CacheConfig& c) { return c.k.type == "bf16" || c.v.type == "bf16" ? 1e-4 : 1e-5; }
 
 // [n, heads, d]: heavy-tailed N(0, 1) scale mixture plus a per-channel offset (as tests/test_gpu_cache.cpp).
-std::vector<float> random_rows(std::mt19937& rng, int n, int heads, float scale = 1.f) {
+std::vector<float> random_rows(std::mt19937& rng, int n, int heads, float scale = 1.f, int d = kD) {
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(size_t(n) * heads * kD);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = scale * (nd(rng) * std::exp(0.6f * nd(rng)) + 0.5f * float(int(i % kD) % 7 - 3));
+  std::vector<float> x(size_t(n) * heads * d);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = scale * (nd(rng) * std::exp(0.6f * nd(rng)) + 0.5f * float(int(i % d) % 7 - 3));
   return x;
 }
 
@@ -82,16 +84,17 @@ struct Dev {  // a device copy of a host vector of floats
 };
 
 // Two GPU caches of one config: `fast` with the prefill kernel for sequences of >= fast_rows rows, `rows` with every
-// chunk row by row on the decode kernels. One layer; n_kv kv heads, g query heads each.
+// chunk row by row on the decode kernels. One layer; n_kv kv heads, g query heads each; head_dim d.
 struct Pair {
   CacheConfig cfg;
-  int n_kv, n_heads;
+  int n_kv, n_heads, d;
   cuda::GpuKvCache fast, rows;
   std::vector<int> fast_ids, row_ids;
   double worst = 0;
 
-  Pair(const CacheConfig& c, int kv, int g, int max_ctx, int n_seqs, int fast_rows = 1)
-      : cfg(c), n_kv(kv), n_heads(kv * g), fast(c, 1, kv, kD, max_ctx, n_seqs), rows(c, 1, kv, kD, max_ctx, n_seqs) {
+  Pair(const CacheConfig& c, int kv, int g, int max_ctx, int n_seqs, int fast_rows = 1, int head_dim = kD)
+      : cfg(c), n_kv(kv), n_heads(kv * g), d(head_dim), fast(c, 1, kv, d, max_ctx, n_seqs),
+        rows(c, 1, kv, d, max_ctx, n_seqs) {
     fast.set_prefill_rows(fast_rows);
     rows.set_prefill_rows(0);
     for (int i = 0; i < n_seqs; ++i) fast_ids.push_back(fast.new_sequence()), row_ids.push_back(rows.new_sequence());
@@ -102,8 +105,8 @@ struct Pair {
   double step(const std::vector<int>& idx, const std::vector<int>& n, std::mt19937& rng, const std::string& what) {
     int total = 0;
     for (int x : n) total += x;
-    const auto k = random_rows(rng, total, n_kv), v = random_rows(rng, total, n_kv);
-    const auto q = random_rows(rng, total, n_heads, 0.7f);
+    const auto k = random_rows(rng, total, n_kv, 1.f, d), v = random_rows(rng, total, n_kv, 1.f, d);
+    const auto q = random_rows(rng, total, n_heads, 0.7f, d);
     Dev dk(k), dv(v), dq(q), d_fast(q), d_rows(q);
     std::vector<float> got(q.size()), want(q.size());
     const int64_t calls = fast.prefill_kernel_calls();
@@ -122,8 +125,8 @@ struct Pair {
     EXPECT_EQ(rows.prefill_kernel_calls(), 0) << what << ": the per-row cache ran the prefill kernel";
     for (size_t i = 0; i < got.size(); ++i)
       if (!std::isfinite(got[i])) {
-        ADD_FAILURE() << what << ": non-finite prefill output at row " << i / (size_t(n_heads) * kD) << " head "
-                      << i / kD % n_heads;
+        ADD_FAILURE() << what << ": non-finite prefill output at row " << i / (size_t(n_heads) * d) << " head "
+                      << i / d % n_heads;
         return INFINITY;
       }
     const double e = nmse(got, want);
@@ -131,7 +134,7 @@ struct Pair {
     if (e >= budget(cfg)) {  // name the worst row, to tell a mask bug (some rows) from rounding (all rows)
       size_t worst_row = 0;
       double worst_row_e = -1;
-      const size_t row_floats = size_t(n_heads) * kD;
+      const size_t row_floats = size_t(n_heads) * d;
       for (size_t r = 0; r < size_t(total); ++r) {
         const std::vector<float> a(got.begin() + r * row_floats, got.begin() + (r + 1) * row_floats);
         const std::vector<float> b(want.begin() + r * row_floats, want.begin() + (r + 1) * row_floats);
@@ -282,44 +285,96 @@ TEST(GpuPrefillDispatch, SplitKvResultEqualsUnsplit) {
 }
 
 // Against the CPU cache + cache_attention (the reference semantics, kv/cache.h): a chunk of 700 rows onto a context
-// of 900, int2 and bf16, 17/100 windows.
+// of 900, 17/100 windows, head_dim d.
+void chunk_matches_the_cpu_cache(const char* type, int d) {
+  const CacheConfig cfg = config(type, type, 17, 100, 1024, d);
+  constexpr int kKv = 2, kHeads = 8, kCtx = 2048;
+  KvCache cpu(cfg, 1, kKv, d, kCtx, 1);
+  cuda::GpuKvCache gpu(cfg, 1, kKv, d, kCtx, 1);
+  gpu.set_prefill_rows(1);
+  const int cs = cpu.new_sequence(), gs = gpu.new_sequence();
+  ThreadPool pool(0);
+  std::mt19937 rng(13);
+  for (int n : {900, 700}) {
+    const auto k = random_rows(rng, n, kKv, 1.f, d), v = random_rows(rng, n, kKv, 1.f, d);
+    const auto q = random_rows(rng, n, kHeads, 0.7f, d);
+    Dev dk(k), dv(v), dq(q), out(q);
+    gpu.begin_step({gs}, {n});
+    gpu.append(0, dk.get(), dv.get());
+    gpu.attention(0, dq.get(), kHeads, out.get());
+    gpu.commit_step();
+    cuda::sync("cpu comparison");
+    std::vector<float> got(q.size()), want(q.size()), qs = q;
+    out.buf.download(got.data(), got.size() * sizeof(float));
+    const int pos0 = cpu.length(cs);
+    cpu.reserve(cs, n);
+    cpu.append(cs, 0, pos0, n, k.data(), v.data());
+    for (float& x : qs) x *= 1.f / std::sqrt(float(d));  // cache_attention takes pre-scaled queries
+    cache_attention(cpu, cs, 0, pos0, n, qs.data(), want.data(), AttentionShape{kHeads, kKv, d}, pool);
+    cpu.commit(cs, n);
+    // the CPU's own fast path rounds operands too (int2 of one group: to int8 on AVX-512 VNNI;
+    // tests/test_gpu_cache.cpp)
+    const bool int8_operands = std::string(type) == "int2" && best_simd_level() == SimdLevel::kAvx512Vnni;
+    const double b = int8_operands ? 2e-3 : budget(cfg);
+    const double e = nmse(got, want);
+    EXPECT_LT(e, b) << type << " d " << d << " chunk of " << n << " at " << pos0;
+    std::printf("[ gpu    ] prefill vs CPU cache, d %d %s chunk of %d at %d: NMSE %.3g\n", d, type, n, pos0, e);
+  }
+  EXPECT_EQ(gpu.prefill_kernel_calls(), 2);
+}
+
 TEST(GpuPrefillDispatch, ChunkMatchesTheCpuCache) {
   REQUIRE_GPU();
-  for (const char* type : {"int2", "bf16"}) {
-    const CacheConfig cfg = config(type, type, 17, 100, 1024);
-    constexpr int kKv = 2, kHeads = 8, kCtx = 2048;
-    KvCache cpu(cfg, 1, kKv, kD, kCtx, 1);
-    cuda::GpuKvCache gpu(cfg, 1, kKv, kD, kCtx, 1);
-    gpu.set_prefill_rows(1);
-    const int cs = cpu.new_sequence(), gs = gpu.new_sequence();
-    ThreadPool pool(0);
-    std::mt19937 rng(13);
-    for (int n : {900, 700}) {
-      const auto k = random_rows(rng, n, kKv), v = random_rows(rng, n, kKv), q = random_rows(rng, n, kHeads, 0.7f);
-      Dev dk(k), dv(v), dq(q), out(q);
-      gpu.begin_step({gs}, {n});
-      gpu.append(0, dk.get(), dv.get());
-      gpu.attention(0, dq.get(), kHeads, out.get());
-      gpu.commit_step();
-      cuda::sync("cpu comparison");
-      std::vector<float> got(q.size()), want(q.size()), qs = q;
-      out.buf.download(got.data(), got.size() * sizeof(float));
-      const int pos0 = cpu.length(cs);
-      cpu.reserve(cs, n);
-      cpu.append(cs, 0, pos0, n, k.data(), v.data());
-      for (float& x : qs) x *= 1.f / std::sqrt(float(kD));  // cache_attention takes pre-scaled queries
-      cache_attention(cpu, cs, 0, pos0, n, qs.data(), want.data(), AttentionShape{kHeads, kKv, kD}, pool);
-      cpu.commit(cs, n);
-      // the CPU's own fast path rounds operands too (int2 of one group: to int8 on AVX-512 VNNI; tests/test_gpu_cache.cpp)
-      const bool int8_operands = std::string(type) == "int2" && best_simd_level() == SimdLevel::kAvx512Vnni;
-      const double b = int8_operands ? 2e-3 : budget(cfg);
-      const double e = nmse(got, want);
-      EXPECT_LT(e, b) << type << " chunk of " << n << " at " << pos0;
-      std::printf("[ gpu    ] prefill vs CPU cache, %s chunk of %d at %d: NMSE %.3g\n", type, n, pos0, e);
-    }
-    EXPECT_EQ(gpu.prefill_kernel_calls(), 2);
+  for (const char* type : {"int2", "bf16"}) chunk_matches_the_cpu_cache(type, kD);
+}
+
+// --- bf16 at head dims 64, 96 and 256: the prefill kernel of each d (at 256 one stage per range, a block an SM).
+
+TEST(GpuPrefillHeadDimsCpu, ChunkMatchesTheCpuCacheAtEveryHeadDim) {
+  REQUIRE_GPU();
+  for (int d : {64, 96, 256}) chunk_matches_the_cpu_cache("bf16", d);
+}
+
+using DimCase = std::tuple<int, std::pair<int, int>>;  // head_dim, (sink, recent)
+class GpuPrefillHeadDims : public ::testing::TestWithParam<DimCase> {};
+
+// One chunk per sequence at lengths around the tile edges, chunks onto a context with decode rows between them, two
+// sequences in one step, GQA groups 1, 3 and 8.
+TEST_P(GpuPrefillHeadDims, ChunksEqualThePerRowPath) {
+  REQUIRE_GPU();
+  const auto& [d, win] = GetParam();
+  const CacheConfig cfg = config("bf16", "bf16", win.first, win.second, 512, d);
+  const std::string what = "d " + std::to_string(d) + " " + name(cfg);
+  {
+    const std::vector<int> lengths = {1, 17, 64, 300, 512};
+    Pair p(cfg, 2, 4, 1600, int(lengths.size()), 1, d);
+    std::mt19937 rng(7 + d + win.first);
+    for (size_t i = 0; i < lengths.size(); ++i)
+      p.step({int(i)}, {lengths[i]}, rng, what + " chunk of " + std::to_string(lengths[i]));
+    Pair c(cfg, 2, 2, 4096, 2, 1, d);
+    for (int n : {128, 100, 1, 300, 512, 33})
+      c.step({0}, {n}, rng, what + " context chunk of " + std::to_string(n));
+    c.step({1}, {70}, rng, what + " sequence 1");
+    c.step({0, 1}, {300, 45}, rng, what + " two sequences");
+    std::printf("[ gpu    ] prefill vs per-row, %s: worst NMSE %.3g, %.3g\n", what.c_str(), p.worst, c.worst);
+  }
+  for (int g : {1, 3, 8}) {
+    Pair p(cfg, 8, g, 1200, 1, 1, d);
+    std::mt19937 rng(g + d);
+    p.step({0}, {300}, rng, what + " g " + std::to_string(g) + " first chunk");
+    p.step({0}, {333}, rng, what + " g " + std::to_string(g) + " second chunk");
   }
 }
+
+std::string dim_case_name(const ::testing::TestParamInfo<DimCase>& info) {
+  const auto& [d, win] = info.param;
+  return "d" + std::to_string(d) + "_s" + std::to_string(win.first) + "_w" + std::to_string(win.second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16, GpuPrefillHeadDims,
+                         ::testing::Combine(::testing::Values(64, 96, 256),
+                                            ::testing::Values(std::pair{64, 256}, std::pair{0, 0}, std::pair{17, 100})),
+                         dim_case_name);
 
 // Codecs without the prefill kernel keep the per-row path, whatever the threshold, and the log line says so.
 TEST(GpuPrefillDispatch, OtherCodecsKeepThePerRowPathAndTheLogNamesIt) {

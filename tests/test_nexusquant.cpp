@@ -584,11 +584,12 @@ TEST(RopeKeyCodec, TheCacheWrapsOnlyKeysStoredWithoutRopeAndNamesWhatIsMissing) 
 // The GPU has no instance for these codecs: the instance table's predicate refuses them with its one line naming
 // the pair and listing what the GPU runs.
 TEST(NexusQuantGpu, RefusedWithTheUnsupportedPairMessage) {
+  constexpr int kD = 128;
   for (const char* type : kTypes) {
-    CacheConfig c = nexus_cache(type, cuda::kHeadDim);
-    c.k.head_dim = c.v.head_dim = cuda::kHeadDim;
-    EXPECT_EQ(cuda::gpu_instance(c, cuda::kHeadDim), -1) << type;
-    const std::string why = cuda::gpu_unsupported(c, cuda::kHeadDim);
+    CacheConfig c = nexus_cache(type, kD);
+    c.k.head_dim = c.v.head_dim = kD;
+    EXPECT_EQ(cuda::gpu_instance(c, kD), -1) << type;
+    const std::string why = cuda::gpu_unsupported(c, kD);
     EXPECT_NE(why.find(std::string("keys ") + type + " with values " + type), std::string::npos) << why;
     EXPECT_NE(why.find("no compiled GPU instance"), std::string::npos) << why;
     EXPECT_NE(why.find("the GPU runs"), std::string::npos) << why;

@@ -6,12 +6,19 @@
 
 #include "codecs/registry.h"
 #include "common/error.h"
+#include "rotation/hadamard.h"  // is_power_of_two
 #include "cuda/gpu_instances.h"
 #include "kv/cache.h"
 
 namespace kvq {
 
 namespace {
+
+// Whether a cache of transform t can be built at head_dim d: a Hadamard of d (TurboQuant, OScaR) needs a power of two
+// (rotation/rotation_file.h codec_transform), on either device.
+bool hadamard_fits(CodecTransform t, int d) {
+  return is_power_of_two(d) || (t != CodecTransform::kHadamard && t != CodecTransform::kHadamardKeys);
+}
 
 SupportRow row_of(const CodecTraits& t, const CodecSpec& spec, const CodecSpec& k, const CodecSpec& v,
                   std::string role) {
@@ -24,17 +31,20 @@ SupportRow row_of(const CodecTraits& t, const CodecSpec& spec, const CodecSpec& 
     const auto codec = make_codec(spec);
     r.bytes_per_token = double(codec->bytes_per_block()) / codec->tokens_per_block();
     r.bits = codec->bits_per_element();
-    r.cpu = true;
+    r.cpu = hadamard_fits(t.transform, spec.head_dim);
   } catch (const Error&) {
     // Not a CPU shape (e.g. a group that does not divide head_dim): listed as unsupported.
   }
   CacheConfig both;  // this codec for keys and values, the default windows and pages
   both.k = k, both.v = v;
   int gpu = cuda::gpu_instance(both, spec.head_dim);
-  // No row pairs it with itself (TurboQuant's keys and values): the first row that stores it on either side.
-  if (gpu < 0 && (cuda::gpu_spec_stored(k) || cuda::gpu_spec_stored(v)))
-    for (int i = 0; i < cuda::kGpuInstanceCount && gpu < 0; ++i)
-      if (cuda::kGpuInstances[i].k == t.id || cuda::kGpuInstances[i].v == t.id) gpu = i;
+  // No row pairs it with itself (TurboQuant's keys and values): the first row at this head_dim that stores it on
+  // either side (this spec: a KIVI value row of a group that does not divide head_dim is not stored whatever its keys).
+  if (gpu < 0 && cuda::gpu_spec_stored(spec))
+    for (int i = 0; i < cuda::kGpuInstanceCount && gpu < 0; ++i) {
+      const cuda::GpuInstance& g = cuda::kGpuInstances[i];
+      if ((g.k == t.id || g.v == t.id) && cuda::gpu_row_compiled(g, spec.head_dim)) gpu = i;
+    }
   if (gpu >= 0) r.cuda = cuda::gpu_path_name(cuda::kGpuInstances[gpu].path);
   return r;
 }
@@ -89,7 +99,7 @@ std::vector<PresetRow> preset_matrix(const std::vector<int>& head_dims) {
         const auto k = make_codec(c.k), v = make_codec(c.v);
         r.bytes_per_token = double(k->bytes_per_block()) + double(v->bytes_per_block());
         r.bits = 8.0 * r.bytes_per_token / (2.0 * d);
-        r.cpu = true;
+        r.cpu = hadamard_fits(implied_transform(c.k, c.v), d);
       } catch (const Error&) {
       }
       const int gpu = cuda::gpu_instance(c, d);
@@ -176,16 +186,27 @@ std::string support_markdown() {
   out += "\n## The GPU's compiled instances\n\n"
          "The key / value pairs the CUDA backend runs (the first row that fits a cache runs it; a layer of "
          "`--kv-skip-layers` runs the bf16 row); any other pair is refused before any work, with a line naming it.\n\n"
-         "| path | keys | values | groups | pages a multiple of | GQA kernels |\n|---|---|---|---|---|---|\n";
+         "| path | keys | values | groups | pages a multiple of | head_dim | GQA kernels |\n"
+         "|---|---|---|---|---|---|---|\n";
   for (const cuda::GpuInstance& r : cuda::kGpuInstances)
-    out += fmt::format("| {} | `{}` | `{}` | {} | {} | {} |\n", cuda::gpu_path_name(r.path),
+    out += fmt::format("| {} | `{}` | `{}` | {} | {} | {} | {} |\n", cuda::gpu_path_name(r.path),
                        cuda::gpu_detail::side_text(r.k, true, cuda::kAnyGroup),
                        cuda::gpu_detail::side_text(r.v, false, cuda::kAnyGroup),
                        codec_traits(r.k).grouped || codec_traits(r.v).grouped ? cuda::gpu_detail::groups_text(r.groups)
                                                                                : "-",
-                       r.page_multiple,
-                       r.gqa == cuda::GpuGqa::kEvery ? "g = 1, 2, 4 and any g <= 8" : "any g <= 8");
-  out += fmt::format("\nAll of them at head_dim {}, with BF16 sink and recent windows.\n", cuda::kHeadDim);
+                       r.page_multiple, cuda::gpu_detail::head_dims_text(r.head_dims),
+                       r.gqa == cuda::GpuGqa::kEvery
+                           ? fmt::format("g = 1, 2, 4 and any g <= 8 at {}, any g <= 8 at the others",
+                                         cuda::kEveryGqaHeadDim)
+                           : "any g <= 8");
+  out += "\nAll of them with BF16 sink and recent windows; a quantized per-token side's group divides head_dim. int2 "
+         "takes tensor cores at head_dim 128 (one 128-value group a row), CUDA cores at the others. A codec the GPU "
+         "runs at 128 runs at every other head_dim that the CPU takes it at, except where the GPU compiles no pair for "
+         "it: KIVI's (kivi2, kivi4) at 256, whose key-block demotion would hold G x d bf16 in shared memory (64 KB at "
+         "G = 128); TurboQuant's and llama.cpp's (q8_0, q4_0) at 256, left out of the build-time budget (a CUDA-core "
+         "kernel at 256 costs 6-16 s of ptxas); TurboQuant's values (tqv2, tqv3, tqv4) at 96, whose only pairs are "
+         "TurboQuant keys, which like OScaR need a power-of-two head_dim for their Hadamard on either device. head_dim "
+         "80 runs on neither (the CPU codecs take multiples of 32).\n";
   return out;
 }
 

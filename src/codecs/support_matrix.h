@@ -23,8 +23,8 @@ struct SupportRow {
                          // stores it on one side (TurboQuant's keys and values), "" = not on the GPU
 };
 
-// head_dims: the shapes to list (real models use 64 and 128).
-std::vector<SupportRow> support_matrix(const std::vector<int>& head_dims = {64, 128});
+// head_dims: the shapes to list (real models use 64, 80, 96, 128 and 256).
+std::vector<SupportRow> support_matrix(const std::vector<int>& head_dims = {64, 80, 96, 128, 256});
 std::string format_support_matrix(const std::vector<SupportRow>& rows);
 
 // The --kv-cache-dtype presets (codecs/registry.h) at each head_dim: their codecs and window codec, the bytes both
@@ -42,7 +42,7 @@ struct PresetRow {
   bool cpu;                // the CPU codecs take it
   std::string cuda;        // GPU attention path of the pair, "" = not on the GPU
 };
-std::vector<PresetRow> preset_matrix(const std::vector<int>& head_dims = {64, 128});
+std::vector<PresetRow> preset_matrix(const std::vector<int>& head_dims = {64, 80, 96, 128, 256});
 std::string format_preset_matrix(const std::vector<PresetRow>& rows);
 
 // docs/guide/codecs.md: the codec table (names, what a block stores, flags and transforms), the support matrix, the

@@ -15,16 +15,18 @@
 
 namespace kvq::cuda::dev {
 
-// --- The decode-faithful view of a query at position t: cuda::quant_end (gpu_kernels.h), block_tokens B.
+// --- The decode-faithful view of a query at position t: cuda::quant_end (gpu_kernels.h), block_tokens B. D: the head
+// dim g.head_dim, a template parameter of every kernel (the instance of gpu_instances.h that with_instance chose).
 
+template <int D>
 __device__ __forceinline__ const uint16_t* sink_row(const CacheGeometry& g, int seq, int layer, int kv, int head,
                                                     int pos) {
-  return g.sinks + ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.sink + pos) * kHeadDim;
+  return g.sinks + ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.sink + pos) * D;
 }
+template <int D>
 __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
   return g.ring +
-         ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) *
-             kHeadDim;
+         ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) * D;
 }
 // The (layer, head) part of pool page `page`: { K blocks | V rows }; g is the geometry of `layer` (its layer_offset).
 __device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {
@@ -65,37 +67,41 @@ struct RowRef {
   bool quant;       // in the quantized region
   int block_row;    // KIVI keys: the token's row in the block (0 .. G - 1); 0 otherwise
 };
+template <int D>
 __device__ __forceinline__ RowRef view_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos,
                                            int qe) {
-  if (pos < g.sink) return {sink_row(g, seq, layer, kv, head, pos), false, 0};
+  if (pos < g.sink) return {sink_row<D>(g, seq, layer, kv, head, pos), false, 0};
   if (pos < qe) {
     if (kv == 0 && kivi_keys(g))
       return {kivi_block(g, seq, layer, head, pos), true, (pos - g.sink) % g.k_block_tokens};
     return {page_row(g, seq, layer, kv, head, pos), true, 0};
   }
-  return {ring_row(g, seq, layer, kv, head, pos), false, 0};
+  return {ring_row<D>(g, seq, layer, kv, head, pos), false, 0};
 }
 
-// Shared memory of the warp that demotes one row (kv_append.cu, the codecs' encode_row): the row as floats, its
-// codes one per byte, its groups' (scale, zero) fp16 bits, the clip threshold.
+// Shared memory of the warp that demotes one row of D values (kv_append.cu, the codecs' encode_row): the row as
+// floats, its codes one per byte, its groups' (scale, zero) fp16 bits, the clip threshold.
+template <int D>
 struct RowScratch {
-  float x[kHeadDim];
-  uint8_t codes[kHeadDim];
-  uint16_t params[2 * (kHeadDim / 32)];
+  float x[D];
+  uint8_t codes[D];
+  uint16_t params[2 * (D / 32)];
   float thr;
 };
 
-// The device type of a codec's blocks, specialised by each codec file (codec_bf16.cuh, codec_int.cuh,
-// codec_kivi.cuh; codecs.cuh includes them all): a struct of static __device__ functions,
+// The device type of a codec's blocks of rows of D values, specialised by each codec file (codec_bf16.cuh,
+// codec_int.cuh, codec_kivi.cuh, ...; codecs.cuh includes them all): a struct template on D of static __device__
+// functions,
 //   kKeyBlocks                          false: per-token rows; true: per-channel key blocks of G tokens (KIVI)
 //   value(p, row, group, c)             value c of a stored row (key blocks: of row `row` of the block)
 //   values4(p, row, group, c0, out)     values c0 .. c0 + 3, c0 a multiple of 4
 //   score<GQ>(p, row, group, qs, qsum, g, s)   s[h] += q_h · k for the g <= GQ queries qs (qsum: Σ q per 32 values)
-//   encode_row(src, dst, group, clip_index, RowScratch&)   rows: a warp demotes one bf16 ring row into dst
-//   encode_block(...)                   key blocks: a block of kHeadDim threads demotes G ring rows (codec_kivi.cuh)
+//   encode_row(src, dst, group, clip_index, RowScratch<D>&)   rows: a warp demotes one bf16 ring row into dst
+//   encode_block(...)                   key blocks: a block of D threads demotes G ring rows (codec_kivi.cuh)
+//   kMaxBlockTokens (key blocks)        most tokens of one key block (the demotion's shared rows)
 //   kTokenScaled (optional, key blocks) true: keys stored divided by ν, which multiplies their scores (codec_oscar.cuh)
-// DeviceCodecOf<id>::type is the codec's key blocks or rows; ::values, when present, its value rows (OScaR's are
-// their own type; KIVI's value specs run under int rows, gpu_instances.h).
+// DeviceCodecOf<id>::type<D> is the codec's key blocks or rows; ::values<D>, when present, its value rows (OScaR's
+// are their own type; KIVI's value specs run under int rows, gpu_instances.h).
 template <CodecId id>
 struct DeviceCodecOf;
 
@@ -116,14 +122,14 @@ template <class C>
 concept ReadsCodebook = requires { requires C::kCodebook; };
 
 // The end of an attention block: merges its warps' online-softmax states (w_m, w_l: [W][g] max and sum, w_acc:
-// [W][g][d] unnormalised outputs; -inf max = empty) and writes the block's partial of g heads to slot `part`
+// [W][g][D] unnormalised outputs; -inf max = empty) and writes the block's partial of g heads to slot `part`
 // of the launch's buffers. Call after __syncthreads(); every thread of the block takes part.
-template <int W>
+template <int W, int D>
 __device__ __forceinline__ void write_block_partial(const float (*w_m)[kMaxGroupHeads], const float (*w_l)[kMaxGroupHeads],
-                                                    const float (*w_acc)[kMaxGroupHeads][kHeadDim], int g, int64_t part,
+                                                    const float (*w_acc)[kMaxGroupHeads][D], int g, int64_t part,
                                                     const AttentionLaunch& a) {
-  for (int i = threadIdx.x; i < g * kHeadDim; i += blockDim.x) {
-    const int h = i / kHeadDim, c = i % kHeadDim;
+  for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
+    const int h = i / D, c = i % D;
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, w_m[w][h]);
     float L = 0.f, A = 0.f;
@@ -134,7 +140,7 @@ __device__ __forceinline__ void write_block_partial(const float (*w_m)[kMaxGroup
         L += w_l[w][h] * e;
         A += w_acc[w][h][c] * e;
       }
-    a.part_acc[(part * g + h) * kHeadDim + c] = A;
+    a.part_acc[(part * g + h) * D + c] = A;
     if (c == 0) {
       a.part_ml[(part * g + h) * 2] = M;
       a.part_ml[(part * g + h) * 2 + 1] = L;
@@ -152,24 +158,30 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // out[row_index[row]][j] <- (the exact log-sum-exp merge of the n_slots partials of launch row `row`, query head j)
-// R_V^T (r_v null: no transform), by one warp: lane i takes channels 4i .. 4i + 3. The slots' (max, sum) pairs are
-// read 32 at a time (a slot per lane) and their weights exp(m_s - M) broadcast by shuffles; each lane sums its four
-// channels over the slots in slot order, 8 slots' loads in flight (every slot is written, an empty one as
-// m = -inf, acc = 0). The partials are read past L1 (__ldcg): in a fused merge other blocks wrote them. o: kHeadDim
-// floats of shared memory of the warp (for R_V).
+// R_V^T (r_v null: no transform), by one warp: lane i takes channels 4i .. 4i + 3, and 4(i + 32) .. for D = 256 (lanes
+// past D / 4 take none for D < 128). The slots' (max, sum) pairs are read 32 at a time (a slot per lane) and their
+// weights exp(m_s - M) broadcast by shuffles; each lane sums its channels over the slots in slot order, 8 slots' loads
+// in flight (every slot is written, an empty one as m = -inf, acc = 0). The partials are read past L1 (__ldcg): in a
+// fused merge other blocks wrote them. o: D floats of shared memory of the warp (for R_V).
+template <int D>
 __device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, int row, int j, const float* r_v,
                                            float* out, float* o) {
-  constexpr int kD = kHeadDim;
+  static_assert(D % 4 == 0, "channels in fours");
+  constexpr int kChunks = (D / 4 + 31) / 32;  // 4-channel chunks per lane: lane + 32 k
+  constexpr bool kFull = D % 128 == 0;         // every lane holds kChunks chunks
   const int lane = threadIdx.x & 31;
+  const auto holds = [&](int k) { return kFull || lane + 32 * k < D / 4; };
   const int g = a.n_heads / n_kv, head = j / g, h = j % g;
   const int64_t part0 = (int64_t(row) * n_kv + head) * a.n_slots;
   const float* ml = a.part_ml + (part0 * g + h) * 2;             // slot s: ml[s * g * 2 + {0, 1}]
-  const float* acc = a.part_acc + (part0 * g + h) * kD + 4 * lane;  // slot s: acc[s * g * kD]
+  const float* acc = a.part_acc + (part0 * g + h) * D + 4 * lane;  // slot s: acc[s * g * D], chunk k: + 128 k
   float M = -INFINITY;
   for (int s = lane; s < a.n_slots; s += 32) M = fmaxf(M, __ldcg(ml + int64_t(s) * g * 2));
   M = warp_max(M);  // finite: every view holds position t itself
   float L = 0.f;
-  float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 A[kChunks];
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) A[k] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s0 = 0; s0 < a.n_slots; s0 += 32) {
     const int s = s0 + lane;
     float e = 0.f;
@@ -181,28 +193,45 @@ __device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, i
 #pragma unroll 8
     for (int i = 0; i < n; ++i) {
       const float w = __shfl_sync(0xffffffffu, e, i);
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s0 + i) * g * kD));
-      A.x = fmaf(x.x, w, A.x), A.y = fmaf(x.y, w, A.y), A.z = fmaf(x.z, w, A.z), A.w = fmaf(x.w, w, A.w);
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        if (!holds(k)) continue;
+        const float4 x = __ldcg(reinterpret_cast<const float4*>(acc + int64_t(s0 + i) * g * D + 128 * k));
+        A[k].x = fmaf(x.x, w, A[k].x), A[k].y = fmaf(x.y, w, A[k].y), A[k].z = fmaf(x.z, w, A[k].z),
+        A[k].w = fmaf(x.w, w, A[k].w);
+      }
     }
   }
   L = warp_sum(L);  // > 0: every view holds position t itself
-  const int64_t off = (int64_t(a.row_index ? a.row_index[row] : row) * a.n_heads + j) * kD;
-  const float4 r = make_float4(A.x / L, A.y / L, A.z / L, A.w / L);
+  const int64_t off = (int64_t(a.row_index ? a.row_index[row] : row) * a.n_heads + j) * D;
+  float4 r[kChunks];
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) r[k] = make_float4(A[k].x / L, A[k].y / L, A[k].z / L, A[k].w / L);
   if (!r_v) {  // (out is only 4-byte aligned in general)
-    float* dst = out + off + 4 * lane;
-    dst[0] = r.x, dst[1] = r.y, dst[2] = r.z, dst[3] = r.w;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      if (!holds(k)) continue;
+      float* dst = out + off + 4 * lane + 128 * k;
+      dst[0] = r[k].x, dst[1] = r[k].y, dst[2] = r[k].z, dst[3] = r[k].w;
+    }
     return;
   }
   __syncwarp();  // o[] may still be read by the warp's previous head
-  o[4 * lane] = r.x, o[4 * lane + 1] = r.y, o[4 * lane + 2] = r.z, o[4 * lane + 3] = r.w;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    if (!holds(k)) continue;
+    float* dst = o + 4 * lane + 128 * k;
+    dst[0] = r[k].x, dst[1] = r[k].y, dst[2] = r[k].z, dst[3] = r[k].w;
+  }
   __syncwarp();
   // o R_V^T: out[b] = Σ_a o[a] R_V[b][a], double accumulation as kv/transform.cpp; lane takes b = lane + 32k.
-  const float* R = r_v + (int64_t(a.layer) * n_kv + head) * kD * kD;
+  const float* R = r_v + (int64_t(a.layer) * n_kv + head) * D * D;
 #pragma unroll
-  for (int k = 0; k < kD / 32; ++k) {
+  for (int k = 0; k < (D + 31) / 32; ++k) {
     const int b = lane + 32 * k;
+    if (D % 32 != 0 && b >= D) continue;
     double sum = 0.0;
-    for (int x = 0; x < kD; ++x) sum = __dadd_rn(sum, __dmul_rn(double(o[x]), double(R[int64_t(b) * kD + x])));
+    for (int x = 0; x < D; ++x) sum = __dadd_rn(sum, __dmul_rn(double(o[x]), double(R[int64_t(b) * D + x])));
     out[off + b] = float(sum);
   }
 }
@@ -210,9 +239,9 @@ __device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, i
 // The end of a block of a launch with the merge fused in (a.arrivals): counts the block's arrival at its
 // (row, kv head); in the last of the a.n_slots blocks to arrive, warp w merges query heads w, w + W, ... of the g
 // (merge_head, into a.out) and the count is reset to zero for the next launch. The others return. Call after
-// write_block_partial, with every thread of the block (W warps); scratch: W · kHeadDim floats of shared memory that
-// the block no longer reads.
-template <int W>
+// write_block_partial, with every thread of the block (W warps); scratch: W · D floats of shared memory that the
+// block no longer reads.
+template <int W, int D>
 __device__ __forceinline__ void merge_if_last(const AttentionLaunch& a, int n_kv, int row, int head, float* scratch) {
   int* arrived = a.arrivals + int64_t(row) * n_kv + head;
   __threadfence();  // this thread's part of the partial is visible to every block before the arrival is counted
@@ -223,7 +252,7 @@ __device__ __forceinline__ void merge_if_last(const AttentionLaunch& a, int n_kv
   if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(arrived, 1) == a.n_slots - 1)) return;
   __threadfence();  // every other block's partial, counted before this one's arrival, is read after it
   const int g = a.n_heads / n_kv, warp = threadIdx.x >> 5;
-  for (int h = warp; h < g; h += W) merge_head(a, n_kv, row, head * g + h, a.r_v, a.out, scratch + warp * kHeadDim);
+  for (int h = warp; h < g; h += W) merge_head<D>(a, n_kv, row, head * g + h, a.r_v, a.out, scratch + warp * D);
   if (threadIdx.x == 0) *arrived = 0;  // every block of this (row, kv head) has arrived
 }
 

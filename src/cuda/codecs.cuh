@@ -14,42 +14,59 @@
 
 namespace kvq::cuda {
 
-// The value rows of a DeviceCodecOf: its ::values when it names them (OScaR), else its ::type.
-template <class C>
+// The value rows of D values of a DeviceCodecOf: its ::values<D> when it names them (OScaR), else its ::type<D>.
+template <class C, int D>
 struct ValueRowsOf {
-  using type = typename C::type;
+  using type = typename C::template type<D>;
 };
-template <class C>
-  requires requires { typename C::values; }
-struct ValueRowsOf<C> {
-  using type = typename C::values;
+template <class C, int D>
+  requires requires { typename C::template values<D>; }
+struct ValueRowsOf<C, D> {
+  using type = typename C::template values<D>;
 };
 
-// The device codec types of instance row I's keys and values.
-template <int I>
-using RowKeys = typename dev::DeviceCodecOf<kGpuInstances[I].k>::type;
-template <int I>
-using RowValues = typename ValueRowsOf<dev::DeviceCodecOf<kGpuInstances[I].v>>::type;
+// The device codec types of instance row I's keys and values at head dim D.
+template <int I, int D>
+using RowKeys = typename dev::DeviceCodecOf<kGpuInstances[I].k>::template type<D>;
+template <int I, int D>
+using RowValues = typename ValueRowsOf<dev::DeviceCodecOf<kGpuInstances[I].v>, D>::type;
 // The window rows (sink and recent) of every cache.
-using WindowRows = dev::Bf16Rows;
+template <int D>
+using WindowRows = dev::Bf16Rows<D>;
 
 template <int I>
 constexpr bool row_is_valid() {
-  return !RowValues<I>::kKeyBlocks;  // values are per-token rows
+  return !RowValues<I, kGpuHeadDims[0]>::kKeyBlocks;  // values are per-token rows
 }
 
-// THE dispatch point of the cache kernels: calls f(std::integral_constant<int, I>()) for the instance row
-// I == instance and returns true; false when instance is no row (-1: the host refused the cache). f instantiates
-// the row's kernels from RowKeys<I>, RowValues<I> and kGpuInstances[I].path, so every .cu that expands the table
-// compiles exactly its rows.
+// THE dispatch point of the cache kernels: calls f(std::integral_constant<int, I>(), std::integral_constant<int, D>())
+// for the instance row I == instance compiled at head dim D == head_dim (gpu_row_compiled) and returns true; false when
+// there is no such pair (-1: the host refused the cache). f instantiates the row's kernels at D from RowKeys<I, D>,
+// RowValues<I, D> and kGpuInstances[I].path (or the kernels of D alone), so every .cu that expands the table compiles
+// exactly the (row, d) pairs it lists.
+template <int I, int J, class F>
+bool with_instance_at(int instance, int head_dim, F& f) {
+  constexpr int D = kGpuHeadDims[J];
+  if constexpr (gpu_row_compiled(kGpuInstances[I], D)) {
+    if (instance == I && head_dim == D) {
+      f(std::integral_constant<int, I>(), std::integral_constant<int, D>());
+      return true;
+    }
+  }
+  return false;
+}
+template <int I, class F, int... J>
+bool with_instance_dims(int instance, int head_dim, F& f, std::integer_sequence<int, J...>) {
+  return (with_instance_at<I, J>(instance, head_dim, f) || ...);
+}
 template <class F, int... I>
-bool with_instance_impl(int instance, F& f, std::integer_sequence<int, I...>) {
+bool with_instance_impl(int instance, int head_dim, F& f, std::integer_sequence<int, I...>) {
   static_assert((row_is_valid<I>() && ...), "an instance row's values must be per-token rows");
-  return ((instance == I && (f(std::integral_constant<int, I>()), true)) || ...);
+  return (with_instance_dims<I>(instance, head_dim, f, std::make_integer_sequence<int, kGpuHeadDimCount>()) || ...);
 }
 template <class F>
-bool with_instance(int instance, F&& f) {
-  return with_instance_impl(instance, f, std::make_integer_sequence<int, kGpuInstanceCount>());
+bool with_instance(int instance, int head_dim, F&& f) {
+  return with_instance_impl(instance, head_dim, f, std::make_integer_sequence<int, kGpuInstanceCount>());
 }
 
 }  // namespace kvq::cuda

@@ -20,7 +20,8 @@
 // inner loop; KIVI keys: the row of the position's key block decoded per channel, (code - zero_c) scale_c, then
 // q · k; OScaR keys: the same with code · scale_c + zero_dequant_c, the score then times ν of the position;
 // TurboQuant keys: centroids of the codes, q · c, times the row's n (/ ||c||)). Values: lane = 4 channels (the value
-// codec's values4), the tile's probabilities are broadcast by shuffles, each V row is read by the warp in one sweep.
+// codec's values4; at d = 256 8 channels, and lanes past d / 4 idle at d < 128), the tile's probabilities are broadcast
+// by shuffles, each V row is read by the warp in one sweep. Every kernel is templated on the head dim D.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"
@@ -32,37 +33,40 @@ int launch_attention_ref(const CacheGeometry& g, const AttentionLaunch& a, void*
 
 namespace {
 
-constexpr int kD = kHeadDim;
 constexpr int kWarps = 4;
 
-// Grid (launch row, query head), thread = channel; the query of step row row_index[row] (row when null).
+// Grid (launch row, query head), D threads: thread = channel; the query of step row row_index[row] (row when null).
+template <int D>
 __global__ void prepare_queries_kernel(const float* q, const int* row_index, int n_heads, int n_kv, int layer,
                                        float scale, const float* r_k, float* q_out) {
   const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
-  const int64_t off = (int64_t(row) * n_heads + j) * kD;
+  const int64_t off = (int64_t(row) * n_heads + j) * D;
   const int in_row = row_index ? row_index[row] : row;
-  const float x = __fmul_rn(q[(int64_t(in_row) * n_heads + j) * kD + c], scale);
+  const float x = __fmul_rn(q[(int64_t(in_row) * n_heads + j) * D + c], scale);
   if (!r_k) {
     q_out[off + c] = x;
     return;
   }
-  __shared__ float xs[kD];
+  __shared__ float xs[D];
   xs[c] = x;
   __syncthreads();
   const int g = n_heads / n_kv;
-  const float* R = r_k + (int64_t(layer) * n_kv + j / g) * kD * kD;
+  const float* R = r_k + (int64_t(layer) * n_kv + j / g) * D * D;
   double acc = 0.0;
-  for (int a = 0; a < kD; ++a) acc = __dadd_rn(acc, __dmul_rn(double(xs[a]), double(R[a * kD + c])));
+  for (int a = 0; a < D; ++a) acc = __dadd_rn(acc, __dmul_rn(double(xs[a]), double(R[a * D + c])));
   q_out[off + c] = float(acc);
 }
 
 using dev::warp_max, dev::warp_sum;
 
-// K, V: the device codecs of the quantized region's keys and values (the windows are WindowRows). GQ: register
-// arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and GQ = kMaxGroupHeads
-// (any g <= 8 at run time).
-template <class K, class V, int GQ>
+// K, V: the device codecs of the quantized region's keys and values of D values a row (the windows are WindowRows<D>).
+// GQ: register arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and
+// GQ = kMaxGroupHeads (any g <= 8 at run time). Lane l takes the value channels 4 (l + 32 k), k < kVecs, that exist.
+template <class K, class V, int D, int GQ>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a) {
+  constexpr int kVecs = (D / 4 + 31) / 32;  // 4-channel value chunks per lane
+  constexpr bool kFull = D % 128 == 0;      // every lane holds kVecs chunks
+  using W = WindowRows<D>;
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
@@ -70,26 +74,28 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   const int t = rd.pos, qe = quant_end(geo, t);
   const int begin = split * a.split_tokens, end = min(t + 1, begin + a.split_tokens);  // the split's positions
 
-  __shared__ float qs[kMaxGroupHeads][kD];
-  __shared__ float w_acc[kWarps][kMaxGroupHeads][kD];
+  __shared__ float qs[kMaxGroupHeads][D];
+  __shared__ float w_acc[kWarps][kMaxGroupHeads][D];
   __shared__ float w_m[kWarps][kMaxGroupHeads], w_l[kWarps][kMaxGroupHeads];
-  __shared__ float qsum[kMaxGroupHeads][kD / 32];  // Σ q over each 32-value unit (scale / zero folding)
-  for (int i = threadIdx.x; i < g * kD; i += blockDim.x)
-    qs[i / kD][i % kD] = a.q_work[(int64_t(row) * a.n_heads + head * g) * kD + i];
+  __shared__ float qsum[kMaxGroupHeads][D / 32];  // Σ q over each 32-value unit (scale / zero folding)
+  for (int i = threadIdx.x; i < g * D; i += blockDim.x)
+    qs[i / D][i % D] = a.q_work[(int64_t(row) * a.n_heads + head * g) * D + i];
   __syncthreads();
-  for (int i = threadIdx.x; i < g * (kD / 32); i += blockDim.x) {
+  for (int i = threadIdx.x; i < g * (D / 32); i += blockDim.x) {
     float sum = 0.f;
-    for (int v = 0; v < 32; ++v) sum += qs[i / (kD / 32)][(i % (kD / 32)) * 32 + v];
-    qsum[i / (kD / 32)][i % (kD / 32)] = sum;
+    for (int v = 0; v < 32; ++v) sum += qs[i / (D / 32)][(i % (D / 32)) * 32 + v];
+    qsum[i / (D / 32)][i % (D / 32)] = sum;
   }
   __syncthreads();
 
-  float m[GQ], l[GQ], acc[GQ][4];
+  float m[GQ], l[GQ], acc[GQ][4 * kVecs];
 #pragma unroll
   for (int h = 0; h < GQ; ++h) {
     m[h] = -INFINITY, l[h] = 0.f;
-    acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4 * kVecs; ++i) acc[h][i] = 0.f;
   }
+  const auto holds = [&](int k) { return kFull || lane + 32 * k < D / 4; };  // value chunk k of this lane exists
 
   for (int tile = begin + warp * 32; tile < end; tile += kWarps * 32) {
     const int p = tile + lane;
@@ -98,9 +104,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
 #pragma unroll
     for (int h = 0; h < GQ; ++h) s[h] = 0.f;
     if (valid) {
-      const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
+      const dev::RowRef kr = dev::view_row<D>(geo, rd.seq, a.layer, 0, head, p, qe);
       if (!kr.quant) {
-        WindowRows::score<GQ>(kr.ptr, 0, kHeadDim, qs, qsum, g, s);
+        W::template score<GQ>(kr.ptr, 0, D, qs, qsum, g, s);
       } else if constexpr (dev::ReadsCodebook<K>) {
         K::template score<GQ>(kr.ptr, geo.k_table, qs, g, s);
       } else {
@@ -123,21 +129,29 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
       l[h] = l[h] * corr + warp_sum(pr[h]);
       m[h] = m_new;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[h][i] *= corr;
+      for (int i = 0; i < 4 * kVecs; ++i) acc[h][i] *= corr;
     }
     const int n_valid = min(32, end - tile);
 #pragma unroll 8
     for (int j = 0; j < n_valid; ++j) {
-      const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, tile + j, qe);
-      float v4[4];
-      if (vr.quant) V::values4(vr.ptr, 0, geo.v_group, 4 * lane, v4);
-      else WindowRows::values4(vr.ptr, 0, kHeadDim, 4 * lane, v4);
+      const dev::RowRef vr = dev::view_row<D>(geo, rd.seq, a.layer, 1, head, tile + j, qe);
+      float v4[4 * kVecs];
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+        if (!holds(k)) continue;
+        if (vr.quant) V::values4(vr.ptr, 0, geo.v_group, 4 * (lane + 32 * k), v4 + 4 * k);
+        else W::values4(vr.ptr, 0, D, 4 * (lane + 32 * k), v4 + 4 * k);
+      }
 #pragma unroll
       for (int h = 0; h < GQ; ++h) {
         if (h >= g) continue;
         const float pj = __shfl_sync(0xffffffffu, pr[h], j);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[h][i] = fmaf(pj, v4[i], acc[h][i]);
+        for (int k = 0; k < kVecs; ++k) {
+          if (!holds(k)) continue;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[h][4 * k + i] = fmaf(pj, v4[4 * k + i], acc[h][4 * k + i]);
+        }
       }
     }
   }
@@ -148,62 +162,80 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
     if (h >= g) continue;
     if (lane == 0) w_m[warp][h] = m[h], w_l[warp][h] = l[h];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w_acc[warp][h][4 * lane + i] = acc[h][i];
+    for (int k = 0; k < kVecs; ++k) {
+      if (!holds(k)) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w_acc[warp][h][4 * (lane + 32 * k) + i] = acc[h][4 * k + i];
+    }
   }
   __syncthreads();
   const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
-  dev::write_block_partial<kWarps>(w_m, w_l, w_acc, g, part, a);
+  dev::write_block_partial<kWarps, D>(w_m, w_l, w_acc, g, part, a);
 }
 
-// The CUDA-core kernel instance of codecs K, V for a GQA group of gq query heads (kGqa: the row's instances).
+// The CUDA-core kernel instance of codecs K, V at head dim D for a GQA group of gq query heads (kEvery: the row's
+// per-g instances are compiled at this D, gpu_every_gqa).
 using CudaCoreKernel = void (*)(CacheGeometry, AttentionLaunch);
-template <class K, class V, GpuGqa kGqa>
+template <class K, class V, int D, bool kEvery>
 CudaCoreKernel gqa_instance(int gq) {
-  if constexpr (kGqa == GpuGqa::kGeneric) {
-    return attention_kernel<K, V, kMaxGroupHeads>;
+  if constexpr (!kEvery) {
+    return attention_kernel<K, V, D, kMaxGroupHeads>;
   } else {
     switch (gq) {
-      case 1: return attention_kernel<K, V, 1>;
-      case 2: return attention_kernel<K, V, 2>;
-      case 4: return attention_kernel<K, V, 4>;
-      default: return attention_kernel<K, V, kMaxGroupHeads>;
+      case 1: return attention_kernel<K, V, D, 1>;
+      case 2: return attention_kernel<K, V, D, 2>;
+      case 4: return attention_kernel<K, V, D, 4>;
+      default: return attention_kernel<K, V, D, kMaxGroupHeads>;
     }
   }
 }
-// The CUDA-core kernel of the cache's instance row (null for a tensor-core row or no row).
+// The CUDA-core kernel of the cache's instance row at its head dim (null for a tensor-core row or no row).
 CudaCoreKernel cuda_core_kernel(const CacheGeometry& geo, int gq) {
   CudaCoreKernel k = nullptr;
-  with_instance(geo.instance, [&](auto row) {
-    constexpr int I = decltype(row)::value;
+  with_instance(geo.instance, geo.head_dim, [&](auto row, auto dim) {
+    constexpr int I = decltype(row)::value, D = decltype(dim)::value;
     constexpr GpuInstance r = kGpuInstances[I];
-    if constexpr (r.path == GpuPath::kCudaCore) k = gqa_instance<RowKeys<I>, RowValues<I>, r.gqa>(gq);
+    if constexpr (r.path == GpuPath::kCudaCore)
+      k = gqa_instance<RowKeys<I, D>, RowValues<I, D>, D, gpu_every_gqa(r, D)>(gq);
   });
   return k;
 }
 
 // Block (row, query heads 4y .. 4y + 3), a warp per head: dev::merge_head.
 constexpr int kMergeWarps = 4;
+template <int D>
 __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(AttentionLaunch a, int n_kv, const float* r_v,
                                                                  float* out) {
-  __shared__ float o[kMergeWarps][kD];
+  __shared__ float o[kMergeWarps][D];
   const int warp = threadIdx.x >> 5, j = blockIdx.y * kMergeWarps + warp;
-  if (j < a.n_heads) dev::merge_head(a, n_kv, blockIdx.x, j, r_v, out, o[warp]);
+  if (j < a.n_heads) dev::merge_head<D>(a, n_kv, blockIdx.x, j, r_v, out, o[warp]);
 }
 
 }  // namespace
 
 int launch_prepare_queries(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, const float* d_q,
                            void* stream) {
-  prepare_queries_kernel<<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), kD, 0, static_cast<cudaStream_t>(stream)>>>(
-      d_q, a.row_index, a.n_heads, g.n_kv, a.layer, a.scale, t.r_k, a.q_work);
-  return cudaGetLastError();
+  int e = cudaErrorInvalidValue;  // no instance: refused on the host (gpu_instances.h)
+  with_instance(g.instance, g.head_dim, [&](auto, auto dim) {
+    constexpr int D = decltype(dim)::value;
+    prepare_queries_kernel<D><<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), D, 0,
+                                static_cast<cudaStream_t>(stream)>>>(d_q, a.row_index, a.n_heads, g.n_kv, a.layer,
+                                                                     a.scale, t.r_k, a.q_work);
+    e = cudaGetLastError();
+  });
+  return e;
 }
 
 int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, float* d_out,
                           void* stream) {
   const dim3 grid(unsigned(a.n_rows), unsigned((a.n_heads + kMergeWarps - 1) / kMergeWarps));
-  merge_kernel<<<grid, kMergeWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(a, g.n_kv, t.r_v, d_out);
-  return cudaGetLastError();
+  int e = cudaErrorInvalidValue;  // no instance: refused on the host (gpu_instances.h)
+  with_instance(g.instance, g.head_dim, [&](auto, auto dim) {
+    merge_kernel<decltype(dim)::value><<<grid, kMergeWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
+        a, g.n_kv, t.r_v, d_out);
+    e = cudaGetLastError();
+  });
+  return e;
 }
 
 int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const TransformPtrs& t, const float* d_q,

@@ -1,8 +1,9 @@
 // Tensor-core decode attention over each row's whole view in one launch: the QUANTIZED region [S0, qe(t)) in splits,
-// for int2 rows of one 128-value group and bf16 rows (keys and values chosen independently), and the BF16 sink and
-// recent windows in n_win more blocks per (row, kv head) with the same tile code on bf16 rows, into n_win more
-// partial slots. The last of a (row, kv head)'s blocks to finish (or the merge kernel of decode_attention.cu, without
-// a.arrivals) combines every slot exactly (log-sum-exp), so the result is one softmax over the whole view.
+// for int2 rows of one 128-value group (d = 128) and bf16 rows of any d that is a multiple of 16 (keys and values
+// chosen independently; templated on d: kernel instances at the d of the instance rows, gpu_instances.h), and the BF16
+// sink and recent windows in n_win more blocks per (row, kv head) with the same tile code on bf16 rows, into n_win
+// more partial slots. The last of a (row, kv head)'s blocks to finish (or the merge kernel of decode_attention.cu,
+// without a.arrivals) combines every slot exactly (log-sum-exp), so the result is one softmax over the whole view.
 //
 // Grid (row, kv head, n_splits + n_win); 4 warps; a warp takes tiles of 16 positions (a tile never crosses a page: splits
 // start at S0 + k·split_tokens and pages hold a multiple of 16 rows). mma.sync with the GQA group on the N side
@@ -46,7 +47,6 @@ namespace {
 
 using namespace tc;  // mma, mma_u8s8, pack2, round16, exp2_ftz, codes_sub2, kLog2e, kLn2, kTwo24, params_*
 
-constexpr int kD = kHeadDim;
 constexpr int kWarps = 4;
 constexpr int kTile = 16;
 
@@ -70,25 +70,42 @@ __device__ __forceinline__ float col_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
 }
 
-// A tile's row sizes, fixed at compile time: the kernel takes int2 rows of one 128-value group and bf16 rows only
-// (its instance rows in gpu_instances.h; mma_kernel checks them).
-constexpr int kInt2Row = layout::int_row_bytes(kD, kD, 2);  // 36: word 0 = (scale, zero), words 1 .. 8 = the codes
-constexpr int kBf16Row = layout::bf16_row_bytes(kD);        // 256
-template <bool Q>
-constexpr int row_bytes = Q ? kInt2Row : kBf16Row;
+// A tile's row sizes, fixed at compile time: the kernel takes int2 rows of one 128-value group (d = 128) and bf16 rows
+// of D values only (its instance rows in gpu_instances.h; mma_kernel checks them).
+constexpr int kInt2Dim = 128;                                           // d of the int2 rows
+constexpr int kInt2Row = layout::int_row_bytes(kInt2Dim, kInt2Dim, 2);  // 36: word 0 = (scale, zero), words 1 .. 8
+template <int D>
+constexpr int bf16_row = layout::bf16_row_bytes(D);  // 256 at d = 128
+template <bool Q, int D>
+constexpr int row_bytes = Q ? kInt2Row : bf16_row<D>;
 
-// bf16 rows of the quantized region (the bf16 / bf16 instance) go through shared memory: each warp keeps a ring of
-// kStages tiles, filled by 16-byte cp.async, so kStages - 1 tiles are in flight while it computes one, and read by
-// ldmatrix. A side (K or V) of a tile is 16 rows of 256 bytes; 16-byte chunk c of row r sits at chunk c ^ (r % 8), so
-// the 8 rows of every ldmatrix matrix hit 8 different bank groups.
-constexpr int kStages = 3;
-constexpr int kTileSide = kTile * kBf16Row;  // 4096
-constexpr int kStageBytes = 2 * kTileSide;   // K, then V
-constexpr int kWarpRing = kStages * kStageBytes;
-template <bool KQ, bool VQ>
-constexpr int ring_bytes = !KQ && !VQ ? kWarps * kWarpRing : 0;  // the instance's dynamic shared memory
+// bf16 rows of the quantized region (the bf16 / bf16 instance) go through shared memory at d = 64 and 128: each warp
+// keeps a ring of kStages tiles, filled by 16-byte cp.async, so kStages - 1 tiles are in flight while it computes one,
+// and read by ldmatrix. A side (K or V) of a tile is 16 rows of 2d bytes; 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8), so the 8 rows of every ldmatrix matrix hit 8 different bank groups (rows of whole groups of 8 chunks:
+// d a multiple of 64). At d = 96 (12 chunks a row) and 256 (a ring of 196 KB) the rows are read from global memory as
+// the windows' are. Three tiles a ring (2 x 98 KB of shared memory per SM on the H200 at d = 128), two where a block
+// holds at most 99 KB (tc::kSmemSmall: sm_86, sm_89); the host reads the loaded code's count (loaded_stages).
+constexpr int kStages = kSmemSmall ? 2 : 3;
+__device__ int g_ring_stages = kStages;
+template <int D>
+constexpr bool stages_bf16 = D % 64 == 0 && D <= 128;
+template <int D>
+constexpr int tile_side = kTile * bf16_row<D>;  // 4096 at d = 128
+template <int D>
+constexpr int stage_bytes = 2 * tile_side<D>;   // K, then V
+template <int D>
+constexpr int warp_ring = kStages * stage_bytes<D>;
+// The instance's dynamic shared memory for rings of `stages` tiles (the host's count of the loaded code).
+template <bool KQ, bool VQ, int D>
+constexpr int ring_bytes(int stages) {
+  return !KQ && !VQ && stages_bf16<D> ? kWarps * stages * stage_bytes<D> : 0;
+}
 
-__device__ __forceinline__ int swizzled(int row, int chunk) { return row * kBf16Row + ((chunk ^ (row & 7)) << 4); }
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * bf16_row<D> + ((chunk ^ (row & 7)) << 4);
+}
 
 // A staged tile: its K and V sides in the warp's ring.
 struct StagedTile {
@@ -154,8 +171,9 @@ __device__ __forceinline__ int int2_value_dim(int mt, int gid) {
 }
 
 // A block's shared memory: its warps' online-softmax states, merged at the end.
+template <int D>
 struct BlockShared {
-  float acc[kWarps][kMaxGroupHeads][kD];                   // unnormalised outputs, zero term subtracted
+  float acc[kWarps][kMaxGroupHeads][D];                    // unnormalised outputs, zero term subtracted
   float m[kWarps][kMaxGroupHeads], l[kWarps][kMaxGroupHeads];  // running max and sum
 };
 
@@ -166,9 +184,12 @@ __device__ __forceinline__ int int2_code_dim(int w, int b, int f) { return 32 * 
 // One block (row, kv head, z). WIN = false: split z of the quantized region, KQ / VQ: keys / values are int2 rows of
 // one 128-value group (else bf16 rows). WIN = true (KQ = VQ = false; z >= n_splits): window block z - n_splits of the
 // bf16 sink and recent rows of the view. Both write the partial of slot z. HS: head slots per lane, 1 for GQA groups
-// g <= 4, 2 for g <= 8; slot j of lane (gid, tid) is head tid + 4j.
-template <bool KQ, bool VQ, bool WIN, int HS>
-__device__ __forceinline__ void attend_block(const CacheGeometry& geo, const AttentionLaunch& a, BlockShared& sh) {
+// g <= 4, 2 for g <= 8; slot j of lane (gid, tid) is head tid + 4j. D: the head dim (int2 rows: 128).
+template <bool KQ, bool VQ, bool WIN, int HS, int D>
+__device__ __forceinline__ void attend_block(const CacheGeometry& geo, const AttentionLaunch& a, BlockShared<D>& sh) {
+  static_assert(D % 16 == 0, "whole mma k-steps and m-tiles of 16 dims");
+  static_assert(!(KQ || VQ) || D == kInt2Dim, "int2 rows of one 128-value group");
+  constexpr int kBf16Row = bf16_row<D>;
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
   const int g = a.n_heads / geo.n_kv;
@@ -193,8 +214,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   // each, was 18% slower at g = 8 on the H200: 8 mma per tile, and no room in 128 registers for the loop unrolled
   // by 2.)
   constexpr bool kI8 = KQ && HS == 1;
-  const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * kD;
-  [[maybe_unused]] uint32_t qb[kI8 ? 1 : kD / 16][2], qlo[WIN ? kD / 16 : 1][2];
+  const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * D;
+  [[maybe_unused]] uint32_t qb[kI8 ? 1 : D / 16][2], qlo[WIN ? D / 16 : 1][2];
   [[maybe_unused]] uint32_t qk[4][2];  // kI8: [field][b0, b1]
   // int2 keys: the score of a row (scale s, zero z) is s · (kstep · S − z · ksum[j]) for slot j, S the integer sum of
   // the u8 path (kstep = step · 2^-13), or s · (2^24 S − z · ksum[j]) for the f16 path's sum S; ksum = Σ q
@@ -203,7 +224,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     const int h = gid / 2;
     // q·log2(e) of head h at field f of code byte i of word tid + 4r (read twice: for the range, then the terms)
     auto qv = [&](int f, int r, int i) {
-      return h < g ? q[int64_t(h) * kD + int2_code_dim(tid + 4 * r, i, f)] * kLog2e : 0.f;
+      return h < g ? q[int64_t(h) * D + int2_code_dim(tid + 4 * r, i, f)] * kLog2e : 0.f;
     };
     float amax = 0.f, sum = 0.f;
 #pragma unroll
@@ -238,7 +259,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     const int h = gid / 2 + 4 * (gid % 2);
     float sum = 0.f;  // int2 keys: Σ of this lane's q terms, unscaled (the quad holds all 128 dims of head h)
 #pragma unroll
-    for (int kc = 0; kc < kD / 16; ++kc) {
+    for (int kc = 0; kc < D / 16; ++kc) {
       int d[4];
       if constexpr (KQ) {
         const int w = tid + 4 * (kc / 4), f = kc % 4;
@@ -252,7 +273,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       float v[4] = {0.f, 0.f, 0.f, 0.f};
       if (h < g)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = q[int64_t(h) * kD + d[i]] * kLog2e * field;
+        for (int i = 0; i < 4; ++i) v[i] = q[int64_t(h) * D + d[i]] * kLog2e * field;
       qb[kc][0] = pack2<KQ>(v[0], v[1]);
       qb[kc][1] = pack2<KQ>(v[2], v[3]);
       if constexpr (KQ)
@@ -276,9 +297,9 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, zsum[2] = {0.f, 0.f};
   // O^T in the C layout: [m-tile][(row gid, slot 0), (gid, slot 1), (gid+8, slot 0), (gid+8, slot 1)]; row r of
   // m-tile mt is dim 16mt + r for bf16 values, int2_value_dim for int2 values. With HS = 1, slot 1 stays zero.
-  float acc[kD / 16][4];
+  float acc[D / 16][4];
 #pragma unroll
-  for (int mt = 0; mt < kD / 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+  for (int mt = 0; mt < D / 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
   // One tile of 16 positions, nvalid >= 1 of them in range: int2 rows from the words w (KQ / VQ), bf16 rows r = 0 .. 15
   // at krow(r) / vrow(r) (const uint16_t*) otherwise. Partial (std::true_type: the last tile of a range, rows >= nvalid
@@ -335,7 +356,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       // 8 (j % 2) .. + 7 at dims 16kc + 8 (j / 2) .., the A fragment's a0 .. a3
       const uint8_t* base = krow.k + (lane & 7) * kBf16Row + ((lane >> 3) & 1) * 8 * kBf16Row;
 #pragma unroll
-      for (int kc = 0; kc < kD / 16; ++kc) {
+      for (int kc = 0; kc < D / 16; ++kc) {
         uint32_t af[4];
         ldmatrix_x4(af, base + (((2 * kc + (lane >> 4)) ^ (lane & 7)) << 4));
         mma_bf16(s, af, qb[kc]);
@@ -344,7 +365,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       // bf16 rows: clamped to the last valid one (window rows past it may not exist)
       const uint16_t *rowa = krow(min(gid, nv - 1)), *rowb = krow(min(gid + 8, nv - 1));
 #pragma unroll
-      for (int kc = 0; kc < kD / 16; ++kc) {
+      for (int kc = 0; kc < D / 16; ++kc) {
         const int c = 16 * kc + 2 * tid;
         const uint32_t af[4] = {*reinterpret_cast<const uint32_t*>(rowa + c), *reinterpret_cast<const uint32_t*>(rowb + c),
                                 *reinterpret_cast<const uint32_t*>(rowa + c + 8),
@@ -373,7 +394,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
         const float corr = exp2_ftz(m[j] - m_new);
         m[j] = m_new, l[j] *= corr, zsum[j] *= corr;
 #pragma unroll
-        for (int mt = 0; mt < kD / 16; ++mt) acc[mt][j] *= corr, acc[mt][2 + j] *= corr;
+        for (int mt = 0; mt < D / 16; ++mt) acc[mt][j] *= corr, acc[mt][2 + j] *= corr;
       }
     }
     float pw[4] = {0.f, 0.f, 0.f, 0.f};  // with HS = 1, slot 1 (padding) keeps p = 0
@@ -443,7 +464,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       // 16mt + 8 (j % 2) .. of the stored rows, i.e. a0 .. a3 of the m-tile's dims x the tile's positions
       const uint8_t* base = vrow.v + (lane & 7) * kBf16Row + (lane >> 4) * 8 * kBf16Row;
 #pragma unroll
-      for (int mt = 0; mt < kD / 16; ++mt) {
+      for (int mt = 0; mt < D / 16; ++mt) {
         uint32_t af[4];
         ldmatrix_x4_trans(af, base + (((2 * mt + ((lane >> 3) & 1)) ^ (lane & 7)) << 4));
         mma_bf16(acc[mt], af, pb_frag);
@@ -453,7 +474,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       const int r8 = min(2 * tid + 8, nv - 1), r9 = min(2 * tid + 9, nv - 1);
       const uint16_t *v0 = vrow(r0) + gid, *v1 = vrow(r1) + gid, *v8 = vrow(r8) + gid, *v9 = vrow(r9) + gid;
 #pragma unroll
-      for (int mt = 0; mt < kD / 16; ++mt) {
+      for (int mt = 0; mt < D / 16; ++mt) {
         const int c = 16 * mt;
         const uint32_t af[4] = {uint32_t(v0[c]) | uint32_t(v1[c]) << 16, uint32_t(v0[c + 8]) | uint32_t(v1[c + 8]) << 16,
                                 uint32_t(v8[c]) | uint32_t(v9[c]) << 16, uint32_t(v8[c + 8]) | uint32_t(v9[c + 8]) << 16};
@@ -471,19 +492,21 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       auto rows = [&](int kv) {
         return [&, kv](int r) -> const uint16_t* {
           const int i = i0 + r;
-          return i < ns ? dev::sink_row(geo, rd.seq, a.layer, kv, head, i)
-                        : dev::ring_row(geo, rd.seq, a.layer, kv, head, rb + i - ns);
+          return i < ns ? dev::sink_row<D>(geo, rd.seq, a.layer, kv, head, i)
+                        : dev::ring_row<D>(geo, rd.seq, a.layer, kv, head, rb + i - ns);
         };
       };
       if (n - i0 >= kTile) attend_tile(std::false_type{}, kTile, TileWords{}, rows(0), rows(1));
       else attend_tile(std::true_type{}, n - i0, TileWords{}, rows(0), rows(1));
     }
-  } else if constexpr (!KQ && !VQ) {
+  } else if constexpr (!KQ && !VQ && stages_bf16<D>) {
     // bf16 rows through the warp's ring: tiles t + 1 .. t + kStages - 1 are being copied while tile t is computed.
     // Every iteration commits one group (empty past the range), so waiting for all but the kStages - 1 newest
     // groups waits for tile t.
+    constexpr int kTileSide = tile_side<D>, kStageBytes = stage_bytes<D>;
+    constexpr int kChunks = kBf16Row / 16, kRowsPer = 32 / kChunks;  // 16-byte chunks a row; rows a warp copies
     extern __shared__ __align__(16) uint8_t ring_smem[];
-    uint8_t* ring = ring_smem + warp * kWarpRing;
+    uint8_t* ring = ring_smem + warp * warp_ring<D>;
     constexpr int kStride = kWarps * kTile;
     const int pt = geo.page_tokens;
     const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
@@ -495,10 +518,11 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
         const uint8_t* vb = kb + geo.k_region;
         uint8_t* dst = ring + stage * kStageBytes;
 #pragma unroll
-        for (int i = 0; i < kTileSide / 16 / 32; ++i) {  // lane: chunk lane % 16 of rows 2i + lane / 16
-          const int r = 2 * i + (lane >> 4), c = lane & 15;
-          cp_async_16(dst + swizzled(r, c), kb + r * kBf16Row + 16 * c, r < nv);  // rows past the range: zeros
-          cp_async_16(dst + kTileSide + swizzled(r, c), vb + r * kBf16Row + 16 * c, r < nv);
+        // lane: chunk lane % kChunks of row kRowsPer i + lane / kChunks
+        for (int i = 0; i < kTileSide / 16 / 32; ++i) {
+          const int r = kRowsPer * i + lane / kChunks, c = lane % kChunks;
+          cp_async_16(dst + swizzled<D>(r, c), kb + r * kBf16Row + 16 * c, r < nv);  // rows past the range: zeros
+          cp_async_16(dst + kTileSide + swizzled<D>(r, c), vb + r * kBf16Row + 16 * c, r < nv);
         }
       }
       cp_async_commit();
@@ -527,9 +551,9 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
     const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
     const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;  // page 0's (layer, head)
-    auto kbase = [&](TileAt at) { return heads + int64_t(at.page) * geo.page_bytes + at.row * row_bytes<KQ>; };
+    auto kbase = [&](TileAt at) { return heads + int64_t(at.page) * geo.page_bytes + at.row * row_bytes<KQ, D>; };
     auto vbase = [&](TileAt at) {
-      return heads + int64_t(at.page) * geo.page_bytes + geo.k_region + at.row * row_bytes<VQ>;
+      return heads + int64_t(at.page) * geo.page_bytes + geo.k_region + at.row * row_bytes<VQ, D>;
     };
     const LaneOffsets lanes(gid, tid);
     auto advance = [&](int& qi, int& qj) {
@@ -574,7 +598,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     if (h >= g) continue;
     if (gid == 0) sh.m[warp][h] = m[j] * kLn2, sh.l[warp][h] = l[j];  // m in base e for the merge
 #pragma unroll
-    for (int mt = 0; mt < kD / 16; ++mt) {
+    for (int mt = 0; mt < D / 16; ++mt) {
       const int d0 = VQ ? int2_value_dim(mt, gid) : 16 * mt + gid, d1 = VQ ? d0 + 1 : d0 + 8;  // rows gid, gid + 8
       const float field = VQ ? kTwo24 / float(1 << (2 * (mt / 2))) : 1.f;  // m-tile mt = 2k + h holds field k
       sh.acc[warp][h][d0] = acc[mt][j] * field - zsum[j];
@@ -582,46 +606,68 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     }
   }
   __syncthreads();
-  dev::write_block_partial<kWarps>(sh.m, sh.l, sh.acc, g, part, a);
+  dev::write_block_partial<kWarps, D>(sh.m, sh.l, sh.acc, g, part, a);
 }
+
+// Blocks per SM the kernel's registers are bounded for: 4 (128 registers) up to d = 128; 2 at d = 256, whose bf16
+// windows hold 2 x 32 query and 64 output registers.
+template <int D>
+constexpr int min_blocks = D <= 128 ? 4 : 2;
 
 // Grid (row, kv head, n_splits + n_win): blocks z < n_splits take the splits of the quantized region, blocks
 // z >= n_splits the windows, so one launch covers the whole view. HS: head slots per lane (1: g <= 4, 2: g <= 8).
-template <bool KQ, bool VQ, int HS>
-__global__ void __launch_bounds__(kWarps * 32, 4) quant_attention_mma_kernel(CacheGeometry geo, AttentionLaunch a) {
-  __shared__ BlockShared sh;
-  if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS>(geo, a, sh);
-  else attend_block<KQ, VQ, false, HS>(geo, a, sh);
-  if (a.arrivals) dev::merge_if_last<kWarps>(a, geo.n_kv, blockIdx.x, blockIdx.y, &sh.acc[0][0][0]);
+template <bool KQ, bool VQ, int HS, int D>
+__global__ void __launch_bounds__(kWarps * 32, min_blocks<D>) quant_attention_mma_kernel(CacheGeometry geo,
+                                                                                         AttentionLaunch a) {
+  __shared__ BlockShared<D> sh;
+  if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS, D>(geo, a, sh);
+  else attend_block<KQ, VQ, false, HS, D>(geo, a, sh);
+  if (a.arrivals) dev::merge_if_last<kWarps, D>(a, geo.n_kv, blockIdx.x, blockIdx.y, &sh.acc[0][0][0]);
+}
+
+// The ring stages of the code this GPU loaded (g_ring_stages), read once (not inside a stream capture: GpuKvCache's
+// constructor asks first, through attention_mma_supported); the host pass's kStages where no device answers.
+int loaded_stages() {
+  static const int stages = [] {
+    int s = kStages;
+    if (cudaMemcpyFromSymbol(&s, g_ring_stages, sizeof(s)) != cudaSuccess) {
+      cudaGetLastError();  // no device: the launches report it
+      s = kStages;
+    }
+    return s;
+  }();
+  return stages;
 }
 
 }  // namespace
 
 bool attention_mma_supported(const CacheGeometry& g) {
+  loaded_stages();
   return g.instance >= 0 && g.instance < kGpuInstanceCount && kGpuInstances[g.instance].path == GpuPath::kTensorCore;
 }
 
 namespace {
-// The kernel instance of the cache's tensor-core instance row and GQA group g: KQ / VQ = keys / values are int2 rows
-// of one 128-value group, else bf16 rows, HS = 1 head slot per lane for g <= 4, else 2 (fn null for a CUDA-core row
-// or no row), and its dynamic shared memory.
+// The kernel instance of the cache's tensor-core instance row, head dim and GQA group g: KQ / VQ = keys / values are
+// int2 rows of one 128-value group, else bf16 rows, HS = 1 head slot per lane for g <= 4, else 2 (fn null for a
+// CUDA-core row or no row), and its dynamic shared memory.
 struct MmaKernel {
   void (*fn)(CacheGeometry, AttentionLaunch) = nullptr;
   int smem = 0;  // bytes: the warps' rings of staged bf16 tiles (bf16 / bf16), else 0
 };
 MmaKernel mma_kernel(const CacheGeometry& g, int group) {
   MmaKernel k;
-  with_instance(g.instance, [&](auto row) {
+  with_instance(g.instance, g.head_dim, [&](auto row, auto dim) {
     constexpr GpuInstance r = kGpuInstances[decltype(row)::value];
+    constexpr int D = decltype(dim)::value;
     if constexpr (r.path == GpuPath::kTensorCore) {
       constexpr auto takes = [](CodecId id) { return id == CodecId::kInt2 || id == CodecId::kBf16; };
       static_assert(takes(r.k) && takes(r.v), "the tensor-core kernel takes int2 and bf16 rows");
-      static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || r.groups == kG128,
+      static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || (r.groups == kG128 && D == kInt2Dim),
                     "the tensor-core kernel takes int2 rows of one 128-value group");
       static_assert(r.page_multiple % kTile == 0, "tensor-core tiles never cross a page");
       constexpr bool kq = r.k == CodecId::kInt2, vq = r.v == CodecId::kInt2;
-      k = {group <= 4 ? quant_attention_mma_kernel<kq, vq, 1> : quant_attention_mma_kernel<kq, vq, 2>,
-           ring_bytes<kq, vq>};
+      k = {group <= 4 ? quant_attention_mma_kernel<kq, vq, 1, D> : quant_attention_mma_kernel<kq, vq, 2, D>,
+           ring_bytes<kq, vq, D>(loaded_stages())};
     }
   });
   return k;

@@ -1,8 +1,9 @@
 // The reference twin of the attention kernel (decode_attention.cu): same grid and partial format, written to be
 // obviously correct rather than fast. One block of d threads (thread = channel) walks the split's positions one
 // by one: decode the K row value of its channel (the key codec's value; KIVI keys: from the position's key block
-// and row), block-reduce q·k per query head, online softmax per head, accumulate p · v of its channel. Templated on
-// the codecs of the cache's instance row (gpu_instances.h), whatever the row's fast path.
+// and row), block-reduce q·k per query head (a tree over the next power of two, zero-padded past d), online softmax
+// per head, accumulate p · v of its channel. Templated on the head dim and the codecs of the cache's instance row
+// (gpu_instances.h), whatever the row's fast path.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"
@@ -12,34 +13,44 @@ namespace kvq::cuda {
 
 namespace {
 
-constexpr int kD = kHeadDim;
+// The smallest power of two >= d.
+constexpr int pow2_ceil(int d) {
+  int p = 1;
+  while (p < d) p *= 2;
+  return p;
+}
 
-template <class K, class V>
+template <class K, class V, int D>
 __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
+  constexpr int kTree = pow2_ceil(D);  // the reduction's width; red[.][D, kTree) stays zero
+  using W = WindowRows<D>;
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z, c = threadIdx.x;
   const int g = a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
   const int t = rd.pos, qe = quant_end(geo, t);
   const int begin = split * a.split_tokens;
   const int end = min(t + 1, begin + a.split_tokens);
-  __shared__ float red[kMaxGroupHeads][kD];
+  __shared__ float red[kMaxGroupHeads][kTree];
+  if constexpr (kTree > D) {
+    for (int i = c; i < kMaxGroupHeads * (kTree - D); i += D) red[i / (kTree - D)][D + i % (kTree - D)] = 0.f;
+  }
   float q[kMaxGroupHeads], m[kMaxGroupHeads], l[kMaxGroupHeads], acc[kMaxGroupHeads];
   for (int h = 0; h < g; ++h) {
-    q[h] = a.q_work[(int64_t(row) * a.n_heads + head * g + h) * kD + c];
+    q[h] = a.q_work[(int64_t(row) * a.n_heads + head * g + h) * D + c];
     m[h] = -INFINITY, l[h] = 0.f, acc[h] = 0.f;
   }
   for (int p = begin; p < end; ++p) {
-    const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
-    const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, p, qe);
+    const dev::RowRef kr = dev::view_row<D>(geo, rd.seq, a.layer, 0, head, p, qe);
+    const dev::RowRef vr = dev::view_row<D>(geo, rd.seq, a.layer, 1, head, p, qe);
     // bf16 window row, or the key codec's row / KIVI key block; the value codec's row
     float kc;
-    if (!kr.quant) kc = WindowRows::value(kr.ptr, 0, kD, c);
+    if (!kr.quant) kc = W::value(kr.ptr, 0, D, c);
     else if constexpr (dev::ReadsCodebook<K>) kc = K::value(kr.ptr, geo.k_table, c);
     else kc = K::value(kr.ptr, kr.block_row, geo.k_group, c);
-    const float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : WindowRows::value(vr.ptr, 0, kD, c);
+    const float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : W::value(vr.ptr, 0, D, c);
     for (int h = 0; h < g; ++h) red[h][c] = q[h] * kc;
     __syncthreads();
-    for (int w = kD / 2; w > 0; w >>= 1) {
+    for (int w = kTree / 2; w > 0; w >>= 1) {
       if (c < w)
         for (int h = 0; h < g; ++h) red[h][c] += red[h][c + w];
       __syncthreads();
@@ -60,7 +71,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   }
   const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
   for (int h = 0; h < g; ++h) {
-    a.part_acc[(part * g + h) * kD + c] = acc[h];
+    a.part_acc[(part * g + h) * D + c] = acc[h];
     if (c == 0) {
       a.part_ml[(part * g + h) * 2] = m[h];
       a.part_ml[(part * g + h) * 2 + 1] = l[h];
@@ -72,10 +83,11 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
 
 int launch_attention_ref(const CacheGeometry& g, const AttentionLaunch& a, void* stream) {
   int e = cudaErrorInvalidValue;  // no instance row: refused on the host (gpu_instances.h)
-  with_instance(g.instance, [&](auto row) {
-    constexpr int I = decltype(row)::value;
-    attention_ref_kernel<RowKeys<I>, RowValues<I>><<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)),
-                                                      kD, 0, static_cast<cudaStream_t>(stream)>>>(g, a);
+  with_instance(g.instance, g.head_dim, [&](auto row, auto dim) {
+    constexpr int I = decltype(row)::value, D = decltype(dim)::value;
+    attention_ref_kernel<RowKeys<I, D>, RowValues<I, D>, D>
+        <<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), D, 0, static_cast<cudaStream_t>(stream)>>>(
+            g, a);
     e = cudaGetLastError();
   });
   return e;

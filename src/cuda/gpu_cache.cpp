@@ -93,12 +93,12 @@ namespace {
 CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int max_ctx, int layer) {
   const CacheConfig cfg = l.skipped.has(layer) ? skipped_layer_config(cache_cfg) : cache_cfg;
   CacheGeometry g{};
-  g.n_layers = l.n_layers, g.n_kv = l.n_kv;
+  g.n_layers = l.n_layers, g.n_kv = l.n_kv, g.head_dim = uint16_t(l.head_dim);
   g.sink = l.sink, g.recent = l.recent, g.page_tokens = l.page_tokens;
   g.block_tokens = l.block_tokens;
   g.ring_tokens = l.ring_tokens;
   g.pages_per_seq = std::max(1, l.pages_per_seq(max_ctx));  // the page pool's block table width
-  g.instance = gpu_instance(cfg, kHeadDim);
+  g.instance = gpu_instance(cfg, l.head_dim);
   if (g.instance >= 0) g.k_codec = kGpuInstances[g.instance].k, g.v_codec = kGpuInstances[g.instance].v;
   // The blocks are the CPU codecs' (the layout's): per-token rows, or per-channel key blocks of G tokens, so the pages
   // are byte-equal; a skipped layer stores bf16 rows.
@@ -108,8 +108,8 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int m
   g.k_block = int(k.bytes);
   g.k_row = k.tokens == 1 ? int(k.bytes) : 0;  // per-channel key blocks are addressed by block, never by row
   g.v_row = int(v.bytes);
-  g.k_group = traits(cfg.k).grouped ? cfg.k.group : kHeadDim;
-  g.v_group = traits(cfg.v).grouped ? cfg.v.group : kHeadDim;
+  g.k_group = traits(cfg.k).grouped ? cfg.k.group : l.head_dim;
+  g.v_group = traits(cfg.v).grouped ? cfg.v.group : l.head_dim;
   g.k_clip_index = clip_index(cfg.k), g.v_clip_index = clip_index(cfg.v);
   g.k_region = l.layer_k_region(layer);
   g.head_bytes = l.layer_head_bytes(layer);
@@ -123,7 +123,7 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int m
 }  // namespace
 
 CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx, int layer) {
-  return geometry(kvq::cache_layout(cfg, n_layers, n_kv_heads, kHeadDim), cfg, max_ctx, layer);
+  return geometry(kvq::cache_layout(cfg, n_layers, n_kv_heads, cfg.k.head_dim), cfg, max_ctx, layer);
 }
 
 struct GpuKvCache::Impl {
@@ -163,7 +163,8 @@ struct GpuKvCache::Impl {
   int64_t resident = 0;                 // attention blocks the GPU holds at once (SMs x blocks per SM)
   int64_t prefill_resident = 0;         // prefill blocks the GPU holds at once (0 = not measured yet)
   bool reference = false;
-  bool prefill_ok = false;              // every layer's instance row has the prefill kernel (gpu_prefill_kernel)
+  bool prefill_ok = false;              // every layer's instance row has the prefill kernel (gpu_prefill_kernel), and
+                                        // its tiles fit the GPU's shared memory
   int prefill_rows = kPrefillMinRows;   // set_prefill_rows
   int64_t prefill_calls = 0;
   DeviceBuffer decode_desc, decode_index, prefill_tiles, prefill_index;  // the kernels' rows of a mixed step
@@ -216,8 +217,8 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   const PagePool& pool = *m.pool;
   const size_t window_rows = size_t(pool.n_slots()) * n_layers * 2 * n_kv_heads;
   m.pages = DeviceBuffer(size_t(pool.n_pages()) * size_t(m.layout.page_bytes));
-  m.sinks = DeviceBuffer(window_rows * size_t(cfg.sink) * kHeadDim * 2);
-  m.ring = DeviceBuffer(window_rows * size_t(m.layout.ring_tokens) * kHeadDim * 2);
+  m.sinks = DeviceBuffer(window_rows * size_t(cfg.sink) * size_t(head_dim) * 2);
+  m.ring = DeviceBuffer(window_rows * size_t(m.layout.ring_tokens) * size_t(head_dim) * 2);
   m.page_table_dev = DeviceBuffer(pool.table().size() * sizeof(int));
   check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   // Zeroed storage: a stale row can never decode to NaN; the page table starts as all -1 (never read).
@@ -234,14 +235,16 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     g.page_table = m.page_table_dev.as<int>();
   }
   m.n_sms = sm_count();
+  // (both also read, once and before any stream capture, the shared-memory layout of the code this GPU loaded)
   m.prefill_ok = std::all_of(m.geo.begin(), m.geo.end(), [](const CacheGeometry& g) {
     return attention_prefill_supported(g);
   });
+  for (const CacheGeometry& g : m.geo) attention_mma_supported(g);
   if (cfg.transform) m.upload_transform(*cfg.transform);
   // The constants the key codec decodes with (TurboQuant's codebook), the CPU codec's own, so both store the same
   // codes; skipped (bf16) layers never read them.
   CodecSpec kspec = cfg.k;
-  kspec.head_dim = kHeadDim;
+  kspec.head_dim = head_dim;
   if (const std::vector<float> table = make_codec(kspec)->lookup_table(); !table.empty()) {
     m.upload(m.k_table, table.data(), table.size() * sizeof(float));
     for (CacheGeometry& g : m.geo) g.k_table = m.k_table.as<float>();
@@ -276,6 +279,7 @@ void GpuKvCache::set_prefill_rows(int n) {
   impl_->plan = {};  // the next attention() re-plans, also inside a step
 }
 int64_t GpuKvCache::prefill_kernel_calls() const { return impl_->prefill_calls; }
+bool GpuKvCache::prefill_kernel_available() const { return impl_->prefill_ok; }
 
 void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
   Impl& m = *this;
@@ -451,8 +455,8 @@ const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
     upload(prefill_index, pf_index.data(), pf_index.size() * sizeof(int));
     parts = std::max(parts, size_t(plan.n_pf) * n_kv * plan.pf_splits * g);
   }
-  grow(q_work, size_t(n_rows) * n_heads * kHeadDim * sizeof(float));
-  grow(part_acc, parts * kHeadDim * sizeof(float));
+  grow(q_work, size_t(n_rows) * n_heads * size_t(d) * sizeof(float));
+  grow(part_acc, parts * size_t(d) * sizeof(float));
   grow(part_ml, parts * 2 * sizeof(float));
   if (const size_t bytes = size_t(plan.n_dec) * n_kv * sizeof(int); arrivals.bytes() < bytes) {
     grow(arrivals, bytes);
@@ -526,7 +530,7 @@ size_t GpuKvCache::bytes_allocated() const {
 size_t GpuKvCache::step_bytes_read(int layer) const {
   const Impl& m = *impl_;
   const CacheGeometry& g = m.geo.at(size_t(layer));
-  const size_t bf16_row = layout::bf16_row_bytes(kHeadDim);
+  const size_t bf16_row = layout::bf16_row_bytes(m.d);
   size_t bytes = 0;
   for (int r = 0; r < m.n_rows; ++r) {
     const int t = m.rows_host[size_t(r)].pos;
@@ -575,7 +579,7 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
             layer, kv_head, pos0, pos0 + n, len);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: download_rows");
   const int kv = values ? 1 : 0, qe = m.quant_end(len - 1);
-  const size_t wrow = size_t(kHeadDim) * 2;
+  const size_t wrow = size_t(m.d) * 2;
   const size_t win_base = ((size_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + kv_head;
   const bool kivi = kv == 0 && kivi_keys(g);
   std::vector<uint8_t> out;

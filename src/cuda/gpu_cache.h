@@ -120,6 +120,9 @@ class GpuKvCache {
   void set_prefill_rows(int n);
   // attention() calls that ran the prefill kernel (for one step's layer, once each), since construction.
   int64_t prefill_kernel_calls() const;
+  // Whether chunks of >= set_prefill_rows rows take the prefill kernel: every layer's instance row has it
+  // (gpu_prefill_kernel) and its tiles fit this GPU's shared memory (not d = 256 on sm_86 / sm_89).
+  bool prefill_kernel_available() const;
   // Synchronously downloads the stored rows of positions [pos0, pos0 + n) of (seq, layer, kv_head), K
   // (values = false) or V, as a query at position length(seq) - 1 reads them: bf16 rows (2 d bytes) for sinks and
   // the recent window, codec rows (layout::IntRow, or bf16 for a bf16 codec) for the quantized region; rows

@@ -1,13 +1,14 @@
-// The GPU cache's compiled kernel instances: ONE table of (key codec, value codec, attention path) rows, and the
-// GPU support predicate read from it. Plain C++ without CUDA, so host code (kvq_core included: `kvq info
+// The GPU cache's compiled kernel instances: ONE table of (key codec, value codec, attention path, head dims) rows,
+// and the GPU support predicate read from it. Plain C++ without CUDA, so host code (kvq_core included: `kvq info
 // --codecs`) and the .cu files share it.
 //
-// Every row compiles, for its (K, V) pair: the demotion kernel (kv_append.cu; KIVI keys: also the key-block
-// kernel), the attention kernel of its path — the tensor-core kernel (decode_attention_mma.cu: int2 rows of one
-// 128-value group or bf16 rows) or the CUDA-core kernel (decode_attention.cu; 4 instances: GQA groups 1, 2, 4 and
-// any g <= 8) — and the reference twin (decode_attention_ref.cu). The .cu files expand the table into their one
-// dispatch point (cuda/instances.cuh: with_instance), so a new combination is one row here, and its codecs are
-// the device codec types of cuda/codecs.cuh.
+// Every row compiles, for its (K, V) pair and each head_dim d it lists: the demotion kernel (kv_append.cu; KIVI keys:
+// also the key-block kernel), the attention kernel of its path — the tensor-core kernel (decode_attention_mma.cu:
+// int2 rows of one 128-value group or bf16 rows; with the prefill kernel, prefill_attention.cu) or the CUDA-core
+// kernel (decode_attention.cu; at d = 128 4 instances for kEvery rows: GQA groups 1, 2, 4 and any g <= 8; else the
+// one for any g <= 8) — and the reference twin (decode_attention_ref.cu). Every kernel is templated on d; the .cu
+// files expand the table into their one dispatch point (cuda/codecs.cuh: with_instance), so a new combination is one
+// row here (or one more d in a row), and its codecs are the device codec types of cuda/codecs.cuh.
 //
 // Rows name codecs by the blocks they store: keys are per-token rows, or per-channel key blocks for a codec with
 // per_channel_keys (KIVI, OScaR); values are per-token rows. The per-token rows of a KIVI type (its values, or keys
@@ -22,7 +23,7 @@
 
 #include "codecs/codec_id.h"
 #include "codecs/registry.h"  // codec_traits, find_codec
-#include "cuda/gpu_kernels.h"  // kHeadDim
+#include "cuda/gpu_kernels.h"  // kMaxHeadDim, kPrefillMinRows
 #include "kv/cache.h"          // CacheConfig, CodecSpec
 
 namespace kvq::cuda {
@@ -37,9 +38,33 @@ enum GpuGroups : uint8_t { kG32 = 1, kG64 = 2, kG128 = 4, kAnyGroup = kG32 | kG6
 
 // The GQA instances of a CUDA-core row's attention kernel (the tensor-core kernel takes any g <= 8 in one).
 enum class GpuGqa : uint8_t {
-  kEvery,    // g = 1, 2, 4 each compiled for its g (registers for g heads), any other g <= 8 generic: 4 kernels
+  kEvery,    // at d = 128: g = 1, 2, 4 each compiled for its g (registers for g heads), any other g <= 8 generic: 4
+             // kernels; at the other d the generic one (as kGeneric)
   kGeneric,  // one generic kernel for any g <= 8: the same results, more registers per thread: 1 kernel
 };
+
+// The head dims the kernels are compiled for, a bit each (a row's head_dims). d = 80 (StableLM, Phi-2) is in none: the
+// CPU codecs take d a multiple of 32 (the int codecs pack units of 32 values), so a bf16 row at 80 waits for the CPU's.
+inline constexpr int kGpuHeadDims[] = {64, 96, 128, 256};
+inline constexpr int kGpuHeadDimCount = int(sizeof(kGpuHeadDims) / sizeof(kGpuHeadDims[0]));
+enum GpuHeadDims : uint8_t {
+  kD64 = 1, kD96 = 2, kD128 = 4, kD256 = 8,
+  kPow2Dims = kD64 | kD128 | kD256,  // codecs whose transform is a Hadamard of d (OScaR)
+  kUpTo128 = kD64 | kD96 | kD128,    // KIVI key blocks (their demotion's shared memory); llama.cpp's (the budget)
+  kPow2To128 = kD64 | kD128,         // TurboQuant (a Hadamard of d; not 256: the budget)
+  kAllDims = kPow2Dims | kD96,
+};
+// The bit of head_dim d (0: no compiled d).
+constexpr uint8_t head_dim_bit(int d) {
+  for (int j = 0; j < kGpuHeadDimCount; ++j)
+    if (kGpuHeadDims[j] == d) return uint8_t(1u << j);
+  return 0;
+}
+static_assert(head_dim_bit(64) == kD64 && head_dim_bit(96) == kD96 && head_dim_bit(128) == kD128 &&
+                  head_dim_bit(256) == kD256 && kGpuHeadDims[kGpuHeadDimCount - 1] == kMaxHeadDim,
+              "GpuHeadDims follows kGpuHeadDims");
+// The d at which kEvery rows compile their per-g kernels (the timed shapes'); the others take the generic one.
+inline constexpr int kEveryGqaHeadDim = 128;
 
 struct GpuInstance {
   GpuPath path;
@@ -48,44 +73,74 @@ struct GpuInstance {
   uint8_t groups;      // GpuGroups every quantized side takes (a bf16 side has no groups)
   int page_multiple;   // page_tokens must be a multiple of this
   GpuGqa gqa;          // CUDA-core rows: which GQA instances are compiled (tensor-core rows: kGeneric)
+  uint8_t head_dims;   // GpuHeadDims: the d this row is compiled for (a quantized per-token side also needs G | d)
 };
 
-// The compiled instances (head_dim kHeadDim, bf16 sink / recent windows): the combinations the GPU tests run
-// (tests/test_gpu_cache.cpp, test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core
-// bf16 row for pages that tensor-core tiles do not fit. Budget (build time on 2 cores): a CUDA-core row costs 4
-// (kEvery) or 1 (kGeneric) attention kernels, each ~2 s of nvcc; every row also costs a reference twin and 1-2
-// demotion kernels (~0.3 s each, shared by rows of the same pair); a tensor-core row 1 attention kernel.
+// The compiled instances (bf16 sink / recent windows): the combinations the GPU tests run (tests/test_gpu_cache.cpp,
+// test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core bf16 row for pages that tensor-core
+// tiles do not fit. bf16, int8, int4 and int2 at every d; the others at each d their format allows within the budget:
+//   - int2 on tensor cores: d = 128 only (the kernels' lanes hold the 8 code words of one 128-value group; int2 at 64,
+//     96 and 256 runs on the CUDA-core row, whatever its group);
+//   - KIVI keys: not at 256 (the key-block demotion holds G x d bf16 in shared memory: 64 KB at G = 128, d = 256);
+//   - TurboQuant and OScaR: powers of two (their Hadamard of d; a cache at 96 is refused on either device);
+//   - budget: at d = 256 a CUDA-core kernel unrolls 2048 multiply-adds a row for 8 heads and costs 6-16 s of ptxas
+//     (128: 1-5 s), so 256 takes the formats a Gemma-sized model runs first (bf16, int8, int4, int2, OScaR), not the
+//     TurboQuant, llama.cpp and mixed int4 / int2 pairs.
+// Budget (build time on 2 cores): a CUDA-core row costs at d = 128 4 (kEvery) or 1 (kGeneric) attention kernels,
+// at every other d 1, each ~1-3 s of ptxas at 64 and 96; every (row, d) also costs a reference twin and 1-2 demotion
+// kernels (~0.3 s each, shared by rows of the same pair); a tensor-core (row, d) 2 attention kernels (GQA groups up to
+// 4 and 8) and a prefill kernel. docs/results/kernels/head-dims.md has the measured build times.
 // clang-format off
 namespace instance_table {  // the rows name enumerators without their enums' names
 using enum GpuPath;
 using enum GpuGqa;
 using enum CodecId;
 inline constexpr GpuInstance kGpuInstances[] = {
-  {.path = kTensorCore, .k = kInt2,      .v = kInt2,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric},
-  {.path = kTensorCore, .k = kInt2,      .v = kBf16,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric},
-  {.path = kTensorCore, .k = kBf16,      .v = kInt2,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric},
-  {.path = kTensorCore, .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 16, .gqa = kGeneric},
-  {.path = kCudaCore,   .k = kInt8,      .v = kInt8,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kInt2,      .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kKivi2,     .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kKivi4,     .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kInt4,      .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
-  {.path = kCudaCore,   .k = kKivi2,     .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
-  {.path = kCudaCore,   .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
+  {.path = kTensorCore, .k = kInt2,      .v = kInt2,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric,
+   .head_dims = kD128},
+  {.path = kTensorCore, .k = kInt2,      .v = kBf16,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric,
+   .head_dims = kD128},
+  {.path = kTensorCore, .k = kBf16,      .v = kInt2,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric,
+   .head_dims = kD128},
+  {.path = kTensorCore, .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 16, .gqa = kGeneric,
+   .head_dims = kAllDims},
+  {.path = kCudaCore,   .k = kInt8,      .v = kInt8,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kAllDims},
+  {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kAllDims},
+  {.path = kCudaCore,   .k = kInt2,      .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kAllDims},
+  {.path = kCudaCore,   .k = kKivi2,     .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kUpTo128},
+  {.path = kCudaCore,   .k = kKivi4,     .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kUpTo128},
+  {.path = kCudaCore,   .k = kInt4,      .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kUpTo128},
+  {.path = kCudaCore,   .k = kKivi2,     .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kUpTo128},
+  {.path = kCudaCore,   .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kAllDims},
   // OScaR: token-scaled keys in 32-token blocks, values in 32-channel groups (no --kv-group: its own groups)
-  {.path = kCudaCore,   .k = kOscarInt2, .v = kOscarInt2, .groups = kAnyGroup, .page_multiple = 32, .gqa = kEvery},
+  {.path = kCudaCore,   .k = kOscarInt2, .v = kOscarInt2, .groups = kAnyGroup, .page_multiple = 32, .gqa = kEvery,
+   .head_dims = kPow2Dims},
   // TurboQuant presets (codec_turboquant.cuh; ungrouped sides): turboquant_3bit_nc and turboquant_2bit (the timed
   // pairs) with every GQA instance, turboquant_4bit_nc and turboquant_k3v4_nc with the generic one
-  {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv3,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kTq2nc,     .v = kTqv2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kTq4nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
-  {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
+  {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv3,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kTq2nc,     .v = kTqv2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kTq4nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
   // llama.cpp's q8_0 and q4_0 (codec_llamacpp.cuh; blocks of 32 with an fp16 scale, ungrouped): -ctk q8_0 -ctv q4_0
   // (its common pair) and q4_0 with every GQA instance, q8_0 with the generic one
-  {.path = kCudaCore,   .k = kQ8_0,      .v = kQ4_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kQ4_0,      .v = kQ4_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery},
-  {.path = kCudaCore,   .k = kQ8_0,      .v = kQ8_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric},
+  {.path = kCudaCore,   .k = kQ8_0,      .v = kQ4_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kUpTo128},
+  {.path = kCudaCore,   .k = kQ4_0,      .v = kQ4_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
+   .head_dims = kUpTo128},
+  {.path = kCudaCore,   .k = kQ8_0,      .v = kQ8_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kUpTo128},
 };
 }  // namespace instance_table
 using instance_table::kGpuInstances;
@@ -93,6 +148,11 @@ using instance_table::kGpuInstances;
 inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpuInstances[0]));
 
 inline const char* gpu_path_name(GpuPath p) { return p == GpuPath::kTensorCore ? "tensor-core" : "CUDA-core"; }
+
+// Whether row r is compiled at head_dim d.
+constexpr bool gpu_row_compiled(const GpuInstance& r, int d) { return (r.head_dims & head_dim_bit(d)) != 0; }
+// Whether the CUDA-core row r at head_dim d compiles the per-g kernels of g = 1, 2, 4 (else only the generic one).
+constexpr bool gpu_every_gqa(const GpuInstance& r, int d) { return r.gqa == GpuGqa::kEvery && d == kEveryGqaHeadDim; }
 
 // Whether a row's prefill chunks can take the tensor-core prefill kernel (prefill_attention.cu: int2 rows of one
 // 128-value group and bf16 rows, the tensor-core rows'); the others attend every chunk row by row with their decode
@@ -110,6 +170,18 @@ inline std::string groups_text(uint8_t groups) {
   std::string s;
   for (int g : {32, 64, 128})
     if (takes_group(groups, g)) s += (s.empty() ? "g" : "/") + std::to_string(g);
+  return s;
+}
+// "64, 96, 128 and 256": head dims (a GpuHeadDims mask) as the messages list them.
+inline std::string head_dims_text(uint8_t dims) {
+  std::string s;
+  int left = 0;
+  for (int d : kGpuHeadDims) left += (dims & head_dim_bit(d)) != 0;
+  for (int d : kGpuHeadDims) {
+    if (!(dims & head_dim_bit(d))) continue;
+    --left;
+    s += std::to_string(d) + (left > 1 ? ", " : left == 1 ? " and " : "");
+  }
   return s;
 }
 // "int2/g64", "kivi2/g128 per channel", "bf16": a spec as the messages name it.
@@ -168,10 +240,21 @@ inline bool stored_codec(const CodecSpec& s, bool is_key, CodecId* id, std::stri
   return true;
 }
 
-inline bool row_fits(const GpuInstance& r, CodecId k, int k_group, CodecId v, int v_group, int page_tokens) {
-  const auto side_ok = [&](CodecId id, int g) { return !codec_traits(id).grouped || takes_group(r.groups, g); };
-  return r.k == k && r.v == v && side_ok(k, k_group) && side_ok(v, v_group) && page_tokens > 0 &&
-         page_tokens % r.page_multiple == 0;
+// Whether a side of codec id and group g fits row groups `groups` at head_dim d: ungrouped, or a group the row takes
+// that divides d for per-token rows (per-channel key blocks group tokens).
+inline bool side_fits(uint8_t groups, CodecId id, int g, int d) {
+  const CodecTraits& t = codec_traits(id);
+  return !t.grouped || (takes_group(groups, g) && (t.per_channel_keys || d % g == 0));
+}
+inline bool row_fits(const GpuInstance& r, CodecId k, int k_group, CodecId v, int v_group, int page_tokens, int d) {
+  return r.k == k && r.v == v && gpu_row_compiled(r, d) && side_fits(r.groups, k, k_group, d) &&
+         side_fits(r.groups, v, v_group, d) && page_tokens > 0 && page_tokens % r.page_multiple == 0;
+}
+// The head dims some row is compiled for.
+constexpr uint8_t compiled_head_dims() {
+  uint8_t dims = 0;
+  for (const GpuInstance& r : kGpuInstances) dims |= r.head_dims;
+  return dims;
 }
 
 // The first row that runs cfg at head_dim, or -1 with *why (when why is not null).
@@ -179,17 +262,19 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
   std::string w;
   CodecId k{}, v{};
   int found = -1;
-  if (head_dim != kHeadDim) {
-    w = "head_dim " + std::to_string(head_dim) + ": the GPU kernels take head_dim " + std::to_string(kHeadDim);
+  if (!(compiled_head_dims() & head_dim_bit(head_dim))) {
+    w = "head_dim " + std::to_string(head_dim) + ": the GPU kernels take head_dim " +
+        head_dims_text(compiled_head_dims());
   } else if (cfg.window != "bf16") {
     w = "window type '" + cfg.window + "' (--kv-window-type): the GPU keeps bf16 windows (int8 windows, KV4-RL, run "
         "on the CPU)";
   } else if (stored_codec(cfg.k, true, &k, &w) && stored_codec(cfg.v, false, &v, &w)) {
     for (int i = 0; i < kGpuInstanceCount && found < 0; ++i)
-      if (row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens)) found = i;
+      if (row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens, head_dim)) found = i;
     if (found < 0)
       w = "keys " + spec_text(cfg.k) + " with values " + spec_text(cfg.v) + " on pages of " +
-          std::to_string(cfg.page_tokens) + " tokens: no compiled GPU instance";
+          std::to_string(cfg.page_tokens) + " tokens at head_dim " + std::to_string(head_dim) +
+          ": no compiled GPU instance";
   }
   if (why) *why = found >= 0 ? std::string() : w;
   return found;
@@ -197,18 +282,21 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
 
 }  // namespace gpu_detail
 
-// The compiled instances as one line, from the table: "the GPU runs head_dim 128, bf16 windows and keys / values
-// tensor-core (pages a multiple of 16): k=int2/g128 v=int2/g128, ...; CUDA-core (pages a multiple of 8): k=int8
-// v=int8, ... (groups ...)".
+// The compiled instances as one line, from the table: "the GPU runs head_dim 64, 96, 128 and 256, bf16 windows and
+// keys / values tensor-core (pages a multiple of 16): k=int2/g128 v=int2/g128 (d 128), ..., k=bf16 v=bf16;
+// CUDA-core (pages a multiple of 8): k=int8 v=int8, ... (groups ...)"; a row names its head dims unless it has them
+// all.
 inline std::string gpu_instances_text() {
-  std::string out = "the GPU runs head_dim " + std::to_string(kHeadDim) + ", bf16 windows and keys / values";
+  constexpr uint8_t all = gpu_detail::compiled_head_dims();
+  std::string out = "the GPU runs head_dim " + gpu_detail::head_dims_text(all) + ", bf16 windows and keys / values";
   for (GpuPath p : {GpuPath::kTensorCore, GpuPath::kCudaCore}) {
     std::string rows;
     int page = 0;
     for (const GpuInstance& r : kGpuInstances) {
       if (r.path != p) continue;
       rows += std::string(rows.empty() ? "" : ", ") + "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" +
-              gpu_detail::side_text(r.v, false, r.groups);
+              gpu_detail::side_text(r.v, false, r.groups) +
+              (r.head_dims == all ? "" : " (d " + gpu_detail::head_dims_text(r.head_dims) + ")");
       page = r.page_multiple;
     }
     if (!rows.empty())
@@ -216,7 +304,7 @@ inline std::string gpu_instances_text() {
              std::to_string(page) + "): " + rows;
   }
   return out + " (groups " + gpu_detail::groups_text(kAnyGroup) +
-         " unless named; per-channel keys over G tokens; kivi values are the int rows of their bits)";
+         " dividing d unless named; per-channel keys over G tokens; kivi values are the int rows of their bits)";
 }
 
 // The row of kGpuInstances that runs cfg with head_dim, or -1 when none does.
@@ -247,10 +335,10 @@ inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
   if (r.path != GpuPath::kTensorCore) {
     std::string tc;
     for (const GpuInstance& t : kGpuInstances)
-      if (t.path == GpuPath::kTensorCore)
+      if (t.path == GpuPath::kTensorCore && gpu_row_compiled(t, head_dim))
         tc += std::string(tc.empty() ? "" : ", ") + "k=" + gpu_detail::side_text(t.k, true, t.groups) + " v=" +
               gpu_detail::side_text(t.v, false, t.groups);
-    out += "; tensor cores take " + tc;
+    out += "; tensor cores take " + tc + " at head_dim " + std::to_string(head_dim);
   }
   return out + ")" +
          (gpu_prefill_kernel(r) ? ", prefill chunks of >= " + std::to_string(kPrefillMinRows) +
@@ -261,14 +349,14 @@ inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
 // Whether some row stores spec s for keys or values (per_channel: keys) at the spec's head_dim, whatever the other
 // side and the page size.
 inline bool gpu_spec_stored(const CodecSpec& s) {
-  if (s.head_dim != kHeadDim) return false;
   std::string why;
   for (bool is_key : {true, false}) {
     CodecId id{};
     if ((s.per_channel && !is_key) || !gpu_detail::stored_codec(s, is_key, &id, &why)) continue;
-    const bool grouped = codec_traits(id).grouped;
     for (const GpuInstance& r : kGpuInstances)
-      if ((is_key ? r.k : r.v) == id && (!grouped || gpu_detail::takes_group(r.groups, s.group))) return true;
+      if ((is_key ? r.k : r.v) == id && gpu_row_compiled(r, s.head_dim) &&
+          gpu_detail::side_fits(r.groups, id, s.group, s.head_dim))
+        return true;
   }
   return false;
 }

@@ -16,7 +16,7 @@ struct CacheConfig;  // kv/cache.h
 
 namespace kvq::cuda {
 
-constexpr int kHeadDim = 128;    // d: the only head dimension the GPU cache supports
+constexpr int kMaxHeadDim = 256;   // widest d of a compiled instance (gpu_instances.h lists the d of every row)
 constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the attention kernel
 
 // Where everything of the cache lives on the device and how it is laid out (same layouts as kv/cache.h; the sizes,
@@ -27,7 +27,7 @@ constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the 
 //          K blocks are rows (Gk = 1: layout::IntRow / Bf16Row) or, for KIVI keys, layout::KiviKeyBlock of Gk = G
 //          tokens (OScaR keys: layout::OscarKeyBlock, Gk = 32); V blocks are always rows (layout::IntRow / Bf16Row /
 //          OscarValueRow); token-scaled keys (OScaR) end each page with ν [n_layers][P] fp32 (kv/cache_layout.h)
-//   sinks  [max_seqs][n_layers][2][n_kv][S0][d] bf16
+//   sinks  [max_seqs][n_layers][2][n_kv][S0][d] bf16 (d = head_dim, a compile-time constant of every kernel)
 //   ring   [max_seqs][n_layers][2][n_kv][ring_tokens][d] bf16, position s at slot s % ring_tokens
 //   pages  [max_seqs][pages_per_seq] page ids, quantized position S0 + i P + j in page pages[i], row j
 struct CacheGeometry {
@@ -40,6 +40,9 @@ struct CacheGeometry {
   int pages_per_seq;           // columns of the page table (PagePool::table_width)
   int instance;                // the row of kGpuInstances (cuda/gpu_instances.h) that runs this cache; -1 = none
   CodecId k_codec, v_codec;    // that row's codecs: the blocks stored for keys / values (device types: codecs.cuh)
+  uint16_t head_dim;           // d: values per row; the kernels run the instance (instance, d) (gpu_instances.h). In
+                               // the codec ids' padding, so that the geometry, every kernel's argument, keeps its
+                               // size and layout (and the kernels their registers)
   int k_group, v_group;        // G of the int codecs (values per scale/zero group; KIVI keys: tokens per block)
   int k_clip_index, v_clip_index;  // quantile index min(floor(clip G), G - 1); -1 = plain max |x| (clip >= 1)
   int k_block_tokens;          // Gk: tokens per stored K block, 1 (per-token rows) or G (KIVI keys, per channel)
@@ -59,8 +62,9 @@ struct CacheGeometry {
                                // centroids | 2^b - 1 midpoints] fp32), the CPU codec's; null for the other key codecs
 };
 
-// The sizes and layout of layer `layer` of a cache (every field but the device pointers, which stay null): the one
-// place that turns a validated CacheConfig into a geometry; host only (gpu_cache.cpp), testable without a GPU.
+// The sizes and layout of layer `layer` of a cache (every field but the device pointers, which stay null) at the
+// head_dim of cfg's specs (cfg.k.head_dim): the one place that turns a validated CacheConfig into a geometry; host only
+// (gpu_cache.cpp), testable without a GPU.
 CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx, int layer = 0);
 
 // qe(t): end of the quantized region for a query at position t (kv/cache.h), t >= -1:

@@ -473,6 +473,10 @@ std::string GpuModel::describe() const {
   return "cuda: " + device_description() + ", " + std::string(gemm_precision_name(impl_->gemm)) + " GEMMs, " +
          (impl_->graphs ? "CUDA graphs" : "no CUDA graphs") + ", " +
          gpu_path_text(impl_->cache->config(), impl_->cfg.head_dim) +
+         (gpu_prefill_kernel(kGpuInstances[gpu_instance(impl_->cache->config(), impl_->cfg.head_dim)]) &&
+                  !impl_->cache->prefill_kernel_available()
+              ? " (but row by row on this GPU: the prefill kernel's tiles exceed its shared memory per block)"
+              : "") +
          (impl_->cache->config().skip_layers.empty() ? "" : ", the skipped layers' bf16 rows on the bf16 instance") +
          (impl_->dummy ? ", dummy weights (timing only)" : "");
 }

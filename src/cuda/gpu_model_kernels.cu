@@ -87,28 +87,30 @@ __global__ void rms_norm_kernel(float* x, const float* res, int dim, const float
 }
 static_assert(kNormMaxDim == 32 * kThreads, "rms_norm_kernel<32> holds the widest row");
 
-// One block of d threads per (row, head) of the fused q/k/v GEMM's output; heads [0, hq) are q, [hq, hq + hk) k,
-// the rest v.
+// One block of d threads, rounded up to whole warps, per (row, head) of the fused q/k/v GEMM's output; heads [0, hq)
+// are q, [hq, hq + hk) k, the rest v. Threads c >= d (d = 80) only take part in the block's sum and barrier.
 __global__ void qkv_finish_kernel(const float* qkv, QkvParams p, float* q, float* k, float* v) {
   const int r = blockIdx.x, j = blockIdx.y, c = threadIdx.x, d = p.d;
+  const bool in = c < d;
   const int width = (p.hq + 2 * p.hk) * d;
-  float x = qkv[int64_t(r) * width + j * d + c];
-  if (p.bias) x += p.bias[j * d + c];
+  float x = in ? qkv[int64_t(r) * width + j * d + c] : 0.f;
+  if (p.bias && in) x += p.bias[j * d + c];
   float* dst = j < p.hq ? q + (int64_t(r) * p.hq + j) * d
                         : j < p.hq + p.hk ? k + (int64_t(r) * p.hk + j - p.hq) * d
                                           : v + (int64_t(r) * p.hk + j - p.hq - p.hk) * d;
   if (j >= p.hq + p.hk) {  // values: bias only
-    dst[c] = x;
+    if (in) dst[c] = x;
     return;
   }
   if (p.q_norm) {
-    const double ss = block_sum(double(x) * x);  // every thread of the block takes part
+    const double ss = block_sum(double(x) * x);  // every thread of the block takes part (x = 0 past d)
     const float inv = 1.f / sqrtf(float(ss / d) + p.eps);
-    x = (j < p.hq ? p.q_norm : p.k_norm)[c] * (x * inv);
+    if (in) x = (j < p.hq ? p.q_norm : p.k_norm)[c] * (x * inv);
   }
-  __shared__ float row[128];
-  row[c] = x;
+  __shared__ float row[kQkvMaxDim];
+  if (in) row[c] = x;
   __syncthreads();
+  if (!in) return;
   const int half = d / 2, f = c % half;
   const float angle = float(p.pos[r]) * p.inv_freq[f];
   double sn, cs;
@@ -255,9 +257,10 @@ int residual_rms_norm(float* x, const float* y, int rows, int dim, const float* 
 
 int qkv_finish(const float* qkv, int rows, const QkvParams& p, float* q, float* k, float* v, void* stream) {
   if (rows <= 0) return 0;
-  if (p.d > 128 || p.d % 64 != 0) return int(cudaErrorInvalidValue);  // whole warps, a [128] row in shared memory
-  qkv_finish_kernel<<<dim3(unsigned(rows), unsigned(p.hq + 2 * p.hk)), unsigned(p.d), 0, as_stream(stream)>>>(
-      qkv, p, q, k, v);
+  if (p.d < 2 || p.d > kQkvMaxDim || p.d % 2 != 0) return int(cudaErrorInvalidValue);  // a row in shared memory
+  const unsigned threads = unsigned((p.d + 31) / 32 * 32);  // whole warps (block_sum)
+  qkv_finish_kernel<<<dim3(unsigned(rows), unsigned(p.hq + 2 * p.hk)), threads, 0, as_stream(stream)>>>(qkv, p, q, k,
+                                                                                                      v);
   return launched();
 }
 

@@ -34,8 +34,9 @@ int residual_rms_norm(float* x, const float* y, int rows, int dim, const float* 
 // v, as the fused q/k/v GEMM writes them), in the CPU model's order: + bias (Qwen2; null = none), per-head RMSNorm of q
 // and k (Qwen3; null = none), then RoPE of q and k at position pos[r] (rotate-half layout, angle = float(pos) *
 // inv_freq[f] in fp32, cos / sin in double rounded to float). Writes q [rows, hq d], k and v [rows, hk d].
+constexpr int kQkvMaxDim = 256;  // widest head dim of qkv_finish (cudaErrorInvalidValue past it)
 struct QkvParams {
-  int hq, hk, d;                     // query heads, kv heads, head dim (d <= 128, even)
+  int hq, hk, d;                     // query heads, kv heads, head dim (d <= kQkvMaxDim, even)
   const float* bias;                 // [(hq + 2 hk) d] or null
   const float *q_norm, *k_norm;      // [d] each, or both null
   float eps;                         // RMSNorm epsilon

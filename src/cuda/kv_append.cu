@@ -10,7 +10,8 @@
 //   token scales (OScaR keys, before their blocks): per position, one warp: ν over the bf16 ring key rows of all
 //           kv heads (codecs/oscar/oscar_format.h, the CPU's order) -> the page's token-scale region, which the key
 //           blocks' encode_block then divides by.
-// Both are templated on the codecs of the cache's instance row (gpu_instances.h), chosen at with_instance.
+// All are templated on the head dim D and the codecs of the cache's instance row (gpu_instances.h), chosen at
+// with_instance.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"
@@ -20,42 +21,42 @@ namespace kvq::cuda {
 
 namespace {
 
-constexpr int kD = kHeadDim;
-
+// Grid (row, kv head, K/V), D threads: thread c takes channel c.
+template <int D>
 __global__ void append_rows_kernel(CacheGeometry g, int layer, const RowDesc* rows, const float* k, const float* v,
                                    TransformPtrs t) {
   const int row = blockIdx.x, head = blockIdx.y, kv = blockIdx.z, c = threadIdx.x;
   const RowDesc rd = rows[row];
-  __shared__ float xs[kD];
-  const float* src = (kv ? v : k) + (int64_t(row) * g.n_kv + head) * kD;
+  __shared__ float xs[D];
+  const float* src = (kv ? v : k) + (int64_t(row) * g.n_kv + head) * D;
   float x = src[c];
   const int64_t lh = int64_t(layer) * g.n_kv + head;
-  if (kv == 0 && t.key_mean) x = __fsub_rn(x, t.key_mean[lh * kD + c]);
+  if (kv == 0 && t.key_mean) x = __fsub_rn(x, t.key_mean[lh * D + c]);
   const float* R = kv ? t.r_v : t.r_k;
   if (R) {
     xs[c] = x;
     __syncthreads();
-    const float* Rl = R + lh * kD * kD;
+    const float* Rl = R + lh * D * D;
     double acc = 0.0;
-    for (int a = 0; a < kD; ++a) acc = __dadd_rn(acc, __dmul_rn(double(xs[a]), double(Rl[a * kD + c])));
+    for (int a = 0; a < D; ++a) acc = __dadd_rn(acc, __dmul_rn(double(xs[a]), double(Rl[a * D + c])));
     x = float(acc);
   }
-  uint16_t* dst = rd.pos < g.sink ? const_cast<uint16_t*>(dev::sink_row(g, rd.seq, layer, kv, head, rd.pos))
-                                  : dev::ring_row(g, rd.seq, layer, kv, head, rd.pos);
+  uint16_t* dst = rd.pos < g.sink ? const_cast<uint16_t*>(dev::sink_row<D>(g, rd.seq, layer, kv, head, rd.pos))
+                                  : dev::ring_row<D>(g, rd.seq, layer, kv, head, rd.pos);
   dst[c] = f32_to_bf16(x);
 }
 
 // Grid (item, kv head, K/V), one warp: demotes the item's K row (unless K is a key-block codec:
-// demote_key_blocks_kernel) or V row with the codec K or V.
-template <class K, class V>
+// demote_key_blocks_kernel) or V row of D values with the codec K or V.
+template <class K, class V, int D>
 __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* items) {
   const int head = blockIdx.y, kv = blockIdx.z;
   const RowDesc it = items[blockIdx.x];
-  __shared__ dev::RowScratch sh;
+  __shared__ dev::RowScratch<D> sh;
   if constexpr (K::kKeyBlocks) {
     if (kv == 0) return;  // key blocks: demote_key_blocks_kernel
   }
-  const uint16_t* src = dev::ring_row(g, it.seq, layer, kv, head, it.pos);
+  const uint16_t* src = dev::ring_row<D>(g, it.seq, layer, kv, head, it.pos);
   uint8_t* dst = dev::page_row(g, it.seq, layer, kv, head, it.pos);
   if (kv == 0) {
     if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_table, sh);
@@ -67,6 +68,7 @@ __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* it
 
 // Grid (item), one warp: ν of the item's position, the norm of its key rows over all kv heads of `layer`: per head
 // (lanes in parallel) the sum of squares in channel order, then lane 0 adds the heads' sums in head order.
+template <int D>
 __global__ void demote_scales_kernel(CacheGeometry g, int layer, const RowDesc* items) {
   const RowDesc it = items[blockIdx.x];
   const int lane = threadIdx.x;
@@ -74,8 +76,8 @@ __global__ void demote_scales_kernel(CacheGeometry g, int layer, const RowDesc* 
   float total = 0.f;  // lane 0
   for (int h0 = 0; h0 < g.n_kv; h0 += 32) {
     if (h0 + lane < g.n_kv) {
-      const uint16_t* row = dev::ring_row(g, it.seq, layer, 0, h0 + lane, it.pos);
-      head_sums[lane] = token_sum_squares([&](int c) { return bf16_to_f32(row[c]); }, kD);
+      const uint16_t* row = dev::ring_row<D>(g, it.seq, layer, 0, h0 + lane, it.pos);
+      head_sums[lane] = token_sum_squares([&](int c) { return bf16_to_f32(row[c]); }, D);
     }
     __syncwarp();
     if (lane == 0)
@@ -85,23 +87,23 @@ __global__ void demote_scales_kernel(CacheGeometry g, int layer, const RowDesc* 
   if (lane == 0) *dev::token_scales(g, it.seq, layer, it.pos) = token_scale(total);
 }
 
-// Grid (item, kv head), kD threads: the K block that starts at the item's position (items at other positions
+// Grid (item, kv head), D threads: the K block that starts at the item's position (items at other positions
 // return) demoted by the key-block codec K: its G bf16 ring rows gathered, then K::encode_block (token-scaled keys:
 // with the block's ν, which demote_scales_kernel wrote).
-template <class K>
-__global__ void __launch_bounds__(kD) demote_key_blocks_kernel(CacheGeometry g, int layer, const RowDesc* items) {
+template <class K, int D>
+__global__ void __launch_bounds__(D) demote_key_blocks_kernel(CacheGeometry g, int layer, const RowDesc* items) {
   const int head = blockIdx.y, c = threadIdx.x;
   const RowDesc it = items[blockIdx.x];
   const int G = g.k_block_tokens;
   if ((it.pos - g.sink) % G != 0) return;  // not a block start (uniform across the block)
-  __shared__ uint16_t xs[dev::kMaxKiviG][kD];   // the block's G bf16 key rows, [token][channel]
-  for (int t = 0; t < G; ++t) xs[t][c] = dev::ring_row(g, it.seq, layer, 0, head, it.pos + t)[c];
+  __shared__ uint16_t xs[K::kMaxBlockTokens][D];  // the block's G bf16 key rows, [token][channel]
+  for (int t = 0; t < G; ++t) xs[t][c] = dev::ring_row<D>(g, it.seq, layer, 0, head, it.pos + t)[c];
   __syncthreads();
   uint8_t* dst = dev::kivi_block(g, it.seq, layer, head, it.pos);
   if constexpr (dev::token_scaled<K>()) {
     K::encode_block(xs, dev::token_scales(g, it.seq, layer, it.pos), dst);
   } else {
-    __shared__ dev::GroupParamsF params[kD];  // per channel
+    __shared__ dev::GroupParamsF params[D];  // per channel
     K::encode_block(xs, G, g.k_clip_index, params, dst);
   }
 }
@@ -111,32 +113,38 @@ __global__ void __launch_bounds__(kD) demote_key_blocks_kernel(CacheGeometry g, 
 int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows, int n_rows, const float* d_k,
                        const float* d_v, const TransformPtrs& t, void* stream) {
   if (n_rows <= 0) return cudaSuccess;
-  append_rows_kernel<<<dim3(unsigned(n_rows), unsigned(g.n_kv), 2), kD, 0, static_cast<cudaStream_t>(stream)>>>(
-      g, layer, d_rows, d_k, d_v, t);
-  return cudaGetLastError();
+  int e = cudaErrorInvalidValue;  // no instance: refused on the host (gpu_instances.h)
+  with_instance(g.instance, g.head_dim, [&](auto, auto dim) {
+    constexpr int D = decltype(dim)::value;
+    append_rows_kernel<D><<<dim3(unsigned(n_rows), unsigned(g.n_kv), 2), D, 0, static_cast<cudaStream_t>(stream)>>>(
+        g, layer, d_rows, d_k, d_v, t);
+    e = cudaGetLastError();
+  });
+  return e;
 }
 
 int launch_demote_rows(const CacheGeometry& g, int layer, const RowDesc* d_items, int n_items, void* stream) {
   if (n_items <= 0) return cudaSuccess;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  int e = cudaErrorInvalidValue;  // no instance row: refused on the host (gpu_instances.h)
-  with_instance(g.instance, [&](auto row) {
-    using K = RowKeys<decltype(row)::value>;
-    using V = RowValues<decltype(row)::value>;
-    demote_rows_kernel<K, V><<<dim3(unsigned(n_items), unsigned(g.n_kv), 2), 32, 0, st>>>(g, layer, d_items);
+  int e = cudaErrorInvalidValue;  // no instance: refused on the host (gpu_instances.h)
+  with_instance(g.instance, g.head_dim, [&](auto row, auto dim) {
+    constexpr int I = decltype(row)::value, D = decltype(dim)::value;
+    using K = RowKeys<I, D>;
+    using V = RowValues<I, D>;
+    demote_rows_kernel<K, V, D><<<dim3(unsigned(n_items), unsigned(g.n_kv), 2), 32, 0, st>>>(g, layer, d_items);
     e = cudaGetLastError();
     if constexpr (K::kKeyBlocks) {
       if (e != cudaSuccess) return;
-      if (g.k_block_tokens > dev::kMaxKiviG) {  // validated on the host
+      if (g.k_block_tokens > K::kMaxBlockTokens) {  // validated on the host
         e = cudaErrorInvalidValue;
         return;
       }
       if constexpr (dev::token_scaled<K>()) {  // ν of every demoted position first, then the blocks divide by it
-        demote_scales_kernel<<<unsigned(n_items), 32, 0, st>>>(g, layer, d_items);
+        demote_scales_kernel<D><<<unsigned(n_items), 32, 0, st>>>(g, layer, d_items);
         e = cudaGetLastError();
         if (e != cudaSuccess) return;
       }
-      demote_key_blocks_kernel<K><<<dim3(unsigned(n_items), unsigned(g.n_kv)), kD, 0, st>>>(g, layer, d_items);
+      demote_key_blocks_kernel<K, D><<<dim3(unsigned(n_items), unsigned(g.n_kv)), D, 0, st>>>(g, layer, d_items);
       e = cudaGetLastError();
     }
   });

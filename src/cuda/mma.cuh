@@ -17,6 +17,16 @@
 
 namespace kvq::cuda::tc {
 
+// GPUs whose blocks may opt into at most 99 KB of shared memory (sm_86, sm_89: A10, RTX 30xx, L40S, RTX 40xx), against
+// 163 KB on sm_80 and 227 KB on sm_90: the tensor-core kernels keep fewer tiles in flight there. A property of the code
+// being compiled (__CUDA_ARCH__; false in the host pass): each kernel file exports the value of the code the GPU
+// loaded (its SASS, or the PTX it was JIT-compiled from) in a __device__ variable, from which the host sizes launches.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
+constexpr bool kSmemSmall = true;
+#else
+constexpr bool kSmemSmall = false;
+#endif
+
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"

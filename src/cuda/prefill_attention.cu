@@ -33,6 +33,8 @@
 // one more mma each); bf16 rows of the quantized region take q and P rounded to bf16 (as FlashAttention does); int2
 // rows take q·4^-k and P' in f16, with scale and zero outside the mma:
 //   s = scale_k 2^24 (Σ code q - zero_k Σ q 2^-24)          O = Σ P' code - Σ P' zero_v,  P' = p scale_v
+// Templated on the head dim D (a multiple of 16; int2 rows: 128): at D = 256 the queries and one key tile take 135 KB
+// of shared memory, so its ranges walk one stage each and a block has an SM to itself.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -50,74 +52,97 @@ namespace {
 
 using namespace tc;
 
-constexpr int kD = kHeadDim;
 constexpr int kWarps = kPrefillTileRows / 16;
 constexpr int kRows = kPrefillTileRows;
 constexpr int kKeys = kPrefillKeys;
-constexpr int kPitch = kD + 8;  // shared row pitch (16-bit elements): 272 bytes, so ldmatrix's 8 rows hit 8 bank groups
-constexpr int kRawWords = 1 + kD / 16;  // an int2 row of one group: (scale, zero), then 8 code words
+// Shared row pitch (16-bit elements) of D-value rows: 2 D + 16 bytes (272 at d = 128), so ldmatrix's 8 rows hit 8 bank
+// groups (for every multiple of 16: consecutive rows 16 · odd bytes apart modulo 128).
+template <int D>
+constexpr int kPitch = D + 8;
+constexpr int kInt2Dim = 128;  // d of the int2 rows (one 128-value group)
+constexpr int kRawWords = 1 + kInt2Dim / 16;  // an int2 row of one group: (scale, zero), then 8 code words
 constexpr int kRawPitch = 20;  // shared pitch of int2 rows (words): the key and value fragment reads are conflict-free
 static_assert(kWarps == 4 && kKeys % 16 == 0, "4 warps of 16 query rows; key tiles of whole mma k-steps");
 static_assert(kWarps * 32 == 2 * kKeys, "a tile's int2 rows are copied one row per thread, keys then values");
-static_assert(layout::int_row_bytes(kD, kD, 2) == 4 * kRawWords,
+static_assert(layout::int_row_bytes(kInt2Dim, kInt2Dim, 2) == 4 * kRawWords,
               "an int2 row of one group: (scale, zero), 8 code words");
 
 enum class Range { kSink, kQuant, kRing };
 
 // A block's shared memory (dynamic): the queries (Smem), for int2 keys their f16 copy (QRows), then the key tiles'
-// region, which holds kStages tiles of the range being walked (the ranges are walked one after the other).
+// region, which holds the stages of the range being walked (the ranges are walked one after the other).
+template <int D>
 struct Smem {
-  uint16_t qb[kRows][kPitch];  // the tile's queries · log2 e rounded to bf16 (hi)
-  uint16_t ql[kRows][kPitch];  // the rest, q - hi, rounded to bf16 (lo; the windows' rows)
-  float qsum[kRows];           // int2 keys: Σ_d of the f16 queries' row (the zero term)
+  uint16_t qb[kRows][kPitch<D>];  // the tile's queries · log2 e rounded to bf16 (hi)
+  uint16_t ql[kRows][kPitch<D>];  // the rest, q - hi, rounded to bf16 (lo; the windows' rows)
+  float qsum[kRows];              // int2 keys: Σ_d of the f16 queries' row (the zero term)
 };
-using QRows = uint16_t[kRows][kPitch];  // int2 keys: the queries · log2 e · 4^-k in f16, in the keys' dim order
-using Bf16Rows = uint16_t[kKeys][kPitch];     // one side of a key tile: bf16 rows
+template <int D>
+using QRows = uint16_t[kRows][kPitch<D>];  // int2 keys: the queries · log2 e · 4^-k in f16, in the keys' dim order
+template <int D>
+using Bf16Rows = uint16_t[kKeys][kPitch<D>];  // one side of a key tile: bf16 rows
 using Int2Rows = uint32_t[kKeys][kRawPitch];  // one side of a key tile: int2 rows as stored (words 0 .. 8)
-template <bool Q>
-using Side = std::conditional_t<Q, Int2Rows, Bf16Rows>;
-template <bool KQ, bool VQ>  // KQ / VQ: the keys / values are int2 rows
+template <bool Q, int D>
+using Side = std::conditional_t<Q, Int2Rows, Bf16Rows<D>>;
+template <bool KQ, bool VQ, int D>  // KQ / VQ: the keys / values are int2 rows
 struct Tile {
-  Side<KQ> k;
-  Side<VQ> v;
+  Side<KQ, D> k;
+  Side<VQ, D> v;
 };
-using WindowTile = Tile<false, false>;  // the sink and ring ranges, and the quantized region of bf16 rows
+template <int D>
+using WindowTile = Tile<false, false, D>;  // the sink and ring ranges, and the quantized region of bf16 rows
 
 // Stages per range: two, but one for the windows' tiles beside int2 keys' f16 queries (two would leave one block an
-// SM). The region's size is the larger need: 87 / 98 / 105 / 105 KB for int2/int2, int2/bf16, bf16/int2, bf16/bf16
-// (K/V): two blocks an SM in every case.
-constexpr int kQuantStages = 2;
-template <bool KQ>
-constexpr int kWindowStages = KQ ? 1 : 2;
-template <bool KQ>
-constexpr size_t region_offset = sizeof(Smem) + (KQ ? sizeof(QRows) : 0);
-template <bool KQ, bool VQ>
-constexpr size_t region_bytes = std::max(kWindowStages<KQ> * sizeof(WindowTile), kQuantStages * sizeof(Tile<KQ, VQ>));
-template <bool KQ, bool VQ>
-constexpr size_t smem_bytes = region_offset<KQ> + region_bytes<KQ, VQ>;
-static_assert(sizeof(Smem) % 16 == 0 && sizeof(QRows) % 16 == 0 && sizeof(Int2Rows) % 16 == 0,
-              "the f16 queries, every tile and every side start 16-byte aligned");
-static_assert(smem_bytes<true, true> <= 113 * 1024 && smem_bytes<true, false> <= 113 * 1024 &&
-                  smem_bytes<false, true> <= 113 * 1024 && smem_bytes<false, false> <= 113 * 1024,
-              "two blocks an SM (228 KB, 1 KB reserved per block)");
+// SM), and one for every range at d = 256 (one block an SM either way) and where a block holds at most 99 KB
+// (small: tc::kSmemSmall, sm_86 and sm_89; the host reads the loaded code's value, smem_limits). The region's
+// size is the larger need: 87 / 98 / 105 / 105 KB for int2/int2, int2/bf16, bf16/int2, bf16/bf16 (K/V) at d = 128
+// (two blocks an SM), 135 KB at d = 256 (one); 85 / 95 / 78 / 68 KB at d = 128 on the small GPUs, where d = 256 does
+// not fit (those prefill row by row).
+template <int D>
+constexpr int quant_stages(bool small) {
+  return D > 128 || small ? 1 : 2;
+}
+template <bool KQ, int D>
+constexpr int window_stages(bool small) {
+  return KQ || D > 128 || small ? 1 : 2;
+}
+__device__ int g_small_smem = kSmemSmall;  // the loaded code's layout (smem_limits)
+template <bool KQ, int D>
+constexpr size_t region_offset = sizeof(Smem<D>) + (KQ ? sizeof(QRows<D>) : 0);
+template <bool KQ, bool VQ, int D>
+constexpr size_t smem_bytes(bool small) {
+  return region_offset<KQ, D> + std::max(window_stages<KQ, D>(small) * sizeof(WindowTile<D>),
+                                         quant_stages<D>(small) * sizeof(Tile<KQ, VQ, D>));
+}
+// Blocks an SM the instance is laid out for (228 KB, 1 KB reserved per block), which its launch bounds ask for.
+template <int D>
+constexpr int kBlocksPerSm = D > 128 ? 1 : 2;
+template <bool KQ, bool VQ, int D>
+constexpr bool fits_smem() {
+  static_assert(sizeof(Smem<D>) % 16 == 0 && sizeof(QRows<D>) % 16 == 0 && sizeof(Int2Rows) % 16 == 0 &&
+                    sizeof(Bf16Rows<D>) % 16 == 0,
+                "the f16 queries, every tile and every side start 16-byte aligned");
+  return smem_bytes<KQ, VQ, D>(false) <= (228 / kBlocksPerSm<D> - 1) * 1024 &&
+         (D > 128 || smem_bytes<KQ, VQ, D>(true) <= 99 * 1024);
+}
 
 // One side (K: kv = 0, V: kv = 1) of a key tile, positions [s0, s0 + nv) of range R, into dst as cp.async copies (in
 // the caller's commit group: in shared memory after its wait and a barrier); rows nv .. kKeys - 1 are zero (their
 // scores are masked; zero rows and (scale, zero) words keep P V finite). bf16 rows: thread = (row, 16-byte chunk);
 // int2 rows: the 64 threads [64 kv, 64 kv + 64) take one row each, word by word (rows are 36 bytes apart).
-template <Range R>
+template <Range R, int D>
 __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int layer, int kv, int head, int s0,
-                                          int nv, Bf16Rows& dst) {
-  for (int i = threadIdx.x; i < kKeys * (kD / 8); i += blockDim.x) {
-    const int r = i / (kD / 8), c = i % (kD / 8);
+                                          int nv, Bf16Rows<D>& dst) {
+  for (int i = threadIdx.x; i < kKeys * (D / 8); i += blockDim.x) {
+    const int r = i / (D / 8), c = i % (D / 8);
     const int s = s0 + (r < nv ? r : 0);  // a row past nv copies nothing from position s0's row (mapped)
-    const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row(geo, seq, layer, kv, head, s))
-                      : R == Range::kRing ? static_cast<const void*>(dev::ring_row(geo, seq, layer, kv, head, s))
+    const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row<D>(geo, seq, layer, kv, head, s))
+                      : R == Range::kRing ? static_cast<const void*>(dev::ring_row<D>(geo, seq, layer, kv, head, s))
                                           : static_cast<const void*>(dev::page_row(geo, seq, layer, kv, head, s));
     cp_async_16(&dst[r][8 * c], static_cast<const uint4*>(row) + c, r < nv);  // bf16 rows: 16-byte aligned
   }
 }
-template <Range R>
+template <Range R, int D>
 __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int layer, int kv, int head, int s0,
                                           int nv, Int2Rows& dst) {
   static_assert(R == Range::kQuant, "int2 rows are the quantized region's");
@@ -129,8 +154,9 @@ __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int
 }
 
 // A warp's state over its 16 query rows: this lane's rows gid (j = 0) and gid + 8 (j = 1).
+template <int D>
 struct RowState {
-  float o[kD / 8][4];  // O in the C layout: n-tile dt = dims 8dt .., [row gid: 2tid, 2tid+1 | row gid+8: the same]
+  float o[D / 8][4];  // O in the C layout: n-tile dt = dims 8dt .., [row gid: 2tid, 2tid+1 | row gid+8: the same]
   float m[2];          // the softmax bound (base 2): >= every score so far, -inf before any valid key
   float l[2];          // this lane's share of the running sum (its keys), summed over the quad at the end
   float zsum[2];       // int2 values: this lane's share of Σ P' zero_v
@@ -149,9 +175,10 @@ __device__ __forceinline__ int int2_key_dim(int kc, int c) {
 // One key tile of range R at positions s0 .. (valid below hi), KI / VI: keys / values are int2 rows (f16 operands),
 // else bf16 rows (hi + lo operands for the windows' rows). masked: compute the per-element predicate (a window edge
 // or the diagonal crosses the tile), else every key is valid for every row. qh: the int2 keys' f16 queries.
-template <Range R, bool KI, bool VI>
-__device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, const Tile<KI, VI>& kv, int s0, int hi,
-                                            bool masked, RowState& st) {
+template <Range R, bool KI, bool VI, int D>
+__device__ __forceinline__ void attend_tile(const Smem<D>& sh, const QRows<D>* qh, const Tile<KI, VI, D>& kv, int s0,
+                                            int hi, bool masked, RowState<D>& st) {
+  static_assert(!(KI || VI) || D == kInt2Dim, "int2 rows of one 128-value group");
   constexpr bool kWin = R != Range::kQuant;  // the windows' exact rows: hi + lo operands
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
 
@@ -159,7 +186,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
   float s[kKeys / 8][4];
 #pragma unroll
   for (int nt = 0; nt < kKeys / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-  const uint16_t(*q)[kPitch] = KI ? *qh : sh.qb;
+  const uint16_t(*q)[kPitch<D>] = KI ? *qh : sh.qb;
   // A fragments of Q: matrix lane / 8 holds rows + 8 (lane / 8 % 2), cols + 8 (lane / 16)
   const int qrow = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);
   if constexpr (KI) {
@@ -168,7 +195,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
     for (int nt = 0; nt < kKeys / 8; ++nt)
       w[nt][0] = kv.k[8 * nt + gid][1 + tid], w[nt][1] = kv.k[8 * nt + gid][5 + tid];
 #pragma unroll
-    for (int kc = 0; kc < kD / 16; ++kc) {
+    for (int kc = 0; kc < D / 16; ++kc) {
       uint32_t a[4];
       ldmatrix_x4(a, &q[qrow][16 * kc + 8 * (lane >> 4)]);
 #pragma unroll
@@ -191,7 +218,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
       }
   } else {
 #pragma unroll
-    for (int kc = 0; kc < kD / 16; ++kc) {
+    for (int kc = 0; kc < D / 16; ++kc) {
       const int qcol = 16 * kc + 8 * (lane >> 4);
       uint32_t a[4], alo[4];
       ldmatrix_x4(a, &q[qrow][qcol]);
@@ -249,7 +276,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
       st.m[j] = m_new;
       st.l[j] *= corr, st.zsum[j] *= corr;
 #pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt) st.o[dt][2 * j] *= corr, st.o[dt][2 * j + 1] *= corr;
+      for (int dt = 0; dt < D / 8; ++dt) st.o[dt][2 * j] *= corr, st.o[dt][2 * j + 1] *= corr;
     }
   }
 #pragma unroll
@@ -294,7 +321,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
       const int key = 16 * kk + 2 * tid;
       const uint32_t sel = 0x0400u + 0x0101u * uint32_t(gid % 4);
 #pragma unroll
-      for (int u = 0; u < kD / 32; ++u) {
+      for (int u = 0; u < D / 32; ++u) {
         const int word = 1 + 2 * u + gid / 4;
         const uint32_t x01 = __byte_perm(kv.v[key][word], kv.v[key + 1][word], sel);
         const uint32_t x89 = __byte_perm(kv.v[key + 8][word], kv.v[key + 9][word], sel);
@@ -306,7 +333,7 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
       }
     } else {
 #pragma unroll
-      for (int dp = 0; dp < kD / 16; ++dp) {
+      for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b[4];  // b0, b1 of dim n-tile 2dp, then of 2dp + 1 (matrix lane / 8: keys + 8 (lane / 8 % 2))
         ldmatrix_x4_trans(b, &kv.v[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (2 * dp + (lane >> 4))]);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
@@ -321,13 +348,14 @@ __device__ __forceinline__ void attend_tile(const Smem& sh, const QRows* qh, con
   }
 }
 
-// KQ / VQ: the quantized region's keys / values are int2 rows of one 128-value group, else bf16 rows.
-template <bool KQ, bool VQ>
-__global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(CacheGeometry geo, AttentionLaunch a) {
+// KQ / VQ: the quantized region's keys / values are int2 rows of one 128-value group, else bf16 rows of D values.
+template <bool KQ, bool VQ, int D>
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<D>) prefill_attention_kernel(CacheGeometry geo,
+                                                                                         AttentionLaunch a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
-  [[maybe_unused]] QRows* qh = reinterpret_cast<QRows*>(smem_raw + sizeof(Smem));  // KQ only
-  unsigned char* region = smem_raw + region_offset<KQ>;
+  Smem<D>& sh = *reinterpret_cast<Smem<D>*>(smem_raw);
+  [[maybe_unused]] QRows<D>* qh = reinterpret_cast<QRows<D>*>(smem_raw + sizeof(Smem<D>));  // KQ only
+  unsigned char* region = smem_raw + region_offset<KQ, D>;
   const PrefillTile tile = a.tiles[blockIdx.x];
   const int head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -341,10 +369,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(Cache
   // the f16 values (rows past the chunk: zero)
   auto q_at = [&](int r) -> const float* {
     const int fr = tile.r0 + r, pi = fr / g, h = fr % g;
-    return a.q_work + (int64_t(tile.lrow0 + pi) * a.n_heads + head * g + h) * kD;
+    return a.q_work + (int64_t(tile.lrow0 + pi) * a.n_heads + head * g + h) * D;
   };
-  for (int i = threadIdx.x; i < kRows * (kD / 4); i += blockDim.x) {
-    const int r = i / (kD / 4), c = 4 * (i % (kD / 4));
+  for (int i = threadIdx.x; i < kRows * (D / 4); i += blockDim.x) {
+    const int r = i / (D / 4), c = 4 * (i % (D / 4));
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (r < n_here) {
       x = *reinterpret_cast<const float4*>(q_at(r) + c);
@@ -356,8 +384,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(Cache
     *reinterpret_cast<uint2*>(&sh.ql[r][c]) = make_uint2(pack2<false>(lo.x, lo.y), pack2<false>(lo.z, lo.w));
   }
   if constexpr (KQ) {
-    for (int i = threadIdx.x; i < kRows * kD; i += blockDim.x) {
-      const int r = i / kD, c = i % kD, kc = c / 16, d = int2_key_dim(kc, c % 16);
+    for (int i = threadIdx.x; i < kRows * D; i += blockDim.x) {
+      const int r = i / D, c = i % D, kc = c / 16, d = int2_key_dim(kc, c % 16);
       const float x = r < n_here ? q_at(r)[d] * kLog2e : 0.f;
       (*qh)[r][c] = __half_as_ushort(__float2half_rn(x / float(1 << (2 * (kc % 4)))));
     }
@@ -365,15 +393,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(Cache
       float sum = 0.f;
       if (int(threadIdx.x) < n_here) {
         const float* qr = q_at(threadIdx.x);
-        for (int d = 0; d < kD; ++d) sum += round16<true>(qr[d] * kLog2e);
+        for (int d = 0; d < D; ++d) sum += round16<true>(qr[d] * kLog2e);
       }
       sh.qsum[threadIdx.x] = sum;
     }
   }
 
-  RowState st;
+  RowState<D> st;
 #pragma unroll
-  for (int dt = 0; dt < kD / 8; ++dt) st.o[dt][0] = st.o[dt][1] = st.o[dt][2] = st.o[dt][3] = 0.f;
+  for (int dt = 0; dt < D / 8; ++dt) st.o[dt][0] = st.o[dt][1] = st.o[dt][2] = st.o[dt][3] = 0.f;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int r = min(16 * warp + gid + 8 * j, n_here - 1);  // rows past the chunk act as the last row (not written)
@@ -389,15 +417,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(Cache
   auto walk = [&](auto range, int lo, int hi) {
     constexpr Range R = decltype(range)::value;
     constexpr bool KI = R == Range::kQuant && KQ, VI = R == Range::kQuant && VQ;
-    constexpr int S = R == Range::kQuant ? kQuantStages : kWindowStages<KQ>;
-    using T = Tile<KI, VI>;
+    constexpr int S = R == Range::kQuant ? quant_stages<D>(kSmemSmall) : window_stages<KQ, D>(kSmemSmall);
+    using T = Tile<KI, VI, D>;
     T* stage = reinterpret_cast<T*>(region);
     lo = max(lo, z0), hi = min(hi, z1);
     if (lo >= hi) return;
     auto load = [&](T& t, int s0) {
       const int nv = min(kKeys, hi - s0);
-      load_side<R>(geo, tile.seq, a.layer, 0, head, s0, nv, t.k);
-      load_side<R>(geo, tile.seq, a.layer, 1, head, s0, nv, t.v);
+      load_side<R, D>(geo, tile.seq, a.layer, 0, head, s0, nv, t.k);
+      load_side<R, D>(geo, tile.seq, a.layer, 1, head, s0, nv, t.v);
     };
     __syncthreads();  // the region is free: the previous range's reads (and the queries' writes) are done
     load(stage[0], lo);
@@ -419,14 +447,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(Cache
       const bool full = nv == kKeys && (R == Range::kSink    ? s0 + kKeys - 1 <= t0
                                         : R == Range::kQuant ? s0 + kKeys <= qe0
                                                              : s0 >= qe1 && s0 + kKeys - 1 <= t0);
-      attend_tile<R, KI, VI>(sh, qh, stage[i % S], s0, hi, !full, st);
+      attend_tile<R, KI, VI, D>(sh, qh, stage[i % S], s0, hi, !full, st);
       if constexpr (S > 1) __syncthreads();  // this stage's reads are done before tile i + 2 is issued into it
     }
   };
   walk(std::integral_constant<Range, Range::kQuant>{}, geo.sink, qe1);
   if constexpr (VQ) {  // O's n-tile dt from units of 4^(dt % 4)·2^-24 (the int2 values' codes) to the windows' units
 #pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt)
+    for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st.o[dt][e] *= kTwo24 / float(1 << (2 * (dt % 4)));
   }
@@ -445,9 +473,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(Cache
     if (r >= n_here) continue;
     const int fr = tile.r0 + r, pi = fr / g, h = fr % g;
     const int64_t part = (int64_t(tile.lrow0 + pi) * geo.n_kv + head) * a.n_slots + split;
-    float* acc = a.part_acc + (part * g + h) * kD;
+    float* acc = a.part_acc + (part * g + h) * D;
 #pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt)
+    for (int dt = 0; dt < D / 8; ++dt)
       *reinterpret_cast<float2*>(acc + 8 * dt + 2 * tid) =
           make_float2(st.o[dt][2 * j] - st.zsum[j], st.o[dt][2 * j + 1] - st.zsum[j]);
     if (tid == 0) {
@@ -457,8 +485,32 @@ __global__ void __launch_bounds__(kWarps * 32, 2) prefill_attention_kernel(Cache
   }
 }
 
+// Whether the code this GPU loaded lays its tiles out for 99 KB blocks (g_small_smem), and the shared memory a block
+// may opt into on the current device: read once (not inside a stream capture: GpuKvCache's constructor asks first,
+// through attention_prefill_supported).
+struct SmemLimits {
+  bool small = false;   // g_small_smem
+  int optin = 0;        // bytes (0: no device)
+};
+const SmemLimits& smem_limits() {
+  static const SmemLimits limits = [] {
+    SmemLimits l;
+    int small = 0, dev = 0;
+    if (cudaMemcpyFromSymbol(&small, g_small_smem, sizeof(small)) != cudaSuccess ||
+        cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      cudaGetLastError();  // no device: the launches report it
+      return SmemLimits{};
+    }
+    l.small = small != 0;
+    return l;
+  }();
+  return limits;
+}
+
 // The kernel instance of the cache's tensor-core instance row and its dynamic shared memory (null for a CUDA-core
-// row or no row).
+// row or no row, and where the instance's tiles need more shared memory than a block of this GPU holds: d = 256 on
+// sm_86 / sm_89, which prefill row by row).
 using PrefillKernelFn = void (*)(CacheGeometry, AttentionLaunch);
 struct PrefillKernel {
   PrefillKernelFn fn = nullptr;
@@ -466,15 +518,19 @@ struct PrefillKernel {
 };
 PrefillKernel prefill_kernel(const CacheGeometry& g) {
   PrefillKernel k;
-  with_instance(g.instance, [&](auto row) {
+  const SmemLimits& limits = smem_limits();
+  with_instance(g.instance, g.head_dim, [&](auto row, auto dim) {
     constexpr GpuInstance r = kGpuInstances[decltype(row)::value];
+    constexpr int D = decltype(dim)::value;
     if constexpr (gpu_prefill_kernel(r)) {
       constexpr auto takes = [](CodecId id) { return id == CodecId::kInt2 || id == CodecId::kBf16; };
       static_assert(takes(r.k) && takes(r.v), "the prefill kernel takes int2 and bf16 rows");
-      static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || r.groups == kG128,
+      static_assert((r.k != CodecId::kInt2 && r.v != CodecId::kInt2) || (r.groups == kG128 && D == kInt2Dim),
                     "the prefill kernel takes int2 rows of one 128-value group");
       constexpr bool KQ = r.k == CodecId::kInt2, VQ = r.v == CodecId::kInt2;
-      k = {prefill_attention_kernel<KQ, VQ>, int(smem_bytes<KQ, VQ>)};
+      static_assert(fits_smem<KQ, VQ, D>(), "the instance's shared memory fits its blocks per SM");
+      const int smem = int(smem_bytes<KQ, VQ, D>(limits.small));
+      if (limits.optin == 0 || smem <= limits.optin) k = {prefill_attention_kernel<KQ, VQ, D>, smem};
     }
   });
   return k;

@@ -1,6 +1,6 @@
-// Device codec of per-token int rows (codecs/int/codec_int.h; layout::IntRow: fp16 (scale, zero) per group of G values,
-// then the packed BITS-bit codes): int8 / int4 / int2, and the values (and per-token keys) of KIVI. G is a run-time
-// value (32, 64, 128: the instance table's groups). Interface: cache_device.cuh (DeviceCodecOf).
+// Device codec of per-token int rows of D values (codecs/int/codec_int.h; layout::IntRow: fp16 (scale, zero) per group
+// of G values, then the packed BITS-bit codes): int8 / int4 / int2, and the values (and per-token keys) of KIVI. G is a
+// run-time value (32, 64, 128 dividing D: the instance table's groups). Interface: cache_device.cuh (DeviceCodecOf).
 #pragma once
 
 #include "codecs/group_quant.cuh"
@@ -8,9 +8,10 @@
 
 namespace kvq::cuda::dev {
 
-template <int BITS>
+template <int BITS, int D>
 struct IntRows {
   static_assert(BITS == 2 || BITS == 4 || BITS == 8, "int rows of 2, 4 or 8 bits");
+  static_assert(D % layout::kUnitValues == 0, "int rows pack units of 32 values");
   static constexpr bool kKeyBlocks = false;  // per-token rows
 
   // Value c of a row with group G (row: unused).
@@ -19,7 +20,7 @@ struct IntRows {
     const uint16_t* params = reinterpret_cast<const uint16_t*>(r);  // 4-byte aligned rows (sizes: multiples of 4)
     const int gi = c / group;
     const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
-    const uint8_t* codes = r + layout::int_row_params_bytes(kHeadDim, group);
+    const uint8_t* codes = r + layout::int_row_params_bytes(D, group);
     const int code = (codes[layout::code_byte(c, BITS)] >> layout::code_shift(c, BITS)) & ((1 << BITS) - 1);
     return dequant(float(code), scale, zero);
   }
@@ -32,7 +33,7 @@ struct IntRows {
     const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
     // Values c0 .. c0 + 3 sit in 4 consecutive bytes of their unit at the same shift (layout.h): one aligned word.
     const int ub = layout::unit_bytes(BITS), vv = c0 % layout::kUnitValues;
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group) +
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(D, group) +
                                                           (c0 / layout::kUnitValues) * ub + vv % ub);
     const int shift = BITS * (vv / ub), mask = (1 << BITS) - 1;
 #pragma unroll
@@ -43,10 +44,10 @@ struct IntRows {
   // Σ code · q accumulated, then scale · (Σ code q - zero · Σ q) with qsum[h][unit] = Σ q over the unit, so scale and
   // zero leave the inner loop. int8: the row's values, 4 at a time, then q · k.
   template <int GQ>
-  static __device__ __forceinline__ void score(const void* p, int /*row*/, int group, const float (*qs)[kHeadDim],
-                                               const float (*qsum)[kHeadDim / 32], int g, float* s) {
+  static __device__ __forceinline__ void score(const void* p, int /*row*/, int group, const float (*qs)[D],
+                                               const float (*qsum)[D / 32], int g, float* s) {
     if constexpr (BITS == 8) {
-      for (int c0 = 0; c0 < kHeadDim; c0 += 4) {
+      for (int c0 = 0; c0 < D; c0 += 4) {
         float kv4[4];
         values4(p, 0, group, c0, kv4);
 #pragma unroll
@@ -59,9 +60,9 @@ struct IntRows {
       constexpr int ub = layout::unit_bytes(BITS), words = ub / 4, mask = (1 << BITS) - 1;
       const uint8_t* r = static_cast<const uint8_t*>(p);
       const uint16_t* params = reinterpret_cast<const uint16_t*>(r);
-      const uint32_t* codes = reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(kHeadDim, group));
+      const uint32_t* codes = reinterpret_cast<const uint32_t*>(r + layout::int_row_params_bytes(D, group));
 #pragma unroll
-      for (int u = 0; u < kHeadDim / 32; ++u) {
+      for (int u = 0; u < D / 32; ++u) {
         uint32_t w[words];
 #pragma unroll
         for (int i = 0; i < words; ++i) w[i] = codes[u * words + i];
@@ -88,12 +89,12 @@ struct IntRows {
   // Demotion of one bf16 ring row src into the page row dst (layout::IntRow, group G) by the warp
   // (lane = threadIdx.x): the group quantizer of codecs/group_quant.cpp with the same float operations, per group.
   static __device__ __forceinline__ void encode_row(const uint16_t* src, uint8_t* dst, int group, int clip_index,
-                                                    RowScratch& sh) {
+                                                    RowScratch<D>& sh) {
     const int lane = threadIdx.x;
-    for (int i = lane; i < kHeadDim; i += 32) sh.x[i] = bf16_to_f32(src[i]);
+    for (int i = lane; i < D; i += 32) sh.x[i] = bf16_to_f32(src[i]);
     __syncwarp();
     const int G = group;
-    for (int gi = 0; gi < kHeadDim / G; ++gi) {
+    for (int gi = 0; gi < D / G; ++gi) {
       quantize_group_warp<BITS>(sh.x + gi * G, G, clip_index, sh.codes + gi * G, &sh.params[2 * gi],
                                 &sh.params[2 * gi + 1], &sh.thr);
       __syncwarp();
@@ -101,9 +102,9 @@ struct IntRows {
     // Params (fp16 scale, zero per group), then the packed codes: byte j of unit u holds values u 32 + j % (4b) +
     // 4b k, k < 8 / b, at bits b k (layout.h).
     uint16_t* p16 = reinterpret_cast<uint16_t*>(dst);
-    for (int i = lane; i < 2 * (kHeadDim / G); i += 32) p16[i] = sh.params[i];
-    uint8_t* packed = dst + layout::int_row_params_bytes(kHeadDim, G);
-    const int ub = layout::unit_bytes(BITS), n_bytes = layout::packed_bytes(kHeadDim, BITS);
+    for (int i = lane; i < 2 * (D / G); i += 32) p16[i] = sh.params[i];
+    uint8_t* packed = dst + layout::int_row_params_bytes(D, G);
+    const int ub = layout::unit_bytes(BITS), n_bytes = layout::packed_bytes(D, BITS);
     for (int j = lane; j < n_bytes; j += 32) {
       const int u = j / ub, jj = j % ub;
       uint32_t b = 0;
@@ -116,15 +117,18 @@ struct IntRows {
 
 template <>
 struct DeviceCodecOf<CodecId::kInt8> {
-  using type = IntRows<8>;
+  template <int D>
+  using type = IntRows<8, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kInt4> {
-  using type = IntRows<4>;
+  template <int D>
+  using type = IntRows<4, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kInt2> {
-  using type = IntRows<2>;
+  template <int D>
+  using type = IntRows<2, D>;
 };
 
 }  // namespace kvq::cuda::dev

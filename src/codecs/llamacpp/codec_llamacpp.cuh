@@ -1,11 +1,12 @@
 // Device codec of llama.cpp's q8_0 and q4_0 rows (codecs/llamacpp/codec_llamacpp.h; blocks:
 // codecs/llamacpp/llamacpp_blocks.h, shared with the host, so that the GPU stores the CPU's bytes): a row of one
-// (token, kv head) is kHeadDim / 32 blocks back to back, each an fp16 scale d then its codes (q8_0: 32 int8, x̂ = d·q;
+// (token, kv head) is D / 32 blocks back to back, each an fp16 scale d then its codes (q8_0: 32 int8, x̂ = d·q;
 // q4_0: 16 bytes packed by halves, x̂ = d·(q − 8)). Interface: cache_device.cuh (DeviceCodecOf). Ungrouped: the group
 // and clip arguments are unused.
 //
-// Rows are 136 (q8_0) or 72 (q4_0) bytes, 8-byte aligned (pages of a multiple of 8 rows, cache_geometry), but the
-// blocks inside are 34 / 18 bytes, only 2-byte aligned: the scoring lane loads its whole row as 8-byte words and takes
+// Rows are 34 (q8_0) or 18 (q4_0) bytes per 32 values (136 / 72 at d = 128), 8-byte aligned for d = 128 and 256
+// (pages of a multiple of 8 rows, cache_geometry), 4-byte at d = 64, 2-byte at d = 96, and the blocks inside are
+// only 2-byte aligned: the scoring lane loads its row (up to 4 blocks at a time) as 8-, 4- or 2-byte words and takes
 // the fields out of registers (the byte offsets are compile-time constants after unrolling); values4 reads 16-bit
 // words.
 #pragma once
@@ -17,19 +18,47 @@
 
 namespace kvq::cuda::dev {
 
-template <class Block>
+template <class Block, int D>
 struct LlamaCppRows {
   static_assert(std::is_same_v<Block, llamacpp::BlockQ8_0> || std::is_same_v<Block, llamacpp::BlockQ4_0>,
                 "llama.cpp rows on the GPU: q8_0 or q4_0 blocks");
+  static_assert(D % llamacpp::kBlockValues == 0 && D / llamacpp::kBlockValues <= 32, "whole blocks, one per lane");
   static constexpr bool kKeyBlocks = false;  // per-token rows
   static constexpr bool kQ8 = std::is_same_v<Block, llamacpp::BlockQ8_0>;
-  static constexpr int kBlocks = kHeadDim / llamacpp::kBlockValues;
+  static constexpr int kBlocks = D / llamacpp::kBlockValues;
   static constexpr int kBlockBytes = int(sizeof(Block));
   static constexpr int kRowBytes = kBlocks * kBlockBytes;
-  static constexpr int kWords = kRowBytes / 4;
-  static_assert(kRowBytes % 8 == 0, "whole 8-byte words per row: 8-byte aligned rows");
+  // The scoring lane holds up to 4 blocks at a time (a row of d = 128) as 32-bit words, loaded in the widest words the
+  // rows' alignment allows (rows follow each other from an 8-byte aligned region).
+  static constexpr int kPartBlocks = kBlocks < 4 ? kBlocks : 4;
+  static_assert(kBlocks % kPartBlocks == 0, "whole parts");
+  static constexpr int kPartBytes = kPartBlocks * kBlockBytes;
+  static constexpr int kWords = (kPartBytes + 3) / 4;
+  static constexpr int kAlign = kRowBytes % 8 == 0 ? 8 : kRowBytes % 4 == 0 ? 4 : 2;  // bytes, of rows and parts
 
-  // Byte i / the 16-bit field at even byte i of a row held as 32-bit words w (i a compile-time constant after
+  // Bytes [0, kPartBytes) of p into w (w[i] = bytes 4i .. 4i + 3; the tail of a last half word is zero).
+  static __device__ __forceinline__ void load_part(const uint8_t* p, uint32_t (&w)[kWords]) {
+    if constexpr (kAlign == 8) {
+      const uint2* r = reinterpret_cast<const uint2*>(p);
+#pragma unroll
+      for (int i = 0; i < kWords / 2; ++i) {
+        const uint2 x = r[i];
+        w[2 * i] = x.x, w[2 * i + 1] = x.y;
+      }
+    } else if constexpr (kAlign == 4) {
+      const uint32_t* r = reinterpret_cast<const uint32_t*>(p);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = r[i];
+    } else {
+      const uint16_t* r = reinterpret_cast<const uint16_t*>(p);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i)
+        w[i] = uint32_t(r[2 * i]) | (2 * i + 1 < kPartBytes / 2 ? uint32_t(r[2 * i + 1]) << 16 : 0u);
+    }
+  }
+  static_assert(kAlign < 8 || (kWords % 2 == 0 && kPartBytes % 8 == 0), "8-byte loads of whole parts");
+
+  // Byte i / the 16-bit field at even byte i of a part held as 32-bit words w (i a compile-time constant after
   // unrolling: the shifts resolve statically; an even i never straddles two words).
   static __device__ __forceinline__ uint32_t byte_at(const uint32_t (&w)[kWords], int i) {
     return (w[i / 4] >> (8 * (i % 4))) & 0xffu;
@@ -68,35 +97,33 @@ struct LlamaCppRows {
   }
 
   // Scores of one row against the g <= GQ queries qs[h][:]: s[h] += Σ_b d_b (q_h,b · level_b), the scale applied once
-  // per block and query as the CPU's block kernels do (codecs/llamacpp/simd_blocks_impl.h). The whole row (17 / 9 loads
-  // of 8 bytes) is loaded before any use, so one DRAM round trip serves it.
+  // per block and query as the CPU's block kernels do (codecs/llamacpp/simd_blocks_impl.h). A part of up to 4 blocks
+  // (at d = 128 the whole row: 17 / 9 loads of 8 bytes) is loaded before any use, so one DRAM round trip serves it.
   template <int GQ>
-  static __device__ __forceinline__ void score(const void* p, int /*row*/, int /*group*/, const float (*qs)[kHeadDim],
-                                               const float (*/*qsum*/)[kHeadDim / 32], int g, float* s) {
-    const uint2* r = static_cast<const uint2*>(p);
-    uint32_t w[kWords];
+  static __device__ __forceinline__ void score(const void* p, int /*row*/, int /*group*/, const float (*qs)[D],
+                                               const float (*/*qsum*/)[D / 32], int g, float* s) {
 #pragma unroll
-    for (int i = 0; i < kWords / 2; ++i) {
-      const uint2 x = r[i];
-      w[2 * i] = x.x, w[2 * i + 1] = x.y;
-    }
+    for (int b0 = 0; b0 < kBlocks; b0 += kPartBlocks) {
+      uint32_t w[kWords];
+      load_part(static_cast<const uint8_t*>(p) + b0 * kBlockBytes, w);
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      const int at = b * kBlockBytes;
-      const float d = fp16_to_f32(half_at(w, at));
-      float acc[GQ];
+      for (int b = 0; b < kPartBlocks; ++b) {
+        const int at = b * kBlockBytes;
+        const float d = fp16_to_f32(half_at(w, at));
+        float acc[GQ];
 #pragma unroll
-      for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
+        for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float x = float(level_at(w, at + 2, j));
+        for (int j = 0; j < 32; ++j) {
+          const float x = float(level_at(w, at + 2, j));
+#pragma unroll
+          for (int h = 0; h < GQ; ++h)
+            if (h < g) acc[h] = fmaf(qs[h][(b0 + b) * 32 + j], x, acc[h]);
+        }
 #pragma unroll
         for (int h = 0; h < GQ; ++h)
-          if (h < g) acc[h] = fmaf(qs[h][b * 32 + j], x, acc[h]);
+          if (h < g) s[h] = fmaf(d, acc[h], s[h]);
       }
-#pragma unroll
-      for (int h = 0; h < GQ; ++h)
-        if (h < g) s[h] = fmaf(d, acc[h], s[h]);
     }
   }
 
@@ -104,9 +131,9 @@ struct LlamaCppRows {
   // lane b < kBlocks quantizes block b with the host's quantizer (llamacpp::quantize: the same IEEE operations,
   // common/hd.h), so the stored bytes are the CPU cache's.
   static __device__ __forceinline__ void encode_row(const uint16_t* src, uint8_t* dst, int /*group*/,
-                                                    int /*clip_index*/, RowScratch& sh) {
+                                                    int /*clip_index*/, RowScratch<D>& sh) {
     const int lane = threadIdx.x;
-    for (int i = lane; i < kHeadDim; i += 32) sh.x[i] = bf16_to_f32(src[i]);
+    for (int i = lane; i < D; i += 32) sh.x[i] = bf16_to_f32(src[i]);
     __syncwarp();
     if (lane < kBlocks) {
       Block b;
@@ -119,11 +146,13 @@ struct LlamaCppRows {
 
 template <>
 struct DeviceCodecOf<CodecId::kQ8_0> {
-  using type = LlamaCppRows<llamacpp::BlockQ8_0>;
+  template <int D>
+  using type = LlamaCppRows<llamacpp::BlockQ8_0, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kQ4_0> {
-  using type = LlamaCppRows<llamacpp::BlockQ4_0>;
+  template <int D>
+  using type = LlamaCppRows<llamacpp::BlockQ4_0, D>;
 };
 
 }  // namespace kvq::cuda::dev

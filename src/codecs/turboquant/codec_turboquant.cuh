@@ -38,12 +38,12 @@ __device__ __forceinline__ int code_of(const uint8_t* codes, int c) {
   return int((v >> (bit % 8)) & ((1u << BITS) - 1u));
 }
 
-template <int BITS, bool NC>
+template <int BITS, bool NC, int D>
 struct TqKeyRows {
   static_assert(BITS == 2 || BITS == 3 || BITS == 4, "TurboQuant keys of 2, 3 or 4 bits");
   static constexpr bool kKeyBlocks = false;  // per-token rows
   static constexpr bool kCodebook = true;    // reads CacheGeometry::k_table
-  static constexpr int kCodeBytes = tq::codes_bytes(kHeadDim, BITS);
+  static constexpr int kCodeBytes = tq::codes_bytes(D, BITS);
   static constexpr int kWords = kCodeBytes / 4;
 
   static __device__ __forceinline__ float norm(const uint8_t* r) {
@@ -56,7 +56,7 @@ struct TqKeyRows {
     float x = codebook[code_of<BITS>(r, c)];
     if constexpr (NC) {
       float ss = 0.f;
-      for (int i = 0; i < kHeadDim; ++i) {
+      for (int i = 0; i < D; ++i) {
         const float ci = codebook[code_of<BITS>(r, i)];
         ss = fmaf(ci, ci, ss);
       }
@@ -68,7 +68,7 @@ struct TqKeyRows {
   // Scores of one row against the g <= GQ queries qs[h][:]: s[h] += f · Σ_c q_h[c] centroid[idx_c], f = n (/ ||c||),
   // the centroids through the L1 cache (one line: 2^b floats), the row's codes in registers.
   template <int GQ>
-  static __device__ __forceinline__ void score(const void* p, const float* codebook, const float (*qs)[kHeadDim], int g,
+  static __device__ __forceinline__ void score(const void* p, const float* codebook, const float (*qs)[D], int g,
                                                float* s) {
     const uint8_t* r = static_cast<const uint8_t*>(p);
     uint32_t w[kWords];
@@ -77,7 +77,7 @@ struct TqKeyRows {
 #pragma unroll
     for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
 #pragma unroll
-    for (int c = 0; c < kHeadDim; ++c) {
+    for (int c = 0; c < D; ++c) {
       const float x = __ldg(codebook + code_at<BITS>(w, c));
       if constexpr (NC) ss = fmaf(x, x, ss);
 #pragma unroll
@@ -94,10 +94,10 @@ struct TqKeyRows {
   // operations: n from the lanes' partial sums of squares and the xor butterfly (= codecs/turboquant/turboquant.h's
   // canonical order), x_i = y_i / (n + 1e-8), the bucket among the midpoints, the packed bytes, n as fp16.
   static __device__ __forceinline__ void encode_row(const uint16_t* src, uint8_t* dst, const float* codebook,
-                                                    RowScratch& sh) {
+                                                    RowScratch<D>& sh) {
     const int lane = threadIdx.x;
     float part = 0.f;
-    for (int i = lane; i < kHeadDim; i += 32) {
+    for (int i = lane; i < D; i += 32) {
       const float y = bf16_to_f32(src[i]);
       sh.x[i] = y;
       part = exact::add(part, exact::mul(y, y));
@@ -105,7 +105,7 @@ struct TqKeyRows {
     for (int o = 16; o > 0; o >>= 1) part = exact::add(part, __shfl_xor_sync(0xffffffffu, part, o));
     const float n = tq::sqrt_rn(part), den = tq::key_denominator(n);
     const float* midpoints = codebook + (1 << BITS);
-    for (int i = lane; i < kHeadDim; i += 32)
+    for (int i = lane; i < D; i += 32)
       sh.codes[i] = tq::bucket(exact::div(sh.x[i], den), midpoints, (1 << BITS) - 1);
     __syncwarp();
     for (int j = lane; j < kCodeBytes; j += 32) dst[j] = tq::pack_byte(sh.codes, j, BITS);
@@ -114,11 +114,11 @@ struct TqKeyRows {
   }
 };
 
-template <int BITS>
+template <int BITS, int D>
 struct TqValueRows {
   static_assert(BITS == 2 || BITS == 3 || BITS == 4, "TurboQuant values of 2, 3 or 4 bits");
   static constexpr bool kKeyBlocks = false;  // per-token rows
-  static constexpr int kCodeBytes = tq::codes_bytes(kHeadDim, BITS);
+  static constexpr int kCodeBytes = tq::codes_bytes(D, BITS);
 
   // The stored fp16 s and mn as floats.
   static __device__ __forceinline__ void params(const uint8_t* r, float* s, float* mn) {
@@ -155,11 +155,11 @@ struct TqValueRows {
   // Demotion of one bf16 ring row src into the page row dst by the warp: min and max with the CPU's first-index tie
   // rule (so ±0 ties store the same sign), s from the fp32 range, the codes with the fp32 s and mn, fp16 s and mn.
   static __device__ __forceinline__ void encode_row(const uint16_t* src, uint8_t* dst, int /*group*/,
-                                                    int /*clip_index*/, RowScratch& sh) {
+                                                    int /*clip_index*/, RowScratch<D>& sh) {
     const int lane = threadIdx.x;
     float lo = INFINITY, hi = -INFINITY;
-    int ilo = kHeadDim, ihi = kHeadDim;
-    for (int i = lane; i < kHeadDim; i += 32) {
+    int ilo = D, ihi = D;
+    for (int i = lane; i < D; i += 32) {
       const float v = bf16_to_f32(src[i]);
       sh.x[i] = v;
       if (v < lo) lo = v, ilo = i;
@@ -169,7 +169,7 @@ struct TqValueRows {
     warp_argmax(hi, ihi);
     const float s = tq::value_scale(lo, hi, BITS);
     __syncwarp();
-    for (int i = lane; i < kHeadDim; i += 32) sh.codes[i] = min_scale_code(sh.x[i], lo, s, BITS);
+    for (int i = lane; i < D; i += 32) sh.codes[i] = min_scale_code(sh.x[i], lo, s, BITS);
     __syncwarp();
     for (int j = lane; j < kCodeBytes; j += 32) dst[j] = tq::pack_byte(sh.codes, j, BITS);
     if (lane == 0) {
@@ -182,39 +182,48 @@ struct TqValueRows {
 
 template <>
 struct DeviceCodecOf<CodecId::kTq2nc> {
-  using type = TqKeyRows<2, true>;
+  template <int D>
+  using type = TqKeyRows<2, true, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTq3nc> {
-  using type = TqKeyRows<3, true>;
+  template <int D>
+  using type = TqKeyRows<3, true, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTq4nc> {
-  using type = TqKeyRows<4, true>;
+  template <int D>
+  using type = TqKeyRows<4, true, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTq2> {
-  using type = TqKeyRows<2, false>;
+  template <int D>
+  using type = TqKeyRows<2, false, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTq3> {
-  using type = TqKeyRows<3, false>;
+  template <int D>
+  using type = TqKeyRows<3, false, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTq4> {
-  using type = TqKeyRows<4, false>;
+  template <int D>
+  using type = TqKeyRows<4, false, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTqv2> {
-  using type = TqValueRows<2>;
+  template <int D>
+  using type = TqValueRows<2, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTqv3> {
-  using type = TqValueRows<3>;
+  template <int D>
+  using type = TqValueRows<3, D>;
 };
 template <>
 struct DeviceCodecOf<CodecId::kTqv4> {
-  using type = TqValueRows<4>;
+  template <int D>
+  using type = TqValueRows<4, D>;
 };
 
 }  // namespace kvq::cuda::dev
