@@ -1,0 +1,173 @@
+// Every row of the GPU instance table (cuda/gpu_instances.h) at every head dim it is compiled for, found by walking the
+// table, so a new row or a new d is tested by default: a cache as the CLI builds it that selects exactly that (row, d),
+// the GPU cache against the CPU KvCache + cache_attention on identical inputs (stored rows byte for byte, attention by
+// NMSE) and the fast kernel against its reference twin at GQA groups 1 and 8. The host-side checks
+// (GpuHeadDimsTable.*Host*) run everywhere the CUDA backend is built; the others skip themselves without a GPU.
+#ifdef KVQ_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codecs/registry.h"
+#include "common/error.h"
+#include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
+#include "gpu_twin.h"
+#include "kv/cache.h"
+#include "rotation/rotation_file.h"
+#include "simd/simd.h"
+
+using namespace kvq;
+using namespace kvq::gpu_test;
+
+namespace {
+
+// A cache that runs row i of the table at head_dim d for n_layers x n_kv heads: the row's codecs as -ctk / -ctv build
+// them (default clips; KIVI and OScaR keys per channel), the largest group the row takes that fits d, pages of the
+// smallest size that selects the row and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile
+// fits), windows 16 / 64 and the transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot). nullopt when
+// none selects it that the CPU cache layout also takes.
+std::optional<CacheConfig> row_config(int i, int d, int n_layers, int n_kv) {
+  const cuda::GpuInstance& r = cuda::kGpuInstances[i];
+  for (int group : {128, 64, 32})
+    for (int page = r.page_multiple; page <= 256; page += r.page_multiple) {
+      CacheConfig c;
+      c.k = codec_spec(codec_traits(r.k).name, true, group, 0.f);
+      c.v = codec_spec(codec_traits(r.v).name, false, group, 0.f);
+      c.k.head_dim = c.v.head_dim = d;
+      c.sink = 16, c.recent = 64, c.page_tokens = page, c.max_chunk = 512;
+      if (cuda::gpu_instance(c, d) != i) continue;
+      try {
+        c.transform = codec_transform(c, n_layers, n_kv, d);
+        cache_layout(c, n_layers, n_kv, d);  // pages of whole key blocks (KIVI: G tokens), the implied transform
+      } catch (const Error&) {
+        continue;
+      }
+      return c;
+    }
+  return std::nullopt;
+}
+
+struct RowDim {
+  int row, d;
+};
+std::vector<RowDim> compiled_row_dims() {
+  std::vector<RowDim> out;
+  for (int i = 0; i < cuda::kGpuInstanceCount; ++i)
+    for (int d : cuda::kGpuHeadDims)
+      if (cuda::gpu_row_compiled(cuda::kGpuInstances[i], d)) out.push_back({i, d});
+  return out;
+}
+
+// Whether the stored rows must be bit-identical: yes without a transform and under TurboQuant's key Hadamard and
+// llama.cpp's attn_rot (as tests/test_gpu_cache.cpp and test_gpu_llamacpp.cpp hold them); under OScaR's Hadamard of
+// keys and values (rotation "hadamard"), computed in the CPU's order, a rare code flip is allowed for, as for
+// tests/test_gpu_cache.cpp's random transforms (1% of the rows, NMSE 1e-3).
+bool exact_rows(const CacheConfig& c) { return !c.transform || c.rotation() != "hadamard"; }
+
+// Extra NMSE of the tensor-core path (tests/test_gpu_cache.cpp's operand_budget): a bf16 side rounds q and P' to bf16
+// (1e-4), int2 rows of one 128-value group (d = 128) P' and q to f16 or int8 terms (1e-5); 0 on CUDA cores (float
+// arithmetic on the decoded rows, against which the reference twin is held to 1e-9).
+double operand_budget(const CacheConfig& c, cuda::GpuPath path) {
+  if (path != cuda::GpuPath::kTensorCore) return 0.0;
+  return c.k.type == "bf16" || c.v.type == "bf16" ? 1e-4 : 1e-5;
+}
+
+// NMSE budget of GPU vs CPU attention (the budgets of tests/test_gpu_cache.cpp, from the cache's specs): the
+// tensor-core operands; int2 / kivi2 rows of one 128-value group at d = 128 take the CPU's int8 path on AVX-512 VNNI
+// (2e-3); per-channel key blocks (KIVI, OScaR) fold the scale into q before the CPU's int16 rounding, TurboQuant and
+// llama.cpp's blocks and the transforms their codecs imply sum in another order (1e-6); the int rows and bf16 on CUDA
+// cores are float arithmetic on identical decoded rows on both sides (1e-7).
+double budget(const CacheConfig& c, int d, cuda::GpuPath path) {
+  const auto plain = [](const CodecSpec& s) {
+    return !s.per_channel && (s.type == "bf16" || s.type == "int8" || s.type == "int4" || s.type == "int2");
+  };
+  const auto whole_row_int2 = [&](const CodecSpec& s) {
+    return (s.type == "int2" || s.type == "kivi2") && s.group == 128 && d == 128;
+  };
+  double b = plain(c.k) && plain(c.v) && !c.transform ? 1e-7 : 1e-6;
+  if ((whole_row_int2(c.k) || whole_row_int2(c.v)) && best_simd_level() == SimdLevel::kAvx512Vnni) b = 2e-3;
+  if (!exact_rows(c)) b = std::max(b, 1e-3);
+  return std::max(b, operand_budget(c, path));
+}
+
+std::string what(int i, int d, const CacheConfig& c) {
+  return "row " + std::to_string(i) + " (" + cuda::gpu_path_name(cuda::kGpuInstances[i].path) + ") d " +
+         std::to_string(d) + ": " + c.describe() + " page " + std::to_string(c.page_tokens);
+}
+
+// Host side: every compiled (row, d) has a cache that selects it, which the CPU cache also takes (the two support
+// matrices agree on it), with rows of the CPU layout's sizes.
+TEST(GpuHeadDimsTable, EveryCompiledRowAndHeadDimHasACacheTheCpuAlsoTakesHost) {
+  int n = 0;
+  for (const auto& [i, d] : compiled_row_dims()) {
+    const std::optional<CacheConfig> c = row_config(i, d, 2, 2);
+    ASSERT_TRUE(c.has_value()) << "row " << i << " at d " << d
+                               << ": no group and page size select it that the CPU cache takes";
+    EXPECT_EQ(cuda::gpu_unsupported(*c, d), "") << what(i, d, *c);
+    EXPECT_NO_THROW(KvCache(*c, 2, 2, d, 1024, 1)) << what(i, d, *c) << ": the CPU cache refuses it";
+    const cuda::CacheGeometry g = cuda::cache_geometry(*c, 2, 2, 1024);
+    EXPECT_EQ(g.instance, i) << what(i, d, *c);
+    EXPECT_EQ(int(g.head_dim), d) << what(i, d, *c);
+    EXPECT_TRUE(row_config(i, d, 1, 8).has_value()) << what(i, d, *c) << ": not in the decode_once shape";
+    ++n;
+  }
+  // 128 at every row; the table's head dims at the others
+  EXPECT_GE(n, cuda::kGpuInstanceCount + 4);
+}
+
+// The GPU cache of every compiled (row, d) against the CPU cache: prefill chunks, batched decode and a mixed step over
+// sequences of awkward lengths; stored rows byte for byte (the codecs' own transforms included: both caches rotate with
+// the same double accumulation) and attention within the row's budget; then the fast kernel against its reference twin
+// (exact float arithmetic on the CUDA-core rows; the tensor-core operand rounding on the others) at GQA groups 1 and 8.
+TEST(GpuHeadDimsTable, EveryCompiledRowMatchesTheCpuCacheAndItsReferenceTwinAtEveryHeadDim) {
+  REQUIRE_GPU();
+  for (const auto& [i, d] : compiled_row_dims()) {
+    const cuda::GpuPath path = cuda::kGpuInstances[i].path;
+    const std::optional<CacheConfig> cfg = row_config(i, d, Twin::kLayers, Twin::kKv);
+    ASSERT_TRUE(cfg.has_value()) << "row " << i << " d " << d;
+    const std::string name = what(i, d, *cfg);
+    SCOPED_TRACE(name);
+    std::mt19937 rng(5000 + 31 * i + d);
+    const std::vector<int> lengths = {1, 70, 333, 1100};
+    Twin tw(*cfg, 1100 + 64, int(lengths.size()), cfg->transform ? *cfg->transform : KvTransform{}, d);
+    const double b = budget(*cfg, d, path);
+    for (size_t s = 0; s < lengths.size(); ++s) tw.prefill(int(s), lengths[s], rng, Data::HeavyTailed, b);
+    std::vector<int> all, ones(lengths.size(), 1), mixed;
+    for (size_t s = 0; s < lengths.size(); ++s) all.push_back(int(s)), mixed.push_back(1 + int(s) * 7);
+    tw.step(all, ones, rng, Data::HeavyTailed, true, b, "decode step");
+    tw.step(all, mixed, rng, Data::Gaussian, true, b, "mixed step");
+    int64_t total = 0, bad = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) bad += tw.row_mismatches(int(s), &total);
+    EXPECT_GT(total, 0);
+    if (exact_rows(*cfg)) {
+      EXPECT_EQ(bad, 0) << "identical inputs must give bit-identical stored rows";
+    } else {
+      EXPECT_LE(double(bad), 0.01 * double(total)) << "more than 1% of the rows differ with a transform";
+    }
+
+    const std::optional<CacheConfig> one = row_config(i, d, 1, 8);  // decode_once's shape: 1 layer, 8 kv heads
+    ASSERT_TRUE(one.has_value());
+    double worst = 0;
+    for (int heads : {8, 64}) {
+      const auto fast = decode_once(*one, 1500, 0, false, heads, d), ref = decode_once(*one, 1500, 0, true, heads, d);
+      const double e = nmse(fast, ref);
+      worst = std::max(worst, e);
+      EXPECT_LT(e, std::max(1e-9, operand_budget(*one, path)))
+          << "fast vs reference twin, GQA group " << heads / 8;
+    }
+    std::printf("[ gpu    ] %s: vs CPU worst NMSE %.3g (budget %.0e), %lld of %lld stored rows differ; fast vs "
+                "reference twin NMSE %.3g\n",
+                name.c_str(), tw.worst_nmse, b, (long long)bad, (long long)total, worst);
+  }
+}
+
+}  // namespace
+
+#endif  // KVQ_HAVE_CUDA
