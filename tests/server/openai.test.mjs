@@ -5,6 +5,8 @@
 //   - chat, streaming and not; the model list; errors as the SDK's typed errors (400, 401, 404);
 //   - a --kv-budget-gib too small for the running requests: preemptions, and the replies of requests served alone;
 //   - SIGTERM drains: a stream in flight finishes, a new request gets 503, the process exits 0.
+//   - the fields clients send (n, penalties, min_p, logit_bias, per-choice seeds), --lenient-fields, prefix caching's
+//     usage.prompt_tokens_details.cached_tokens; with --test-hooks a failing step, an aborted request, a lost device.
 // Run: KVQ=build/kvq node --test tests/server/openai.test.mjs   (from the repository root)
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -208,4 +210,99 @@ test('SIGTERM drains: the stream in flight finishes, a new request gets 503, the
   assert.equal(usage.completion_tokens, 120);
   assert.equal(await exited(server), 0);
   assert.match(server.log(), /SIGTERM: draining/);
+});
+
+test('a step that throws gets a 500 and the server goes on; a client that aborts is cancelled; a lost device turns '
+     + '/health to 503', { timeout: 300_000 }, async () => {
+  const server = await startServer(['--test-hooks']);  // POST /debug/fault arms a fault in the next engine step
+  const api = client(server);
+  const base = `http://127.0.0.1:${server.port}`;
+  const arm = (fault) => fetch(`${base}/debug/fault`, { method: 'POST', body: JSON.stringify({ fault }) });
+  const metric = async (name) => {
+    const text = await (await fetch(`${base}/metrics`)).text();
+    return Number(text.match(new RegExp(`^${name.replace(/[{}"]/g, '\\$&')} (\\S+)$`, 'm'))[1]);
+  };
+  const until = async (pred) => {
+    for (let i = 0; i < 1500; ++i) { if (await pred()) return true; await new Promise((r) => setTimeout(r, 20)); }
+    return false;
+  };
+  const ask = { model: 'ref', prompt: 'The kernel', max_tokens: 4, temperature: 0 };
+  const want = await api.completions.create(ask);
+
+  assert.equal((await arm('bad_alloc')).status, 200);
+  await assert.rejects(api.completions.create(ask), (e) => {
+    assert.ok(e instanceof OpenAI.InternalServerError, String(e));
+    assert.equal(e.status, 500);
+    assert.equal(e.code, 'internal_error');
+    return true;
+  });
+  const again = await api.completions.create(ask);
+  assert.equal(again.choices[0].text, want.choices[0].text);
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+
+  // A non-streaming client that gives up: its request is cancelled, far from its 900 tokens.
+  const ac = new AbortController();
+  const long = api.completions.create({ ...ask, max_tokens: 900, ignore_eos: true }, { signal: ac.signal });
+  assert.ok(await until(async () => (await metric('kvq_requests_running')) === 1));
+  ac.abort();
+  await assert.rejects(long, (e) => e instanceof OpenAI.APIUserAbortError);
+  assert.ok(await until(async () => (await metric('kvq_requests_finished_total{reason="cancelled"}')) === 1));
+  assert.equal(await metric('kvq_requests_running'), 0);
+  assert.ok((await metric('kvq_generation_tokens_total')) < 900);
+
+  assert.equal((await arm('device_lost')).status, 200);
+  await assert.rejects(api.completions.create(ask), (e) => e.status === 500);
+  const health = await fetch(`${base}/health`);
+  assert.equal(health.status, 503);
+  assert.equal((await health.json()).error.code, 'device_lost');
+  await assert.rejects(api.completions.create(ask), (e) => {
+    assert.equal(e.status, 503);
+    assert.equal(e.code, 'device_lost');
+    return true;
+  });
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
+});
+
+test('the fields clients send: n, presence / frequency / repetition penalties, min_p, logit_bias, seed per choice; '
+     + '--lenient-fields ignores vLLM\'s extra fields', { timeout: 300_000 }, async () => {
+  const server = await startServer(['--lenient-fields', '-b', '32']);  // chunks of 32: prompts reach the prefix cache
+  const api = client(server);
+  // Two chats sharing a long system prompt: the second continues from the first's cached prefix (a chunk boundary).
+  const chat = (q) => api.chat.completions.create({ model: 'ref', max_tokens: 4, temperature: 0,
+    messages: [{ role: 'system', content: PROMPT }, { role: 'user', content: q }] });
+  const c1 = await chat('What is it?');
+  const c2 = await chat('Why?');
+  assert.equal(c1.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.ok(c2.usage.prompt_tokens_details.cached_tokens >= 32, JSON.stringify(c2.usage));
+  assert.equal(c2.usage.prompt_tokens_details.cached_tokens % 32, 0);
+  const ask = { model: 'ref', prompt: 'The kernel', max_tokens: 6, temperature: 0.9, presence_penalty: 0.6,
+                frequency_penalty: 0.3, repetition_penalty: 1.2, min_p: 0.05, ignore_eos: true };
+  const two = await api.completions.create({ ...ask, n: 2, seed: 11 });
+  assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+  assert.equal(two.usage.completion_tokens, 12);
+  const first = await api.completions.create({ ...ask, seed: 11 });
+  const second = await api.completions.create({ ...ask, seed: 12 });  // choice i is seeded seed + i
+  assert.equal(two.choices[0].text, first.choices[0].text);
+  assert.equal(two.choices[1].text, second.choices[0].text);
+  // logit_bias: +100 on one token makes greedy decoding repeat it, in every choice.
+  const steered = await api.completions.create({ model: 'ref', prompt: 'The kernel', max_tokens: 3, temperature: 0,
+                                                 ignore_eos: true, logprobs: 0, n: 2, logit_bias: { 100: 100 } });
+  assert.equal(steered.choices.length, 2);
+  for (const c of steered.choices) {
+    const t = c.logprobs.tokens;
+    assert.equal(t.length, 3);
+    assert.ok(t[0] === t[1] && t[1] === t[2], JSON.stringify(t));
+    assert.equal(c.text, t.join(''));
+  }
+  const plain = await api.completions.create({ model: 'ref', prompt: 'The kernel', max_tokens: 3, temperature: 0,
+                                               ignore_eos: true, logprobs: 0 });
+  assert.notDeepEqual(plain.choices[0].logprobs.tokens, steered.choices[0].logprobs.tokens);
+  // A vLLM extra_body field: ignored (logged once) with --lenient-fields.
+  const lenient = await api.completions.create({ ...ask, seed: 11, skip_special_tokens: true, spaces_between_special_tokens: false });
+  assert.equal(lenient.choices[0].text, first.choices[0].text);
+  await api.completions.create({ ...ask, skip_special_tokens: true });
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
+  assert.equal(server.log().split("ignoring the unknown request field 'skip_special_tokens'").length - 1, 1);
 });
