@@ -387,9 +387,10 @@ void GpuKvCache::prefix_store(int seq, const int32_t* ids, int len) {
     m.prefix->find(ids, len);
     return;
   }
-  const int S0 = m.cfg.sink, P = m.cfg.page_tokens, r0 = std::max(S0, m.quant_end(len - 1));
-  const int full = (r0 - S0) / P;
-  const bool partial = (r0 - S0) % P != 0;
+  // q: the quantized end; the ring holds [q, len) (nothing while len <= S0: every row is a sink).
+  const int S0 = m.cfg.sink, P = m.cfg.page_tokens, q = std::max(S0, m.quant_end(len - 1)), r0 = len > S0 ? q : len;
+  const int full = (q - S0) / P;
+  const bool partial = (q - S0) % P != 0;
   const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = size_t(kHeadDim) * 2;
   const size_t sink = slot_rows * size_t(S0) * row, page = size_t(m.layout.page_bytes);
   std::vector<uint8_t> state(sink + (partial ? page : 0) + slot_rows * size_t(len - r0) * row);
@@ -422,8 +423,8 @@ void GpuKvCache::prefix_attach(int seq, const int32_t* ids, int len) {
   const std::vector<int> pages = e->pages;  // copies: taking the partial page may evict the entry
   const std::vector<uint8_t> state = e->state;
   for (int p : pages) m.pool->share(seq, p);
-  const int S0 = m.cfg.sink, P = m.cfg.page_tokens, r0 = std::max(S0, m.quant_end(len - 1));
-  const bool partial = (r0 - S0) % P != 0;
+  const int S0 = m.cfg.sink, P = m.cfg.page_tokens, q = std::max(S0, m.quant_end(len - 1)), r0 = len > S0 ? q : len;
+  const bool partial = (q - S0) % P != 0;
   const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = size_t(kHeadDim) * 2;
   const size_t sink = slot_rows * size_t(S0) * row, page = size_t(m.layout.page_bytes);
   const uint8_t* in = state.data();

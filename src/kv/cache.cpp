@@ -301,7 +301,8 @@ void KvCache::prefix_store(int seq, const int32_t* ids, int len) {
     return;
   }
   Sequence& s = *seqs_[size_t(seq)];
-  const int S0 = cfg_.sink, P = cfg_.page_tokens, q = std::max(S0, quant_end(len - 1)), r0 = q;
+  // q: the quantized end; the ring holds [q, len) (nothing while len <= S0: every row is a sink).
+  const int S0 = cfg_.sink, P = cfg_.page_tokens, q = std::max(S0, quant_end(len - 1)), r0 = len > S0 ? q : len;
   const int full = (q - S0) / P, partial = (q - S0) % P != 0;
   const size_t row = size_t(layout_.window_row), n_rows = size_t(len - r0);
   std::vector<uint8_t> state(s.sinks.size() + (partial ? size_t(layout_.page_bytes) : 0) +
@@ -337,7 +338,7 @@ void KvCache::prefix_attach(int seq, const int32_t* ids, int len) {
   const std::vector<uint8_t> state = e->state;
   for (int p : pages) pool_.share(seq, p);
   Sequence& s = *seqs_[size_t(seq)];
-  const int S0 = cfg_.sink, P = cfg_.page_tokens, q = std::max(S0, quant_end(len - 1)), r0 = q;
+  const int S0 = cfg_.sink, P = cfg_.page_tokens, q = std::max(S0, quant_end(len - 1)), r0 = len > S0 ? q : len;
   const bool partial = (q - S0) % P != 0;
   const size_t row = size_t(layout_.window_row);
   const uint8_t* in = state.data();
