@@ -355,7 +355,9 @@ void copy_ring_rows(uint8_t* ring_slot, uint8_t* host, size_t slot_rows, int rin
 
 void GpuKvCache::enable_prefix_cache(int64_t state_bytes) {
   Impl& m = *impl_;
-  if (state_bytes <= 0) state_bytes = std::max<int64_t>(int64_t(m.pool->bytes() / 4), int64_t(1) << 20);
+  // The copied state lives in host memory: a quarter of the device pool's bytes, at most 4 GiB.
+  if (state_bytes <= 0)
+    state_bytes = std::clamp<int64_t>(int64_t(m.pool->bytes() / 4), int64_t(1) << 20, int64_t(4) << 30);
   const std::string d = fmt::format("{} page={} chunk={} shape={}x{}x{} gpu", m.cfg.describe(), m.cfg.page_tokens,
                                     m.cfg.max_chunk, m.n_layers, m.n_kv, m.d);
   uint64_t key = 1469598103934665603ull;

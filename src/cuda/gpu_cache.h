@@ -68,6 +68,7 @@ class GpuKvCache {
   void fork_sequence(int src, int dst);
   // Prefix caching, as KvCache's (kv/prefix_cache.h): the final pages stay in device memory, shared by id; the copied
   // rest (sinks, the partial page, the recent rows) is downloaded into the entry at store and uploaded at attach.
+  // state_bytes: the host bytes of those copies at most (0: a quarter of the pool's bytes, at most 4 GiB).
   void enable_prefix_cache(int64_t state_bytes = 0);
   int prefix_match(const int32_t* ids, int n, int step) const;
   void prefix_attach(int seq, const int32_t* ids, int len);
