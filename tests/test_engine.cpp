@@ -179,7 +179,8 @@ std::vector<Job> jobs() {
   std::vector<Job> out;
   for (int i = 0; i < 4; ++i) {
     Job j{tok.encode(prompts[i]), greedy(10 + 2 * i)};
-    if (i == 2) j.params.sampler = SamplerConfig{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 7};  // sampled, seeded
+    if (i == 2)  // one sampled request, seeded
+      j.params.sampler = SamplerConfig{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 7};
     out.push_back(j);
   }
   return out;

@@ -1,5 +1,5 @@
-// Prefix caching on the GPU cache (cuda/gpu_cache.h, the same kv/prefix_cache.h and page pool as the CPU's), models/ref:
-// a prompt that continues from another prompt's cached state gives the stored rows (sinks, pages, recent window) and
+// Prefix caching on the GPU cache (cuda/gpu_cache.h, the same kv/prefix_cache.h and page pool as the CPU's),
+// models/ref: a prompt that continues from another prompt's cached state gives the stored rows (sinks, pages, recent window) and
 // the logits of a fresh run, bf16 and int2 with windows, its final pages shared with the cached state; the scheduler
 // prefills only past the cached prefix. Skipped where no CUDA device is available.
 #ifdef KVQ_HAVE_CUDA

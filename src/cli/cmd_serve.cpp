@@ -30,8 +30,8 @@ struct ServeOptions {
   int max_queue = 64;     // queued requests beyond the running ones
   double queue_timeout = 0;    // --queue-timeout S: a request not admitted after S seconds gets 503 (0: none)
   double request_timeout = 0;  // --request-timeout S: a request not finished S seconds after arrival gets 504
-  bool test_hooks = false;
-  bool no_prefix_cache = false;  // --no-prefix-cache     // --test-hooks: POST /debug/fault arms a fault in the next engine step (tests only)
+  bool test_hooks = false;       // --test-hooks: POST /debug/fault arms a fault in the next engine step (tests only)
+  bool no_prefix_cache = false;  // --no-prefix-cache
   std::string chat_template;  // --chat-template NAME (default: the model's)
   server::ServerOptions http;
 };
@@ -187,7 +187,8 @@ void add_serve(CLI::App& app) {
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
                 "do not keep the states of prompts for later requests that share their prefix (on by default)");
   cmd->add_flag("--lenient-fields", o->http.lenient_fields,
-                "ignore unknown request fields (vLLM's extra_body ones; each name logged once) instead of refusing them");
+                "ignore unknown request fields (vLLM's extra_body ones; each name logged once) instead of refusing "
+                "them");
   cmd->add_flag("--test-hooks", o->test_hooks,
                 "tests only: POST /debug/fault {\"fault\": \"error\" | \"bad_alloc\" | \"device_lost\"} makes the next "
                 "engine step fail");

@@ -226,13 +226,15 @@ void Engine::step_once(bool stopping) {
   if (lost_) return;  // engine thread: lost_ is written only here
   StepInfo info;
   std::vector<Scheduler::Update> updates = sched_.step(stopping ? nullptr : &info);
-  for (Scheduler::Update& u : updates) deliver(u);
   {
     std::lock_guard<std::mutex> lk(stats_mu_);
     stats_.steps += info.seqs > 0;
     stats_.step_failures += info.failed;
   }
-  if (info.device_lost) lose_device(updates.empty() ? "the device is lost" : updates.front().output.error);
+  // A lost device is marked before anyone hears of it: a client told of the failure finds /health 503 and is refused.
+  // lose_device() ends every request in flight, this step's too; their updates below find them gone.
+  if (info.device_lost) lose_device(info.failure);
+  for (Scheduler::Update& u : updates) deliver(u);
 }
 
 void Engine::expire(Clock::time_point now) {

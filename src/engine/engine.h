@@ -111,7 +111,8 @@ class Engine {
   Submit submit(std::unique_ptr<Generation> g, std::shared_ptr<RequestStream>& stream);
   // n choices of one prompt (Scheduler::add_group: one prefill, the others forked from it): one stream each, in
   // order. They count as n requests in flight. n must be at most the scheduler's running requests (the caller checks).
-  Submit submit_group(std::vector<std::unique_ptr<Generation>> gens, std::vector<std::shared_ptr<RequestStream>>& streams);
+  Submit submit_group(std::vector<std::unique_ptr<Generation>> gens,
+                      std::vector<std::shared_ptr<RequestStream>>& streams);
   void cancel(RequestStream& s);
   // Refuse every later submit(); what is in flight goes on.
   void close();

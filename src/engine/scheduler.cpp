@@ -343,6 +343,7 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     failed = what;
     info.failed = true;
     info.device_lost = dynamic_cast<const DeviceLost*>(&err) != nullptr;
+    info.failure = what;
     if (info_out) *info_out = info;
   }
   std::vector<Update> forked;  // the first tokens of choices forked in this step

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -56,6 +57,7 @@ struct StepInfo {
   int admitted = 0;      // requests admitted before it
   bool failed = false;   // the forward threw: every request of the step finished with FinishReason::Error
   bool device_lost = false;  // ... and it was DeviceLost: the runner cannot run another step
+  std::string failure;       // what the forward threw
 };
 
 class Scheduler {

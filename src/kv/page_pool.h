@@ -69,8 +69,8 @@ class PagePool {
   // caller copies the page contents (a fork, n > 1 choices of one prompt). Throws kvq::Error before anything changes
   // when the pool lacks the pages.
   void fork(int src, int dst);
-  // Prefix caching. share: appends page (held by a cached prefix or a sequence) to seq's block table; take_page: appends
-  // a free page (evicting cached prefixes when none is) and returns it; set_length: the tokens seq holds (after
+  // Prefix caching. share: appends page (held by a cached prefix or a sequence) to seq's block table; take_page:
+  // appends a free page (evicting cached prefixes when none is) and returns it; set_length: the tokens seq holds (after
   // attaching a cached prefix). cache_ref: a cached prefix takes (+1) or drops (-1) a reference on a page.
   void share(int seq, int page);
   int take_page(int seq);

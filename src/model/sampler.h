@@ -3,8 +3,8 @@
 // (nucleus) + min-p.
 //
 // Order, as vLLM: logits + logit_bias; repetition_penalty over every token of the prompt and of the generated text
-// (logit / p where the logit is > 0, logit * p otherwise); frequency_penalty × count and presence_penalty × [count > 0]
-// subtracted over the generated tokens; then greedy takes the first largest, or sampling keeps the top_k largest,
+// (logit / p where the logit is > 0, logit * p otherwise); frequency_penalty × count and presence_penalty ×
+// [count > 0] subtracted over the generated tokens; then greedy takes the first largest, or sampling keeps the top_k largest,
 // of those the smallest prefix whose probability (softmax at the temperature over the top_k) reaches top_p, and of
 // those the tokens with probability >= min_p × the largest, and draws one from them in proportion.
 //
@@ -30,7 +30,7 @@ struct SamplerConfig {
   float min_p = 0.f;              // then the tokens with probability >= min_p × the largest (0: all)
   float presence_penalty = 0.f;   // subtracted from the logit of every token generated so far, once
   float frequency_penalty = 0.f;  // subtracted from the logit of every generated token, times its count
-  float repetition_penalty = 1.f;  // > 0: tokens of the prompt or generated so far: logit / p (> 0) or logit * p (1: off)
+  float repetition_penalty = 1.f;  // > 0: tokens of the prompt or generated: logit / p (> 0) or logit * p (1: off)
   std::vector<std::pair<int32_t, float>> logit_bias = {};  // (token id, added to its logit)
   void validate() const;     // throws kvq::Error on out-of-range values
   // Whether the logits are changed before choosing (bias, penalties): greedy then needs them, not the raw argmax.

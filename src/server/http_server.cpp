@@ -33,8 +33,10 @@ bool same_secret(const std::string& a, const std::string& b) {  // constant time
 
 ApiError shutting_down() { return ApiError(503, "the server is shutting down", "", "shutting_down"); }
 
-// The error a request that ended without finishing its text gets (as a response, or a stream's last event).
-ApiError finish_error(const GenerationOutput& out) {
+// The error a request that ended without finishing its text gets (as a response, or a stream's last event); once the
+// device is lost (device_lost), an engine error is 503 device_lost: the request cannot be served here any more.
+ApiError finish_error(const GenerationOutput& out, bool device_lost) {
+  if (out.finish == FinishReason::Error && device_lost) return ApiError(503, out.error, "", "device_lost");
   switch (out.finish) {
     case FinishReason::Cancelled: return ApiError(503, "the request was cancelled: the server is shutting down", "",
                                                   "shutting_down");
@@ -361,7 +363,7 @@ void HttpServer::pump(Completion& c) {
     if (done && !finished_text(out.finish)) {  // the request ends: one error event for all its choices
       c.written = true;
       for (const auto& s : c.rs) engine_.cancel(*s);
-      c.x->stream_write(chunk + sse(finish_error(out).body()) + kSseDone);
+      c.x->stream_write(chunk + sse(finish_error(out, !engine_.healthy()).body()) + kSseDone);
       return c.x->stream_end();
     }
     const bool role = c.first[i] && c.ctx.endpoint == Endpoint::Chat;  // each chat choice opens with it
@@ -378,7 +380,7 @@ void HttpServer::pump(Completion& c) {
     if (!all_done) return;
     c.written = true;
     for (const GenerationOutput& o : c.all)
-      if (!finished_text(o.finish)) return send_error(*c.x, finish_error(o));
+      if (!finished_text(o.finish)) return send_error(*c.x, finish_error(o, !engine_.healthy()));
     return send(*c.x, 200, full_response(c.ctx, c.all, c.prompt_tokens, generated, c.rs[0]->cached_tokens()));
   }
   if (all_done) {

@@ -79,13 +79,14 @@ std::string render_metrics(const EngineStats& s, const std::string& model, const
   metric(out, "kvq_prefix_cache_enabled", "gauge", "1 when prefix caching is on.", s.prefix.enabled ? 1 : 0);
   metric(out, "kvq_prefix_cache_hit_tokens_total", "counter",
          "Prompt tokens of admitted requests taken from the prefix cache.", double(s.prefix.hit_tokens));
-  metric(out, "kvq_prefix_cache_miss_tokens_total", "counter", "Prompt tokens of admitted requests that were prefilled.",
-         double(s.prefix.miss_tokens));
+  metric(out, "kvq_prefix_cache_miss_tokens_total", "counter",
+         "Prompt tokens of admitted requests that were prefilled.", double(s.prefix.miss_tokens));
   metric(out, "kvq_prefix_cache_entries", "gauge", "Cached prefixes.", double(s.prefix.entries));
   metric(out, "kvq_prefix_cache_pages", "gauge", "KV cache pages held only by cached prefixes (reclaimable).",
          double(s.prefix.pages));
   metric(out, "kvq_prefix_cache_state_bytes", "gauge",
-         "Bytes cached prefixes keep besides their pages (windows, partly filled pages).", double(s.prefix.state_bytes));
+         "Bytes cached prefixes keep besides their pages (windows, partly filled pages).",
+         double(s.prefix.state_bytes));
   metric(out, "kvq_prefix_cache_evictions_total", "counter", "Cached prefixes evicted (least recently used first).",
          double(s.prefix.evictions));
   metric(out, "kvq_http_connections", "gauge", "HTTP connections open.", double(http.connections_open));
@@ -96,8 +97,8 @@ std::string render_metrics(const EngineStats& s, const std::string& model, const
   metric(out, "kvq_http_timeouts_total", "counter",
          "HTTP connections closed at a deadline (idle, slow headers or body, a client that does not read).",
          double(http.timeouts));
-  metric(out, "kvq_http_bad_requests_total", "counter", "Malformed requests, oversize headers or bodies (400, 431, 413).",
-         double(http.bad_requests));
+  metric(out, "kvq_http_bad_requests_total", "counter",
+         "Malformed requests, oversize headers or bodies (400, 431, 413).", double(http.bad_requests));
   histogram(out, "kvq_time_to_first_token_seconds", "From arrival to the first generated token.", s.ttft);
   histogram(out, "kvq_inter_token_latency_seconds", "Between consecutive tokens of a request.", s.itl);
   histogram(out, "kvq_request_duration_seconds", "From arrival to the last token.", s.e2e);

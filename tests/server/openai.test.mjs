@@ -251,7 +251,7 @@ test('a step that throws gets a 500 and the server goes on; a client that aborts
   assert.ok((await metric('kvq_generation_tokens_total')) < 900);
 
   assert.equal((await arm('device_lost')).status, 200);
-  await assert.rejects(api.completions.create(ask), (e) => e.status === 500);
+  await assert.rejects(api.completions.create(ask), (e) => e.status === 503 && e.code === 'device_lost');
   const health = await fetch(`${base}/health`);
   assert.equal(health.status, 503);
   assert.equal((await health.json()).error.code, 'device_lost');
@@ -299,7 +299,8 @@ test('the fields clients send: n, presence / frequency / repetition penalties, m
                                                ignore_eos: true, logprobs: 0 });
   assert.notDeepEqual(plain.choices[0].logprobs.tokens, steered.choices[0].logprobs.tokens);
   // A vLLM extra_body field: ignored (logged once) with --lenient-fields.
-  const lenient = await api.completions.create({ ...ask, seed: 11, skip_special_tokens: true, spaces_between_special_tokens: false });
+  const lenient = await api.completions.create({ ...ask, seed: 11, skip_special_tokens: true,
+                                                 spaces_between_special_tokens: false });
   assert.equal(lenient.choices[0].text, first.choices[0].text);
   await api.completions.create({ ...ask, skip_special_tokens: true });
   server.kill('SIGTERM');

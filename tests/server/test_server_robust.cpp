@@ -161,7 +161,8 @@ TEST(ServerRobust, HttpThreadsAreBoundedIndependentlyOfTheQueueAndConnections) {
   for (int i = 0; i < 300; ++i) conns.push_back(std::make_unique<RawSocket>(s.port()));
   std::vector<std::thread> clients;
   std::vector<int> status(16, 0);
-  for (int i = 0; i < 16; ++i) clients.emplace_back([&, i] { status[size_t(i)] = post(s, kCompletions, kShort.dump()).status; });
+  for (int i = 0; i < 16; ++i)
+    clients.emplace_back([&, i] { status[size_t(i)] = post(s, kCompletions, kShort.dump()).status; });
   ASSERT_TRUE(eventually([&] { return metric(s, "kvq_http_connections") >= 300; }));
   // The 16 client threads are this test's own; the server has not started any.
   EXPECT_LE(thread_count(), threads + 16);
@@ -194,7 +195,8 @@ TEST(ServerRobust, HealthAndMetricsAreAnsweredWhileEveryRequestSlotIsTaken) {
   EXPECT_NE(m->body.find("kvq_requests_waiting 3"), std::string::npos);
   leave = true;
   for (auto& t : clients) t.join();
-  EXPECT_TRUE(eventually([&] { return metric(s, "kvq_requests_running") == 0 && metric(s, "kvq_kv_sequences_live") == 0; }));
+  EXPECT_TRUE(eventually(
+      [&] { return metric(s, "kvq_requests_running") == 0 && metric(s, "kvq_kv_sequences_live") == 0; }));
 }
 
 TEST(ServerRobust, AStepThatThrowsEndsItsRequestsWith500AndTheServerGoesOn) {
@@ -232,7 +234,8 @@ TEST(ServerRobust, ALostDeviceTurnsHealthTo503AndStopsAdmitting) {
   TestServer s(setup);
   EXPECT_EQ(get(s, "/health").status, 200);
   s.faults().arm(Fault::kDeviceLost);
-  expect_error(post(s, kCompletions, kShort.dump()), 500, "server_error", "", "internal_error", "GPU is lost");
+  // The request whose step lost the device, and every later one, get 503; /health is 503 by the time they are told.
+  expect_error(post(s, kCompletions, kShort.dump()), 503, "server_error", "", "device_lost", "GPU is lost");
   expect_error(get(s, "/health"), 503, "server_error", "", "device_lost", "the device is lost");
   expect_error(post(s, kCompletions, kShort.dump()), 503, "server_error", "", "device_lost", "the device is lost");
   EXPECT_EQ(metric(s, "kvq_engine_healthy"), 0);
