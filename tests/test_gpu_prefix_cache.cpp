@@ -1,7 +1,8 @@
 // Prefix caching on the GPU cache (cuda/gpu_cache.h, the same kv/prefix_cache.h and page pool as the CPU's),
-// models/ref: a prompt that continues from another prompt's cached state gives the stored rows (sinks, pages, recent window) and
-// the logits of a fresh run, bf16 and int2 with windows, its final pages shared with the cached state; the scheduler
-// prefills only past the cached prefix. Skipped where no CUDA device is available.
+// models/ref: a prompt that continues from another prompt's cached state gives the stored rows (sinks, pages, recent
+// window) and the logits of a fresh run, bf16 and int2 with windows, its final pages shared with the cached state; the
+// scheduler prefills only past the cached prefix; a forked sequence (n > 1 choices) holds the same rows and gives the
+// same logits. Skipped where no CUDA device is available.
 #ifdef KVQ_HAVE_CUDA
 
 #include <cstring>
@@ -129,6 +130,28 @@ TEST(PrefixCacheGpu, TheSchedulerPrefillsOnlyPastTheCachedPrefix) {
   EXPECT_EQ(cached, (std::vector<int>{0, 64}));
   EXPECT_EQ(rows[1], int64_t(b.size()) - 64 + 3);
   EXPECT_EQ(g.page_pool().n_live(), 0);
+}
+
+TEST(PrefixCacheGpu, AForkedSequenceHoldsTheSameRowsAndGivesTheSameLogits) {
+  if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
+  const std::vector<int32_t> prompt = ids(77, 7);
+  for (const std::string type : {"bf16", "int2"}) {
+    SCOPED_TRACE(type);
+    const int V = ref_model().config().vocab_size;
+    GpuModel g(ref_model(), small_cache(type), 256, 2);
+    const int a = g.new_sequence();
+    feed(g, a, prompt, 0, int(prompt.size()), false);
+    const int b = g.new_sequence();
+    g.fork_sequence(a, b);  // n > 1 choices: b's cache is a copy of a's, pages of its own
+    EXPECT_EQ(g.length(b), g.length(a));
+    EXPECT_NE(g.page_pool().page(b, 0), g.page_pool().page(a, 0));
+    EXPECT_EQ(rows(g, b), rows(g, a));
+    std::vector<float> la(size_t(V), 0.f), lb(size_t(V), 0.f);
+    const int32_t next = 42;
+    g.forward(a, &next, 1, la.data(), false);
+    g.forward(b, &next, 1, lb.data(), false);
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), size_t(V) * sizeof(float)), 0);
+  }
 }
 
 #endif  // KVQ_HAVE_CUDA
