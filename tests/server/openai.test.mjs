@@ -6,11 +6,15 @@
 //   - a --kv-budget-gib too small for the running requests: preemptions, and the replies of requests served alone;
 //   - SIGTERM drains: a stream in flight finishes, a new request gets 503, the process exits 0.
 //   - the fields clients send (n, penalties, min_p, logit_bias, per-choice seeds), --lenient-fields, prefix caching's
-//     usage.prompt_tokens_details.cached_tokens; with --test-hooks a failing step, an aborted request, a lost device.
+//     usage.prompt_tokens_details.cached_tokens; with --test-hooks a failing step, an aborted request, a lost device;
+//   - 200 idle and 120 trickling connections: an SDK request with a 1 s timeout is answered, no thread is started for
+//     them and they are closed at their deadlines; --queue-timeout (503) and --request-timeout (504).
 // Run: KVQ=build/kvq node --test tests/server/openai.test.mjs   (from the repository root)
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import net from 'node:net';
 import OpenAI from 'openai';
 
 const KVQ = process.env.KVQ ?? 'build/kvq';
@@ -306,4 +310,113 @@ test('the fields clients send: n, presence / frequency / repetition penalties, m
   server.kill('SIGTERM');
   assert.equal(await exited(server), 0);
   assert.equal(server.log().split("ignoring the unknown request field 'skip_special_tokens'").length - 1, 1);
+});
+
+// The threads of a process: the Threads line of /proc/PID/status.
+function threadsOf(proc) {
+  return Number(readFileSync(`/proc/${proc.pid}/status`, 'utf8').match(/^Threads:\s+(\d+)$/m)[1]);
+}
+
+// A raw TCP connection to the server: its 'close' event resolves `gone`.
+function rawSocket(port) {
+  return new Promise((resolve, reject) => {
+    const s = net.connect(port, '127.0.0.1', () => resolve(s));
+    s.on('error', () => {});  // a reset at the server's deadline is a close
+    s.once('error', reject);
+    s.gone = new Promise((r) => s.on('close', () => r(true)));
+  });
+}
+
+function within(promise, ms) {
+  return Promise.race([promise, new Promise((r) => setTimeout(() => r(false), ms))]);
+}
+
+test('200 idle and 120 trickling connections: an SDK request with a 1 s timeout is answered, the server starts no '
+     + 'thread for them and closes them at their deadlines', { timeout: 300_000 }, async () => {
+  const server = await startServer(['-c', '64', '--idle-timeout', '2', '--header-timeout', '3', '--http-threads', '2',
+                                    '--workers', '2']);
+  const ask = { model: 'ref', prompt: 'The kernel', max_tokens: 4, temperature: 0, ignore_eos: true };
+  const want = await client(server).completions.create(ask);
+  const threads = threadsOf(server);  // after a first request: every thread the server runs
+  const idle = await Promise.all(Array.from({ length: 200 }, () => rawSocket(server.port)));
+  const trickle = await Promise.all(Array.from({ length: 120 }, () => rawSocket(server.port)));
+  // A slowloris: one header byte per connection every 200 ms, far longer than the header deadline.
+  const slow = 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: ' + 'a'.repeat(400);
+  let at = 0;
+  const timer = setInterval(() => {
+    for (const s of trickle) if (!s.destroyed) s.write(slow[at]);
+    at = Math.min(at + 1, slow.length - 1);
+  }, 200);
+  try {
+    await new Promise((r) => setTimeout(r, 600));  // every trickling connection has sent a few bytes
+    const api = new OpenAI({ baseURL: `http://127.0.0.1:${server.port}/v1`, apiKey: 'none', maxRetries: 0,
+                             timeout: 1000 });
+    const got = await api.completions.create(ask);
+    assert.equal(got.choices[0].text, want.choices[0].text);
+    assert.equal(got.usage.completion_tokens, 4);
+    assert.equal(threadsOf(server), threads);
+    const metrics = await (await fetch(`http://127.0.0.1:${server.port}/metrics`)).text();
+    assert.ok(Number(metrics.match(/^kvq_http_connections (\S+)$/m)[1]) >= 320, 'the connections are open');
+    for (const s of trickle) assert.equal(await within(s.gone, 30_000), true, 'a trickling connection stayed open');
+    for (const s of idle) assert.equal(await within(s.gone, 30_000), true, 'an idle connection stayed open');
+    assert.equal(threadsOf(server), threads);
+  } finally {
+    clearInterval(timer);
+    for (const s of [...idle, ...trickle]) s.destroy();
+  }
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
+});
+
+test('a request past --queue-timeout gets 503 queue_timeout and one past --request-timeout 504 request_timeout, '
+     + 'through the SDK', { timeout: 300_000 }, async () => {
+  const long = { model: 'ref', prompt: 'The kernel', max_tokens: 900, temperature: 0, ignore_eos: true };
+  const metric = async (server, name) => {
+    const text = await (await fetch(`http://127.0.0.1:${server.port}/metrics`)).text();
+    return Number(text.match(new RegExp(`^${name.replace(/[{}"]/g, '\\$&')} (\\S+)$`, 'm'))[1]);
+  };
+  {
+    const server = await startServer(['-np', '1', '--queue-timeout', '0.3']);
+    const api = client(server);
+    const ac = new AbortController();
+    const running = await api.completions.create({ ...long, stream: true }, { signal: ac.signal });
+    const it = running[Symbol.asyncIterator]();
+    assert.equal((await it.next()).done, false);  // it holds the one sequence slot
+    await assert.rejects(api.completions.create({ ...long, max_tokens: 4 }), (e) => {
+      assert.ok(e instanceof OpenAI.InternalServerError, String(e));
+      assert.equal(e.status, 503);
+      assert.equal(e.code, 'queue_timeout');
+      return true;
+    });
+    assert.equal(await metric(server, 'kvq_requests_finished_total{reason="queue_timeout"}'), 1);
+    ac.abort();  // the SDK ends an aborted stream; the server cancels the request
+    assert.equal((await it.next()).done, true);
+    let cancelled = 0;
+    for (let i = 0; i < 1500 && cancelled !== 1; ++i) {
+      cancelled = await metric(server, 'kvq_requests_finished_total{reason="cancelled"}');
+      if (cancelled !== 1) await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.equal(cancelled, 1);
+    server.kill('SIGTERM');
+    assert.equal(await exited(server), 0);
+  }
+  const server = await startServer(['--request-timeout', '0.2']);  // 900 tokens take far longer on the CPU
+  const api = client(server);
+  await assert.rejects(api.completions.create(long), (e) => {
+    assert.ok(e instanceof OpenAI.InternalServerError, String(e));
+    assert.equal(e.status, 504);
+    assert.equal(e.code, 'request_timeout');
+    return true;
+  });
+  // Streaming: the SDK throws the error event that ends the stream.
+  const stream = await api.completions.create({ ...long, stream: true });
+  await assert.rejects((async () => { for await (const chunk of stream) assert.ok(chunk); })(), (e) => {
+    assert.ok(e instanceof OpenAI.APIError, String(e));
+    assert.equal(e.code, 'request_timeout');
+    return true;
+  });
+  assert.equal(await metric(server, 'kvq_requests_finished_total{reason="deadline"}'), 2);
+  assert.ok((await metric(server, 'kvq_generation_tokens_total')) < 1800);
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
 });
