@@ -8,7 +8,8 @@
 //   - the fields clients send (n, penalties, min_p, logit_bias, per-choice seeds), --lenient-fields, prefix caching's
 //     usage.prompt_tokens_details.cached_tokens; with --test-hooks a failing step, an aborted request, a lost device;
 //   - 200 idle and 120 trickling connections: an SDK request with a 1 s timeout is answered, no thread is started for
-//     them and they are closed at their deadlines; --queue-timeout (503) and --request-timeout (504).
+//     them and they are closed at their deadlines; --queue-timeout (503) and --request-timeout (504);
+//   - greedy decoding with presence / frequency penalties against a reference built from the reported raw logprobs.
 // Run: KVQ=build/kvq node --test tests/server/openai.test.mjs   (from the repository root)
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -417,6 +418,32 @@ test('a request past --queue-timeout gets 503 queue_timeout and one past --reque
   });
   assert.equal(await metric(server, 'kvq_requests_finished_total{reason="deadline"}'), 2);
   assert.ok((await metric(server, 'kvq_generation_tokens_total')) < 1800);
+  server.kill('SIGTERM');
+  assert.equal(await exited(server), 0);
+});
+
+test('greedy decoding with presence and frequency penalties picks, at every step, the largest of the step\'s raw '
+     + 'logprobs less the penalties of the tokens generated so far', { timeout: 300_000 }, async () => {
+  const server = await startServer([]);
+  const api = client(server);
+  const ask = { model: 'ref', prompt: 'The kernel', max_tokens: 12, temperature: 0, ignore_eos: true, logprobs: 20 };
+  const presence = 0.7, frequency = 0.4;
+  const plain = (await api.completions.create(ask)).choices[0].logprobs;
+  const got = (await api.completions.create({ ...ask, presence_penalty: presence, frequency_penalty: frequency }))
+    .choices[0].logprobs;
+  assert.equal(got.tokens.length, 12);
+  assert.notDeepEqual(got.tokens, plain.tokens, 'the penalties changed nothing: no test');
+  // The reference: the reported logprobs are the model's (before penalties); the penalised argmax is among the raw
+  // top 20, since at most 12 tokens are penalised.
+  const count = new Map();
+  for (let k = 0; k < got.tokens.length; ++k) {
+    const top = Object.entries(got.top_logprobs[k]);
+    assert.equal(top.length, 20, `step ${k}: 20 distinct top tokens`);
+    const score = ([t, lp]) => lp - (count.has(t) ? presence + frequency * count.get(t) : 0);
+    const best = top.reduce((a, b) => (score(b) > score(a) ? b : a));
+    assert.equal(got.tokens[k], best[0], `step ${k}: ${JSON.stringify(top.map((e) => [e[0], score(e)]))}`);
+    count.set(got.tokens[k], (count.get(got.tokens[k]) ?? 0) + 1);
+  }
   server.kill('SIGTERM');
   assert.equal(await exited(server), 0);
 });
