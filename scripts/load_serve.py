@@ -16,13 +16,15 @@ from /metrics polled every 0.25 s the most requests running and waiting at once 
 
 Shared-prefix mode (--shared-prefix N): every request's prompt is the same N random token ids (drawn once per point),
 then its own --prompt-tokens random ids, as clients that share a system prompt or few-shot block; the point then also
-reports the mean usage.prompt_tokens_details.cached_tokens and the /metrics prefix-cache hits and misses. Compare a
-server with prefix caching (the default) and without (a cache 'name=... --no-prefix-cache'):
+reports the mean usage.prompt_tokens_details.cached_tokens and the /metrics prefix-cache hits and misses. Without
+--warm-prefix the point's first `concurrency` requests start together and none finds the prefix cached yet; with it,
+one untimed request of the shared prefix runs first (a system prompt the server has seen before). Compare a server
+with prefix caching (the default) and without (a cache 'name=... --no-prefix-cache'):
 
   scripts/load_serve.py --kvq build/kvq -m models/shapes/qwen3-8b --vocab 151936 \
       --caches 'int2=-ctk int2 -ctv int2,int2-off=-ctk int2 -ctv int2 --no-prefix-cache,bf16=,bf16-off=--no-prefix-cache' \
-      --shared-prefix 8192 --prompt-tokens 256 --concurrency 64 --gen 128 --per-client 2 \
-      --serve-args '--dummy-weights --device cuda -np 64' --json docs/results/figures/serve-h200-8b-prefix.jsonl
+      --shared-prefix 8192 --warm-prefix --prompt-tokens 256 --concurrency 64 --gen 128 --per-client 2 \
+      --serve-args '--dummy-weights --device cuda' --json docs/results/figures/serve-h200-8b-prefix.jsonl
 
 A cache is a name from CACHES below or `name=flags` (e.g. 'int2w=-ctk int2 -ctv int2 --kv-recent 64'). Extra
 `kvq serve` flags go after --serve-args (e.g. --serve-args '--device cuda --kv-budget-gib 8'). Or point it at a
@@ -162,6 +164,8 @@ def run_point(url, args, prompt_tokens, concurrency, seed):
                 with lock:
                     errors.append(str(e))
 
+    if args.warm_prefix and args.shared_prefix:  # the shared prompt seen once before: a server's steady state
+        one_request(url, 1, 1, args.vocab, seed * 1000003 - 1, args.request_timeout, prefix)
     before = metrics(url)
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -180,7 +184,7 @@ def run_point(url, args, prompt_tokens, concurrency, seed):
     return {
         "prompt_tokens": prompt_tokens, "gen_tokens": args.gen, "concurrency": concurrency,
         "requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
-        "shared_prefix_tokens": args.shared_prefix,
+        "shared_prefix_tokens": args.shared_prefix, "warm_prefix": bool(args.warm_prefix and args.shared_prefix),
         "wall_s": wall, "generated_tok_s": gen_tokens / wall,
         "prompt_tok_s": (args.shared_prefix + prompt_tokens) * len(results) / wall,
         "cached_tokens_mean": sum(r["cached"] for r in results) / max(1, len(results)),
@@ -215,6 +219,9 @@ def main():
     ap.add_argument("--request-timeout", type=float, default=3600)
     ap.add_argument("--shared-prefix", type=int, default=0,
                     help="tokens of a prefix every request of a point shares, before its own --prompt-tokens")
+    ap.add_argument("--warm-prefix", action="store_true",
+                    help="with --shared-prefix: before each point's clients start, one untimed request of the shared "
+                    "prefix and one own token (the system prompt a running server has already seen)")
     ap.add_argument("--json", help="append one JSON object per point to this file")
     args = ap.parse_args()
 
