@@ -172,6 +172,9 @@ expect_error "bench decode: dummy weights larger than the host's memory" bench d
 expect_error "serve: zero running sequences" serve -m $M -np 0
 expect_error "serve: port out of range" serve -m $M --port 70000
 expect_error "serve: context larger than the model's" serve -m $M -c 100000
+expect_error "serve: a negative --queue-timeout" serve -m $M --queue-timeout -1
+expect_error "serve: zero --http-threads" serve -m $M --http-threads 0
+expect_error "serve: a zero --idle-timeout" serve -m $M --idle-timeout 0
 mkdir -p "$T/badchat" && cp $M/config.json $M/*.safetensors* $M/tokenizer.json "$T/badchat/" && printf '%s' '{"chat_template": "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"}' > "$T/badchat/tokenizer_config.json"
 expect_error "serve: a chat template kvq does not render" serve -m "$T/badchat" --port 0
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).

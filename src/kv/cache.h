@@ -68,6 +68,7 @@
 #include "common/half.h"
 #include "kv/cache_layout.h"
 #include "kv/page_pool.h"
+#include "kv/prefix_cache.h"
 #include "kv/transform.h"
 
 namespace kvq {
@@ -190,6 +191,25 @@ class KvCache {
   int new_sequence();
   void free_sequence(int seq);
   int length(int seq) const;  // tokens committed
+  // dst (a new sequence, empty) becomes a copy of src: its windows and its own pages holding the same bytes (n > 1
+  // choices of one prompt, each then generating on its own). Decode-faithful caches only (the exact store of the
+  // other prompt policies is not copied: refused). kvq::Error before anything changes when the pool lacks the pages.
+  void fork(int src, int dst);
+
+  // Prefix caching (kv/prefix_cache.h), off until enabled, decode-faithful caches only; state_bytes: the copied bytes
+  // kept at most (0: a quarter of the pool's bytes). prefix_match: the longest cached prefix of ids [0, n) a new
+  // sequence can continue from, a multiple of step and at most n - 1 (a token is left to feed), 0 when none.
+  // prefix_attach: seq (new, empty) becomes that state (its final pages shared, the rest copied). prefix_store: caches
+  // seq's state at its length as the prefix ids [0, length(seq)) (an existing entry is only touched).
+  void enable_prefix_cache(int64_t state_bytes = 0);
+  bool prefix_cache_enabled() const { return prefix_ != nullptr; }
+  int prefix_match(const int32_t* ids, int n, int step) const;
+  void prefix_attach(int seq, const int32_t* ids, int len);
+  void prefix_store(int seq, const int32_t* ids, int len);
+  void prefix_count(int hit_tokens, int miss_tokens);
+  PrefixCacheStats prefix_stats() const;
+  // The key of this cache's prefix hashes: its configuration (describe()), page, chunk and window sizes and shape.
+  uint64_t config_key() const;
 
   // Reserve room for positions [length, length + n_new) of seq (pages for what will be demoted). Throws
   // kvq::Error on context overflow (beyond max_ctx), a chunk larger than max_chunk, or an exhausted pool, before
@@ -275,6 +295,7 @@ class KvCache {
   std::unique_ptr<uint8_t[]> pages_;   // [pool_.n_pages()][page_bytes]
   std::vector<std::unique_ptr<Sequence>> seqs_;  // windows per slot
   std::vector<std::unique_ptr<uint8_t[]>> exact_;  // per slot, allocated at its first sequence with a prompt policy
+  std::unique_ptr<PrefixCache> prefix_;              // null: prefix caching off
 };
 
 }  // namespace kvq
