@@ -186,8 +186,8 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
-  const auto k = make_key_codec(cfg, head_dim), v = make_codec(with_head_dim(cfg.v, head_dim));
-  const auto window = make_codec(window_spec(cfg, head_dim));
+  const auto k = make_key_codec(cfg, head_dim), v = make_codec_at(with_head_dim(cfg.v, head_dim), cfg.simd);
+  const auto window = make_codec_at(window_spec(cfg, head_dim), cfg.simd);
   return cache_layout(cfg, *k, *v, *window, n_layers, n_kv_heads, head_dim);
 }
 
@@ -218,9 +218,9 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       d_(head_dim),
       max_ctx_(max_ctx),
       k_codec_(make_key_codec(cfg, head_dim, max_ctx)),
-      v_codec_(make_codec(with_head_dim(cfg.v, head_dim))),
-      window_(make_codec(window_spec(cfg, head_dim))),
-      skip_codec_(make_codec(CodecSpec{.type = "bf16", .head_dim = head_dim})),
+      v_codec_(make_codec_at(with_head_dim(cfg.v, head_dim), cfg.simd)),
+      window_(make_codec_at(window_spec(cfg, head_dim), cfg.simd)),
+      skip_codec_(make_codec_at(CodecSpec{.type = "bf16", .head_dim = head_dim}, cfg.simd)),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),
       pool_(layout_, max_ctx, pool_size(layout_, max_ctx, max_seqs, budget_bytes)) {
   for (int l = 0; l < n_layers; ++l) layer_offset_.push_back(layout_.layer_offset(l));

@@ -70,6 +70,7 @@
 #include "kv/page_pool.h"
 #include "kv/prefix_cache.h"
 #include "kv/transform.h"
+#include "simd/simd.h"
 
 namespace kvq {
 
@@ -113,6 +114,10 @@ struct CacheConfig {
   // --kv-skip-layers: layers whose quantized region keeps bf16 rows (vLLM's TurboQuant keeps 0, 1, L-2, L-1), as
   // given: negative = from the end (-1 = the last layer). Resolved against the model by skipped_layers().
   std::vector<int> skip_layers;
+  // The CPU kernels' instruction-set level (--simd): the codecs' scores / accumulate and attention's softmax run at
+  // it. Not part of describe(): every level stores the same bytes, and the results differ only by the kernels'
+  // summation order and, on the integer paths, the query's rounding (simd/simd.h).
+  SimdLevel simd = best_simd_level();
   // The key/value transform of what is stored (centring, R_K, R_V; kv/transform.h), null = none. The cache owns it on
   // both devices: keys and values are transformed before they are stored, queries before and outputs after
   // attention (the CPU Model applies it around KvCache, GpuKvCache inside append() / attention()).
