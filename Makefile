@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 
-.PHONY: all deps build demo test fuzz clean
+.PHONY: all deps build demo test test-scalar fuzz clean
 
 all: build
 
@@ -20,6 +20,19 @@ demo: build
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@$(MAKE) --no-print-directory test-scalar
+
+# The build a machine without x86-64 SIMD gets (-DKVQ_SIMD=OFF: scalar kernels only, no CUDA), and the tests of what
+# the SIMD levels replace there: codecs, attention, rotations, linear layers, the model against its goldens.
+SCALAR_SUITES = Codecs Half CacheAttention SoftmaxKernels RotationFile Hadamard AttnRot Linear ModelGolden CpuRunner \
+  Kitty Kv4rl LlamaCppTypes NexusCodec E8Lattice OscarCodecs OscarQuantizer PnmixCodec RopeKeyCodec \
+  TurboQuantKeys TurboQuantValues TurboQuantFastPaths TurboQuantAttention
+empty :=
+space := $(empty) $(empty)
+test-scalar: deps
+	@cmake -S . -B build-scalar -DCMAKE_BUILD_TYPE=Release -DKVQ_SIMD=OFF -DKVQ_CUDA=OFF >/dev/null
+	@cmake --build build-scalar -j $(JOBS) --target kvq_tests -- --no-print-directory
+	@cd build-scalar && ctest --output-on-failure -j $(JOBS) -R '(^|/)($(subst $(space),|,$(strip $(SCALAR_SUITES))))\.'
 
 # libFuzzer targets for the safetensors header, tokenizer.json and server request parsers (clang), 60 s each.
 fuzz: deps
@@ -29,4 +42,4 @@ fuzz: deps
 	@bash scripts/run_fuzz.sh build-fuzz 60
 
 clean:
-	rm -rf $(BUILD) build-fuzz
+	rm -rf $(BUILD) build-scalar build-fuzz

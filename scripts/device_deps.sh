@@ -12,7 +12,7 @@
 set -euo pipefail
 PKGS="libpcre2-dev libpcre2-8-0 libicu-dev libicu72 libeigen3-dev nlohmann-json3-dev libfmt-dev libfmt9 libcli11-dev
 libopenblas-dev libopenblas0 libopenblas0-pthread libopenblas-pthread-dev libgtest-dev libcpp-httplib-dev libgfortran5
-libcpp-httplib0.11 libbrotli-dev libbrotli1 libssl-dev libssl3 zlib1g-dev"
+libcpp-httplib0.11 libbrotli-dev libbrotli1 libssl-dev libssl3 zlib1g-dev"  # and Boost's headers kvq serve uses (below)
 case "${1:-}" in
   pack)
     out=$(realpath -m "${2:-.device/deps.tar.xz}")
@@ -36,6 +36,14 @@ case "${1:-}" in
     printf '  .section .rodata\n  .globl icudt%s_dat\n  .type icudt%s_dat,@object\n  .balign 16\nicudt%s_dat:\n  .incbin "%s"\n  .size icudt%s_dat, .-icudt%s_dat\n  .section .note.GNU-stack,"",@progbits\n' \
       "$major" "$major" "$major" "$work/empty.dat" "$major" "$major" > "$work/stub.S"
     gcc -shared -o "$A/$icu" "$work/stub.S" -Wl,-soname,libicudata.so.$major
+    # Boost's headers are 160 MB; kvq serve needs Asio and Beast: the headers its transport files reach (g++ -M, plain
+    # and Release), and the CMake config find_package(Boost) reads.
+    (cd "$work" && apt-get download libboost1.74-dev >/dev/null && dpkg -x libboost1.74-dev_*.deb boost)
+    for f in $(grep -rl '#include <boost/' src); do
+      for flags in "" "-O2 -DNDEBUG"; do g++ -std=c++20 $flags -M -Isrc "$f"; done
+    done | tr ' \\' '\n\n' | grep '^/usr/include/boost/' | sort -u |
+      sed 's|^/||' | tar -C "$work/boost" -cf - -T - | tar -C "$work/root" -xf -
+    cp -a "$work"/boost/usr/lib/x86_64-linux-gnu/cmake "$A/"
     mkdir -p "$(dirname "$out")"
     tar -C "$work/root" -cf - . | xz -T0 -9 > "$out"
     echo "$out: $(du -h "$out" | cut -f1)" ;;

@@ -4,7 +4,7 @@
 #   scripts/install_deps.sh PKG...     the given packages (e.g. the fuzzing toolchain, from scripts/run_fuzz.sh)
 set -euo pipefail
 PKGS=(cmake g++ make pkg-config libeigen3-dev libopenblas-dev nlohmann-json3-dev libpcre2-dev libcli11-dev
-      libcpp-httplib-dev libfmt-dev libgtest-dev libbenchmark-dev libicu-dev zlib1g-dev)
+      libcpp-httplib-dev libboost-dev libfmt-dev libgtest-dev libbenchmark-dev libicu-dev zlib1g-dev)
 (($#)) && PKGS=("$@")
 missing=()
 for p in "${PKGS[@]}"; do

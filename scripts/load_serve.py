@@ -14,6 +14,18 @@ from /metrics polled every 0.25 s the most requests running and waiting at once 
   scripts/load_serve.py --kvq build/kvq -m models/ref --caches bf16,int2 --prompt-tokens 2048,8064 \\
       --concurrency 1,2,4,8,16,32,64 --gen 128 --json figures.jsonl
 
+Shared-prefix mode (--shared-prefix N): every request's prompt is the same N random token ids (drawn once per point),
+then its own --prompt-tokens random ids, as clients that share a system prompt or few-shot block; the point then also
+reports the mean usage.prompt_tokens_details.cached_tokens and the /metrics prefix-cache hits and misses. Without
+--warm-prefix the point's first `concurrency` requests start together and none finds the prefix cached yet; with it,
+one untimed request of the shared prefix runs first (a system prompt the server has seen before). Compare a server
+with prefix caching (the default) and without (a cache 'name=... --no-prefix-cache'):
+
+  scripts/load_serve.py --kvq build/kvq -m models/shapes/qwen3-8b --vocab 151936 \
+      --caches 'int2=-ctk int2 -ctv int2,int2-off=-ctk int2 -ctv int2 --no-prefix-cache,bf16=,bf16-off=--no-prefix-cache' \
+      --shared-prefix 8192 --warm-prefix --prompt-tokens 256 --concurrency 64 --gen 128 --per-client 2 \
+      --serve-args '--dummy-weights --device cuda' --json docs/results/figures/serve-h200-8b-prefix.jsonl
+
 A cache is a name from CACHES below or `name=flags` (e.g. 'int2w=-ctk int2 -ctv int2 --kv-recent 64'). Extra
 `kvq serve` flags go after --serve-args (e.g. --serve-args '--device cuda --kv-budget-gib 8'). Or point it at a
 running server with --url (one cache: whatever that server runs).
@@ -85,15 +97,15 @@ def metrics(url):
     return out
 
 
-def one_request(url, prompt_tokens, gen, vocab, rng_seed, timeout):
+def one_request(url, prompt_tokens, gen, vocab, rng_seed, timeout, prefix=()):
     rng = random.Random(rng_seed)
-    body = {"prompt": [rng.randrange(1, vocab) for _ in range(prompt_tokens)], "max_tokens": gen,
+    body = {"prompt": list(prefix) + [rng.randrange(1, vocab) for _ in range(prompt_tokens)], "max_tokens": gen,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     first = last = None
-    tokens = 0
+    tokens = cached = 0
     with urllib.request.urlopen(req, timeout=timeout) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -107,17 +119,20 @@ def one_request(url, prompt_tokens, gen, vocab, rng_seed, timeout):
                 raise RuntimeError(event["error"]["message"])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
+                cached = (event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             if event.get("choices") and event["choices"][0].get("finish_reason") is None:  # a chunk of tokens
                 now = time.perf_counter()
                 first = first or now
                 last = now
     end = time.perf_counter()
-    return {"ttft": (first or end) - t0, "e2e": end - t0, "tokens": tokens,
+    return {"ttft": (first or end) - t0, "e2e": end - t0, "tokens": tokens, "cached": cached,
             "itl": ((last - first) / (tokens - 1)) if first and last and tokens > 1 else 0.0}
 
 
 def run_point(url, args, prompt_tokens, concurrency, seed):
     n_requests = args.requests or max(args.min_requests, args.per_client * concurrency)
+    shared = random.Random(seed * 7919 + 1)
+    prefix = [shared.randrange(1, args.vocab) for _ in range(args.shared_prefix)]
     results, errors = [], []
     lock = threading.Lock()
     next_index = [0]
@@ -141,13 +156,16 @@ def run_point(url, args, prompt_tokens, concurrency, seed):
                     return
                 next_index[0] += 1
             try:
-                r = one_request(url, prompt_tokens, args.gen, args.vocab, seed * 1000003 + i, args.request_timeout)
+                r = one_request(url, prompt_tokens, args.gen, args.vocab, seed * 1000003 + i, args.request_timeout,
+                                prefix)
                 with lock:
                     results.append(r)
             except Exception as e:  # noqa: BLE001 - reported, the point goes on
                 with lock:
                     errors.append(str(e))
 
+    if args.warm_prefix and args.shared_prefix:  # the shared prompt seen once before: a server's steady state
+        one_request(url, 1, 1, args.vocab, seed * 1000003 - 1, args.request_timeout, prefix)
     before = metrics(url)
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -166,7 +184,13 @@ def run_point(url, args, prompt_tokens, concurrency, seed):
     return {
         "prompt_tokens": prompt_tokens, "gen_tokens": args.gen, "concurrency": concurrency,
         "requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
-        "wall_s": wall, "generated_tok_s": gen_tokens / wall, "prompt_tok_s": prompt_tokens * len(results) / wall,
+        "shared_prefix_tokens": args.shared_prefix, "warm_prefix": bool(args.warm_prefix and args.shared_prefix),
+        "wall_s": wall, "generated_tok_s": gen_tokens / wall,
+        "prompt_tok_s": (args.shared_prefix + prompt_tokens) * len(results) / wall,
+        "cached_tokens_mean": sum(r["cached"] for r in results) / max(1, len(results)),
+        "prefix_hits": after.get("kvq_prefix_cache_hit_tokens_total", 0) - before.get("kvq_prefix_cache_hit_tokens_total", 0),
+        "prefix_misses": after.get("kvq_prefix_cache_miss_tokens_total", 0)
+                         - before.get("kvq_prefix_cache_miss_tokens_total", 0),
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "itl_mean_s": sum(r["itl"] for r in results) / max(1, len(results)),
         "e2e_p50_s": percentile([r["e2e"] for r in results] or [float("nan")], 50),
@@ -193,6 +217,11 @@ def main():
     ap.add_argument("--serve-args", default="", help="extra kvq serve flags")
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--request-timeout", type=float, default=3600)
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="tokens of a prefix every request of a point shares, before its own --prompt-tokens")
+    ap.add_argument("--warm-prefix", action="store_true",
+                    help="with --shared-prefix: before each point's clients start, one untimed request of the shared "
+                    "prefix and one own token (the system prompt a running server has already seen)")
     ap.add_argument("--json", help="append one JSON object per point to this file")
     args = ap.parse_args()
 
@@ -204,9 +233,10 @@ def main():
         caches.append((name, shlex.split(flags) if flags else CACHES[name]))
     if args.url:
         caches = [("server", None)]
-    ctx = max(lengths) + args.gen
+    ctx = args.shared_prefix + max(lengths) + args.gen
     print(f"{'cache':8} {'prompt':>6} {'conc':>4} {'reqs':>4} {'gen tok/s':>10} {'prompt tok/s':>12} "
-          f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL ms':>7} {'peak run':>8} {'preempt':>7} {'err':>3}")
+          f"{'TTFT p50':>9} {'TTFT p99':>9} {'ITL ms':>7} {'peak run':>8} {'preempt':>7} {'err':>3}"
+          + (f" {'cached':>7}" if args.shared_prefix else ""))
     for name, flags in caches:
         proc, url = (None, args.url) if flags is None else start_server(args, flags, ctx, max(levels))
         try:
@@ -218,7 +248,8 @@ def main():
                     print(f"{name:8} {length:6d} {conc:4d} {p['requests']:4d} {p['generated_tok_s']:10.1f} "
                           f"{p['prompt_tok_s']:12.1f} {p['ttft_p50_s']:8.3f}s {p['ttft_p99_s']:8.3f}s "
                           f"{1e3 * p['itl_mean_s']:7.1f} {p['peak_running']:8.0f} {p['preemptions']:7.0f} "
-                          f"{p['errors']:3d}", flush=True)
+                          f"{p['errors']:3d}" + (f" {p['cached_tokens_mean']:7.0f}" if args.shared_prefix else ""),
+                          flush=True)
                     if p["errors"]:
                         print(f"  first error: {p['first_error']}", flush=True)
                     if args.json:

@@ -3,7 +3,10 @@
 # context and prefill tok/s at 4K, per cache type, on the same model (models/ref; for llama.cpp its GGUF with F16
 # weights, converted as tests/golden/llamacpp_ppl.README.md says) and the same thread count.
 #
-#   scripts/vs_llamacpp.sh LLAMA_BENCH GGUF [THREADS] [KVQ] [REPEATS]
+#   scripts/vs_llamacpp.sh LLAMA_BENCH GGUF [THREADS] [KVQ] [REPEATS] [SIMD]
+#
+# SIMD: kvq's --simd level (default: the best this CPU has); build llama.cpp for the same level (GGML_NATIVE=OFF with
+# GGML_AVX2=ON for avx2). The GGUF: scripts/ref_to_gguf.py.
 #
 # llama-bench: -fa on (flash attention: what quantized V caches need), decode = tg64 at depth d, prefill = pp4096.
 # kvq: bench decode at ctx d (one sequence, 64 timed steps), prefill = its 4096-token prefill.
@@ -11,10 +14,12 @@
 # of load hits both; each cell prints the mean and its 95% confidence half-width (Student t over the repeats; ± 0.0
 # for a row measured once). The load average is printed before and after: timings on a loaded machine are not figures.
 set -euo pipefail
-LB=${1:?llama-bench path}; GGUF=${2:?GGUF path}; T=${3:-2}; KVQ=${4:-build/kvq}; R=${5:-5}
+LB=${1:?llama-bench path}; GGUF=${2:?GGUF path}; T=${3:-2}; KVQ=${4:-build/kvq}; R=${5:-5}; SIMD=${6:-}
+simd=()
+[[ -n $SIMD ]] && simd=(--simd "$SIMD")
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); kvq --simd ${SIMD:-best}"
 llama() {  # type -> "engine type tg4 tg8 pp"
   local args=(-m "$GGUF" -t "$T" -fa on -ctk "$1" -ctv "$1" -r 1 -o jsonl)
   echo "llama.cpp $1 $("$LB" "${args[@]}" -p 0 -n 64 -d 4096 | jq -s '.[-1].avg_ts')" \
@@ -23,7 +28,7 @@ llama() {  # type -> "engine type tg4 tg8 pp"
 }
 kvq() {  # type -> "engine type tg4 tg8 pp"
   local out
-  out=$("$KVQ" bench decode -m models/ref -t "$T" -c 4096,8000 -n 64 --kv-cache-dtype "$1" 2>/dev/null)
+  out=$("$KVQ" bench decode "${simd[@]}" -m models/ref -t "$T" -c 4096,8000 -n 64 --kv-cache-dtype "$1" 2>/dev/null)
   echo "kvq $1 $(grep -m1 "at ctx 4096" <<<"$out" | sed -E 's/.*decode [^:]*: ([0-9.]+) tok\/s.*/\1/')" \
     "$(grep -m1 "at ctx 8000" <<<"$out" | sed -E 's/.*decode [^:]*: ([0-9.]+) tok\/s.*/\1/')" \
     "$(grep -m1 "at ctx 4096" <<<"$out" | sed -E 's/.*prefill [^:]*: ([0-9.]+) tok\/s.*/\1/')"

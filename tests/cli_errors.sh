@@ -35,6 +35,11 @@ expect_error "run: group not dividing head_dim" run -m $M -p hi -n 1 -ctk int2 -
 expect_error "run: context larger than the model's" run -m $M -p hi -n 1 -c 100000
 expect_error "run: prompt + tokens overflow the context" run -m $M -p "hello world" -n 100 -c 16
 expect_error "run: bad temperature" run -m $M -p hi -n 1 --temp -1
+expect_error "run: unknown --simd level" run -m $M -p hi -n 1 --simd avx9
+expect_error "bench attention: unknown --simd level" bench attention --ctx 64 -ctk int2 -ctv int2 --simd neon
+if ! "$KVQ" run -m $M -p hi -n 1 --simd avx2 >/dev/null 2>&1; then  # a build or CPU without AVX2
+  expect_error "run: a --simd level this CPU or build lacks" run -m $M -p hi -n 1 --simd avx2
+fi
 expect_error "run: bad clip" run -m $M -p hi -n 1 --kv-clip-k 1.5
 expect_error "run: a clip for keys that take none (KIVI)" run -m $M -p hi -n 1 -ctk kivi2 --kv-clip-k 0.9
 expect_error "run: a clip for bf16 values" run -m $M -p hi -n 1 -ctk int2 --kv-clip-v 0.9
@@ -172,6 +177,9 @@ expect_error "bench decode: dummy weights larger than the host's memory" bench d
 expect_error "serve: zero running sequences" serve -m $M -np 0
 expect_error "serve: port out of range" serve -m $M --port 70000
 expect_error "serve: context larger than the model's" serve -m $M -c 100000
+expect_error "serve: a negative --queue-timeout" serve -m $M --queue-timeout -1
+expect_error "serve: zero --http-threads" serve -m $M --http-threads 0
+expect_error "serve: a zero --idle-timeout" serve -m $M --idle-timeout 0
 mkdir -p "$T/badchat" && cp $M/config.json $M/*.safetensors* $M/tokenizer.json "$T/badchat/" && printf '%s' '{"chat_template": "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"}' > "$T/badchat/tokenizer_config.json"
 expect_error "serve: a chat template kvq does not render" serve -m "$T/badchat" --port 0
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).

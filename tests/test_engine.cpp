@@ -179,7 +179,8 @@ std::vector<Job> jobs() {
   std::vector<Job> out;
   for (int i = 0; i < 4; ++i) {
     Job j{tok.encode(prompts[i]), greedy(10 + 2 * i)};
-    if (i == 2) j.params.sampler = SamplerConfig{0.8f, 40, 0.95f, 7};  // one sampled request, seeded
+    if (i == 2)  // one sampled request, seeded
+      j.params.sampler = SamplerConfig{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 7};
     out.push_back(j);
   }
   return out;
@@ -322,5 +323,111 @@ TEST(Scheduler, CancelFreesTheSequenceAndContextOverflowIsRefused) {
   s.step();
   EXPECT_TRUE(s.idle());
   EXPECT_EQ(r.page_pool().used_pages(), 0);
+  EXPECT_EQ(r.page_pool().n_live(), 0);
+}
+
+namespace {
+
+// n choices of one prompt as a group through one scheduler over r; per-choice results, and the rows every step fed.
+std::vector<Result> run_group(Runner& r, const std::vector<Job>& choices, int64_t* rows, int64_t* preemptions) {
+  Scheduler s(r);
+  std::vector<std::unique_ptr<Generation>> gens;
+  for (const Job& j : choices) gens.push_back(std::make_unique<Generation>(j.prompt, j.params, &ref_tokenizer()));
+  const std::vector<Scheduler::Id> ids = s.add_group(std::move(gens));
+  std::map<Scheduler::Id, size_t> index;
+  for (size_t i = 0; i < ids.size(); ++i) index[ids[i]] = i;
+  std::vector<Result> res(choices.size());
+  *rows = 0;
+  for (int guard = 0; !s.idle() && guard < 2000; ++guard) {
+    StepInfo info;
+    for (Scheduler::Update& u : s.step(&info)) {
+      Result& x = res[index.at(u.id)];
+      for (const auto& t : u.output.tokens) x.tokens.push_back(t.id);
+      x.text += u.output.text;
+      if (u.output.finish != FinishReason::None) x.finish = u.output.finish;
+    }
+    *rows += info.rows;
+  }
+  EXPECT_TRUE(s.idle());
+  *preemptions = s.preemptions();
+  EXPECT_EQ(r.page_pool().used_pages(), 0);
+  EXPECT_EQ(r.page_pool().n_live(), 0);
+  return res;
+}
+
+// Three sampled choices of a 40-token prompt, seeds 5, 6, 7, with a presence penalty.
+std::vector<Job> choices() {
+  const std::vector<int32_t> prompt = ref_tokenizer().encode(
+      "The kernel schedules processes on every CPU, and the scheduler picks the next task to run when the current "
+      "one blocks or its time slice ends, so that every runnable process gets its share of the processor time and "
+      "interactive tasks");
+  EXPECT_GE(prompt.size(), 45u);  // past a pool of one whole context with two prompts' pages (below)
+  EXPECT_LE(prompt.size(), 53u);  // + 12 tokens within the context of 64
+  std::vector<Job> out;
+  for (uint64_t i = 0; i < 3; ++i) {
+    GenerateParams p;
+    p.max_tokens = 12;
+    p.sampler = SamplerConfig{.temperature = 0.9f, .top_k = 0, .top_p = 0.95f, .seed = 5 + i, .presence_penalty = 0.4f};
+    out.push_back({prompt, p});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Scheduler, ChoicesOfOnePromptArePrefilledOnceAndEqualEachChoiceServedAlone) {
+  const std::vector<Job> js = choices();
+  const std::vector<Result> alone = run_alone(js);
+  CpuRunner r(ref_model(), small_cache(), kCtx, 4);
+  int64_t rows = 0, preemptions = 0;
+  const std::vector<Result> res = run_group(r, js, &rows, &preemptions);
+  int64_t fed = int64_t(js[0].prompt.size());  // one prefill, then each choice's generated tokens but its last
+  for (size_t i = 0; i < js.size(); ++i) {
+    EXPECT_EQ(res[i].tokens, alone[i].tokens) << "choice " << i;
+    EXPECT_EQ(res[i].text, alone[i].text) << "choice " << i;
+    EXPECT_EQ(res[i].finish, alone[i].finish) << "choice " << i;
+    fed += int64_t(res[i].tokens.size()) - 1;
+  }
+  EXPECT_NE(res[0].tokens, res[1].tokens);  // different seeds, different choices
+  EXPECT_EQ(rows, fed);
+  EXPECT_EQ(preemptions, 0);
+}
+
+TEST(Scheduler, AChoiceWithoutRoomAtTheForkIsRecomputedWithTheSameTokens) {
+  const std::vector<Job> js = choices();
+  const std::vector<Result> alone = run_alone(js);
+  const ModelConfig& mc = ref_model().config();
+  const CacheLayout l = cache_layout(small_cache(), mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  // Pages for one sequence of the whole context: the leader holds most of them at the fork.
+  const int pages = l.pages_for(kCtx);
+  ASSERT_GT(2 * l.pages_for(int(js[0].prompt.size())), pages);
+  CpuRunner r(ref_model(), small_cache(), kCtx, 3, size_t(3 * l.window_bytes() + pages * l.page_bytes));
+  int64_t rows = 0, preemptions = 0;
+  const std::vector<Result> res = run_group(r, js, &rows, &preemptions);
+  EXPECT_GT(preemptions, 0);
+  for (size_t i = 0; i < js.size(); ++i) {
+    EXPECT_EQ(res[i].tokens, alone[i].tokens) << "choice " << i;
+    EXPECT_EQ(res[i].finish, alone[i].finish) << "choice " << i;
+  }
+}
+
+TEST(Scheduler, CancellingTheLeaderBeforeTheForkLeavesTheOtherChoicesRunning) {
+  const std::vector<Job> js = choices();
+  const std::vector<Result> alone = run_alone(js);
+  CpuRunner r(ref_model(), small_cache(), kCtx, 4);
+  Scheduler s(r);
+  std::vector<std::unique_ptr<Generation>> gens;
+  for (const Job& j : js) gens.push_back(std::make_unique<Generation>(j.prompt, j.params, &ref_tokenizer()));
+  const std::vector<Scheduler::Id> ids = s.add_group(std::move(gens));
+  s.step();  // the first prefill chunk of the leader
+  s.cancel(ids[0]);
+  std::map<Scheduler::Id, Result> res;
+  for (int guard = 0; !s.idle() && guard < 2000; ++guard)
+    for (Scheduler::Update& u : s.step()) {
+      for (const auto& t : u.output.tokens) res[u.id].tokens.push_back(t.id);
+      if (u.output.finish != FinishReason::None) res[u.id].finish = u.output.finish;
+    }
+  EXPECT_EQ(res[ids[0]].finish, FinishReason::Cancelled);
+  for (size_t i = 1; i < 3; ++i) EXPECT_EQ(res[ids[i]].tokens, alone[i].tokens) << "choice " << i;
   EXPECT_EQ(r.page_pool().n_live(), 0);
 }

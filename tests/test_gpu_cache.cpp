@@ -88,7 +88,7 @@ double operand_budget(const std::string& type, int group, int d = kD) {
 double budget(const std::string& type, int group, bool transform, int d = kD) {
   const bool kivi = type.rfind("kivi", 0) == 0 || type == "oscar_int2";
   const bool int8_operands = (type == "int2" || type == "kivi2") && group == 128 && d == 128 &&
-                             best_simd_level() == SimdLevel::kAvx512Vnni;
+                             simd_int8_operands(best_simd_level());
   const double kernels = std::max(operand_budget(type, group, d), int8_operands ? 2e-3 : kivi ? 1e-6 : 1e-7);
   if (!transform || type == "bf16") return kernels;
   return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" || type == "kivi4" ? 1e-4 : 1e-3);

@@ -312,9 +312,9 @@ void chunk_matches_the_cpu_cache(const char* type, int d) {
     for (float& x : qs) x *= 1.f / std::sqrt(float(d));  // cache_attention takes pre-scaled queries
     cache_attention(cpu, cs, 0, pos0, n, qs.data(), want.data(), AttentionShape{kHeads, kKv, d}, pool);
     cpu.commit(cs, n);
-    // the CPU's own fast path rounds operands too (int2 of one group: to int8 on AVX-512 VNNI;
+    // the CPU's own fast path rounds operands too (int2 of one group: to int8 on AVX2 and AVX-512 VNNI;
     // tests/test_gpu_cache.cpp)
-    const bool int8_operands = std::string(type) == "int2" && best_simd_level() == SimdLevel::kAvx512Vnni;
+    const bool int8_operands = std::string(type) == "int2" && simd_int8_operands(best_simd_level());
     const double b = int8_operands ? 2e-3 : budget(cfg);
     const double e = nmse(got, want);
     EXPECT_LT(e, b) << type << " d " << d << " chunk of " << n << " at " << pos0;

@@ -151,3 +151,43 @@ TEST(CpuRunner, SeqsMaxFillsTheKvBudgetWithWhatThePagePoolSaysFits) {
   }
   EXPECT_THROW(CpuRunner(m, c, len, 0, 0), Error);  // max_seqs 0 needs a budget
 }
+
+// The batched CPU decode (model/model.h: one weight read a step for every decode row): a step of 19 sequences, more
+// than one 16-row pass of the row kernels, beside a prefill chunk of 20 rows, gives each sequence exactly the logits
+// of its step alone.
+TEST(CpuRunner, ManySequencesInOneStepGiveEachTheLogitsOfItsStepAlone) {
+  Model& m = ref_model();
+  const int V = m.config().vocab_size, n_dec = 19, chunk = 20;
+  CacheConfig c = small_cache();
+  c.max_chunk = 32;
+  CpuRunner batch(m, c, 64, n_dec + 1);
+  std::vector<int> seqs, n;
+  std::vector<int32_t> ids;
+  for (int s = 0; s < n_dec; ++s) {  // each decode sequence starts from a prompt of 2 tokens, then decodes one
+    const int seq = batch.new_sequence();
+    const std::vector<int32_t> prompt = {int32_t(3 + 7 * s), int32_t(50 + s)};
+    batch.forward(seq, prompt.data(), 2, nullptr, false);
+    seqs.push_back(seq), n.push_back(1), ids.push_back(int32_t(100 + 13 * s));
+  }
+  const int pre = batch.new_sequence();  // and a prefill chunk in the same step
+  seqs.push_back(pre), n.push_back(chunk);
+  for (int i = 0; i < chunk; ++i) ids.push_back(int32_t(500 + 31 * i));
+  std::vector<float> last(seqs.size() * size_t(V));
+  batch.forward(seqs, n, ids.data(), LogitRows::Last, last.data(), nullptr);
+  for (int s = 0; s <= n_dec; ++s) {
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    CpuRunner alone(m, c, 64);
+    const int seq = alone.new_sequence();
+    std::vector<float> want(static_cast<size_t>(V));
+    if (s < n_dec) {
+      const std::vector<int32_t> prompt = {int32_t(3 + 7 * s), int32_t(50 + s)};
+      alone.forward(seq, prompt.data(), 2, nullptr, false);
+      alone.forward(seq, &ids[size_t(s)], 1, want.data(), false);
+    } else {
+      alone.forward(seq, ids.data() + n_dec, chunk, want.data(), false);
+    }
+    int bad = 0;
+    for (int i = 0; i < V; ++i) bad += last[size_t(s) * V + i] != want[size_t(i)];
+    EXPECT_EQ(bad, 0);
+  }
+}

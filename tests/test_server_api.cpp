@@ -83,8 +83,16 @@ TEST(ApiRequest, RefusesWhatItDoesNotImplementNamingTheField) {
       {R"({"prompt": "x", "best_of": 2})", Endpoint::Completions, "best_of"},
       {R"({"prompt": "x", "echo": true})", Endpoint::Completions, "echo"},
       {R"({"prompt": "x", "suffix": "s"})", Endpoint::Completions, "suffix"},
-      {R"({"prompt": "x", "logit_bias": {"5": 1}})", Endpoint::Completions, "logit_bias"},
-      {R"({"prompt": "x", "frequency_penalty": 0.5})", Endpoint::Completions, "frequency_penalty"},
+      {R"({"prompt": "x", "logit_bias": {"x5": 1}})", Endpoint::Completions, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"5": 101}})", Endpoint::Completions, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": [5]})", Endpoint::Completions, "logit_bias"},
+      {R"({"prompt": "x", "frequency_penalty": 2.5})", Endpoint::Completions, "frequency_penalty"},
+      {R"({"prompt": "x", "presence_penalty": -3})", Endpoint::Completions, "presence_penalty"},
+      {R"({"prompt": "x", "repetition_penalty": 0})", Endpoint::Completions, "repetition_penalty"},
+      {R"({"prompt": "x", "min_p": 1.5})", Endpoint::Completions, "min_p"},
+      {R"({"prompt": "x", "n": 0})", Endpoint::Completions, "n"},
+      {R"({"prompt": "x", "n": 129})", Endpoint::Completions, "n"},
+      {R"({"prompt": "x", "guided_json": {}})", Endpoint::Completions, "guided_json"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", Endpoint::Completions, "stream_options"},
       {R"({"prompt": "x", "stop": [""]})", Endpoint::Completions, "stop"},
       {R"({"prompt": "x", "top_k": -2})", Endpoint::Completions, "top_k"},
@@ -102,6 +110,39 @@ TEST(ApiRequest, RefusesWhatItDoesNotImplementNamingTheField) {
     EXPECT_EQ(e.status(), 400) << c.body;
     EXPECT_EQ(e.param(), c.param) << c.body << ": " << e.what();
     EXPECT_EQ(e.body()["error"]["type"], "invalid_request_error");
+  }
+}
+
+TEST(ApiRequest, ReadsTheSamplingFieldsClientsSend) {
+  const ApiRequest r = parse_api_request(
+      R"({"prompt": "x", "n": 3, "presence_penalty": 0.5, "frequency_penalty": -1.25, "repetition_penalty": 1.1,
+          "min_p": 0.05, "logit_bias": {"7": -100, "42": 2.5}, "seed": 9})",
+      Endpoint::Completions);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_FLOAT_EQ(r.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.frequency_penalty, -1.25f);
+  EXPECT_FLOAT_EQ(r.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(r.min_p, 0.05f);
+  ASSERT_EQ(r.logit_bias.size(), 2u);
+  EXPECT_EQ(r.logit_bias[0], (std::pair<int32_t, float>{42, 2.5f}));  // nlohmann orders object keys
+  EXPECT_EQ(r.logit_bias[1], (std::pair<int32_t, float>{7, -100.f}));
+  EXPECT_EQ(*r.seed, 9u);
+  EXPECT_TRUE(r.ignored.empty());
+}
+
+TEST(ApiRequest, LenientFieldsIgnoresUnknownFieldsAndListsThem) {
+  const char* body = R"({"prompt": "x", "guided_json": {"type": "object"}, "skip_special_tokens": true, "n": 2})";
+  EXPECT_EQ(error_of(body, Endpoint::Completions).param(), "guided_json");
+  const ApiRequest r = parse_api_request(body, Endpoint::Completions, ParseOptions{.lenient_fields = true});
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"guided_json", "skip_special_tokens"}));
+  EXPECT_EQ(r.n, 2);
+  // Known fields are still checked.
+  try {
+    parse_api_request(R"({"prompt": "x", "guided_json": 1, "n": "two"})", Endpoint::Completions,
+                      ParseOptions{.lenient_fields = true});
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "n");
   }
 }
 
@@ -181,7 +222,19 @@ TEST(Metrics, PrometheusTextOfTheCountersGaugesAndHistograms) {
   s.ttft.observe(0.3);
   CacheConfig c;
   c.k.type = "int2", c.v.type = "int2";
-  const std::string t = render_metrics(s, "ref", c);
+  s.finished_queue_timeout = 4, s.step_failures = 5, s.healthy = false;
+  s.prefix = {.enabled = true, .entries = 6, .pages = 7, .hit_tokens = 96, .miss_tokens = 150};
+  server::TransportStats h{.connections_open = 320, .timeouts = 11};
+  const std::string t = render_metrics(s, "ref", c, h);
+  EXPECT_NE(t.find("\nkvq_requests_finished_total{reason=\"queue_timeout\"} 4\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_engine_step_failures_total 5\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_engine_healthy 0\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_prefix_cache_hit_tokens_total 96\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_prefix_cache_miss_tokens_total 150\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_prefix_cache_entries 6\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_prefix_cache_pages 7\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_http_connections 320\n"), std::string::npos);
+  EXPECT_NE(t.find("\nkvq_http_timeouts_total 11\n"), std::string::npos);
   EXPECT_NE(t.find("\nkvq_requests_running 2\n"), std::string::npos);
   EXPECT_NE(t.find("\nkvq_requests_waiting 1\n"), std::string::npos);
   EXPECT_NE(t.find("\nkvq_generation_tokens_total 40\n"), std::string::npos);

@@ -79,7 +79,7 @@ inline void prefetch_piece(const Piece& pc) {
 // Attend rows of one tile over some pieces; state accumulates (online softmax).
 void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, const float* q_rows, int rows,
                    int group, int t_first, SoftmaxState& st, std::vector<float>& s) {
-  static const SoftmaxKernels sk = softmax_kernels(best_simd_level());
+  const SoftmaxKernels sk = softmax_kernels(cache.config().simd);
   const int d = cache.head_dim();
   s.resize(size_t(rows) * kPieceTokens * 2);
   for (int pi = 0; pi < n_pieces; ++pi) {

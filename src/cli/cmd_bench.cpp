@@ -267,7 +267,8 @@ DecodeResult bench_decode_one(const BenchDecodeOptions& o, ModelSource& m, const
   const std::string timing_only = m.dummy ? "dummy weights: timing only" : "";
   if (o.json) {
     nlohmann::json j = {{"model", o.model.dir}, {"ctx", ctx}, {"n_decode", o.n_decode}, {"warmup", o.warmup},
-                        {"threads", m.threads()}, {"cache", cache_cfg.describe()},
+                        {"threads", m.threads()}, {"simd", simd_level_name(parse_simd_level(o.model.simd))},
+                        {"cache", cache_cfg.describe()},
                         {"kv_bits_effective", f.bits_per_element}, {"load_seconds", m.load_seconds()},
                         {"prefill_tokens_per_second", o.fill_cache ? nlohmann::json() : nlohmann::json(prefill_tps)},
                         {"cache_filled_random", o.fill_cache}, {"decode_tokens_per_second", decode_tps},
@@ -368,6 +369,7 @@ struct BenchAttentionOptions {
   int split = 0;          // --device cuda: positions per KV split of the decode kernel (0: the planner's)
   int iters = 20;         // timed decode steps per configuration
   int threads = 0;        // worker threads (0: all cores)
+  std::string simd;       // --simd: the cache kernels' level ("": the best this CPU has)
   bool hot = false;       // keep the cache in the CPU caches between steps (default: evict it)
   bool json = false;
   std::string device = "cpu";   // cpu | cuda
@@ -468,6 +470,7 @@ AttentionFigures bench_attention_one(const BenchAttentionOptions& o, const Cache
   const int d = o.head_dim, hk = o.kv_heads, hq = o.q_heads;
   const int n_append = 64;  // tokens appended after the decode steps to time append + demote
   CacheConfig c = with_bench_rope(cfg, d);
+  c.simd = parse_simd_level(o.simd);
   KvCache cache(c, 1, hk, d, o.ctx + n_append, o.batch);
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -536,8 +539,9 @@ void bench_attention(const BenchAttentionOptions& o) {
             o.ctx, o.batch, o.iters);
   KVQ_CHECK(o.q_heads >= 1 && o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
             "bench attention: --q-heads {} must be a multiple of --kv-heads {}", o.q_heads, o.kv_heads);
+  const SimdLevel simd = parse_simd_level(o.simd);  // refused before any work, as the caches below
   const std::vector<CacheConfig> tested = tested_caches(o);
-  for (const CacheConfig& c : tested)  // refused before any work
+  for (const CacheConfig& c : tested)
     KvCache probe(with_bench_rope(c, o.head_dim), 1, o.kv_heads, o.head_dim, 1);
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
@@ -552,9 +556,9 @@ void bench_attention(const BenchAttentionOptions& o) {
   }
   if (!o.json)
     std::printf("read bandwidth %.1f GB/s (%d threads, 512 MB streaming read) | load average %.2f %.2f %.2f | "
-                "ctx %d batch %d q-heads %d kv-heads %d d %d | %s\n",
+                "ctx %d batch %d q-heads %d kv-heads %d d %d | %s kernels | %s\n",
                 bw / 1e9, pool.size(), load[0], load[1], load[2], o.ctx, o.batch, o.q_heads, o.kv_heads, o.head_dim,
-                o.hot ? "hot caches" : "caches evicted before each step");
+                simd_level_name(simd), o.hot ? "hot caches" : "caches evicted before each step");
   for (const AttentionFigures& fig : figures) {
     const AttentionFigures* f = &fig;
     const double gbps = f->bytes_read / (f->ms * 1e-3) / 1e9;
@@ -562,6 +566,7 @@ void bench_attention(const BenchAttentionOptions& o) {
     const double append_pct = 100.0 * f->append_ms / (f->ms / o.batch);
     if (o.json) {
       nlohmann::json j = {{"cache", f->cache}, {"ctx", o.ctx}, {"batch", o.batch}, {"threads", pool.size()},
+                          {"simd", simd_level_name(simd)},
                           {"q_heads", o.q_heads}, {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
                           {"iters", o.iters}, {"hot", o.hot}, {"ms", f->ms}, {"ms_min", f->ms_min}, {"cpu_ms", f->cpu_ms},
                           {"bytes_read", f->bytes_read}, {"gbps", gbps}, {"speedup_vs_bf16", speedup},
@@ -631,6 +636,7 @@ void add_bench(CLI::App& app) {
                   "rounded up to a multiple of 128 (default 0: the planner's choice)")
       ->check(CLI::Range(0, 1 << 24));
   att->add_option("-t,--threads", a->threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  add_simd_option(att, a->simd);
   att->add_flag("--hot", a->hot, "leave the cache in the CPU caches between steps (default: evict 96 MB)");
   att->add_option("--caches", a->caches, "cache types or presets to time in one run against one bf16 baseline, e.g. "
                   "int2,turboquant_3bit_nc,q8_0:q4_0 (each a --kv-cache-dtype value, or K:V for keys K and values V, "

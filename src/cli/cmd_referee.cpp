@@ -21,6 +21,7 @@ struct RefereeOptions {
   RefereeConfig cfg;
   ModelOptions model;  // --device / --gpu-gemm of the evaluation passes
   std::string results;  // --results: a finished results.json to render (with --report-only)
+  std::string simd;     // --simd
   std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths, clip_grid,
               protocols = "common,as-shipped";
   bool quick = false, no_leakage = false;
@@ -47,6 +48,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
   for (const auto& [flag, value] : {std::pair{"--model", &c.model_dir}, {"--calib-data", &c.calib_data},
                                     {"--eval-data", &c.eval_dir}})
     KVQ_CHECK(!value->empty(), "referee: {} is required", flag);
+  c.simd = parse_simd_level(o.simd);
   require_checkpoint(o.model, "referee");
   auto given = [&](const char* flag) { return cmd->count(flag) > 0; };
   if (o.quick) {  // the demo / CI subset; explicit flags still win
@@ -144,6 +146,7 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--tune-windows", c.tune_windows, "held-out windows (of the first --ctx) per clip candidate")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-t,--threads", c.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  add_simd_option(cmd, o->simd);
   add_device_options(cmd, o->model);
   add_dummy_weights_option(cmd, o->model);  // refused in run(): the referee needs a checkpoint's weights
   cmd->add_option("--seed", c.seed, "seed of the passkey prompts and the bootstrap");

@@ -15,6 +15,7 @@
 #include "cli/options.h"
 #include "common/error.h"
 #include "engine/engine.h"
+#include "engine/fault_injector.h"
 #include "server/http_server.h"
 
 namespace kvq::cli {
@@ -27,6 +28,10 @@ struct ServeOptions {
   int ctx = 0;            // -c: tokens per sequence (0: the model's maximum)
   int parallel = 4;       // -np: running sequences at most
   int max_queue = 64;     // queued requests beyond the running ones
+  double queue_timeout = 0;    // --queue-timeout S: a request not admitted after S seconds gets 503 (0: none)
+  double request_timeout = 0;  // --request-timeout S: a request not finished S seconds after arrival gets 504
+  bool test_hooks = false;       // --test-hooks: POST /debug/fault arms a fault in the next engine step (tests only)
+  bool no_prefix_cache = false;  // --no-prefix-cache
   std::string chat_template;  // --chat-template NAME (default: the model's)
   server::ServerOptions http;
 };
@@ -79,11 +84,18 @@ void serve(const ServeOptions& o) {
   if (http.model_name.empty() || http.model_name == ".") http.model_name = "kvq";
   ModelSource model = load_model_source(o.model, p);
   auto runner = make_runner(model, o.model, p, p.ctx, o.parallel);
-  Runner& r = *runner;
+  // --test-hooks: the engine runs through a fault injector (POST /debug/fault), so the tests of a failing step and of
+  // a lost device drive the real binary.
+  std::optional<FaultInjectingRunner> faults;
+  if (o.test_hooks) faults.emplace(*runner);
+  Runner& r = faults ? static_cast<Runner&>(*faults) : *runner;
   log_runner(r, "serve:");
   EngineConfig ec;
   ec.scheduler.max_seqs = o.parallel;
   ec.max_queue = o.max_queue;
+  ec.queue_timeout_s = o.queue_timeout;
+  ec.request_timeout_s = o.request_timeout;
+  ec.scheduler.prefix_cache = !o.no_prefix_cache;
   Engine engine(r, ec);
   const PagePool& pool = r.page_pool();
   const ModelConfig& mc = r.config();
@@ -102,9 +114,21 @@ void serve(const ServeOptions& o) {
   std::fprintf(stderr, "kvq: serve: %d running at most (-np), %d queued (--max-queue), %d tokens per step (prefill "
                "chunks of %d)%s\n",
                engine.scheduler_config().max_seqs, o.max_queue, engine.scheduler_config().token_budget,
-               r.cache_config().max_chunk, http.api_key.empty() ? "" : ", API key required on /v1");
+               r.cache_config().max_chunk, http.api_key.empty() ? "" : ", API key required");
+  std::fprintf(stderr, "kvq: serve: HTTP: %d I/O threads, %d workers, %d connections at most; timeouts: idle %g s, "
+               "headers %g s, body %g s, write %g s, queue %s, request %s%s\n",
+               http.http.io_threads, http.workers, http.http.max_connections, http.http.idle_timeout_s,
+               http.http.header_timeout_s, http.http.body_timeout_s, http.http.write_timeout_s,
+               o.queue_timeout > 0 ? fmt::format("{:g} s", o.queue_timeout).c_str() : "none",
+               o.request_timeout > 0 ? fmt::format("{:g} s", o.request_timeout).c_str() : "none",
+               o.test_hooks ? "; test hooks on (POST /debug/fault)" : "");
+  std::fprintf(stderr, "kvq: serve: prefix cache: %s\n",
+               o.no_prefix_cache ? "off (--no-prefix-cache)"
+                                 : "on (prompt states at every chunk boundary; pages shared, evicted least recently "
+                                   "used first)");
 
-  server::HttpServer srv(engine, tok ? &*tok : nullptr, mc, r.cache_config(), p.ctx, chat, http);
+  server::HttpServer srv(engine, tok ? &*tok : nullptr, mc, r.cache_config(), p.ctx, chat, http,
+                         faults ? &*faults : nullptr);
   const int port = srv.bind();
   std::fprintf(stderr, "kvq: serve: listening on http://%s:%d\n", http.host.c_str(), port);
 
@@ -140,6 +164,34 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--parallel", o->parallel, "sequences running at once (alias -np)")->check(CLI::Range(1, 4096));
   cmd->add_option("--max-queue", o->max_queue, "requests queued beyond the running ones; more get 429")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--queue-timeout", o->queue_timeout,
+                  "seconds a request may wait in the queue before it is refused with 503 (0: no limit)")
+      ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--request-timeout", o->request_timeout,
+                  "seconds from a request's arrival to its last token before it is ended with 504 (0: no limit)")
+      ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--http-threads", o->http.http.io_threads,
+                  "I/O threads that serve every HTTP connection (not one per connection or request)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--workers", o->http.workers, "threads that parse and tokenize completion requests")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--max-connections", o->http.http.max_connections,
+                  "HTTP connections open at most; more are closed at once")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--idle-timeout", o->http.http.idle_timeout_s,
+                  "seconds a connection may wait for a request's first byte (keep-alive included)")
+      ->check(CLI::Range(0.001, 86400.0));
+  cmd->add_option("--header-timeout", o->http.http.header_timeout_s,
+                  "seconds from a request's first byte to the end of its headers")
+      ->check(CLI::Range(0.001, 86400.0));
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "do not keep the states of prompts for later requests that share their prefix (on by default)");
+  cmd->add_flag("--lenient-fields", o->http.lenient_fields,
+                "ignore unknown request fields (vLLM's extra_body ones; each name logged once) instead of refusing "
+                "them");
+  cmd->add_flag("--test-hooks", o->test_hooks,
+                "tests only: POST /debug/fault {\"fault\": \"error\" | \"bad_alloc\" | \"device_lost\"} makes the next "
+                "engine step fail");
   cmd->add_option("--host", o->http.host, "address to listen on");
   cmd->add_option("--port", o->http.port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->http.api_key, "require \"Authorization: Bearer KEY\" on /v1/*");

@@ -89,7 +89,14 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
       ->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("-t,--threads", o.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  add_simd_option(cmd, o.simd);
   add_dummy_weights_option(cmd, o);
+}
+
+void add_simd_option(CLI::App* cmd, std::string& level) {
+  cmd->add_option("--simd", level, "CPU kernels' instruction set: scalar, avx2, avx512, avx512vnni (default: the "
+                  "best this CPU has: " + std::string(simd_level_name(best_simd_level())) + "; a level it lacks is "
+                  "an error)");
 }
 
 void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o) {
@@ -325,6 +332,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
             "context {} exceeds the model's maximum of {} tokens", ctx_request, p.model.max_ctx);
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
+  p.cache.simd = parse_simd_level(m.simd);  // an unknown level, or one this CPU lacks: one line before any work
   p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   const ModelConfig& mc = p.model;
@@ -368,7 +376,7 @@ Tokenizer load_tokenizer(const ModelOptions& o) { return Tokenizer::load(o.dir +
 
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p) {
   KVQ_CHECK(!o.dummy_weights, "internal: --dummy-weights reached load_model (use load_model_source)");
-  auto m = Model::load(o.dir, o.threads);
+  auto m = Model::load(o.dir, o.threads, parse_simd_level(o.simd));
   std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
                std::string(arch_name(m->config().arch)).c_str(), m->weights().n_params, m->pool().size(),
                m->load_seconds());
@@ -395,7 +403,7 @@ ModelSource load_model_source(const ModelOptions& o, const Plan& p) {
               "--dummy-weights --device cpu: {}'s {} parameters take ~{:.1f} GiB of host memory (fp32 and bf16), "
               "{:.1f} GiB are available; use a smaller config or --device cuda", o.dir, model_params(c), need / gib,
               avail / gib);
-    m.host = Model::dummy(o.dir, c, m.seed, o.threads);
+    m.host = Model::dummy(o.dir, c, m.seed, o.threads, parse_simd_level(o.simd));
     fmt::print(stderr,
                "kvq: dummy weights for {}: {}, generated in host memory on {} threads in {:.2f} s: timing only\n",
                o.dir, what, m.host->pool().size(), m.host->load_seconds());

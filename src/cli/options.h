@@ -22,6 +22,7 @@ struct ModelOptions {
   std::string gpu_gemm = "bf16";  // --gpu-gemm: bf16 | fp32 GEMM inputs on the GPU
   std::string cuda_graphs = "on";  // --cuda-graphs: on | off, decode steps replayed as CUDA graphs
   bool dummy_weights = false;     // --dummy-weights: random weights of config.json's shapes (timing only)
+  std::string simd;               // --simd: the CPU kernels' level ("": the best this CPU has)
 };
 
 struct CacheOptions {
@@ -53,12 +54,15 @@ struct PromptLength {
   double fraction = 0;
 };
 
-void add_model_options(CLI::App* cmd, ModelOptions& o);  // -m, -t, --dummy-weights
+void add_model_options(CLI::App* cmd, ModelOptions& o);
+// --simd LEVEL (the CPU kernels' instruction set) into `level`; a verb that loads no model through ModelOptions
+// (bench attention, referee) takes it this way.
+void add_simd_option(CLI::App* cmd, std::string& level);  // -m, -t, --dummy-weights
 // --dummy-weights alone, for a command with its own -m (referee), so that it refuses them by name.
 void add_dummy_weights_option(CLI::App* cmd, ModelOptions& o);
 void add_cache_options(CLI::App* cmd, CacheOptions& o);
-// --prompt-policy, --evict-bits, --evict-ctx, --prompt-tokens and --prompt-fraction, for the commands that score windows with a
-// prompt (ppl, eval): the cache's prefill semantics and where each window's prompt ends.
+// --prompt-policy, --evict-bits, --evict-ctx, --prompt-tokens and --prompt-fraction, for the commands that score
+// windows with a prompt (ppl, eval): the cache's prefill semantics and where each window's prompt ends.
 void add_prompt_options(CLI::App* cmd, CacheOptions& c, PromptLength& p);
 // --kv-budget-gib, for the commands whose runner's cache it sizes (run, ppl, bench decode).
 void add_kv_budget_option(CLI::App* cmd, CacheOptions& o);

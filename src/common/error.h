@@ -24,6 +24,14 @@ class Error : public std::runtime_error {
   std::string hint_;
 };
 
+// The device is lost: an error that leaves it unusable for every later call (CUDA's sticky errors: an illegal address,
+// a launch failure, an uncorrectable ECC error, ...; cuda/runtime.cpp). Whoever serves requests stops admitting work
+// and reports itself unhealthy (kvq serve: /health 503) instead of failing every later step.
+class DeviceLost : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace kvq
 
 #define KVQ_STR2(x) #x

@@ -1,10 +1,23 @@
 #include "common/thread_pool.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 namespace kvq {
 
 namespace {
+
+// The spin loop's pause: x86's PAUSE, or a compiler barrier elsewhere.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  asm volatile("" ::: "memory");
+#endif
+}
 
 // Spins until done() or `limit` has passed; true if done() came true.
 template <class Done>
@@ -13,7 +26,7 @@ bool spin_until(Done done, std::chrono::microseconds limit) {
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (done()) return true;
-      _mm_pause();
+      cpu_relax();
     }
     if (std::chrono::steady_clock::now() >= until) return done();
   }

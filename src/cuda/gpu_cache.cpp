@@ -17,6 +17,7 @@
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
+#include "kv/prefix_cache.h"
 
 namespace kvq::cuda {
 
@@ -137,6 +138,7 @@ struct GpuKvCache::Impl {
   DeviceBuffer pages, sinks, ring, page_table_dev;
   bool table_dirty = false;             // the pool's block tables changed since the last upload
   DeviceBuffer mu, rk, rv;
+  std::unique_ptr<PrefixCache> prefix;  // null: prefix caching off
   TransformPtrs tptrs{};
   DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
   // The step.
@@ -307,6 +309,145 @@ void GpuKvCache::free_sequence(int seq) {
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   KVQ_CHECK(!m.in_step, "GPU KV cache: free_sequence inside a step");
   m.pool->close(seq);
+  m.table_dirty = true;
+}
+
+void GpuKvCache::fork_sequence(int src, int dst) {
+  Impl& m = *impl_;
+  KVQ_CHECK(!m.in_step, "GPU KV cache: fork_sequence inside a step");
+  m.pool->fork(src, dst);
+  m.table_dirty = true;
+  const size_t page = size_t(m.layout.page_bytes);
+  for (int i = 0; i < m.pool->pages(src); ++i)
+    check(cudaMemcpyAsync(m.pages.as<uint8_t>() + size_t(m.pool->page(dst, i)) * page,
+                          m.pages.as<uint8_t>() + size_t(m.pool->page(src, i)) * page, page, cudaMemcpyDeviceToDevice,
+                          m.stream),
+          "GPU KV cache: fork pages");
+  // Windows: [slot][n_layers][2][n_kv][rows][d] bf16, so a slot's are contiguous.
+  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv;
+  const size_t row = layout::bf16_row_bytes(m.d);
+  const size_t sink = slot_rows * size_t(m.cfg.sink) * row, ring = slot_rows * size_t(m.layout.ring_tokens) * row;
+  if (sink > 0)
+    check(cudaMemcpyAsync(m.sinks.as<uint8_t>() + size_t(dst) * sink, m.sinks.as<uint8_t>() + size_t(src) * sink, sink,
+                          cudaMemcpyDeviceToDevice, m.stream),
+          "GPU KV cache: fork sinks");
+  check(cudaMemcpyAsync(m.ring.as<uint8_t>() + size_t(dst) * ring, m.ring.as<uint8_t>() + size_t(src) * ring, ring,
+                        cudaMemcpyDeviceToDevice, m.stream),
+        "GPU KV cache: fork ring");
+}
+
+namespace {
+// The recent rows [r0, len) of every (layer, K / V, kv head) of one slot's ring ([rows][ring_tokens][d] bf16, row:
+// 2 d bytes) to or from host rows [rows][len - r0][d]: one strided copy per contiguous run of ring slots (two when
+// they wrap).
+void copy_ring_rows(uint8_t* ring_slot, uint8_t* host, size_t slot_rows, size_t row, int ring_tokens, int r0, int len,
+                    bool to_host, cudaStream_t stream) {
+  for (int p = r0; p < len;) {
+    const int slot = p % ring_tokens, n = std::min(len - p, ring_tokens - slot);
+    uint8_t* dev = ring_slot + size_t(slot) * row;
+    uint8_t* h = host + size_t(p - r0) * row;
+    const size_t dev_pitch = size_t(ring_tokens) * row, host_pitch = size_t(len - r0) * row;
+    check(to_host ? cudaMemcpy2DAsync(h, host_pitch, dev, dev_pitch, size_t(n) * row, slot_rows,
+                                      cudaMemcpyDeviceToHost, stream)
+                  : cudaMemcpy2DAsync(dev, dev_pitch, h, host_pitch, size_t(n) * row, slot_rows,
+                                      cudaMemcpyHostToDevice, stream),
+          "GPU KV cache: prefix ring rows");
+    p += n;
+  }
+}
+}  // namespace
+
+void GpuKvCache::enable_prefix_cache(int64_t state_bytes) {
+  Impl& m = *impl_;
+  // The copied state lives in host memory: a quarter of the device pool's bytes, at most 4 GiB.
+  if (state_bytes <= 0)
+    state_bytes = std::clamp<int64_t>(int64_t(m.pool->bytes() / 4), int64_t(1) << 20, int64_t(4) << 30);
+  const std::string d = fmt::format("{} page={} chunk={} shape={}x{}x{} gpu", m.cfg.describe(), m.cfg.page_tokens,
+                                    m.cfg.max_chunk, m.n_layers, m.n_kv, m.d);
+  uint64_t key = 1469598103934665603ull;
+  for (unsigned char c : d) key = (key ^ c) * 1099511628211ull;
+  m.prefix = std::make_unique<PrefixCache>(*m.pool, key, state_bytes);
+}
+
+int GpuKvCache::prefix_match(const int32_t* ids, int n, int step) const {
+  const Impl& m = *impl_;
+  return m.prefix && n > 1 ? m.prefix->longest(ids, n - 1, step) : 0;
+}
+
+void GpuKvCache::prefix_count(int hit_tokens, int miss_tokens) {
+  if (impl_->prefix) impl_->prefix->count(hit_tokens, miss_tokens);
+}
+
+PrefixCacheStats GpuKvCache::prefix_stats() const {
+  return impl_->prefix ? impl_->prefix->stats() : PrefixCacheStats{};
+}
+
+// The entry's state, as on the CPU (kv/cache.cpp) with bf16 windows: the slot's sinks | the partly filled last page
+// (when there is one) | the recent rows [r0, len) of every (layer, K / V, kv head).
+void GpuKvCache::prefix_store(int seq, const int32_t* ids, int len) {
+  Impl& m = *impl_;
+  if (!m.prefix) return;
+  KVQ_CHECK(!m.in_step && m.pool->live(seq) && len == m.pool->length(seq) && len > 0,
+            "GPU KV cache: prefix_store of {} tokens of sequence {}, which holds {}", len, seq, m.pool->length(seq));
+  if (m.prefix->contains(ids, len)) {
+    m.prefix->find(ids, len);
+    return;
+  }
+  // q: the quantized end; the ring holds [q, len) (nothing while len <= S0: every row is a sink).
+  const int S0 = m.cfg.sink, P = m.cfg.page_tokens, q = std::max(S0, m.quant_end(len - 1)), r0 = len > S0 ? q : len;
+  const int full = (q - S0) / P;
+  const bool partial = (q - S0) % P != 0;
+  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = layout::bf16_row_bytes(m.d);
+  const size_t sink = slot_rows * size_t(S0) * row, page = size_t(m.layout.page_bytes);
+  std::vector<uint8_t> state(sink + (partial ? page : 0) + slot_rows * size_t(len - r0) * row);
+  uint8_t* out = state.data();
+  if (sink > 0)
+    check(cudaMemcpyAsync(out, m.sinks.as<uint8_t>() + size_t(seq) * sink, sink, cudaMemcpyDeviceToHost, m.stream),
+          "GPU KV cache: prefix sinks");
+  out += sink;
+  if (partial) {
+    check(cudaMemcpyAsync(out, m.pages.as<uint8_t>() + size_t(m.pool->page(seq, full)) * page, page,
+                          cudaMemcpyDeviceToHost, m.stream),
+          "GPU KV cache: prefix page");
+    out += page;
+  }
+  uint8_t* ring = m.ring.as<uint8_t>() + size_t(seq) * slot_rows * size_t(m.layout.ring_tokens) * row;
+  copy_ring_rows(ring, out, slot_rows, row, m.layout.ring_tokens, r0, len, true, m.stream);
+  check(cudaStreamSynchronize(m.stream), "GPU KV cache: prefix store");
+  std::vector<int> pages(static_cast<size_t>(full));
+  for (int i = 0; i < full; ++i) pages[size_t(i)] = m.pool->page(seq, i);
+  m.prefix->insert(ids, len, std::move(pages), std::move(state));
+}
+
+void GpuKvCache::prefix_attach(int seq, const int32_t* ids, int len) {
+  Impl& m = *impl_;
+  KVQ_CHECK(m.prefix, "GPU KV cache: prefix_attach without a prefix cache (enable_prefix_cache)");
+  KVQ_CHECK(!m.in_step && m.pool->live(seq) && m.pool->length(seq) == 0 && m.pool->pages(seq) == 0,
+            "GPU KV cache: prefix_attach into sequence {}, which is not new", seq);
+  const PrefixCache::Entry* e = m.prefix->find(ids, len);
+  KVQ_CHECK(e, "GPU KV cache: no cached prefix of {} tokens to attach", len);
+  const std::vector<int> pages = e->pages;  // copies: taking the partial page may evict the entry
+  const std::vector<uint8_t> state = e->state;
+  for (int p : pages) m.pool->share(seq, p);
+  const int S0 = m.cfg.sink, P = m.cfg.page_tokens, q = std::max(S0, m.quant_end(len - 1)), r0 = len > S0 ? q : len;
+  const bool partial = (q - S0) % P != 0;
+  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = layout::bf16_row_bytes(m.d);
+  const size_t sink = slot_rows * size_t(S0) * row, page = size_t(m.layout.page_bytes);
+  const uint8_t* in = state.data();
+  if (sink > 0)
+    check(cudaMemcpyAsync(m.sinks.as<uint8_t>() + size_t(seq) * sink, in, sink, cudaMemcpyHostToDevice, m.stream),
+          "GPU KV cache: prefix sinks");
+  in += sink;
+  if (partial) {
+    const int id = m.pool->take_page(seq);
+    check(cudaMemcpyAsync(m.pages.as<uint8_t>() + size_t(id) * page, in, page, cudaMemcpyHostToDevice, m.stream),
+          "GPU KV cache: prefix page");
+    in += page;
+  }
+  uint8_t* ring = m.ring.as<uint8_t>() + size_t(seq) * slot_rows * size_t(m.layout.ring_tokens) * row;
+  copy_ring_rows(ring, const_cast<uint8_t*>(in), slot_rows, row, m.layout.ring_tokens, r0, len, false, m.stream);
+  check(cudaStreamSynchronize(m.stream), "GPU KV cache: prefix attach");  // `state` goes away here
+  m.pool->set_length(seq, len);
   m.table_dirty = true;
 }
 
@@ -518,6 +659,13 @@ void GpuKvCache::commit_step() {
   for (size_t b = 0; b < m.step_seqs.size(); ++b) m.pool->commit(m.step_seqs[b], m.step_n[b]);
   m.in_step = false;
   m.n_rows = m.n_items = 0;
+}
+
+void GpuKvCache::abort_step() {
+  Impl& m = *impl_;
+  m.in_step = false;
+  m.n_rows = m.n_items = 0;
+  m.plan = {};
 }
 
 CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->layout.footprint(n_tokens); }

@@ -62,6 +62,19 @@ class GpuKvCache {
   int new_sequence();
   void free_sequence(int seq);
   int length(int seq) const;
+  // dst (a new sequence, empty) becomes a copy of src: its sinks and ring rows and its own pages holding the same
+  // bytes (device-to-device copies on the cache's stream). kvq::Error before anything changes when the pool lacks the
+  // pages; not inside a step.
+  void fork_sequence(int src, int dst);
+  // Prefix caching, as KvCache's (kv/prefix_cache.h): the final pages stay in device memory, shared by id; the copied
+  // rest (sinks, the partial page, the recent rows) is downloaded into the entry at store and uploaded at attach.
+  // state_bytes: the host bytes of those copies at most (0: a quarter of the pool's bytes, at most 4 GiB).
+  void enable_prefix_cache(int64_t state_bytes = 0);
+  int prefix_match(const int32_t* ids, int n, int step) const;
+  void prefix_attach(int seq, const int32_t* ids, int len);
+  void prefix_store(int seq, const int32_t* ids, int len);
+  void prefix_count(int hit_tokens, int miss_tokens);
+  PrefixCacheStats prefix_stats() const;
 
   // Starts a step: seqs[b] appends n[b] tokens at its current length. Reserves pages (throws kvq::Error on
   // context overflow or an exhausted pool, before anything changes) and uploads the step's descriptors and, when
@@ -81,6 +94,10 @@ class GpuKvCache {
   void attention(int layer, const float* d_q, int n_heads, float* d_out);
   // Ends the step: lengths += n.
   void commit_step();
+  // Ends a step that failed between begin_step and commit_step (an exception from a launch): lengths stay, the pages
+  // begin_step reserved stay with their sequences (freed with them), and the cache takes the next begin_step or
+  // free_sequence. Does nothing outside a step.
+  void abort_step();
 
   // What this step's launches take besides the contents of device memory: row and demotion counts, the attention
   // plan, the buffers they read and write. Two steps with equal signatures enqueue the same kernels with the same

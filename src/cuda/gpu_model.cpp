@@ -486,6 +486,15 @@ int GpuModel::max_rows() const { return impl_->max_rows; }
 int GpuModel::step_rows() const { return impl_->max_rows; }
 int GpuModel::new_sequence() { return impl_->cache->new_sequence(); }
 void GpuModel::free_sequence(int seq) { impl_->cache->free_sequence(seq); }
+void GpuModel::fork_sequence(int src, int dst) { impl_->cache->fork_sequence(src, dst); }
+void GpuModel::enable_prefix_cache() { impl_->cache->enable_prefix_cache(); }
+int GpuModel::prefix_match(const int32_t* ids, int n, int step) const {
+  return impl_->cache->prefix_match(ids, n, step);
+}
+void GpuModel::prefix_attach(int seq, const int32_t* ids, int len) { impl_->cache->prefix_attach(seq, ids, len); }
+void GpuModel::prefix_store(int seq, const int32_t* ids, int len) { impl_->cache->prefix_store(seq, ids, len); }
+void GpuModel::prefix_count(int hit_tokens, int miss_tokens) { impl_->cache->prefix_count(hit_tokens, miss_tokens); }
+PrefixCacheStats GpuModel::prefix_stats() const { return impl_->cache->prefix_stats(); }
 int GpuModel::length(int seq) const { return impl_->cache->length(seq); }
 CacheFootprint GpuModel::footprint(int n_tokens) const { return impl_->cache->footprint(n_tokens); }
 size_t GpuModel::cache_bytes() const { return impl_->cache->bytes_allocated(); }
@@ -564,6 +573,13 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
     KVQ_CHECK(ids[r] >= 0 && ids[r] < c.vocab_size, "token id {} is outside the vocabulary of {} tokens", ids[r],
               c.vocab_size);
   m.cache->begin_step(seqs, n);  // context overflow / exhausted pool: thrown here, before any work
+  struct AbortUnlessCommitted {  // a launch that throws leaves the cache ready for the next step (and for frees)
+    GpuKvCache& cache;
+    bool committed = false;
+    ~AbortUnlessCommitted() {
+      if (!committed) cache.abort_step();
+    }
+  } guard{*m.cache};
   m.h_pos.resize(size_t(rows));
   m.h_last.resize(seqs.size());
   int row = 0;
@@ -591,6 +607,7 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   else
     m.enqueue_step(rows, out_rows, which, argmax != nullptr);
   m.cache->commit_step();
+  guard.committed = true;
   if (which == LogitRows::None) return;
 
   const int V = c.vocab_size;

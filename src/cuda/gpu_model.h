@@ -71,6 +71,13 @@ class GpuModel final : public Runner {
   int new_sequence() override;
   void free_sequence(int seq) override;
   int length(int seq) const override;
+  void fork_sequence(int src, int dst) override;
+  void enable_prefix_cache() override;
+  int prefix_match(const int32_t* ids, int n, int step) const override;
+  void prefix_attach(int seq, const int32_t* ids, int len) override;
+  void prefix_store(int seq, const int32_t* ids, int len) override;
+  void prefix_count(int hit_tokens, int miss_tokens) override;
+  PrefixCacheStats prefix_stats() const override;
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;

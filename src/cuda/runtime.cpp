@@ -57,8 +57,29 @@ void require_device() {
   KVQ_CHECK(available(), "--device cuda: {}", probe().reason);
 }
 
+namespace {
+// The errors after which the context is corrupted and every later call fails too (CUDA runtime API: "the process must
+// be terminated and relaunched").
+bool sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc: case cudaErrorECCUncorrectable: case cudaErrorLaunchTimeout: case cudaErrorAssert:
+    case cudaErrorDevicesUnavailable: case cudaErrorNoDevice: case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
 void check(int code, const char* what) {
-  if (code != cudaSuccess) KVQ_FAIL("{}: {}", what, cudaGetErrorString(cudaError_t(code)));
+  if (code == cudaSuccess) return;
+  const cudaError_t e = cudaError_t(code);
+  if (sticky(e))
+    throw DeviceLost(fmt::format("the GPU is lost: {}: {}", what, cudaGetErrorString(e)), KVQ_WHERE,
+                     "the CUDA context cannot be used again; restart the process");
+  KVQ_FAIL("{}: {}", what, cudaGetErrorString(e));
 }
 
 void sync(const char* what) {

@@ -1,11 +1,25 @@
 #include "engine/engine.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "common/error.h"
 
 namespace kvq {
 
 namespace {
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// now + s seconds, or never for s <= 0.
+Clock::time_point after(Clock::time_point now, double s) {
+  return s > 0 ? now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s))
+               : Clock::time_point::max();
+}
+
+std::string what_of(const std::exception& e) {
+  if (const Error* k = dynamic_cast<const Error*>(&e)) return k->message();
+  return e.what();
+}
 }  // namespace
 
 bool RequestStream::wait(GenerationOutput& out, std::chrono::milliseconds timeout) {
@@ -31,7 +45,23 @@ int RequestStream::generated_tokens() const {
   return generated_;
 }
 
-void RequestStream::deliver(GenerationOutput&& o, int generated) {
+int RequestStream::cached_tokens() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return cached_;
+}
+
+void RequestStream::on_update(std::function<void()> notify) {
+  bool pending;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    notify_ = notify;
+    pending = !pending_.text.empty() || !pending_.tokens.empty() || pending_.finish != FinishReason::None;
+  }
+  if (pending) notify();
+}
+
+void RequestStream::deliver(GenerationOutput&& o, int generated, int cached) {
+  std::function<void()> notify;
   {
     std::lock_guard<std::mutex> lk(mu_);
     pending_.text += o.text;
@@ -42,12 +72,23 @@ void RequestStream::deliver(GenerationOutput&& o, int generated) {
       finished_ = true;
     }
     generated_ = generated;
+    cached_ = std::max(cached_, cached);
+    notify = notify_;
   }
   cv_.notify_all();
+  if (notify) notify();
+}
+
+void EngineConfig::validate() const {
+  KVQ_CHECK(max_queue >= 0, "--max-queue {} must be >= 0", max_queue);
+  KVQ_CHECK(std::isfinite(queue_timeout_s) && queue_timeout_s >= 0,
+            "--queue-timeout {} must be >= 0 seconds (0: none)", queue_timeout_s);
+  KVQ_CHECK(std::isfinite(request_timeout_s) && request_timeout_s >= 0,
+            "--request-timeout {} must be >= 0 seconds (0: none)", request_timeout_s);
 }
 
 Engine::Engine(Runner& runner, EngineConfig cfg) : runner_(runner), cfg_(cfg), sched_(runner, cfg.scheduler) {
-  KVQ_CHECK(cfg_.max_queue >= 0, "--max-queue {} must be >= 0", cfg_.max_queue);
+  cfg_.validate();
   publish();
   thread_ = std::thread([this] { loop(); });
 }
@@ -62,14 +103,34 @@ Engine::~Engine() {
 }
 
 Engine::Submit Engine::submit(std::unique_ptr<Generation> g, std::shared_ptr<RequestStream>& stream) {
+  std::vector<std::unique_ptr<Generation>> gens;
+  gens.push_back(std::move(g));
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  const Submit s = submit_group(std::move(gens), streams);
+  if (s == Submit::Queued) stream = streams[0];
+  return s;
+}
+
+Engine::Submit Engine::submit_group(std::vector<std::unique_ptr<Generation>> gens,
+                                    std::vector<std::shared_ptr<RequestStream>>& streams) {
+  KVQ_CHECK(!gens.empty(), "engine: a submit of no request");
   std::lock_guard<std::mutex> lk(mu_);
+  if (lost_) return Submit::Unavailable;
   if (closed_ || stop_) return Submit::Closed;
-  if (in_flight_ >= sched_.config().max_seqs + cfg_.max_queue) return Submit::QueueFull;
-  stream = std::make_shared<RequestStream>();
-  stream->arrival_ = Clock::now();
-  stream->prompt_tokens_ = g->prompt_tokens();
-  inbox_.push_back({std::move(g), stream});
-  ++in_flight_;
+  const int n = int(gens.size());
+  if (in_flight_ + n > sched_.config().max_seqs + cfg_.max_queue) return Submit::QueueFull;
+  const Clock::time_point now = Clock::now();
+  streams.clear();
+  for (const auto& g : gens) {
+    auto stream = std::make_shared<RequestStream>();
+    stream->arrival_ = now;
+    stream->queue_deadline_ = after(now, cfg_.queue_timeout_s);
+    stream->deadline_ = after(now, cfg_.request_timeout_s);
+    stream->prompt_tokens_ = g->prompt_tokens();
+    streams.push_back(std::move(stream));
+  }
+  inbox_.push_back({std::move(gens), streams});
+  in_flight_ += n;
   cv_.notify_all();
   return Submit::Queued;
 }
@@ -93,6 +154,12 @@ int Engine::in_flight() const {
   return in_flight_;
 }
 
+bool Engine::healthy(std::string* reason) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (reason) *reason = lost_reason_;
+  return !lost_;
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(stats_mu_);
   return stats_;
@@ -101,42 +168,110 @@ EngineStats Engine::stats() const {
 void Engine::loop() {
   for (;;) {
     std::vector<Pending> in;
-    bool stopping;
+    bool stopping, lost;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || poke_ || !inbox_.empty() || !sched_.idle(); });
+      cv_.wait_for(lk, kTick, [&] { return stop_ || poke_ || !inbox_.empty() || (!sched_.idle() && !lost_); });
       stopping = stop_;
+      lost = lost_;
       in.swap(inbox_);
       poke_ = false;
     }
     for (Pending& p : in) {
       try {
-        active_[sched_.add(std::move(p.gen))] = p.stream;
-      } catch (const Error& e) {  // the caller checks the context first; this is the scheduler's own check
-        GenerationOutput o;
-        o.finish = FinishReason::Error;
-        o.error = e.message();
-        p.stream->deliver(std::move(o), 0);
+        KVQ_CHECK(!lost, "the device is lost: {}", lost_reason_);
+        const std::vector<Scheduler::Id> ids = sched_.add_group(std::move(p.gens));
+        for (size_t i = 0; i < ids.size(); ++i) active_[ids[i]] = p.streams[i];
+      } catch (const std::exception& e) {  // the caller checks the context first; this is the scheduler's own check
+        for (const auto& stream : p.streams) {
+          GenerationOutput o;
+          o.finish = FinishReason::Error;
+          o.error = what_of(e);
+          stream->deliver(std::move(o), 0);
+        }
         {
           std::lock_guard<std::mutex> lk(stats_mu_);
-          ++stats_.finished_error;
+          stats_.finished_error += int64_t(p.streams.size());
         }
         std::lock_guard<std::mutex> lk(mu_);
-        --in_flight_;
+        in_flight_ -= int(p.streams.size());
       }
     }
-    for (auto& [id, s] : active_)
-      if (stopping || s->cancel_) sched_.cancel(id);
-    StepInfo info;
-    std::vector<Scheduler::Update> updates = sched_.step(stopping ? nullptr : &info);
-    for (Scheduler::Update& u : updates) deliver(u);
-    {
+    try {
+      step_once(stopping);
+    } catch (const DeviceLost& e) {
+      lose_device(e.message());
+    } catch (const std::exception& e) {
+      // Outside the forward (admission, preemption, bookkeeping): the running requests' state is unknown. They end
+      // with the error; the queue goes on.
+      std::vector<Scheduler::Update> updates;
+      try {
+        updates = sched_.fail(fmt::format("the engine step failed: {}", what_of(e)));
+      } catch (const std::exception& e2) {
+        lose_device(fmt::format("the engine cannot recover from a failed step: {}", what_of(e2)));
+      }
+      for (Scheduler::Update& u : updates) deliver(u);
       std::lock_guard<std::mutex> lk(stats_mu_);
-      stats_.steps += info.seqs > 0;
+      ++stats_.step_failures;
     }
     publish();
     if (stopping && active_.empty()) return;
   }
+}
+
+void Engine::step_once(bool stopping) {
+  for (auto& [id, s] : active_)
+    if (stopping || s->cancel_) sched_.cancel(id);
+  expire(Clock::now());
+  if (lost_) return;  // engine thread: lost_ is written only here
+  StepInfo info;
+  std::vector<Scheduler::Update> updates = sched_.step(stopping ? nullptr : &info);
+  {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.steps += info.seqs > 0;
+    stats_.step_failures += info.failed;
+  }
+  // A lost device is marked before anyone hears of it: a client told of the failure finds /health 503 and is refused.
+  // lose_device() ends every request in flight, this step's too; their updates below find them gone.
+  if (info.device_lost) lose_device(info.failure);
+  for (Scheduler::Update& u : updates) deliver(u);
+}
+
+void Engine::expire(Clock::time_point now) {
+  for (auto& [id, s] : active_) {
+    if (now >= s->deadline_)
+      sched_.cancel(id, FinishReason::Deadline,
+                    fmt::format("the request ran past its deadline of {:g} s (--request-timeout)",
+                                cfg_.request_timeout_s));
+    else if (now >= s->queue_deadline_ && sched_.never_admitted(id))
+      sched_.cancel(id, FinishReason::QueueTimeout,
+                    fmt::format("the request waited in the queue for {:g} s without being admitted (--queue-timeout)",
+                                cfg_.queue_timeout_s));
+  }
+}
+
+void Engine::lose_device(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!lost_) lost_reason_ = why;
+    lost_ = true;
+  }
+  std::vector<Scheduler::Update> updates;
+  try {
+    updates = sched_.fail(fmt::format("the device is lost: {}", why), /*waiting=*/true);
+  } catch (const std::exception&) {  // nothing more can be freed; the streams still get their end below
+  }
+  for (Scheduler::Update& u : updates) deliver(u);
+  // Whatever is still active never gets an update from the scheduler again: end it here.
+  for (auto it = active_.begin(); it != active_.end();) {
+    Scheduler::Update u{it->first, {}, it->second->prompt_tokens(), it->second->generated_tokens(), 0};
+    u.output.finish = FinishReason::Error;
+    u.output.error = fmt::format("the device is lost: {}", why);
+    ++it;  // deliver() erases the entry
+    deliver(u);
+  }
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  stats_.healthy = false;
 }
 
 void Engine::deliver(Scheduler::Update& u) {
@@ -164,16 +299,19 @@ void Engine::deliver(Scheduler::Update& u) {
         case FinishReason::Stop: ++stats_.finished_stop; break;
         case FinishReason::Length: ++stats_.finished_length; break;
         case FinishReason::Cancelled: ++stats_.finished_cancelled; break;
+        case FinishReason::QueueTimeout: ++stats_.finished_queue_timeout; break;
+        case FinishReason::Deadline: ++stats_.finished_deadline; break;
         default: ++stats_.finished_error; break;
       }
     }
   }
-  s.deliver(std::move(u.output), u.generated_tokens);
+  std::shared_ptr<RequestStream> keep = it->second;  // the stream outlives its entry while it is delivered to
   if (done) {
     active_.erase(it);
     std::lock_guard<std::mutex> lk(mu_);
     --in_flight_;
   }
+  keep->deliver(std::move(u.output), u.generated_tokens, u.cached_tokens);
 }
 
 void Engine::publish() {
@@ -181,7 +319,8 @@ void Engine::publish() {
   int inbox;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    inbox = int(inbox_.size());
+    inbox = 0;
+    for (const Pending& p : inbox_) inbox += int(p.streams.size());
   }
   std::lock_guard<std::mutex> lk(stats_mu_);
   stats_.running = sched_.n_running();
@@ -194,6 +333,7 @@ void Engine::publish() {
   stats_.bytes_used = pool.used_bytes();
   stats_.bytes_free = pool.free_bytes();
   stats_.bytes_total = pool.bytes();
+  stats_.prefix = runner_.prefix_stats();
 }
 
 }  // namespace kvq

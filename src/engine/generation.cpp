@@ -20,6 +20,8 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::Length: return "length";
     case FinishReason::Cancelled: return "cancelled";
     case FinishReason::Error: return "error";
+    case FinishReason::QueueTimeout: return "queue_timeout";
+    case FinishReason::Deadline: return "deadline";
   }
   return "?";
 }
@@ -31,6 +33,7 @@ Generation::Generation(std::vector<int32_t> prompt, GenerateParams params, const
   KVQ_CHECK(!prompt_.empty(), "the prompt is empty (a request needs at least one token)");
   if (tok_) decoder_.emplace(*tok_);
   tokens_ = prompt_;
+  sampler_.observe_prompt(prompt_.data(), int(prompt_.size()));  // the repetition penalty counts the prompt
   tokens_.reserve(prompt_.size() + size_t(params_.max_tokens));
 }
 
@@ -61,11 +64,49 @@ void Generation::preempt() {
   cursor_done_ = 0;
 }
 
+void Generation::adopt_prefill(const Generation& leader) {
+  KVQ_CHECK(prompt_ == leader.prompt_ && fed_ == 0 && generated_tokens() == 0 && leader.fed_ == leader.known() &&
+                leader.generated_tokens() == 0,
+            "generation: adopt_prefill of a leader at {} of {} tokens ({} generated) by a choice at {}", leader.fed_,
+            leader.known(), leader.generated_tokens(), fed_);
+  steps_ = leader.steps_;
+  cursor_ = steps_.size();
+  cursor_done_ = 0;
+  fed_ = leader.fed_;
+}
+
+bool Generation::skip_prefix(int len, int max_chunk) {
+  if (len <= 0 || len >= known() || fed_ != 0 || max_chunk <= 0) return false;
+  if (steps_.empty()) {  // fresh: the chunks a fresh run feeds from position 0
+    if (len % max_chunk != 0) return false;
+    steps_.push_back({max_chunk, len / max_chunk});
+    cursor_ = steps_.size();
+    cursor_done_ = 0;
+    fed_ = len;
+    if (cached_ < 0) cached_ = len;
+    return true;
+  }
+  int at = 0;  // a replay: len must end one of its recorded forwards
+  for (size_t i = 0; i < steps_.size() && at < len; ++i) {
+    const Run r = steps_[i];
+    if ((len - at) % r.n == 0 && (len - at) / r.n <= r.count) {
+      const int k = (len - at) / r.n;
+      cursor_ = k == r.count ? i + 1 : i;
+      cursor_done_ = k == r.count ? 0 : k;
+      fed_ = len;
+      return true;
+    }
+    at += r.n * r.count;
+  }
+  return false;
+}
+
 void Generation::accept(const float* logits, int vocab, int32_t argmax) {
   KVQ_CHECK(!finished() && fed_ == known(), "generation: logits accepted at {} of {} known tokens", fed_, known());
   if (generated_tokens() >= params_.max_tokens) return finish(FinishReason::Length);
   KVQ_CHECK(logits || !needs_logits(), "generation: sampling needs the logits");
   const int32_t id = logits ? sampler_.sample(logits, vocab) : argmax;
+  sampler_.observe(id);
   tokens_.push_back(id);
   out_.tokens.push_back(params_.top_logprobs >= 0 ? token_logprobs(logits, vocab, id, params_.top_logprobs)
                                                   : GeneratedToken{id, 0.f, {}});
@@ -89,7 +130,7 @@ void Generation::finish_text() {
 void Generation::finish(FinishReason reason, std::string message) {
   if (finished()) return;
   finish_ = reason;
-  if (reason != FinishReason::Cancelled && reason != FinishReason::Error) finish_text();
+  if (reason == FinishReason::Stop || reason == FinishReason::Length) finish_text();
   out_.finish = reason;
   out_.error = std::move(message);
 }

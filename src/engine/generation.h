@@ -41,10 +41,13 @@ class Generation {
   bool chunk_fixed() const { return cursor_ < steps_.size(); }
   bool decoding() const { return !chunk_fixed() && known() - fed_ == 1; }
   const int32_t* ids() const { return tokens_.data() + fed_; }  // the tokens the next chunk starts with
+  const int32_t* tokens() const { return tokens_.data(); }      // [known()]: the prompt, then the generated tokens
   // Whether a chunk of n tokens ends at the last known token: its last row's logits choose the next token.
   bool predicts(int n) const { return fed_ + n == known(); }
   // Whether choosing needs the logits themselves (sampling, logprobs) rather than only their argmax.
-  bool needs_logits() const { return params_.sampler.temperature > 0.f || params_.top_logprobs >= 0; }
+  bool needs_logits() const {
+    return params_.sampler.temperature > 0.f || params_.top_logprobs >= 0 || params_.sampler.transforms_logits();
+  }
 
   // The forward of n tokens from ids() ran (the cache holds them now).
   void fed_chunk(int n);
@@ -53,6 +56,18 @@ class Generation {
   void accept(const float* logits, int vocab, int32_t argmax);
   // The scheduler freed this sequence's cache: the next chunks replay its steps from position 0.
   void preempt();
+  // n > 1 choices: this generation (of the same prompt, nothing fed) takes over the prefill of leader, whose whole
+  // prompt was just fed (before leader's accept): its cache is a fork of the leader's (Runner::fork_sequence) and its
+  // steps are the leader's chunks, replayed after a preemption as its own. Then accept() chooses its first token from
+  // the leader's logits with its own sampler.
+  void adopt_prefill(const Generation& leader);
+  // Prefix caching: the cache of this generation's new sequence holds its first len tokens (a cached prefix attached at
+  // admission). They count as fed, as the forwards a fresh run feeds (chunks of max_chunk), so that a replay after a
+  // preemption recomputes the same chunks. Returns false, changing nothing, unless len < known(), nothing is fed and
+  // len ends one of its forwards (fresh: a multiple of max_chunk; a replay: one of its recorded chunks).
+  bool skip_prefix(int len, int max_chunk);
+  // Prompt tokens taken from the prefix cache at its first admission (usage.prompt_tokens_details.cached_tokens).
+  int cached_tokens() const { return std::max(cached_, 0); }
   // Ends it now with reason (Cancelled, Error: message).
   void finish(FinishReason reason, std::string message = {});
 
@@ -79,6 +94,7 @@ class Generation {
   std::vector<Run> steps_;       // every forward so far, in order
   size_t cursor_ = 0;            // == steps_.size() unless replaying; replay: the step to feed next
   int cursor_done_ = 0;          // forwards of steps_[cursor_] already replayed
+  int cached_ = -1;              // prompt tokens from the prefix cache at the first admission (-1: not admitted)
   FinishReason finish_ = FinishReason::None;
   GenerationOutput out_;         // pending output
 };

@@ -23,10 +23,13 @@ enum class FinishReason {
   None,       // still running
   Stop,       // a stop id or stop string
   Length,     // max_tokens
-  Cancelled,  // the caller cancelled it (a client that went away)
-  Error,      // the step it was in failed (kvq::Error; message in the update)
+  Cancelled,     // the caller cancelled it (a client that went away, a server that stops)
+  Error,         // the step it was in failed (any exception; its message in the update), or the device was lost
+  QueueTimeout,  // it waited longer than the queue timeout without being admitted (kvq serve --queue-timeout)
+  Deadline,      // it ran past its deadline (kvq serve --request-timeout)
 };
-const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+// "stop", "length", "cancelled", "error", "queue_timeout", "deadline"
+const char* finish_reason_name(FinishReason r);
 
 struct TokenLogprob {
   int32_t id;     // token id

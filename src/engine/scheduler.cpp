@@ -19,6 +19,14 @@ Scheduler::Scheduler(Runner& runner, SchedulerConfig cfg) : runner_(runner), cfg
             cfg_.token_budget, cfg_.max_seqs, runner.max_rows());
   KVQ_CHECK(runner.page_pool().n_live() == 0, "scheduler: the runner already has {} live sequences",
             runner.page_pool().n_live());
+  if (cfg_.prefix_cache && !runner.prefix_stats().enabled) runner.enable_prefix_cache();
+}
+
+std::unique_ptr<Scheduler::Entry> Scheduler::make_entry(Id id, std::unique_ptr<Generation> g) {
+  auto e = std::make_unique<Entry>();
+  e->id = id;
+  e->gen = std::move(g);
+  return e;
 }
 
 Scheduler::~Scheduler() {
@@ -31,21 +39,112 @@ Scheduler::Id Scheduler::add(std::unique_ptr<Generation> g) {
             "context overflow: a prompt of {} tokens + {} to generate exceed the cache's context of {} tokens",
             g->prompt_tokens(), g->params().max_tokens, runner_.max_ctx());
   const Id id = next_id_++;
-  waiting_.push_back(std::make_unique<Entry>(Entry{id, std::move(g), -1}));
+  waiting_.push_back(make_entry(id, std::move(g)));
   return id;
 }
 
-void Scheduler::cancel(Id id) {
-  auto take = [&](auto& list) {
-    auto it = std::find_if(list.begin(), list.end(), [&](const auto& e) { return e->id == id; });
-    if (it == list.end()) return false;
-    release(**it);
-    (*it)->gen->finish(FinishReason::Cancelled);
-    cancelled_.push_back(std::move(*it));
-    list.erase(it);
-    return true;
+std::vector<Scheduler::Id> Scheduler::add_group(std::vector<std::unique_ptr<Generation>> gens) {
+  KVQ_CHECK(!gens.empty() && int(gens.size()) <= cfg_.max_seqs,
+            "scheduler: {} choices of one prompt, at most the {} requests that run at once", gens.size(),
+            cfg_.max_seqs);
+  std::vector<Id> ids{add(std::move(gens[0]))};
+  Entry& leader = *waiting_.back();
+  for (size_t i = 1; i < gens.size(); ++i) {
+    KVQ_CHECK(gens[i] && !gens[i]->finished() && gens[i]->fed() == 0, "scheduler: a finished or started choice");
+    KVQ_CHECK(gens[i]->prompt_tokens() == leader.gen->prompt_tokens() &&
+                  std::equal(gens[i]->ids(), gens[i]->ids() + gens[i]->prompt_tokens(), leader.gen->ids()),
+              "scheduler: the choices of a group must share one prompt");
+    KVQ_CHECK(gens[i]->max_cache_length() <= runner_.max_ctx(),
+              "context overflow: a prompt of {} tokens + {} to generate exceed the cache's context of {} tokens",
+              gens[i]->prompt_tokens(), gens[i]->params().max_tokens, runner_.max_ctx());
+    ids.push_back(next_id_++);
+    leader.followers.push_back(make_entry(ids.back(), std::move(gens[i])));
+  }
+  return ids;
+}
+
+int Scheduler::n_running() const {
+  int n = 0;
+  for (const auto& e : running_) n += group_size(*e);
+  return n;
+}
+
+int Scheduler::n_waiting() const {
+  int n = 0;
+  for (const auto& e : waiting_) n += group_size(*e);
+  return n;
+}
+
+void Scheduler::cancel(Id id, FinishReason reason, std::string message) {
+  auto end = [&](std::unique_ptr<Entry> e) {
+    release(*e);
+    e->gen->finish(reason, message);
+    cancelled_.push_back(std::move(e));
   };
-  if (!take(running_)) take(waiting_);
+  auto take = [&](auto& list, bool waiting) {
+    for (auto it = list.begin(); it != list.end(); ++it) {
+      Entry& e = **it;
+      if (e.id == id) {
+        std::unique_ptr<Entry> gone = std::move(*it);
+        list.erase(it);
+        if (!gone->followers.empty()) {  // the others of its prompt go on, as a group of their own
+          std::unique_ptr<Entry> next = std::move(gone->followers.front());
+          for (size_t i = 1; i < gone->followers.size(); ++i) next->followers.push_back(std::move(gone->followers[i]));
+          gone->followers.clear();
+          next->admitted = waiting ? false : true;
+          auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->id > next->id; });
+          waiting_.insert(pos, std::move(next));
+        }
+        end(std::move(gone));
+        return true;
+      }
+      for (auto f = e.followers.begin(); f != e.followers.end(); ++f)
+        if ((*f)->id == id) {
+          std::unique_ptr<Entry> gone = std::move(*f);
+          e.followers.erase(f);
+          end(std::move(gone));
+          return true;
+        }
+    }
+    return false;
+  };
+  if (!take(running_, false)) take(waiting_, true);
+}
+
+bool Scheduler::never_admitted(Id id) const {
+  for (const auto& e : waiting_) {
+    if (e->id == id) return !e->admitted;
+    for (const auto& f : e->followers)
+      if (f->id == id) return !e->admitted;
+  }
+  return false;
+}
+
+std::vector<Scheduler::Update> Scheduler::fail(const std::string& message, bool waiting) {
+  std::vector<Update> updates;
+  for (auto& e : cancelled_) updates.push_back(update_of(*e));
+  cancelled_.clear();
+  auto end_all = [&](auto& list) {
+    for (auto& e : list) {
+      try {
+        release(*e);
+      } catch (const std::exception&) {  // a sequence the runner no longer knows: nothing left to free
+        e->seq = -1;
+      }
+      e->gen->finish(FinishReason::Error, message);
+      updates.push_back(update_of(*e));
+      for (auto& f : e->followers) {
+        f->gen->finish(FinishReason::Error, message);
+        updates.push_back(update_of(*f));
+      }
+      e->followers.clear();
+    }
+    list.clear();
+  };
+  end_all(running_);
+  if (waiting) end_all(waiting_);
+  blocked_ = false;
+  return updates;
 }
 
 const Generation* Scheduler::find(Id id) const {
@@ -62,7 +161,24 @@ void Scheduler::release(Entry& e) {
 }
 
 Scheduler::Update Scheduler::update_of(Entry& e) {
-  return {e.id, e.gen->take_output(), e.gen->prompt_tokens(), e.gen->generated_tokens()};
+  return {e.id, e.gen->take_output(), e.gen->prompt_tokens(), e.gen->generated_tokens(), e.gen->cached_tokens()};
+}
+
+void Scheduler::attach_prefix(Entry& e) {
+  if (!cfg_.prefix_cache) return;
+  Generation& g = *e.gen;
+  const bool fresh = !g.chunk_fixed() && g.fed() == 0 && g.generated_tokens() == 0;
+  const int chunk = runner_.cache_config().max_chunk;
+  const int len = runner_.prefix_match(g.tokens(), g.prompt_tokens(), chunk);
+  if (len > 0 && g.skip_prefix(len, chunk)) runner_.prefix_attach(e.seq, g.tokens(), len);
+  if (fresh) runner_.prefix_count(g.cached_tokens(), g.prompt_tokens() - g.cached_tokens());
+}
+
+void Scheduler::store_prefix(Entry& e, int fed_before) {
+  const Generation& g = *e.gen;
+  const int chunk = runner_.cache_config().max_chunk;
+  if (!cfg_.prefix_cache || g.fed() > g.prompt_tokens() || g.fed() % chunk != 0 || g.fed() == fed_before) return;
+  runner_.prefix_store(e.seq, g.tokens(), g.fed());
 }
 
 int Scheduler::pages_needed(const std::vector<Item>& items) const {
@@ -77,13 +193,26 @@ void Scheduler::admit(StepInfo& info) {
   const PagePool& pool = runner_.page_pool();
   auto room = [&](const Generation& g) { return std::min(g.known() + 1, runner_.max_ctx()); };
   int reserved = 0;  // pages the running requests still take to hold their known tokens and the next one
-  for (const auto& e : running_) reserved += pool.pages_short(e->seq, room(*e->gen));
-  while (!waiting_.empty() && int(running_.size()) < cfg_.max_seqs && pool.n_live() < pool.n_slots()) {
+  int forks = 0;     // choices of running groups still to be forked: each will take a slot and the leader's pages
+  for (const auto& e : running_) {
+    reserved += pool.pages_short(e->seq, room(*e->gen));
+    forks += int(e->followers.size());
+    reserved += int(e->followers.size()) * pool.layout().pages_for(room(*e->gen));
+  }
+  for (;;) {
+    if (waiting_.empty()) break;
     Entry& w = *waiting_.front();
-    const int need = pool.layout().pages_for(room(*w.gen));
-    if (need + reserved > pool.free_pages()) break;
+    const int n = group_size(w);
+    if (int(running_.size()) + forks + n > cfg_.max_seqs || pool.n_live() + forks + n > pool.n_slots()) break;
+    const int need = n * pool.layout().pages_for(room(*w.gen));
+    // A group larger than the pool admits alone with the leader's pages: choices that do not fit at the fork wait.
+    const bool alone = running_.empty() && n > 1 && pool.layout().pages_for(room(*w.gen)) <= pool.free_pages();
+    if (need + reserved > pool.free_pages() && !alone) break;
     reserved += need;
+    forks += n - 1;
     w.seq = runner_.new_sequence();
+    w.admitted = true;
+    attach_prefix(w);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     ++info.admitted;
@@ -120,6 +249,34 @@ std::vector<Scheduler::Item> Scheduler::plan_step(bool& blocked) {
     chunk_taken = true;
   }
   return items;
+}
+
+void Scheduler::fork_followers(Entry& leader, const float* logits, int32_t argmax, std::vector<Update>& out) {
+  const int V = runner_.config().vocab_size;
+  std::vector<std::unique_ptr<Entry>> followers = std::move(leader.followers);
+  leader.followers.clear();
+  for (auto& f : followers) {
+    f->gen->adopt_prefill(*leader.gen);
+    f->gen->accept(logits, V, argmax);
+    f->admitted = true;
+    const Update first = update_of(*f);
+    if (f->gen->finished()) {  // its first token ended it: it never needs a sequence
+      out.push_back(first);
+      continue;
+    }
+    out.push_back(first);
+    const PagePool& pool = runner_.page_pool();
+    if (pool.n_live() < pool.n_slots() && pool.pages(leader.seq) <= pool.free_pages()) {
+      f->seq = runner_.new_sequence();
+      runner_.fork_sequence(leader.seq, f->seq);
+      running_.push_back(std::move(f));
+    } else {  // no room to fork now: recomputed from the queue like a preempted request (the same tokens)
+      f->gen->preempt();
+      ++preemptions_;
+      auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->id > f->id; });
+      waiting_.insert(pos, std::move(f));
+    }
+  }
 }
 
 void Scheduler::preempt_newest(std::vector<Item>& items) {
@@ -160,7 +317,11 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     seqs_.push_back(it.e->seq);
     n_.push_back(it.n);
     ids_.insert(ids_.end(), it.e->gen->ids(), it.e->gen->ids() + it.n);
-    if (it.e->gen->predicts(it.n)) predict = true, want_logits |= it.e->gen->needs_logits();
+    if (it.e->gen->predicts(it.n)) {
+      predict = true;
+      want_logits |= it.e->gen->needs_logits();
+      for (const auto& f : it.e->followers) want_logits |= f->gen->needs_logits();
+    }
     info.rows += it.n;
     info.decode_rows += it.n == 1;
   }
@@ -169,25 +330,48 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
   const int V = runner_.config().vocab_size;
   argmax_.resize(items.size());
   if (want_logits) logits_.resize(items.size() * size_t(V));
+  std::string failed;  // the step's error, when the forward threw
   try {
     runner_.forward(seqs_, n_, ids_.data(), predict ? LogitRows::Last : LogitRows::None,
                     want_logits ? logits_.data() : nullptr, predict ? argmax_.data() : nullptr);
-  } catch (const Error& err) {
-    // Which of the step's sequences hold what is unknown now: every request of the step ends with the error.
-    for (const Item& it : items) it.e->gen->finish(FinishReason::Error, err.message());
+  } catch (const std::exception& err) {
+    // Which of the step's sequences hold what is unknown now: every request of the step ends with the error (its
+    // sequence is freed below), whatever threw: a kvq::Error, a lost device, bad_alloc.
+    const Error* e = dynamic_cast<const Error*>(&err);
+    const std::string what = e ? e->message() : fmt::format("the engine step failed: {}", err.what());
+    for (const Item& it : items) it.e->gen->finish(FinishReason::Error, what);
+    failed = what;
+    info.failed = true;
+    info.device_lost = dynamic_cast<const DeviceLost*>(&err) != nullptr;
+    info.failure = what;
+    if (info_out) *info_out = info;
   }
+  std::vector<Update> forked;  // the first tokens of choices forked in this step
   for (size_t b = 0; b < items.size(); ++b) {
-    Generation& g = *items[b].e->gen;
-    if (g.finished()) continue;
+    Entry& e = *items[b].e;
+    Generation& g = *e.gen;
+    if (g.finished()) {  // the step failed: the choices waiting for this leader's prefill end with it
+      for (auto& f : e.followers) {
+        f->gen->finish(FinishReason::Error, failed);
+        forked.push_back(update_of(*f));
+      }
+      e.followers.clear();
+      continue;
+    }
     const bool predicts = g.predicts(items[b].n);
+    const int fed_before = g.fed();
     g.fed_chunk(items[b].n);
-    if (predicts) g.accept(want_logits ? logits_.data() + b * size_t(V) : nullptr, V, argmax_[b]);
+    store_prefix(e, fed_before);
+    const float* row = want_logits ? logits_.data() + b * size_t(V) : nullptr;
+    if (predicts && !e.followers.empty()) fork_followers(e, row, argmax_[b], forked);
+    if (predicts) g.accept(row, V, argmax_[b]);
   }
   for (const Item& it : items) {
     Update u = update_of(*it.e);
     if (u.output.finish != FinishReason::None || !u.output.tokens.empty() || !u.output.text.empty())
       updates.push_back(std::move(u));
   }
+  for (Update& u : forked) updates.push_back(std::move(u));
   // Finished requests leave (their sequences are freed).
   for (auto it = running_.begin(); it != running_.end();) {
     if ((*it)->gen->finished()) {

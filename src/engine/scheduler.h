@@ -14,12 +14,20 @@
 // sequence of the full context (PagePool::for_budget), and a request is accepted only when its cache fits that
 // context.
 //
+// n > 1 choices of one prompt (add_group): the group is admitted as one request that needs n slots and n times the
+// pages; its first generation (the leader) is prefilled, and where its prompt ends the others are forked from its
+// sequence (Runner::fork_sequence: the cache copied, no prefill of their own) and choose their first token from the
+// same logits, each with its own sampler; then each runs (and is preempted, replaying the leader's chunks as its own)
+// as a request of its own. A choice that finds no free slot or pages at the fork waits in the queue to be recomputed
+// like a preempted request: the same tokens. Cancelling the leader before the fork requeues the others as a group.
+//
 // Policy kPrefillFirst (bench decode): a step holds only prefill chunks while any request is prefilling, so every
 // sequence reaches its context before the decode steps run, all together.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -34,6 +42,10 @@ struct SchedulerConfig {
   int token_budget = 0;  // rows per step (0: min(runner max_rows, max(runner step_rows, max_chunk + max_seqs)));
                          // >= max_chunk and max_seqs
   Policy policy = kMixed;
+  // Prefix caching (kv/prefix_cache.h): the scheduler enables it on the runner, attaches the longest cached prefix of
+  // each admitted prompt to its new sequence and stores a prompt's state after each of its chunks that ends at a
+  // multiple of the chunk size. Off for kvq run and bench decode; kvq serve: on unless --no-prefix-cache.
+  bool prefix_cache = false;
 };
 
 // What one step did.
@@ -43,6 +55,9 @@ struct StepInfo {
   int seqs = 0;          // sequences in the step
   int preempted = 0;     // requests preempted before it
   int admitted = 0;      // requests admitted before it
+  bool failed = false;   // the forward threw: every request of the step finished with FinishReason::Error
+  bool device_lost = false;  // ... and it was DeviceLost: the runner cannot run another step
+  std::string failure;       // what the forward threw
 };
 
 class Scheduler {
@@ -58,23 +73,36 @@ class Scheduler {
   // Queues a request. Throws kvq::Error when its cache would outgrow the runner's context
   // (Generation::max_cache_length).
   Id add(std::unique_ptr<Generation> g);
-  // Ends a request now (running: its sequence is freed; waiting: removed). Its final update comes from the next
-  // step() (or at once from take_cancelled()). Unknown or finished ids are ignored.
-  void cancel(Id id);
+  // Queues n >= 1 choices of one prompt (the same prompt; each its own sampler and seed), see the header comment.
+  // Returns their ids in order. Throws as add() does, and when n exceeds the running requests at most.
+  std::vector<Id> add_group(std::vector<std::unique_ptr<Generation>> gens);
+  // Ends a request now (running: its sequence is freed; waiting: removed) with reason (Cancelled, QueueTimeout,
+  // Deadline, Error: message). Its final update comes from the next step(). Unknown or finished ids are ignored.
+  void cancel(Id id, FinishReason reason = FinishReason::Cancelled, std::string message = {});
+  // Whether id waits in the queue and was never admitted (a preempted request waits again, but was admitted).
+  bool never_admitted(Id id) const;
+
 
   struct Update {
     Id id;
     GenerationOutput output;  // output.finish != None: the request is gone
     int prompt_tokens;
     int generated_tokens;
+    int cached_tokens;  // prompt tokens taken from the prefix cache
   };
   // One forward (when anything is runnable) and the updates of every request it touched; finished requests are
-  // removed. A kvq::Error from the forward finishes every request of the step with FinishReason::Error.
+  // removed. Any exception from the forward finishes every request of the step with FinishReason::Error and its
+  // message (StepInfo::failed; DeviceLost: device_lost too); the scheduler goes on. An exception outside the forward
+  // (admission, preemption) propagates: the caller ends the running requests with fail_running().
   std::vector<Update> step(StepInfo* info = nullptr);
+  // Ends every running request with FinishReason::Error and message, freeing their sequences (their state is unknown
+  // after a step that threw outside the forward); with waiting = true the queued ones too. Returns their final
+  // updates and those of requests cancelled since the last step.
+  std::vector<Update> fail(const std::string& message, bool waiting = false);
 
   bool idle() const { return running_.empty() && waiting_.empty() && cancelled_.empty(); }
-  int n_running() const { return int(running_.size()); }
-  int n_waiting() const { return int(waiting_.size()); }
+  int n_running() const;  // requests admitted (choices waiting for their fork included)
+  int n_waiting() const;
   int64_t preemptions() const { return preemptions_; }
   const Generation* find(Id id) const;
 
@@ -82,7 +110,9 @@ class Scheduler {
   struct Entry {
     Id id;
     std::unique_ptr<Generation> gen;
-    int seq = -1;  // runner sequence while running
+    int seq = -1;           // runner sequence while running
+    bool admitted = false;  // was admitted once (a preempted request waits again)
+    std::vector<std::unique_ptr<Entry>> followers;  // the other choices of its prompt, until they are forked
   };
   struct Item {  // one sequence of a step
     Entry* e;
@@ -93,6 +123,13 @@ class Scheduler {
   int pages_needed(const std::vector<Item>& items) const;
   void preempt_newest(std::vector<Item>& items);
   void release(Entry& e);
+  void attach_prefix(Entry& e);   // a new sequence: the longest cached prefix of its prompt (prefix caching)
+  void store_prefix(Entry& e, int fed_before);  // after a forward: a chunk that ended at a multiple of the chunk
+  static std::unique_ptr<Entry> make_entry(Id id, std::unique_ptr<Generation> g);
+  // After the forward that fed the leader's whole prompt: forks its followers and lets each choose its first token
+  // (logits: the leader's row, or null; argmax: its argmax); their updates go to out.
+  void fork_followers(Entry& leader, const float* logits, int32_t argmax, std::vector<Update>& out);
+  int group_size(const Entry& e) const { return 1 + int(e.followers.size()); }
   static Update update_of(Entry& e);
 
   Runner& runner_;

@@ -186,8 +186,8 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
 
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
-  const auto k = make_key_codec(cfg, head_dim), v = make_codec(with_head_dim(cfg.v, head_dim));
-  const auto window = make_codec(window_spec(cfg, head_dim));
+  const auto k = make_key_codec(cfg, head_dim), v = make_codec_at(with_head_dim(cfg.v, head_dim), cfg.simd);
+  const auto window = make_codec_at(window_spec(cfg, head_dim), cfg.simd);
   return cache_layout(cfg, *k, *v, *window, n_layers, n_kv_heads, head_dim);
 }
 
@@ -218,9 +218,9 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       d_(head_dim),
       max_ctx_(max_ctx),
       k_codec_(make_key_codec(cfg, head_dim, max_ctx)),
-      v_codec_(make_codec(with_head_dim(cfg.v, head_dim))),
-      window_(make_codec(window_spec(cfg, head_dim))),
-      skip_codec_(make_codec(CodecSpec{.type = "bf16", .head_dim = head_dim})),
+      v_codec_(make_codec_at(with_head_dim(cfg.v, head_dim), cfg.simd)),
+      window_(make_codec_at(window_spec(cfg, head_dim), cfg.simd)),
+      skip_codec_(make_codec_at(CodecSpec{.type = "bf16", .head_dim = head_dim}, cfg.simd)),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),
       pool_(layout_, max_ctx, pool_size(layout_, max_ctx, max_seqs, budget_bytes)) {
   for (int l = 0; l < n_layers; ++l) layer_offset_.push_back(layout_.layer_offset(l));
@@ -261,6 +261,114 @@ void KvCache::free_sequence(int seq) {
 }
 
 int KvCache::length(int seq) const { return pool_.length(seq); }
+
+uint64_t KvCache::config_key() const {
+  const std::string d = fmt::format("{} page={} chunk={} shape={}x{}x{}", cfg_.describe(), cfg_.page_tokens,
+                                    cfg_.max_chunk, n_layers_, n_kv_, d_);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : d) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void KvCache::enable_prefix_cache(int64_t state_bytes) {
+  KVQ_CHECK(cfg_.prompt_policy == PromptPolicy::kDecodeFaithful,
+            "KV cache: prefix caching needs the decode-faithful prompt policy, not '{}'",
+            prompt_policy_name(cfg_.prompt_policy));
+  if (state_bytes <= 0) state_bytes = std::max<int64_t>(int64_t(pool_.bytes() / 4), int64_t(1) << 20);
+  prefix_ = std::make_unique<PrefixCache>(pool_, config_key(), state_bytes);
+}
+
+int KvCache::prefix_match(const int32_t* ids, int n, int step) const {
+  return prefix_ && n > 1 ? prefix_->longest(ids, n - 1, step) : 0;
+}
+
+void KvCache::prefix_count(int hit_tokens, int miss_tokens) {
+  if (prefix_) prefix_->count(hit_tokens, miss_tokens);
+}
+
+PrefixCacheStats KvCache::prefix_stats() const { return prefix_ ? prefix_->stats() : PrefixCacheStats{}; }
+
+// The state of a sequence at length len besides its final pages, as the entry keeps it:
+//   sinks [sink_bytes()] | the partly filled last page [page_bytes] (when there is one) |
+//   window rows of [r0, len) [n_layers][2][n_kv][len - r0][window_row] | their body rows [len - r0][ring_body]
+// with r0 = max(S0, qe(len - 1)): the rows the ring still holds and a continuation reads.
+void KvCache::prefix_store(int seq, const int32_t* ids, int len) {
+  if (!prefix_) return;
+  KVQ_CHECK(pool_.live(seq) && len == pool_.length(seq) && len > 0,
+            "KV cache: prefix_store of {} tokens of sequence {}, which holds {}", len, seq, pool_.length(seq));
+  if (prefix_->contains(ids, len)) {
+    prefix_->find(ids, len);  // most recently used
+    return;
+  }
+  Sequence& s = *seqs_[size_t(seq)];
+  // q: the quantized end; the ring holds [q, len) (nothing while len <= S0: every row is a sink).
+  const int S0 = cfg_.sink, P = cfg_.page_tokens, q = std::max(S0, quant_end(len - 1)), r0 = len > S0 ? q : len;
+  const int full = (q - S0) / P, partial = (q - S0) % P != 0;
+  const size_t row = size_t(layout_.window_row), n_rows = size_t(len - r0);
+  std::vector<uint8_t> state(s.sinks.size() + (partial ? size_t(layout_.page_bytes) : 0) +
+                             size_t(n_layers_) * 2 * n_kv_ * n_rows * row + n_rows * size_t(layout_.ring_body));
+  uint8_t* out = state.data();
+  out = std::copy(s.sinks.begin(), s.sinks.end(), out);
+  if (partial) {
+    const uint8_t* page = page_ptr(pool_.page(seq, full));
+    out = std::copy(page, page + layout_.page_bytes, out);
+  }
+  for (int l = 0; l < n_layers_; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < n_kv_; ++h)
+        for (int p = r0; p < len; ++p) out = std::copy_n(ring_row(s, l, kv, h, p), row, out);
+  if (layout_.ring_body > 0)
+    for (int p = r0; p < len; ++p) {
+      const uint8_t* body = ring_body_row(s, 0, 0, 0, p);  // the slot of p: every layer's rows from there
+      out = std::copy_n(body, size_t(layout_.ring_body), out);
+    }
+  std::vector<int> pages(static_cast<size_t>(full));
+  for (int i = 0; i < full; ++i) pages[size_t(i)] = pool_.page(seq, i);
+  prefix_->insert(ids, len, std::move(pages), std::move(state));
+}
+
+void KvCache::prefix_attach(int seq, const int32_t* ids, int len) {
+  KVQ_CHECK(prefix_, "KV cache: prefix_attach without a prefix cache (enable_prefix_cache)");
+  KVQ_CHECK(pool_.live(seq) && pool_.length(seq) == 0 && pool_.pages(seq) == 0,
+            "KV cache: prefix_attach into sequence {}, which is not new", seq);
+  const PrefixCache::Entry* e = prefix_->find(ids, len);
+  KVQ_CHECK(e, "KV cache: no cached prefix of {} tokens to attach", len);
+  // Copies first: taking the partial page may evict this very entry.
+  const std::vector<int> pages = e->pages;
+  const std::vector<uint8_t> state = e->state;
+  for (int p : pages) pool_.share(seq, p);
+  Sequence& s = *seqs_[size_t(seq)];
+  const int S0 = cfg_.sink, P = cfg_.page_tokens, q = std::max(S0, quant_end(len - 1)), r0 = len > S0 ? q : len;
+  const bool partial = (q - S0) % P != 0;
+  const size_t row = size_t(layout_.window_row);
+  const uint8_t* in = state.data();
+  std::copy_n(in, s.sinks.size(), s.sinks.begin());
+  in += s.sinks.size();
+  if (partial) {
+    std::copy_n(in, size_t(layout_.page_bytes), page_ptr(pool_.take_page(seq)));
+    in += layout_.page_bytes;
+  }
+  for (int l = 0; l < n_layers_; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < n_kv_; ++h)
+        for (int p = r0; p < len; ++p, in += row) std::copy_n(in, row, ring_row(s, l, kv, h, p));
+  if (layout_.ring_body > 0)
+    for (int p = r0; p < len; ++p, in += layout_.ring_body)
+      std::copy_n(in, size_t(layout_.ring_body), ring_body_row(s, 0, 0, 0, p));
+  KVQ_CHECK(in == state.data() + state.size(), "KV cache: a cached prefix of {} bytes, {} read (internal)",
+            state.size(), in - state.data());
+  pool_.set_length(seq, len);
+}
+
+void KvCache::fork(int src, int dst) {
+  KVQ_CHECK(cfg_.prompt_policy == PromptPolicy::kDecodeFaithful,
+            "KV cache: a fork copies decode-faithful caches only, not prompt policy '{}'",
+            prompt_policy_name(cfg_.prompt_policy));
+  pool_.fork(src, dst);
+  for (int i = 0; i < pool_.pages(src); ++i)
+    std::memcpy(page_ptr(pool_.page(dst, i)), page_ptr(pool_.page(src, i)), size_t(layout_.page_bytes));
+  *seqs_.at(size_t(dst)) = *seqs_.at(size_t(src));
+}
 
 int KvCache::quant_end(int t) const { return layout_.quant_end(t); }
 

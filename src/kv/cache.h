@@ -68,7 +68,9 @@
 #include "common/half.h"
 #include "kv/cache_layout.h"
 #include "kv/page_pool.h"
+#include "kv/prefix_cache.h"
 #include "kv/transform.h"
+#include "simd/simd.h"
 
 namespace kvq {
 
@@ -112,6 +114,10 @@ struct CacheConfig {
   // --kv-skip-layers: layers whose quantized region keeps bf16 rows (vLLM's TurboQuant keeps 0, 1, L-2, L-1), as
   // given: negative = from the end (-1 = the last layer). Resolved against the model by skipped_layers().
   std::vector<int> skip_layers;
+  // The CPU kernels' instruction-set level (--simd): the codecs' scores / accumulate and attention's softmax run at
+  // it. Not part of describe(): every level stores the same bytes, and the results differ only by the kernels'
+  // summation order and, on the integer paths, the query's rounding (simd/simd.h).
+  SimdLevel simd = best_simd_level();
   // The key/value transform of what is stored (centring, R_K, R_V; kv/transform.h), null = none. The cache owns it on
   // both devices: keys and values are transformed before they are stored, queries before and outputs after
   // attention (the CPU Model applies it around KvCache, GpuKvCache inside append() / attention()).
@@ -190,6 +196,25 @@ class KvCache {
   int new_sequence();
   void free_sequence(int seq);
   int length(int seq) const;  // tokens committed
+  // dst (a new sequence, empty) becomes a copy of src: its windows and its own pages holding the same bytes (n > 1
+  // choices of one prompt, each then generating on its own). Decode-faithful caches only (the exact store of the
+  // other prompt policies is not copied: refused). kvq::Error before anything changes when the pool lacks the pages.
+  void fork(int src, int dst);
+
+  // Prefix caching (kv/prefix_cache.h), off until enabled, decode-faithful caches only; state_bytes: the copied bytes
+  // kept at most (0: a quarter of the pool's bytes). prefix_match: the longest cached prefix of ids [0, n) a new
+  // sequence can continue from, a multiple of step and at most n - 1 (a token is left to feed), 0 when none.
+  // prefix_attach: seq (new, empty) becomes that state (its final pages shared, the rest copied). prefix_store: caches
+  // seq's state at its length as the prefix ids [0, length(seq)) (an existing entry is only touched).
+  void enable_prefix_cache(int64_t state_bytes = 0);
+  bool prefix_cache_enabled() const { return prefix_ != nullptr; }
+  int prefix_match(const int32_t* ids, int n, int step) const;
+  void prefix_attach(int seq, const int32_t* ids, int len);
+  void prefix_store(int seq, const int32_t* ids, int len);
+  void prefix_count(int hit_tokens, int miss_tokens);
+  PrefixCacheStats prefix_stats() const;
+  // The key of this cache's prefix hashes: its configuration (describe()), page, chunk and window sizes and shape.
+  uint64_t config_key() const;
 
   // Reserve room for positions [length, length + n_new) of seq (pages for what will be demoted). Throws
   // kvq::Error on context overflow (beyond max_ctx), a chunk larger than max_chunk, or an exhausted pool, before
@@ -275,6 +300,7 @@ class KvCache {
   std::unique_ptr<uint8_t[]> pages_;   // [pool_.n_pages()][page_bytes]
   std::vector<std::unique_ptr<Sequence>> seqs_;  // windows per slot
   std::vector<std::unique_ptr<uint8_t[]>> exact_;  // per slot, allocated at its first sequence with a prompt policy
+  std::unique_ptr<PrefixCache> prefix_;              // null: prefix caching off
 };
 
 }  // namespace kvq

@@ -89,7 +89,7 @@ std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, in
   CodecSpec s = cfg.k;
   s.head_dim = head_dim;
   s.layer = layer, s.kv_head = kv_head;
-  std::unique_ptr<KvCodec> codec = make_codec(s);
+  std::unique_ptr<KvCodec> codec = make_codec_at(s, cfg.simd);
   if (codec_traits(s.type).per_head) {
     const KvTransform* t = cfg.transform.get();
     KVQ_CHECK(!t || (t->key_mean.empty() && t->r_k.empty()),

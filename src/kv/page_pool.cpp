@@ -44,6 +44,8 @@ PagePool::PagePool(const CacheLayout& layout, int max_ctx, Size size)
             max_ctx, size.n_slots, size.n_pages);
   free_.resize(size_t(n_pages_));
   for (int i = 0; i < n_pages_; ++i) free_[size_t(i)] = n_pages_ - 1 - i;  // page 0 is taken first
+  seq_refs_.assign(size_t(n_pages_), 0);
+  cache_refs_.assign(size_t(n_pages_), 0);
   table_.assign(size_t(size.n_slots) * size_t(width_), -1);
   held_.assign(size_t(size.n_slots), 0);
   length_.assign(size_t(size.n_slots), 0);
@@ -60,10 +62,69 @@ int PagePool::open() {
   KVQ_FAIL("KV cache: all {} sequence slots are in use", n_slots());
 }
 
+void PagePool::release_page(int page) {
+  int& refs = seq_refs_[size_t(page)];
+  KVQ_CHECK(refs > 0, "KV cache: page {} released with no sequence holding it (internal)", page);
+  if (--refs > 0) return;
+  if (cache_refs_[size_t(page)] > 0) ++cached_only_;
+  else free_.push_back(page);
+}
+
+int PagePool::pop_free() {
+  while (free_.empty() && evict_ && cached_only_ > 0 && evict_()) {
+  }
+  KVQ_CHECK(!free_.empty(), "KV cache: page pool exhausted: no free page of {} (internal: the count said one was)",
+            n_pages_);
+  const int page = free_.back();
+  free_.pop_back();
+  seq_refs_[size_t(page)] = 1;
+  return page;
+}
+
+void PagePool::share(int seq, int page) {
+  KVQ_CHECK(seq >= 0 && seq < n_slots() && live_[size_t(seq)], "KV cache: sequence {} is not live", seq);
+  KVQ_CHECK(page >= 0 && page < n_pages_ && (seq_refs_[size_t(page)] > 0 || cache_refs_[size_t(page)] > 0),
+            "KV cache: page {} is not held, it cannot be shared", page);
+  KVQ_CHECK(held_[size_t(seq)] < width_, "KV cache: sequence {} holds {} pages already", seq, width_);
+  if (seq_refs_[size_t(page)]++ == 0) --cached_only_;
+  table_[size_t(seq) * size_t(width_) + size_t(held_[size_t(seq)]++)] = page;
+}
+
+int PagePool::take_page(int seq) {
+  KVQ_CHECK(seq >= 0 && seq < n_slots() && live_[size_t(seq)], "KV cache: sequence {} is not live", seq);
+  KVQ_CHECK(held_[size_t(seq)] < width_, "KV cache: sequence {} holds {} pages already", seq, width_);
+  KVQ_CHECK(free_pages() > 0, "KV cache: page pool exhausted: sequence {} needs a page, none free of {}", seq,
+            n_pages_);
+  const int page = pop_free();
+  table_[size_t(seq) * size_t(width_) + size_t(held_[size_t(seq)]++)] = page;
+  return page;
+}
+
+void PagePool::set_length(int seq, int n_tokens) {
+  KVQ_CHECK(seq >= 0 && seq < n_slots() && live_[size_t(seq)] && n_tokens >= 0 && n_tokens <= max_ctx_ &&
+                layout_.pages_for(n_tokens) <= held_[size_t(seq)],
+            "KV cache: sequence {} cannot hold {} tokens in {} pages", seq, n_tokens, held_.at(size_t(seq)));
+  length_[size_t(seq)] = n_tokens;
+}
+
+void PagePool::cache_ref(int page, int delta) {
+  KVQ_CHECK(page >= 0 && page < n_pages_ && (delta == 1 || delta == -1), "KV cache: cache_ref({}, {})", page, delta);
+  int& refs = cache_refs_[size_t(page)];
+  if (delta > 0) {
+    KVQ_CHECK(seq_refs_[size_t(page)] > 0 || refs > 0, "KV cache: a free page {} cannot be cached", page);
+    ++refs;
+    return;
+  }
+  KVQ_CHECK(refs > 0, "KV cache: page {} has no cache reference to drop", page);
+  if (--refs > 0 || seq_refs_[size_t(page)] > 0) return;
+  --cached_only_;
+  free_.push_back(page);
+}
+
 void PagePool::close(int seq) {
   KVQ_CHECK(seq >= 0 && seq < n_slots() && live_[size_t(seq)], "KV cache: sequence {} is not live", seq);
   int* row = table_.data() + size_t(seq) * size_t(width_);
-  for (int i = held_[size_t(seq)] - 1; i >= 0; --i) free_.push_back(std::exchange(row[i], -1));
+  for (int i = held_[size_t(seq)] - 1; i >= 0; --i) release_page(std::exchange(row[i], -1));
   held_[size_t(seq)] = length_[size_t(seq)] = 0;
   live_[size_t(seq)] = false;
 }
@@ -102,11 +163,23 @@ void PagePool::reserve(const std::vector<int>& seqs, const std::vector<int>& n_n
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int s = seqs[b], need = layout_.pages_for(length_[size_t(s)] + n_new[b]);
     int* row = table_.data() + size_t(s) * size_t(width_);
-    for (int& held = held_[size_t(s)]; held < need; ++held) {
-      row[held] = free_.back();
-      free_.pop_back();
-    }
+    for (int& held = held_[size_t(s)]; held < need; ++held) row[held] = pop_free();
   }
+}
+
+void PagePool::fork(int src, int dst) {
+  KVQ_CHECK(src >= 0 && src < n_slots() && live_[size_t(src)] && dst >= 0 && dst < n_slots() && live_[size_t(dst)] &&
+                src != dst,
+            "KV cache: fork of sequence {} into {}: both must be live and different", src, dst);
+  KVQ_CHECK(length_[size_t(dst)] == 0 && held_[size_t(dst)] == 0, "KV cache: fork into sequence {}, which holds {} "
+            "tokens", dst, length_[size_t(dst)]);
+  const int need = held_[size_t(src)];
+  KVQ_CHECK(need <= free_pages(), "KV cache: page pool exhausted: a fork of sequence {} needs {} pages, {} free of {}",
+            src, need, free_pages(), n_pages_);
+  int* row = table_.data() + size_t(dst) * size_t(width_);
+  for (int i = 0; i < need; ++i) row[i] = pop_free();
+  held_[size_t(dst)] = need;
+  length_[size_t(dst)] = length_[size_t(src)];
 }
 
 bool PagePool::can_admit(int n_tokens) const {

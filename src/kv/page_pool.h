@@ -7,9 +7,15 @@
 // n_pages pages (CacheLayout::page_bytes). A sequence takes pages as it grows (reserve), so the sequences that fit
 // are the ones the pool really holds. Windows are allocated per slot, not per live sequence, because the GPU kernels
 // address them by slot.
+//
+// Prefix caching (kv/prefix_cache.h) shares pages: a page may be in several sequences' block tables (read-only) and
+// held by cached prefixes. Each page counts its sequence references and its cache references and is free when both
+// are zero. free_pages() counts the pages that only cached prefixes hold as free too: taking pages (reserve, fork,
+// take_page) evicts cached prefixes through the evictor, least recently used first, until the free list has them.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "kv/cache_layout.h"
@@ -59,6 +65,22 @@ class PagePool {
   // anything changes, e.g. "KV cache: page pool exhausted: sequence 3 needs 2 more pages, 1 free of 64 (9.0 MiB)".
   void reserve(const std::vector<int>& seqs, const std::vector<int>& n_new);
   void reserve(int seq, int n_new) { reserve(std::vector<int>{seq}, std::vector<int>{n_new}); }
+  // Makes dst (live, empty) the same length as src with as many pages of its own, in the same table order: the
+  // caller copies the page contents (a fork, n > 1 choices of one prompt). Throws kvq::Error before anything changes
+  // when the pool lacks the pages.
+  void fork(int src, int dst);
+  // Prefix caching. share: appends page (held by a cached prefix or a sequence) to seq's block table; take_page:
+  // appends a free page (evicting cached prefixes when none is) and returns it; set_length: the tokens seq holds (after
+  // attaching a cached prefix). cache_ref: a cached prefix takes (+1) or drops (-1) a reference on a page.
+  void share(int seq, int page);
+  int take_page(int seq);
+  void set_length(int seq, int n_tokens);
+  void cache_ref(int page, int delta);
+  int seq_refs(int page) const { return seq_refs_.at(size_t(page)); }
+  int cache_refs(int page) const { return cache_refs_.at(size_t(page)); }
+  int cached_pages() const { return cached_only_; }  // pages only cached prefixes hold
+  // Frees cached prefixes, least recently used first; returns false when nothing is left to free.
+  void set_evictor(std::function<bool()> evict_one) { evict_ = std::move(evict_one); }
   // More pages seq needs to hold n_tokens tokens in all.
   int pages_short(int seq, int n_tokens) const;
 
@@ -66,7 +88,7 @@ class PagePool {
   bool can_admit(int n_tokens) const;
   // Sequences of n_tokens each that the empty pool holds (its slots, or its pages).
   int sequences_at(int n_tokens) const;
-  int free_pages() const { return int(free_.size()); }
+  int free_pages() const { return int(free_.size()) + cached_only_; }  // cached-only pages included
   int used_pages() const { return n_pages_ - free_pages(); }
   size_t bytes() const;       // pages + every slot's windows: what the cache allocates
   size_t used_bytes() const;  // pages held + windows of live sequences
@@ -75,7 +97,12 @@ class PagePool {
  private:
   CacheLayout layout_;
   int max_ctx_, n_pages_, width_;
+  void release_page(int page);  // a sequence drops its reference
+  int pop_free();                // a free page id, evicting cached prefixes when the list is empty
   std::vector<int> free_;     // free page ids; the next one taken is back()
+  std::vector<int> seq_refs_, cache_refs_;  // [n_pages] references by sequences / by cached prefixes
+  int cached_only_ = 0;        // pages with cache references only
+  std::function<bool()> evict_;
   std::vector<int> table_;    // [n_slots][width_] block tables, -1: none
   std::vector<int> held_;     // pages held per slot
   std::vector<int> length_;   // tokens committed per slot

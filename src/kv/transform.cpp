@@ -1,14 +1,64 @@
 #include "kv/transform.h"
 
+#include <algorithm>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace kvq {
 
 namespace {
 
+#if defined(__x86_64__) && !defined(KVQ_SIMD_OFF)
+// x <- x · R (Transpose: x · R^T) for one row, R: [d, d] row-major, d a multiple of 16: the scalar loop below with 4
+// output columns to a vector. AVX2 without FMA, so that each product and sum is rounded apart in the same order
+// (a = 0 .. d-1 for every column): the result is bit-identical to the scalar loop's, and to the GPU's
+// (cuda/kv_append.cu). R^T's columns are R's rows: 4x4 tiles of them are transposed in registers.
+template <bool Transpose>
+__attribute__((target("avx2"))) void rotate_row_avx2(float* x, const float* R, int d) {
+  alignas(32) float out[kMaxHeadDimForRotation];
+  for (int b0 = 0; b0 < d; b0 += 16) {
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (int a0 = 0; a0 < d; a0 += 4) {
+      __m128 r[4][4];  // r[k][j]: the 4 factors of x[a0 + j] for output columns b0 + 4k .. b0 + 4k + 3
+      for (int k = 0; k < 4; ++k) {
+        if constexpr (Transpose) {
+          for (int j = 0; j < 4; ++j) r[k][j] = _mm_loadu_ps(R + size_t(b0 + 4 * k + j) * d + a0);
+          _MM_TRANSPOSE4_PS(r[k][0], r[k][1], r[k][2], r[k][3]);
+        } else {
+          for (int j = 0; j < 4; ++j) r[k][j] = _mm_loadu_ps(R + size_t(a0 + j) * d + b0 + 4 * k);
+        }
+      }
+      for (int j = 0; j < 4; ++j) {
+        const __m256d xa = _mm256_set1_pd(double(x[a0 + j]));
+        for (int k = 0; k < 4; ++k) acc[k] = _mm256_add_pd(acc[k], _mm256_mul_pd(xa, _mm256_cvtps_pd(r[k][j])));
+      }
+    }
+    for (int k = 0; k < 4; ++k) _mm_store_ps(out + b0 + 4 * k, _mm256_cvtpd_ps(acc[k]));
+  }
+  std::copy_n(out, d, x);
+}
+
+bool rotate_fast(int d) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 && d % 16 == 0 && d <= kMaxHeadDimForRotation;
+}
+#endif
+
 // rows[i] <- rows[i] · R (transpose: rows[i] · R^T), R: [d, d] row-major, for n_rows rows of stride d.
 // Accumulates in double so that a rotation and its inverse round-trip to float precision.
 void rotate_rows(float* rows, int n_rows, const float* R, int d, bool transpose) {
+#if defined(__x86_64__) && !defined(KVQ_SIMD_OFF)
+  if (rotate_fast(d)) {
+    for (int i = 0; i < n_rows; ++i) {
+      float* x = rows + size_t(i) * d;
+      transpose ? rotate_row_avx2<true>(x, R, d) : rotate_row_avx2<false>(x, R, d);
+    }
+    return;
+  }
+#endif
   std::vector<double> tmp(static_cast<size_t>(d));
   for (int i = 0; i < n_rows; ++i) {
     float* x = rows + size_t(i) * d;

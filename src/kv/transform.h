@@ -25,4 +25,7 @@ struct KvTransform {
   void outputs(int layer, int n, int n_heads, float* o) const;
 };
 
+// The largest head_dim the vectorized rotation takes (a stack row); larger ones take the scalar loop.
+inline constexpr int kMaxHeadDimForRotation = 512;
+
 }  // namespace kvq

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/error.h"
 #include "common/half.h"
 
 namespace kvq {
@@ -25,11 +26,17 @@ std::vector<uint16_t> exact_bf16(const std::vector<float>& w) {
 
 }  // namespace
 
-Linear::Linear(const std::vector<float>& w, int out, int in, const std::vector<float>& bias)
+Linear::Linear(const std::vector<float>& w, int out, int in, const std::vector<float>& bias, SimdLevel simd)
     : w_(w.data()), bias_(bias.empty() ? nullptr : bias.data()), out_(out), in_(in) {
   // The row kernels read rows in units of 32 values.
   if (in % 32 == 0) w_bf16_ = exact_bf16(w);
-  if (!w_bf16_.empty()) bf16_ = row_kernels(RowFormat::kBf16, best_simd_level());
+  if (!w_bf16_.empty()) bf16_ = row_kernels(RowFormat::kBf16, simd);
+}
+
+void Linear::apply_rows(const float* x, int n, float* y, ThreadPool& pool) const {
+  KVQ_CHECK(reads_bf16(), "internal: Linear::apply_rows needs the bf16 copy ({} x {} layer)", out_, in_);
+  for (int i0 = 0; i0 < n; i0 += kGemvRows)
+    apply(x + size_t(i0) * in_, std::min(kGemvRows, n - i0), y + size_t(i0) * out_, pool);
 }
 
 void Linear::apply(const float* x, int n, float* y, ThreadPool& pool) const {

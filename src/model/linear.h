@@ -23,9 +23,15 @@ class Linear {
 
   Linear() = default;
   // w: [out, in] (and bias: [out] or empty) must outlive the layer.
-  Linear(const std::vector<float>& w, int out, int in, const std::vector<float>& bias = {});
+  // simd: the level of the bf16 row kernels (simd/simd.h).
+  Linear(const std::vector<float>& w, int out, int in, const std::vector<float>& bias = {},
+         SimdLevel simd = best_simd_level());
 
   void apply(const float* x, int n, float* y, ThreadPool& pool) const;
+  // n rows of several sequences' decode steps (a batched step), through the bf16 row kernels (reads_bf16() only), 16
+  // rows a pass over W. Each row's result is bit-identical to apply() of that row alone or in any block of <= 16
+  // rows (the row kernels' sums do not depend on the other rows).
+  void apply_rows(const float* x, int n, float* y, ThreadPool& pool) const;
 
   bool reads_bf16() const { return !w_bf16_.empty(); }  // decode steps read the bf16 copy
   size_t decode_bytes() const { return size_t(out_) * in_ * (reads_bf16() ? 2 : 4); }  // W bytes a decode step reads

@@ -26,11 +26,11 @@ void rms_norm(const float* x, int n_rows, int dim, const std::vector<float>& w, 
 
 }  // namespace
 
-Model::Model(std::string dir, int n_threads) : dir_(std::move(dir)), pool_(n_threads) {}
+Model::Model(std::string dir, int n_threads, SimdLevel simd) : dir_(std::move(dir)), pool_(n_threads), simd_(simd) {}
 
-std::unique_ptr<Model> Model::load(const std::string& dir, int n_threads) {
+std::unique_ptr<Model> Model::load(const std::string& dir, int n_threads, SimdLevel simd) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<Model> m(new Model(dir, n_threads));
+  std::unique_ptr<Model> m(new Model(dir, n_threads, simd));
   const Checkpoint ckpt = Checkpoint::open(dir);
   m->cfg_ = ModelConfig::load(ckpt.config_path());
   m->w_ = Weights::load(ckpt, m->cfg_, m->pool_.size());
@@ -40,9 +40,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, int n_threads) {
   return m;
 }
 
-std::unique_ptr<Model> Model::dummy(const std::string& dir, const ModelConfig& cfg, uint64_t seed, int n_threads) {
+std::unique_ptr<Model> Model::dummy(const std::string& dir, const ModelConfig& cfg, uint64_t seed, int n_threads,
+                                    SimdLevel simd) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<Model> m(new Model(dir, n_threads));
+  std::unique_ptr<Model> m(new Model(dir, n_threads, simd));
   m->cfg_ = cfg;
   m->w_ = Weights::dummy(cfg, seed, m->pool_.size());
   m->build_linears();
@@ -55,11 +56,13 @@ void Model::build_linears() {
   const ModelConfig& c = cfg_;
   const int H = c.hidden_size, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
   for (const LayerWeights& lw : w_.layers) {
-    linears_.push_back({Linear(lw.wq, qd, H, lw.bq), Linear(lw.wk, kvd, H, lw.bk), Linear(lw.wv, kvd, H, lw.bv),
-                        Linear(lw.wo, H, qd), Linear(lw.w_gate, c.intermediate_size, H),
-                        Linear(lw.w_up, c.intermediate_size, H), Linear(lw.w_down, H, c.intermediate_size)});
+    linears_.push_back({Linear(lw.wq, qd, H, lw.bq, simd_), Linear(lw.wk, kvd, H, lw.bk, simd_),
+                        Linear(lw.wv, kvd, H, lw.bv, simd_), Linear(lw.wo, H, qd, {}, simd_),
+                        Linear(lw.w_gate, c.intermediate_size, H, {}, simd_),
+                        Linear(lw.w_up, c.intermediate_size, H, {}, simd_),
+                        Linear(lw.w_down, H, c.intermediate_size, {}, simd_)});
   }
-  head_ = Linear(w_.output(), c.vocab_size, H);
+  head_ = Linear(w_.output(), c.vocab_size, H, {}, simd_);
   openblas_set_num_threads(pool_.size());
 }
 
@@ -71,36 +74,82 @@ size_t Model::decode_weight_bytes() const {
 }
 
 void Model::forward(KvCache& cache, int seq, const int32_t* ids, int n, float* logits, bool all_logits) {
-  const ModelConfig& c = cfg_;
-  const int H = c.hidden_size, pos0 = cache.length(seq);
-  KVQ_CHECK(n > 0, "forward: no tokens");
-  KVQ_CHECK(cache.head_dim() == c.head_dim && cache.n_kv_heads() == c.n_kv_heads && cache.n_layers() == c.n_layers,
-            "forward: the KV cache was made for another model shape");
-  cache.reserve(seq, n);  // context overflow and chunk size are checked before any work
-  x_.resize(size_t(n) * H);
-  h_.resize(size_t(n) * H);
-  for (int i = 0; i < n; ++i) {
-    KVQ_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size, "token id {} is outside the vocabulary of {} tokens", ids[i],
-              c.vocab_size);
-    std::copy_n(w_.embed.data() + size_t(ids[i]) * H, H, x_.data() + size_t(i) * H);
-  }
-  for (int l = 0; l < c.n_layers; ++l) {
-    if (hook_) hook_->on_layer_input(l, pos0, n, x_.data());
-    attention_block(cache, seq, l, pos0, n);
-    mlp_block(l, n);
-    if (hook_) hook_->on_layer_output(l, pos0, n, x_.data());
-  }
-  cache.commit(seq, n);
-
-  const int first = all_logits ? 0 : n - 1, rows = n - first;
-  rms_norm(x_.data() + size_t(first) * H, rows, H, w_.final_norm, c.rms_eps, h_.data());
-  head_.apply(h_.data(), rows, logits, pool_);
-  for (size_t i = 0; i < size_t(rows) * c.vocab_size; ++i)
-    KVQ_CHECK(std::isfinite(logits[i]), "non-finite logits at position {} (numerical overflow in the model)",
-              pos0 + first + int(i / size_t(c.vocab_size)));
+  forward(cache, {Segment{seq, ids, n}}, logits, all_logits);
 }
 
-void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
+void Model::forward(KvCache& cache, const std::vector<Segment>& segments, float* logits, bool all_logits) {
+  const ModelConfig& c = cfg_;
+  const int H = c.hidden_size;
+  KVQ_CHECK(!segments.empty(), "forward: no sequences");
+  KVQ_CHECK(cache.head_dim() == c.head_dim && cache.n_kv_heads() == c.n_kv_heads && cache.n_layers() == c.n_layers,
+            "forward: the KV cache was made for another model shape");
+  KVQ_CHECK(!hook_ || segments.size() == 1, "forward: a layer hook observes a step of one sequence, not {}",
+            segments.size());
+  // Rows: the short sequences' first (decode rows, read together), then each longer chunk; spans[b] is segment b's.
+  std::vector<Span>& spans = spans_;
+  spans.clear();
+  int rows = 0;
+  for (const Segment& s : segments) {
+    KVQ_CHECK(s.n > 0, "forward: no tokens for sequence {}", s.seq);
+    for (const Span& o : spans) KVQ_CHECK(o.seq != s.seq, "forward: sequence {} appears twice in a step", s.seq);
+    cache.reserve(s.seq, s.n);  // context overflow and chunk size are checked before any work
+    spans.push_back({s.seq, cache.length(s.seq), 0, s.n});
+  }
+  for (bool small : {true, false})
+    for (Span& s : spans)
+      if ((s.n <= Linear::kGemvRows) == small) s.row0 = rows, rows += s.n;
+  small_rows_ = 0;
+  for (const Span& s : spans) small_rows_ += s.n <= Linear::kGemvRows ? s.n : 0;
+  x_.resize(size_t(rows) * H);
+  h_.resize(size_t(rows) * H);
+  for (size_t b = 0; b < segments.size(); ++b)
+    for (int i = 0; i < segments[b].n; ++i) {
+      const int32_t id = segments[b].ids[i];
+      KVQ_CHECK(id >= 0 && id < c.vocab_size, "token id {} is outside the vocabulary of {} tokens", id, c.vocab_size);
+      std::copy_n(w_.embed.data() + size_t(id) * H, H, x_.data() + size_t(spans[b].row0 + i) * H);
+    }
+  const int pos0 = spans[0].pos0;  // the hook's (one sequence)
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (hook_) hook_->on_layer_input(l, pos0, rows, x_.data());
+    attention_block(cache, spans, l, rows);
+    mlp_block(l, rows);
+    if (hook_) hook_->on_layer_output(l, pos0, rows, x_.data());
+  }
+  for (const Span& s : spans) cache.commit(s.seq, s.n);
+
+  // The rows whose logits are asked for, in segment order: all, or each sequence's last. Each segment's go through
+  // the output layer as its step alone would take them (decode rows together, row by row; a chunk's as one GEMM).
+  std::vector<int> out_rows;
+  for (const Span& s : spans)
+    for (int i = all_logits ? 0 : s.n - 1; i < s.n; ++i) out_rows.push_back(s.row0 + i);
+  const int n_out = int(out_rows.size());
+  std::vector<float>& sel = gate_;  // scratch: the selected rows of the residual stream
+  sel.resize(size_t(n_out) * H);
+  for (int r = 0; r < n_out; ++r)
+    std::copy_n(x_.data() + size_t(out_rows[size_t(r)]) * H, H, sel.data() + size_t(r) * H);
+  rms_norm(sel.data(), n_out, H, w_.final_norm, c.rms_eps, h_.data());
+  int r0 = 0;
+  for (size_t b = 0; b < spans.size(); ++b) {
+    const int k = all_logits ? spans[b].n : 1;  // this segment's output rows
+    float* y = logits + size_t(r0) * c.vocab_size;
+    if (spans[b].n <= Linear::kGemvRows && head_.reads_bf16())
+      head_.apply_rows(h_.data() + size_t(r0) * H, k, y, pool_);
+    else
+      head_.apply(h_.data() + size_t(r0) * H, k, y, pool_);
+    r0 += k;
+  }
+  for (int r = 0; r < n_out; ++r)
+    for (int v = 0; v < c.vocab_size; ++v)
+      if (!std::isfinite(logits[size_t(r) * c.vocab_size + v])) {
+        const Span* s = &spans[0];
+        for (const Span& x : spans)
+          if (out_rows[size_t(r)] >= x.row0) s = &x;
+        KVQ_FAIL("non-finite logits at position {} of sequence {} (numerical overflow in the model)",
+                 s->pos0 + out_rows[size_t(r)] - s->row0, s->seq);
+      }
+}
+
+void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int l, int n) {
   const ModelConfig& c = cfg_;
   const LayerWeights& lw = w_.layers[size_t(l)];
   const LayerLinears& ll = linears_[size_t(l)];
@@ -110,16 +159,21 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
   v_.resize(size_t(n) * hk * d);
   att_.resize(size_t(n) * hq * d);
   rms_norm(x_.data(), n, H, lw.attn_norm, c.rms_eps, h_.data());
-  ll.q.apply(h_.data(), n, q_.data(), pool_);
-  ll.k.apply(h_.data(), n, k_.data(), pool_);
-  ll.v.apply(h_.data(), n, v_.data(), pool_);
+  linear(ll.q, h_.data(), q_.data());
+  linear(ll.k, h_.data(), k_.data());
+  linear(ll.v, h_.data(), v_.data());
   if (c.qk_norm) {
     rms_norm(q_.data(), n * hq, d, lw.q_norm, c.rms_eps, q_.data());
     rms_norm(k_.data(), n * hk, d, lw.k_norm, c.rms_eps, k_.data());
   }
-  rope_rows(q_.data(), n, hq, d, pos0, inv_freq_.data());
-  rope_rows(k_.data(), n, hk, d, pos0, inv_freq_.data());
-  if (tap_) tap_->on_qkv(l, pos0, n, q_.data(), k_.data(), v_.data());
+  const auto q_at = [&](const Span& s) { return q_.data() + size_t(s.row0) * hq * d; };
+  const auto k_at = [&](const Span& s) { return k_.data() + size_t(s.row0) * hk * d; };
+  const auto v_at = [&](const Span& s) { return v_.data() + size_t(s.row0) * hk * d; };
+  for (const Span& s : spans) {
+    rope_rows(q_at(s), s.n, hq, d, s.pos0, inv_freq_.data());
+    rope_rows(k_at(s), s.n, hk, d, s.pos0, inv_freq_.data());
+    if (tap_) tap_->on_qkv(l, s.pos0, s.n, q_at(s), k_at(s), v_at(s));
+  }
 
   const float scale = 1.f / std::sqrt(float(d));
   for (float& x : q_) x *= scale;
@@ -129,14 +183,25 @@ void Model::attention_block(KvCache& cache, int seq, int l, int pos0, int n) {
     t->values(l, n, v_.data());
     t->queries(l, n, hq, q_.data());
   }
-  cache.observe_queries(seq, l, pos0, n, q_.data(), hq);  // the evict policy's observation window (else nothing)
-  cache.append(seq, l, pos0, n, k_.data(), v_.data());
-  cache_attention(cache, seq, l, pos0, n, q_.data(), att_.data(), AttentionShape{hq, hk, d}, pool_);
+  for (const Span& s : spans) {
+    cache.observe_queries(s.seq, l, s.pos0, s.n, q_at(s), hq);  // the evict policy's observation window (else nothing)
+    cache.append(s.seq, l, s.pos0, s.n, k_at(s), v_at(s));
+    cache_attention(cache, s.seq, l, s.pos0, s.n, q_at(s), att_.data() + size_t(s.row0) * hq * d,
+                    AttentionShape{hq, hk, d}, pool_);
+  }
   if (t) t->outputs(l, n, hq, att_.data());
 
-  ll.o.apply(att_.data(), n, h_.data(), pool_);
-  if (hook_) hook_->on_attention_output(l, pos0, n, h_.data());
+  linear(ll.o, att_.data(), h_.data());
+  if (hook_) hook_->on_attention_output(l, spans[0].pos0, n, h_.data());
   for (size_t i = 0; i < size_t(n) * H; ++i) x_[i] += h_[i];
+}
+
+void Model::linear(const Linear& layer, const float* x, float* y) {
+  const bool rows_together = layer.reads_bf16();
+  if (rows_together && small_rows_ > 0) layer.apply_rows(x, small_rows_, y, pool_);
+  for (const Span& s : spans_)
+    if (s.n > Linear::kGemvRows || !rows_together)
+      layer.apply(x + size_t(s.row0) * layer.in(), s.n, y + size_t(s.row0) * layer.out(), pool_);
 }
 
 void Model::mlp_block(int l, int n) {
@@ -147,13 +212,13 @@ void Model::mlp_block(int l, int n) {
   gate_.resize(size_t(n) * I);
   up_.resize(size_t(n) * I);
   rms_norm(x_.data(), n, H, lw.mlp_norm, c.rms_eps, h_.data());
-  ll.gate.apply(h_.data(), n, gate_.data(), pool_);
-  ll.up.apply(h_.data(), n, up_.data(), pool_);
+  linear(ll.gate, h_.data(), gate_.data());
+  linear(ll.up, h_.data(), up_.data());
   for (size_t i = 0; i < size_t(n) * I; ++i) {
     const float g = gate_[i];
     gate_[i] = g / (1.f + std::exp(-g)) * up_[i];
   }
-  ll.down.apply(gate_.data(), n, h_.data(), pool_);
+  linear(ll.down, gate_.data(), h_.data());
   for (size_t i = 0; i < size_t(n) * H; ++i) x_[i] += h_[i];
 }
 

@@ -24,10 +24,12 @@ namespace kvq {
 class Model {
  public:
   // Loads config.json and the safetensors weights of a Hugging Face checkpoint directory. n_threads <= 0: all cores.
-  static std::unique_ptr<Model> load(const std::string& dir, int n_threads);
+  // simd: the level of the linear layers' bf16 row kernels (--simd; the cache has its own, CacheConfig::simd).
+  static std::unique_ptr<Model> load(const std::string& dir, int n_threads, SimdLevel simd = best_simd_level());
   // Random weights of cfg's shapes in host memory (Weights::dummy; --dummy-weights --device cpu): timing only.
   // dir is where cfg came from (messages); no checkpoint is read.
-  static std::unique_ptr<Model> dummy(const std::string& dir, const ModelConfig& cfg, uint64_t seed, int n_threads);
+  static std::unique_ptr<Model> dummy(const std::string& dir, const ModelConfig& cfg, uint64_t seed, int n_threads,
+                                      SimdLevel simd = best_simd_level());
 
   const ModelConfig& config() const { return cfg_; }
   const Weights& weights() const { return w_; }
@@ -36,12 +38,26 @@ class Model {
   const std::string& fingerprint() const { return fingerprint_; }  // sha256 of config + tensor headers; dummy: ""
   bool dummy() const { return w_.is_dummy; }  // random weights: timing only
   ThreadPool& pool() { return pool_; }
+  SimdLevel simd() const { return simd_; }
   double load_seconds() const { return load_seconds_; }
 
   // Runs ids[0..n) at positions [cache.length(seq), + n) and appends their keys and values to the cache, transformed
   // by the cache's KV transform (CacheConfig::transform: centring, rotations) when it has one.
   // logits: [n, vocab] when all_logits, else [vocab] for the last token. n <= cache.config().max_chunk.
   void forward(KvCache& cache, int seq, const int32_t* ids, int n, float* logits, bool all_logits);
+
+  // The tokens of one sequence in a batched step.
+  struct Segment {
+    int seq;              // cache sequence
+    const int32_t* ids;   // [n] token ids, at positions [cache.length(seq), + n)
+    int n;                // tokens, <= cache.config().max_chunk
+  };
+  // A step of several sequences: their rows go through every linear layer together (one read of the weights for
+  // the whole step: GEMM rows, not a GEMV per sequence), attention runs per sequence over its own cache rows.
+  // logits: [Σ n, vocab] in segment order when all_logits, else [segments, vocab] (each one's last token). The same
+  // maths per row as one forward per sequence (the linear layers' row kernels read each row alike in any batch).
+  // A layer hook (set_hook) needs a step of one sequence.
+  void forward(KvCache& cache, const std::vector<Segment>& segments, float* logits, bool all_logits);
 
   // Observers for calibration / evaluation: called per layer with post-RoPE q [n, n_heads, d], k, v
   // [n, n_kv_heads, d] (before the cache's KV transform) and the positions. Null by default.
@@ -64,10 +80,18 @@ class Model {
   void set_hook(LayerHook* hook) { hook_ = hook; }
 
  private:
-  Model(std::string dir, int n_threads);
+  Model(std::string dir, int n_threads, SimdLevel simd);
   void build_linears();  // linears_ and head_ over w_
-  void attention_block(KvCache& cache, int seq, int layer, int pos0, int n);
+  // Rows [row0, row0 + n) of the step are sequence seg.seq's at positions [pos0, pos0 + n).
+  struct Span {
+    int seq, pos0, row0, n;
+  };
+  void attention_block(KvCache& cache, const std::vector<Span>& spans, int layer, int rows);
   void mlp_block(int layer, int n);
+  // y = layer(x) over the step's rows: the rows of the sequences with at most Linear::kGemvRows tokens (decode rows;
+  // first in the step, rows [0, small_rows_)) together through Linear::apply_rows when the layer reads bf16, each
+  // other sequence's rows alone through Linear::apply: every row's result is what a step of its sequence alone gives.
+  void linear(const Linear& layer, const float* x, float* y);
 
   std::string dir_;
   ModelConfig cfg_;
@@ -79,6 +103,7 @@ class Model {
   Linear head_;                        // the output projection
   std::string fingerprint_;
   ThreadPool pool_;
+  SimdLevel simd_;  // the linear layers' row kernels' level
   double load_seconds_ = 0;
   std::vector<float> inv_freq_;  // [d / 2] RoPE inverse frequencies
   LayerTap* tap_ = nullptr;
@@ -88,6 +113,8 @@ class Model {
   std::vector<float> x_, h_;        // [n, hidden] residual stream, normed input
   std::vector<float> q_, k_, v_;    // [n, n_heads * d], [n, n_kv * d], [n, n_kv * d]
   std::vector<float> att_;          // [n, n_heads * d]
+  std::vector<Span> spans_;         // the step's sequences, decode rows first
+  int small_rows_ = 0;              // rows [0, small_rows_): sequences of at most Linear::kGemvRows tokens
   std::vector<float> gate_, up_;    // [n, intermediate]
 };
 

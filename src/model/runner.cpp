@@ -47,9 +47,11 @@ int checked_seqs(int max_seqs, size_t kv_budget_bytes) {
             "CpuRunner: max_seqs {} must be >= 1 (0, as many as fit, needs a KV budget)", max_seqs);
   return max_seqs;
 }
-// The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h).
-CacheConfig with_model_rope(CacheConfig c, const ModelConfig& mc) {
-  c.key_rope = mc.rope_inv_freq();
+// The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h); and it
+// runs at the model's SIMD level (--simd: one level for the whole CPU forward).
+CacheConfig for_model(CacheConfig c, const Model& m) {
+  c.key_rope = m.config().rope_inv_freq();
+  c.simd = m.simd();
   return c;
 }
 
@@ -57,12 +59,12 @@ CacheConfig with_model_rope(CacheConfig c, const ModelConfig& mc) {
 
 CpuRunner::CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs, size_t kv_budget_bytes)
     : model_(model),
-      cache_(with_model_rope(cache_cfg, model.config()), model.config().n_layers, model.config().n_kv_heads,
+      cache_(for_model(cache_cfg, model), model.config().n_layers, model.config().n_kv_heads,
              model.config().head_dim, max_ctx, checked_seqs(max_seqs, kv_budget_bytes), kv_budget_bytes),
       max_seqs_(cache_.max_seqs()) {}
 
 std::string CpuRunner::describe() const {
-  return "cpu, " + std::to_string(model_.pool().size()) + " threads, " + simd_level_name(best_simd_level()) +
+  return "cpu, " + std::to_string(model_.pool().size()) + " threads, " + simd_level_name(cache_.config().simd) +
          " cache kernels, OpenBLAS " + blas_core_name() + (model_.dummy() ? ", dummy weights (timing only)" : "");
 }
 
@@ -77,21 +79,23 @@ void CpuRunner::forward(const std::vector<int>& seqs, const std::vector<int>& n,
   } unhook{model_};
   const int V = model_.config().vocab_size;
   const bool all = which == LogitRows::All;
-  size_t row = 0;  // first row of sequence b in the step
+  // One batched forward: the sequences' decode rows go through each linear layer together (model/model.h).
+  std::vector<Model::Segment> segments;
+  size_t row = 0, out_rows = 0;
   for (size_t b = 0; b < seqs.size(); ++b) {
-    const int nb = n[b];
-    // Where this sequence's logits go: the caller's buffer, or scratch when it wants none or only argmax.
-    const size_t out_row = all ? row : b;
-    float* dst = (logits && which != LogitRows::None) ? logits + out_row * size_t(V) : nullptr;
-    if (!dst) {
-      scratch_.resize(size_t(all ? nb : 1) * V);
-      dst = scratch_.data();
-    }
-    model_.forward(cache_, seqs[b], ids + row, nb, dst, all);
-    if (argmax && which != LogitRows::None)
-      for (int i = 0; i < (all ? nb : 1); ++i) argmax[out_row + size_t(i)] = argmax_row(dst + size_t(i) * V, V);
-    row += size_t(nb);
+    segments.push_back({seqs[b], ids + row, n[b]});
+    row += size_t(n[b]);
+    out_rows += all ? size_t(n[b]) : 1;
   }
+  // Where the logits go: the caller's buffer, or scratch when it wants none or only argmax.
+  float* dst = (logits && which != LogitRows::None) ? logits : nullptr;
+  if (!dst) {
+    scratch_.resize(out_rows * size_t(V));
+    dst = scratch_.data();
+  }
+  model_.forward(cache_, segments, dst, all);
+  if (argmax && which != LogitRows::None)
+    for (size_t r = 0; r < out_rows; ++r) argmax[r] = argmax_row(dst + r * size_t(V), V);
 }
 
 RunnerFactory cpu_runner_factory(Model& model) {

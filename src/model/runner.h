@@ -43,6 +43,19 @@ class Runner {
   virtual int new_sequence() = 0;
   virtual void free_sequence(int seq) = 0;
   virtual int length(int seq) const = 0;  // tokens committed
+  // dst (a new sequence, empty) becomes a copy of src's cache, pages of its own included (n > 1 choices of one
+  // prefill). kvq::Error when the pool lacks the pages (before anything changes) or the cache cannot fork.
+  virtual void fork_sequence(int src, int dst) = 0;
+  // Prefix caching (kv/prefix_cache.h, the cache's own: KvCache's, GpuKvCache's), off until enabled (kvq serve: on
+  // unless --no-prefix-cache). prefix_match: the longest cached prefix of ids [0, n) a new sequence can continue from
+  // (a multiple of step, at most n - 1; 0 when none or off); prefix_attach: seq (new, empty) continues from it;
+  // prefix_store: caches seq's state as the prefix ids [0, length(seq)); prefix_count: hit / prefilled prompt tokens.
+  virtual void enable_prefix_cache() = 0;
+  virtual int prefix_match(const int32_t* ids, int n, int step) const = 0;
+  virtual void prefix_attach(int seq, const int32_t* ids, int len) = 0;
+  virtual void prefix_store(int seq, const int32_t* ids, int len) = 0;
+  virtual void prefix_count(int hit_tokens, int miss_tokens) = 0;
+  virtual PrefixCacheStats prefix_stats() const = 0;
 
   // One step (see the header comment). logits: null, or room for the rows `which` names. argmax: null, or
   // room for one id per returned row: the index of the row's largest logit (lowest index on ties), computed
@@ -99,6 +112,13 @@ class CpuRunner final : public Runner {
   int new_sequence() override { return cache_.new_sequence(); }
   void free_sequence(int seq) override { cache_.free_sequence(seq); }
   int length(int seq) const override { return cache_.length(seq); }
+  void fork_sequence(int src, int dst) override { cache_.fork(src, dst); }
+  void enable_prefix_cache() override { cache_.enable_prefix_cache(); }
+  int prefix_match(const int32_t* ids, int n, int step) const override { return cache_.prefix_match(ids, n, step); }
+  void prefix_attach(int seq, const int32_t* ids, int len) override { cache_.prefix_attach(seq, ids, len); }
+  void prefix_store(int seq, const int32_t* ids, int len) override { cache_.prefix_store(seq, ids, len); }
+  void prefix_count(int hit_tokens, int miss_tokens) override { cache_.prefix_count(hit_tokens, miss_tokens); }
+  PrefixCacheStats prefix_stats() const override { return cache_.prefix_stats(); }
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;

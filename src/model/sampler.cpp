@@ -7,38 +7,119 @@
 
 namespace kvq {
 
+namespace {
+// The total order of candidates: larger logit first, lower id on ties.
+bool before(float la, int32_t ia, float lb, int32_t ib) { return la > lb || (la == lb && ia < ib); }
+}  // namespace
+
 void SamplerConfig::validate() const {
   KVQ_CHECK(temperature >= 0.f && std::isfinite(temperature), "--temp must be >= 0 (got {})", temperature);
   KVQ_CHECK(top_k >= 0, "--top-k must be >= 0 (got {})", top_k);
   KVQ_CHECK(top_p > 0.f && top_p <= 1.f, "--top-p must be in (0, 1] (got {})", top_p);
+  KVQ_CHECK(min_p >= 0.f && min_p <= 1.f, "min_p must be in [0, 1] (got {})", min_p);
+  KVQ_CHECK(std::isfinite(presence_penalty) && std::isfinite(frequency_penalty),
+            "presence / frequency penalties must be finite (got {}, {})", presence_penalty, frequency_penalty);
+  KVQ_CHECK(repetition_penalty > 0.f && std::isfinite(repetition_penalty), "repetition_penalty must be > 0 (got {})",
+            repetition_penalty);
+  for (const auto& [id, bias] : logit_bias)
+    KVQ_CHECK(id >= 0 && std::isfinite(bias), "logit_bias: token {} with bias {}", id, bias);
+}
+
+bool SamplerConfig::transforms_logits() const {
+  return presence_penalty != 0.f || frequency_penalty != 0.f || repetition_penalty != 1.f || !logit_bias.empty();
 }
 
 Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) { cfg.validate(); }
 
+void Sampler::observe_prompt(const int32_t* ids, int n) {
+  for (int i = 0; i < n; ++i) {
+    const int32_t id = ids[i];
+    if (id < 0) continue;
+    if (size_t(id) >= seen_mask_.size()) seen_mask_.resize(size_t(id) + 1, false);
+    if (!seen_mask_[size_t(id)]) seen_mask_[size_t(id)] = true, seen_.push_back(id);
+  }
+}
+
+void Sampler::observe(int32_t id) {
+  observe_prompt(&id, 1);
+  ++generated_[id];
+}
+
+void Sampler::apply_penalties(float* logits, int vocab) const {
+  for (const auto& [id, bias] : cfg_.logit_bias)
+    if (id < vocab) logits[id] += bias;
+  if (cfg_.repetition_penalty != 1.f)
+    for (int32_t id : seen_)
+      if (id < vocab) {
+        float& l = logits[id];
+        l = l > 0.f ? l / cfg_.repetition_penalty : l * cfg_.repetition_penalty;
+      }
+  if (cfg_.presence_penalty != 0.f || cfg_.frequency_penalty != 0.f)
+    for (const auto& [id, count] : generated_)
+      if (id < vocab) logits[id] -= cfg_.frequency_penalty * float(count) + cfg_.presence_penalty;
+}
+
+void Sampler::order_prefix(size_t n) {
+  if (n <= ordered_) return;
+  n = std::min(std::max({n, ordered_ * 4, size_t(64)}), cand_.size());
+  auto cmp = [](const Cand& a, const Cand& b) { return before(a.logit, a.id, b.logit, b.id); };
+  const auto first = cand_.begin() + std::ptrdiff_t(ordered_), mid = cand_.begin() + std::ptrdiff_t(n);
+  if (mid < cand_.end()) std::nth_element(first, mid - 1, cand_.end(), cmp);
+  std::sort(first, mid, cmp);
+  ordered_ = n;
+}
+
 int32_t Sampler::sample(const float* logits, int vocab) {
+  if (cfg_.transforms_logits()) {
+    work_.assign(logits, logits + vocab);
+    apply_penalties(work_.data(), vocab);
+    logits = work_.data();
+  }
   if (cfg_.temperature == 0.f) return int32_t(std::max_element(logits, logits + vocab) - logits);
   cand_.resize(size_t(vocab));
-  for (int i = 0; i < vocab; ++i) cand_[size_t(i)] = {logits[i], i};
+  for (int i = 0; i < vocab; ++i) cand_[size_t(i)] = {logits[i], i, 0.0};
+  ordered_ = 0;
+  // top_k: the k first of the order, by one selection.
   const size_t k = cfg_.top_k > 0 ? std::min(size_t(cfg_.top_k), cand_.size()) : cand_.size();
-  std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(),
-                    [](const auto& a, const auto& b) { return a.first > b.first; });
-  cand_.resize(k);
-  const float mx = cand_[0].first;
+  if (k < cand_.size()) {
+    std::nth_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(k) - 1, cand_.end(),
+                     [](const Cand& a, const Cand& b) { return before(a.logit, a.id, b.logit, b.id); });
+    cand_.resize(k);
+  }
+  float mx = cand_[0].logit;
+  for (const Cand& c : cand_) mx = std::max(mx, c.logit);
   double total = 0;
-  for (auto& c : cand_) total += (c.first = std::exp((c.first - mx) / cfg_.temperature));
-  double cum = 0;
-  size_t keep = 0;
-  while (keep < cand_.size()) {
-    cum += cand_[keep++].first / total;
-    if (cum >= cfg_.top_p) break;
+  size_t above_min_p = 0;  // candidates with p >= min_p × the largest (whose p is exp(0) = 1)
+  for (Cand& c : cand_) {
+    total += (c.p = std::exp(double(c.logit - mx) / cfg_.temperature));
+    above_min_p += c.p >= double(cfg_.min_p);
   }
-  cand_.resize(keep);
-  std::uniform_real_distribution<double> u(0.0, cum * total);
+  // top_p: the smallest prefix of the order whose probability reaches top_p (of the top_k's); then min_p.
+  size_t keep = cand_.size();
+  double mass = total;
+  if (cfg_.top_p < 1.f) {
+    double cum = 0;
+    for (keep = 0; keep < cand_.size();) {
+      order_prefix(keep + 1);
+      cum += cand_[keep++].p;
+      if (cum / total >= cfg_.top_p) break;
+    }
+    mass = cum;
+  }
+  if (above_min_p < keep) {
+    keep = above_min_p;
+    order_prefix(keep);
+    mass = 0;
+    for (size_t i = 0; i < keep; ++i) mass += cand_[i].p;
+  }
+  std::uniform_real_distribution<double> u(0.0, mass);
   double r = u(rng_);
-  for (const auto& c : cand_) {
-    if ((r -= c.first) <= 0) return c.second;
+  for (size_t i = 0; i < keep; ++i) {
+    order_prefix(i + 1);
+    if ((r -= cand_[i].p) <= 0) return cand_[i].id;
   }
-  return cand_.back().second;
+  order_prefix(keep);
+  return cand_[keep - 1].id;
 }
 
 }  // namespace kvq

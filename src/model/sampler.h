@@ -1,8 +1,23 @@
-// Token sampling from logits: greedy (temperature 0) or temperature + top-k + top-p (nucleus), seeded.
+// Token sampling from logits, seeded: logit bias and repetition penalties (OpenAI's presence / frequency penalties,
+// the CTRL repetition penalty of Hugging Face and vLLM), then greedy (temperature 0) or temperature + top-k + top-p
+// (nucleus) + min-p.
+//
+// Order, as vLLM: logits + logit_bias; repetition_penalty over every token of the prompt and of the generated text
+// (logit / p where the logit is > 0, logit * p otherwise); frequency_penalty × count and presence_penalty ×
+// [count > 0] subtracted over the generated tokens; then greedy takes the first largest, or sampling keeps the top_k largest,
+// of those the smallest prefix whose probability (softmax at the temperature over the top_k) reaches top_p, and of
+// those the tokens with probability >= min_p × the largest, and draws one from them in proportion.
+//
+// Without a full sort of the vocabulary: the candidates are ordered by (logit desc, id asc), a total order, and only
+// as far as needed: top_k by one selection (nth_element), then sorted blocks of the largest remaining (64, 256, ...)
+// until the prefix that top_p keeps and the draw are reached. Typical distributions need a few hundred; the result
+// does not depend on how far the order was taken.
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvq {
@@ -12,18 +27,42 @@ struct SamplerConfig {
   int top_k = 40;            // keep the k most likely tokens (0: all)
   float top_p = 0.95f;       // then the smallest set with cumulative probability >= top_p (1: all)
   uint64_t seed = 0;         // RNG seed
+  float min_p = 0.f;              // then the tokens with probability >= min_p × the largest (0: all)
+  float presence_penalty = 0.f;   // subtracted from the logit of every token generated so far, once
+  float frequency_penalty = 0.f;  // subtracted from the logit of every generated token, times its count
+  float repetition_penalty = 1.f;  // > 0: tokens of the prompt or generated: logit / p (> 0) or logit * p (1: off)
+  std::vector<std::pair<int32_t, float>> logit_bias = {};  // (token id, added to its logit)
   void validate() const;     // throws kvq::Error on out-of-range values
+  // Whether the logits are changed before choosing (bias, penalties): greedy then needs them, not the raw argmax.
+  bool transforms_logits() const;
 };
 
 class Sampler {
  public:
   explicit Sampler(const SamplerConfig& cfg);
+  // The tokens the penalties count: the prompt (repetition penalty), then every generated token as it is chosen.
+  void observe_prompt(const int32_t* ids, int n);
+  void observe(int32_t id);
+  // logits [vocab] + bias and penalties for the tokens observed so far (the scores sample() chooses from), in place.
+  void apply_penalties(float* logits, int vocab) const;
   int32_t sample(const float* logits, int vocab);
 
  private:
+  struct Cand {
+    float logit;  // after bias and penalties
+    int32_t id;
+    double p;     // exp((logit - max) / temperature)
+  };
+  void order_prefix(size_t n);  // cand_[0, n) become the n first of the total order
+
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> cand_;  // (logit or prob, token) scratch
+  std::unordered_map<int32_t, int> generated_;  // generated token -> count
+  std::vector<int32_t> seen_;                   // every distinct token of the prompt and the generated text
+  std::vector<bool> seen_mask_;                 // [grows to the largest id] membership of seen_
+  std::vector<float> work_;                     // [vocab] the logits with bias and penalties
+  std::vector<Cand> cand_;
+  size_t ordered_ = 0;                          // cand_[0, ordered_) are in order, the largest of all
 };
 
 }  // namespace kvq

@@ -120,7 +120,7 @@ void Referee::load_data() {
 Model& Referee::model() {
   if (!model_) {
     say(fmt::format("kvq: referee: loading {}", cfg_.model_dir));
-    model_ = Model::load(cfg_.model_dir, cfg_.threads);
+    model_ = Model::load(cfg_.model_dir, cfg_.threads, cfg_.simd);
     KVQ_CHECK(model_->fingerprint() == data_.fingerprint, "model '{}' changed while the referee ran", cfg_.model_dir);
   }
   return *model_;

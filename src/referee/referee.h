@@ -67,6 +67,7 @@ struct RefereeConfig {
   int bootstrap = 1000;                // bootstrap resamples
   uint64_t seed = 0;                   // base seed of passkey prompts and bootstrap (every run the same)
   int threads = 0;                     // worker threads (0: all cores)
+  SimdLevel simd = best_simd_level();  // --simd: the CPU kernels' level (recorded in each run's runner line)
   int group = 128;                     // group size of every quantized cache
   int calib_tokens = 32768, calib_chunk = 2048, calib_steps = 80;  // calibration budget (OSCAR uses tokens/chunk)
   std::vector<float> clip_grid;        // quantile clips tried for keys and for values of every INT2 method (METHODS

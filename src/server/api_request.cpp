@@ -190,27 +190,52 @@ const std::set<std::string>& known_fields(Endpoint e) {
   static const std::set<std::string> completions = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
       "logprobs", "ignore_eos", "n", "best_of", "echo", "suffix", "presence_penalty", "frequency_penalty",
-      "logit_bias", "user"};
+      "logit_bias", "user", "repetition_penalty", "min_p"};
   static const std::set<std::string> chat = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "stream", "stream_options", "logprobs", "top_logprobs", "ignore_eos", "n", "presence_penalty",
-      "frequency_penalty", "logit_bias", "user", "response_format", "tools", "tool_choice", "parallel_tool_calls"};
+      "frequency_penalty", "logit_bias", "user", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+      "repetition_penalty", "min_p"};
   return e == Endpoint::Chat ? chat : completions;
 }
 
 }  // namespace
 
-ApiRequest parse_api_request(std::string_view body, Endpoint endpoint) {
+// logit_bias: {"token id": bias}, the ids as decimal strings (OpenAI's form), biases in [-100, 100].
+void parse_logit_bias(const json& j, ApiRequest& r) {
+  const json* v = field(j, "logit_bias");
+  if (!v) return;
+  if (!v->is_object()) bad("logit_bias", fmt::format("'logit_bias' must be an object, not {}", kind_of(*v)));
+  if (v->size() > size_t(kMaxLogitBias))
+    bad("logit_bias", fmt::format("'logit_bias' holds {} entries, at most {}", v->size(), kMaxLogitBias));
+  for (const auto& [key, value] : v->items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max())
+      bad("logit_bias", fmt::format("'logit_bias' keys are token ids (decimal strings), not \"{}\"", key));
+    if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100))
+      bad("logit_bias", fmt::format("'logit_bias' values are numbers in [-100, 100] (token {})", key));
+    r.logit_bias.push_back({int32_t(id), float(value.get<double>())});
+  }
+}
+
+ApiRequest parse_api_request(std::string_view body, Endpoint endpoint, const ParseOptions& opt) {
   if (nests_deeper_than(body, kMaxJsonDepth))
     throw ApiError(400, fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
   if (!j.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, not {}", kind_of(j)));
-  for (const auto& [key, value] : j.items())
-    if (!known_fields(endpoint).count(key))
-      bad(key, fmt::format("unrecognized request argument supplied: {}", key));
-
   ApiRequest r;
+  for (const auto& [key, value] : j.items())
+    if (!known_fields(endpoint).count(key)) {
+      if (!opt.lenient_fields)
+        bad(key, fmt::format("unrecognized request argument supplied: {} (kvq serve --lenient-fields ignores unknown "
+                             "fields)", key));
+      r.ignored.push_back(key);
+    }
+
   r.endpoint = endpoint;
   if (const json* m = field(j, "model")) r.model = text_of(*m, "model");
   if (endpoint == Endpoint::Completions) parse_prompt(j, r);
@@ -247,19 +272,23 @@ ApiRequest parse_api_request(std::string_view body, Endpoint endpoint) {
     if (lp) r.logprobs = int(top.value_or(0));
   }
   r.ignore_eos = opt_bool(j, "ignore_eos").value_or(false);
+  if (auto n = opt_int(j, "n", 1, kMaxChoices)) r.n = int(*n);
+  if (auto p = opt_number(j, "presence_penalty", -2.0, 2.0)) r.presence_penalty = float(*p);
+  if (auto f = opt_number(j, "frequency_penalty", -2.0, 2.0)) r.frequency_penalty = float(*f);
+  if (auto rp = opt_number(j, "repetition_penalty", 0.0, 10.0)) {
+    if (*rp <= 0) bad("repetition_penalty", "'repetition_penalty' must be in (0, 10] (got 0)");
+    r.repetition_penalty = float(*rp);
+  }
+  if (auto m = opt_number(j, "min_p", 0.0, 1.0)) r.min_p = float(*m);
+  parse_logit_bias(j, r);
   if (const json* u = field(j, "user")) text_of(*u, "user");  // accepted, not used
 
   // Parameters kvq does not implement: their no-op values only.
   auto is_int = [](int64_t want) {
     return [want](const json& v) { return v.is_number_integer() && v.get<int64_t>() == want; };
   };
-  auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
   auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
   auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
-  require_noop(j, "n", is_int(1), "n = 1");
-  require_noop(j, "presence_penalty", is_zero, "0");
-  require_noop(j, "frequency_penalty", is_zero, "0");
-  require_noop(j, "logit_bias", is_empty, "an empty map");
   if (endpoint == Endpoint::Completions) {
     require_noop(j, "best_of", is_int(1), "best_of = 1");
     require_noop(j, "echo", is_false, "false");

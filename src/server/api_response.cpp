@@ -52,30 +52,37 @@ json head(const ResponseContext& c, const char* object) {
 
 }  // namespace
 
-json usage(int prompt_tokens, int completion_tokens) {
+json usage(int prompt_tokens, int completion_tokens, int cached_tokens) {
   return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
-json full_response(const ResponseContext& c, const GenerationOutput& out, int prompt_tokens, int completion_tokens) {
-  json choice = {{"index", 0}, {"finish_reason", finish_name(out.finish)}};
-  if (c.endpoint == Endpoint::Chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", out.text}};
-    choice["logprobs"] = c.logprobs ? chat_logprobs(c, out.tokens) : json(nullptr);
-  } else {
-    size_t offset = 0;
-    choice["text"] = out.text;
-    choice["logprobs"] = c.logprobs ? completion_logprobs(c, out.tokens, offset) : json(nullptr);
+json full_response(const ResponseContext& c, const std::vector<GenerationOutput>& outs, int prompt_tokens,
+                   int completion_tokens, int cached_tokens) {
+  json choices = json::array();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const GenerationOutput& out = outs[i];
+    json choice = {{"index", i}, {"finish_reason", finish_name(out.finish)}};
+    if (c.endpoint == Endpoint::Chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+      choice["logprobs"] = c.logprobs ? chat_logprobs(c, out.tokens) : json(nullptr);
+    } else {
+      size_t offset = 0;
+      choice["text"] = out.text;
+      choice["logprobs"] = c.logprobs ? completion_logprobs(c, out.tokens, offset) : json(nullptr);
+    }
+    choices.push_back(std::move(choice));
   }
   json j = head(c, c.endpoint == Endpoint::Chat ? "chat.completion" : "text_completion");
-  j["choices"] = json::array({choice});
-  j["usage"] = usage(prompt_tokens, completion_tokens);
+  j["choices"] = std::move(choices);
+  j["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 
 json stream_chunk(const ResponseContext& c, const std::string& text, const std::vector<GeneratedToken>& tokens,
-                  FinishReason finish, bool first) {
-  json choice = {{"index", 0}};
+                  FinishReason finish, bool first, int index) {
+  json choice = {{"index", index}};
   choice["finish_reason"] = finish == FinishReason::None ? json(nullptr) : json(finish_name(finish));
   if (c.endpoint == Endpoint::Chat) {
     json delta = json::object();
@@ -94,10 +101,10 @@ json stream_chunk(const ResponseContext& c, const std::string& text, const std::
   return j;
 }
 
-json usage_chunk(const ResponseContext& c, int prompt_tokens, int completion_tokens) {
+json usage_chunk(const ResponseContext& c, int prompt_tokens, int completion_tokens, int cached_tokens) {
   json j = head(c, c.endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = json::array();
-  j["usage"] = usage(prompt_tokens, completion_tokens);
+  j["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 

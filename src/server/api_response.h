@@ -25,16 +25,19 @@ struct ResponseContext {
   const Tokenizer* tok;  // null: a server of token ids only (no logprobs asked)
 };
 
-// One whole response (non-streaming): the text, finish_reason, logprobs and usage.
-nlohmann::json full_response(const ResponseContext& c, const GenerationOutput& out, int prompt_tokens,
-                             int completion_tokens);
-// One streaming chunk of text (and the tokens it came with); finish != None: the last one, with its finish_reason.
-// Chat: first = true adds the assistant role to the delta.
+// One whole response (non-streaming): each choice's text, finish_reason and logprobs (choices[i]: outs[i]), and the
+// usage (completion_tokens: of all choices).
+nlohmann::json full_response(const ResponseContext& c, const std::vector<GenerationOutput>& outs, int prompt_tokens,
+                             int completion_tokens, int cached_tokens = 0);
+// One streaming chunk of choice `index`'s text (and the tokens it came with); finish != None: that choice's last one,
+// with its finish_reason. Chat: first = true adds the assistant role to the delta.
 nlohmann::json stream_chunk(const ResponseContext& c, const std::string& text,
-                            const std::vector<GeneratedToken>& tokens, FinishReason finish, bool first);
+                            const std::vector<GeneratedToken>& tokens, FinishReason finish, bool first, int index = 0);
 // The usage chunk of a stream with include_usage ("choices": []).
-nlohmann::json usage_chunk(const ResponseContext& c, int prompt_tokens, int completion_tokens);
-nlohmann::json usage(int prompt_tokens, int completion_tokens);
+nlohmann::json usage_chunk(const ResponseContext& c, int prompt_tokens, int completion_tokens, int cached_tokens = 0);
+// {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details": {"cached_tokens"}} (OpenAI's: the
+// prompt tokens served from the prefix cache).
+nlohmann::json usage(int prompt_tokens, int completion_tokens, int cached_tokens = 0);
 
 // "data: <json>\n\n"; invalid UTF-8 (a token's partial bytes) becomes U+FFFD.
 std::string sse(const nlohmann::json& j);

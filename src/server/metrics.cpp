@@ -36,7 +36,8 @@ void histogram(std::string& out, const char* name, const char* help, const Histo
 
 }  // namespace
 
-std::string render_metrics(const EngineStats& s, const std::string& model, const CacheConfig& cache) {
+std::string render_metrics(const EngineStats& s, const std::string& model, const CacheConfig& cache,
+                           const TransportStats& http) {
   std::string out;
   out += fmt::format(
       "# HELP kvq_cache_info The KV cache of the served model.\n# TYPE kvq_cache_info gauge\n"
@@ -53,12 +54,18 @@ std::string render_metrics(const EngineStats& s, const std::string& model, const
   out += fmt::format("kvq_requests_finished_total{{reason=\"length\"}} {}\n", s.finished_length);
   out += fmt::format("kvq_requests_finished_total{{reason=\"cancelled\"}} {}\n", s.finished_cancelled);
   out += fmt::format("kvq_requests_finished_total{{reason=\"error\"}} {}\n", s.finished_error);
+  out += fmt::format("kvq_requests_finished_total{{reason=\"queue_timeout\"}} {}\n", s.finished_queue_timeout);
+  out += fmt::format("kvq_requests_finished_total{{reason=\"deadline\"}} {}\n", s.finished_deadline);
   metric(out, "kvq_prompt_tokens_total", "counter", "Prompt tokens of requests that got their first token.",
          double(s.prompt_tokens));
   metric(out, "kvq_generation_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
   metric(out, "kvq_preemptions_total", "counter", "Requests preempted (their cache freed, to be recomputed).",
          double(s.preemptions));
   metric(out, "kvq_engine_steps_total", "counter", "Forward steps of the engine.", double(s.steps));
+  metric(out, "kvq_engine_step_failures_total", "counter",
+         "Engine steps that threw (their requests ended with an error; the engine went on).", double(s.step_failures));
+  metric(out, "kvq_engine_healthy", "gauge", "1 while the engine can serve, 0 once its device is lost.",
+         s.healthy ? 1 : 0);
   metric(out, "kvq_kv_pages_used", "gauge", "KV cache pages held by sequences.", s.pages_used);
   metric(out, "kvq_kv_pages_free", "gauge", "KV cache pages free.", s.pages_free);
   metric(out, "kvq_kv_sequences_live", "gauge", "KV cache sequence slots in use.", s.slots_live);
@@ -69,6 +76,29 @@ std::string render_metrics(const EngineStats& s, const std::string& model, const
          double(s.bytes_free));
   metric(out, "kvq_kv_bytes_total", "gauge", "KV cache bytes allocated (pages and every slot's windows).",
          double(s.bytes_total));
+  metric(out, "kvq_prefix_cache_enabled", "gauge", "1 when prefix caching is on.", s.prefix.enabled ? 1 : 0);
+  metric(out, "kvq_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens of admitted requests taken from the prefix cache.", double(s.prefix.hit_tokens));
+  metric(out, "kvq_prefix_cache_miss_tokens_total", "counter",
+         "Prompt tokens of admitted requests that were prefilled.", double(s.prefix.miss_tokens));
+  metric(out, "kvq_prefix_cache_entries", "gauge", "Cached prefixes.", double(s.prefix.entries));
+  metric(out, "kvq_prefix_cache_pages", "gauge", "KV cache pages held only by cached prefixes (reclaimable).",
+         double(s.prefix.pages));
+  metric(out, "kvq_prefix_cache_state_bytes", "gauge",
+         "Bytes cached prefixes keep besides their pages (windows, partly filled pages).",
+         double(s.prefix.state_bytes));
+  metric(out, "kvq_prefix_cache_evictions_total", "counter", "Cached prefixes evicted (least recently used first).",
+         double(s.prefix.evictions));
+  metric(out, "kvq_http_connections", "gauge", "HTTP connections open.", double(http.connections_open));
+  metric(out, "kvq_http_connections_total", "counter", "HTTP connections accepted.", double(http.connections_total));
+  metric(out, "kvq_http_connections_refused_total", "counter",
+         "HTTP connections closed at once: the most the server keeps open were open.",
+         double(http.connections_refused));
+  metric(out, "kvq_http_timeouts_total", "counter",
+         "HTTP connections closed at a deadline (idle, slow headers or body, a client that does not read).",
+         double(http.timeouts));
+  metric(out, "kvq_http_bad_requests_total", "counter",
+         "Malformed requests, oversize headers or bodies (400, 431, 413).", double(http.bad_requests));
   histogram(out, "kvq_time_to_first_token_seconds", "From arrival to the first generated token.", s.ttft);
   histogram(out, "kvq_inter_token_latency_seconds", "Between consecutive tokens of a request.", s.itl);
   histogram(out, "kvq_request_duration_seconds", "From arrival to the last token.", s.e2e);

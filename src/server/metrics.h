@@ -5,10 +5,13 @@
 
 #include "engine/engine.h"
 #include "kv/cache.h"
+#include "server/http_transport.h"
 
 namespace kvq::server {
 
-// model: the served name; cache: the cache's configuration (its types and windows go in kvq_cache_info's labels).
-std::string render_metrics(const EngineStats& s, const std::string& model, const CacheConfig& cache);
+// model: the served name; cache: the cache's configuration (its types and windows go in kvq_cache_info's labels);
+// http: the transport's connection counters.
+std::string render_metrics(const EngineStats& s, const std::string& model, const CacheConfig& cache,
+                           const TransportStats& http = {});
 
 }  // namespace kvq::server

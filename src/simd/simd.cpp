@@ -33,7 +33,7 @@ const char* simd_level_name(SimdLevel level) {
 bool simd_level_supported(SimdLevel level) {
   switch (level) {
     case SimdLevel::kScalar: return true;
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(KVQ_SIMD_OFF)
     case SimdLevel::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case SimdLevel::kAvx512:
@@ -58,27 +58,50 @@ SimdLevel best_simd_level() {
   return best;
 }
 
+std::string supported_simd_levels() {
+  std::string out;
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni})
+    if (simd_level_supported(l)) out += (out.empty() ? "" : ", ") + std::string(simd_level_name(l));
+  return out;
+}
+
+SimdLevel parse_simd_level(std::string_view name) {
+  if (name.empty() || name == "best") return best_simd_level();
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni})
+    if (name == simd_level_name(l)) {
+      KVQ_CHECK(simd_level_supported(l), "--simd {}: this CPU cannot run it (it runs: {})", name,
+                supported_simd_levels());
+      return l;
+    }
+  KVQ_FAIL("unknown --simd level '{}' (levels: scalar, avx2, avx512, avx512vnni, best; this CPU runs: {})", name,
+           supported_simd_levels());
+}
+
 RowKernels row_kernels(RowFormat format, SimdLevel level) {
   KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
             simd_level_name(level), simd_level_name(best_simd_level()));
+#ifndef KVQ_SIMD_OFF  // a portable build (cmake -DKVQ_SIMD=OFF) compiles the scalar kernels only
   switch (level) {
     case SimdLevel::kAvx512Vnni: return row_kernels_avx512_vnni(format);
     case SimdLevel::kAvx512: return row_kernels_avx512(format);
     case SimdLevel::kAvx2: return row_kernels_avx2(format);
     case SimdLevel::kScalar: break;
   }
+#endif
   return row_kernels_scalar(format);
 }
 
 SoftmaxKernels softmax_kernels(SimdLevel level) {
   KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
             simd_level_name(level), simd_level_name(best_simd_level()));
+#ifndef KVQ_SIMD_OFF
   switch (level) {
     case SimdLevel::kAvx512Vnni:
     case SimdLevel::kAvx512: return softmax_kernels_avx512();
     case SimdLevel::kAvx2: return softmax_kernels_avx2();
     case SimdLevel::kScalar: break;
   }
+#endif
   return softmax_kernels_scalar();
 }
 

@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 
 // For the SIMD kernels (simd_*.cpp): fixed-trip loops over the query block and the vectors of a unit must be unrolled
 // so that their arrays of vectors live in registers (-O2 does not unroll by itself).
@@ -30,6 +32,17 @@ enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 
 const char* simd_level_name(SimdLevel level);
 bool simd_level_supported(SimdLevel level);  // this CPU can run it
 SimdLevel best_simd_level();                  // the highest supported level
+// Whether the level's int2 kernels for rows of one 128-value group round q / weights to int8 (AVX2 and AVX-512 VNNI:
+// relative 1/254 of the largest element) rather than int16 or float: the tests' budgets follow it.
+inline bool simd_int8_operands(SimdLevel level) {
+  return level == SimdLevel::kAvx2 || level == SimdLevel::kAvx512Vnni;
+}
+
+// The level of a --simd value ("scalar", "avx2", "avx512", "avx512vnni"; "" or "best": best_simd_level()). Throws
+// kvq::Error naming the levels for an unknown name, and naming what this CPU has for a level it lacks.
+SimdLevel parse_simd_level(std::string_view name);
+// "scalar, avx2, avx512, avx512vnni": the levels this CPU (and this build) can run, lowest first.
+std::string supported_simd_levels();
 
 // How the values of one row are stored: bf16 / f16 values, int codes after GroupParams (layout.h), or llama.cpp's
 // blocks of 32 values, each with its own fp16 scale (codecs/llamacpp/llamacpp_blocks.h; kernels in simd_blocks_impl.h).
@@ -66,6 +79,7 @@ RowKernels row_kernels(RowFormat format, SimdLevel level);
 // Per-level tables (one per file); used only by row_kernels.
 RowKernels row_kernels_scalar(RowFormat format);
 RowKernels row_kernels_avx2(RowFormat format);
+RowKernels row_kernels_avx2_int(RowFormat format);  // int2 / int4 / int8 at AVX2 (simd_avx2_int.cpp): integer dots
 RowKernels row_kernels_avx512(RowFormat format);
 RowKernels row_kernels_avx512_vnni(RowFormat format);
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <immintrin.h>
 
 #include "codecs/layout.h"
 #include "codecs/llamacpp/llamacpp_blocks.h"
@@ -12,6 +11,8 @@
 #include "simd/simd.h"
 
 #if defined(__x86_64__)
+#include <immintrin.h>
+
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
@@ -144,7 +145,12 @@ struct VAvx2 {
 
 }  // namespace
 
-RowKernels row_kernels_avx2(RowFormat format) { return row_kernels_for<VAvx2>(format); }
+// The int formats take the integer kernels of simd_avx2_int.cpp; bf16, f16 and llama.cpp's blocks the float ones.
+RowKernels row_kernels_avx2(RowFormat format) {
+  if (format == RowFormat::kInt2 || format == RowFormat::kInt4 || format == RowFormat::kInt8)
+    return row_kernels_avx2_int(format);
+  return row_kernels_for<VAvx2>(format);
+}
 SoftmaxKernels softmax_kernels_avx2() { return softmax_kernels_for<VAvx2>(); }
 
 }  // namespace kvq

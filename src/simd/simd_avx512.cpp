@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <immintrin.h>
 
 #include "codecs/layout.h"
 #include "codecs/llamacpp/llamacpp_blocks.h"
@@ -12,6 +11,8 @@
 #include "simd/simd.h"
 
 #if defined(__x86_64__)
+#include <immintrin.h>
+
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
 #else

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <immintrin.h>
 
 #include "codecs/layout.h"
 #include "codecs/llamacpp/llamacpp_blocks.h"
@@ -22,6 +21,8 @@
 #include "simd/simd.h"
 
 #if defined(__x86_64__)
+#include <immintrin.h>
+
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c"))), apply_to = function)
 #else

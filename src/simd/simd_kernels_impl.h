@@ -131,7 +131,10 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
         for (int i = 0; i < QB; ++i) tot[i] = V::add(tot[i], acc[i]);
       }
     }
-    if constexpr (QB >= 4) {  // 4 horizontal sums at once (a transposed reduction)
+    // Horizontal sums four at once (a transposed reduction), and the same reduction for blocks of fewer queries
+    // (zero vectors beside them): a query's score is then the same bits in a block of any size, so a row of a batched
+    // step (model/linear.h: apply_rows) equals the row alone.
+    if constexpr (QB >= 4) {
       KVQ_UNROLL
       for (int i = 0; i < QB; i += 4) {
         float sum4[4];
@@ -139,8 +142,13 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
         for (int j = 0; j < 4; ++j) buf[i + j][t - t0] = sum4[j] - zterm[i + j];
       }
     } else {
+      F four[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
       KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) buf[i][t - t0] = V::hsum(tot[i]) - zterm[i];
+      for (int i = 0; i < QB; ++i) four[i] = tot[i];
+      float sum4[4];
+      V::hsum4(four, sum4);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) buf[i][t - t0] = sum4[i] - zterm[i];
     }
   }
   for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));

@@ -1,5 +1,14 @@
 #include "server_harness.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "common/error.h"
 #include "server/chat_template.h"
 
@@ -37,19 +46,25 @@ TestServer::TestServer(const ServerSetup& s) {
   if (s.kv_pages > 0) {
     EXPECT_EQ(runner_->page_pool().n_pages(), s.kv_pages);
   }
+  faults_ = std::make_unique<FaultInjectingRunner>(*runner_);
   EngineConfig ec;
   ec.scheduler.max_seqs = s.np;
   ec.max_queue = s.max_queue;
-  engine_ = std::make_unique<Engine>(*runner_, ec);
+  ec.queue_timeout_s = s.queue_timeout_s;
+  ec.scheduler.prefix_cache = s.prefix_cache;
+  ec.request_timeout_s = s.request_timeout_s;
+  engine_ = std::make_unique<Engine>(*faults_, ec);
   server::ServerOptions opt;
   opt.host = "127.0.0.1";
   opt.port = 0;
   opt.api_key = s.api_key;
   opt.model_name = "ref";
-  opt.max_body_bytes = s.max_body_bytes;
+  opt.http = s.http;
+  opt.http.max_body_bytes = s.max_body_bytes;
+  opt.workers = s.workers;
   auto chat = s.chat && !s.dummy_weights ? server::load_chat_template(source_dir() + "/models/ref", "") : std::nullopt;
   const Tokenizer* tok = s.dummy_weights ? nullptr : &ref_tokenizer();
-  http_ = std::make_unique<server::HttpServer>(*engine_, tok, mc, s.cache, s.ctx, chat, opt);
+  http_ = std::make_unique<server::HttpServer>(*engine_, tok, mc, s.cache, s.ctx, chat, opt, faults_.get());
   port_ = http_->bind();
   thread_ = std::thread([this] { http_->run(); });
 }
@@ -158,6 +173,99 @@ bool eventually(const std::function<bool()>& pred, std::chrono::seconds deadline
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return pred();
+}
+
+RawSocket::RawSocket(int port) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ADD_FAILURE() << "cannot connect to 127.0.0.1:" << port << ": " << std::strerror(errno);
+    close();
+  }
+}
+
+RawSocket::~RawSocket() { close(); }
+
+void RawSocket::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+bool RawSocket::send(const std::string& bytes) {
+  for (size_t at = 0; at < bytes.size();) {
+    if (fd_ < 0) return false;
+    const ssize_t n = ::send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    at += size_t(n);
+  }
+  return fd_ >= 0;
+}
+
+bool RawSocket::fill(std::chrono::steady_clock::time_point deadline) {
+  if (fd_ < 0) return false;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) return false;
+  pollfd p{fd_, POLLIN, 0};
+  if (::poll(&p, 1, int(left.count())) <= 0) return false;
+  char tmp[65536];
+  const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+  if (n <= 0) return false;
+  buf_.append(tmp, size_t(n));
+  return true;
+}
+
+RawSocket::Response RawSocket::read_response(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Response r;
+  size_t end;
+  while ((end = buf_.find("\r\n\r\n")) == std::string::npos)
+    if (!fill(deadline)) return r;
+  std::string head = buf_.substr(0, end + 4);
+  std::string lower = head;
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  size_t at = end + 4;
+  std::string body;
+  if (const size_t cl = lower.find("content-length:"); cl != std::string::npos) {
+    const size_t n = std::stoul(head.substr(cl + 15));
+    while (buf_.size() < at + n)
+      if (!fill(deadline)) return r;
+    body = buf_.substr(at, n);
+    at += n;
+  } else if (lower.find("transfer-encoding: chunked") != std::string::npos) {
+    for (;;) {
+      size_t eol;
+      while ((eol = buf_.find("\r\n", at)) == std::string::npos)
+        if (!fill(deadline)) return r;
+      const size_t n = std::stoul(buf_.substr(at, eol - at), nullptr, 16);
+      while (buf_.size() < eol + 2 + n + 2)
+        if (!fill(deadline)) return r;
+      body += buf_.substr(eol + 2, n);
+      at = eol + 2 + n + 2;
+      if (n == 0) break;
+    }
+  }
+  buf_.erase(0, at);
+  r.status = std::stoi(head.substr(9, 3));
+  r.head = std::move(head);
+  r.body = std::move(body);
+  return r;
+}
+
+bool RawSocket::closed_by_server(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (fd_ >= 0 && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd_, POLLIN, 0};
+    const int left = int(std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now()).count());
+    if (::poll(&p, 1, std::max(left, 0)) <= 0) continue;
+    char tmp[4096];
+    const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n <= 0) return true;  // end of file, or reset
+  }
+  return false;
 }
 
 void expect_error(const Reply& r, int status, const std::string& type, const std::string& param,

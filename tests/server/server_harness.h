@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/fault_injector.h"
 #include "model/runner.h"
 #include "server/http_server.h"
 
@@ -35,6 +36,11 @@ struct ServerSetup {
   bool dummy_weights = false;  // kvq serve --dummy-weights: random weights of models/ref's config, no tokenizer
                                // and no chat template (token ids only)
   size_t max_body_bytes = size_t(1) << 20;
+  bool prefix_cache = true;     // as kvq serve (--no-prefix-cache: false)
+  double queue_timeout_s = 0;   // EngineConfig
+  double request_timeout_s = 0;
+  server::TransportOptions http;  // I/O threads, deadlines (max_body_bytes above overrides its body limit)
+  int workers = 2;
 };
 
 const std::string& source_dir();
@@ -51,10 +57,12 @@ class TestServer {
   server::HttpServer& http() { return *http_; }
   Engine& engine() { return *engine_; }
   Runner& runner() { return *runner_; }
+  FaultInjectingRunner& faults() { return *faults_; }  // what the engine runs: arm() makes its next step fail
   void join();  // waits for run() to return (after a drain)
 
  private:
   std::unique_ptr<CpuRunner> runner_;
+  std::unique_ptr<FaultInjectingRunner> faults_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<server::HttpServer> http_;
   std::thread thread_;
@@ -89,6 +97,32 @@ Streamed post_stream(const TestServer& s, const std::string& path, const std::st
 double metric(const TestServer& s, const std::string& name);
 // Polls until pred() or the deadline; returns pred().
 bool eventually(const std::function<bool()>& pred, std::chrono::seconds deadline = std::chrono::seconds(60));
+
+// A raw TCP client on loopback, for what an HTTP client library will not send (pipelining, trickled headers, oversize
+// headers, idle connections). Every read waits at most its timeout.
+class RawSocket {
+ public:
+  explicit RawSocket(int port);  // connects (ADD_FAILURE when it cannot)
+  ~RawSocket();
+  RawSocket(const RawSocket&) = delete;
+  RawSocket& operator=(const RawSocket&) = delete;
+  bool send(const std::string& bytes);  // false when the connection is gone
+  void close();
+  // One HTTP response (head and a Content-Length or chunked body), or status 0 when none came within timeout or
+  // the connection closed first.
+  struct Response {
+    int status = 0;
+    std::string head, body;
+  };
+  Response read_response(std::chrono::milliseconds timeout);
+  // Whether the server closed the connection (a read returns end of file or a reset) within timeout.
+  bool closed_by_server(std::chrono::milliseconds timeout);
+
+ private:
+  bool fill(std::chrono::steady_clock::time_point deadline);  // reads more into buf_; false on timeout / close
+  int fd_ = -1;
+  std::string buf_;
+};
 
 // The OpenAI error body: {"error": {"message", "type", "param", "code"}} with these values (param / code: "" is null).
 void expect_error(const Reply& r, int status, const std::string& type, const std::string& param,

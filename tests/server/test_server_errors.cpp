@@ -53,7 +53,9 @@ TEST(ServerErrors, EveryBadRequestGetsItsStatusAndErrorBodyAndTheServerGoesOn) {
   expect_error(post(s, kCompletions, R"({"prompt": "hi", "top_p": 0})"), 400, bad, "top_p", "", "(0, 1]");
   expect_error(post(s, kCompletions, R"({"prompt": "hi", "logprobs": 21})"), 400, bad, "logprobs", "", "[0, 20]");
   expect_error(post(s, kCompletions, R"({"prompt": "hi", "max_tokens": 0})"), 400, bad, "max_tokens", "", "[1,");
-  expect_error(post(s, kCompletions, R"({"prompt": "hi", "n": 2})"), 400, bad, "n", "", "only n = 1");
+  expect_error(post(s, kCompletions, R"({"prompt": "hi", "n": 5})"), 400, bad, "n", "", "at most 4 requests at once");
+  expect_error(post(s, kCompletions, R"({"prompt": "hi", "logit_bias": {"9000": 1}})"), 400, bad, "logit_bias", "",
+               "outside the vocabulary");
   expect_error(post(s, kCompletions, R"({"prompt": "hi", "frobnicate": 1})"), 400, bad, "frobnicate", "",
                "unrecognized request argument");
   expect_error(post(s, kChat, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})"),

@@ -247,3 +247,116 @@ TEST(ServerLoad, AClientThatDisconnectsMidStreamFreesItsPages) {
   EXPECT_EQ(metric(s, "kvq_kv_sequences_live"), 0);
   EXPECT_LT(metric(s, "kvq_generation_tokens_total"), 250);
 }
+
+TEST(ServerLoad, NChoicesEqualSingleRequestsSeededSeedPlusIndexStreamingOrNot) {
+  ServerSetup setup;
+  setup.ctx = 128;
+  TestServer s(setup);
+  const json base = {{"prompt", "The Linux kernel"}, {"max_tokens", 8}, {"temperature", 0.9}, {"seed", 40},
+                     {"presence_penalty", 0.5}, {"frequency_penalty", 0.25}, {"repetition_penalty", 1.1},
+                     {"min_p", 0.02}, {"ignore_eos", true}};
+  std::vector<std::string> single;
+  for (int i = 0; i < 3; ++i) {
+    json one = base;
+    one["seed"] = 40 + i;
+    const Reply r = post(s, kCompletions, one.dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    single.push_back(r.body["choices"][0]["text"]);
+  }
+  EXPECT_NE(single[0], single[1]);
+  json three = base;
+  three["n"] = 3;
+  const Reply r = post(s, kCompletions, three.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.body["choices"][i]["index"], i);
+    EXPECT_EQ(r.body["choices"][i]["text"], single[size_t(i)]) << "choice " << i;
+    EXPECT_EQ(r.body["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 24);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], int(ref_tokenizer().encode("The Linux kernel").size()));
+  // Streaming: each choice's chunks carry its index; joined per index they are the same texts.
+  three["stream"] = true;
+  three["stream_options"] = {{"include_usage", true}};
+  const Streamed st = post_stream(s, kCompletions, three.dump());
+  ASSERT_TRUE(st.done);
+  std::vector<std::string> texts(3);
+  std::vector<int> finishes(3, 0);
+  for (const json& e : st.events) {
+    if (e["choices"].empty()) continue;
+    const json& ch = e["choices"][0];
+    texts[ch["index"].get<size_t>()] += ch["text"].get<std::string>();
+    finishes[ch["index"].get<size_t>()] += ch["finish_reason"].is_string();
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(texts[size_t(i)], single[size_t(i)]) << "choice " << i;
+    EXPECT_EQ(finishes[size_t(i)], 1) << "choice " << i;
+  }
+  EXPECT_EQ(st.events.back()["usage"]["completion_tokens"], 24);
+  EXPECT_TRUE(eventually([&] { return metric(s, "kvq_kv_sequences_live") == 0; }));
+}
+
+TEST(ServerLoad, LogitBiasSteersGreedyDecoding) {
+  ServerSetup setup;
+  setup.ctx = 128;
+  TestServer s(setup);
+  const std::vector<int32_t> word = ref_tokenizer().encode(" kernel");
+  ASSERT_EQ(word.size(), 1u);
+  const json body = {{"prompt", "The Linux"}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logit_bias", {{std::to_string(word[0]), 100}}}};
+  const Reply r = post(s, kCompletions, body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["text"], " kernel kernel kernel kernel");
+}
+
+TEST(ServerLoad, PromptsSharingAPrefixReportCachedTokensAndGiveTheOutputWithoutTheCache) {
+  // Four requests sharing a 40-token prefix (chunks of 16: cached states at 16 and 32), greedy and sampled.
+  json prefix = json::array();
+  for (int i = 0; i < 40; ++i) prefix.push_back(1 + (i * 7919) % 8000);
+  std::vector<json> bodies;
+  for (int k = 0; k < 4; ++k) {
+    json prompt = prefix;
+    for (int i = 0; i < 5 + k; ++i) prompt.push_back(1 + (i * 104729 + k * 31) % 8000);
+    bodies.push_back({{"prompt", prompt}, {"max_tokens", 6}, {"temperature", k % 2 ? 0.8 : 0.0}, {"seed", k},
+                      {"ignore_eos", true}});
+  }
+  std::vector<std::string> want;
+  {
+    ServerSetup off;
+    off.cache = small_cache();
+    off.ctx = 128;
+    off.prefix_cache = false;
+    TestServer s(off);
+    for (const json& b : bodies) {
+      const Reply r = post(s, kCompletions, b.dump());
+      ASSERT_EQ(r.status, 200) << r.raw;
+      EXPECT_EQ(r.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+      want.push_back(r.body["choices"][0]["text"]);
+    }
+    EXPECT_EQ(metric(s, "kvq_prefix_cache_enabled"), 0);
+  }
+  ServerSetup on;
+  on.cache = small_cache();
+  on.ctx = 128;
+  TestServer s(on);
+  for (size_t k = 0; k < bodies.size(); ++k) {
+    const Reply r = post(s, kCompletions, bodies[k].dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["text"], want[k]) << "request " << k;
+    EXPECT_EQ(r.body["usage"]["prompt_tokens_details"]["cached_tokens"], k == 0 ? 0 : 32) << "request " << k;
+  }
+  EXPECT_EQ(metric(s, "kvq_prefix_cache_hit_tokens_total"), 3 * 32);
+  EXPECT_EQ(metric(s, "kvq_prefix_cache_miss_tokens_total"), 45 + (46 - 32) + (47 - 32) + (48 - 32));
+  EXPECT_GT(metric(s, "kvq_prefix_cache_entries"), 0);
+  EXPECT_TRUE(eventually([&] { return metric(s, "kvq_kv_sequences_live") == 0; }));
+  EXPECT_EQ(metric(s, "kvq_kv_pages_used"), 0);
+  // Streaming reports it too.
+  json st = bodies[1];
+  st["stream"] = true;
+  st["stream_options"] = {{"include_usage", true}};
+  const Streamed streamed = post_stream(s, kCompletions, st.dump());
+  ASSERT_FALSE(streamed.events.empty());
+  EXPECT_EQ(streamed.events.back()["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
+  EXPECT_EQ(streamed.text, want[1]);
+}

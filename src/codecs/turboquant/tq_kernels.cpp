@@ -12,7 +12,7 @@ namespace portable {
 #include "codecs/turboquant/tq_kernels_impl.h"
 }  // namespace portable
 
-#if defined(__x86_64__) && !defined(__clang__)
+#if defined(__x86_64__) && !defined(__clang__) && !defined(KVQ_SIMD_OFF)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {

@@ -1,0 +1,592 @@
+// AVX2 row kernels for the int formats (int2 / int4 / int8): integer dot products, for the CPUs without AVX-512 (most
+// laptops and desktops, AMD Zen 2 / 3 servers). The same arithmetic as the AVX-512 VNNI kernels
+// (simd_avx512_vnni.cpp), with AVX2's two-instruction forms of its dot products:
+//   - scores of int2 rows of one group (G = d, d a multiple of 128: the default cache): the query rounded to int8 with
+//     step max|q| / 127 and multiplied with bit planes of the packed codes by vpmaddubsw (u8 code × s8 query, pairs
+//     summed into int16: at most 2·3·127 per lane, so four planes add up in int16), then widened by vpmaddwd with ones;
+//   - every other int row: the query (scores) and the weights w = p·scale (accumulate, per 32-token tile) rounded to
+//     int16 with step max|x| / 32767, the codes widened to int16, vpmaddwd into int32 lanes.
+// Scale and zero are applied once per group (scores) or once per tile (accumulate), and the zero term uses the same
+// rounded q / w as the codes, so each result is the exact float result of the rounded operand: relative 2^-16 of the
+// largest element of a group or tile (int16), or 1/254 of the query's largest element (the int2 plane scores, which
+// the VNNI level rounds the same way; tests/test_cache_attention.cpp measures its cost on models/ref).
+// Compiled for its target by the pragma below; called only when simd_level_supported(kAvx2).
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+
+#include "codecs/layout.h"
+#include "codecs/llamacpp/llamacpp_blocks.h"
+#include "common/half.h"
+#include "simd/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace kvq {
+namespace {
+
+#include "simd/simd_kernels_impl.h"  // tile sizes and helpers (its float templates are not instantiated here)
+
+constexpr int kQ16Stride = 256;  // int16 query row stride (d <= 256)
+
+// The 32 codes of one packed unit as int16 in value order: values 0-15 in lo, 16-31 in hi.
+template <RowFormat Fmt>
+inline void unit_i16(const uint8_t* p, __m256i& lo, __m256i& hi) {
+  __m128i a, b;  // values 0-15, 16-31 as bytes
+  if constexpr (Fmt == RowFormat::kInt2) {
+    int64_t x;
+    std::memcpy(&x, p, 8);
+    const __m256i v = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(x), _mm256_setr_epi64x(0, 2, 4, 6)),
+                                       _mm256_set1_epi8(3));  // 64-bit lane k = values 8k .. 8k+7
+    a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
+  } else if constexpr (Fmt == RowFormat::kInt4) {  // byte j: value j (low nibble), j + 16 (high)
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0f);
+    a = _mm_and_si128(x, m), b = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+  } else {
+    a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+  }
+  lo = _mm256_cvtepu8_epi16(a), hi = _mm256_cvtepu8_epi16(b);
+}
+
+inline float hmax_abs(__m256 m) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+inline float hsum_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+
+// 8 floats rounded to nearest even and saturated to int16, in order.
+inline __m128i to_i16(__m256 v) {
+  const __m256i i = _mm256_cvtps_epi32(v);
+  return _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+}
+
+// Quantize one group of n (a multiple of 8) floats to int16 with step max|x| / 32767 (step 1 for an all-zero group);
+// sum gets Σx. Once per query and group per call (per cache page in attention).
+inline float quantize_group_i16(const float* x, int n, int16_t* out, float& sum) {
+  __m256 m = _mm256_setzero_ps(), s = _mm256_setzero_ps();
+  for (int k = 0; k < n; k += 8) {
+    const __m256 v = _mm256_loadu_ps(x + k);
+    m = _mm256_max_ps(m, abs_ps(v));
+    s = _mm256_add_ps(s, v);
+  }
+  const float mx = hmax_abs(m);
+  sum = hsum_ps(s);
+  const float step = mx > 0.f ? mx / 32767.f : 1.f;
+  const __m256 inv = _mm256_set1_ps(1.f / step);
+  for (int k = 0; k < n; k += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), to_i16(_mm256_mul_ps(_mm256_loadu_ps(x + k), inv)));
+  return step;
+}
+
+// Horizontal sums of 4 int32 vectors: [Σa, Σb, Σc, Σd].
+inline __m128i hsum4_epi32(const __m256i* v) {
+  const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+  const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+  const __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+  return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+// ---- int16 scores (every int row) ----
+// Scores of rows [t0, t0+nt) for QB queries (QB = 1, 2 or a multiple of 4): integer sums per group, reduced four
+// queries at a time, then s = Σ_g scale_g·qstep_g·isum_g - Σ_g scale_g·zero_g·Σq_g.
+template <RowFormat Fmt, int QB>
+void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, const float (*qstep)[kMaxGroups],
+                      const float (*qsum)[kMaxGroups], float* s, size_t s_stride) {
+  constexpr int kUB = fmt_unit_bytes<Fmt>(), kQ4 = QB >= 4 ? QB / 4 : 1;
+  const int d = r.d, upg = r.group / 32, ng = d / r.group;
+  __m128 qstep4[kQ4][kMaxGroups], qsum4[kQ4][kMaxGroups];  // queries 4j .. 4j+3 (missing ones 0)
+  for (int j = 0; j < kQ4; ++j)
+    for (int g = 0; g < ng; ++g) {
+      float a[4] = {}, b[4] = {};
+      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) a[k] = qstep[4 * j + k][g], b[k] = qsum[4 * j + k][g];
+      qstep4[j][g] = _mm_loadu_ps(a), qsum4[j][g] = _mm_loadu_ps(b);
+    }
+  float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (4K aliasing)
+  for (int t = t0; t < t0 + nt; ++t) {
+    const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+    const uint8_t* codes = row + r.codes_offset;
+    prefetch_row(r, t + kPrefetchRows);
+    __m128 tot4[kQ4], zt4[kQ4];
+    KVQ_UNROLL
+    for (int j = 0; j < kQ4; ++j) tot4[j] = _mm_setzero_ps(), zt4[j] = _mm_setzero_ps();
+    for (int g = 0; g < ng; ++g) {
+      __m256i acc[kQ4 * 4];
+      KVQ_UNROLL
+      for (int i = 0; i < kQ4 * 4; ++i) acc[i] = _mm256_setzero_si256();
+      for (int u = g * upg; u < (g + 1) * upg; ++u) {
+        __m256i lo, hi;
+        unit_i16<Fmt>(codes + u * kUB, lo, hi);
+        KVQ_UNROLL
+        for (int i = 0; i < QB; ++i) {
+          const int16_t* qu = q16 + i * kQ16Stride + u * 32;
+          const __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qu)));
+          const __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qu + 16)));
+          acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(a, b));
+        }
+      }
+      float sc = 1.f, zr = 0.f;
+      if (r.grouped) {
+        const layout::GroupParams gp = row_params(row, g);
+        sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
+      }
+      const __m128 scv = _mm_set1_ps(sc), szv = _mm_set1_ps(sc * zr);
+      KVQ_UNROLL
+      for (int j = 0; j < kQ4; ++j) {
+        const __m128i h = hsum4_epi32(&acc[4 * j]);
+        tot4[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(h), _mm_mul_ps(scv, qstep4[j][g]), tot4[j]);
+        zt4[j] = _mm_fmadd_ps(szv, qsum4[j][g], zt4[j]);
+      }
+    }
+    KVQ_UNROLL
+    for (int j = 0; j < kQ4; ++j) {
+      float out[4];
+      _mm_storeu_ps(out, _mm_sub_ps(tot4[j], zt4[j]));
+      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) buf[4 * j + k][t - t0] = out[k];
+    }
+  }
+  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
+}
+
+template <RowFormat Fmt>
+void scores_i16(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+  const int d = r.d, ng = d / r.group;
+  alignas(32) int16_t q16[kChunkQ * kQ16Stride];
+  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+    float qsum[kChunkQ][kMaxGroups] = {}, qstep[kChunkQ][kMaxGroups];
+    for (int i = 0; i < nc; ++i)
+      for (int g = 0; g < ng; ++g) {
+        const float* qg = q + size_t(c0 + i) * d + g * r.group;
+        qstep[i][g] = quantize_group_i16(qg, r.group, q16 + i * kQ16Stride + g * r.group, qsum[i][g]);
+      }
+    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      for_query_blocks(nc, 4, [&]<int QB>(int i0) {
+        scores_block_i16<Fmt, QB>(r, t0, nt, q16 + i0 * kQ16Stride, qstep + i0, qsum + i0,
+                                  s + size_t(c0 + i0) * s_stride, s_stride);
+      });
+    }
+  }
+}
+
+// ---- int2 scores with one group per row (G = d, the default): int8 queries, vpmaddubsw on bit planes ----
+// A row's packed codes are d/4 bytes; byte 8u + j holds values 32u + j + 8k in bits 2k (layout.h). Plane k of a
+// 128-value chunk's 32 code bytes, (x >> 2k) & 3, is 32 unsigned codes; the matching query bytes are q8 at those
+// positions. vpmaddubsw(plane_k, q8_k) holds pairs' sums in int16 (|lane| <= 2·3·127), the four planes (and both
+// chunks of d = 256) add up in int16 (<= 6096), and one vpmaddwd with ones widens them to 8 int32 lanes. q is
+// rounded with step max|q| / 127 and the zero term uses the same rounded q:
+//   s = scale · step · (Σ q8·code − zero · Σ q8).
+constexpr int kMaxPlaneChunks = 2;  // d <= 256
+
+struct PlaneQuery {
+  alignas(32) int8_t planes[kMaxPlaneChunks][4][32];  // [chunk][plane k][byte b] = q8 at value 128c + 32u + j + 8k
+  float step;                                          // q ≈ step · q8
+  int32_t sum;                                         // Σ q8
+};
+
+inline void make_plane_query(const float* q, int d, PlaneQuery& out) {
+  __m256 m = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(q + c)));
+  const float mx = hmax_abs(m);
+  out.step = mx > 0.f ? mx / 127.f : 1.f;
+  const __m256 inv = _mm256_set1_ps(1.f / out.step);
+  alignas(32) int8_t q8[kMaxPlaneChunks * 128];
+  __m256i sum = _mm256_setzero_si256();
+  for (int c = 0; c < d; c += 16) {  // round to nearest even; |q / step| <= 127 by construction
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(q + c), inv));
+    const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(q + c + 8), inv));
+    sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, b));
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    const __m128i x = _mm_packs_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    _mm_store_si128(reinterpret_cast<__m128i*>(q8 + c), _mm_packs_epi16(w, x));
+  }
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+  out.sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+  // plane k of a chunk = the 8-value runs starting at 32u + 8k, u = 0..3
+  for (int c = 0; c < d / 128; ++c)
+    for (int k = 0; k < 4; ++k)
+      for (int u = 0; u < 4; ++u) std::memcpy(&out.planes[c][k][8 * u], q8 + 128 * c + 32 * u + 8 * k, 8);
+}
+
+// Rows t0 .. t0 + nt of QB <= 4 queries: per row, one int32 vector per query, reduced four queries at once.
+template <int QB>
+void scores_planes_block(const RowsView& r, int t0, int nt, const PlaneQuery* pq, float* s, size_t s_stride) {
+  const int chunks = r.d / 128;
+  const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  __m128 stepv, zsumv;  // per query: step, step · Σq8
+  {
+    float a[4] = {}, b[4] = {};
+    for (int i = 0; i < QB; ++i) a[i] = pq[i].step, b[i] = pq[i].step * float(pq[i].sum);
+    stepv = _mm_loadu_ps(a), zsumv = _mm_loadu_ps(b);
+  }
+  float buf[QB][kTileRows];
+  for (int t = t0; t < t0 + nt; ++t) {
+    const uint8_t* row = r.rows + size_t(t) * r.row_stride;
+    prefetch_row(r, t + 2 * kPrefetchRows);  // this kernel outruns the float ones: look further ahead
+    __m256i acc16[4];
+    KVQ_UNROLL
+    for (int i = 0; i < 4; ++i) acc16[i] = _mm256_setzero_si256();
+    for (int c = 0; c < chunks; ++c) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + r.codes_offset + 32 * c));
+      const __m256i p[4] = {_mm256_and_si256(x, m3), _mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(x, 6), m3)};
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i)
+        KVQ_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          const __m256i qk = _mm256_load_si256(reinterpret_cast<const __m256i*>(pq[i].planes[c][k]));
+          acc16[i] = _mm256_add_epi16(acc16[i], _mm256_maddubs_epi16(p[k], qk));
+        }
+    }
+    __m256i acc[4];
+    KVQ_UNROLL
+    for (int i = 0; i < 4; ++i) acc[i] = _mm256_madd_epi16(acc16[i], ones);
+    const layout::GroupParams gp = row_params(row, 0);
+    const float sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
+    const __m128 res = _mm_mul_ps(_mm_set1_ps(sc), _mm_fnmadd_ps(_mm_set1_ps(zr), zsumv,
+                                                                 _mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(acc)), stepv)));
+    float out[4];
+    _mm_storeu_ps(out, res);
+    for (int i = 0; i < QB; ++i) buf[i][t - t0] = out[i];
+  }
+  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
+}
+
+void scores_int2_planes(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+  PlaneQuery pq[kChunkQ];
+  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+    for (int i = 0; i < nc; ++i) make_plane_query(q + size_t(c0 + i) * r.d, r.d, pq[i]);
+    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      for (int i0 = 0; i0 < nc;) {
+        const int qb = nc - i0 >= 4 ? 4 : nc - i0;
+        float* si = s + size_t(c0 + i0) * s_stride;
+        switch (qb) {
+          case 4: scores_planes_block<4>(r, t0, nt, pq + i0, si, s_stride); break;
+          case 3: scores_planes_block<3>(r, t0, nt, pq + i0, si, s_stride); break;
+          case 2: scores_planes_block<2>(r, t0, nt, pq + i0, si, s_stride); break;
+          default: scores_planes_block<1>(r, t0, nt, pq + i0, si, s_stride); break;
+        }
+        i0 += qb;
+      }
+    }
+  }
+}
+
+// int2 scores: the plane kernel when the row is one group (G = d, d a multiple of 128), else int16.
+void scores_int2(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
+  if (r.grouped && r.group == r.d && r.d % 128 == 0 && r.d / 128 <= kMaxPlaneChunks)
+    scores_int2_planes(r, q, n_q, s, s_stride);
+  else
+    scores_i16<RowFormat::kInt2>(r, q, n_q, s, s_stride);
+}
+
+// ---- int16 accumulate (every int row) ----
+// acc[i, :] += wstep[i][g] · Σ_t w16[i][g][t] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane: read as
+// uint32, w16[i][g][2·pr .. 2·pr + 1] packs the int16 weights of tokens 2·pr (low) and 2·pr + 1 (high).
+template <RowFormat Fmt, int QB>
+void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16)[kMaxGroups][kTileRows],
+                          const float (*wstep)[kMaxGroups], float* acc) {
+  constexpr int kUB = fmt_unit_bytes<Fmt>();
+  const int d = r.d, upg = r.group / 32;
+  for (int u = 0; u < d / 32; ++u) {
+    const int g = u / upg;
+    // per query: channels {0-3, 8-11} | {4-7, 12-15} of the unit's lo half (unpacklo / unpackhi of two tokens,
+    // per 128-bit lane: lane 0 channels 0-7, lane 1 channels 8-15), the same for its hi half (16-31)
+    __m256i a0[QB], a1[QB], b0[QB], b1[QB];
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i)
+      a0[i] = _mm256_setzero_si256(), a1[i] = _mm256_setzero_si256(), b0[i] = _mm256_setzero_si256(),
+      b1[i] = _mm256_setzero_si256();
+    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
+    for (int pr = 0; 2 * pr < nt; ++pr) {
+      prefetch_unit(r, t0 + 2 * pr + kPrefetchTiles * kTileRows, u * kUB);
+      prefetch_unit(r, t0 + 2 * pr + 1 + kPrefetchTiles * kTileRows, u * kUB);
+      __m256i xlo, xhi, ylo = _mm256_setzero_si256(), yhi = _mm256_setzero_si256();
+      unit_i16<Fmt>(codes + size_t(2 * pr) * r.row_stride, xlo, xhi);
+      if (2 * pr + 1 < nt) unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride, ylo, yhi);
+      const __m256i l0 = _mm256_unpacklo_epi16(xlo, ylo), l1 = _mm256_unpackhi_epi16(xlo, ylo);
+      const __m256i h0 = _mm256_unpacklo_epi16(xhi, yhi), h1 = _mm256_unpackhi_epi16(xhi, yhi);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, &w16[i][g][2 * pr], 4);
+        const __m256i wv = _mm256_set1_epi32(pair);
+        a0[i] = _mm256_add_epi32(a0[i], _mm256_madd_epi16(l0, wv));
+        a1[i] = _mm256_add_epi32(a1[i], _mm256_madd_epi16(l1, wv));
+        b0[i] = _mm256_add_epi32(b0[i], _mm256_madd_epi16(h0, wv));
+        b1[i] = _mm256_add_epi32(b1[i], _mm256_madd_epi16(h1, wv));
+      }
+    }
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) {
+      const __m256 f = _mm256_set1_ps(wstep[i][g]);
+      float* out = acc + i * d + u * 32;
+      // a0 = [0-3 | 8-11], a1 = [4-7 | 12-15]: channels 0-7 are (a0 lane 0, a1 lane 0), 8-15 the lanes 1
+      const __m256i c0 = _mm256_permute2x128_si256(a0[i], a1[i], 0x20);
+      const __m256i c1 = _mm256_permute2x128_si256(a0[i], a1[i], 0x31);
+      const __m256i c2 = _mm256_permute2x128_si256(b0[i], b1[i], 0x20);
+      const __m256i c3 = _mm256_permute2x128_si256(b0[i], b1[i], 0x31);
+      _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), f, _mm256_loadu_ps(out)));
+      _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), f, _mm256_loadu_ps(out + 8)));
+      _mm256_storeu_ps(out + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c2), f, _mm256_loadu_ps(out + 16)));
+      _mm256_storeu_ps(out + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c3), f, _mm256_loadu_ps(out + 24)));
+    }
+  }
+}
+
+template <RowFormat Fmt>
+void accumulate_i16(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+  const int d = r.d, ng = d / r.group;
+  static_assert(kTileRows == 32, "one tile = four vectors of 8 weights");
+  static_assert(kTileRows * 255 * 32767.0 < 2147483647.0, "int32 lanes must not overflow within a tile");
+  alignas(32) float sc[kMaxGroups][kTileRows], zr[kMaxGroups][kTileRows];  // per group and token of the tile
+  alignas(32) int16_t w16[kChunkQ][kMaxGroups][kTileRows];
+  float wstep[kChunkQ][kMaxGroups];
+  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+    double zsum[kChunkQ][kMaxGroups] = {};
+    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
+      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      for (int t = 0; t < kTileRows; ++t) {
+        const uint8_t* row = r.rows + size_t(t0 + t) * r.row_stride;
+        for (int g = 0; g < ng; ++g) {
+          sc[g][t] = 1.f, zr[g][t] = 0.f;
+          if (t >= nt) {
+            sc[g][t] = 0.f;
+          } else if (r.grouped) {
+            const layout::GroupParams gp = row_params(row, g);
+            sc[g][t] = _cvtsh_ss(gp.scale), zr[g][t] = _cvtsh_ss(gp.zero);
+          }
+        }
+      }
+      for (int i = 0; i < nc; ++i) {
+        const float* pi = p + size_t(c0 + i) * p_stride + t0;
+        alignas(32) float pt[kTileRows] = {};
+        std::memcpy(pt, pi, sizeof(float) * size_t(nt));
+        for (int g = 0; g < ng; ++g) {
+          // w = p·scale for the tile's tokens, rounded to int16 with step max|w| / 32767
+          __m256 w[4], m = _mm256_setzero_ps();
+          KVQ_UNROLL
+          for (int k = 0; k < 4; ++k) {
+            w[k] = _mm256_mul_ps(_mm256_load_ps(pt + 8 * k), _mm256_load_ps(sc[g] + 8 * k));
+            m = _mm256_max_ps(m, abs_ps(w[k]));
+          }
+          const float mx = hmax_abs(m);
+          const float step = mx > 0.f ? mx / 32767.f : 1.f;
+          const __m256 inv = _mm256_set1_ps(1.f / step);
+          __m256 z = _mm256_setzero_ps();
+          KVQ_UNROLL
+          for (int k = 0; k < 4; ++k) {
+            const __m256i iw = _mm256_cvtps_epi32(_mm256_mul_ps(w[k], inv));  // |w / step| <= 32767
+            _mm_store_si128(reinterpret_cast<__m128i*>(&w16[i][g][8 * k]),
+                            _mm_packs_epi32(_mm256_castsi256_si128(iw), _mm256_extracti128_si256(iw, 1)));
+            z = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iw), _mm256_load_ps(zr[g] + 8 * k), z);
+          }
+          wstep[i][g] = step;
+          // the zero term with the same (rounded) weights the codes get
+          if (r.grouped) zsum[i][g] += double(hsum_ps(z)) * step;
+        }
+      }
+      for_query_blocks(nc, 2, [&]<int QB>(int i0) {
+        accumulate_block_i16<Fmt, QB>(r, t0, nt, w16 + i0, wstep + i0, acc + size_t(c0 + i0) * d);
+      });
+    }
+    if (r.grouped)
+      for (int i = 0; i < nc; ++i)
+        for (int g = 0; g < ng; ++g) {
+          const __m256 z = _mm256_set1_ps(float(zsum[i][g]));
+          float* a = acc + size_t(c0 + i) * d + g * r.group;
+          for (int c = 0; c < r.group; c += 8) _mm256_storeu_ps(a + c, _mm256_sub_ps(_mm256_loadu_ps(a + c), z));
+        }
+  }
+}
+
+// ---- int2 accumulate with one group of 128 per row: int8 weights, vpmaddubsw on bit planes of 4 tokens ----
+// w = p · scale per token is rounded to int8 with one step per query and call (max|w| / 127); the zero term
+// Σ_t w8_t · zero_t is subtracted once per call. Four consecutive rows t..t+3 (36 bytes each: GroupParams + 32 code
+// bytes) are gathered by byte unpacks so that a dword holds code byte m of the four rows [t, t+1, t+2, t+3]; the
+// dwords of byte m = 16L + 4j + e sit in lane L, dword e of gathered vector d_j (j = 0..3). Plane k of a dword holds
+// the four tokens' codes of channel 32u + i + 8k (m = 8u + i); vpmaddubsw with the tokens' int8 weights [w_t .. w_t+3]
+// in every dword leaves two int16 sums per dword (each <= 2·3·127), added in int16 over up to kFlushGroups groups of
+// four rows, then widened with vpmaddwd(ones) into one int32 per channel.
+constexpr int kAccPlaneRows = 4 + 32;  // bytes of one row this kernel reads (G = d = 128)
+constexpr int kFlushGroups = 32;       // groups of 4 rows summed in int16 between widenings: 32 · 2 · 762 < 32767
+
+// The channel of int32 lane (j, k, lane L, dword e) of the widened sums: m = 16L + 4j + e, channel 32(m / 8) + m % 8
+// + 8k.
+inline int plane_channel(int j, int k, int lane, int e) {
+  const int m = 16 * lane + 4 * j + e;
+  return 32 * (m / 8) + m % 8 + 8 * k;
+}
+
+// Rows of `part` for QB <= 2 queries: acc32[i][j][k] (8 int32 lanes each) += Σ_t w8[i][t] · plane k of d_j.
+template <int QB>
+void accumulate_planes_block(const RowsView& r, const int8_t* const* w8, int32_t (*acc32)[4][4][8]) {
+  const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  const int n4 = (r.n_rows + 3) / 4;
+  alignas(32) uint8_t tail[4 * kAccPlaneRows + 32] = {};  // the last, partial group of 4 rows, zero-padded
+  if (r.n_rows % 4)
+    std::memcpy(tail, r.rows + size_t(n4 - 1) * 4 * kAccPlaneRows, size_t(r.n_rows % 4) * kAccPlaneRows);
+  for (int j = 0; j < 4; ++j) {
+    __m256i a16[QB][4];
+    int flushed = 0;
+    auto flush = [&] {
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i)
+        KVQ_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          __m256i* dst = reinterpret_cast<__m256i*>(acc32[i][j][k]);
+          _mm256_storeu_si256(dst, _mm256_add_epi32(_mm256_loadu_si256(dst), _mm256_madd_epi16(a16[i][k], ones)));
+          a16[i][k] = _mm256_setzero_si256();
+        }
+    };
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i)
+      KVQ_UNROLL
+      for (int k = 0; k < 4; ++k) a16[i][k] = _mm256_setzero_si256();
+    for (int g4 = 0; g4 < n4; ++g4) {
+      const bool full = 4 * g4 + 4 <= r.n_rows;
+      const uint8_t* base = (full ? r.rows + size_t(g4) * 4 * kAccPlaneRows : tail) + 4;
+      const auto row = [&](int t) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + t * kAccPlaneRows));
+      };
+      // j = 0, 1 take the low 8 bytes of each 16-byte half, j = 2, 3 the high ones; j odd the upper dword pairs
+      const __m256i r01 = j < 2 ? _mm256_unpacklo_epi8(row(0), row(1)) : _mm256_unpackhi_epi8(row(0), row(1));
+      const __m256i r23 = j < 2 ? _mm256_unpacklo_epi8(row(2), row(3)) : _mm256_unpackhi_epi8(row(2), row(3));
+      const __m256i x = j % 2 == 0 ? _mm256_unpacklo_epi16(r01, r23) : _mm256_unpackhi_epi16(r01, r23);
+      const __m256i pl[4] = {_mm256_and_si256(x, m3), _mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
+                             _mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
+                             _mm256_and_si256(_mm256_srli_epi16(x, 6), m3)};
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) {
+        int32_t wq;
+        std::memcpy(&wq, w8[i] + 4 * g4, 4);
+        const __m256i wv = _mm256_set1_epi32(wq);
+        KVQ_UNROLL
+        for (int k = 0; k < 4; ++k) a16[i][k] = _mm256_add_epi16(a16[i][k], _mm256_maddubs_epi16(pl[k], wv));
+      }
+      if (++flushed == kFlushGroups) flush(), flushed = 0;
+    }
+    if (flushed) flush();
+  }
+}
+
+void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+  constexpr int kMaxRows = 512;  // rows per pass (weights on the stack)
+  alignas(32) float sc[kMaxRows + 8], zr[kMaxRows + 8];
+  alignas(32) int8_t w8[kChunkQ][kMaxRows + 16];  // zero-padded to a multiple of 16
+  alignas(32) int32_t acc32[kChunkQ][4][4][8];
+  static const std::array<int, 128> kChannel = [] {  // int32 lane x of acc32[i] -> its channel
+    std::array<int, 128> c{};
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 2; ++l)
+          for (int e = 0; e < 4; ++e) c[size_t(32 * j + 8 * k + 4 * l + e)] = plane_channel(j, k, l, e);
+    return c;
+  }();
+  for (int r0 = 0; r0 < r.n_rows; r0 += kMaxRows) {
+    RowsView part = r;
+    part.rows = r.rows + size_t(r0) * r.row_stride;
+    part.n_rows = r.n_rows - r0 < kMaxRows ? r.n_rows - r0 : kMaxRows;
+    const int n = part.n_rows, n8 = (n + 7) / 8 * 8;
+    // The rows' first touch (the V rows stream from DRAM): prefetch every line of the pass ahead of the loads.
+    for (size_t b = 0; b < size_t(n) * r.row_stride; b += 64) __builtin_prefetch(part.rows + b);
+    for (int t = 0; t < n; ++t) {
+      const layout::GroupParams gp = row_params(part.rows + size_t(t) * r.row_stride, 0);
+      sc[t] = _cvtsh_ss(gp.scale), zr[t] = _cvtsh_ss(gp.zero);
+    }
+    for (int t = n; t < n8; ++t) sc[t] = 0.f, zr[t] = 0.f;
+    for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
+      const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
+      float step[kChunkQ];
+      const int8_t* wp[kChunkQ];
+      for (int i = 0; i < nc; ++i) {
+        alignas(32) float pt[kMaxRows + 8] = {};
+        std::memcpy(pt, p + size_t(c0 + i) * p_stride + r0, sizeof(float) * size_t(n));
+        __m256 m = _mm256_setzero_ps();
+        for (int t = 0; t < n8; t += 8)
+          m = _mm256_max_ps(m, abs_ps(_mm256_mul_ps(_mm256_load_ps(pt + t), _mm256_load_ps(sc + t))));
+        const float mx = hmax_abs(m);
+        step[i] = mx > 0.f ? mx / 127.f : 1.f;
+        const __m256 inv = _mm256_set1_ps(1.f / step[i]);
+        // w8 = round(w / step) (nearest even), zero beyond n; the zero term with the same rounded weights
+        __m256 zs = _mm256_setzero_ps();
+        for (int t = 0; t < n8; t += 8) {
+          const __m256 w = _mm256_mul_ps(_mm256_load_ps(pt + t), _mm256_load_ps(sc + t));
+          const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(w, inv));
+          const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(w8[i] + t), _mm_packs_epi16(h, h));
+          zs = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_load_ps(zr + t), zs);
+        }
+        std::memset(w8[i] + n8, 0, 16);
+        wp[i] = w8[i];
+        const __m256 z = _mm256_set1_ps(hsum_ps(zs) * step[i]);
+        float* a = acc + size_t(c0 + i) * r.d;
+        for (int c = 0; c < r.d; c += 8) _mm256_storeu_ps(a + c, _mm256_sub_ps(_mm256_loadu_ps(a + c), z));
+      }
+      std::memset(acc32, 0, sizeof(acc32[0]) * size_t(nc));
+      for (int i0 = 0; i0 < nc; i0 += 2) {
+        if (nc - i0 >= 2)
+          accumulate_planes_block<2>(part, wp + i0, acc32 + i0);
+        else
+          accumulate_planes_block<1>(part, wp + i0, acc32 + i0);
+      }
+      for (int i = 0; i < nc; ++i) {  // this pass's integer sums, at its step, into each channel
+        const float f = step[i];
+        const int32_t* v = &acc32[i][0][0][0];
+        float* a = acc + size_t(c0 + i) * r.d;
+        for (int x = 0; x < 128; ++x) a[kChannel[size_t(x)]] += f * float(v[x]);
+      }
+    }
+  }
+}
+
+// int2 accumulate: the plane kernel for 128-value rows of one group (36-byte rows), else int16.
+void accumulate_int2(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
+  if (r.grouped && r.group == 128 && r.d == 128 && r.row_stride == kAccPlaneRows && r.codes_offset == 4)
+    accumulate_int2_planes(r, p, p_stride, n_q, acc);
+  else
+    accumulate_i16<RowFormat::kInt2>(r, p, p_stride, n_q, acc);
+}
+
+}  // namespace
+
+RowKernels row_kernels_avx2_int(RowFormat format) {
+  switch (format) {
+    case RowFormat::kInt2: return {scores_int2, accumulate_int2};
+    case RowFormat::kInt4: return {scores_i16<RowFormat::kInt4>, accumulate_i16<RowFormat::kInt4>};
+    case RowFormat::kInt8: return {scores_i16<RowFormat::kInt8>, accumulate_i16<RowFormat::kInt8>};
+    default: break;
+  }
+  return {nullptr, nullptr};
+}
+
+}  // namespace kvq
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif

@@ -1,0 +1,157 @@
+// Prefix caching on the GPU cache (cuda/gpu_cache.h, the same kv/prefix_cache.h and page pool as the CPU's),
+// models/ref: a prompt that continues from another prompt's cached state gives the stored rows (sinks, pages, recent
+// window) and the logits of a fresh run, bf16 and int2 with windows, its final pages shared with the cached state; the
+// scheduler prefills only past the cached prefix; a forked sequence (n > 1 choices) holds the same rows and gives the
+// same logits. Skipped where no CUDA device is available.
+#ifdef KVQ_HAVE_CUDA
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "cuda/gpu_cache.h"
+#include "cuda/gpu_model.h"
+#include "cuda/runtime.h"
+#include "engine/scheduler.h"
+
+using namespace kvq;
+using kvq::cuda::GpuModel;
+
+namespace {
+
+Model& ref_model() {
+  static std::unique_ptr<Model> m = Model::load(std::string(KVQ_SOURCE_DIR) + "/models/ref", 0);
+  return *m;
+}
+
+constexpr int kChunk = 32;
+
+CacheConfig small_cache(const std::string& type) {  // windows 4 / 8, pages of 8 (the GPU's least), chunks of 32
+  CacheConfig c;
+  c.k.type = c.v.type = type;
+  if (type == "int2") c.k.clip = 0.96f, c.v.clip = 0.92f;
+  c.sink = 4, c.recent = 8, c.page_tokens = 8, c.max_chunk = kChunk;
+  return c;
+}
+
+std::vector<int32_t> ids(int n, int salt) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = int32_t((i * 7919 + salt * 104729) % 8000 + 1);
+  return v;
+}
+
+// Feeds [from, to) in chunks ending at multiples of kChunk; returns every row's logits of the last chunk. With store:
+// caches the state after each chunk, as the scheduler does.
+std::vector<float> feed(GpuModel& g, int seq, const std::vector<int32_t>& t, int from, int to, bool store) {
+  const int V = g.config().vocab_size;
+  std::vector<float> logits;
+  for (int at = from; at < to;) {
+    const int n = std::min(to, (at / kChunk + 1) * kChunk) - at;
+    logits.assign(size_t(n) * V, 0.f);
+    g.forward(seq, t.data() + at, n, logits.data(), true);
+    at += n;
+    if (store && at % kChunk == 0) g.prefix_store(seq, t.data(), at);
+  }
+  return logits;
+}
+
+// Every stored row of seq as a query at its last position reads it, K and V, every (layer, kv head).
+std::vector<uint8_t> rows(GpuModel& g, int seq) {
+  std::vector<uint8_t> out;
+  const int len = g.length(seq);
+  for (int l = 0; l < g.config().n_layers; ++l)
+    for (int h = 0; h < g.config().n_kv_heads; ++h)
+      for (bool values : {false, true}) {
+        const std::vector<uint8_t> r = g.cache().download_rows(seq, l, h, values, 0, len);
+        out.insert(out.end(), r.begin(), r.end());
+      }
+  return out;
+}
+
+}  // namespace
+
+TEST(PrefixCacheGpu, ASharedPrefixRunEqualsAFreshRunRowForRowAndLogitForLogit) {
+  if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
+  std::vector<int32_t> a = ids(96, 1), b = ids(96, 1);  // a shared prefix of 96 tokens: three chunks
+  const std::vector<int32_t> a_own = ids(20, 2), b_own = ids(25, 3);
+  a.insert(a.end(), a_own.begin(), a_own.end());
+  b.insert(b.end(), b_own.begin(), b_own.end());
+  for (const std::string type : {"bf16", "int2"}) {
+    SCOPED_TRACE(type);
+    const int V = ref_model().config().vocab_size;
+    GpuModel fresh(ref_model(), small_cache(type), 256, 1);
+    const int fs = fresh.new_sequence();
+    const std::vector<float> want = feed(fresh, fs, b, 0, int(b.size()), false);
+
+    GpuModel shared(ref_model(), small_cache(type), 256, 2);
+    shared.enable_prefix_cache();
+    const int sa = shared.new_sequence();
+    feed(shared, sa, a, 0, int(a.size()), true);
+    const int first_page = shared.page_pool().page(sa, 0);
+    shared.free_sequence(sa);
+    ASSERT_EQ(shared.prefix_match(b.data(), int(b.size()), kChunk), 96);
+    const int sb = shared.new_sequence();
+    shared.prefix_attach(sb, b.data(), 96);
+    EXPECT_EQ(shared.page_pool().page(sb, 0), first_page);  // shared, not copied
+    const std::vector<float> got = feed(shared, sb, b, 96, int(b.size()), false);
+    ASSERT_EQ(got.size(), size_t(b.size() - 96) * V);
+    EXPECT_EQ(std::memcmp(got.data(), want.data() + (want.size() - got.size()), got.size() * sizeof(float)), 0);
+    EXPECT_EQ(rows(shared, sb), rows(fresh, fs));
+    EXPECT_EQ(shared.prefix_stats().entries, 3);
+  }
+}
+
+TEST(PrefixCacheGpu, TheSchedulerPrefillsOnlyPastTheCachedPrefix) {
+  if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
+  std::vector<int32_t> a = ids(70, 4), b = ids(70, 4);
+  const std::vector<int32_t> a_own = ids(9, 5), b_own = ids(11, 6);
+  a.insert(a.end(), a_own.begin(), a_own.end());
+  b.insert(b.end(), b_own.begin(), b_own.end());
+  GpuModel g(ref_model(), small_cache("int2"), 256, 2);
+  SchedulerConfig sc;
+  sc.prefix_cache = true;
+  Scheduler s(g, sc);
+  GenerateParams p;
+  p.max_tokens = 4;
+  p.sampler = SamplerConfig{.temperature = 0.f};
+  std::vector<int64_t> rows;
+  std::vector<int> cached;
+  for (const auto& prompt : {a, b}) {
+    s.add(std::make_unique<Generation>(prompt, p, nullptr));
+    int64_t fed = 0;
+    while (!s.idle()) {
+      StepInfo info;
+      for (auto& u : s.step(&info))
+        if (u.output.finish != FinishReason::None) cached.push_back(u.cached_tokens);
+      fed += info.rows;
+    }
+    rows.push_back(fed);
+  }
+  EXPECT_EQ(cached, (std::vector<int>{0, 64}));
+  EXPECT_EQ(rows[1], int64_t(b.size()) - 64 + 3);
+  EXPECT_EQ(g.page_pool().n_live(), 0);
+}
+
+TEST(PrefixCacheGpu, AForkedSequenceHoldsTheSameRowsAndGivesTheSameLogits) {
+  if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
+  const std::vector<int32_t> prompt = ids(77, 7);
+  for (const std::string type : {"bf16", "int2"}) {
+    SCOPED_TRACE(type);
+    const int V = ref_model().config().vocab_size;
+    GpuModel g(ref_model(), small_cache(type), 256, 2);
+    const int a = g.new_sequence();
+    feed(g, a, prompt, 0, int(prompt.size()), false);
+    const int b = g.new_sequence();
+    g.fork_sequence(a, b);  // n > 1 choices: b's cache is a copy of a's, pages of its own
+    EXPECT_EQ(g.length(b), g.length(a));
+    EXPECT_NE(g.page_pool().page(b, 0), g.page_pool().page(a, 0));
+    EXPECT_EQ(rows(g, b), rows(g, a));
+    std::vector<float> la(size_t(V), 0.f), lb(size_t(V), 0.f);
+    const int32_t next = 42;
+    g.forward(a, &next, 1, la.data(), false);
+    g.forward(b, &next, 1, lb.data(), false);
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), size_t(V) * sizeof(float)), 0);
+  }
+}
+
+#endif  // KVQ_HAVE_CUDA

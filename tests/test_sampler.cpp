@@ -1,0 +1,123 @@
+// The sampler (model/sampler.h): logit bias and the repetition penalties against values computed by hand, greedy on
+// the penalised logits, min-p's cut, and sampling without a full sort of the vocabulary against a reference that
+// sorts everything (the same seeded draw must pick the same token).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "common/error.h"
+#include "model/sampler.h"
+
+using namespace kvq;
+
+TEST(Sampler, BiasAndPenaltiesMatchAHandComputedReference) {
+  SamplerConfig c{.temperature = 0, .presence_penalty = 0.5f, .frequency_penalty = 0.25f, .repetition_penalty = 1.5f,
+                  .logit_bias = {{0, -1.0f}, {4, 2.0f}}};
+  Sampler s(c);
+  const int32_t prompt[] = {1, 2};
+  s.observe_prompt(prompt, 2);
+  for (int32_t id : {3, 3, 5}) s.observe(id);  // generated: 3 twice, 5 once
+  std::vector<float> l = {2.0f, -1.0f, 0.5f, 3.0f, -0.5f, 1.0f};
+  s.apply_penalties(l.data(), 6);
+  // bias: l0 = 2 - 1, l4 = -0.5 + 2; repetition over {1, 2, 3, 5}: negative * 1.5, positive / 1.5;
+  // then l3 -= 0.25 * 2 + 0.5, l5 -= 0.25 * 1 + 0.5.
+  const std::vector<float> want = {1.0f, -1.5f, 0.5f / 1.5f, 3.0f / 1.5f - 1.0f, 1.5f, 1.0f / 1.5f - 0.75f};
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(l[size_t(i)], want[size_t(i)]) << "token " << i;
+  // Greedy chooses on the penalised logits: token 4 (1.5), not the raw argmax 3.
+  const std::vector<float> raw = {2.0f, -1.0f, 0.5f, 3.0f, -0.5f, 1.0f};
+  EXPECT_EQ(s.sample(raw.data(), 6), 4);
+  EXPECT_TRUE(c.transforms_logits());
+  EXPECT_FALSE(SamplerConfig{}.transforms_logits());
+}
+
+TEST(Sampler, OutOfRangeSettingsAreRefused) {
+  EXPECT_THROW(Sampler(SamplerConfig{.min_p = 1.5f}), Error);
+  EXPECT_THROW(Sampler(SamplerConfig{.repetition_penalty = 0.f}), Error);
+  EXPECT_THROW(Sampler(SamplerConfig{.logit_bias = {{-1, 1.f}}}), Error);
+  EXPECT_THROW(Sampler(SamplerConfig{.presence_penalty = NAN}), Error);
+}
+
+TEST(Sampler, MinPKeepsOnlyTokensAboveItsFractionOfTheLargest) {
+  // Probabilities at temperature 1 proportional to exp(l): 1, e^-1 (0.37), e^-2 (0.14), e^-5 ...
+  const std::vector<float> l = {0.f, -1.f, -2.f, -5.f, -5.f, -6.f};
+  Sampler s(SamplerConfig{.temperature = 1.f, .top_k = 0, .top_p = 1.f, .seed = 3, .min_p = 0.3f});
+  std::set<int32_t> seen;
+  for (int i = 0; i < 2000; ++i) seen.insert(s.sample(l.data(), 6));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1}));  // 0.37 >= 0.3 x 1; 0.14 is not
+}
+
+namespace {
+
+// The reference: a full sort by (logit desc, id asc), then the same steps and the same draw as model/sampler.h.
+int32_t reference_sample(const std::vector<float>& logits, const SamplerConfig& c, std::mt19937_64& rng) {
+  std::vector<std::pair<float, int32_t>> cand;
+  for (size_t i = 0; i < logits.size(); ++i) cand.push_back({logits[i], int32_t(i)});
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double total = 0;  // summed in id order, as the sampler does without top_k
+  std::vector<double> p(logits.size());
+  size_t above = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    total += (p[i] = std::exp(double(logits[i] - mx) / c.temperature));
+    above += p[i] >= double(c.min_p);
+  }
+  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  size_t keep = cand.size();
+  double mass = total;
+  if (c.top_p < 1.f) {
+    double cum = 0;
+    for (keep = 0; keep < cand.size();) {
+      cum += p[size_t(cand[keep++].second)];
+      if (cum / total >= c.top_p) break;
+    }
+    mass = cum;
+  }
+  if (above < keep) {
+    keep = above;
+    mass = 0;
+    for (size_t i = 0; i < keep; ++i) mass += p[size_t(cand[i].second)];
+  }
+  std::uniform_real_distribution<double> u(0.0, mass);
+  double r = u(rng);
+  for (size_t i = 0; i < keep; ++i)
+    if ((r -= p[size_t(cand[i].second)]) <= 0) return cand[i].second;
+  return cand[keep - 1].second;
+}
+
+}  // namespace
+
+TEST(Sampler, PartialOrderingDrawsTheSameTokensAsAFullSort) {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (const auto& [top_p, min_p] : std::vector<std::pair<float, float>>{{1.f, 0.f}, {0.9f, 0.f}, {0.5f, 0.f},
+                                                                         {1.f, 0.05f}, {0.95f, 0.01f}}) {
+    const SamplerConfig c{.temperature = 0.8f, .top_k = 0, .top_p = top_p, .seed = 17, .min_p = min_p};
+    Sampler s(c);
+    std::mt19937_64 rng(c.seed);
+    for (int step = 0; step < 200; ++step) {
+      std::vector<float> logits(5000);
+      for (float& x : logits) x = normal(gen);
+      ASSERT_EQ(s.sample(logits.data(), 5000), reference_sample(logits, c, rng))
+          << "top_p " << top_p << " min_p " << min_p << " step " << step;
+    }
+  }
+}
+
+TEST(Sampler, TopKDrawsOnlyAmongTheKLargest) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Sampler s(SamplerConfig{.temperature = 1.5f, .top_k = 7, .top_p = 1.f, .seed = 2});
+  std::set<int32_t> drawn;
+  std::vector<float> logits(3000);
+  for (float& x : logits) x = normal(gen);
+  std::vector<int32_t> order(3000);
+  for (int i = 0; i < 3000; ++i) order[size_t(i)] = i;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  const std::set<int32_t> top7(order.begin(), order.begin() + 7);
+  for (int i = 0; i < 500; ++i) drawn.insert(s.sample(logits.data(), 3000));
+  EXPECT_EQ(drawn, top7);  // every one of the 7 drawn in 500 tries at temperature 1.5, nothing else
+}
