@@ -1,5 +1,6 @@
 #include "cli/options.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -213,16 +214,23 @@ void check_device_available(const ModelOptions& m) {
 #endif
 }
 
+void check_gpu_cache(const CacheConfig& cache, int head_dim) {
+  const int slide = cache.attn_window.empty() ? 0 : *std::max_element(cache.attn_window.begin(), cache.attn_window.end());
+  KVQ_CHECK(slide == 0, "--device cuda: sliding-window attention (sliding_window {}, Mistral) is not supported on the "
+            "GPU; use --device cpu", slide);
+#ifdef KVQ_HAVE_CUDA
+  const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
+  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);
+#endif
+}
+
 namespace {
 
 // --device cuda: a device and a GPU-supported cache, checked before any weights are read.
 void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim) {
   check_device_available(m);
   if (m.device == "cpu") return;
-#ifdef KVQ_HAVE_CUDA
-  const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
-  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);
-#endif
+  check_gpu_cache(cache, head_dim);
 }
 
 // Whether llama.cpp's KV rotation (codecs/llamacpp/attn_rot.h), which its cache types imply, is on: yes unless
@@ -326,6 +334,7 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
   p.cache = c.config();
   p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
+  p.cache.attn_window = p.model.layer_window;  // sliding-window attention (Mistral): the cache reads through it
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   const ModelConfig& mc = p.model;
   if (!c.pnmix.empty() || codec_traits(p.cache.k.type).per_head) p.cache.k.pair_bits = pnmix_widths(m, c, p.cache, mc);

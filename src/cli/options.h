@@ -110,6 +110,8 @@ std::unique_ptr<Runner> make_runner(ModelSource& model, const ModelOptions& o, c
                                     int max_seqs = 1);
 // --device cpu, or cuda with a device present and a valid --gpu-gemm; one kvq::Error line otherwise.
 void check_device_available(const ModelOptions& o);
+// What the GPU runs, checked without a device: no sliding windows, and (CUDA builds) a cache of the instance table.
+void check_gpu_cache(const CacheConfig& cache, int head_dim);
 // The same dispatch for evaluation passes (kvq eval / referee): each call builds a runner of the given cache (and
 // its KV transform) on o.device. Checks the device (not the cache) once here; each cache when its runner is built.
 RunnerFactory make_runner_factory(Model& model, const ModelOptions& o);

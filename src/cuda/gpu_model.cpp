@@ -424,6 +424,8 @@ void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg
             "fit)", n_seqs, max_ctx);
   KVQ_CHECK(c.hidden_size <= kernels::kNormMaxDim, "--device cuda: hidden_size {} is wider than the GPU norm's {}",
             c.hidden_size, kernels::kNormMaxDim);
+  KVQ_CHECK(c.sliding_window() == 0, "--device cuda: sliding-window attention (sliding_window {}, {}) is not supported "
+            "on the GPU; use --device cpu", c.sliding_window(), arch_name(c.arch));
   const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
   // The cache's checks, before any upload.

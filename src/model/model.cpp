@@ -76,13 +76,16 @@ void Model::forward(KvCache& cache, int seq, const int32_t* ids, int n, float* l
   KVQ_CHECK(n > 0, "forward: no tokens");
   KVQ_CHECK(cache.head_dim() == c.head_dim && cache.n_kv_heads() == c.n_kv_heads && cache.n_layers() == c.n_layers,
             "forward: the KV cache was made for another model shape");
+  KVQ_CHECK(cache.config().attn_window == c.layer_window,
+            "forward: the KV cache's sliding windows differ from the model's (sliding_window {}; CpuRunner fills them "
+            "from the model)", c.sliding_window());
   cache.reserve(seq, n);  // context overflow and chunk size are checked before any work
   x_.resize(size_t(n) * H);
   h_.resize(size_t(n) * H);
   for (int i = 0; i < n; ++i) {
     KVQ_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size, "token id {} is outside the vocabulary of {} tokens", ids[i],
               c.vocab_size);
-    std::copy_n(w_.embed.data() + size_t(ids[i]) * H, H, x_.data() + size_t(i) * H);
+    w_.embed.to_f32(size_t(ids[i]) * H, size_t(H), x_.data() + size_t(i) * H);
   }
   for (int l = 0; l < c.n_layers; ++l) {
     if (hook_) hook_->on_layer_input(l, pos0, n, x_.data());

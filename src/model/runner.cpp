@@ -47,9 +47,11 @@ int checked_seqs(int max_seqs, size_t kv_budget_bytes) {
             "CpuRunner: max_seqs {} must be >= 1 (0, as many as fit, needs a KV budget)", max_seqs);
   return max_seqs;
 }
-// The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h).
+// The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h), and its
+// sliding windows (Mistral), which attention reads through.
 CacheConfig with_model_rope(CacheConfig c, const ModelConfig& mc) {
   c.key_rope = mc.rope_inv_freq();
+  c.attn_window = mc.layer_window;
   return c;
 }
 
