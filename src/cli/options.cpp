@@ -397,12 +397,12 @@ ModelSource load_model_source(const ModelOptions& o, const Plan& p) {
   const std::string what = fmt::format("{}, {} parameters ~ N(0, {:g}^2), norms 1 (seed {})", arch_name(c.arch),
                                        model_params(c), c.initializer_range, m.seed);
   if (o.device == "cpu") {
-    // The CPU model holds fp32 weights and the bf16 copy its decode steps read (model/linear.h): 6 bytes a
-    // parameter. Refused up front rather than found out by the kernel's OOM killer after minutes of generation.
-    const double need = 6.0 * double(model_params(c)), avail = double(available_host_bytes()), gib = 1ull << 30;
+    // The CPU model holds its dummy weights in bf16, generated in place (model/weights.h): 2 bytes a parameter of
+    // the matrices. Refused up front rather than found out by the kernel's OOM killer after minutes of generation.
+    const double need = double(model_matrix_bytes(c, 2)), avail = double(available_host_bytes()), gib = 1ull << 30;
     KVQ_CHECK(avail == 0 || need < avail,
-              "--dummy-weights --device cpu: {}'s {} parameters take ~{:.1f} GiB of host memory (fp32 and bf16), "
-              "{:.1f} GiB are available; use a smaller config or --device cuda", o.dir, model_params(c), need / gib,
+              "--dummy-weights --device cpu: {}'s {} parameters take ~{:.1f} GiB of host memory (bf16), {:.1f} GiB "
+              "are available; use a smaller config or --device cuda", o.dir, model_params(c), need / gib,
               avail / gib);
     m.host = Model::dummy(o.dir, c, m.seed, o.threads);
     fmt::print(stderr,

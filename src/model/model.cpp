@@ -55,11 +55,14 @@ void Model::build_linears() {
   const ModelConfig& c = cfg_;
   const int H = c.hidden_size, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
   for (const LayerWeights& lw : w_.layers) {
-    linears_.push_back({Linear(lw.wq, qd, H, lw.bq), Linear(lw.wk, kvd, H, lw.bk), Linear(lw.wv, kvd, H, lw.bv),
-                        Linear(lw.wo, H, qd), Linear(lw.w_gate, c.intermediate_size, H),
-                        Linear(lw.w_up, c.intermediate_size, H), Linear(lw.w_down, H, c.intermediate_size)});
+    linears_.push_back({Linear(lw.wq, lw.bq), Linear(lw.wk, lw.bk), Linear(lw.wv, lw.bv), Linear(lw.wo),
+                        Linear(lw.w_gate), Linear(lw.w_up), Linear(lw.w_down)});
+    const LayerLinears& l = linears_.back();
+    KVQ_CHECK(l.q.out() == qd && l.k.out() == kvd && l.v.out() == kvd && l.o.in() == qd && l.o.out() == H &&
+                  l.gate.out() == c.intermediate_size && l.down.in() == c.intermediate_size,
+              "model: layer {}'s weights do not have the config's shapes", linears_.size() - 1);
   }
-  head_ = Linear(w_.output(), c.vocab_size, H);
+  head_ = Linear(w_.output());
   openblas_set_num_threads(pool_.size());
 }
 

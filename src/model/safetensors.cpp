@@ -487,7 +487,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   if (fs::exists(single, ec)) {
     ck.shards_.push_back(SafeTensorsFile::open(single));
     for (const TensorInfo& info : ck.shards_[0]->tensors()) {
-      ck.tensors_.emplace(info.name, TensorRef{&info, ck.shards_[0]->data(info)});
+      ck.tensors_.emplace(info.name, TensorRef{&info, ck.shards_[0]->data(info), ck.shards_[0].get()});
     }
   } else if (fs::exists(index_path, ec)) {
     const std::map<std::string, std::string> weight_map = read_index(index_path);
@@ -510,7 +510,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
                                 index_path, name, file),
                     index_path);
       }
-      ck.tensors_.emplace(name, TensorRef{info, shard.data(*info)});
+      ck.tensors_.emplace(name, TensorRef{info, shard.data(*info), &shard});
     }
   } else {
     throw Error(fmt::format("checkpoint directory '{}' has neither model.safetensors nor "

@@ -59,6 +59,7 @@ class SafeTensorsFile {
   const TensorInfo* find(std::string_view name) const;  // nullptr when absent
   const TensorInfo& at(std::string_view name) const;    // throws kvq::Error naming the file when absent
   const uint8_t* data(const TensorInfo& info) const { return file_.data() + header_.data_start + info.begin; }
+  const MappedFile& mapping() const { return file_; }
 
  private:
   SafeTensorsFile(MappedFile file, SafeTensorsHeader header);
@@ -72,6 +73,7 @@ class SafeTensorsFile {
 struct TensorRef {
   const TensorInfo* info = nullptr;  // name, dtype, shape
   const uint8_t* data = nullptr;     // info->nbytes() bytes inside the mapping
+  const SafeTensorsFile* file = nullptr;  // the shard it lies in (null for a TensorRef made by hand)
 };
 
 // Converts F32 / F16 / BF16 elements [first, first + count) to fp32; any other dtype throws naming the tensor.
