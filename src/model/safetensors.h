@@ -102,6 +102,10 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tenso
 void write_safetensors(const std::string& path, const std::vector<OwnedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
+// The weight map of a sharded checkpoint's model.safetensors.index.json (its text; path names it in errors): tensor
+// name -> shard file name, each a plain file name (no directory part). Throws kvq::Error naming the problem.
+std::map<std::string, std::string> parse_safetensors_index(std::string_view text, const std::string& path);
+
 // A Hugging Face checkpoint directory: config.json plus either model.safetensors or
 // model.safetensors.index.json and the shards it names. Every shard header and the index are validated on open.
 class Checkpoint {
