@@ -49,7 +49,7 @@ struct PlanInputs {
   // weights generated where the model runs (--dummy-weights, or a config without weights).
   bool dummy = false;
   size_t matrix_bytes = 0;
-  std::string matrix_dtype;
+  std::string matrix_dtype{};
 };
 
 MemoryPlan memory_plan(const PlanInputs& in);
