@@ -56,9 +56,11 @@ TEST(Linear, EveryDtypeAndPathMatchesTheReference) {
     int out, in;
   };
   // 200: not a multiple of the 64-row work items; 80: a row the row kernels cannot read (head_dim 80's o_proj); the
-  // last shape holds more than kTileFloats weights: K slices of kSliceK columns (the last one partial) and row blocks.
-  const int big_out = int(Linear::kTileFloats / Linear::kSliceK) + 37, big_in = Linear::kSliceK + 96;
-  for (Shape sh : {Shape{200, 32}, Shape{200, 384}, Shape{200, 1280}, Shape{70, 80}, Shape{big_out, big_in}})
+  // last two hold more than kTileFloats weights: K slices of kSliceK columns (the last one partial) and row blocks,
+  // then slices of 16 x kSliceK columns (as many as kTileFloats holds for 1000 rows; the last one partial).
+  const int block = int(Linear::kTileFloats / Linear::kSliceK), big_out = block + 37, big_in = Linear::kSliceK + 96;
+  for (Shape sh : {Shape{200, 32}, Shape{200, 384}, Shape{200, 1280}, Shape{70, 80}, Shape{big_out, big_in},
+                   Shape{1000, 16 * Linear::kSliceK + 808}})
     for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(sh.out) + "x" + std::to_string(sh.in));
       const bool rounded = dt != DType::F32;
@@ -70,7 +72,7 @@ TEST(Linear, EveryDtypeAndPathMatchesTheReference) {
       const Linear lin(tensor_of(w, sh.out, sh.in, dt, bytes), bias);
       EXPECT_EQ(lin.reads_rows(), dt != DType::F32 && sh.in % 32 == 0);
       EXPECT_EQ(lin.decode_bytes(), size_t(sh.out) * sh.in * dtype_size(dt));
-      const bool big = sh.out == big_out;
+      const bool big = size_t(sh.out) * sh.in > Linear::kTileFloats;
       for (int n : big ? std::vector<int>{1, 20} : std::vector<int>{1, 3, Linear::kGemvRows, Linear::kGemvRows + 1}) {
         const auto x = random_vec(size_t(n) * sh.in, 3 + n, false);
         std::vector<float> y(size_t(n) * sh.out);
@@ -79,15 +81,16 @@ TEST(Linear, EveryDtypeAndPathMatchesTheReference) {
           expect_close(y, reference(x, n, w, sh.out, sh.in, bias), sh.in);
           continue;
         }
-        // 16.8M weights: the reference of a sample of outputs (the first and last row block, the block boundary).
-        for (int o : {0, 1, int(Linear::kTileFloats / Linear::kSliceK) - 1, int(Linear::kTileFloats / Linear::kSliceK),
-                      big_out - 1})
+        // 8.4M-16.8M weights: the reference of a sample of outputs (the first and last row block, its boundary).
+        for (int o : {0, 1, block - 1, block, sh.out - 1}) {
+          if (o >= sh.out) continue;
           for (int i = 0; i < n; ++i) {
             double r = bias[size_t(o)];
             for (int c = 0; c < sh.in; ++c) r += double(x[size_t(i) * sh.in + c]) * w[size_t(o) * sh.in + c];
             ASSERT_NEAR(y[size_t(i) * sh.out + o], r, 1e-5 * std::sqrt(double(sh.in)) * (1 + std::abs(r)))
                 << "row " << i << " output " << o;
           }
+        }
       }
     }
 }
