@@ -185,6 +185,20 @@ mkdir -p "$T/moe" "$T/awq" && cp tests/malformed/config_moe.json "$T/moe/config.
   cp tests/malformed/config_quantized.json "$T/awq/config.json"
 expect_error "info: a mixture-of-experts config" info -m "$T/moe"
 expect_error "run: a quantized checkpoint's config" run -m "$T/awq" -p hi -n 1
+mkdir -p "$T/rope" && cp tests/malformed/config_bad_rope_type.json "$T/rope/config.json"
+expect_error "info: a RoPE type kvq does not run (yarn)" info -m "$T/rope"
+# Checkpoints broken on disk: a shard the index names is missing, a shard cut short, tensors not of the config's shape.
+mkdir -p "$T/noshard" "$T/trunc" "$T/shape"
+for f in models/ref/*; do ln -s "$PWD/$f" "$T/noshard/"; done
+rm "$T/noshard/model-00002-of-00003.safetensors"
+expect_error "run: a shard the index names is missing" run -m "$T/noshard" -p hi -n 1
+cp tests/models/qwen3-d128/config.json tests/models/qwen3-d128/tokenizer*.json "$T/trunc/"
+head -c 100000 tests/models/qwen3-d128/model.safetensors > "$T/trunc/model.safetensors"
+expect_error "run: a shard cut short" run -m "$T/trunc" -p hi -n 1
+expect_error "bench decode: a shard cut short" bench decode -m "$T/trunc" -c 64 -n 1
+cp tests/models/qwen3-d128/* "$T/shape/"
+sed -i 's/"intermediate_size": \([0-9]*\)/"intermediate_size": 1\1/' "$T/shape/config.json"
+expect_error "run: tensors not of the config's shapes" run -m "$T/shape" -p hi -n 1
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).
 expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk f32 -ctv f32
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line
