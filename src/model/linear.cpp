@@ -73,11 +73,20 @@ void Linear::apply_rows(const float* x, int n, float* y, ThreadPool& pool) const
 // threads, then one sgemm (OpenBLAS's own threads) that adds it into y's columns [o0, o0 + to).
 void Linear::apply_tiles(const float* x, int n, float* y, ThreadPool& pool) const {
   const int out = this->out(), in = this->in();
-  // The widest slice of kSliceK-column steps that holds every row in kTileFloats (the whole W when it fits; else at
-  // least kSliceK columns, the rows then in blocks).
-  const size_t steps = kTileFloats / (size_t(out) * kSliceK);
-  const int kc = w_.numel() <= kTileFloats ? in : std::min(in, kSliceK * int(std::max<size_t>(steps, 1)));
-  const int to = int(std::min<size_t>(size_t(out), kTileFloats / size_t(kc)));
+  int kc = in, to = out;  // the whole W when it fits in kTileFloats
+  if (w_.numel() > kTileFloats) {
+    if (in <= out && size_t(in) * 64 <= kTileFloats) {
+      // y no smaller than x: blocks of whole rows (multiples of 64), each sgemm writing its columns of y once.
+      kc = in;
+      to = int(kTileFloats / size_t(in)) / 64 * 64;
+    } else {
+      // The widest slice of kSliceK-column steps that holds every row in kTileFloats (at least kSliceK columns, the
+      // rows then in blocks), each sgemm adding into y.
+      const size_t steps = kTileFloats / (size_t(out) * kSliceK);
+      kc = std::min(in, kSliceK * int(std::max<size_t>(steps, 1)));
+      to = int(std::min<size_t>(size_t(out), kTileFloats / size_t(kc)));
+    }
+  }
   thread_local std::vector<float> scratch;  // the calling thread's; the pool's workers write into it through `tile`
   scratch.resize(size_t(to) * size_t(kc));
   float* tile = scratch.data();

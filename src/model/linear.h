@@ -6,9 +6,10 @@
 //     of the cache (simd/simd.h: each weight widened exactly to fp32, fp32 FMAs), half the bytes of fp32 weights;
 //   - larger n (prefill) runs OpenBLAS sgemm on W widened tile by tile into one scratch buffer of at most
 //     kTileFloats floats (per calling thread): a W of at most that many elements is one tile, the very sgemm call
-//     fp32 weights would make; a larger one is cut into slices of input columns, as many multiples of kSliceK as
-//     kTileFloats holds for every row (and, past kTileFloats / kSliceK output rows, into row blocks), each
-//     accumulated into y by sgemm with beta = 1.
+//     fp32 weights would make; a larger one with in <= out is cut into blocks of whole rows, each sgemm writing its
+//     columns of y once; with in > out into slices of input columns, as many multiples of kSliceK as kTileFloats
+//     holds for every row (and, past kTileFloats / kSliceK output rows, into row blocks), each accumulated into y by
+//     sgemm with beta = 1.
 //   - so are rows of a width the row kernels do not take (in % 32 != 0: head_dim 80's o_proj).
 // f32 weights: sgemv for one row, sgemm otherwise, in place.
 // Either way the result is the same fp32 maths, in another summation order.
