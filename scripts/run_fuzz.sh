@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target in BUILD_DIR (executables named fuzz_*) for SECONDS each, on a corpus seeded from
-# tests/malformed, tests/server/requests and, when present, tests/golden, with fuzz/<target>.dict as dictionary when
-# present. Fails when
+# fuzz/seeds, tests/malformed, tests/server/requests, tests/models and, when present, tests/golden and models/ref (files
+# under 1 MiB), with fuzz/<target>.dict as dictionary when present. Fails when
 # a target crashes; crash inputs are kept under BUILD_DIR/fuzz-artifacts/<target>/.
 #   scripts/run_fuzz.sh BUILD_DIR SECONDS
 #   scripts/run_fuzz.sh --install-deps     install clang and the libFuzzer runtime (Debian), only those missing
@@ -33,7 +33,8 @@ for target in "${TARGETS[@]}"; do
   artifacts="$BUILD_DIR/fuzz-artifacts/$name"
   mkdir -p "$corpus" "$artifacts"
   # Seeds: every regular file of the committed corpora (libFuzzer dedups by content hash when it saves).
-  for seeds in "$ROOT/tests/malformed" "$ROOT/tests/server/requests" "$ROOT/tests/golden"; do
+  for seeds in "$ROOT/fuzz/seeds" "$ROOT/tests/malformed" "$ROOT/tests/server/requests" "$ROOT/tests/models" \
+      "$ROOT/tests/golden" "$ROOT/models/ref"; do
     [[ -d "$seeds" ]] || continue
     while IFS= read -r -d '' f; do
       cp "$f" "$corpus/seed_$(sha256sum "$f" | cut -c1-16)"

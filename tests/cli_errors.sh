@@ -172,7 +172,7 @@ expect_error "bench attention: --kv-split on the CPU" bench attention --ctx 256 
 expect_error "bench attention: a negative --kv-split" bench attention --device cuda --kv-split -128
 expect_error "serve: unknown chat template name" serve -m $M --chat-template vicuna
 expect_error "serve: a chat template with dummy weights (token ids only)" serve -m $S --dummy-weights --chat-template chatml
-# ~197 GiB of fp32 + bf16 weights: more host memory than a CI machine has
+# ~61 GiB of bf16 weights: more host memory than a CI machine has
 expect_error "bench decode: dummy weights larger than the host's memory" bench decode -m models/shapes/qwen3-32b --dummy-weights -c 64
 expect_error "serve: zero running sequences" serve -m $M -np 0
 expect_error "serve: port out of range" serve -m $M --port 70000
@@ -182,6 +182,31 @@ expect_error "serve: zero --http-threads" serve -m $M --http-threads 0
 expect_error "serve: a zero --idle-timeout" serve -m $M --idle-timeout 0
 mkdir -p "$T/badchat" && cp $M/config.json $M/*.safetensors* $M/tokenizer.json "$T/badchat/" && printf '%s' '{"chat_template": "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"}' > "$T/badchat/tokenizer_config.json"
 expect_error "serve: a chat template kvq does not render" serve -m "$T/badchat" --port 0
+# The checkpoints users bring (tests/models): groups that do not fit the head_dim, what the GPU does not run, configs
+# kvq does not run.
+expect_error "run: an explicit group that does not divide head_dim 64" run -m tests/models/llama3-d64 -p hi -n 1 \
+  -ctk int2 --kv-group 128
+expect_error "run: int2 at head_dim 80 (no group of 32, 64, 128 divides it)" run -m tests/models/llama-d80 -p hi -n 1 \
+  -ctk int2 -ctv int2
+expect_error "info: a sliding-window model on the GPU" info -m tests/models/mistral-d64-sw --device cuda
+mkdir -p "$T/moe" "$T/awq" && cp tests/malformed/config_moe.json "$T/moe/config.json" && \
+  cp tests/malformed/config_quantized.json "$T/awq/config.json"
+expect_error "info: a mixture-of-experts config" info -m "$T/moe"
+expect_error "run: a quantized checkpoint's config" run -m "$T/awq" -p hi -n 1
+mkdir -p "$T/rope" && cp tests/malformed/config_bad_rope_type.json "$T/rope/config.json"
+expect_error "info: a RoPE type kvq does not run (yarn)" info -m "$T/rope"
+# Checkpoints broken on disk: a shard the index names is missing, a shard cut short, tensors not of the config's shape.
+mkdir -p "$T/noshard" "$T/trunc" "$T/shape"
+for f in models/ref/*; do ln -s "$PWD/$f" "$T/noshard/"; done
+rm "$T/noshard/model-00002-of-00003.safetensors"
+expect_error "run: a shard the index names is missing" run -m "$T/noshard" -p hi -n 1
+cp tests/models/qwen3-d128/config.json tests/models/qwen3-d128/tokenizer*.json "$T/trunc/"
+head -c 100000 tests/models/qwen3-d128/model.safetensors > "$T/trunc/model.safetensors"
+expect_error "run: a shard cut short" run -m "$T/trunc" -p hi -n 1
+expect_error "bench decode: a shard cut short" bench decode -m "$T/trunc" -c 64 -n 1
+cp tests/models/qwen3-d128/* "$T/shape/"
+sed -i 's/"intermediate_size": \([0-9]*\)/"intermediate_size": 1\1/' "$T/shape/config.json"
+expect_error "run: tensors not of the config's shapes" run -m "$T/shape" -p hi -n 1
 # Fails everywhere: without CUDA or a device (no device), with one (f32 caches are CPU-only).
 expect_error "run: --device cuda with a CPU-only cache" run -m $M -p hi -n 1 --device cuda -ctk f32 -ctv f32
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must be refused in one line

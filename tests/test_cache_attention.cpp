@@ -305,6 +305,46 @@ TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengthsAtEverySi
   }
 }
 
+// A sliding window (Mistral, CacheConfig::attn_window): every query reads exactly the positions (t - w, t] as the
+// reference does (which skips the rest), through sinks, pages and the recent ring alike, and the runs of a chunk
+// start at its first query's window: no row behind it is handed out (per-token codecs: none at all; KIVI keys: the
+// rest of the 128-token block holding the window's start).
+TEST(CacheAttention, SlidingWindowReadsOnlyTheWindowAndMatchesTheReference) {
+  for (const char* type : {"bf16", "int2", "kivi2"})
+    for (int w : {1, 24, 100, 300}) {
+      CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
+      cfg.attn_window = {w};
+      CacheConfig exact = cfg;  // the budget of FastMatchesReferenceForEveryCodecAndAwkwardLengths
+      exact.k.type = exact.v.type = "f32";
+      exact.k.per_channel = exact.v.per_channel = false;
+      const bool relative = best_simd_level() == SimdLevel::kAvx512Vnni && std::string(type) != "bf16";
+      for (int n_tokens : {65, 1000}) {
+        double quant_error = 0;
+        const double e = attention_nmse(cfg, n_tokens, &exact, &quant_error);
+        EXPECT_LE(e, relative ? std::max(1e-6, 0.1 * quant_error) : 1e-6) << type << " window " << w;
+      }
+      KvCache cache(cfg, 1, 2, 128, 1000);
+      std::mt19937 rng{7};
+      const int seq = cache.new_sequence();
+      for (int p = 0; p < 900; p += 300) {
+        const auto k = random_rows(rng, 300, 2, 128, 1.f), v = random_rows(rng, 300, 2, 128, 0.f);
+        cache.reserve(seq, 300);
+        cache.append(seq, 0, p, 300, k.data(), v.data());
+        cache.commit(seq, 300);
+      }
+      const int slack = cache.codec_block_tokens() - 1;  // a quantized run starts on a codec block
+      for (int t_first : {0, 20, 400, 850}) {
+        std::vector<KvCache::Run> runs;
+        cache.runs(seq, 0, 1, t_first, 899, runs);
+        int first = 1 << 30;
+        for (const KvCache::Run& r : runs) first = std::min(first, r.pos0);
+        const int lo = std::max(0, t_first - w + 1);
+        EXPECT_GE(first, lo - slack) << type << " window " << w << " chunk from " << t_first;
+        EXPECT_LE(first, lo) << type << " window " << w << " chunk from " << t_first;
+      }
+    }
+}
+
 TEST(CacheAttention, FastMatchesReferenceWithInt8Windows) {
   // The windows read through the int8 codec's fast paths (KV4-RL): the same budget as any codec above.
   for (int n_tokens : {1, 65, 1000}) {

@@ -128,6 +128,10 @@ std::vector<CodecSpec> all_specs() {
         v.push_back(spec(std::string(t.name), d, 128));
         if (t.per_channel_keys) v.push_back(spec(std::string(t.name), d, 128, 1.f, true));
       }
+  // The unquantized rows take head dims of 32 k + 16 (a scalar tail after the row kernels' units): 80 is StableLM's.
+  for (const CodecTraits& t : codec_table())
+    if (t.head_dim_unit == 16)
+      for (int d : {16, 48, 80, 112}) v.push_back(spec(std::string(t.name), d, 128));
   return v;
 }
 
@@ -436,8 +440,11 @@ TEST(MakeCodec, UnsupportedCombinationsNameTheComboAndWhatIsSupported) {
       {spec("int3", 128, 128), "unknown type"},
       {spec("int2", 96, 64), "group must divide head_dim"},
       {spec("int2", 128, 16), "group must be 32, 64 or 128"},
-      {spec("int4", 48, 32), "head_dim must be a multiple of 32"},
-      {spec("bf16", 512, 128), "head_dim must be a multiple of 32"},
+      {spec("int4", 48, 32), "int4 needs head_dim a multiple of 32"},
+      {spec("int2", 80, 32), "int2 needs head_dim a multiple of 32"},  // StableLM's 80: unquantized rows only
+      {spec("q8_0", 80, 128), "q8_0 needs head_dim a multiple of 32"},
+      {spec("bf16", 512, 128), "bf16 needs head_dim a multiple of 16 up to 256"},
+      {spec("f16", 72, 128), "f16 needs head_dim a multiple of 16"},
       {spec("int2", 128, 128, 0.f), "clip"},
       {spec("int2", 128, 128, 1.5f), "clip"},
       {spec("int2", 128, 128, NAN), "clip"},

@@ -171,6 +171,105 @@ TEST(ModelConfig, RefusesInvalidOrUnsupportedConfigsNamingTheField) {
   EXPECT_NE(error_of(json::array()).find("config must be a JSON object"), std::string::npos);
 }
 
+namespace {
+
+// Mistral-7B-v0.1's config (sliding_window 4096 on every layer); v0.3 writes "sliding_window": null (none).
+const char* kMistral7B = R"({"architectures":["MistralForCausalLM"],"bos_token_id":1,"eos_token_id":2,
+  "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,
+  "max_position_embeddings":32768,"model_type":"mistral","num_attention_heads":32,"num_hidden_layers":32,
+  "num_key_value_heads":8,"rms_norm_eps":1e-05,"rope_theta":10000.0,"sliding_window":4096,
+  "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.34.0.dev0","use_cache":true,
+  "vocab_size":32000})";
+
+}  // namespace
+
+TEST(ModelConfig, MistralSlidesEveryLayerAndNullMeansNoWindow) {
+  const ModelConfig c = ModelConfig::parse(json::parse(kMistral7B), "mistral");
+  EXPECT_EQ(c.arch, Arch::Mistral);
+  EXPECT_EQ(arch_name(c.arch), "mistral");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.sliding_window(), 4096);
+  EXPECT_EQ(c.layer_window, std::vector<int>(32, 4096));
+  json v03 = json::parse(kMistral7B);
+  v03["sliding_window"] = nullptr;
+  EXPECT_TRUE(ModelConfig::parse(v03, "v0.3").layer_window.empty());
+  json absent = json::parse(kMistral7B);
+  absent.erase("sliding_window");  // MistralConfig's default
+  EXPECT_EQ(ModelConfig::parse(absent, "default").sliding_window(), 4096);
+}
+
+TEST(ModelConfig, QwenSlidingWindowFollowsUseSlidingWindowMaxWindowLayersAndLayerTypes) {
+  json q = json::parse(kQwen3_0_6B);  // 28 layers
+  q["sliding_window"] = 512;
+  EXPECT_TRUE(ModelConfig::parse(q, "off").layer_window.empty());  // use_sliding_window false
+  q["use_sliding_window"] = true;
+  q["max_window_layers"] = 20;  // layers 20..27 slide, as transformers derives layer_types
+  std::vector<int> want(28, 0);
+  for (int l = 20; l < 28; ++l) want[size_t(l)] = 512;
+  EXPECT_EQ(ModelConfig::parse(q, "on").layer_window, want);
+  // transformers 5 writes layer_types: they decide which layers slide.
+  json types = json::array();
+  for (int l = 0; l < 28; ++l) types.push_back(l % 2 ? "sliding_attention" : "full_attention");
+  q["layer_types"] = types;
+  const ModelConfig t = ModelConfig::parse(q, "types");
+  for (int l = 0; l < 28; ++l) EXPECT_EQ(t.layer_window[size_t(l)], l % 2 ? 512 : 0) << l;
+  q["layer_types"][3] = "chunked_attention";
+  EXPECT_NE(error_of(q).find("unsupported \"layer_types\"[3] = \"chunked_attention\""), std::string::npos);
+  q["layer_types"] = json::array({"full_attention"});
+  EXPECT_NE(error_of(q).find("\"layer_types\" must be an array of num_hidden_layers = 28 strings"),
+            std::string::npos);
+}
+
+// A config as transformers 5.x's save_pretrained writes it: "dtype", "rope_parameters", "layer_types".
+TEST(ModelConfig, ReadsAConfigAsTransformers5WritesIt) {
+  const json j = json::parse(R"({"architectures":["Qwen3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+    "bos_token_id":151643,"dtype":"bfloat16","eos_token_id":151645,"head_dim":128,"hidden_act":"silu",
+    "hidden_size":1024,"initializer_range":0.02,"intermediate_size":3072,
+    "layer_types":["full_attention","full_attention"],"max_position_embeddings":40960,"max_window_layers":28,
+    "model_type":"qwen3","num_attention_heads":16,"num_hidden_layers":2,"num_key_value_heads":8,"rms_norm_eps":1e-06,
+    "rope_parameters":{"rope_theta":1000000,"rope_type":"default"},"sliding_window":null,"tie_word_embeddings":true,
+    "transformers_version":"5.0.0","use_cache":true,"use_sliding_window":false,"vocab_size":151936})");
+  const ModelConfig c = ModelConfig::parse(j, "v5");
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+  EXPECT_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.rope.type, "default");
+  EXPECT_TRUE(c.layer_window.empty());
+  EXPECT_EQ(c.n_layers, 2);
+}
+
+TEST(ModelConfig, RefusesMoeQuantizedPartialRotaryAndSoftCappingNamingTheField) {
+  const json base = json::parse(kQwen3_0_6B);
+  auto with = [&](const char* key, json v) {
+    json j = base;
+    j[key] = std::move(v);
+    return j;
+  };
+  EXPECT_NE(error_of(with("num_experts", 128)).find("\"num_experts\" = 128: mixture-of-experts layers are not "
+                                                    "supported"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("num_local_experts", 8)).find("\"num_local_experts\" = 8"), std::string::npos);
+  EXPECT_NE(error_of(with("moe_intermediate_size", 768)).find("\"moe_intermediate_size\" = 768"), std::string::npos);
+  EXPECT_NO_THROW(ModelConfig::parse(with("num_experts", 0), "dense"));  // some dense configs write 0
+  EXPECT_NE(error_of(with("quantization_config", {{"quant_method", "gptq"}, {"bits", 4}}))
+                .find("\"quantization_config\" (quant_method \"gptq\"): quantized checkpoints are not supported"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("partial_rotary_factor", 0.5)).find("unsupported partial_rotary_factor 0.5"),
+            std::string::npos);
+  json partial = base;
+  partial["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}, {"partial_rotary_factor", 0.25}};
+  partial.erase("rope_theta");
+  EXPECT_NE(error_of(partial).find("\"rope_parameters\".partial_rotary_factor 0.25"), std::string::npos);
+  EXPECT_NE(error_of(with("final_logit_softcapping", 30.0)).find("\"final_logit_softcapping\" = 30.0: logit "
+                                                                 "soft-capping is not supported"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("model_type", "qwen3_moe")).find("unsupported model_type 'qwen3_moe'"), std::string::npos);
+  EXPECT_NE(error_of(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}))
+                .find("unsupported rope type 'yarn' in \"rope_scaling\" (supported: default, llama3)"),
+            std::string::npos);
+}
+
 TEST(ModelConfig, LoadNamesTheFileOnBadJsonOrMissingFile) {
   try {
     ModelConfig::load("/nonexistent/config.json");

@@ -37,7 +37,7 @@ Moments moments(const Weights& w, const ModelConfig& cfg) {
   double s1 = 0, s2 = 0, s4 = 0, n = 0;
   for (const TensorSpec& t : model_tensors(cfg)) {
     if (t.init != TensorInit::Normal) continue;
-    for (float x : w.tensor(t.role, t.layer)) s1 += x, s2 += double(x) * x, s4 += double(x) * x * x * x, n += 1;
+    for (float x : w.values(t.role, t.layer)) s1 += x, s2 += double(x) * x, s4 += double(x) * x * x * x, n += 1;
   }
   Moments m;
   m.n = n, m.mean = s1 / n, m.var = s2 / n - m.mean * m.mean;
@@ -96,8 +96,9 @@ TEST(DummyWeights, HaveTheCheckpointsTensorsAndShapes) {
   EXPECT_EQ(dummy.n_params, real.n_params);
   EXPECT_EQ(dummy.n_params, model_params(cfg));
   for (const TensorSpec& t : model_tensors(cfg)) {
-    EXPECT_EQ(dummy.tensor(t.role, t.layer).size(), real.tensor(t.role, t.layer).size()) << t.name;
-    EXPECT_EQ(dummy.tensor(t.role, t.layer).size(), t.numel()) << t.name;
+    EXPECT_EQ(dummy.values(t.role, t.layer).size(), real.values(t.role, t.layer).size()) << t.name;
+    EXPECT_EQ(dummy.values(t.role, t.layer).size(), t.numel()) << t.name;
+    if (t.matrix()) EXPECT_EQ(dummy.matrix(t.role, t.layer).dtype, DType::BF16) << t.name;  // generated in place
   }
   EXPECT_TRUE(dummy.lm_head.empty());  // models/ref ties its embeddings
   ASSERT_EQ(dummy.layers.size(), size_t(cfg.n_layers));
@@ -117,7 +118,7 @@ TEST(DummyWeights, FollowTransformersInitWithTheIntendedStd) {
   // A normal has kurtosis 3, the Irwin-Hall sum of 12 uniforms 2.9; a uniform would give 1.8 (SE here ~0.003).
   EXPECT_NEAR(m.kurtosis, 2.9, 0.03);
   for (const TensorSpec& t : model_tensors(cfg)) {
-    const std::vector<float>& v = w.tensor(t.role, t.layer);
+    const std::vector<float> v = w.values(t.role, t.layer);
     if (t.init == TensorInit::Ones) {
       for (float x : v) ASSERT_EQ(x, 1.0f) << t.name;
     } else {
@@ -136,8 +137,9 @@ TEST(DummyWeights, FollowTransformersInitWithTheIntendedStd) {
       for (float x : *b) ASSERT_EQ(x, 0.0f);
     }
   double s2 = 0;
-  for (float x : w2.lm_head) s2 += double(x) * x;
-  const double n = double(w2.lm_head.size());
+  const std::vector<float> head = w2.lm_head.to_f32();
+  for (float x : head) s2 += double(x) * x;
+  const double n = double(head.size());
   EXPECT_NEAR(std::sqrt(s2 / n), 0.05, 5 * 0.05 / std::sqrt(2 * n) + 0.05 * 1e-3);
 }
 
@@ -146,24 +148,23 @@ TEST(DummyWeights, AreReproducibleForASeedOnAnyThreadCountAndDifferAcrossSeedsAn
   const Weights a = Weights::dummy(cfg, 42, 1), b = Weights::dummy(cfg, 42, 2), c = Weights::dummy(cfg, 43, 2);
   size_t same_as_other_seed = 0, total = 0;
   for (const TensorSpec& t : model_tensors(cfg)) {
-    EXPECT_EQ(a.tensor(t.role, t.layer), b.tensor(t.role, t.layer)) << t.name;
+    EXPECT_EQ(a.values(t.role, t.layer), b.values(t.role, t.layer)) << t.name;
     if (t.init != TensorInit::Normal) continue;
-    const std::vector<float>&x = a.tensor(t.role, t.layer), &y = c.tensor(t.role, t.layer);
+    const std::vector<float> x = a.values(t.role, t.layer), y = c.values(t.role, t.layer);
     for (size_t i = 0; i < x.size(); ++i) same_as_other_seed += x[i] == y[i];
     total += x.size();
   }
   // Two independent deviates on a bf16 grid coincide rarely (about 1% of the time at this std).
   EXPECT_LT(double(same_as_other_seed) / double(total), 0.03);
-  EXPECT_NE(a.layers[0].wq, a.layers[1].wq);  // every (role, layer) has its own stream
-  EXPECT_NE(std::vector<float>(a.layers[0].w_gate.begin(), a.layers[0].w_gate.begin() + 1000),
-            std::vector<float>(a.layers[0].w_up.begin(), a.layers[0].w_up.begin() + 1000));
+  EXPECT_NE(a.layers[0].wq.to_f32(), a.layers[1].wq.to_f32());  // every (role, layer) has its own stream
+  EXPECT_NE(a.layers[0].w_gate.to_f32(), a.layers[0].w_up.to_f32());
   // Value i is a pure function of (seed, stream, i): the same wherever a range starts.
   TensorSpec wq0{};
   for (const TensorSpec& t : model_tensors(cfg))
     if (t.role == TensorRole::Wq && t.layer == 0) wq0 = t;
   ASSERT_EQ(wq0.name, "model.layers.0.self_attn.q_proj.weight");
   for (size_t i : {size_t(0), size_t(1), size_t(12345), wq0.numel() - 1})
-    EXPECT_EQ(dummy_value(TensorInit::Normal, 0.05f, 42, wq0.stream(), i), a.layers[0].wq[i]);
+    EXPECT_EQ(dummy_value(TensorInit::Normal, 0.05f, 42, wq0.stream(), i), a.layers[0].wq.to_f32()[i]);
 }
 
 TEST(DummyWeights, ModelOfTheReferenceShapeGivesFiniteLogitsOverHundredsOfTokens) {

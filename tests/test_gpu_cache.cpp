@@ -67,8 +67,10 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
 // or for int2 rows P' to f16 (2^-11) and q to f16 (GQA groups above 4) or to two int8 terms (2^-15 of the head's
 // largest element; the H200 gives NMSE 3e-9 - 2e-8 against the reference twin at g = 1 .. 8). 0 where the CUDA-core
 // kernel runs (exact float arithmetic on the decoded rows).
+// bf16: q and P' rounded to bf16 (1e-4; 5e-4 at d = 64, whose fewer terms average the rounding less: 3.1e-4 observed
+// on the H200 at GQA group 2).
 double operand_budget(const std::string& type, int group, int d = kD) {
-  return type == "bf16" ? 1e-4 : type == "int2" && group == 128 && d == 128 ? 1e-5 : 0.0;
+  return type == "bf16" ? (d < 96 ? 5e-4 : 1e-4) : type == "int2" && group == 128 && d == 128 ? 1e-5 : 0.0;
 }
 
 // NMSE budget of GPU vs CPU attention outputs. The CPU fast path on AVX-512 VNNI rounds queries / weights to
@@ -81,15 +83,16 @@ double operand_budget(const std::string& type, int group, int d = kD) {
 // KIVI: values are per-token rows (kivi2 at G = 128: the int8 path above); keys fold the per-channel scale into q
 // before the CPU's int16 rounding (q'_c = q_c scale_c, one step for the whole row), a coarser rounding than per-token
 // groups (CPU vs the exact double reference on this heavy-tailed data, AVX-512 VNNI: up to 9e-8 for kivi2/g32 and
-// kivi4/g128): 1e-6, the CPU's own budget for its fast path (tests/test_cache_attention.cpp).
-// OScaR: keys fold the per-channel scale into q as KIVI's do, values per 32-channel group: KIVI's 1e-6.
+// kivi4/g128; the H200 host: 1.02e-6 for oscar_int2/g32 at d 256): 2e-6, twice the CPU's own budget for its fast
+// path (tests/test_cache_attention.cpp).
+// OScaR: keys fold the per-channel scale into q as KIVI's do, values per 32-channel group: KIVI's 2e-6.
 // The CPU's int8 path takes int2 rows whose one group is the whole row of a multiple of 128 (simd_avx512_vnni.cpp):
 // G = d = 128 here; at the other head dims the int rows take its int16 path.
 double budget(const std::string& type, int group, bool transform, int d = kD) {
   const bool kivi = type.rfind("kivi", 0) == 0 || type == "oscar_int2";
   const bool int8_operands = (type == "int2" || type == "kivi2") && group == 128 && d == 128 &&
                              simd_int8_operands(best_simd_level());
-  const double kernels = std::max(operand_budget(type, group, d), int8_operands ? 2e-3 : kivi ? 1e-6 : 1e-7);
+  const double kernels = std::max(operand_budget(type, group, d), int8_operands ? 2e-3 : kivi ? 2e-6 : 1e-7);
   if (!transform || type == "bf16") return kernels;
   return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" || type == "kivi4" ? 1e-4 : 1e-3);
 }
@@ -382,7 +385,7 @@ TEST(GpuCache, RefusesUnsupportedSettingsWithOneLine) {
   kivi.v.per_channel = true;  // per-channel values: the CPU codec would take them, the GPU stores per-token values
   EXPECT_THROW(cuda::GpuKvCache(kivi, 1, 2, kD, 1024, 1), Error);
   EXPECT_NO_THROW(cuda::GpuKvCache(config("kivi2", 128, 64, 256), 1, 2, kD, 1024, 1));
-  EXPECT_THROW(cuda::GpuKvCache(config("int2", 32, 64, 256), 1, 2, 64, 1024, 1), Error);  // d = 64
+  EXPECT_THROW(cuda::GpuKvCache(config("bf16", 128, 64, 256, 512, 80), 1, 2, 80, 1024, 1), Error);  // no d 80
   CacheConfig f32w = config("int2", 128, 64, 256);
   f32w.window = "f32";
   EXPECT_THROW(cuda::GpuKvCache(f32w, 1, 2, kD, 1024, 1), Error);

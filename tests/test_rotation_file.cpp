@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "model/safetensors.h"
 #include "rotation/rotation_file.h"
 #include "test_helpers.h"
 
@@ -103,6 +104,24 @@ TEST(RotationFile, RefusesNonOrthogonalMatricesAndForeignFiles) {
     FAIL() << "accepted a file that is not a rotation file";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a kvq rotation file"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+// Metadata that states huge sizes (found by fuzz/fuzz_rotation.cpp's kind of input) is refused for the tensors it
+// lacks before the loader allocates what those sizes would take (here 4000 x 4000 x 1024^2 floats).
+TEST(RotationFile, StatedSizesWithoutTheirTensorsAreRefusedBeforeAnyAllocation) {
+  const std::string path = tmp_path("huge.safetensors");
+  const nlohmann::json meta = {{"method", "optr"}, {"n_layers", 4000}, {"n_kv_heads", 4000}, {"head_dim", 1024}};
+  write_safetensors(path, {OwnedTensor::from_f32("layers.0.r_k", DType::F32, {2, 2}, {1, 0, 0, 1})},
+                    {{"kvq_rotation", meta.dump()}});
+  try {
+    load_rotation_file(path);
+    FAIL() << "accepted a file without its tensors";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor layers.0.r_k has shape 2x2, expected [4000, 1024, 1024]"),
+              std::string::npos)
+        << e.what();
   }
   std::filesystem::remove(path);
 }

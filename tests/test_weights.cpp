@@ -123,13 +123,13 @@ TinyCheckpoint write_tiny(const std::string& name, const json& config, bool shar
 // Every tensor of w equals the value written under its HF name.
 void expect_weights_match(const Weights& w, const TinyCheckpoint& ck) {
   const auto& v = ck.values;
-  EXPECT_EQ(w.embed, v.at("model.embed_tokens.weight"));
+  EXPECT_EQ(w.embed.to_f32(), v.at("model.embed_tokens.weight"));
   EXPECT_EQ(w.final_norm, v.at("model.norm.weight"));
   if (ck.cfg.tie_embeddings) {
     EXPECT_TRUE(w.lm_head.empty());
     EXPECT_EQ(&w.output(), &w.embed);
   } else {
-    EXPECT_EQ(w.lm_head, v.at("lm_head.weight"));
+    EXPECT_EQ(w.lm_head.to_f32(), v.at("lm_head.weight"));
     EXPECT_EQ(&w.output(), &w.lm_head);
   }
   ASSERT_EQ(w.layers.size(), size_t(ck.cfg.n_layers));
@@ -141,14 +141,14 @@ void expect_weights_match(const Weights& w, const TinyCheckpoint& ck) {
     const LayerWeights& l = w.layers[size_t(i)];
     const std::string p = "model.layers." + std::to_string(i) + ".";
     EXPECT_EQ(l.attn_norm, v.at(p + "input_layernorm.weight"));
-    EXPECT_EQ(l.wq, v.at(p + "self_attn.q_proj.weight"));
-    EXPECT_EQ(l.wk, v.at(p + "self_attn.k_proj.weight"));
-    EXPECT_EQ(l.wv, v.at(p + "self_attn.v_proj.weight"));
-    EXPECT_EQ(l.wo, v.at(p + "self_attn.o_proj.weight"));
+    EXPECT_EQ(l.wq.to_f32(), v.at(p + "self_attn.q_proj.weight"));
+    EXPECT_EQ(l.wk.to_f32(), v.at(p + "self_attn.k_proj.weight"));
+    EXPECT_EQ(l.wv.to_f32(), v.at(p + "self_attn.v_proj.weight"));
+    EXPECT_EQ(l.wo.to_f32(), v.at(p + "self_attn.o_proj.weight"));
     EXPECT_EQ(l.mlp_norm, v.at(p + "post_attention_layernorm.weight"));
-    EXPECT_EQ(l.w_gate, v.at(p + "mlp.gate_proj.weight"));
-    EXPECT_EQ(l.w_up, v.at(p + "mlp.up_proj.weight"));
-    EXPECT_EQ(l.w_down, v.at(p + "mlp.down_proj.weight"));
+    EXPECT_EQ(l.w_gate.to_f32(), v.at(p + "mlp.gate_proj.weight"));
+    EXPECT_EQ(l.w_up.to_f32(), v.at(p + "mlp.up_proj.weight"));
+    EXPECT_EQ(l.w_down.to_f32(), v.at(p + "mlp.down_proj.weight"));
     if (ck.cfg.qkv_bias) {
       EXPECT_EQ(l.bq, v.at(p + "self_attn.q_proj.bias"));
       EXPECT_EQ(l.bk, v.at(p + "self_attn.k_proj.bias"));
@@ -183,7 +183,15 @@ TEST(Weights, TinyQwen3SingleFileTiedLoadsExactValuesWithQkNorm) {
   EXPECT_EQ(c.shards().size(), 1u);
   EXPECT_EQ(c.names().size(), ck.values.size());
   expect_weights_match(Weights::load(c, ModelConfig::load(c.config_path())), ck);
-  EXPECT_EQ(Weights::load(c, ck.cfg).layers[0].wq.size(), size_t(4 * 8 * 16));  // [n_heads * head_dim, hidden]
+  const Weights w = Weights::load(c, ck.cfg);
+  EXPECT_EQ(w.layers[0].wq.rows, 4 * 8);  // [n_heads * head_dim, hidden]
+  EXPECT_EQ(w.layers[0].wq.cols, 16);
+  // In place: the matrices point into the checkpoint's mapping, in its dtype; nothing is owned.
+  const TensorRef ref = c.get("model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(w.layers[0].wq.data, ref.data);
+  EXPECT_EQ(w.layers[0].wq.dtype, DType::BF16);
+  EXPECT_EQ(w.owned_bytes(), 0u);
+  EXPECT_EQ(w.matrix_bytes(), model_matrix_bytes(ck.cfg, 2) - 4 * (16 + 2 * (16 + 16 + 8 + 8)));
   fs::remove_all(ck.dir);
 }
 
@@ -215,9 +223,10 @@ TEST(Weights, ConversionIsIdenticalOnOneAndManyThreadsForMultiChunkTensors) {
   const Checkpoint c = Checkpoint::open(ck.dir);
   const Weights one = Weights::load(c, ck.cfg, 1);
   const Weights many = Weights::load(c, ck.cfg, 4);
-  EXPECT_EQ(one.embed, ck.values.at("model.embed_tokens.weight"));
-  EXPECT_EQ(many.embed, one.embed);
-  EXPECT_EQ(many.layers[1].w_down, one.layers[1].w_down);
+  EXPECT_EQ(one.embed.to_f32(), ck.values.at("model.embed_tokens.weight"));
+  EXPECT_EQ(many.embed.to_f32(), one.embed.to_f32());
+  EXPECT_EQ(many.layers[1].w_down.to_f32(), one.layers[1].w_down.to_f32());
+  EXPECT_EQ(many.layers[1].attn_norm, one.layers[1].attn_norm);
   fs::remove_all(ck.dir);
 }
 
@@ -229,7 +238,7 @@ TEST(Weights, ExtraTensorsAreIgnoredAndLmHeadIsUnusedWhenTied) {
   tied["tie_word_embeddings"] = true;
   const Weights w = Weights::load(Checkpoint::open(ck.dir), ModelConfig::parse(tied, "tied"));
   EXPECT_TRUE(w.lm_head.empty());
-  EXPECT_EQ(w.output(), ck.values.at("model.embed_tokens.weight"));
+  EXPECT_EQ(w.output().to_f32(), ck.values.at("model.embed_tokens.weight"));
   fs::remove_all(ck.dir);
 }
 
@@ -300,13 +309,13 @@ TEST(Weights, ReferenceCheckpointLoadsWithConsistentShapes) {
     want_params += n;
   }
   EXPECT_EQ(w.n_params, want_params);
-  EXPECT_EQ(w.embed.size(), size_t(cfg.vocab_size) * size_t(cfg.hidden_size));
+  EXPECT_EQ(w.embed.numel(), size_t(cfg.vocab_size) * size_t(cfg.hidden_size));
   for (const LayerWeights& l : w.layers) {
     EXPECT_EQ(l.q_norm.size(), size_t(cfg.head_dim));
     for (float x : l.attn_norm) ASSERT_TRUE(std::isfinite(x));
   }
   double sum_sq = 0;
-  for (float x : w.embed) sum_sq += double(x) * x;
+  for (float x : w.embed.to_f32()) sum_sq += double(x) * x;
   EXPECT_TRUE(std::isfinite(sum_sq));
   EXPECT_GT(sum_sq, 0.0);  // trained weights are not all zero
   EXPECT_EQ(Checkpoint::open(dir).fingerprint(), c.fingerprint());

@@ -54,16 +54,21 @@ inline void valid_range(const KvCache& cache, KvCache::RunKind kind, int t, int&
 }
 
 // Rows [lo, hi) of a piece, relative to its first row, that the query at position t reads: its kind's view, and for
-// the exact store every row at a position <= t.
-inline void piece_rows(const KvCache& cache, const Piece& pc, int t, int& lo, int& hi) {
+// the exact store every row at a position <= t; with a sliding window (window > 0) only positions > t - window.
+inline void piece_rows(const KvCache& cache, const Piece& pc, int t, int window, int& lo, int& hi) {
   if (pc.kind == KvCache::RunKind::Exact) {
     lo = 0;
     hi = pc.pos ? int(std::upper_bound(pc.pos, pc.pos + pc.n, t) - pc.pos) : std::clamp(t + 1 - pc.pos0, 0, pc.n);
-    return;
+  } else {
+    valid_range(cache, pc.kind, t, lo, hi);
+    lo = std::clamp(lo - pc.pos0, 0, pc.n);
+    hi = std::clamp(hi - pc.pos0, lo, pc.n);
   }
-  valid_range(cache, pc.kind, t, lo, hi);
-  lo = std::clamp(lo - pc.pos0, 0, pc.n);
-  hi = std::clamp(hi - pc.pos0, lo, pc.n);
+  if (window > 0) {
+    const int first = t - window + 1;  // the oldest position the query reads
+    const int skip = pc.pos ? int(std::lower_bound(pc.pos, pc.pos + pc.n, first) - pc.pos) : first - pc.pos0;
+    lo = std::clamp(skip, lo, hi);
+  }
 }
 
 // Asks for the next piece's K and V blocks (into L2) while the current one is computed: the rows stream from
@@ -78,7 +83,7 @@ inline void prefetch_piece(const Piece& pc) {
 
 // Attend rows of one tile over some pieces; state accumulates (online softmax).
 void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, const float* q_rows, int rows,
-                   int group, int t_first, SoftmaxState& st, std::vector<float>& s) {
+                   int group, int t_first, int window, SoftmaxState& st, std::vector<float>& s) {
   const SoftmaxKernels sk = softmax_kernels(cache.config().simd);
   const int d = cache.head_dim();
   s.resize(size_t(rows) * kPieceTokens * 2);
@@ -89,7 +94,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
     bool any = false;
     for (int r = 0; r < rows && !any; r += group) {
       int lo, hi;
-      piece_rows(cache, pc, t_first + r / group, lo, hi);
+      piece_rows(cache, pc, t_first + r / group, window, lo, hi);
       any = lo < hi;
     }
     if (!any) continue;
@@ -101,7 +106,7 @@ void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, cons
         for (int t = 0; t < n; ++t) s[size_t(r) * n + t] *= pc.scale[t];
     for (int r = 0; r < rows; ++r) {
       int lo, hi;
-      piece_rows(cache, pc, t_first + r / group, lo, hi);
+      piece_rows(cache, pc, t_first + r / group, window, lo, hi);
       float* sr = s.data() + size_t(r) * n;
       const float mx = hi > lo ? sk.max(sr + lo, hi - lo) : -INFINITY;
       if (!(mx > -INFINITY)) {
@@ -177,7 +182,8 @@ void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, 
     const int p_begin = int(int64_t(np) * split / splits), p_end = int(int64_t(np) * (split + 1) / splits);
     SoftmaxState& st = states[size_t(item)];
     st.reset(rows, d);
-    attend_pieces(cache, pieces.data() + p_begin, p_end - p_begin, q_rows.data(), rows, g, t_first, st, scratch);
+    attend_pieces(cache, pieces.data() + p_begin, p_end - p_begin, q_rows.data(), rows, g, t_first,
+                  cache.config().attn_window_of(layer), st, scratch);
   });
 
   for (int item = 0; item < base_items; ++item) {

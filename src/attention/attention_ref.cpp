@@ -106,11 +106,12 @@ const float* ReferenceKv::value(int t, int pos, int h) const { return row(wv_, q
 
 void ReferenceKv::attend(int t, const float* q, int n_heads, double* out) const {
   const int g = n_heads / n_kv_;
-  std::vector<double> s(size_t(t) + 1);
+  const int w = cfg_.attn_window_of(0), first = w > 0 ? std::max(0, t - w + 1) : 0;  // a sliding window: (t - w, t]
+  std::vector<double> s(size_t(t) + 1, 0.0);
   for (int j = 0; j < n_heads; ++j) {
     const int h = j / g;
     double mx = -INFINITY;
-    for (int pos = 0; pos <= t; ++pos) {
+    for (int pos = first; pos <= t; ++pos) {
       const float* k = key(t, pos, h);
       double dot = 0;
       for (int c = 0; c < d_; ++c) dot += double(q[size_t(j) * d_ + c]) * k[c];
@@ -118,10 +119,10 @@ void ReferenceKv::attend(int t, const float* q, int n_heads, double* out) const 
       mx = std::max(mx, dot);
     }
     double sum = 0;
-    for (double& x : s) sum += (x = std::exp(x - mx));
+    for (int pos = first; pos <= t; ++pos) sum += (s[size_t(pos)] = std::exp(s[size_t(pos)] - mx));
     double* o = out + size_t(j) * d_;
     std::fill(o, o + d_, 0.0);
-    for (int pos = 0; pos <= t; ++pos) {
+    for (int pos = first; pos <= t; ++pos) {
       const float* v = value(t, pos, h);
       for (int c = 0; c < d_; ++c) o[c] += s[size_t(pos)] / sum * v[c];
     }

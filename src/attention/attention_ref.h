@@ -33,8 +33,9 @@ class ReferenceKv {
   const float* key(int t, int pos, int kv_head) const;
   const float* value(int t, int pos, int kv_head) const;
 
-  // out [n_heads, d] = softmax(q · K^T) V for one query at t; q [n_heads, d] already scaled; query head j uses
-  // kv head j / (n_heads / n_kv_heads). Double precision throughout.
+  // out [n_heads, d] = softmax(q · K^T) V for one query at t over positions [0, t], or (t - w, t] under a sliding
+  // window w = cfg.attn_window_of(0); q [n_heads, d] already scaled; query head j uses kv head j / (n_heads /
+  // n_kv_heads). Double precision throughout.
   void attend(int t, const float* q, int n_heads, double* out) const;
 
  private:

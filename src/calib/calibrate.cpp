@@ -279,7 +279,8 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
   const auto t1 = std::chrono::steady_clock::now();
   const int per_layer = cfg.calib_chunks + cfg.heldout_chunks;
   for (int l = 0; l < L; ++l) {
-    const LayerWeights& lw = model.weights().layers[size_t(l)];
+    // W_O of this layer widened to fp32 here, one layer at a time (the weights stay bf16 where they lie).
+    const std::vector<float> wo_l = model.weights().layers[size_t(l)].wo.to_f32();
     std::vector<OptrHeadInput> heads(static_cast<size_t>(H));
     for (int h = 0; h < H; ++h) {
       std::vector<ColMat<float>> wo(static_cast<size_t>(g));
@@ -287,7 +288,7 @@ KvTransform calibrate(Model& model, const std::vector<int32_t>& ids, const Calib
         wo[size_t(j)].resize(mc.hidden_size, d);
         for (int r = 0; r < mc.hidden_size; ++r)
           for (int c = 0; c < d; ++c)
-            wo[size_t(j)](r, c) = lw.wo[size_t(r) * hq * d + size_t(h * g + j) * d + c];
+            wo[size_t(j)](r, c) = wo_l[size_t(r) * hq * d + size_t(h * g + j) * d + c];
       }
       const float* mu_lh = mu.data() + (size_t(l) * H + h) * d;
       for (int i = 0; i < per_layer; ++i) {

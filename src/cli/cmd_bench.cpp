@@ -394,7 +394,7 @@ std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
   KVQ_CHECK(o.cache.attn_rot.empty(),
             "bench attention: --attn-rot does not apply (random rows; the query rotation is once per step)");
   std::vector<CacheConfig> out;
-  if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(), o.kv_heads, o.head_dim));
+  if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(o.head_dim), o.kv_heads, o.head_dim));
   for (const std::string& t : o.caches) {
     CacheOptions c = o.cache;
     if (const size_t colon = t.find(':'); colon != std::string::npos) {
@@ -403,7 +403,7 @@ std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
     } else {
       c.type_both = t;
     }
-    out.push_back(with_codec_transform(c.config(), o.kv_heads, o.head_dim));
+    out.push_back(with_codec_transform(c.config(o.head_dim), o.kv_heads, o.head_dim));
   }
   return out;
 }
@@ -546,7 +546,7 @@ void bench_attention(const BenchAttentionOptions& o) {
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
-  std::vector<AttentionFigures> figures = {bench_attention_one(o, bf16_options(o.cache).config(), pool, evict)};
+  std::vector<AttentionFigures> figures = {bench_attention_one(o, bf16_options(o.cache).config(o.head_dim), pool, evict)};
   for (const CacheConfig& c : tested) figures.push_back(bench_attention_one(o, c, pool, evict));
   const AttentionFigures& base = figures[0];
   double load[3] = {0, 0, 0};

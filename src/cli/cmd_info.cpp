@@ -1,4 +1,6 @@
-// kvq info: architecture, sizes, and the KV-cache accounting (bytes stored per token, effective bits).
+// kvq info: architecture, sizes, the KV-cache accounting (bytes stored per token, effective bits) and the memory plan
+// (model/memory_plan.h), all before any weight is read.
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -7,6 +9,7 @@
 #include "cli/options.h"
 #include "codecs/support_matrix.h"
 #include "common/error.h"
+#include "model/memory_plan.h"
 
 namespace kvq::cli {
 
@@ -16,6 +19,7 @@ struct InfoOptions {
   ModelOptions model;
   CacheOptions cache;
   int ctx = 0;
+  int parallel = 1;  // -np: sequences the memory plan holds
   bool json = false;
   bool codecs = false;  // --codecs: the support matrix, no model
   bool markdown = false;  // --codecs --markdown: docs/guide/codecs.md
@@ -43,29 +47,80 @@ void print_codecs(bool as_json, bool markdown) {
   std::printf("%s\n", j.dump().c_str());
 }
 
+// The memory plan (model/memory_plan.h), one line a part.
+void print_plan(const MemoryPlan& mp, const InfoOptions& o, int ctx, int chunk) {
+  const bool cuda = mp.device == PlanDevice::kCuda;
+  const auto b = [](size_t x) { return format_bytes(double(x)); };
+  std::printf("memory plan  --device %s, %d sequence%s of %d tokens, prefill chunks of %d\n", cuda ? "cuda" : "cpu",
+              o.parallel, o.parallel == 1 ? "" : "s", ctx, chunk);
+  if (o.model.dummy_weights || mp.page_cache_bytes == 0)
+    std::printf("  weights              %s bf16 dummy weights generated in %s + %s of fp32 norms and biases\n",
+                b(mp.matrix_bytes).c_str(), cuda ? "device memory" : "host memory", b(mp.vector_bytes).c_str());
+  else
+    std::printf("  weights              %s %s matrices, %s + %s of fp32 norms and biases\n", b(mp.matrix_bytes).c_str(),
+                mp.weight_dtype.c_str(),
+                cuda ? "read once from the mapping through pinned staging, then released"
+                     : "read in place from the checkpoint's mapping (page cache)",
+                b(mp.vector_bytes).c_str());
+  std::printf("  KV pool              %s of pages\n", b(mp.kv_pool_bytes).c_str());
+  std::printf("  windows              %s (sinks and recent rings of %d slot%s)\n", b(mp.kv_window_bytes).c_str(),
+              o.parallel, o.parallel == 1 ? "" : "s");
+  std::printf("  activations          %s (%s)\n", b(mp.activation_bytes).c_str(),
+              cuda ? "a step's buffers at its smallest row count, cuBLAS workspace"
+                   : "a prefill chunk's buffers and logits, the GEMM tile");
+  if (cuda)
+    std::printf("  device               %s: weights %s (%s GEMMs) + KV pool + windows + activations\n",
+                b(mp.device_bytes).c_str(), b(mp.device_weight_bytes).c_str(), o.model.gpu_gemm.c_str());
+  std::printf("  host                 %s of the process's own%s\n", b(mp.host_bytes).c_str(),
+              mp.page_cache_bytes == 0 ? ""
+              : cuda ? (" (" + b(mp.page_cache_bytes) + " of the checkpoint pass through the page cache)").c_str()
+                     : (" + " + b(mp.page_cache_bytes) + " of page cache for the mapped weights").c_str());
+}
+
 void run(const InfoOptions& o) {
   KVQ_CHECK(!o.markdown || o.codecs, "info: --markdown prints the codec page: it needs --codecs");
   KVQ_CHECK(!(o.markdown && o.json), "info: --markdown and --json exclude each other");
   if (o.codecs) return print_codecs(o.json, o.markdown);
   KVQ_CHECK(!o.model.dir.empty(), "info: -m DIR is required (or --codecs for the codec support matrix)");
-  const Plan p = plan(o.model, o.cache, o.ctx);
+  // The plan needs no device: a CPU plan, then (--device cuda) the GPU's cache checks without one.
+  ModelOptions host = o.model;
+  host.device = "cpu";
+  const Plan p = plan(host, o.cache, o.ctx);
   const ModelConfig& c = p.model;
   const int ctx = p.ctx;
   const CacheConfig& cc = p.cache;
+  const bool cuda = o.model.device == "cuda";
+  if (cuda) {
+    check_gpu_cache(cc, c.head_dim);
+    KVQ_CHECK(o.model.gpu_gemm == "bf16" || o.model.gpu_gemm == "fp32", "--gpu-gemm '{}' is not supported (bf16 or "
+              "fp32)", o.model.gpu_gemm);
+  }
   // --dummy-weights, or a config without weights (models/shapes/): the parameters the config calls for
   // (model/weights.h's table), no checkpoint to read.
   size_t n_params = 0;
   std::string fingerprint = "none (dummy weights)";
+  PlanInputs in{.model = c, .cache = cc, .ctx = ctx, .max_seqs = o.parallel,
+                .device = cuda ? PlanDevice::kCuda : PlanDevice::kCpu, .gpu_gemm_fp32 = o.model.gpu_gemm == "fp32"};
   if (o.model.dummy_weights) {
     n_params = model_params(c);
+    in.dummy = true;
   } else if (!Checkpoint::has_weights(o.model.dir)) {
     n_params = model_params(c);
     fingerprint = "none (config.json without weights: parameters counted from the config)";
+    in.dummy = true;
   } else {
-    const Checkpoint ckpt = Checkpoint::open(o.model.dir);
+    const Checkpoint ckpt = Checkpoint::open(o.model.dir);  // the headers only
     for (const auto& name : ckpt.names()) n_params += size_t(ckpt.get(name).info->numel());
     fingerprint = ckpt.fingerprint();
+    for (const TensorSpec& t : model_tensors(c)) {
+      if (!t.matrix() || !ckpt.has(t.name)) continue;  // a missing tensor is the loader's error to name
+      const TensorInfo& info = *ckpt.get(t.name).info;
+      in.matrix_bytes += info.nbytes();
+      const std::string dt(dtype_name(info.dtype));
+      in.matrix_dtype = in.matrix_dtype.empty() || in.matrix_dtype == dt ? dt : "mixed";
+    }
   }
+  const MemoryPlan mp = memory_plan(in);
   KvCache cache(cc, c.n_layers, c.n_kv_heads, c.head_dim, ctx);
   const CacheFootprint f = cache.footprint(ctx);
   const double bf16_per_token = 2.0 * c.n_kv_heads * c.head_dim * 2.0 * c.n_layers;
@@ -78,7 +133,13 @@ void run(const InfoOptions& o) {
                         {"kv_bytes_per_token_bf16", bf16_per_token}, {"kv_bytes_per_token", per_token},
                         {"kv_bytes_per_token_per_layer", f.bytes_per_token_per_layer},
                         {"kv_bits_quantized", f.quant_bits_per_element}, {"kv_bits_effective", f.bits_per_element},
-                        {"kv_bytes_at_ctx", per_token * ctx}};
+                        {"kv_bytes_at_ctx", per_token * ctx}, {"sliding_window", c.sliding_window()}};
+    j["memory"] = {{"device", cuda ? "cuda" : "cpu"}, {"sequences", o.parallel}, {"weights_dtype", mp.weight_dtype},
+                   {"weight_matrix_bytes", mp.matrix_bytes}, {"weight_vector_bytes", mp.vector_bytes},
+                   {"device_weight_bytes", mp.device_weight_bytes}, {"kv_pool_bytes", mp.kv_pool_bytes},
+                   {"kv_window_bytes", mp.kv_window_bytes}, {"activation_bytes", mp.activation_bytes},
+                   {"host_bytes", mp.host_bytes}, {"page_cache_bytes", mp.page_cache_bytes},
+                   {"device_bytes", mp.device_bytes}};
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -90,6 +151,10 @@ void run(const InfoOptions& o) {
   std::printf("attention    %d query heads, %d kv heads, head_dim %d%s%s\n", c.n_heads, c.n_kv_heads, c.head_dim,
               c.qk_norm ? ", QK-norm" : "", c.qkv_bias ? ", qkv bias" : "");
   std::printf("rope         theta %g, %s; max context %d\n", c.rope.theta, c.rope.type.c_str(), c.max_ctx);
+  if (c.sliding_window() > 0)
+    std::printf("sliding      window of %d positions on %zu of %d layers\n", c.sliding_window(),
+                size_t(std::count_if(c.layer_window.begin(), c.layer_window.end(), [](int w) { return w > 0; })),
+                c.n_layers);
   std::printf("fingerprint  %s\n", fingerprint.c_str());
   std::printf("KV cache     %s\n", cc.describe().c_str());
   std::printf("  bf16 cache           %.0f bytes/token (%.0f per layer)\n", bf16_per_token,
@@ -98,6 +163,7 @@ void run(const InfoOptions& o) {
               per_token, f.bytes_per_token_per_layer, per_token * ctx / (1 << 20));
   std::printf("  bits/element         %.3f quantized region, %.3f effective at %d tokens (windows included)\n",
               f.quant_bits_per_element, f.bits_per_element, ctx);
+  print_plan(mp, o, ctx, cc.max_chunk);
 }
 
 }  // namespace
@@ -108,7 +174,10 @@ void add_info(CLI::App& app) {
   add_model_options(cmd, o->model);
   cmd->get_option("--model")->required(false);  // --codecs needs no model; run() asks for -m otherwise
   add_cache_options(cmd, o->cache);
-  cmd->add_option("-c,--ctx-size", o->ctx, "context for the effective-bits accounting (0: the model's maximum)");
+  cmd->add_option("-c,--ctx-size", o->ctx, "context for the effective-bits accounting and the memory plan (0: the "
+                  "model's maximum)");
+  cmd->add_option("--parallel", o->parallel, "sequences the memory plan holds (alias -np)")->check(CLI::Range(1, 4096));
+  add_device_options(cmd, o->model);
   cmd->add_flag("--json", o->json, "print one JSON object (with --codecs: an array of matrix rows)");
   CLI::Option* codecs = cmd->add_flag("--codecs", o->codecs, "print the codec support matrix (codec x device x "
                                       "head_dim x group: bytes and bits stored) and exit");

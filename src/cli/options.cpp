@@ -1,5 +1,6 @@
 #include "cli/options.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -35,23 +36,40 @@ size_t available_host_bytes() {
 }
 }  // namespace
 
-CacheConfig CacheOptions::config() const {
-  CacheConfig c;
-  for (const std::string* t : {&type_k, &type_v})
+namespace {
+
+// The key and value codec names of the flags: -ctk / -ctv, or --kv-cache-dtype's preset or codec (validated).
+std::pair<std::string, std::string> codec_types(const CacheOptions& o) {
+  for (const std::string* t : {&o.type_k, &o.type_v})
     KVQ_CHECK(!find_preset(*t), "--cache-type-{}: '{}' is a preset of keys and values: use --kv-cache-dtype {}",
-              t == &type_k ? "k" : "v", *t, *t);
+              t == &o.type_k ? "k" : "v", *t, *t);
+  const CodecPreset* preset = o.type_both.empty() ? nullptr : find_preset(o.type_both);
+  KVQ_CHECK(o.type_both.empty() || preset || find_codec(o.type_both),
+            "--kv-cache-dtype '{}' is neither a cache type ({}) nor a preset ({})", o.type_both, codec_names(", "),
+            preset_names());
+  if (preset) return {std::string(codec_traits(preset->k).name), std::string(codec_traits(preset->v).name)};
+  if (!o.type_both.empty()) return {o.type_both, o.type_both};
+  return {o.type_k, o.type_v};
+}
+
+}  // namespace
+
+bool CacheOptions::default_group_used() const {
+  const auto [tk, tv] = codec_types(*this);
+  return group == 0 && (codec_traits(tk).grouped || codec_traits(tv).grouped);
+}
+
+CacheConfig CacheOptions::config(int head_dim) const {
+  CacheConfig c;
   // --kv-cache-dtype: a preset (its key and value codecs) or one codec for both.
   const CodecPreset* preset = type_both.empty() ? nullptr : find_preset(type_both);
-  KVQ_CHECK(type_both.empty() || preset || find_codec(type_both),
-            "--kv-cache-dtype '{}' is neither a cache type ({}) nor a preset ({})", type_both, codec_names(", "),
-            preset_names());
-  const std::string tk = preset ? std::string(codec_traits(preset->k).name) : type_both.empty() ? type_k : type_both;
-  const std::string tv = preset ? std::string(codec_traits(preset->v).name) : type_both.empty() ? type_v : type_both;
+  const auto [tk, tv] = codec_types(*this);
   const CodecTraits &kt = codec_traits(tk), &vt = codec_traits(tv);
   KVQ_CHECK(group == 0 || kt.grouped || vt.grouped,
             "--kv-group {}: neither cache type ({}, {}) takes a group size (unquantized rows, or a format with its own "
             "groups)", group, kt.name, vt.name);
-  const int g = group > 0 ? group : kDefaultGroup;
+  // Not given: the largest supported group dividing head_dim (head_dim 80 has none: the grouped codecs refuse it).
+  const int g = group > 0 ? group : default_group(head_dim) > 0 ? default_group(head_dim) : kDefaultGroup;
   c.k = codec_spec(tk, true, g, clip_k);
   c.v = codec_spec(tv, false, g, clip_v);
   c.sink = sink;
@@ -133,7 +151,8 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option("--kv-cache-dtype", o.type_both,
                   "cache type for keys and values, or a preset of both: " + preset_names() +
                       " (presets imply their transform: no --rotation)");
-  cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32; KIVI keys: tokens); default 128")
+  cmd->add_option("--kv-group", o.group, "values per scale/zero group (128, 64, 32; KIVI keys: tokens); default: the "
+                  "largest of them that divides head_dim")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-clip-k", o.clip_k, "key quantile clip ratio (default: the type's, " + clip_defaults(true) + ")")
       ->check(CLI::Range(0.01, 1.0));
@@ -220,16 +239,23 @@ void check_device_available(const ModelOptions& m) {
 #endif
 }
 
+void check_gpu_cache(const CacheConfig& cache, int head_dim) {
+  const int slide = cache.attn_window.empty() ? 0 : *std::max_element(cache.attn_window.begin(), cache.attn_window.end());
+  KVQ_CHECK(slide == 0, "--device cuda: sliding-window attention (sliding_window {}, Mistral) is not supported on the "
+            "GPU; use --device cpu", slide);
+#ifdef KVQ_HAVE_CUDA
+  const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
+  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);
+#endif
+}
+
 namespace {
 
 // --device cuda: a device and a GPU-supported cache, checked before any weights are read.
 void check_device(const ModelOptions& m, const CacheConfig& cache, int head_dim) {
   check_device_available(m);
   if (m.device == "cpu") return;
-#ifdef KVQ_HAVE_CUDA
-  const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
-  KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);
-#endif
+  check_gpu_cache(cache, head_dim);
 }
 
 // Whether llama.cpp's KV rotation (codecs/llamacpp/attn_rot.h), which its cache types imply, is on: yes unless
@@ -331,9 +357,10 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   KVQ_CHECK(beyond_trained_ctx || ctx_request <= p.model.max_ctx,
             "context {} exceeds the model's maximum of {} tokens", ctx_request, p.model.max_ctx);
   p.ctx = ctx_request > 0 ? ctx_request : p.model.max_ctx;
-  p.cache = c.config();
+  p.cache = c.config(p.model.head_dim);
   p.cache.simd = parse_simd_level(m.simd);  // an unknown level, or one this CPU lacks: one line before any work
   p.cache.key_rope = p.model.rope_inv_freq();  // for key codecs that store keys without RoPE (kv/codec_rope.h)
+  p.cache.attn_window = p.model.layer_window;  // sliding-window attention (Mistral): the cache reads through it
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   const ModelConfig& mc = p.model;
   if (!c.pnmix.empty() || codec_traits(p.cache.k.type).per_head) p.cache.k.pair_bits = pnmix_widths(m, c, p.cache, mc);
@@ -369,13 +396,26 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   }
   make_key_codec(p.cache, mc.head_dim);  // keys stored without RoPE refuse a key-side transform before any work
   if (llama_rot) log_attn_rot(c, p.cache, mc.head_dim, attn_rot);
+  if (c.default_group_used()) p.default_group = p.cache.v.group;
   return p;
 }
 
 Tokenizer load_tokenizer(const ModelOptions& o) { return Tokenizer::load(o.dir + "/tokenizer.json"); }
 
+namespace {
+
+// The group the cache took by default, once the command's checks passed (so that a bad input stays one error line).
+void log_default_group(const Plan& p) {
+  if (p.default_group > 0)
+    std::fprintf(stderr, "kvq: --kv-group %d (the default: the largest of 128, 64, 32 that divides head_dim %d)\n",
+                 p.default_group, p.model.head_dim);
+}
+
+}  // namespace
+
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p) {
   KVQ_CHECK(!o.dummy_weights, "internal: --dummy-weights reached load_model (use load_model_source)");
+  log_default_group(p);
   auto m = Model::load(o.dir, o.threads, parse_simd_level(o.simd));
   std::fprintf(stderr, "kvq: loaded %s: %s, %zu parameters, %d threads, %.2f s\n", o.dir.c_str(),
                std::string(arch_name(m->config().arch)).c_str(), m->weights().n_params, m->pool().size(),
@@ -390,18 +430,19 @@ ModelSource load_model_source(const ModelOptions& o, const Plan& p) {
     m.host = load_model(o, p);
     return m;
   }
+  log_default_group(p);
   m.dummy = true;
   m.seed = kDummyWeightsSeed;
   const ModelConfig& c = p.model;
   const std::string what = fmt::format("{}, {} parameters ~ N(0, {:g}^2), norms 1 (seed {})", arch_name(c.arch),
                                        model_params(c), c.initializer_range, m.seed);
   if (o.device == "cpu") {
-    // The CPU model holds fp32 weights and the bf16 copy its decode steps read (model/linear.h): 6 bytes a
-    // parameter. Refused up front rather than found out by the kernel's OOM killer after minutes of generation.
-    const double need = 6.0 * double(model_params(c)), avail = double(available_host_bytes()), gib = 1ull << 30;
+    // The CPU model holds its dummy weights in bf16, generated in place (model/weights.h): 2 bytes a parameter of
+    // the matrices. Refused up front rather than found out by the kernel's OOM killer after minutes of generation.
+    const double need = double(model_matrix_bytes(c, 2)), avail = double(available_host_bytes()), gib = 1ull << 30;
     KVQ_CHECK(avail == 0 || need < avail,
-              "--dummy-weights --device cpu: {}'s {} parameters take ~{:.1f} GiB of host memory (fp32 and bf16), "
-              "{:.1f} GiB are available; use a smaller config or --device cuda", o.dir, model_params(c), need / gib,
+              "--dummy-weights --device cpu: {}'s {} parameters take ~{:.1f} GiB of host memory (bf16), {:.1f} GiB "
+              "are available; use a smaller config or --device cuda", o.dir, model_params(c), need / gib,
               avail / gib);
     m.host = Model::dummy(o.dir, c, m.seed, o.threads, parse_simd_level(o.simd));
     fmt::print(stderr,

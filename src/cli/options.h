@@ -28,7 +28,7 @@ struct ModelOptions {
 struct CacheOptions {
   std::string type_k = "bf16", type_v = "bf16";  // -ctk / -ctv
   std::string type_both;                         // --kv-cache-dtype (sets both)
-  int group = 0;                                 // --kv-group (0: not given, kDefaultGroup)
+  int group = 0;                                 // --kv-group (0: not given: default_group(head_dim))
   float clip_k = -1, clip_v = -1;                // --kv-clip-k / --kv-clip-v (-1: the type's default)
   int sink = 64, recent = 256;                   // --kv-sink / --kv-recent
   std::string window_type;                       // --kv-window-type: bf16 | int8 ("": bf16, a preset's, f32 for f32)
@@ -45,7 +45,11 @@ struct CacheOptions {
   std::string prompt_policy = "decode-faithful";  // --prompt-policy (ppl, eval): CacheConfig::prompt_policy
   double evict_bits = 0;                         // --evict-bits: CacheConfig::evict_bits (evict only)
   int evict_ctx = 0;                             // --evict-ctx: CacheConfig::evict_ctx (evict only; 0: the prompt's end)
-  CacheConfig config() const;                    // validated later by KvCache / make_codec
+  // The cache of these flags for a model of head_dim (the default group: the largest of 128, 64, 32 dividing it);
+  // validated later by KvCache / make_codec.
+  CacheConfig config(int head_dim) const;
+  // Whether the group was not given and a grouped codec takes the default one (plan() logs it).
+  bool default_group_used() const;
 };
 
 // The prompt of each scored window (ppl, eval): --prompt-tokens P, or --prompt-fraction F (P = floor(F · ctx)).
@@ -78,12 +82,14 @@ struct Plan {
   CacheConfig cache;  // with its KV transform (--rotation), null: none
   size_t kv_budget_bytes = 0;  // --kv-budget-gib: the runner's pool + windows (0: max_seqs x max_ctx on the CPU,
                                // a share of the free memory on the GPU; cuda::GpuModel)
+  int default_group = 0;       // the group a grouped codec took without --kv-group (logged when the model loads), or 0
 };
 // beyond_trained_ctx (bench only): allow contexts past max_position_embeddings; the timing is real, the tokens are not.
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx = false);
 
 Tokenizer load_tokenizer(const ModelOptions& o);
-// Loads the weights (logs one line: parameters, threads, load time). Refuses --dummy-weights (ModelSource takes them).
+// Loads the weights (logs one line: parameters, threads, load time; and the default --kv-group the plan took, if any).
+// Refuses --dummy-weights (ModelSource takes them).
 std::unique_ptr<Model> load_model(const ModelOptions& o, const Plan& p);
 
 // --dummy-weights are for timing only: the commands that need a checkpoint's weights (run, ppl, eval, referee,
@@ -114,6 +120,8 @@ std::unique_ptr<Runner> make_runner(ModelSource& model, const ModelOptions& o, c
                                     int max_seqs = 1);
 // --device cpu, or cuda with a device present and a valid --gpu-gemm; one kvq::Error line otherwise.
 void check_device_available(const ModelOptions& o);
+// What the GPU runs, checked without a device: no sliding windows, and (CUDA builds) a cache of the instance table.
+void check_gpu_cache(const CacheConfig& cache, int head_dim);
 // The same dispatch for evaluation passes (kvq eval / referee): each call builds a runner of the given cache (and
 // its KV transform) on o.device. Checks the device (not the cache) once here; each cache when its runner is built.
 RunnerFactory make_runner_factory(Model& model, const ModelOptions& o);

@@ -61,12 +61,13 @@ std::string supported_list() {
   return fmt::format(
       "supported: {}; {} (per token, group 32, 64 or 128 dividing head_dim); {} (per_channel keys: group = 32, 64 or "
       "128 tokens; values: per-token rows, group 32, 64 or 128 dividing head_dim); {} (their own groups or blocks; "
-      "{}: head_dim a power of two); head_dim a multiple of 32 up to {}; clip in (0, 1]",
+      "{}: head_dim a power of two); head_dim a multiple of 32 up to {} ({}: of 16); clip in (0, 1]",
       codec_names_if([](const CodecTraits& t) { return !t.grouped && !fixed_format(t); }),
       codec_names_if([](const CodecTraits& t) { return t.grouped && !t.per_channel_keys; }),
       codec_names_if([](const CodecTraits& t) { return t.grouped && t.per_channel_keys; }),
       codec_names_if([](const CodecTraits& t) { return fixed_format(t); }),
-      codec_names_if([](const CodecTraits& t) { return t.pow2_head_dim; }), kCpuMaxHeadDim);
+      codec_names_if([](const CodecTraits& t) { return t.pow2_head_dim; }), kCpuMaxHeadDim,
+      codec_names_if([](const CodecTraits& t) { return t.head_dim_unit == 16; }));
 }
 
 bool valid_group(int g) {
@@ -82,9 +83,9 @@ std::unique_ptr<KvCodec> make_codec_at(const CodecSpec& spec, SimdLevel level) {
                                         spec.per_channel ? " (per_channel)" : "");
   const CodecTraits* t = find_codec(spec.type);
   KVQ_CHECK(t, "KV cache {} is not supported: unknown type ({})", combo, supported_list());
-  KVQ_CHECK(spec.head_dim > 0 && spec.head_dim % 32 == 0 && spec.head_dim <= kCpuMaxHeadDim,
-            "KV cache {} is not supported: head_dim must be a multiple of 32 up to {} ({})", combo, kCpuMaxHeadDim,
-            supported_list());
+  KVQ_CHECK(spec.head_dim > 0 && spec.head_dim % t->head_dim_unit == 0 && spec.head_dim <= kCpuMaxHeadDim,
+            "KV cache {} is not supported: {} needs head_dim a multiple of {} up to {} ({})", combo, t->name,
+            t->head_dim_unit, kCpuMaxHeadDim, supported_list());
   KVQ_CHECK(!t->pow2_head_dim || is_power_of_two(spec.head_dim),
             "KV cache {} is not supported: {} needs a power-of-two head_dim for its Hadamard ({})", combo, t->name,
             supported_list());

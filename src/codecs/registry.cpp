@@ -88,10 +88,10 @@ constexpr std::string_view kF16Aliases[] = {"fp16", "float16"};
 constexpr std::array kTable{
   CodecTraits{.id = CodecId::kF32,  .name = "f32",  .aliases = kF32Aliases,
               .summary = "float32 rows, lossless (reference cache)",
-              .code_bits = 32, .make = make_f32},
+              .code_bits = 32, .make = make_f32, .head_dim_unit = 16},
   CodecTraits{.id = CodecId::kBf16, .name = "bf16", .aliases = kBf16Aliases,
               .summary = "bfloat16 rows",
-              .code_bits = 16, .make = make_bf16},
+              .code_bits = 16, .make = make_bf16, .head_dim_unit = 16},
   // The METHODS §1 grid per token: fp16 scale / zero per group of G values, the quantile clip, fake-quantized by
   // calibration.
   CodecTraits{.id = CodecId::kInt8, .name = "int8",
@@ -185,7 +185,7 @@ constexpr std::array kTable{
   // 5, 4.5 and 4.5, are their blocks' bytes (codecs/llamacpp/llamacpp_blocks.h).
   CodecTraits{.id = CodecId::kF16, .name = "f16", .aliases = kF16Aliases,
               .summary = "IEEE half rows (llama.cpp's default cache type)",
-              .code_bits = 16, .make = make_f16},
+              .code_bits = 16, .make = make_f16, .head_dim_unit = 16},
   CodecTraits{.id = CodecId::kQ8_0, .name = "q8_0",
               .summary = "llama.cpp q8_0: blocks of 32, fp16 absmax scale, 8-bit codes",
               .code_bits = 8, .transform = CodecTransform::kAttnRot, .make = make_llamacpp},
@@ -241,6 +241,12 @@ static_assert(rows_in_id_order(), "codec table rows must be in CodecId order");
 }  // namespace
 
 std::span<const CodecTraits> codec_table() { return kTable; }
+
+int default_group(int head_dim) {
+  for (int i = int(std::size(kGroups)) - 1; i >= 0; --i)
+    if (head_dim > 0 && head_dim % kGroups[i] == 0) return kGroups[i];
+  return 0;
+}
 
 const CodecTraits& codec_traits(CodecId id) { return kTable.at(size_t(id)); }
 

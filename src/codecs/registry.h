@@ -60,6 +60,9 @@ struct CodecTraits {
   std::unique_ptr<KvCodec> (*make)(const CodecSpec& spec, SimdLevel level) = nullptr;
   int row_bytes = 0;              // bytes per stored row besides its codes and group params (a per-row fp16 scale);
                                   // 0 for formats of fixed blocks, whose scales come per block (bytes_per_block)
+  int head_dim_unit = 32;         // head_dim must be a multiple of this: the row kernels read units of 32 values;
+                                  // the unquantized rows (f32, bf16, f16) take 16, the last 16 values of a row
+                                  // read by a scalar tail (head_dim 80: StableLM, Phi-2)
   bool pow2_head_dim = false;     // head_dim must be a power of two (the codec applies a Sylvester Hadamard itself)
   bool pre_rope_keys = false;     // keys stored without RoPE: the cache removes it at each key's position before
                                   // encoding and re-applies it after decoding (kv/codec_rope.h; needs the model's RoPE)
@@ -83,11 +86,15 @@ struct CodecPreset {
   CodecId window = CodecId::kBf16;  // codec of the sink / recent windows (CacheConfig::window; KV4-RL: int8)
 };
 
-// The supported shapes on the CPU (every codec): head_dim a multiple of 32 up to 256; quantized codecs take groups
-// of 32, 64 or 128 (dividing head_dim for per-token rows; KIVI keys: tokens per block).
+// The supported shapes on the CPU: head_dim a multiple of the row's head_dim_unit (32; 16 for f32, bf16 and f16) up to
+// 256; quantized codecs take groups of 32, 64 or 128 (dividing head_dim for per-token rows; KIVI keys: tokens per
+// block), so head_dim 80 runs unquantized rows only.
 inline constexpr int kCpuMaxHeadDim = 256;
 inline constexpr int kGroups[] = {32, 64, 128};
-inline constexpr int kDefaultGroup = 128;  // G when --kv-group is not given
+inline constexpr int kDefaultGroup = 128;  // G when --kv-group is not given and 128 divides head_dim
+// The default --kv-group of a model: the largest of kGroups (128, 64, 32) that divides head_dim, or 0 when none does
+// (head_dim 80: no per-token grouped codec takes it).
+int default_group(int head_dim);
 
 // A quantized format that fixes its own groups and blocks (--kv-group does not apply): e.g. OScaR, llama.cpp's q4_0.
 inline bool fixed_format(const CodecTraits& t) { return !t.grouped && t.code_bits < 16; }

@@ -139,6 +139,7 @@ std::string codec_table_markdown() {
     for (std::string_view a : t.aliases) note(fmt::format("alias `{}`", a));
     if (t.keys_only) note("keys only");
     if (t.pow2_head_dim) note("power-of-two head_dim");
+    if (t.head_dim_unit != 32) note(fmt::format("CPU: head_dim a multiple of {} (80 included)", t.head_dim_unit));
     if (t.pre_rope_keys) note("keys stored without RoPE");
     if (t.token_scale_keys) note("keys token-scaled");
     if (t.per_head) note("one codec per (layer, kv head), from `--pnmix FILE`");
@@ -162,6 +163,11 @@ std::string support_markdown() {
       "`-ctk T` / `-ctv T` pick a key and a value codec, `--kv-cache-dtype P` a preset of both "
       "([cli.md](cli.md)). What each format is, and whose: [methods.md](methods.md).\n\n"
       "## The codecs\n\n" + codec_table_markdown() +
+      fmt::format("\nOn the CPU every codec takes head_dim a multiple of 32 up to {} (f32, bf16 and f16: of 16); the "
+                  "grouped ones need their group (32, 64 or 128) to divide head_dim for per-token rows, and "
+                  "`--kv-group` defaults to the largest that does. So a head_dim of 80 (StableLM, Phi-2) runs the "
+                  "unquantized rows only: every quantized codec reads 32-value units.\n",
+                  kCpuMaxHeadDim) +
       "\n## Bytes and bits stored, and where each runs\n\n"
       "Bytes per (token, kv head) and bits per element of the quantized region, from each codec's own block size "
       "(scales, zeros and norms included; the BF16 sink and recent windows are counted by `kvq info -m DIR -c N`). "
@@ -206,7 +212,8 @@ std::string support_markdown() {
          "G = 128); TurboQuant's and llama.cpp's (q8_0, q4_0) at 256, left out of the build-time budget (a CUDA-core "
          "kernel at 256 costs 6-16 s of ptxas); TurboQuant's values (tqv2, tqv3, tqv4) at 96, whose only pairs are "
          "TurboQuant keys, which like OScaR need a power-of-two head_dim for their Hadamard on either device. head_dim "
-         "80 runs on neither (the CPU codecs take multiples of 32).\n";
+         "80 runs the CPU's f32, bf16 and f16 rows only (the other codecs take multiples of 32; the GPU compiles no "
+         "kernel at 80).\n";
   return out;
 }
 

@@ -56,6 +56,15 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
+void MappedFile::release_pages(const void* p, size_t bytes) const {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  KVQ_CHECK(begin >= reinterpret_cast<uintptr_t>(data_) && end <= reinterpret_cast<uintptr_t>(data_) + size_,
+            "release_pages: [{}, +{}) is outside the mapping of '{}'", p, bytes, path_);
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages inside
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void MappedFile::release() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
   data_ = nullptr;

@@ -20,6 +20,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }  // first byte; nullptr for an empty file
   size_t size() const { return size_; }          // file length in bytes
   const std::string& path() const { return path_; }
+  // Drops the whole pages inside [p, p + bytes) from the process's resident set (madvise MADV_DONTNEED): the page cache
+  // keeps them and a later read faults them back in. For bytes read once (the GPU upload), so that host RSS stays
+  // small. p must lie in the mapping.
+  void release_pages(const void* p, size_t bytes) const;
 
  private:
   void release();

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <vector>
 
 #include "common/error.h"
 #include "common/half.h"
@@ -122,30 +124,95 @@ class WeightSource {
   std::vector<const TensorSpec*> by_stream_;  // [(n_layers + 1) * kCount] table entry of each stream, or null
 };
 
-// A host Weights (a checkpoint's, or Weights::dummy) uploaded. Bf16 is exact for a bf16 checkpoint (checked: the
-// round trip of every value must be exact, otherwise the upload would silently change the model).
+// Two pinned host buffers and a copy stream: a tensor's bytes are staged into one buffer (copied from the mapping, or
+// converted to the GEMM precision) while the other buffer's copy to the device runs. Host memory: the two buffers.
+class PinnedStaging {
+ public:
+  static constexpr size_t kChunkBytes = size_t(32) << 20;  // a multiple of every element size
+
+  PinnedStaging() {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "weight upload: cudaStreamCreate");
+    for (int b = 0; b < 2; ++b) {
+      check(cudaHostAlloc(&buf_[b], kChunkBytes, cudaHostAllocDefault), "weight upload: cudaHostAlloc");
+      check(cudaEventCreateWithFlags(&done_[b], cudaEventDisableTiming), "weight upload: cudaEventCreate");
+    }
+  }
+  ~PinnedStaging() {
+    cudaStreamSynchronize(stream_);
+    for (int b = 0; b < 2; ++b) {
+      cudaEventDestroy(done_[b]);
+      cudaFreeHost(buf_[b]);
+    }
+    cudaStreamDestroy(stream_);
+  }
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+
+  // Device bytes [0, bytes) of dst = what stage(host, first, n) writes for bytes [first, first + n), chunk by chunk.
+  template <class Stage>
+  void copy(void* dst, size_t bytes, const Stage& stage) {
+    for (size_t at = 0; at < bytes; at += kChunkBytes, next_ ^= 1) {
+      const size_t n = std::min(kChunkBytes, bytes - at);
+      check(cudaEventSynchronize(done_[next_]), "weight upload: cudaEventSynchronize");  // its last copy is done
+      stage(static_cast<uint8_t*>(buf_[next_]), at, n);
+      check(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + at, buf_[next_], n, cudaMemcpyHostToDevice, stream_),
+            "weight upload: cudaMemcpyAsync");
+      check(cudaEventRecord(done_[next_], stream_), "weight upload: cudaEventRecord");
+    }
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  void* buf_[2] = {nullptr, nullptr};
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  int next_ = 0;
+};
+
+// A host Weights (a checkpoint's tensors where they lie in its mapping, or Weights::dummy) uploaded through pinned
+// staging, chunk by chunk (PinnedStaging): no copy of the model on the host. bf16 weights go up as they lie for bf16
+// GEMMs; f16 / f32 ones are converted per chunk and must be bf16 values (checked: otherwise the upload would silently
+// change the model; --gpu-gemm fp32 takes them); fp32 GEMMs get every dtype widened per chunk. Once a tensor is
+// staged, its mapped pages leave the process's resident set (WeightTensor::release), so host RSS stays small.
 class HostWeightSource final : public WeightSource {
  public:
   HostWeightSource(const ModelConfig& cfg, GemmPrecision gemm, const Weights& w) : WeightSource(cfg, gemm), w_(w) {}
+  ~HostWeightSource() override = default;
 
  protected:
-  std::vector<float> host_vector(const TensorSpec& t) const override { return w_.tensor(t.role, t.layer); }
+  std::vector<float> host_vector(const TensorSpec& t) const override { return w_.vector(t.role, t.layer); }
   void fill_rows(const TensorSpec& t, DeviceBuffer& dst, size_t offset) const override {
-    const std::vector<float>& v = w_.tensor(t.role, t.layer);
-    KVQ_CHECK(v.size() == t.numel(), "GpuModel: weight {} has {} values, expected {}", t.name, v.size(), t.numel());
-    if (gemm_ == GemmPrecision::Fp32) return dst.upload(v.data(), v.size() * sizeof(float), offset * sizeof(float));
-    std::vector<uint16_t> bits(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      bits[i] = f32_to_bf16(v[i]);
-      KVQ_CHECK(bf16_to_f32(bits[i]) == v[i] || std::isnan(v[i]),
-                "GpuModel: weight {} holds {} at {}, not a bf16 value; use --gpu-gemm fp32 for this checkpoint", t.name,
-                v[i], i);
+    const WeightTensor& w = w_.matrix(t.role, t.layer);
+    KVQ_CHECK(w.numel() == t.numel(), "GpuModel: weight {} has {} values, expected {}", t.name, w.numel(), t.numel());
+    if (!staging_) staging_ = std::make_unique<PinnedStaging>();  // at the first upload: the device is checked by then
+    PinnedStaging& staging = *staging_;
+    if (gemm_ == GemmPrecision::Fp32) {
+      staging.copy(dst.as<float>() + offset, w.numel() * sizeof(float), [&](uint8_t* host, size_t at, size_t n) {
+        w.to_f32(at / sizeof(float), n / sizeof(float), reinterpret_cast<float*>(host));
+      });
+    } else if (w.dtype == DType::BF16) {
+      staging.copy(dst.as<uint16_t>() + offset, w.nbytes(),
+                    [&](uint8_t* host, size_t at, size_t n) { std::memcpy(host, w.data + at, n); });
+    } else {
+      staging.copy(dst.as<uint16_t>() + offset, w.numel() * sizeof(uint16_t), [&](uint8_t* host, size_t at, size_t n) {
+        const size_t first = at / sizeof(uint16_t), count = n / sizeof(uint16_t);
+        thread_local std::vector<float> values;
+        values.resize(count);
+        w.to_f32(first, count, values.data());
+        uint16_t* bits = reinterpret_cast<uint16_t*>(host);
+        for (size_t i = 0; i < count; ++i) {
+          bits[i] = f32_to_bf16(values[i]);
+          KVQ_CHECK(bf16_to_f32(bits[i]) == values[i] || std::isnan(values[i]),
+                    "GpuModel: weight {} holds {} at {}, not a bf16 value; use --gpu-gemm fp32 for this checkpoint",
+                    t.name, values[i], first + i);
+        }
+      });
     }
-    dst.upload(bits.data(), bits.size() * sizeof(uint16_t), offset * sizeof(uint16_t));
+    w.release();
   }
 
  private:
   const Weights& w_;
+  mutable std::unique_ptr<PinnedStaging> staging_;  // made at the first upload
 };
 
 // --dummy-weights on the device: every linear generated in place by kernels::dummy_fill, the values Weights::dummy
@@ -424,6 +491,8 @@ void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg
             "fit)", n_seqs, max_ctx);
   KVQ_CHECK(c.hidden_size <= kernels::kNormMaxDim, "--device cuda: hidden_size {} is wider than the GPU norm's {}",
             c.hidden_size, kernels::kNormMaxDim);
+  KVQ_CHECK(c.sliding_window() == 0, "--device cuda: sliding-window attention (sliding_window {}, {}) is not supported "
+            "on the GPU; use --device cpu", c.sliding_window(), arch_name(c.arch));
   const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
   // The cache's checks, before any upload.

@@ -71,9 +71,17 @@ void check_prompt_policy(const CacheConfig& cfg) {
             "KV cache: prompt policy 'evict' scores the stored rows: no KV transform ('{}')", cfg.rotation());
 }
 
+// The sliding windows (CacheConfig::attn_window) against the model's layers.
+void check_attn_window(const CacheConfig& cfg, int n_layers) {
+  KVQ_CHECK(cfg.attn_window.empty() || cfg.attn_window.size() == size_t(n_layers),
+            "KV cache: sliding windows for {} layers, the cache has {}", cfg.attn_window.size(), n_layers);
+  for (int w : cfg.attn_window) KVQ_CHECK(w >= 0, "KV cache: sliding window {} must be >= 0", w);
+}
+
 // The cache's config, checked before any codec is built.
-const CacheConfig& checked(const CacheConfig& cfg, int max_ctx, int max_seqs, size_t budget_bytes) {
+const CacheConfig& checked(const CacheConfig& cfg, int n_layers, int max_ctx, int max_seqs, size_t budget_bytes) {
   check_windows(cfg);
+  check_attn_window(cfg, n_layers);
   check_prompt_policy(cfg);
   KVQ_CHECK(cfg.max_chunk > 0 && max_ctx > 0 && (max_seqs > 0 || (max_seqs == 0 && budget_bytes > 0)),
             "KV cache: bad sizes (chunk {}, ctx {}, seqs {})", cfg.max_chunk, max_ctx, max_seqs);
@@ -206,13 +214,16 @@ std::string CacheConfig::describe() const {
   else if (prompt_policy != PromptPolicy::kDecodeFaithful) prompt = " prompt=" + std::string(prompt_policy_name(prompt_policy));
   // nothing for the codecs' own block either: " demote=256" only where B was set
   const std::string demote = demote_block > 0 ? fmt::format(" demote={}", demote_block) : "";
-  return fmt::format("k={} v={} sink={} recent={}{} window={} rotation={}{}{}", one(k), one(v), sink, recent, demote,
-                     window, rotation(), skip, prompt);
+  // nor for a model without sliding windows: " sliding=4096" (the widest layer's) only where one slides
+  const int slide = attn_window.empty() ? 0 : *std::max_element(attn_window.begin(), attn_window.end());
+  const std::string sliding = slide > 0 ? fmt::format(" sliding={}", slide) : "";
+  return fmt::format("k={} v={} sink={} recent={}{} window={} rotation={}{}{}{}", one(k), one(v), sink, recent, demote,
+                     window, rotation(), skip, prompt, sliding);
 }
 
 KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
                  size_t budget_bytes)
-    : cfg_(checked(cfg, max_ctx, max_seqs, budget_bytes)),
+    : cfg_(checked(cfg, n_layers, max_ctx, max_seqs, budget_bytes)),
       n_layers_(n_layers),
       n_kv_(n_kv_heads),
       d_(head_dim),
@@ -577,8 +588,11 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
   Sequence& s = *seqs_.at(size_t(seq));
   const int S0 = cfg_.sink, P = cfg_.page_tokens;
   out.clear();
+  // A sliding window: no query of [t_first, t_last] reads a position below lo (attention masks each query's own).
+  const int w = cfg_.attn_window_of(layer), lo = w > 0 ? std::max(0, t_first - w + 1) : 0;
   // The exact store's rows [from, t_last]: slots from exact_slot(from) on (evict: kept positions, then later tokens).
   const auto exact_run = [&](int from) {
+    if (s.kept < 0) from = std::max(from, lo);  // after an eviction the slots are not positions: masked per query
     const int slot0 = exact_slot(s, from), n = exact_slot(s, t_last) + 1 - slot0;
     const int* pos = s.kept >= 0 ? s.positions.data() + (size_t(layer) * n_kv_ + kv_head) * max_ctx_ + slot0 : nullptr;
     if (n > 0)
@@ -590,20 +604,27 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
   const bool frozen = cfg_.prompt_policy == PromptPolicy::kQuantizeAfterPrompt && s.prompt_end >= 0;
   const int frozen_end = frozen && s.prompt_end > 0 ? quant_end(s.prompt_end - 1) : S0;
   const int n_sink = std::min({S0, t_last + 1, frozen ? s.prompt_end : S0});
-  if (n_sink > 0)
-    out.push_back({RunKind::Sink, 0, n_sink, sink_row(s, layer, 0, kv_head, 0), sink_row(s, layer, 1, kv_head, 0),
-                   nullptr, window_.get(), window_.get(), nullptr});
+  if (n_sink > lo)
+    out.push_back({RunKind::Sink, lo, n_sink - lo, sink_row(s, layer, 0, kv_head, lo),
+                   sink_row(s, layer, 1, kv_head, lo), nullptr, window_.get(), window_.get(), nullptr});
   const int q_end = frozen ? frozen_end : quant_end(t_last);
+  const KvCodec &kc = k_codec(layer, kv_head), &vc = v_codec(layer);
   for (int p0 = S0; p0 < q_end; p0 += P) {
+    const int end = std::min(p0 + P, q_end);
+    if (end <= lo) continue;  // behind every query's sliding window
+    // From the codec block holding lo on (quantized runs start on codec blocks).
+    const int a = lo > p0 ? p0 + (lo - p0) / layout_.codec_tokens * layout_.codec_tokens : p0;
     const int page = pool_.page(seq, (p0 - S0) / P);
     const uint8_t* head = page_ptr(page) + head_offset(layer, kv_head);
-    out.push_back({RunKind::Quant, p0, std::min(P, q_end - p0), head, head + layout_.layer_k_region(layer),
-                   cfg_.k.token_scale ? page_scales(page, layer) : nullptr, &k_codec(layer, kv_head), &v_codec(layer),
-                   nullptr});
+    const uint8_t* k = head + size_t((a - p0) / kc.tokens_per_block()) * kc.bytes_per_block();
+    const uint8_t* v = head + layout_.layer_k_region(layer) + size_t((a - p0) / vc.tokens_per_block()) *
+                                                                  vc.bytes_per_block();
+    out.push_back({RunKind::Quant, a, end - a, k, v, cfg_.k.token_scale ? page_scales(page, layer) + (a - p0) : nullptr,
+                   &kc, &vc, nullptr});
   }
   if (frozen) return exact_run(q_end > S0 ? q_end : n_sink);
   // Recent rows: everything from the first query's window start to the last query, split at the ring's wrap.
-  for (int p0 = std::max(S0, quant_end(t_first)); p0 <= t_last;) {
+  for (int p0 = std::max({S0, quant_end(t_first), lo}); p0 <= t_last;) {
     const int slot = p0 % layout_.ring_tokens;
     const int n = std::min(t_last + 1 - p0, layout_.ring_tokens - slot);
     out.push_back({RunKind::Recent, p0, n, ring_row(s, layer, 0, kv_head, p0), ring_row(s, layer, 1, kv_head, p0),

@@ -127,6 +127,14 @@ struct CacheConfig {
   // without RoPE (the codec table's pre_rope_keys; kv/codec_rope.h). The runner fills it from the model; empty: such
   // a key codec is refused.
   std::vector<float> key_rope;
+  // The model's sliding-window attention (ModelConfig::layer_window, Mistral): [n_layers] keys a query at position t
+  // of layer l reads, positions (t - attn_window[l], t]; 0 = every earlier position; empty = no layer slides. The
+  // runner fills it from the model (Model::forward refuses a cache without the model's windows); runs() hands out no
+  // row behind the first query's window and attention masks each query's. CPU only (the GPU refuses such models).
+  std::vector<int> attn_window;
+  int attn_window_of(int layer) const {
+    return attn_window.empty() ? 0 : attn_window[size_t(layer)];
+  }
   // The prefill semantics (PromptPolicy above); decode-faithful unless a camp's "as shipped" row asks otherwise.
   PromptPolicy prompt_policy = PromptPolicy::kDecodeFaithful;
   // evict only: the bits per element the cache may store, as a fraction f = evict_bits / 16 of the BF16 bytes at

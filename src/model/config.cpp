@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -74,6 +75,9 @@ void parse_rope_scaling(const json& s, const char* key, RopeConfig& rope, std::s
   std::string type = opt_string(s, "rope_type", where);
   if (type.empty()) type = opt_string(s, "type", where);
   if (type.empty()) config_fail(where, fmt::format("\"{}\" has no \"rope_type\"", key));
+  if (const std::optional<double> partial = opt_double(s, "partial_rotary_factor", where); partial && *partial != 1.0)
+    config_fail(where, fmt::format("unsupported \"{}\".partial_rotary_factor {} (RoPE on part of each head; "
+                                   "supported: 1)", key, *partial));
   if (type == "default") return;
   if (type != "llama3") {
     config_fail(where, fmt::format("unsupported rope type '{}' in \"{}\" (supported: default, llama3)", type, key));
@@ -114,6 +118,64 @@ RopeConfig parse_rope(const json& j, std::string_view where) {
   return rope;
 }
 
+// What the supported families can switch on that kvq does not run: refused, naming the field, rather than running a
+// different model.
+void refuse_unsupported_features(const json& j, std::string_view where) {
+  if (const json* q = field(j, "quantization_config")) {
+    const std::string method = q->is_object() && q->contains("quant_method") ? q->at("quant_method").dump() : "?";
+    config_fail(where, fmt::format("\"quantization_config\" (quant_method {}): quantized checkpoints are not "
+                                   "supported; kvq reads F32, F16 and BF16 weights", method));
+  }
+  for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+                          "moe_intermediate_size"}) {
+    const json* v = field(j, moe);
+    if (v && !(v->is_number() && v->get<double>() == 0))
+      config_fail(where, fmt::format("\"{}\" = {}: mixture-of-experts layers are not supported", moe, v->dump()));
+  }
+  if (const std::optional<double> partial = opt_double(j, "partial_rotary_factor", where); partial && *partial != 1.0)
+    config_fail(where, fmt::format("unsupported partial_rotary_factor {} (RoPE on part of each head; supported: 1)",
+                                   *partial));
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (const json* v = field(j, cap))
+      config_fail(where, fmt::format("\"{}\" = {}: logit soft-capping is not supported", cap, v->dump()));
+}
+
+// The window of each layer (ModelConfig::layer_window): the window size the family reads ("sliding_window": always for
+// Mistral, only with "use_sliding_window" for Qwen2 / Qwen3; Llama has none; absent: transformers' default 4096, null:
+// none), on the layers "layer_types" names "sliding_attention", or by default every layer (Mistral) or those from
+// "max_window_layers" on (Qwen2 / Qwen3), as transformers' configuration classes derive layer_types.
+std::vector<int> parse_layer_windows(const json& j, const ModelConfig& c, std::string_view where) {
+  if (c.arch == Arch::Llama) return {};
+  const bool qwen = c.arch == Arch::Qwen2 || c.arch == Arch::Qwen3;
+  std::vector<bool> slides(size_t(c.n_layers), !qwen);
+  if (const json* types = field(j, "layer_types")) {
+    if (!types->is_array() || types->size() != size_t(c.n_layers))
+      config_fail(where, fmt::format("\"layer_types\" must be an array of num_hidden_layers = {} strings, got {}",
+                                     c.n_layers, types->dump()));
+    for (size_t l = 0; l < types->size(); ++l) {
+      const json& t = (*types)[l];
+      if (t == "full_attention" || t == "sliding_attention") {
+        slides[l] = t == "sliding_attention";
+        continue;
+      }
+      config_fail(where, fmt::format("unsupported \"layer_types\"[{}] = {} (supported: \"full_attention\", "
+                                     "\"sliding_attention\")", l, t.dump()));
+    }
+  } else if (qwen) {
+    const int first = opt_int(j, "max_window_layers", where).value_or(28);  // transformers' default
+    for (int l = std::max(first, 0); l < c.n_layers; ++l) slides[size_t(l)] = true;
+  }
+  if (qwen && !opt_bool(j, "use_sliding_window", false, where)) return {};
+  constexpr int kDefaultWindow = 4096;  // MistralConfig's, Qwen2Config's and Qwen3Config's default sliding_window
+  const std::optional<int> size = j.contains("sliding_window") ? opt_int(j, "sliding_window", where) : kDefaultWindow;
+  if (size && *size <= 0) config_fail(where, fmt::format("\"sliding_window\" = {} must be positive", *size));
+  const int window = size.value_or(0);
+  if (window == 0 || std::find(slides.begin(), slides.end(), true) == slides.end()) return {};
+  std::vector<int> out(size_t(c.n_layers), 0);
+  for (size_t l = 0; l < out.size(); ++l) out[l] = slides[l] ? window : 0;
+  return out;
+}
+
 }  // namespace
 
 std::string_view arch_name(Arch arch) {
@@ -121,6 +183,7 @@ std::string_view arch_name(Arch arch) {
     case Arch::Qwen3: return "qwen3";
     case Arch::Qwen2: return "qwen2";
     case Arch::Llama: return "llama";
+    case Arch::Mistral: return "mistral";
   }
   return "?";
 }
@@ -141,16 +204,20 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
   ModelConfig c;
   c.model_type = opt_string(j, "model_type", where);
   if (c.model_type.empty()) {
-    config_fail(where, "missing required field \"model_type\" (supported: qwen3, qwen2, llama)");
+    config_fail(where, "missing required field \"model_type\" (supported: qwen3, qwen2, llama, mistral)");
   } else if (c.model_type == "qwen3") {
     c.arch = Arch::Qwen3;
   } else if (c.model_type == "qwen2") {
     c.arch = Arch::Qwen2;
   } else if (c.model_type == "llama") {
     c.arch = Arch::Llama;
+  } else if (c.model_type == "mistral") {
+    c.arch = Arch::Mistral;
   } else {
-    config_fail(where, fmt::format("unsupported model_type '{}' (supported: qwen3, qwen2, llama)", c.model_type));
+    config_fail(where, fmt::format("unsupported model_type '{}' (supported: qwen3, qwen2, llama, mistral)",
+                                   c.model_type));
   }
+  refuse_unsupported_features(j, where);
 
   c.vocab_size = req_int(j, "vocab_size", where);
   c.hidden_size = req_int(j, "hidden_size", where);
@@ -159,10 +226,19 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
   c.n_heads = req_int(j, "num_attention_heads", where);
   c.max_ctx = req_int(j, "max_position_embeddings", where);
   const double eps = req_double(j, "rms_norm_eps", where);
-  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-                         {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.n_layers},
-                         {"num_attention_heads", c.n_heads}, {"max_position_embeddings", c.max_ctx}}) {
-    if (v <= 0) config_fail(where, fmt::format("\"{}\" = {} must be positive", name, v));
+  // Positive, and within limits far above any published model's (which keep a corrupt config from sizing tables of
+  // billions of entries before the checkpoint is even opened).
+  struct Limit {
+    const char* name;
+    int value, most;
+  };
+  for (const Limit& f : {Limit{"vocab_size", c.vocab_size, 1 << 24}, Limit{"hidden_size", c.hidden_size, 1 << 17},
+                         Limit{"intermediate_size", c.intermediate_size, 1 << 20},
+                         Limit{"num_hidden_layers", c.n_layers, 1024}, Limit{"num_attention_heads", c.n_heads, 1024},
+                         Limit{"max_position_embeddings", c.max_ctx, 1 << 30}}) {
+    if (f.value <= 0) config_fail(where, fmt::format("\"{}\" = {} must be positive", f.name, f.value));
+    if (f.value > f.most)
+      config_fail(where, fmt::format("\"{}\" = {} is implausibly large (at most {})", f.name, f.value, f.most));
   }
   c.n_kv_heads = opt_int(j, "num_key_value_heads", where).value_or(c.n_heads);
   if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0) {
@@ -178,8 +254,9 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
     }
     c.head_dim = c.hidden_size / c.n_heads;
   }
-  if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
-    config_fail(where, fmt::format("head_dim {} must be positive and even (RoPE rotates pairs)", c.head_dim));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0 || c.head_dim > 4096) {
+    config_fail(where, fmt::format("head_dim {} must be positive and even (RoPE rotates pairs), at most 4096",
+                                   c.head_dim));
   }
   if (!(eps > 0) || !(eps < 1)) config_fail(where, fmt::format("rms_norm_eps {} must be in (0, 1)", eps));
   c.rms_eps = float(eps);
@@ -190,7 +267,7 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
   if (!act.empty() && act != "silu") {
     config_fail(where, fmt::format("unsupported hidden_act '{}' (supported: silu)", act));
   }
-  if (opt_bool(j, "use_sliding_window", false, where)) config_fail(where, "use_sliding_window=true is not supported");
+  c.layer_window = parse_layer_windows(j, c, where);
   if (opt_bool(j, "mlp_bias", false, where)) config_fail(where, "mlp_bias=true is not supported");
   if (c.arch != Arch::Qwen2 && opt_bool(j, "attention_bias", false, where)) {
     config_fail(where, fmt::format("attention_bias=true is not supported for model_type {}", c.model_type));
@@ -224,6 +301,12 @@ ModelConfig ModelConfig::parse(const json& j, std::string_view where) {
   c.torch_dtype = opt_string(j, "torch_dtype", where);
   if (c.torch_dtype.empty()) c.torch_dtype = opt_string(j, "dtype", where);  // transformers >= 5
   return c;
+}
+
+int ModelConfig::sliding_window() const {
+  int w = 0;
+  for (int x : layer_window) w = std::max(w, x);
+  return w;
 }
 
 int64_t ModelConfig::n_params() const {

@@ -1,5 +1,9 @@
-// ModelConfig: a Hugging Face config.json for the decoder-only families kvq runs (Qwen3, Qwen2, Llama 3),
-// validated once; everything downstream reads sizes from here.
+// ModelConfig: a Hugging Face config.json for the decoder-only families kvq runs (Qwen3, Qwen2 / 2.5, Llama 2 / 3.x,
+// Mistral), validated once; everything downstream reads sizes from here. Both spellings of the fields are read: the
+// Hub's (transformers 4: "torch_dtype", "rope_theta" + "rope_scaling") and transformers 5's ("dtype",
+// "rope_parameters", "layer_types"). What these families can switch on that kvq does not implement (mixture of experts,
+// quantized weights, other RoPE types, partial rotary, soft-capping, other attention kinds) is refused with one error
+// naming the field.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +15,9 @@
 
 namespace kvq {
 
-enum class Arch { Qwen3, Qwen2, Llama };
+enum class Arch { Qwen3, Qwen2, Llama, Mistral };
 
-std::string_view arch_name(Arch arch);  // the model_type spelling: "qwen3", "qwen2", "llama"
+std::string_view arch_name(Arch arch);  // the model_type spelling: "qwen3", "qwen2", "llama", "mistral"
 
 struct RopeConfig {
   double theta = 10000.0;             // base of the inverse frequencies
@@ -40,6 +44,11 @@ struct ModelConfig {
   bool tie_embeddings = false;      // lm_head shares embed's weights (no lm_head.weight tensor)
   bool qk_norm = false;             // per-head RMSNorm on q and k before RoPE (Qwen3)
   bool qkv_bias = false;            // q/k/v projections carry a bias (Qwen2)
+  // Sliding-window attention, per layer: a query at position t of layer l attends to the keys at positions
+  // (t - layer_window[l], t] (transformers' sliding_window_overlay: kv > q - window), 0 = every earlier position.
+  // [n_layers], or empty when no layer slides. Mistral: "sliding_window" on every layer; Qwen2 / Qwen3 with
+  // "use_sliding_window": the layers from "max_window_layers" on; "layer_types" (transformers 5) names them.
+  std::vector<int> layer_window;
   std::vector<int> eos_token_ids;   // end-of-sequence ids (may be empty)
   int bos_token_id = -1;            // -1 when the config has none
   std::string torch_dtype;          // "bfloat16", "float32", ... ("" when absent)
@@ -50,6 +59,8 @@ struct ModelConfig {
   static ModelConfig load(const std::string& path);
   // Parses a config.json object; where names it in error messages.
   static ModelConfig parse(const nlohmann::json& j, std::string_view where);
+
+  int sliding_window() const;  // the widest layer window, 0 when no layer slides
 
   // Parameters of the checkpoint: embeddings, every layer's projections, norms and biases, and lm_head unless tied.
   int64_t n_params() const;

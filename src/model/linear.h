@@ -1,49 +1,57 @@
-// The CPU model's linear layers: y[n, out] = x[n, in] · Wᵀ (+ bias), W in Hugging Face's [out, in] layout.
+// The CPU model's linear layers: y[n, out] = x[n, in] · Wᵀ (+ bias), W in Hugging Face's [out, in] layout, read where
+// it lies (model/weights.h: the checkpoint's mapping, in its dtype). Activations and accumulation are fp32.
 //
-// A decode step (n <= kGemvRows rows) is bound by reading W once. When every weight is exactly a bfloat16 (a bf16
-// checkpoint: the fp32 weights are its values widened), the layer keeps a bf16 copy and reads that — half the bytes —
-// through the bf16 row kernels of the cache (simd/simd.h: each weight widened exactly to fp32, fp32 FMAs), so the
-// result is the same fp32 maths as OpenBLAS's on the fp32 weights, in another summation order. Larger n (prefill)
-// runs OpenBLAS sgemm on the fp32 weights; so do weights that are not all bf16 (f16 or f32 checkpoints).
-// The bf16 copy costs half of the fp32 weights again in memory (the fp32 ones stay: calibration and the GPU upload
-// read them).
+// bf16 / f16 weights:
+//   - a decode step (n <= kGemvRows rows) is bound by reading W once: it reads W's 16-bit rows through the row kernels
+//     of the cache (simd/simd.h: each weight widened exactly to fp32, fp32 FMAs), half the bytes of fp32 weights;
+//   - larger n (prefill) runs OpenBLAS sgemm on W widened tile by tile into one scratch buffer of at most
+//     kTileFloats floats (per calling thread): a W of at most that many elements is one tile, the very sgemm call
+//     fp32 weights would make; a larger one with in <= out is cut into blocks of whole rows, each sgemm writing its
+//     columns of y once; with in > out into slices of input columns, as many multiples of kSliceK as kTileFloats
+//     holds for every row (and, past kTileFloats / kSliceK output rows, into row blocks), each accumulated into y by
+//     sgemm with beta = 1.
+//   - so are rows of a width the row kernels do not take (in % 32 != 0: head_dim 80's o_proj).
+// f32 weights: sgemv for one row, sgemm otherwise, in place.
+// Either way the result is the same fp32 maths, in another summation order.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "common/thread_pool.h"
+#include "model/weights.h"
 #include "simd/simd.h"
 
 namespace kvq {
 
 class Linear {
  public:
-  static constexpr int kGemvRows = 16;  // rows up to which the bf16 copy is read (the row kernels' query chunk)
+  static constexpr int kGemvRows = 16;                 // rows up to which 16-bit weights are read by the row kernels
+  static constexpr size_t kTileFloats = size_t(8) << 20;  // 32 MiB: the largest W widened at once
+  static constexpr int kSliceK = 512;                  // input columns of a slice when W is larger
 
   Linear() = default;
-  // w: [out, in] (and bias: [out] or empty) must outlive the layer.
-  // simd: the level of the bf16 row kernels (simd/simd.h).
-  Linear(const std::vector<float>& w, int out, int in, const std::vector<float>& bias = {},
-         SimdLevel simd = best_simd_level());
+  // w: [out, in] (and bias: [out] or empty) must outlive the layer. simd: the level of the row kernels (simd/simd.h).
+  explicit Linear(const WeightTensor& w, const std::vector<float>& bias = {}, SimdLevel simd = best_simd_level());
 
   void apply(const float* x, int n, float* y, ThreadPool& pool) const;
-  // n rows of several sequences' decode steps (a batched step), through the bf16 row kernels (reads_bf16() only), 16
-  // rows a pass over W. Each row's result is bit-identical to apply() of that row alone or in any block of <= 16
-  // rows (the row kernels' sums do not depend on the other rows).
+  // n rows of several sequences' decode steps (a batched step), through the row kernels (reads_rows() only),
+  // kGemvRows rows a pass over W. Each row's result is bit-identical to apply() of that row alone or in any block of
+  // <= kGemvRows rows (the row kernels' sums do not depend on the other rows).
   void apply_rows(const float* x, int n, float* y, ThreadPool& pool) const;
 
-  bool reads_bf16() const { return !w_bf16_.empty(); }  // decode steps read the bf16 copy
-  size_t decode_bytes() const { return size_t(out_) * in_ * (reads_bf16() ? 2 : 4); }  // W bytes a decode step reads
-  int out() const { return out_; }
-  int in() const { return in_; }
+  bool reads_rows() const { return rows_.scores != nullptr; }  // decode steps read 16-bit rows through row kernels
+  size_t decode_bytes() const { return w_.nbytes(); }          // W bytes a decode step reads
+  int out() const { return int(w_.rows); }
+  int in() const { return int(w_.cols); }
 
  private:
-  const float* w_ = nullptr;
+  void apply_row_block(const float* x, int n, float* y, ThreadPool& pool) const;  // row kernels, n <= kGemvRows
+  void apply_tiles(const float* x, int n, float* y, ThreadPool& pool) const;  // widened tiles + sgemm
+
+  WeightTensor w_;
   const float* bias_ = nullptr;  // [out], null when the layer has none
-  int out_ = 0, in_ = 0;
-  std::vector<uint16_t> w_bf16_;  // [out, in] bf16 bits, empty unless every weight is exactly a bf16
-  RowKernels bf16_{};
+  RowKernels rows_{};            // bf16 / f16 row kernels, when in % 32 == 0
 };
 
 }  // namespace kvq

@@ -56,13 +56,15 @@ void Model::build_linears() {
   const ModelConfig& c = cfg_;
   const int H = c.hidden_size, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
   for (const LayerWeights& lw : w_.layers) {
-    linears_.push_back({Linear(lw.wq, qd, H, lw.bq, simd_), Linear(lw.wk, kvd, H, lw.bk, simd_),
-                        Linear(lw.wv, kvd, H, lw.bv, simd_), Linear(lw.wo, H, qd, {}, simd_),
-                        Linear(lw.w_gate, c.intermediate_size, H, {}, simd_),
-                        Linear(lw.w_up, c.intermediate_size, H, {}, simd_),
-                        Linear(lw.w_down, H, c.intermediate_size, {}, simd_)});
+    linears_.push_back({Linear(lw.wq, lw.bq, simd_), Linear(lw.wk, lw.bk, simd_), Linear(lw.wv, lw.bv, simd_),
+                        Linear(lw.wo, {}, simd_), Linear(lw.w_gate, {}, simd_), Linear(lw.w_up, {}, simd_),
+                        Linear(lw.w_down, {}, simd_)});
+    const LayerLinears& l = linears_.back();
+    KVQ_CHECK(l.q.out() == qd && l.k.out() == kvd && l.v.out() == kvd && l.o.in() == qd && l.o.out() == H &&
+                  l.gate.out() == c.intermediate_size && l.down.in() == c.intermediate_size,
+              "model: layer {}'s weights do not have the config's shapes", linears_.size() - 1);
   }
-  head_ = Linear(w_.output(), c.vocab_size, H, {}, simd_);
+  head_ = Linear(w_.output(), {}, simd_);
   openblas_set_num_threads(pool_.size());
 }
 
@@ -83,6 +85,9 @@ void Model::forward(KvCache& cache, const std::vector<Segment>& segments, float*
   KVQ_CHECK(!segments.empty(), "forward: no sequences");
   KVQ_CHECK(cache.head_dim() == c.head_dim && cache.n_kv_heads() == c.n_kv_heads && cache.n_layers() == c.n_layers,
             "forward: the KV cache was made for another model shape");
+  KVQ_CHECK(cache.config().attn_window == c.layer_window,
+            "forward: the KV cache's sliding windows differ from the model's (sliding_window {}; CpuRunner fills them "
+            "from the model)", c.sliding_window());
   KVQ_CHECK(!hook_ || segments.size() == 1, "forward: a layer hook observes a step of one sequence, not {}",
             segments.size());
   // Rows: the short sequences' first (decode rows, read together), then each longer chunk; spans[b] is segment b's.
@@ -106,7 +111,7 @@ void Model::forward(KvCache& cache, const std::vector<Segment>& segments, float*
     for (int i = 0; i < segments[b].n; ++i) {
       const int32_t id = segments[b].ids[i];
       KVQ_CHECK(id >= 0 && id < c.vocab_size, "token id {} is outside the vocabulary of {} tokens", id, c.vocab_size);
-      std::copy_n(w_.embed.data() + size_t(id) * H, H, x_.data() + size_t(spans[b].row0 + i) * H);
+      w_.embed.to_f32(size_t(id) * H, size_t(H), x_.data() + size_t(spans[b].row0 + i) * H);
     }
   const int pos0 = spans[0].pos0;  // the hook's (one sequence)
   for (int l = 0; l < c.n_layers; ++l) {
@@ -132,7 +137,7 @@ void Model::forward(KvCache& cache, const std::vector<Segment>& segments, float*
   for (size_t b = 0; b < spans.size(); ++b) {
     const int k = all_logits ? spans[b].n : 1;  // this segment's output rows
     float* y = logits + size_t(r0) * c.vocab_size;
-    if (spans[b].n <= Linear::kGemvRows && head_.reads_bf16())
+    if (spans[b].n <= Linear::kGemvRows && head_.reads_rows())
       head_.apply_rows(h_.data() + size_t(r0) * H, k, y, pool_);
     else
       head_.apply(h_.data() + size_t(r0) * H, k, y, pool_);
@@ -197,7 +202,7 @@ void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int 
 }
 
 void Model::linear(const Linear& layer, const float* x, float* y) {
-  const bool rows_together = layer.reads_bf16();
+  const bool rows_together = layer.reads_rows();
   if (rows_together && small_rows_ > 0) layer.apply_rows(x, small_rows_, y, pool_);
   for (const Span& s : spans_)
     if (s.n > Linear::kGemvRows || !rows_together)

@@ -1,6 +1,7 @@
-// The decoder-only transformer (Qwen3, Qwen2, Llama 3) on CPU: fp32 weights and activations, OpenBLAS GEMMs for
-// prefill, bf16 weight reads for decode steps when exact (model/linear.h), chunked prefill and decode through the
-// paged KV cache.
+// The decoder-only transformer (Qwen3, Qwen2, Llama 2 / 3, Mistral) on CPU: weights read where they lie in the
+// checkpoint's mapping (model/weights.h), fp32 activations, bf16 weight rows read by the row kernels for decode steps
+// and OpenBLAS GEMMs on widened tiles for prefill (model/linear.h), chunked prefill and decode through the paged KV
+// cache; sliding-window attention (Mistral) through the cache's windows (CacheConfig::attn_window).
 //
 // Per layer:  h = RMSNorm(x);  q, k, v = h W_q/k/v (+ bias);  QK-norm (Qwen3);  RoPE;  append k, v to the cache;
 //             x += Attention(q, cache) W_o;  x += W_down(SiLU(W_gate h') * W_up h'),  h' = RMSNorm(x)
@@ -33,7 +34,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const Weights& weights() const { return w_; }
-  size_t decode_weight_bytes() const;  // weight bytes one decode step reads (bf16 copies counted at 2 bytes)
+  size_t decode_weight_bytes() const;  // weight bytes one decode step reads (as stored: bf16 at 2 bytes)
   const std::string& dir() const { return dir_; }
   const std::string& fingerprint() const { return fingerprint_; }  // sha256 of config + tensor headers; dummy: ""
   bool dummy() const { return w_.is_dummy; }  // random weights: timing only
@@ -99,7 +100,7 @@ class Model {
   struct LayerLinears {
     Linear q, k, v, o, gate, up, down;
   };
-  std::vector<LayerLinears> linears_;  // over w_'s tensors (bf16 copies for decode steps when exact)
+  std::vector<LayerLinears> linears_;  // over w_'s tensors
   Linear head_;                        // the output projection
   std::string fingerprint_;
   ThreadPool pool_;

@@ -47,10 +47,12 @@ int checked_seqs(int max_seqs, size_t kv_budget_bytes) {
             "CpuRunner: max_seqs {} must be >= 1 (0, as many as fit, needs a KV budget)", max_seqs);
   return max_seqs;
 }
-// The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h); and it
-// runs at the model's SIMD level (--simd: one level for the whole CPU forward).
+// The cache stores this model's keys: its RoPE, for key codecs that store keys without it (kv/codec_rope.h), and its
+// sliding windows (Mistral), which attention reads through; and it runs at the model's SIMD level (--simd: one level
+// for the whole CPU forward).
 CacheConfig for_model(CacheConfig c, const Model& m) {
   c.key_rope = m.config().rope_inv_freq();
+  c.attn_window = m.config().layer_window;
   c.simd = m.simd();
   return c;
 }

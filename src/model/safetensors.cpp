@@ -428,11 +428,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Validates model.safetensors.index.json; returns tensor name -> shard file name.
-std::map<std::string, std::string> read_index(const std::string& path) {
+}  // namespace
+
+std::map<std::string, std::string> parse_safetensors_index(std::string_view text, const std::string& path) {
   json index;
   try {
-    index = json::parse(read_file_bytes(path));
+    index = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: index is not valid JSON: {}", path, e.what()), path);
   }
@@ -447,7 +448,7 @@ std::map<std::string, std::string> read_index(const std::string& path) {
     }
     const std::string file = shard.get<std::string>();
     if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
-        file.find('\\') != std::string::npos) {
+        file.find('\\') != std::string::npos || file.find('\0') != std::string::npos) {
       throw Error(fmt::format("{}: weight_map entry '{}' names shard '{}', which is not a plain file name", path,
                               name, file),
                   path);
@@ -456,6 +457,13 @@ std::map<std::string, std::string> read_index(const std::string& path) {
   }
   if (weight_map.empty()) throw Error(fmt::format("{}: weight_map is empty", path), path);
   return weight_map;
+}
+
+namespace {
+
+// Validates model.safetensors.index.json; returns tensor name -> shard file name.
+std::map<std::string, std::string> read_index(const std::string& path) {
+  return parse_safetensors_index(read_file_bytes(path), path);
 }
 
 // Length-prefixed field for the fingerprint, so concatenations cannot collide.
@@ -487,7 +495,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   if (fs::exists(single, ec)) {
     ck.shards_.push_back(SafeTensorsFile::open(single));
     for (const TensorInfo& info : ck.shards_[0]->tensors()) {
-      ck.tensors_.emplace(info.name, TensorRef{&info, ck.shards_[0]->data(info)});
+      ck.tensors_.emplace(info.name, TensorRef{&info, ck.shards_[0]->data(info), ck.shards_[0].get()});
     }
   } else if (fs::exists(index_path, ec)) {
     const std::map<std::string, std::string> weight_map = read_index(index_path);
@@ -510,7 +518,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
                                 index_path, name, file),
                     index_path);
       }
-      ck.tensors_.emplace(name, TensorRef{info, shard.data(*info)});
+      ck.tensors_.emplace(name, TensorRef{info, shard.data(*info), &shard});
     }
   } else {
     throw Error(fmt::format("checkpoint directory '{}' has neither model.safetensors nor "

@@ -59,6 +59,7 @@ class SafeTensorsFile {
   const TensorInfo* find(std::string_view name) const;  // nullptr when absent
   const TensorInfo& at(std::string_view name) const;    // throws kvq::Error naming the file when absent
   const uint8_t* data(const TensorInfo& info) const { return file_.data() + header_.data_start + info.begin; }
+  const MappedFile& mapping() const { return file_; }
 
  private:
   SafeTensorsFile(MappedFile file, SafeTensorsHeader header);
@@ -72,6 +73,7 @@ class SafeTensorsFile {
 struct TensorRef {
   const TensorInfo* info = nullptr;  // name, dtype, shape
   const uint8_t* data = nullptr;     // info->nbytes() bytes inside the mapping
+  const SafeTensorsFile* file = nullptr;  // the shard it lies in (null for a TensorRef made by hand)
 };
 
 // Converts F32 / F16 / BF16 elements [first, first + count) to fp32; any other dtype throws naming the tensor.
@@ -99,6 +101,10 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tenso
 // Writes serialize_safetensors(...) to path (through a temporary file renamed into place).
 void write_safetensors(const std::string& path, const std::vector<OwnedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata);
+
+// The weight map of a sharded checkpoint's model.safetensors.index.json (its text; path names it in errors): tensor
+// name -> shard file name, each a plain file name (no directory part). Throws kvq::Error naming the problem.
+std::map<std::string, std::string> parse_safetensors_index(std::string_view text, const std::string& path);
 
 // A Hugging Face checkpoint directory: config.json plus either model.safetensors or
 // model.safetensors.index.json and the shards it names. Every shard header and the index are validated on open.

@@ -1,13 +1,14 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "common/error.h"
+#include "common/half.h"
 
 namespace kvq {
 namespace {
@@ -41,40 +42,8 @@ void parallel_for(size_t n, int n_threads, Fn&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-// One tensor to fill: its size, its destination, and how a range of it is written.
-struct FillJob {
-  size_t numel;
-  std::vector<float>* dst;                                          // sized in run_fill()
-  std::function<void(size_t first, size_t count, float* out)> fill;  // writes out[0, count) = elements [first, +count)
-};
-
-// Allocates the destinations (largest first: first-touch page faults dominate, so they are spread over the threads
-// too), then fills them in chunks of kChunk elements so threads stay balanced.
-void run_fill(const std::vector<FillJob>& jobs, int n_threads) {
-  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<const FillJob*> by_size;
-  for (const FillJob& job : jobs) by_size.push_back(&job);
-  std::stable_sort(by_size.begin(), by_size.end(),
-                   [](const FillJob* a, const FillJob* b) { return a->numel > b->numel; });
-  parallel_for(by_size.size(), n_threads, [&](size_t i) { by_size[i]->dst->assign(by_size[i]->numel, 0.0f); });
-
-  constexpr size_t kChunk = size_t(1) << 20;
-  struct Item {
-    const FillJob* job;
-    size_t first, count;  // element range of the tensor
-  };
-  std::vector<Item> items;
-  for (const FillJob& job : jobs)
-    for (size_t first = 0; first < job.numel; first += kChunk)
-      items.push_back({&job, first, std::min(kChunk, job.numel - first)});
-  parallel_for(items.size(), n_threads, [&](size_t i) {
-    const Item& it = items[i];
-    it.job->fill(it.first, it.count, it.job->dst->data() + it.first);
-  });
-}
-
-// Checks the presence, dtype and shape of every tensor before any allocation or conversion.
-FillJob load_job(const Checkpoint& ckpt, const TensorSpec& spec, std::vector<float>* dst) {
+// Checks the presence, dtype and shape of a tensor before any value is read.
+TensorRef checked_ref(const Checkpoint& ckpt, const TensorSpec& spec) {
   const TensorRef ref = ckpt.get(spec.name);
   const DType dt = ref.info->dtype;
   if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16) {
@@ -87,10 +56,35 @@ FillJob load_job(const Checkpoint& ckpt, const TensorSpec& spec, std::vector<flo
                             shape_str(ref.info->shape), shape_str(spec.shape)),
                 ckpt.dir());
   }
-  return {size_t(ref.info->numel()), dst, [ref](size_t first, size_t count, float* out) {
-            to_f32(ref, first, count, out);
-          }};
+  return ref;
 }
+
+// Element conversions to fp32 (exact widening) of a run of raw elements.
+void widen(DType dtype, const uint8_t* src, size_t count, float* dst) {
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(dst, src, 4 * count);
+      return;
+    case DType::BF16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+      return;
+    case DType::F16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = fp16_to_f32(h);
+      }
+      return;
+    default: break;
+  }
+  KVQ_FAIL("weights: dtype {} does not widen to fp32", dtype_name(dtype));
+}
+
+constexpr size_t kChunk = size_t(1) << 20;  // elements a worker converts or generates at once
 
 }  // namespace
 
@@ -142,66 +136,169 @@ size_t model_params(const ModelConfig& cfg) {
   return n;
 }
 
-std::vector<float>& Weights::tensor(TensorRole role, int layer) {
+size_t model_matrix_bytes(const ModelConfig& cfg, size_t bytes_per_value) {
+  size_t n = 0;
+  for (const TensorSpec& s : model_tensors(cfg)) n += s.numel() * (s.matrix() ? bytes_per_value : sizeof(float));
+  return n;
+}
+
+void WeightTensor::to_f32(size_t first, size_t count, float* dst) const {
+  KVQ_CHECK(first <= numel() && count <= numel() - first, "weights: elements [{}, {}) of a tensor of {}", first,
+            first + count, numel());
+  if (count > 0) widen(dtype, data + first * dtype_size(dtype), count, dst);
+}
+
+std::vector<float> WeightTensor::to_f32() const {
+  std::vector<float> out(numel());
+  to_f32(0, numel(), out.data());
+  return out;
+}
+
+void WeightTensor::release() const {
+  if (file && !empty()) file->release_pages(data, nbytes());
+}
+
+WeightTensor& Weights::matrix_slot(TensorRole role, int layer) {
   using R = TensorRole;
-  switch (role) {
-    case R::Embed: return embed;
-    case R::FinalNorm: return final_norm;
-    case R::LmHead: return lm_head;
-    default: break;
-  }
+  if (role == R::Embed) return embed;
+  if (role == R::LmHead) return lm_head;
   KVQ_CHECK(layer >= 0 && size_t(layer) < layers.size(), "weights: layer {} of {}", layer, layers.size());
   LayerWeights& l = layers[size_t(layer)];
   switch (role) {
-    case R::AttnNorm: return l.attn_norm;
     case R::Wq: return l.wq;
     case R::Wk: return l.wk;
     case R::Wv: return l.wv;
-    case R::Bq: return l.bq;
-    case R::Bk: return l.bk;
-    case R::Bv: return l.bv;
-    case R::QNorm: return l.q_norm;
-    case R::KNorm: return l.k_norm;
     case R::Wo: return l.wo;
-    case R::MlpNorm: return l.mlp_norm;
     case R::WGate: return l.w_gate;
     case R::WUp: return l.w_up;
     case R::WDown: return l.w_down;
     default: break;
   }
-  KVQ_FAIL("weights: tensor role {} is not a layer's", int(role));
+  KVQ_FAIL("weights: tensor role {} is not a matrix", int(role));
 }
 
-const std::vector<float>& Weights::tensor(TensorRole role, int layer) const {
-  return const_cast<Weights*>(this)->tensor(role, layer);
+std::vector<float>& Weights::vector_slot(TensorRole role, int layer) {
+  using R = TensorRole;
+  if (role == R::FinalNorm) return final_norm;
+  KVQ_CHECK(layer >= 0 && size_t(layer) < layers.size(), "weights: layer {} of {}", layer, layers.size());
+  LayerWeights& l = layers[size_t(layer)];
+  switch (role) {
+    case R::AttnNorm: return l.attn_norm;
+    case R::Bq: return l.bq;
+    case R::Bk: return l.bk;
+    case R::Bv: return l.bv;
+    case R::QNorm: return l.q_norm;
+    case R::KNorm: return l.k_norm;
+    case R::MlpNorm: return l.mlp_norm;
+    default: break;
+  }
+  KVQ_FAIL("weights: tensor role {} is not a vector", int(role));
 }
+
+const WeightTensor& Weights::matrix(TensorRole role, int layer) const {
+  return const_cast<Weights*>(this)->matrix_slot(role, layer);
+}
+
+const std::vector<float>& Weights::vector(TensorRole role, int layer) const {
+  return const_cast<Weights*>(this)->vector_slot(role, layer);
+}
+
+std::vector<float> Weights::values(TensorRole role, int layer) const {
+  using R = TensorRole;
+  switch (role) {
+    case R::Embed: case R::LmHead: case R::Wq: case R::Wk: case R::Wv: case R::Wo: case R::WGate: case R::WUp:
+    case R::WDown:
+      return matrix(role, layer).to_f32();
+    default:
+      return vector(role, layer);
+  }
+}
+
+size_t Weights::matrix_bytes() const {
+  size_t n = embed.nbytes() + lm_head.nbytes();
+  for (const LayerWeights& l : layers)
+    for (const WeightTensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) n += t->nbytes();
+  return n;
+}
+
+size_t Weights::owned_bytes() const { return owned_bytes_; }
 
 Weights Weights::load(const Checkpoint& ckpt, const ModelConfig& cfg, int n_threads) {
+  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
   Weights w;
   w.layers.resize(size_t(cfg.n_layers));
-  std::vector<FillJob> jobs;
-  for (const TensorSpec& spec : model_tensors(cfg)) {
-    jobs.push_back(load_job(ckpt, spec, &w.tensor(spec.role, spec.layer)));
-    w.n_params += jobs.back().numel;
+  w.files_ = ckpt.shards();
+  std::vector<std::pair<TensorRef, const TensorSpec*>> vectors;
+  const std::vector<TensorSpec> table = model_tensors(cfg);
+  std::vector<TensorRef> refs;
+  for (const TensorSpec& spec : table) refs.push_back(checked_ref(ckpt, spec));  // every check before any read
+  for (size_t i = 0; i < table.size(); ++i) {
+    const TensorSpec& spec = table[i];
+    const TensorRef& ref = refs[i];
+    w.n_params += spec.numel();
+    if (!spec.matrix()) {
+      vectors.push_back({ref, &spec});
+      continue;
+    }
+    WeightTensor& t = w.matrix_slot(spec.role, spec.layer);
+    t.dtype = ref.info->dtype;
+    t.rows = spec.shape[0], t.cols = spec.shape[1];
+    t.data = ref.data;
+    t.file = ref.file ? &ref.file->mapping() : nullptr;
+    if (reinterpret_cast<uintptr_t>(ref.data) % dtype_size(t.dtype) != 0) {  // misaligned in the file: copied once
+      w.owned_.emplace_back(new uint8_t[t.nbytes()]);
+      std::memcpy(w.owned_.back().get(), ref.data, t.nbytes());
+      w.owned_bytes_ += t.nbytes();
+      t.data = w.owned_.back().get();
+      t.file = nullptr;
+    }
   }
-  run_fill(jobs, n_threads);
+  parallel_for(vectors.size(), n_threads, [&](size_t i) {
+    const auto& [ref, spec] = vectors[i];
+    std::vector<float>& v = w.vector_slot(spec->role, spec->layer);
+    v.resize(spec->numel());
+    widen(ref.info->dtype, ref.data, v.size(), v.data());
+  });
   return w;
 }
 
 Weights Weights::dummy(const ModelConfig& cfg, uint64_t seed, int n_threads) {
+  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
   Weights w;
   w.layers.resize(size_t(cfg.n_layers));
   w.is_dummy = true;
-  std::vector<FillJob> jobs;
-  for (const TensorSpec& spec : model_tensors(cfg)) {
-    const float std = cfg.initializer_range;
-    jobs.push_back({spec.numel(), &w.tensor(spec.role, spec.layer),
-                    [init = spec.init, stream = spec.stream(), std, seed](size_t first, size_t count, float* out) {
-                      for (size_t i = 0; i < count; ++i) out[i] = dummy_value(init, std, seed, stream, first + i);
-                    }});
+  const float std = cfg.initializer_range;
+  struct Item {
+    const TensorSpec* spec;
+    size_t first, count;  // element range of the tensor
+  };
+  const std::vector<TensorSpec> table = model_tensors(cfg);
+  std::vector<Item> items;
+  for (const TensorSpec& spec : table) {
     w.n_params += spec.numel();
+    if (!spec.matrix()) {
+      std::vector<float>& v = w.vector_slot(spec.role, spec.layer);
+      v.resize(spec.numel());
+      for (size_t i = 0; i < v.size(); ++i) v[i] = dummy_value(spec.init, std, seed, spec.stream(), i);
+      continue;
+    }
+    WeightTensor& t = w.matrix_slot(spec.role, spec.layer);
+    t.dtype = DType::BF16;
+    t.rows = spec.shape[0], t.cols = spec.shape[1];
+    w.owned_.emplace_back(new uint8_t[t.nbytes()]);  // not zeroed: the workers' writes are its first touch
+    w.owned_bytes_ += t.nbytes();
+    t.data = w.owned_.back().get();
+    for (size_t first = 0; first < spec.numel(); first += kChunk)
+      items.push_back({&spec, first, std::min(kChunk, spec.numel() - first)});
   }
-  run_fill(jobs, n_threads);
+  // The values are bf16 (dummy_value rounds them): their bits are stored as a bf16 checkpoint holds them.
+  parallel_for(items.size(), n_threads, [&](size_t i) {
+    const Item& it = items[i];
+    const WeightTensor& t = w.matrix(it.spec->role, it.spec->layer);
+    uint16_t* out = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(t.data)) + it.first;
+    for (size_t j = 0; j < it.count; ++j)
+      out[j] = f32_to_bf16(dummy_value(it.spec->init, std, seed, it.spec->stream(), it.first + j));
+  });
   return w;
 }
 

@@ -15,14 +15,21 @@ namespace {
 
 constexpr const char* kMetaKey = "kvq_rotation";
 
-// Copies one layer's [heads, d, d] or [d, d] tensor into dst [heads, d, d] (replicating a per-layer matrix).
-void read_matrices(const SafeTensorsFile& f, const std::string& name, int heads, int d, float* dst) {
+// The tensor `name` of f, [heads, d, d] or [d, d] (a per-layer matrix, replicated); kvq::Error naming it otherwise.
+const TensorInfo& matrices(const SafeTensorsFile& f, const std::string& name, int heads, int d) {
   const TensorInfo& info = f.at(name);
-  const std::vector<float> v = to_f32(TensorRef{&info, f.data(info)});
   const bool per_head = info.shape == std::vector<int64_t>{heads, d, d};
   const bool per_layer = info.shape == std::vector<int64_t>{d, d};
   KVQ_CHECK(per_head || per_layer, "{}: tensor {} has shape {}, expected [{}, {}, {}] or [{}, {}]", f.path(), name,
             fmt::join(info.shape, "x"), heads, d, d, d, d);
+  return info;
+}
+
+// Copies one layer's [heads, d, d] or [d, d] tensor into dst [heads, d, d] (replicating a per-layer matrix).
+void read_matrices(const SafeTensorsFile& f, const std::string& name, int heads, int d, float* dst) {
+  const TensorInfo& info = matrices(f, name, heads, d);
+  const std::vector<float> v = to_f32(TensorRef{&info, f.data(info)});
+  const bool per_head = info.shape.size() == 3;
   for (int h = 0; h < heads; ++h)
     std::copy_n(v.data() + (per_head ? size_t(h) * d * d : 0), size_t(d) * d, dst + size_t(h) * d * d);
 }
@@ -93,9 +100,19 @@ RotationFile load_rotation_file(const std::string& path) {
   const int L = t.n_layers, H = t.n_kv_heads, d = t.head_dim;
   KVQ_CHECK(L > 0 && H > 0 && d > 0 && L < 4096 && H < 4096 && d <= 1024,
             "{}: implausible rotation sizes (layers {}, kv heads {}, d {})", path, L, H, d);
+  const bool centred = f->find("layers.0.key_mean") != nullptr;
+  for (int l = 0; l < L; ++l) {  // every tensor's shape before any allocation: the file backs the sizes it states
+    const std::string p = "layers." + std::to_string(l) + ".";
+    matrices(*f, p + "r_k", H, d);
+    matrices(*f, p + "r_v", H, d);
+    if (centred) {
+      const TensorInfo& info = f->at(p + "key_mean");
+      KVQ_CHECK((info.shape == std::vector<int64_t>{H, d}), "{}: {}key_mean has shape {}, expected [{}, {}]", path,
+                p, fmt::join(info.shape, "x"), H, d);
+    }
+  }
   t.r_k.resize(size_t(L) * H * d * d);
   t.r_v.resize(size_t(L) * H * d * d);
-  const bool centred = f->find("layers.0.key_mean") != nullptr;
   if (centred) t.key_mean.resize(size_t(L) * H * d);
   for (int l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";

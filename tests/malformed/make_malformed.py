@@ -200,8 +200,13 @@ def main():
             json.dump(c, f, indent=1)
         expected.append((name, "config", expect))
 
-    config("config_unknown_model_type.json", "unsupported model_type 'mistral' (supported: qwen3, qwen2, llama)",
-           model_type="mistral")
+    config("config_unknown_model_type.json",
+           "unsupported model_type 'gemma' (supported: qwen3, qwen2, llama, mistral)", model_type="gemma")
+    config("config_moe.json", "\"num_local_experts\" = 8: mixture-of-experts layers are not supported",
+           model_type="mistral", num_local_experts=8, num_experts_per_tok=2)
+    config("config_quantized.json", "\"quantization_config\" (quant_method \"awq\"): quantized checkpoints are not "
+           "supported", quantization_config={"quant_method": "awq", "bits": 4})
+    config("config_partial_rotary.json", "unsupported partial_rotary_factor 0.5", partial_rotary_factor=0.5)
     config("config_missing_model_type.json", "missing required field \"model_type\"", model_type=None)
     config("config_missing_field.json", "missing required field \"hidden_size\"", hidden_size=None)
     config("config_heads_not_divisible.json", "num_attention_heads 6 is not divisible by num_key_value_heads 4",
@@ -216,8 +221,10 @@ def main():
                          "original_max_position_embeddings": 8192})
     config("config_eos_out_of_range.json", "eos_token_id 99 must be an integer in [0, vocab_size 16)",
            eos_token_id=[1, 99])
-    config("config_sliding_window.json", "use_sliding_window=true is not supported", model_type="qwen2",
-           use_sliding_window=True)
+    config("config_sliding_window.json", "unsupported \"layer_types\"[0] = \"linear_attention\"",
+           model_type="qwen2", use_sliding_window=True, sliding_window=8, layer_types=["linear_attention"])
+    config("config_sliding_window_zero.json", "\"sliding_window\" = 0 must be positive", model_type="mistral",
+           sliding_window=0)
     with open(os.path.join(HERE, "config_not_json.json"), "w") as f:
         f.write('{"model_type": "qwen3",')
     expected.append(("config_not_json.json", "config", "not valid JSON"))

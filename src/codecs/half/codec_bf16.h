@@ -1,6 +1,8 @@
 // 16-bit row codecs, no scales, 16 bits per element: bf16 (raw bfloat16, layout::Bf16Row) and f16 (raw IEEE
 // binary16, rounded to nearest even with overflow to ±inf, common/half.h: the bits of llama.cpp's f16 cache, its
 // default -ctk / -ctv). One class: the two differ only in the rounding of a value and in their row kernels.
+// head_dim is a multiple of 16 up to 256: the row kernels read units of 32 values, so a head_dim of 32 k + 16 (80:
+// StableLM, Phi-2) reads its first 32 k values through them and its last 16 through a scalar tail (tail_ref).
 #pragma once
 
 #include "codecs/codec.h"
@@ -26,10 +28,12 @@ class Half16Codec final : public KvCodec {
   void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
 
  private:
-  RowsView rows(const uint8_t* blocks, int n_tokens) const;
+  RowsView rows(const uint8_t* blocks, int n_tokens) const;  // the body: values [0, body_) of each row
+  float value(const uint8_t* block, int c) const;            // value c of a row, widened
 
   bool f16_;  // IEEE binary16, else bfloat16
   int d_;     // values per row
+  int body_;  // values read by the row kernels: d_ rounded down to a multiple of 32; [body_, d_) is the scalar tail
   RowKernels kernels_;
 };
 

@@ -81,6 +81,10 @@ PnmixFile load_pnmix_file(const std::string& path) {
   const PairScore ps = parse_pair_score(score);
   t.name = std::string("pnmix(") + pair_score_name(ps) + ")";
   const int half = t.pairs();
+  for (int l = 0; l < L; ++l) {  // every tensor's shape before any allocation: the file backs the sizes it states
+    head_tensor(*f, tensor_name(l, "pair_bits"), DType::U8, H, half);
+    head_tensor(*f, tensor_name(l, "pair_score"), DType::F32, H, half);
+  }
   t.bits.resize(size_t(L) * H * half);
   out.scores.resize(t.bits.size());
   for (int l = 0; l < L; ++l) {
