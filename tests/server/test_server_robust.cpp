@@ -32,8 +32,11 @@ std::string http_post(const std::string& path, const std::string& body, const st
 // A greedy completion of a short prompt: its text, as served alone.
 const json kShort = {{"prompt", "The kernel"}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}};
 
-json long_request(bool stream) {
-  return {{"prompt", "The kernel"}, {"max_tokens", 200}, {"temperature", 0}, {"ignore_eos", true}, {"stream", stream}};
+// A request that holds its slot for seconds even on a fast CPU (models/ref decodes ~300-700 tok/s here); the tests end
+// it by leaving (a stream's client goes away), by a deadline, or by closing the socket. Servers that run it: ctx 4096.
+json long_request(bool stream, int max_tokens = 4000) {
+  return {{"prompt", "The kernel"}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true},
+          {"stream", stream}};
 }
 
 }  // namespace
@@ -173,7 +176,7 @@ TEST(ServerRobust, HttpThreadsAreBoundedIndependentlyOfTheQueueAndConnections) {
 
 TEST(ServerRobust, HealthAndMetricsAreAnsweredWhileEveryRequestSlotIsTaken) {
   ServerSetup setup;
-  setup.ctx = 256;
+  setup.ctx = 4096;
   setup.np = 1;
   setup.max_queue = 3;
   setup.workers = 1;
@@ -244,7 +247,7 @@ TEST(ServerRobust, ALostDeviceTurnsHealthTo503AndStopsAdmitting) {
 
 TEST(ServerRobust, ANonStreamingClientThatGoesAwayIsCancelled) {
   ServerSetup setup;
-  setup.ctx = 256;
+  setup.ctx = 4096;
   TestServer s(setup);
   {
     RawSocket sock(s.port());
@@ -253,7 +256,7 @@ TEST(ServerRobust, ANonStreamingClientThatGoesAwayIsCancelled) {
   }  // closed mid-request
   ASSERT_TRUE(eventually([&] { return metric(s, "kvq_requests_running") == 0; }));
   EXPECT_EQ(metric(s, "kvq_requests_finished_total{reason=\"cancelled\"}"), 1);
-  EXPECT_LT(metric(s, "kvq_generation_tokens_total"), 200);
+  EXPECT_LT(metric(s, "kvq_generation_tokens_total"), 4000);
   EXPECT_EQ(metric(s, "kvq_kv_sequences_live"), 0);
   EXPECT_EQ(metric(s, "kvq_kv_pages_used"), 0);
 }
@@ -261,7 +264,7 @@ TEST(ServerRobust, ANonStreamingClientThatGoesAwayIsCancelled) {
 TEST(ServerRobust, ARequestPastTheQueueTimeoutGets503AndOnePastItsDeadline504) {
   {
     ServerSetup setup;
-    setup.ctx = 256;
+    setup.ctx = 4096;
     setup.np = 1;
     setup.queue_timeout_s = 0.3;
     TestServer s(setup);
@@ -274,8 +277,8 @@ TEST(ServerRobust, ARequestPastTheQueueTimeoutGets503AndOnePastItsDeadline504) {
     running.join();
   }
   ServerSetup setup;
-  setup.ctx = 256;
-  setup.request_timeout_s = 0.2;  // 200 tokens take far longer on the CPU
+  setup.ctx = 4096;
+  setup.request_timeout_s = 0.2;  // 4000 tokens take far longer on the CPU
   TestServer s(setup);
   expect_error(post(s, kCompletions, long_request(false).dump()), 504, "server_error", "", "request_timeout",
                "--request-timeout");
