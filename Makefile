@@ -1,6 +1,6 @@
 # kvq — two commands set everything up on a fresh Debian 12 machine:
 #   make demo   install missing packages, build, run the main job on models/ref
-#   make test   install missing packages, build, run every test with ctest
+#   make test   install missing packages, build, run every test with ctest, then the scalar-only build's tests
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 
