@@ -385,7 +385,7 @@ TEST(GpuCache, RefusesUnsupportedSettingsWithOneLine) {
   kivi.v.per_channel = true;  // per-channel values: the CPU codec would take them, the GPU stores per-token values
   EXPECT_THROW(cuda::GpuKvCache(kivi, 1, 2, kD, 1024, 1), Error);
   EXPECT_NO_THROW(cuda::GpuKvCache(config("kivi2", 128, 64, 256), 1, 2, kD, 1024, 1));
-  EXPECT_THROW(cuda::GpuKvCache(config("bf16", 128, 64, 256, 512, 80), 1, 2, 80, 1024, 1), Error);  // no d 80
+  EXPECT_THROW(cuda::GpuKvCache(config("bf16", 128, 64, 256, 512, 48), 1, 2, 48, 1024, 1), Error);  // no d 48
   CacheConfig f32w = config("int2", 128, 64, 256);
   f32w.window = "f32";
   EXPECT_THROW(cuda::GpuKvCache(f32w, 1, 2, kD, 1024, 1), Error);
@@ -593,8 +593,8 @@ TEST(GpuCache, TurboQuantWithoutItsHadamardIsRefused) {
   EXPECT_THROW(cuda::GpuKvCache(cfg, 1, 2, kD, 1024, 1), Error);
 }
 
-// --- Head dims 64, 96 and 256 (cuda/gpu_instances.h: the rows at each d their format and the budget allow; bf16 on
-// tensor cores, int2 of any group on CUDA cores away from 128).
+// --- Head dims 64, 80, 96 and 256 (cuda/gpu_instances.h: the rows at each d their format and the budget allow; bf16
+// on tensor cores, at 80 alone; int2 of any group on CUDA cores away from 128).
 
 // A cache of `type` at head_dim d: the codec table's own specs for a preset name, else config()'s.
 CacheConfig head_dim_config(const std::string& type, int group, int sink, int recent, int d) {
@@ -653,7 +653,7 @@ std::string dim_case_name(const ::testing::TestParamInfo<DimCase>& info) {
 // bf16 (tensor cores) at every d; int2 at its default groups (64 at 64, 32 at 96, 128 at 256) and one more.
 INSTANTIATE_TEST_SUITE_P(Bf16, GpuCacheHeadDims,
                          ::testing::Combine(::testing::Values("bf16"), ::testing::Values(128),
-                                            ::testing::Values(64, 96, 256), ::testing::Values(0, 2)),
+                                            ::testing::Values(64, 80, 96, 256), ::testing::Values(0, 2)),
                          dim_case_name);
 INSTANTIATE_TEST_SUITE_P(Int2, GpuCacheHeadDims,
                          ::testing::Values(DimCase{"int2", 64, 64, 0}, DimCase{"int2", 64, 64, 1},
@@ -686,7 +686,8 @@ TEST(GpuCacheHeadDimsFast, FastAttentionMatchesReferenceTwinAtEveryHeadDim) {
     const char* type;
     int group, d;
   };
-  for (const C& c : std::vector<C>{{"bf16", 128, 64},           {"bf16", 128, 96},  {"bf16", 128, 256},
+  for (const C& c : std::vector<C>{{"bf16", 128, 64},           {"bf16", 128, 80},  {"bf16", 128, 96},
+                                   {"bf16", 128, 256},
                                    {"int2", 64, 64},            {"int2", 32, 96},   {"int2", 128, 256},
                                    {"int4", 32, 96},            {"int8", 64, 256},  {"kivi2", 64, 64},
                                    {"kivi4", 32, 96},           {"oscar_int2", 32, 64},

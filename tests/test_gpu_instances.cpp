@@ -49,7 +49,10 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
     EXPECT_TRUE(!v.per_channel_keys || fixed_format(v)) << v.name;
     EXPECT_TRUE(r.groups != 0 && (r.groups & ~kAnyGroup) == 0);
     EXPECT_TRUE(r.page_multiple > 0 && r.page_multiple % 8 == 0) << "aligned row loads";
-    EXPECT_TRUE(r.head_dims != 0 && (r.head_dims & ~kAllDims) == 0);
+    EXPECT_TRUE(r.head_dims != 0 && (r.head_dims & ~kEveryDim) == 0);
+    // d = 80: bf16 rows only (no group of a quantized side divides it)
+    if (gpu_row_compiled(r, 80))
+      EXPECT_TRUE(r.k == CodecId::kBf16 && r.v == CodecId::kBf16) << k.name << "/" << v.name;
     EXPECT_TRUE(gpu_row_compiled(r, kD)) << "every row runs the timed head_dim";
     if (r.path == GpuPath::kTensorCore) {  // decode_attention_mma.cu: int2 rows of one 128-value group, bf16 rows
       for (CodecId id : {r.k, r.v}) EXPECT_TRUE(id == CodecId::kInt2 || id == CodecId::kBf16);
@@ -59,12 +62,12 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
       }
       EXPECT_EQ(r.page_multiple % 16, 0) << "tiles of 16 positions never cross a page";
     }
-    // the formats: int rows, KIVI blocks and llama.cpp blocks pack units of 32 values; a Hadamard of d needs a
-    // power of two; KIVI's key-block demotion holds G x d bf16 in shared memory (none at 256)
+    // the formats: int rows, KIVI blocks and llama.cpp blocks pack units of 32 values (bf16 rows: of 16 bytes); a
+    // Hadamard of d needs a power of two; KIVI's key-block demotion holds G x d bf16 in shared memory (none at 256)
     const CodecTransform t = implied_transform(codec_spec(k.name, true, 128, 0.f), codec_spec(v.name, false, 128, 0.f));
     for (int d : kGpuHeadDims) {
       if (!gpu_row_compiled(r, d)) continue;
-      EXPECT_EQ(d % 32, 0) << d;
+      EXPECT_EQ(d % (r.k == CodecId::kBf16 && r.v == CodecId::kBf16 ? 16 : 32), 0) << d;
       if (t == CodecTransform::kHadamard || t == CodecTransform::kHadamardKeys) {
         EXPECT_EQ(d & (d - 1), 0) << d;
       }
@@ -185,23 +188,25 @@ TEST(GpuInstances, EveryCombinationTheHeadDimTestsRunHasARow) {
 // Away from the compiled head dims, and where a row's format or budget leaves a d out, one line names the
 // combination and the head dims the GPU takes.
 TEST(GpuInstances, PredicateRefusesOtherHeadDimsWithOneLineNamingThem) {
-  for (int d : {80, 32, 160, 512}) {
+  for (int d : {48, 32, 160, 512}) {
     const std::string why = gpu_unsupported(config("bf16", "bf16", 128, 128, d), d);
-    EXPECT_TRUE(has(why, "head_dim " + std::to_string(d) + ": the GPU kernels take head_dim 64, 96, 128 and 256"))
+    EXPECT_TRUE(has(why, "head_dim " + std::to_string(d) + ": the GPU kernels take head_dim 64, 80, 96, 128 and 256"))
         << why;
     EXPECT_FALSE(has(why, "\n")) << why;
     EXPECT_EQ(gpu_instance(config("bf16", "bf16", 128, 128, d), d), -1);
   }
   // KIVI keys at 256, TurboQuant keys at 96 (a Hadamard of d) and at 256 (the budget), llama.cpp's and the mixed
-  // int4 / int2 at 256 (the budget), int2 of one 128-value group at 64 (no group of 128 divides 64), int2/g64 at 96
+  // int4 / int2 at 256 (the budget), int2 of one 128-value group at 64 (no group of 128 divides 64), int2/g64 at 96,
+  // int8/g32 at 80 (bf16 rows only)
   for (const auto& [k, v, group, d] :
        {std::tuple{"kivi2", "kivi2", 128, 256}, {"tq3nc", "tqv3", 128, 96}, {"tq2nc", "tqv2", 128, 256},
-        {"q8_0", "q4_0", 128, 256}, {"int4", "int2", 128, 256}, {"int2", "int2", 128, 64}, {"int2", "int2", 64, 96}}) {
+        {"q8_0", "q4_0", 128, 256}, {"int4", "int2", 128, 256}, {"int2", "int2", 128, 64}, {"int2", "int2", 64, 96},
+        {"int8", "int8", 32, 80}}) {
     const CacheConfig c = config(k, v, group, 128, d);
     const std::string why = gpu_unsupported(c, d);
     EXPECT_EQ(gpu_instance(c, d), -1) << why;
     EXPECT_TRUE(has(why, std::string("keys ") + k) && has(why, "at head_dim " + std::to_string(d))) << why;
-    EXPECT_TRUE(has(why, "no compiled GPU instance; the GPU runs head_dim 64, 96, 128 and 256")) << why;
+    EXPECT_TRUE(has(why, "no compiled GPU instance; the GPU runs head_dim 64, 80, 96, 128 and 256")) << why;
   }
 }
 
@@ -295,7 +300,8 @@ TEST(GpuInstances, SpecStoredForKeysOrValues) {
   EXPECT_FALSE(gpu_spec_stored({.type = "kivi2", .head_dim = 256, .group = 128, .per_channel = true}));
   EXPECT_FALSE(gpu_spec_stored({.type = "int2", .head_dim = 64, .group = 128}));  // G must divide d
   EXPECT_TRUE(gpu_spec_stored({.type = "int2", .head_dim = 96, .group = 32}));
-  EXPECT_FALSE(gpu_spec_stored({.type = "bf16", .head_dim = 80, .group = 128}));
+  EXPECT_TRUE(gpu_spec_stored({.type = "bf16", .head_dim = 80, .group = 128}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "int8", .head_dim = 80, .group = 32}));
   EXPECT_FALSE(gpu_spec_stored({.type = "kivi2", .head_dim = kD, .group = 16, .per_channel = true}));
   EXPECT_FALSE(gpu_spec_stored({.type = "int2", .head_dim = kD, .group = 128, .per_channel = true}));
   EXPECT_FALSE(gpu_spec_stored({.type = "bf16", .head_dim = kD, .group = 128, .per_channel = true}));
@@ -307,7 +313,7 @@ TEST(GpuInstances, SpecStoredForKeysOrValues) {
 TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
   const std::string s = gpu_instances_text();
   EXPECT_FALSE(has(s, "\n"));
-  EXPECT_TRUE(has(s, "the GPU runs head_dim 64, 96, 128 and 256,")) << s;
+  EXPECT_TRUE(has(s, "the GPU runs head_dim 64, 80, 96, 128 and 256,")) << s;
   for (const GpuInstance& r : kGpuInstances) {
     EXPECT_TRUE(has(s, gpu_path_name(r.path)));
     EXPECT_TRUE(has(s, codec_traits(r.k).name));

@@ -212,8 +212,8 @@ std::string support_markdown() {
          "G = 128); TurboQuant's and llama.cpp's (q8_0, q4_0) at 256, left out of the build-time budget (a CUDA-core "
          "kernel at 256 costs 6-16 s of ptxas); TurboQuant's values (tqv2, tqv3, tqv4) at 96, whose only pairs are "
          "TurboQuant keys, which like OScaR need a power-of-two head_dim for their Hadamard on either device. head_dim "
-         "80 runs the CPU's f32, bf16 and f16 rows only (the other codecs take multiples of 32; the GPU compiles no "
-         "kernel at 80).\n";
+         "80 takes unquantized rows only (the other codecs take multiples of 32): bf16 on the GPU, f32, bf16 and f16 on "
+         "the CPU (the GPU stores no f32 or f16 rows at any head_dim).\n";
   return out;
 }
 

@@ -43,16 +43,18 @@ enum class GpuGqa : uint8_t {
   kGeneric,  // one generic kernel for any g <= 8: the same results, more registers per thread: 1 kernel
 };
 
-// The head dims the kernels are compiled for, a bit each (a row's head_dims). d = 80 (StableLM, Phi-2) is in none: the
-// CPU codecs take d a multiple of 32 (the int codecs pack units of 32 values), so a bf16 row at 80 waits for the CPU's.
-inline constexpr int kGpuHeadDims[] = {64, 96, 128, 256};
+// The head dims the kernels are compiled for, a bit each (a row's head_dims). d = 80 (StableLM, Phi-2) takes the bf16
+// rows only: a quantized per-token side needs a group of 32, 64 or 128 that divides d, and none divides 80 (the CPU
+// refuses those caches too).
+inline constexpr int kGpuHeadDims[] = {64, 80, 96, 128, 256};
 inline constexpr int kGpuHeadDimCount = int(sizeof(kGpuHeadDims) / sizeof(kGpuHeadDims[0]));
 enum GpuHeadDims : uint8_t {
-  kD64 = 1, kD96 = 2, kD128 = 4, kD256 = 8,
+  kD64 = 1, kD80 = 2, kD96 = 4, kD128 = 8, kD256 = 16,
   kPow2Dims = kD64 | kD128 | kD256,  // codecs whose transform is a Hadamard of d (OScaR)
   kUpTo128 = kD64 | kD96 | kD128,    // KIVI key blocks (their demotion's shared memory); llama.cpp's (the budget)
   kPow2To128 = kD64 | kD128,         // TurboQuant (a Hadamard of d; not 256: the budget)
-  kAllDims = kPow2Dims | kD96,
+  kAllDims = kPow2Dims | kD96,       // every d a group of 32 divides: the grouped codecs' rows
+  kEveryDim = kAllDims | kD80,       // bf16 rows
 };
 // The bit of head_dim d (0: no compiled d).
 constexpr uint8_t head_dim_bit(int d) {
@@ -60,8 +62,9 @@ constexpr uint8_t head_dim_bit(int d) {
     if (kGpuHeadDims[j] == d) return uint8_t(1u << j);
   return 0;
 }
-static_assert(head_dim_bit(64) == kD64 && head_dim_bit(96) == kD96 && head_dim_bit(128) == kD128 &&
-                  head_dim_bit(256) == kD256 && kGpuHeadDims[kGpuHeadDimCount - 1] == kMaxHeadDim,
+static_assert(head_dim_bit(64) == kD64 && head_dim_bit(80) == kD80 && head_dim_bit(96) == kD96 &&
+                  head_dim_bit(128) == kD128 && head_dim_bit(256) == kD256 &&
+                  kGpuHeadDims[kGpuHeadDimCount - 1] == kMaxHeadDim,
               "GpuHeadDims follows kGpuHeadDims");
 // The d at which kEvery rows compile their per-g kernels (the timed shapes'); the others take the generic one.
 inline constexpr int kEveryGqaHeadDim = 128;
@@ -78,7 +81,8 @@ struct GpuInstance {
 
 // The compiled instances (bf16 sink / recent windows): the combinations the GPU tests run (tests/test_gpu_cache.cpp,
 // test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core bf16 row for pages that tensor-core
-// tiles do not fit. bf16, int8, int4 and int2 at every d; the others at each d their format allows within the budget:
+// tiles do not fit. bf16 at every d; int8, int4 and int2 at every d but 80 (no group divides it); the others at each d
+// their format allows within the budget:
 //   - int2 on tensor cores: d = 128 only (the kernels' lanes hold the 8 code words of one 128-value group; int2 at 64,
 //     96 and 256 runs on the CUDA-core row, whatever its group);
 //   - KIVI keys: not at 256 (the key-block demotion holds G x d bf16 in shared memory: 64 KB at G = 128, d = 256);
@@ -103,7 +107,7 @@ inline constexpr GpuInstance kGpuInstances[] = {
   {.path = kTensorCore, .k = kBf16,      .v = kInt2,      .groups = kG128,     .page_multiple = 16, .gqa = kGeneric,
    .head_dims = kD128},
   {.path = kTensorCore, .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 16, .gqa = kGeneric,
-   .head_dims = kAllDims},
+   .head_dims = kEveryDim},
   {.path = kCudaCore,   .k = kInt8,      .v = kInt8,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
    .head_dims = kAllDims},
   {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
@@ -119,7 +123,7 @@ inline constexpr GpuInstance kGpuInstances[] = {
   {.path = kCudaCore,   .k = kKivi2,     .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kUpTo128},
   {.path = kCudaCore,   .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
-   .head_dims = kAllDims},
+   .head_dims = kEveryDim},
   // OScaR: token-scaled keys in 32-token blocks, values in 32-channel groups (no --kv-group: its own groups)
   {.path = kCudaCore,   .k = kOscarInt2, .v = kOscarInt2, .groups = kAnyGroup, .page_multiple = 32, .gqa = kEvery,
    .head_dims = kPow2Dims},
