@@ -188,7 +188,8 @@ expect_error "run: an explicit group that does not divide head_dim 64" run -m te
   -ctk int2 --kv-group 128
 expect_error "run: int2 at head_dim 80 (no group of 32, 64, 128 divides it)" run -m tests/models/llama-d80 -p hi -n 1 \
   -ctk int2 -ctv int2
-expect_error "info: a sliding-window model on the GPU" info -m tests/models/mistral-d64-sw --device cuda
+expect_error "info: a sliding-window model with a pair only tensor cores run" info -m tests/models/mistral-d64-sw \
+  --device cuda -ctk int2 -ctv bf16
 mkdir -p "$T/moe" "$T/awq" && cp tests/malformed/config_moe.json "$T/moe/config.json" && \
   cp tests/malformed/config_quantized.json "$T/awq/config.json"
 expect_error "info: a mixture-of-experts config" info -m "$T/moe"

@@ -740,6 +740,57 @@ TEST(GpuCacheHeadDimsFast, SkippedLayersMatchTheCpuCacheAtHeadDim64) {
   EXPECT_GT(total, 0);
 }
 
+// --- Sliding-window attention (Mistral): the CUDA-core rows start each KV split at the window's first position.
+
+// Against the CPU cache, which masks each query's window in the sinks, pages and ring: a layer with a window of w and
+// one without, prefill chunks and decode steps of sequences shorter and longer than the window.
+TEST(GpuCacheSlidingWindow, AttentionAndStoredRowsMatchTheCpuCache) {
+  REQUIRE_GPU();
+  struct C {
+    const char* type;
+    int group, window;
+  };
+  for (const C& c : std::vector<C>{{"bf16", 128, 100}, {"int2", 128, 100}, {"int2", 128, 1000}, {"kivi2", 64, 300},
+                                   {"int4", 64, 700}}) {
+    SCOPED_TRACE(std::string(c.type) + "/g" + std::to_string(c.group) + " window " + std::to_string(c.window));
+    CacheConfig cfg = config(c.type, c.group, 16, 64);
+    cfg.attn_window = {c.window, 0};
+    const int instance = cuda::gpu_instance(cfg, kD);
+    ASSERT_GE(instance, 0) << cuda::gpu_unsupported(cfg, kD);
+    EXPECT_EQ(cuda::kGpuInstances[instance].path, cuda::GpuPath::kCudaCore);
+    std::mt19937 rng(9100 + c.window);
+    const std::vector<int> lengths = {1, 63, 65, 257, 1000, 2049};
+    Twin tw(cfg, 2049 + 64, int(lengths.size()), KvTransform{}, kD);
+    const double b = budget(c.type, c.group, false);
+    for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, Data::HeavyTailed, b);
+    std::vector<int> all, ones(lengths.size(), 1), mixed;
+    for (size_t i = 0; i < lengths.size(); ++i) all.push_back(int(i)), mixed.push_back(1 + int(i) * 5);
+    for (int s = 0; s < 2; ++s) tw.step(all, ones, rng, Data::HeavyTailed, true, b, "decode step " + std::to_string(s));
+    tw.step(all, mixed, rng, Data::HeavyTailed, true, b, "mixed step");
+    int64_t total = 0, bad = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) bad += tw.row_mismatches(int(i), &total);
+    std::printf("[ gpu    ] sliding window %d, %s/g%d: worst NMSE %.3g, %lld of %lld stored rows differ\n", c.window,
+                c.type, c.group, tw.worst_nmse, (long long)bad, (long long)total);
+    EXPECT_GT(total, 0);
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+// The window changes what a long sequence's query reads; the fast kernel matches its reference twin under it, and
+// every split size gives the same outputs (splits behind the window are empty).
+TEST(GpuCacheSlidingWindow, FastKernelMatchesItsReferenceTwinAndTheWindowMatters) {
+  REQUIRE_GPU();
+  for (const char* type : {"bf16", "int2"}) {
+    CacheConfig cfg = config(type, 128, 16, 64);
+    const auto full = decode_once(cfg, 5000, 0, false);
+    cfg.attn_window = {500};
+    const auto fast = decode_once(cfg, 5000, 0, false), ref = decode_once(cfg, 5000, 0, true);
+    EXPECT_GT(nmse(fast, full), 1e-2) << type << ": the window must change the output";
+    EXPECT_LT(nmse(fast, ref), 1e-9) << type;
+    for (int split : {128, 1024, 8192}) EXPECT_LT(nmse(decode_once(cfg, 5000, split, false), fast), 1e-11) << split;
+  }
+}
+
 // --- Host side, no GPU needed: the geometry the kernels address the cache with, against the CPU cache.
 
 TEST(GpuCacheGeometry, SupportsKiviKeysPerChannelAndPerTokenValues) {

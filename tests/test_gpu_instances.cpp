@@ -51,8 +51,9 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
     EXPECT_TRUE(r.page_multiple > 0 && r.page_multiple % 8 == 0) << "aligned row loads";
     EXPECT_TRUE(r.head_dims != 0 && (r.head_dims & ~kEveryDim) == 0);
     // d = 80: bf16 rows only (no group of a quantized side divides it)
-    if (gpu_row_compiled(r, 80))
+    if (gpu_row_compiled(r, 80)) {
       EXPECT_TRUE(r.k == CodecId::kBf16 && r.v == CodecId::kBf16) << k.name << "/" << v.name;
+    }
     EXPECT_TRUE(gpu_row_compiled(r, kD)) << "every row runs the timed head_dim";
     if (r.path == GpuPath::kTensorCore) {  // decode_attention_mma.cu: int2 rows of one 128-value group, bf16 rows
       for (CodecId id : {r.k, r.v}) EXPECT_TRUE(id == CodecId::kInt2 || id == CodecId::kBf16);
@@ -208,6 +209,25 @@ TEST(GpuInstances, PredicateRefusesOtherHeadDimsWithOneLineNamingThem) {
     EXPECT_TRUE(has(why, std::string("keys ") + k) && has(why, "at head_dim " + std::to_string(d))) << why;
     EXPECT_TRUE(has(why, "no compiled GPU instance; the GPU runs head_dim 64, 80, 96, 128 and 256")) << why;
   }
+}
+
+// A sliding-window cache (Mistral) takes the CUDA-core row of its pair; a pair only tensor cores run is refused.
+TEST(GpuInstances, SlidingWindowCachesTakeCudaCoreRows) {
+  for (const auto& [k, v] : {std::pair{"bf16", "bf16"}, {"int2", "int2"}}) {
+    CacheConfig c = config(k, v, 128, 128, kD);
+    ASSERT_EQ(kGpuInstances[gpu_instance(c, kD)].path, GpuPath::kTensorCore) << k;
+    c.attn_window = {0, 4096};
+    const int i = gpu_instance(c, kD);
+    ASSERT_GE(i, 0) << gpu_unsupported(c, kD);
+    EXPECT_EQ(kGpuInstances[i].path, GpuPath::kCudaCore) << k;
+    c.attn_window = {0, 0};  // no layer slides
+    EXPECT_EQ(kGpuInstances[gpu_instance(c, kD)].path, GpuPath::kTensorCore) << k;
+  }
+  CacheConfig mixed = config("int2", "bf16", 128, 128, kD);
+  mixed.attn_window = {4096};
+  EXPECT_EQ(gpu_instance(mixed, kD), -1);
+  EXPECT_TRUE(has(gpu_unsupported(mixed, kD), "with a sliding window (CUDA-core instances only)"))
+      << gpu_unsupported(mixed, kD);
 }
 
 TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {

@@ -7,9 +7,10 @@
 //     GPU against the CPU's scalar kernels on the same cache, top-1 equal on every stored row where the CPU's own
 //     top-1 margin exceeds kInt2Margin, RMS of the difference within kInt2Rms of the logits' RMS (a rounding-level
 //     difference flips a few 2-bit codes; a wrong kernel moves logits by O(10%)).
-// A model the GPU refuses (Mistral's sliding window) is skipped by name with the refusal, and so is the int2 half of
-// one whose head_dim no group divides (80: bf16 rows only, on either device); the test skips as a whole only when the
-// GPU runs none of them. Skipped where no CUDA device is available.
+// Mistral's sliding window runs on the CUDA-core instances (its 80-token prompts run past the window of 24). A model
+// the GPU refuses would be skipped by name with the refusal, and so is the int2 half of one whose head_dim no group
+// divides (80: bf16 rows only, on either device); the test skips as a whole only when the GPU runs none of them.
+// Skipped where no CUDA device is available.
 #ifdef KVQ_HAVE_CUDA
 
 #include <algorithm>

@@ -240,9 +240,6 @@ void check_device_available(const ModelOptions& m) {
 }
 
 void check_gpu_cache(const CacheConfig& cache, int head_dim) {
-  const int slide = cache.attn_window.empty() ? 0 : *std::max_element(cache.attn_window.begin(), cache.attn_window.end());
-  KVQ_CHECK(slide == 0, "--device cuda: sliding-window attention (sliding_window {}, Mistral) is not supported on the "
-            "GPU; use --device cpu", slide);
 #ifdef KVQ_HAVE_CUDA
   const std::string why = cuda::gpu_unsupported(cache, head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache.describe(), why);

@@ -28,8 +28,8 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int g = a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
   const int t = rd.pos, qe = quant_end(geo, t);
-  const int begin = split * a.split_tokens;
-  const int end = min(t + 1, begin + a.split_tokens);
+  const int first = split * a.split_tokens, end = min(t + 1, first + a.split_tokens);
+  const int begin = geo.window > 0 ? max(first, t - geo.window + 1) : first;  // a sliding window: (t - window, t]
   __shared__ float red[kMaxGroupHeads][kTree];
   if constexpr (kTree > D) {
     for (int i = c; i < kMaxGroupHeads * (kTree - D); i += D) red[i / (kTree - D)][D + i % (kTree - D)] = 0.f;

@@ -17,6 +17,7 @@
 // groups, fixed_format). The first row that fits a cache runs it: tensor-core rows come first.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -273,12 +274,16 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
     w = "window type '" + cfg.window + "' (--kv-window-type): the GPU keeps bf16 windows (int8 windows, KV4-RL, run "
         "on the CPU)";
   } else if (stored_codec(cfg.k, true, &k, &w) && stored_codec(cfg.v, false, &v, &w)) {
+    // sliding-window attention (Mistral) runs on the CUDA-core rows, whose splits start at the window's first position
+    const bool slides = std::any_of(cfg.attn_window.begin(), cfg.attn_window.end(), [](int x) { return x > 0; });
     for (int i = 0; i < kGpuInstanceCount && found < 0; ++i)
-      if (row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens, head_dim)) found = i;
+      if (!(slides && kGpuInstances[i].path == GpuPath::kTensorCore) &&
+          row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens, head_dim))
+        found = i;
     if (found < 0)
       w = "keys " + spec_text(cfg.k) + " with values " + spec_text(cfg.v) + " on pages of " +
           std::to_string(cfg.page_tokens) + " tokens at head_dim " + std::to_string(head_dim) +
-          ": no compiled GPU instance";
+          (slides ? " with a sliding window (CUDA-core instances only)" : "") + ": no compiled GPU instance";
   }
   if (why) *why = found >= 0 ? std::string() : w;
   return found;

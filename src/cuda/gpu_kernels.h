@@ -38,6 +38,8 @@ struct CacheGeometry {
                                // or CacheConfig::demote_block (a multiple of it; demotion stays per position)
   int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + max_chunk, as kv/cache.cpp
   int pages_per_seq;           // columns of the page table (PagePool::table_width)
+  int window;                  // sliding-window attention (CacheConfig::attn_window): the query at t reads positions
+                               // (t - window, t]; 0 = every position. CUDA-core rows only (gpu_instances.h)
   int instance;                // the row of kGpuInstances (cuda/gpu_instances.h) that runs this cache; -1 = none
   CodecId k_codec, v_codec;    // that row's codecs: the blocks stored for keys / values (device types: codecs.cuh)
   uint16_t head_dim;           // d: values per row; the kernels run the instance (instance, d) (gpu_instances.h). In

@@ -483,7 +483,7 @@ void GpuModel::Impl::build_weights(const WeightSource& src) {
       (cfg.tie_embeddings ? embed.w.bytes() : 0) + lm_head.w.bytes() + final_norm.bytes() + inv_freq.bytes();
 }
 
-void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg, int max_ctx, int n_seqs,
+void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& given_cfg, int max_ctx, int n_seqs,
                            size_t kv_budget_bytes) {
   require_device();
   const ModelConfig& c = cfg;
@@ -491,8 +491,9 @@ void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& cache_cfg
             "fit)", n_seqs, max_ctx);
   KVQ_CHECK(c.hidden_size <= kernels::kNormMaxDim, "--device cuda: hidden_size {} is wider than the GPU norm's {}",
             c.hidden_size, kernels::kNormMaxDim);
-  KVQ_CHECK(c.sliding_window() == 0, "--device cuda: sliding-window attention (sliding_window {}, {}) is not supported "
-            "on the GPU; use --device cpu", c.sliding_window(), arch_name(c.arch));
+  // The cache reads through the model's sliding windows (Mistral), as the CPU runner's does (CpuRunner::for_model).
+  CacheConfig cache_cfg = given_cfg;
+  cache_cfg.attn_window = c.layer_window;
   const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
   // The cache's checks, before any upload.
