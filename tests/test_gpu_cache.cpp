@@ -743,7 +743,9 @@ TEST(GpuCacheHeadDimsFast, SkippedLayersMatchTheCpuCacheAtHeadDim64) {
 // --- Sliding-window attention (Mistral): the CUDA-core rows start each KV split at the window's first position.
 
 // Against the CPU cache, which masks each query's window in the sinks, pages and ring: a layer with a window of w and
-// one without, prefill chunks and decode steps of sequences shorter and longer than the window.
+// one without, prefill chunks and decode steps of sequences shorter and longer than the window. The CPU runs its scalar
+// kernels (exact float arithmetic, as the CUDA-core kernels'), so that its int8 query rounding (AVX2, AVX-512 VNNI)
+// does not set the budget: on the H200 that rounding reached 2.2e-3 in a layer without a window.
 TEST(GpuCacheSlidingWindow, AttentionAndStoredRowsMatchTheCpuCache) {
   REQUIRE_GPU();
   struct C {
@@ -755,13 +757,14 @@ TEST(GpuCacheSlidingWindow, AttentionAndStoredRowsMatchTheCpuCache) {
     SCOPED_TRACE(std::string(c.type) + "/g" + std::to_string(c.group) + " window " + std::to_string(c.window));
     CacheConfig cfg = config(c.type, c.group, 16, 64);
     cfg.attn_window = {c.window, 0};
+    cfg.simd = SimdLevel::kScalar;
     const int instance = cuda::gpu_instance(cfg, kD);
     ASSERT_GE(instance, 0) << cuda::gpu_unsupported(cfg, kD);
     EXPECT_EQ(cuda::kGpuInstances[instance].path, cuda::GpuPath::kCudaCore);
     std::mt19937 rng(9100 + c.window);
     const std::vector<int> lengths = {1, 63, 65, 257, 1000, 2049};
     Twin tw(cfg, 2049 + 64, int(lengths.size()), KvTransform{}, kD);
-    const double b = budget(c.type, c.group, false);
+    const double b = 1e-6;  // float summation orders (a wrong window moves the output by O(1))
     for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, Data::HeavyTailed, b);
     std::vector<int> all, ones(lengths.size(), 1), mixed;
     for (size_t i = 0; i < lengths.size(); ++i) all.push_back(int(i)), mixed.push_back(1 + int(i) * 5);
