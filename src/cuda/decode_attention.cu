@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(CacheGeometry ge
   const RowDesc rd = a.rows[row];
   const int t = rd.pos, qe = quant_end(geo, t);
   const int first = split * a.split_tokens, end = min(t + 1, first + a.split_tokens);  // the split's positions
-  const int begin = geo.window > 0 ? max(first, t - geo.window + 1) : first;  // a sliding window: (t - window, t]
+  const int begin = a.window > 0 ? max(first, t - a.window + 1) : first;  // a sliding window: (t - window, t]
 
   __shared__ float qs[kMaxGroupHeads][D];
   __shared__ float w_acc[kWarps][kMaxGroupHeads][D];

@@ -29,7 +29,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   const RowDesc rd = a.rows[row];
   const int t = rd.pos, qe = quant_end(geo, t);
   const int first = split * a.split_tokens, end = min(t + 1, first + a.split_tokens);
-  const int begin = geo.window > 0 ? max(first, t - geo.window + 1) : first;  // a sliding window: (t - window, t]
+  const int begin = a.window > 0 ? max(first, t - a.window + 1) : first;  // a sliding window: (t - window, t]
   __shared__ float red[kMaxGroupHeads][kTree];
   if constexpr (kTree > D) {
     for (int i = c; i < kMaxGroupHeads * (kTree - D); i += D) red[i / (kTree - D)][D + i % (kTree - D)] = 0.f;

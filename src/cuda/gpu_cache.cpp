@@ -99,7 +99,6 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int m
   g.block_tokens = l.block_tokens;
   g.ring_tokens = l.ring_tokens;
   g.pages_per_seq = std::max(1, l.pages_per_seq(max_ctx));  // the page pool's block table width
-  g.window = cache_cfg.attn_window_of(layer);
   g.instance = gpu_instance(cfg, l.head_dim);
   if (g.instance >= 0) g.k_codec = kGpuInstances[g.instance].k, g.v_codec = kGpuInstances[g.instance].v;
   // The blocks are the CPU codecs' (the layout's): per-token rows, or per-channel key blocks of G tokens, so the pages
@@ -614,6 +613,7 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
   const CacheGeometry& g = m.geo[size_t(layer)];
   AttentionLaunch base{};
   base.layer = layer;
+  base.window = m.cfg.attn_window_of(layer);
   base.n_heads = n_heads;
   base.scale = 1.f / std::sqrt(float(m.d));
   base.q_work = m.q_work.as<float>();

@@ -38,8 +38,6 @@ struct CacheGeometry {
                                // or CacheConfig::demote_block (a multiple of it; demotion stays per position)
   int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + max_chunk, as kv/cache.cpp
   int pages_per_seq;           // columns of the page table (PagePool::table_width)
-  int window;                  // sliding-window attention (CacheConfig::attn_window): the query at t reads positions
-                               // (t - window, t]; 0 = every position. CUDA-core rows only (gpu_instances.h)
   int instance;                // the row of kGpuInstances (cuda/gpu_instances.h) that runs this cache; -1 = none
   CodecId k_codec, v_codec;    // that row's codecs: the blocks stored for keys / values (device types: codecs.cuh)
   uint16_t head_dim;           // d: values per row; the kernels run the instance (instance, d) (gpu_instances.h). In
@@ -127,6 +125,9 @@ struct AttentionLaunch {
   int n_splits;            // splits per (row, kv head): ceil(max view length / split_tokens)
   int n_win;               // tensor-core path: blocks per (row, kv head) over the bf16 sink and recent windows
   int n_slots;             // partial slots per (row, kv head): n_splits, + n_win on the tensor-core path
+  int window;              // the layer's sliding window (CacheConfig::attn_window): a query at t reads positions
+                           // (t - window, t]; 0 = every position. CUDA-core rows only (gpu_instances.h). In the
+                           // padding before q_work: the launch keeps its size
   float* q_work;           // [n_rows][n_heads][d] scratch: scaled, rotated queries of the launch rows
   float* part_acc;         // [n_rows][n_kv][n_slots][g][d] scratch: unnormalised partial outputs
   float* part_ml;          // [n_rows][n_kv][n_slots][g][2] scratch: partial (max, sum)
@@ -137,6 +138,8 @@ struct AttentionLaunch {
   const float* r_v;
   float* out;
 };
+static_assert(sizeof(void*) != 8 || sizeof(AttentionLaunch) == 112, "window sits in padding: every kernel's argument "
+              "keeps its size");
 // The first and last launch of every attention path: q_work <- (q[row_index[r]] · scale) R_K for every launch row r,
 // and out[row_index[r]] <- (the exact log-sum-exp merge of r's n_slots partials) R_V^T (the tensor-core decode path
 // merges inside its launch instead when a.arrivals is set).
