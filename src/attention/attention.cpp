@@ -71,12 +71,17 @@ inline void piece_rows(const KvCache& cache, const Piece& pc, int t, int window,
   }
 }
 
-// Asks for the next piece's K and V blocks (into L2) while the current one is computed: the rows stream from
-// DRAM, and a piece starts a new page region the hardware prefetchers have not seen yet.
+// Asks for the first bytes of the next piece's K and V blocks (into L2) while the current one is computed: the rows
+// stream from DRAM, and a piece starts a new page region the hardware prefetchers have not seen yet; the kernels'
+// own prefetch (kPrefetchRows ahead) takes over from there. A whole piece is a whole int2 piece (4.6 KB a side) but
+// 32 KB a side of bf16 rows, whose prefetches stall on the fill buffers: capped at 8 KB a side, bf16 attention at 32K
+// (2 threads) went from 10.7-11.3 to 9.7-10.0 ms a step at AVX2 and from 9.8-10.1 to 9.1-9.3 at AVX-512 VNNI, int2
+// unchanged (docs/results/cpu.md).
+constexpr size_t kPiecePrefetchBytes = 8192;
 inline void prefetch_piece(const Piece& pc) {
   const KvCodec &kc = *pc.kc, &vc = *pc.vc;
-  const size_t kb = size_t(pc.n) / kc.tokens_per_block() * kc.bytes_per_block();
-  const size_t vb = size_t(pc.n) / vc.tokens_per_block() * vc.bytes_per_block();
+  const size_t kb = std::min(kPiecePrefetchBytes, size_t(pc.n) / kc.tokens_per_block() * kc.bytes_per_block());
+  const size_t vb = std::min(kPiecePrefetchBytes, size_t(pc.n) / vc.tokens_per_block() * vc.bytes_per_block());
   for (size_t b = 0; b < kb; b += 64) __builtin_prefetch(pc.k + b, 0, 2);
   for (size_t b = 0; b < vb; b += 64) __builtin_prefetch(pc.v + b, 0, 2);
 }
