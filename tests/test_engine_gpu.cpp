@@ -12,8 +12,10 @@
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
 #include "engine/scheduler.h"
+#include "test_helpers.h"
 
 using namespace kvq;
+using kvq::test::token_ids;
 using kvq::cuda::GpuModel;
 
 namespace {
@@ -29,12 +31,6 @@ CacheConfig small_cache(const std::string& type) {  // windows 4 / 8, pages of 8
   if (type == "int2") c.k.clip = 0.96f, c.v.clip = 0.92f;
   c.sink = 4, c.recent = 8, c.page_tokens = 8, c.max_chunk = 32;
   return c;
-}
-
-std::vector<int32_t> ids(int n, int salt) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) v[size_t(i)] = int32_t((i * 7919 + salt * 104729) % 8000 + 1);
-  return v;
 }
 
 // Last-row logits of seq after feeding chunks (sizes) of tokens.
@@ -56,7 +52,7 @@ TEST(EngineGpu, AMixedStepOfDecodeAndPrefillChunksGivesEachSequenceItsLogitsAlon
   const int V = m.config().vocab_size;
   for (const std::string type : {"bf16", "int2"}) {
     const CacheConfig cc = small_cache(type);
-    const std::vector<int32_t> a = ids(101, 1), b = ids(72, 2), c = ids(20, 3);
+    const std::vector<int32_t> a = token_ids(101, 1), b = token_ids(72, 2), c = token_ids(20, 3);
     // Before the mixed step: a holds 100 tokens, b 40. The step: a's 101st token, b's next 32, c's first 20.
     std::vector<std::vector<float>> alone;
     {
@@ -109,7 +105,7 @@ TEST(EngineGpu, SchedulerCompletesConcurrentRequestsThroughATightPool) {
   p.sampler.temperature = 0;
   for (int i = 0; i < 12; ++i) {
     p.max_tokens = 20 + i;
-    s.add(std::make_unique<Generation>(ids(40 + 3 * i, i), p, nullptr));
+    s.add(std::make_unique<Generation>(token_ids(40 + 3 * i, i), p, nullptr));
   }
   std::vector<int> generated;
   for (int guard = 0; guard < 5000 && !s.idle(); ++guard)

@@ -13,8 +13,10 @@
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
 #include "engine/scheduler.h"
+#include "test_helpers.h"
 
 using namespace kvq;
+using kvq::test::token_ids;
 using kvq::cuda::GpuModel;
 
 namespace {
@@ -34,25 +36,9 @@ CacheConfig small_cache(const std::string& type) {  // windows 4 / 8, pages of 8
   return c;
 }
 
-std::vector<int32_t> ids(int n, int salt) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) v[size_t(i)] = int32_t((i * 7919 + salt * 104729) % 8000 + 1);
-  return v;
-}
-
-// Feeds [from, to) in chunks ending at multiples of kChunk; returns every row's logits of the last chunk. With store:
-// caches the state after each chunk, as the scheduler does.
+// Feeds [from, to) in chunks of kChunk (test::feed_chunks); with store: caches the state after each chunk.
 std::vector<float> feed(GpuModel& g, int seq, const std::vector<int32_t>& t, int from, int to, bool store) {
-  const int V = g.config().vocab_size;
-  std::vector<float> logits;
-  for (int at = from; at < to;) {
-    const int n = std::min(to, (at / kChunk + 1) * kChunk) - at;
-    logits.assign(size_t(n) * V, 0.f);
-    g.forward(seq, t.data() + at, n, logits.data(), true);
-    at += n;
-    if (store && at % kChunk == 0) g.prefix_store(seq, t.data(), at);
-  }
-  return logits;
+  return test::feed_chunks(g, seq, t, from, to, kChunk, store);
 }
 
 // Every stored row of seq as a query at its last position reads it, K and V, every (layer, kv head).
@@ -72,8 +58,8 @@ std::vector<uint8_t> rows(GpuModel& g, int seq) {
 
 TEST(PrefixCacheGpu, ASharedPrefixRunEqualsAFreshRunRowForRowAndLogitForLogit) {
   if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
-  std::vector<int32_t> a = ids(96, 1), b = ids(96, 1);  // a shared prefix of 96 tokens: three chunks
-  const std::vector<int32_t> a_own = ids(20, 2), b_own = ids(25, 3);
+  std::vector<int32_t> a = token_ids(96, 1), b = token_ids(96, 1);  // a shared prefix of 96 tokens: three chunks
+  const std::vector<int32_t> a_own = token_ids(20, 2), b_own = token_ids(25, 3);
   a.insert(a.end(), a_own.begin(), a_own.end());
   b.insert(b.end(), b_own.begin(), b_own.end());
   for (const std::string type : {"bf16", "int2"}) {
@@ -103,8 +89,8 @@ TEST(PrefixCacheGpu, ASharedPrefixRunEqualsAFreshRunRowForRowAndLogitForLogit) {
 
 TEST(PrefixCacheGpu, TheSchedulerPrefillsOnlyPastTheCachedPrefix) {
   if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
-  std::vector<int32_t> a = ids(70, 4), b = ids(70, 4);
-  const std::vector<int32_t> a_own = ids(9, 5), b_own = ids(11, 6);
+  std::vector<int32_t> a = token_ids(70, 4), b = token_ids(70, 4);
+  const std::vector<int32_t> a_own = token_ids(9, 5), b_own = token_ids(11, 6);
   a.insert(a.end(), a_own.begin(), a_own.end());
   b.insert(b.end(), b_own.begin(), b_own.end());
   GpuModel g(ref_model(), small_cache("int2"), 256, 2);
@@ -134,7 +120,7 @@ TEST(PrefixCacheGpu, TheSchedulerPrefillsOnlyPastTheCachedPrefix) {
 
 TEST(PrefixCacheGpu, AForkedSequenceHoldsTheSameRowsAndGivesTheSameLogits) {
   if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
-  const std::vector<int32_t> prompt = ids(77, 7);
+  const std::vector<int32_t> prompt = token_ids(77, 7);
   for (const std::string type : {"bf16", "int2"}) {
     SCOPED_TRACE(type);
     const int V = ref_model().config().vocab_size;

@@ -1,7 +1,9 @@
 // Small helpers shared by several test files.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <random>
@@ -12,8 +14,33 @@
 #include "codecs/registry.h"
 #include "common/error.h"
 #include "model/config.h"
+#include "model/runner.h"
 
 namespace kvq::test {
+
+// n token ids of models/ref's vocabulary, a different sequence for each salt (prompts of the engine and prefix tests).
+inline std::vector<int32_t> token_ids(int n, int salt) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = int32_t((i * 7919 + salt * 104729) % 8000 + 1);
+  return v;
+}
+
+// Feeds tokens [from, to) of t to seq in chunks ending at multiples of chunk (as a fresh run from 0 feeds them);
+// returns the logits of every row of the last chunk. With store: caches the state after each whole chunk, as the
+// scheduler does (prefix caching).
+inline std::vector<float> feed_chunks(Runner& r, int seq, const std::vector<int32_t>& t, int from, int to, int chunk,
+                                      bool store) {
+  const int V = r.config().vocab_size;
+  std::vector<float> logits;
+  for (int at = from; at < to;) {
+    const int n = std::min(to, (at / chunk + 1) * chunk) - at;
+    logits.assign(size_t(n) * V, 0.f);
+    r.forward(seq, t.data() + at, n, logits.data(), true);
+    at += n;
+    if (store && at % chunk == 0) r.prefix_store(seq, t.data(), at);
+  }
+  return logits;
+}
 
 // The message of the kvq::Error that f throws, or "(no error)" when it throws none.
 inline std::string error_of(const std::function<void()>& f) {

@@ -10,8 +10,10 @@
 #include "common/error.h"
 #include "engine/scheduler.h"
 #include "model/runner.h"
+#include "test_helpers.h"
 
 using namespace kvq;
+using kvq::test::token_ids;
 
 namespace {
 
@@ -30,30 +32,14 @@ CacheConfig cache(const std::string& type) {  // windows 4 / 8, pages of 8, chun
   return c;
 }
 
-std::vector<int32_t> ids(int n, int salt) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) v[size_t(i)] = int32_t((i * 7919 + salt * 104729) % 8000 + 1);
-  return v;
-}
-
 std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
 
-// Feeds tokens [from, to) of seq in chunks ending at multiples of kChunk (as a fresh run from 0 feeds them); returns
-// the logits of every row of the last chunk. With store: caches the state after each chunk (as the scheduler does).
+// Feeds [from, to) in chunks of kChunk (test::feed_chunks); with store: caches the state after each chunk.
 std::vector<float> feed(CpuRunner& r, int seq, const std::vector<int32_t>& t, int from, int to, bool store) {
-  const int V = r.config().vocab_size;
-  std::vector<float> logits;
-  for (int at = from; at < to;) {
-    const int n = std::min(to, (at / kChunk + 1) * kChunk) - at;
-    logits.assign(size_t(n) * V, 0.f);
-    r.forward(seq, t.data() + at, n, logits.data(), true);
-    at += n;
-    if (store && at % kChunk == 0) r.prefix_store(seq, t.data(), at);
-  }
-  return logits;
+  return test::feed_chunks(r, seq, t, from, to, kChunk, store);
 }
 
 // Every byte a query at the sequence's last position reads, run by run, for every (layer, kv head).
@@ -80,8 +66,8 @@ int32_t argmax(const float* x, int n) { return int32_t(std::max_element(x, x + n
 }  // namespace
 
 TEST(PrefixCache, ASharedPrefixRunEqualsAFreshRunByteForByteAndLogitForLogit) {
-  const std::vector<int32_t> x = ids(48, 1);  // the shared prefix: three chunks
-  const std::vector<int32_t> a = concat(x, ids(10, 2)), b = concat(x, ids(13, 3));
+  const std::vector<int32_t> x = token_ids(48, 1);  // the shared prefix: three chunks
+  const std::vector<int32_t> a = concat(x, token_ids(10, 2)), b = concat(x, token_ids(13, 3));
   CacheConfig sinks_only = cache("int2");  // kvq's default windows: every position of these prompts is a sink
   sinks_only.sink = 64, sinks_only.recent = 256;
   for (const CacheConfig& cc : {cache("bf16"), cache("int2"), sinks_only}) {
@@ -112,7 +98,7 @@ TEST(PrefixCache, ASharedPrefixRunEqualsAFreshRunByteForByteAndLogitForLogit) {
     EXPECT_EQ(shared.page_pool().used_pages(), 0);  // a's final pages are cached: free to take, until evicted
     EXPECT_EQ(shared.page_pool().cached_pages() > 0, cc.sink == 4);  // with 64 sinks no page is final yet
     EXPECT_EQ(shared.prefix_match(b.data(), int(b.size()), kChunk), 48);
-    EXPECT_EQ(shared.prefix_match(ids(61, 9).data(), 61, kChunk), 0);
+    EXPECT_EQ(shared.prefix_match(token_ids(61, 9).data(), 61, kChunk), 0);
     const int sb = shared.new_sequence();
     shared.prefix_attach(sb, b.data(), 48);
     EXPECT_EQ(shared.length(sb), 48);
@@ -151,7 +137,7 @@ TEST(PrefixCache, EvictionUnderPressureFreesTheLeastRecentlyUsedPrefixesFirst) {
   // Three 64-token prompts, each run and ended: their states at 16, 32, 48 and 64 stay cached, and 6 final pages each.
   std::vector<std::vector<int32_t>> p;
   for (int k = 0; k < 3; ++k) {
-    p.push_back(ids(64, 10 + k));
+    p.push_back(token_ids(64, 10 + k));
     const int s = r.new_sequence();
     feed(r, s, p.back(), 0, 64, true);
     r.free_sequence(s);
@@ -168,7 +154,7 @@ TEST(PrefixCache, EvictionUnderPressureFreesTheLeastRecentlyUsedPrefixesFirst) {
   // A sequence of the whole context takes 15 pages, 12 are on the free list: taking the other 3 evicts, oldest first,
   // the first prompt's states at 16, 32 and 64 (2 pages not shared with its state at 48) and the second prompt's four.
   const int s = r.new_sequence();
-  feed(r, s, ids(ctx, 20), 0, ctx, false);
+  feed(r, s, token_ids(ctx, 20), 0, ctx, false);
   EXPECT_EQ(r.page_pool().pages(s), l.pages_for(ctx));
   EXPECT_EQ(r.prefix_stats().evictions, 7);
   EXPECT_EQ(r.prefix_stats().entries, 5);
@@ -182,8 +168,8 @@ TEST(PrefixCache, EvictionUnderPressureFreesTheLeastRecentlyUsedPrefixesFirst) {
 }
 
 TEST(PrefixCache, TheSchedulerPrefillsOnlyPastTheCachedPrefixWithTheSameOutput) {
-  const std::vector<int32_t> x = ids(40, 4);
-  const std::vector<int32_t> a = concat(x, ids(9, 5)), b = concat(x, ids(7, 6));
+  const std::vector<int32_t> x = token_ids(40, 4);
+  const std::vector<int32_t> a = concat(x, token_ids(9, 5)), b = concat(x, token_ids(7, 6));
   GenerateParams g;
   g.max_tokens = 8;
   g.sampler = SamplerConfig{.temperature = 0.f};

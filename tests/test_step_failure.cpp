@@ -19,9 +19,11 @@
 #ifdef KVQ_HAVE_CUDA
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
+#include "test_helpers.h"
 #endif
 
 using namespace kvq;
+using kvq::test::token_ids;
 
 namespace {
 
@@ -36,12 +38,6 @@ CacheConfig small_int2() {  // windows 4 / 8, pages of 8 (the GPU's least), chun
   c.k.clip = 0.96f, c.v.clip = 0.92f;
   c.sink = 4, c.recent = 8, c.page_tokens = 8, c.max_chunk = 32;
   return c;
-}
-
-std::vector<int32_t> ids(int n, int salt) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) v[size_t(i)] = int32_t((i * 7919 + salt * 104729) % 8000 + 1);
-  return v;
 }
 
 // Throws from inside the forward once layer `layer`'s attention has run (its rows are appended).
@@ -63,7 +59,7 @@ constexpr int kPrompt = 32, kStep = 13, kDecode = 3;  // the failing step: posit
 // The logits (every row) of the step [kPrompt, kPrompt + kStep) and of kDecode decode steps after it, each a
 // [vocab] row, of a fresh sequence; with fail: the step is first tried with a layer hook that throws at layer 1.
 std::vector<float> run(Runner& r, bool fail) {
-  const std::vector<int32_t> t = ids(kPrompt + kStep + kDecode, 1);
+  const std::vector<int32_t> t = token_ids(kPrompt + kStep + kDecode, 1);
   const int V = r.config().vocab_size;
   const int seq = r.new_sequence();
   std::vector<float> prompt(size_t(V) * kPrompt), out(size_t(V) * (kStep + kDecode));
