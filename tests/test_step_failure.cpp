@@ -16,10 +16,10 @@
 #include "common/error.h"
 #include "model/model.h"
 #include "model/runner.h"
+#include "test_helpers.h"
 #ifdef KVQ_HAVE_CUDA
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
-#include "test_helpers.h"
 #endif
 
 using namespace kvq;
