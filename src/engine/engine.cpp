@@ -210,9 +210,11 @@ void Engine::loop() {
       } catch (const std::exception& e2) {
         lose_device(fmt::format("the engine cannot recover from a failed step: {}", what_of(e2)));
       }
+      {  // counted before the requests hear of it, as lose_device() marks the loss first
+        std::lock_guard<std::mutex> lk(stats_mu_);
+        ++stats_.step_failures;
+      }
       for (Scheduler::Update& u : updates) deliver(u);
-      std::lock_guard<std::mutex> lk(stats_mu_);
-      ++stats_.step_failures;
     }
     publish();
     if (stopping && active_.empty()) return;
@@ -256,6 +258,10 @@ void Engine::lose_device(const std::string& why) {
     if (!lost_) lost_reason_ = why;
     lost_ = true;
   }
+  {  // before any request hears of the loss, so that what it reads next (/metrics) already says so
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.healthy = false;
+  }
   std::vector<Scheduler::Update> updates;
   try {
     updates = sched_.fail(fmt::format("the device is lost: {}", why), /*waiting=*/true);
@@ -270,8 +276,6 @@ void Engine::lose_device(const std::string& why) {
     ++it;  // deliver() erases the entry
     deliver(u);
   }
-  std::lock_guard<std::mutex> lk(stats_mu_);
-  stats_.healthy = false;
 }
 
 void Engine::deliver(Scheduler::Update& u) {
