@@ -4,9 +4,11 @@
 #include <filesystem>
 #include <random>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/thread_pool.h"
 #include "model/safetensors.h"
 #include "rotation/rotation_file.h"
 #include "test_helpers.h"
@@ -140,16 +142,19 @@ TEST(RotationFile, HadamardTransformIsOrthogonalAndSymmetric) {
   EXPECT_EQ(t.r_v, t.r_k);
 }
 
-// The transform's rotations (vectorized where the CPU has AVX2 and head_dim is a multiple of 16) equal the plain
-// loop they must match bit for bit (and the GPU's append kernel does too): x · R and x · R^T, each column a double
-// sum over a = 0 .. d-1 in order, rounded to float once. head_dim 80 and 96 take the vector path, 40 the scalar one.
-TEST(RotationFile, TransformRotationsEqualTheDoubleLoopBitForBit) {
-  for (int d : {40, 64, 80, 96, 128, 256}) {
-    const int L = 2, H = 2, n_heads = 4, n = 3;
+// The transform's rotations equal the plain loop they must match bit for bit (and the GPU's append kernel does
+// too): x · R and x · R^T, each column a double sum over a = 0 .. d-1 in order, rounded to float once. At every SIMD
+// level this machine runs, on one thread and spread over a pool: head_dim 64 .. 512 take the vector kernels, 40 the
+// scalar loop; 3 tokens are a decode-sized call (blocks of rows with tails), 37 a prefill chunk spread over items.
+TEST(RotationFile, TransformRotationsEqualTheDoubleLoopBitForBitAtEverySimdLevel) {
+  ThreadPool pool(2);
+  for (int d : {40, 64, 80, 96, 128, 256, 512}) {
+    const int L = 2, H = 2, n_heads = 4;
     const KvTransform t = random_transform(L, H, d, 11u + d);
     std::mt19937 rng(d);
     std::normal_distribution<float> g;
-    auto reference = [&](const std::vector<float>& R, int layer, int heads, std::vector<float> x, bool transpose) {
+    auto reference = [&](const std::vector<float>& R, int layer, int n, int heads, std::vector<float> x,
+                         bool transpose) {
       const int group = heads / H;
       for (int r = 0; r < n * heads; ++r) {
         const float* m = R.data() + (size_t(layer) * H + (r % heads) / group) * d * d;
@@ -164,19 +169,37 @@ TEST(RotationFile, TransformRotationsEqualTheDoubleLoopBitForBit) {
       }
       return x;
     };
-    for (int layer = 0; layer < L; ++layer) {
-      std::vector<float> q(size_t(n) * n_heads * d), v(size_t(n) * H * d);
-      for (auto& x : q) x = g(rng);
-      for (auto& x : v) x = g(rng);
-      std::vector<float> got = q;
-      t.queries(layer, n, n_heads, got.data());
-      EXPECT_EQ(got, reference(t.r_k, layer, n_heads, q, false)) << "queries, head_dim " << d;
-      got = q;
-      t.outputs(layer, n, n_heads, got.data());
-      EXPECT_EQ(got, reference(t.r_v, layer, n_heads, q, true)) << "outputs, head_dim " << d;
-      got = v;
-      t.values(layer, n, got.data());
-      EXPECT_EQ(got, reference(t.r_v, layer, H, v, false)) << "values, head_dim " << d;
-    }
+    for (int n : {3, 37})
+      for (int layer = 0; layer < L; ++layer) {
+        std::vector<float> q(size_t(n) * n_heads * d), v(size_t(n) * H * d);
+        for (auto& x : q) x = g(rng);
+        for (auto& x : v) x = g(rng);
+        const std::vector<float> want_q = reference(t.r_k, layer, n, n_heads, q, false),
+                                 want_o = reference(t.r_v, layer, n, n_heads, q, true),
+                                 want_v = reference(t.r_v, layer, n, H, v, false);
+        for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni})
+          for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            if (!simd_level_supported(level)) continue;
+            const TransformExec x{level, p};
+            const std::string what = fmt::format("head_dim {}, {} tokens, {}, {}", d, n, simd_level_name(level),
+                                                 p ? "pool" : "one thread");
+            std::vector<float> got = q;
+            t.queries(layer, n, n_heads, got.data(), x);
+            EXPECT_EQ(got, want_q) << "queries, " << what;
+            got = q;
+            t.outputs(layer, n, n_heads, got.data(), x);
+            EXPECT_EQ(got, want_o) << "outputs, " << what;
+            got = v;
+            t.values(layer, n, got.data(), x);
+            EXPECT_EQ(got, want_v) << "values, " << what;
+            // A layer's inputs at once (keys centred and rotated with their queries) as one by one.
+            std::vector<float> k1 = v, k2 = v, v2 = v, q2 = q;
+            t.keys(layer, n, k1.data(), TransformExec{SimdLevel::kScalar, nullptr});
+            t.inputs(layer, n, k2.data(), v2.data(), n_heads, q2.data(), x);
+            EXPECT_EQ(k2, k1) << "inputs: keys, " << what;
+            EXPECT_EQ(v2, want_v) << "inputs: values, " << what;
+            EXPECT_EQ(q2, want_q) << "inputs: queries, " << what;
+          }
+      }
   }
 }

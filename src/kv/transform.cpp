@@ -1,126 +1,108 @@
 #include "kv/transform.h"
 
 #include <algorithm>
-#include <vector>
+#include <array>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "common/thread_pool.h"
 
 namespace kvq {
 
 namespace {
 
-#if defined(__x86_64__) && !defined(KVQ_SIMD_OFF)
-// x <- x · R (Transpose: x · R^T) for one row, R: [d, d] row-major, d a multiple of 16: the scalar loop below with 4
-// output columns to a vector. AVX2 without FMA, so that each product and sum is rounded apart in the same order
-// (a = 0 .. d-1 for every column): the result is bit-identical to the scalar loop's, and to the GPU's
-// (cuda/kv_append.cu). R^T's columns are R's rows: 4x4 tiles of them are transposed in registers.
-template <bool Transpose>
-__attribute__((target("avx2"))) void rotate_row_avx2(float* x, const float* R, int d) {
-  alignas(32) float out[kMaxHeadDimForRotation];
-  for (int b0 = 0; b0 < d; b0 += 16) {
-    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
-    for (int a0 = 0; a0 < d; a0 += 4) {
-      __m128 r[4][4];  // r[k][j]: the 4 factors of x[a0 + j] for output columns b0 + 4k .. b0 + 4k + 3
-      for (int k = 0; k < 4; ++k) {
-        if constexpr (Transpose) {
-          for (int j = 0; j < 4; ++j) r[k][j] = _mm_loadu_ps(R + size_t(b0 + 4 * k + j) * d + a0);
-          _MM_TRANSPOSE4_PS(r[k][0], r[k][1], r[k][2], r[k][3]);
-        } else {
-          for (int j = 0; j < 4; ++j) r[k][j] = _mm_loadu_ps(R + size_t(a0 + j) * d + b0 + 4 * k);
+// Rows handed to the rotation kernel at once, and so the work of one pool item: enough for its blocks of rows to share
+// each tile of R, few enough that a prefill chunk spreads over every thread.
+constexpr int kRowsPerItem = 32;
+
+// The rows (t, j) of x [n, heads, d] whose head j belongs to a given kv head (j / (heads / n_kv)).
+struct HeadRows {
+  float* x = nullptr;
+  int heads = 0;
+};
+
+// One rotation: per kv head h, the rows of every part that belong to h, rotated by mats[(layer, h)] (transpose: by its
+// transpose). Keys and queries share R_K and so one job: each tile of R_K is read once for both.
+struct RotationJob {
+  const float* mats = nullptr;  // [n_layers, n_kv, d, d]; null: no job
+  bool transpose = false;
+  std::array<HeadRows, 2> parts{};
+};
+
+// Runs the jobs' rows in items of up to kRowsPerItem rows of one kv head, spread over the pool when there is one.
+void run_rotations(const std::array<RotationJob, 2>& jobs, int layer, int n_kv, int d, int n, const TransformExec& e) {
+  const RotateRowsFn rotate = rotate_rows_kernel(e.simd);
+  int rows_per_head[2] = {0, 0}, items_per_head[2] = {0, 0};
+  for (int j = 0; j < 2; ++j) {
+    if (!jobs[size_t(j)].mats) continue;
+    for (const HeadRows& p : jobs[size_t(j)].parts) rows_per_head[j] += p.x ? n * (p.heads / n_kv) : 0;
+    items_per_head[j] = (rows_per_head[j] + kRowsPerItem - 1) / kRowsPerItem;
+  }
+  const int64_t items0 = int64_t(n_kv) * items_per_head[0], items = items0 + int64_t(n_kv) * items_per_head[1];
+  const auto item = [&](int64_t i, int) {
+    const int j = i < items0 ? 0 : 1;
+    const RotationJob& job = jobs[size_t(j)];
+    const int64_t k = j == 0 ? i : i - items0;
+    const int h = int(k / items_per_head[j]), r0 = int(k % items_per_head[j]) * kRowsPerItem;
+    const int nr = std::min(kRowsPerItem, rows_per_head[j] - r0);
+    float* rows[kRowsPerItem];
+    for (int r = 0; r < nr; ++r) {
+      int x = r0 + r;  // the x-th row of kv head h over the parts
+      for (const HeadRows& p : job.parts) {
+        const int g = p.heads / n_kv;
+        if (!p.x) continue;
+        if (x < n * g) {
+          rows[r] = p.x + (size_t(x / g) * p.heads + h * g + x % g) * d;
+          break;
         }
-      }
-      for (int j = 0; j < 4; ++j) {
-        const __m256d xa = _mm256_set1_pd(double(x[a0 + j]));
-        for (int k = 0; k < 4; ++k) acc[k] = _mm256_add_pd(acc[k], _mm256_mul_pd(xa, _mm256_cvtps_pd(r[k][j])));
+        x -= n * g;
       }
     }
-    for (int k = 0; k < 4; ++k) _mm_store_ps(out + b0 + 4 * k, _mm256_cvtpd_ps(acc[k]));
+    rotate(rows, nr, job.mats + (size_t(layer) * n_kv + h) * d * d, d, job.transpose);
+  };
+  if (e.pool && e.pool->size() > 1 && items > 1) {
+    e.pool->parallel_for(items, item);
+  } else {
+    for (int64_t i = 0; i < items; ++i) item(i, 0);
   }
-  std::copy_n(out, d, x);
 }
 
-bool rotate_fast(int d) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2 && d % 16 == 0 && d <= kMaxHeadDimForRotation;
-}
-#endif
-
-// rows[i] <- rows[i] · R (transpose: rows[i] · R^T), R: [d, d] row-major, for n_rows rows of stride d.
-// Accumulates in double so that a rotation and its inverse round-trip to float precision.
-void rotate_rows(float* rows, int n_rows, const float* R, int d, bool transpose) {
-#if defined(__x86_64__) && !defined(KVQ_SIMD_OFF)
-  if (rotate_fast(d)) {
-    for (int i = 0; i < n_rows; ++i) {
-      float* x = rows + size_t(i) * d;
-      transpose ? rotate_row_avx2<true>(x, R, d) : rotate_row_avx2<false>(x, R, d);
-    }
-    return;
-  }
-#endif
-  std::vector<double> tmp(static_cast<size_t>(d));
-  for (int i = 0; i < n_rows; ++i) {
-    float* x = rows + size_t(i) * d;
-    std::fill(tmp.begin(), tmp.end(), 0.0);
-    if (!transpose) {
-      for (int a = 0; a < d; ++a) {
-        const double xa = x[a];
-        const float* r = R + size_t(a) * d;
-        for (int b = 0; b < d; ++b) tmp[size_t(b)] += xa * r[b];
-      }
-    } else {
-      for (int b = 0; b < d; ++b) {
-        const float* r = R + size_t(b) * d;
-        double s = 0.0;
-        for (int a = 0; a < d; ++a) s += double(x[a]) * r[a];
-        tmp[size_t(b)] = s;
-      }
-    }
-    for (int c = 0; c < d; ++c) x[c] = float(tmp[size_t(c)]);
-  }
-}
+const float* mats_or_null(const std::vector<float>& m) { return m.empty() ? nullptr : m.data(); }
 
 }  // namespace
 
-void KvTransform::keys(int layer, int n, float* k) const {
+void KvTransform::centre_keys(int layer, int n, float* k) const {
+  if (key_mean.empty()) return;
   const int d = head_dim;
   for (int t = 0; t < n; ++t)
     for (int h = 0; h < n_kv_heads; ++h) {
       float* row = k + (size_t(t) * n_kv_heads + h) * d;
-      if (!key_mean.empty()) {
-        const float* mu = key_mean.data() + (size_t(layer) * n_kv_heads + h) * d;
-        for (int c = 0; c < d; ++c) row[c] -= mu[c];
-      }
-      if (!r_k.empty()) rotate_rows(row, 1, r_k.data() + (size_t(layer) * n_kv_heads + h) * d * d, d, false);
+      const float* mu = key_mean.data() + (size_t(layer) * n_kv_heads + h) * d;
+      for (int c = 0; c < d; ++c) row[c] -= mu[c];
     }
 }
 
-void KvTransform::values(int layer, int n, float* v) const {
-  if (r_v.empty()) return;
-  const int d = head_dim;
-  for (int t = 0; t < n; ++t)
-    for (int h = 0; h < n_kv_heads; ++h)
-      rotate_rows(v + (size_t(t) * n_kv_heads + h) * d, 1, r_v.data() + (size_t(layer) * n_kv_heads + h) * d * d, d,
-                  false);
+void KvTransform::inputs(int layer, int n, float* k, float* v, int n_heads, float* q, const TransformExec& x) const {
+  if (k) centre_keys(layer, n, k);
+  std::array<RotationJob, 2> jobs{};
+  if (k || q) jobs[0] = {mats_or_null(r_k), false, {HeadRows{k, n_kv_heads}, HeadRows{q, n_heads}}};
+  if (v) jobs[1] = {mats_or_null(r_v), false, {HeadRows{v, n_kv_heads}, HeadRows{}}};
+  run_rotations(jobs, layer, n_kv_heads, head_dim, n, x);
 }
 
-void KvTransform::queries(int layer, int n, int n_heads, float* q) const {
-  if (r_k.empty()) return;
-  const int d = head_dim, g = n_heads / n_kv_heads;
-  for (int t = 0; t < n; ++t)
-    for (int j = 0; j < n_heads; ++j)
-      rotate_rows(q + (size_t(t) * n_heads + j) * d, 1, r_k.data() + (size_t(layer) * n_kv_heads + j / g) * d * d, d,
-                  false);
+void KvTransform::keys(int layer, int n, float* k, const TransformExec& x) const {
+  inputs(layer, n, k, nullptr, 0, nullptr, x);
 }
 
-void KvTransform::outputs(int layer, int n, int n_heads, float* o) const {
-  if (r_v.empty()) return;
-  const int d = head_dim, g = n_heads / n_kv_heads;
-  for (int t = 0; t < n; ++t)
-    for (int j = 0; j < n_heads; ++j)
-      rotate_rows(o + (size_t(t) * n_heads + j) * d, 1, r_v.data() + (size_t(layer) * n_kv_heads + j / g) * d * d, d,
-                  true);
+void KvTransform::values(int layer, int n, float* v, const TransformExec& x) const {
+  inputs(layer, n, nullptr, v, 0, nullptr, x);
+}
+
+void KvTransform::queries(int layer, int n, int n_heads, float* q, const TransformExec& x) const {
+  inputs(layer, n, nullptr, nullptr, n_heads, q, x);
+}
+
+void KvTransform::outputs(int layer, int n, int n_heads, float* o, const TransformExec& x) const {
+  run_rotations({RotationJob{mats_or_null(r_v), true, {HeadRows{o, n_heads}, HeadRows{}}}, RotationJob{}}, layer,
+                n_kv_heads, head_dim, n, x);
 }
 
 }  // namespace kvq

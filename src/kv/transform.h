@@ -7,7 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "simd/simd.h"
+
 namespace kvq {
+
+class ThreadPool;
+
+// Where a transform's rotations run: the CPU kernels' level (simd.h: every level gives the same bits) and the pool
+// whose threads share the rows (nullptr: the calling thread).
+struct TransformExec {
+  SimdLevel simd = best_simd_level();
+  ThreadPool* pool = nullptr;
+};
 
 struct KvTransform {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0;
@@ -19,13 +30,17 @@ struct KvTransform {
   bool identity() const { return key_mean.empty() && r_k.empty() && r_v.empty(); }
 
   // In place, rows laid out [n, heads, d]; query head j belongs to kv head j / (n_heads / n_kv_heads).
-  void keys(int layer, int n, float* k) const;
-  void values(int layer, int n, float* v) const;
-  void queries(int layer, int n, int n_heads, float* q) const;
-  void outputs(int layer, int n, int n_heads, float* o) const;
-};
+  // inputs() is what a layer does before attention: keys(), values() and queries() at once (each may be null), the
+  // rows of each kv head rotated together, so that R_K is read once for its keys and queries and the pool's threads
+  // share the heads even in a decode step.
+  void inputs(int layer, int n, float* k, float* v, int n_heads, float* q, const TransformExec& x = {}) const;
+  void keys(int layer, int n, float* k, const TransformExec& x = {}) const;
+  void values(int layer, int n, float* v, const TransformExec& x = {}) const;
+  void queries(int layer, int n, int n_heads, float* q, const TransformExec& x = {}) const;
+  void outputs(int layer, int n, int n_heads, float* o, const TransformExec& x = {}) const;
 
-// The largest head_dim the vectorized rotation takes (a stack row); larger ones take the scalar loop.
-inline constexpr int kMaxHeadDimForRotation = 512;
+ private:
+  void centre_keys(int layer, int n, float* k) const;
+};
 
 }  // namespace kvq

@@ -183,18 +183,15 @@ void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int 
   const float scale = 1.f / std::sqrt(float(d));
   for (float& x : q_) x *= scale;
   const KvTransform* t = cache.config().transform.get();
-  if (t) {
-    t->keys(l, n, k_.data());
-    t->values(l, n, v_.data());
-    t->queries(l, n, hq, q_.data());
-  }
+  const TransformExec on_cpu{cache.config().simd, &pool_};
+  if (t) t->inputs(l, n, k_.data(), v_.data(), hq, q_.data(), on_cpu);
   for (const Span& s : spans) {
     cache.observe_queries(s.seq, l, s.pos0, s.n, q_at(s), hq);  // the evict policy's observation window (else nothing)
     cache.append(s.seq, l, s.pos0, s.n, k_at(s), v_at(s));
     cache_attention(cache, s.seq, l, s.pos0, s.n, q_at(s), att_.data() + size_t(s.row0) * hq * d,
                     AttentionShape{hq, hk, d}, pool_);
   }
-  if (t) t->outputs(l, n, hq, att_.data());
+  if (t) t->outputs(l, n, hq, att_.data(), on_cpu);
 
   linear(ll.o, att_.data(), h_.data());
   if (hook_) hook_->on_attention_output(l, spans[0].pos0, n, h_.data());

@@ -30,24 +30,35 @@ const char* simd_level_name(SimdLevel level) {
   return "?";
 }
 
-bool simd_level_supported(SimdLevel level) {
+namespace {
+// What the CPU reports, asked once per level by simd_level_supported (CPUID traps to the hypervisor in a VM: a few
+// microseconds a call, which a kernel table fetched per layer and step would pay each time).
+bool detect(SimdLevel level) {
   switch (level) {
     case SimdLevel::kScalar: return true;
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(KVQ_SIMD_OFF)
     case SimdLevel::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case SimdLevel::kAvx512:
-      return simd_level_supported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
+      return detect(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512dq");
     case SimdLevel::kAvx512Vnni:
-      return simd_level_supported(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512vnni") &&
+      return detect(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("avx512vbmi");
 #else
     default: return false;
 #endif
   }
   return false;
+}
+}  // namespace
+
+bool simd_level_supported(SimdLevel level) {
+  static const bool supported[4] = {detect(SimdLevel::kScalar), detect(SimdLevel::kAvx2), detect(SimdLevel::kAvx512),
+                                    detect(SimdLevel::kAvx512Vnni)};
+  const int i = int(level);
+  return i >= 0 && i < 4 && supported[i];
 }
 
 SimdLevel best_simd_level() {
@@ -103,6 +114,20 @@ SoftmaxKernels softmax_kernels(SimdLevel level) {
   }
 #endif
   return softmax_kernels_scalar();
+}
+
+RotateRowsFn rotate_rows_kernel(SimdLevel level) {
+  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
+            simd_level_name(level), simd_level_name(best_simd_level()));
+#ifndef KVQ_SIMD_OFF
+  switch (level) {
+    case SimdLevel::kAvx512Vnni:
+    case SimdLevel::kAvx512: return rotate_rows_avx512;
+    case SimdLevel::kAvx2: return rotate_rows_avx2;
+    case SimdLevel::kScalar: break;
+  }
+#endif
+  return rotate_rows_scalar;
 }
 
 float softmax_max_ref(const float* x, int n) {

@@ -140,7 +140,27 @@ struct VAvx2 {
   }
 };
 
+// The exact rotation (simd_rotate_impl.h): 4 doubles a vector; blocks of 3 rows × 8 columns (6 sums, 8 tile vectors).
+struct DAvx2 {
+  using V = __m256d;
+  static constexpr int kW = 4, kCols = 2, kRows = 3;
+  static V zero() { return _mm256_setzero_pd(); }
+  static V bcast(const double* p) { return _mm256_broadcast_sd(p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  static void store(float* p, V v) { _mm_storeu_ps(p, _mm256_cvtpd_ps(v)); }
+  static void tile(const float* R, int d, int a0, int b0, V* t) {
+    for (int j = 0; j < 4; ++j) t[j] = _mm256_cvtps_pd(_mm_loadu_ps(R + size_t(a0 + j) * d + b0));
+  }
+  static void tile_t(const float* R, int d, int a0, int b0, V* t) {
+    __m128 r[4];
+    for (int j = 0; j < 4; ++j) r[j] = _mm_loadu_ps(R + size_t(b0 + j) * d + a0);
+    _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
+    for (int j = 0; j < 4; ++j) t[j] = _mm256_cvtps_pd(r[j]);
+  }
+};
+
 #include "simd/simd_kernels_impl.h"
+#include "simd/simd_rotate_impl.h"
 #include "simd/simd_softmax_impl.h"
 
 }  // namespace
@@ -152,6 +172,9 @@ RowKernels row_kernels_avx2(RowFormat format) {
   return row_kernels_for<VAvx2>(format);
 }
 SoftmaxKernels softmax_kernels_avx2() { return softmax_kernels_for<VAvx2>(); }
+void rotate_rows_avx2(float* const* rows, int n_rows, const float* R, int d, bool transpose) {
+  rotate_rows_for<DAvx2>(rows, n_rows, R, d, transpose);
+}
 
 }  // namespace kvq
 
@@ -165,5 +188,8 @@ SoftmaxKernels softmax_kernels_avx2() { return softmax_kernels_for<VAvx2>(); }
 namespace kvq {
 RowKernels row_kernels_avx2(RowFormat) { KVQ_FAIL("AVX2 kernels are not built for this architecture"); }
 SoftmaxKernels softmax_kernels_avx2() { KVQ_FAIL("AVX2 kernels are not built for this architecture"); }
+void rotate_rows_avx2(float* const*, int, const float*, int, bool) {
+  KVQ_FAIL("AVX2 kernels are not built for this architecture");
+}
 }  // namespace kvq
 #endif

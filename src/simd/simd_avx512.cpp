@@ -139,13 +139,48 @@ struct VAvx512 {
   }
 };
 
+// The exact rotation (simd_rotate_impl.h): 8 doubles a vector; blocks of 4 rows × 16 columns (8 sums, 16 tile
+// vectors).
+struct DAvx512 {
+  using V = __m512d;
+  static constexpr int kW = 8, kCols = 2, kRows = 4;
+  static V zero() { return _mm512_setzero_pd(); }
+  static V bcast(const double* p) { return _mm512_set1_pd(*p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, _mm512_cvtpd_ps(v)); }
+  static void tile(const float* R, int d, int a0, int b0, V* t) {
+    for (int j = 0; j < 8; ++j) t[j] = _mm512_cvtps_pd(_mm256_loadu_ps(R + size_t(a0 + j) * d + b0));
+  }
+  // The 8 × 8 block R[b0 .. b0+8)[a0 .. a0+8) transposed in registers (as VAvx2::transpose), then widened.
+  static void tile_t(const float* R, int d, int a0, int b0, V* t) {
+    __m256 r[8], u[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(R + size_t(b0 + i) * d + a0);
+    for (int i = 0; i < 8; i += 2) {
+      const __m256 lo = _mm256_unpacklo_ps(r[i], r[i + 1]), hi = _mm256_unpackhi_ps(r[i], r[i + 1]);
+      r[i] = lo, r[i + 1] = hi;
+    }
+    for (int g = 0; g < 8; g += 4) {
+      u[g + 0] = _mm256_shuffle_ps(r[g], r[g + 2], 0x44), u[g + 1] = _mm256_shuffle_ps(r[g], r[g + 2], 0xEE);
+      u[g + 2] = _mm256_shuffle_ps(r[g + 1], r[g + 3], 0x44), u[g + 3] = _mm256_shuffle_ps(r[g + 1], r[g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {
+      t[k] = _mm512_cvtps_pd(_mm256_permute2f128_ps(u[k], u[4 + k], 0x20));
+      t[4 + k] = _mm512_cvtps_pd(_mm256_permute2f128_ps(u[k], u[4 + k], 0x31));
+    }
+  }
+};
+
 #include "simd/simd_kernels_impl.h"
+#include "simd/simd_rotate_impl.h"
 #include "simd/simd_softmax_impl.h"
 
 }  // namespace
 
 RowKernels row_kernels_avx512(RowFormat format) { return row_kernels_for<VAvx512>(format); }
 SoftmaxKernels softmax_kernels_avx512() { return softmax_kernels_for<VAvx512>(); }
+void rotate_rows_avx512(float* const* rows, int n_rows, const float* R, int d, bool transpose) {
+  rotate_rows_for<DAvx512>(rows, n_rows, R, d, transpose);
+}
 
 }  // namespace kvq
 
@@ -160,5 +195,8 @@ SoftmaxKernels softmax_kernels_avx512() { return softmax_kernels_for<VAvx512>();
 namespace kvq {
 RowKernels row_kernels_avx512(RowFormat) { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
 SoftmaxKernels softmax_kernels_avx512() { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
+void rotate_rows_avx512(float* const*, int, const float*, int, bool) {
+  KVQ_FAIL("AVX-512 kernels are not built for this architecture");
+}
 }  // namespace kvq
 #endif

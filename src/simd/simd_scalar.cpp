@@ -1,8 +1,10 @@
 // Portable row kernels and softmax primitives (no intrinsics): the same algorithm as the SIMD levels with one
 // float per "vector".
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "codecs/layout.h"
 #include "codecs/llamacpp/llamacpp_blocks.h"
@@ -83,5 +85,18 @@ struct VScalar {
 
 RowKernels row_kernels_scalar(RowFormat format) { return row_kernels_for<VScalar>(format); }
 SoftmaxKernels softmax_kernels_scalar() { return softmax_kernels_for<VScalar>(); }
+
+void rotate_rows_scalar(float* const* rows, int n_rows, const float* R, int d, bool transpose) {
+  std::vector<double> acc(static_cast<size_t>(d));
+  for (int i = 0; i < n_rows; ++i) {
+    float* x = rows[i];
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int a = 0; a < d; ++a) {
+      const double xa = x[a];
+      for (int b = 0; b < d; ++b) acc[size_t(b)] += xa * double(transpose ? R[size_t(b) * d + a] : R[size_t(a) * d + b]);
+    }
+    for (int b = 0; b < d; ++b) x[b] = float(acc[size_t(b)]);
+  }
+}
 
 }  // namespace kvq
