@@ -98,7 +98,9 @@ TEST(DummyWeights, HaveTheCheckpointsTensorsAndShapes) {
   for (const TensorSpec& t : model_tensors(cfg)) {
     EXPECT_EQ(dummy.values(t.role, t.layer).size(), real.values(t.role, t.layer).size()) << t.name;
     EXPECT_EQ(dummy.values(t.role, t.layer).size(), t.numel()) << t.name;
-    if (t.matrix()) EXPECT_EQ(dummy.matrix(t.role, t.layer).dtype, DType::BF16) << t.name;  // generated in place
+    if (t.matrix()) {
+      EXPECT_EQ(dummy.matrix(t.role, t.layer).dtype, DType::BF16) << t.name;  // generated in place
+    }
   }
   EXPECT_TRUE(dummy.lm_head.empty());  // models/ref ties its embeddings
   ASSERT_EQ(dummy.layers.size(), size_t(cfg.n_layers));

@@ -112,8 +112,8 @@ float softmax_exp_sum_ref(float* x, int n, float m);
 // rows[i] · R^T), R [d, d] row-major, in place. Exact to one rounding per value: every output sums its d products
 // in double, in the order a = 0 .. d-1, and rounds once to float. The product of two floats is exact in double, so a
 // fused multiply-add gives what a multiply and an add give: every level returns the same bits, and so does the GPU
-// (cuda/kv_append.cu). Levels above scalar take d a multiple of 16 up to kMaxRotationDim and pass other d to the
-// scalar loop.
+// (cuda/kv_append.cu). AVX2 takes d a multiple of 8, AVX-512 a multiple of 16, up to kMaxRotationDim; other d go to
+// the scalar loop.
 inline constexpr int kMaxRotationDim = 512;
 using RotateRowsFn = void (*)(float* const* rows, int n_rows, const float* R, int d, bool transpose);
 // The kernel of one level (kAvx512Vnni uses the kAvx512 one). Throws kvq::Error if this CPU does not support it.

@@ -6,15 +6,15 @@
 //   tile_t(R, d, a0, b0, t)   t[j] = R[b0 .. b0 + kW)[a0 + j] as doubles, j < kW     (x · R^T: R's rows are its columns)
 //   store(float*, V)          kW doubles rounded to float
 // A block of kRows rows and kCols vectors of output columns is held in registers; each tile of R is read once per
-// block of rows, and the rows are widened to double once (a broadcast is then a load, not a shuffle). Every output column sums its products in the order a = 0 .. d-1, so the block shape does not change
-// the result: it is the scalar loop's, bit for bit.
+// block of rows, and the rows are widened to double once (a broadcast is then a load, not a shuffle). Every output
+// column sums its products in the order a = 0 .. d-1, so the block shape does not change the result: it is the scalar
+// loop's, bit for bit.
 
 template <class D, bool Transpose, int NR>
 void rotate_block(float* const* rows, const float* R, int d) {
   using V = typename D::V;
   constexpr int kW = D::kW, kC = D::kCols;
-  alignas(64) double x[NR][kMaxRotationDim];
-  alignas(64) float out[NR][kMaxRotationDim];
+  alignas(64) double x[NR][kMaxRotationDim];  // the rows' inputs: the outputs overwrite the rows as they come
   for (int r = 0; r < NR; ++r)
     for (int a = 0; a < d; ++a) x[r][a] = rows[r][a];
   for (int b0 = 0; b0 < d; b0 += kC * kW) {
@@ -32,9 +32,8 @@ void rotate_block(float* const* rows, const float* R, int d) {
       }
     }
     KVQ_UNROLL for (int r = 0; r < NR; ++r) KVQ_UNROLL for (int c = 0; c < kC; ++c)
-      D::store(out[r] + b0 + c * kW, acc[r][c]);
+      D::store(rows[r] + b0 + c * kW, acc[r][c]);
   }
-  for (int r = 0; r < NR; ++r) std::memcpy(rows[r], out[r], sizeof(float) * size_t(d));
 }
 
 template <class D, bool Transpose>
