@@ -37,8 +37,6 @@ namespace {
 
 #include "simd/simd_kernels_impl.h"  // tile sizes and helpers (its float templates are not instantiated here)
 
-constexpr int kQ16Stride = 256;  // int16 query row stride (d <= 256)
-
 // The 32 codes of one packed unit as int16 in value order: values 0-15 in lo, 16-31 in hi.
 template <RowFormat Fmt>
 inline void unit_i16(const uint8_t* p, __m256i& lo, __m256i& hi) {
@@ -103,88 +101,110 @@ inline __m128i hsum4_epi32(const __m256i* v) {
   return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
-// ---- int16 scores (every int row) ----
-// Scores of rows [t0, t0+nt) for QB queries (QB = 1, 2 or a multiple of 4): integer sums per group, reduced four
-// queries at a time, then s = Σ_g scale_g·qstep_g·isum_g - Σ_g scale_g·zero_g·Σq_g.
+// ---- int16 kernels (every int row but int2 at G = d): simd_int16_impl.h over these traits ----
+struct IAvx2 {
+  struct Unit {
+    __m256i lo, hi;  // values 0-15, 16-31
+  };
+  using Acc = __m256i;
+  static constexpr int kScoresQB = 4, kAccQB = 2;  // 16 ymm registers
+  template <RowFormat Fmt>
+  static Unit unit(const uint8_t* p) {
+    Unit u;
+    unit_i16<Fmt>(p, u.lo, u.hi);
+    return u;
+  }
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static Acc dot(Acc acc, const Unit& x, const int16_t* q) {
+    const __m256i a = _mm256_madd_epi16(x.lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    const __m256i b = _mm256_madd_epi16(x.hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+    return _mm256_add_epi32(acc, _mm256_add_epi32(a, b));
+  }
+  static __m128i hsum4(const Acc* v) { return hsum4_epi32(v); }
+  static float quantize(const float* x, int n, int16_t* out, float& sum) { return quantize_group_i16(x, n, out, sum); }
+  static void subtract(float* a, int n, float z) {
+    const __m256 zv = _mm256_set1_ps(z);
+    for (int c = 0; c < n; c += 8) _mm256_storeu_ps(a + c, _mm256_sub_ps(_mm256_loadu_ps(a + c), zv));
+  }
+  // w = pt · sc for one tile, rounded to int16 with step max|w| / 32767.
+  static float tile_weights(const float* pt, const float* sc, const float* zr, int16_t* w16, float& zdot) {
+    __m256 w[4], m = _mm256_setzero_ps();
+    KVQ_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      w[k] = _mm256_mul_ps(_mm256_load_ps(pt + 8 * k), _mm256_load_ps(sc + 8 * k));
+      m = _mm256_max_ps(m, abs_ps(w[k]));
+    }
+    const float mx = hmax_abs(m);
+    const float step = mx > 0.f ? mx / 32767.f : 1.f;
+    const __m256 inv = _mm256_set1_ps(1.f / step);
+    __m256 z = _mm256_setzero_ps();
+    KVQ_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      const __m256i iw = _mm256_cvtps_epi32(_mm256_mul_ps(w[k], inv));  // |w / step| <= 32767
+      _mm_store_si128(reinterpret_cast<__m128i*>(w16 + 8 * k),
+                      _mm_packs_epi32(_mm256_castsi256_si128(iw), _mm256_extracti128_si256(iw, 1)));
+      z = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iw), _mm256_load_ps(zr + 8 * k), z);
+    }
+    zdot = hsum_ps(z);
+    return step;
+  }
+};
+
+// The level's int16 accumulate block (simd_int16_impl.h's accumulate_i16 calls it):
+// acc[i, :] += wstep[i][g] · Σ_t w16[i][g][t] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane: read as
+// uint32, w16[i][g][2·pr .. 2·pr + 1] packs the int16 weights of tokens 2·pr (low) and 2·pr + 1 (high).
 template <RowFormat Fmt, int QB>
-void scores_block_i16(const RowsView& r, int t0, int nt, const int16_t* q16, const float (*qstep)[kMaxGroups],
-                      const float (*qsum)[kMaxGroups], float* s, size_t s_stride) {
-  constexpr int kUB = fmt_unit_bytes<Fmt>(), kQ4 = QB >= 4 ? QB / 4 : 1;
-  const int d = r.d, upg = r.group / 32, ng = d / r.group;
-  __m128 qstep4[kQ4][kMaxGroups], qsum4[kQ4][kMaxGroups];  // queries 4j .. 4j+3 (missing ones 0)
-  for (int j = 0; j < kQ4; ++j)
-    for (int g = 0; g < ng; ++g) {
-      float a[4] = {}, b[4] = {};
-      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) a[k] = qstep[4 * j + k][g], b[k] = qsum[4 * j + k][g];
-      qstep4[j][g] = _mm_loadu_ps(a), qsum4[j][g] = _mm_loadu_ps(b);
-    }
-  float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (4K aliasing)
-  for (int t = t0; t < t0 + nt; ++t) {
-    const uint8_t* row = r.rows + size_t(t) * r.row_stride;
-    const uint8_t* codes = row + r.codes_offset;
-    prefetch_row(r, t + kPrefetchRows);
-    __m128 tot4[kQ4], zt4[kQ4];
+void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16)[kMaxGroups][kTileRows],
+                          const float (*wstep)[kMaxGroups], float* acc) {
+  constexpr int kUB = fmt_unit_bytes<Fmt>();
+  const int d = r.d, upg = r.group / 32;
+  for (int u = 0; u < d / 32; ++u) {
+    const int g = u / upg;
+    // per query: channels {0-3, 8-11} | {4-7, 12-15} of the unit's lo half (unpacklo / unpackhi of two tokens,
+    // per 128-bit lane: lane 0 channels 0-7, lane 1 channels 8-15), the same for its hi half (16-31)
+    __m256i a0[QB], a1[QB], b0[QB], b1[QB];
     KVQ_UNROLL
-    for (int j = 0; j < kQ4; ++j) tot4[j] = _mm_setzero_ps(), zt4[j] = _mm_setzero_ps();
-    for (int g = 0; g < ng; ++g) {
-      __m256i acc[kQ4 * 4];
+    for (int i = 0; i < QB; ++i)
+      a0[i] = _mm256_setzero_si256(), a1[i] = _mm256_setzero_si256(), b0[i] = _mm256_setzero_si256(),
+      b1[i] = _mm256_setzero_si256();
+    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
+    for (int pr = 0; 2 * pr < nt; ++pr) {
+      prefetch_unit(r, t0 + 2 * pr + kPrefetchTiles * kTileRows, u * kUB);
+      prefetch_unit(r, t0 + 2 * pr + 1 + kPrefetchTiles * kTileRows, u * kUB);
+      __m256i xlo, xhi, ylo = _mm256_setzero_si256(), yhi = _mm256_setzero_si256();
+      unit_i16<Fmt>(codes + size_t(2 * pr) * r.row_stride, xlo, xhi);
+      if (2 * pr + 1 < nt) unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride, ylo, yhi);
+      const __m256i l0 = _mm256_unpacklo_epi16(xlo, ylo), l1 = _mm256_unpackhi_epi16(xlo, ylo);
+      const __m256i h0 = _mm256_unpacklo_epi16(xhi, yhi), h1 = _mm256_unpackhi_epi16(xhi, yhi);
       KVQ_UNROLL
-      for (int i = 0; i < kQ4 * 4; ++i) acc[i] = _mm256_setzero_si256();
-      for (int u = g * upg; u < (g + 1) * upg; ++u) {
-        __m256i lo, hi;
-        unit_i16<Fmt>(codes + u * kUB, lo, hi);
-        KVQ_UNROLL
-        for (int i = 0; i < QB; ++i) {
-          const int16_t* qu = q16 + i * kQ16Stride + u * 32;
-          const __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qu)));
-          const __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qu + 16)));
-          acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(a, b));
-        }
-      }
-      float sc = 1.f, zr = 0.f;
-      if (r.grouped) {
-        const layout::GroupParams gp = row_params(row, g);
-        sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
-      }
-      const __m128 scv = _mm_set1_ps(sc), szv = _mm_set1_ps(sc * zr);
-      KVQ_UNROLL
-      for (int j = 0; j < kQ4; ++j) {
-        const __m128i h = hsum4_epi32(&acc[4 * j]);
-        tot4[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(h), _mm_mul_ps(scv, qstep4[j][g]), tot4[j]);
-        zt4[j] = _mm_fmadd_ps(szv, qsum4[j][g], zt4[j]);
+      for (int i = 0; i < QB; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, &w16[i][g][2 * pr], 4);
+        const __m256i wv = _mm256_set1_epi32(pair);
+        a0[i] = _mm256_add_epi32(a0[i], _mm256_madd_epi16(l0, wv));
+        a1[i] = _mm256_add_epi32(a1[i], _mm256_madd_epi16(l1, wv));
+        b0[i] = _mm256_add_epi32(b0[i], _mm256_madd_epi16(h0, wv));
+        b1[i] = _mm256_add_epi32(b1[i], _mm256_madd_epi16(h1, wv));
       }
     }
     KVQ_UNROLL
-    for (int j = 0; j < kQ4; ++j) {
-      float out[4];
-      _mm_storeu_ps(out, _mm_sub_ps(tot4[j], zt4[j]));
-      for (int k = 0; k < 4 && 4 * j + k < QB; ++k) buf[4 * j + k][t - t0] = out[k];
+    for (int i = 0; i < QB; ++i) {
+      const __m256 f = _mm256_set1_ps(wstep[i][g]);
+      float* out = acc + i * d + u * 32;
+      // a0 = [0-3 | 8-11], a1 = [4-7 | 12-15]: channels 0-7 are (a0 lane 0, a1 lane 0), 8-15 the lanes 1
+      const __m256i c0 = _mm256_permute2x128_si256(a0[i], a1[i], 0x20);
+      const __m256i c1 = _mm256_permute2x128_si256(a0[i], a1[i], 0x31);
+      const __m256i c2 = _mm256_permute2x128_si256(b0[i], b1[i], 0x20);
+      const __m256i c3 = _mm256_permute2x128_si256(b0[i], b1[i], 0x31);
+      _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), f, _mm256_loadu_ps(out)));
+      _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), f, _mm256_loadu_ps(out + 8)));
+      _mm256_storeu_ps(out + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c2), f, _mm256_loadu_ps(out + 16)));
+      _mm256_storeu_ps(out + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c3), f, _mm256_loadu_ps(out + 24)));
     }
   }
-  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
 }
 
-template <RowFormat Fmt>
-void scores_i16(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
-  const int d = r.d, ng = d / r.group;
-  alignas(32) int16_t q16[kChunkQ * kQ16Stride];
-  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
-    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
-    float qsum[kChunkQ][kMaxGroups] = {}, qstep[kChunkQ][kMaxGroups];
-    for (int i = 0; i < nc; ++i)
-      for (int g = 0; g < ng; ++g) {
-        const float* qg = q + size_t(c0 + i) * d + g * r.group;
-        qstep[i][g] = quantize_group_i16(qg, r.group, q16 + i * kQ16Stride + g * r.group, qsum[i][g]);
-      }
-    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
-      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      for_query_blocks(nc, 4, [&]<int QB>(int i0) {
-        scores_block_i16<Fmt, QB>(r, t0, nt, q16 + i0 * kQ16Stride, qstep + i0, qsum + i0,
-                                  s + size_t(c0 + i0) * s_stride, s_stride);
-      });
-    }
-  }
-}
+#include "simd/simd_int16_impl.h"
 
 // ---- int2 scores with one group per row (G = d, the default): int8 queries, vpmaddubsw on bit planes ----
 // A row's packed codes are d/4 bytes; byte 8u + j holds values 32u + j + 8k in bits 2k (layout.h). Plane k of a
@@ -298,128 +318,7 @@ void scores_int2(const RowsView& r, const float* q, int n_q, float* s, size_t s_
   if (r.grouped && r.group == r.d && r.d % 128 == 0 && r.d / 128 <= kMaxPlaneChunks)
     scores_int2_planes(r, q, n_q, s, s_stride);
   else
-    scores_i16<RowFormat::kInt2>(r, q, n_q, s, s_stride);
-}
-
-// ---- int16 accumulate (every int row) ----
-// acc[i, :] += wstep[i][g] · Σ_t w16[i][g][t] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane: read as
-// uint32, w16[i][g][2·pr .. 2·pr + 1] packs the int16 weights of tokens 2·pr (low) and 2·pr + 1 (high).
-template <RowFormat Fmt, int QB>
-void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16)[kMaxGroups][kTileRows],
-                          const float (*wstep)[kMaxGroups], float* acc) {
-  constexpr int kUB = fmt_unit_bytes<Fmt>();
-  const int d = r.d, upg = r.group / 32;
-  for (int u = 0; u < d / 32; ++u) {
-    const int g = u / upg;
-    // per query: channels {0-3, 8-11} | {4-7, 12-15} of the unit's lo half (unpacklo / unpackhi of two tokens,
-    // per 128-bit lane: lane 0 channels 0-7, lane 1 channels 8-15), the same for its hi half (16-31)
-    __m256i a0[QB], a1[QB], b0[QB], b1[QB];
-    KVQ_UNROLL
-    for (int i = 0; i < QB; ++i)
-      a0[i] = _mm256_setzero_si256(), a1[i] = _mm256_setzero_si256(), b0[i] = _mm256_setzero_si256(),
-      b1[i] = _mm256_setzero_si256();
-    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
-    for (int pr = 0; 2 * pr < nt; ++pr) {
-      prefetch_unit(r, t0 + 2 * pr + kPrefetchTiles * kTileRows, u * kUB);
-      prefetch_unit(r, t0 + 2 * pr + 1 + kPrefetchTiles * kTileRows, u * kUB);
-      __m256i xlo, xhi, ylo = _mm256_setzero_si256(), yhi = _mm256_setzero_si256();
-      unit_i16<Fmt>(codes + size_t(2 * pr) * r.row_stride, xlo, xhi);
-      if (2 * pr + 1 < nt) unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride, ylo, yhi);
-      const __m256i l0 = _mm256_unpacklo_epi16(xlo, ylo), l1 = _mm256_unpackhi_epi16(xlo, ylo);
-      const __m256i h0 = _mm256_unpacklo_epi16(xhi, yhi), h1 = _mm256_unpackhi_epi16(xhi, yhi);
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) {
-        int32_t pair;
-        std::memcpy(&pair, &w16[i][g][2 * pr], 4);
-        const __m256i wv = _mm256_set1_epi32(pair);
-        a0[i] = _mm256_add_epi32(a0[i], _mm256_madd_epi16(l0, wv));
-        a1[i] = _mm256_add_epi32(a1[i], _mm256_madd_epi16(l1, wv));
-        b0[i] = _mm256_add_epi32(b0[i], _mm256_madd_epi16(h0, wv));
-        b1[i] = _mm256_add_epi32(b1[i], _mm256_madd_epi16(h1, wv));
-      }
-    }
-    KVQ_UNROLL
-    for (int i = 0; i < QB; ++i) {
-      const __m256 f = _mm256_set1_ps(wstep[i][g]);
-      float* out = acc + i * d + u * 32;
-      // a0 = [0-3 | 8-11], a1 = [4-7 | 12-15]: channels 0-7 are (a0 lane 0, a1 lane 0), 8-15 the lanes 1
-      const __m256i c0 = _mm256_permute2x128_si256(a0[i], a1[i], 0x20);
-      const __m256i c1 = _mm256_permute2x128_si256(a0[i], a1[i], 0x31);
-      const __m256i c2 = _mm256_permute2x128_si256(b0[i], b1[i], 0x20);
-      const __m256i c3 = _mm256_permute2x128_si256(b0[i], b1[i], 0x31);
-      _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), f, _mm256_loadu_ps(out)));
-      _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), f, _mm256_loadu_ps(out + 8)));
-      _mm256_storeu_ps(out + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c2), f, _mm256_loadu_ps(out + 16)));
-      _mm256_storeu_ps(out + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c3), f, _mm256_loadu_ps(out + 24)));
-    }
-  }
-}
-
-template <RowFormat Fmt>
-void accumulate_i16(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
-  const int d = r.d, ng = d / r.group;
-  static_assert(kTileRows == 32, "one tile = four vectors of 8 weights");
-  static_assert(kTileRows * 255 * 32767.0 < 2147483647.0, "int32 lanes must not overflow within a tile");
-  alignas(32) float sc[kMaxGroups][kTileRows], zr[kMaxGroups][kTileRows];  // per group and token of the tile
-  alignas(32) int16_t w16[kChunkQ][kMaxGroups][kTileRows];
-  float wstep[kChunkQ][kMaxGroups];
-  for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
-    const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
-    double zsum[kChunkQ][kMaxGroups] = {};
-    for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
-      const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      for (int t = 0; t < kTileRows; ++t) {
-        const uint8_t* row = r.rows + size_t(t0 + t) * r.row_stride;
-        for (int g = 0; g < ng; ++g) {
-          sc[g][t] = 1.f, zr[g][t] = 0.f;
-          if (t >= nt) {
-            sc[g][t] = 0.f;
-          } else if (r.grouped) {
-            const layout::GroupParams gp = row_params(row, g);
-            sc[g][t] = _cvtsh_ss(gp.scale), zr[g][t] = _cvtsh_ss(gp.zero);
-          }
-        }
-      }
-      for (int i = 0; i < nc; ++i) {
-        const float* pi = p + size_t(c0 + i) * p_stride + t0;
-        alignas(32) float pt[kTileRows] = {};
-        std::memcpy(pt, pi, sizeof(float) * size_t(nt));
-        for (int g = 0; g < ng; ++g) {
-          // w = p·scale for the tile's tokens, rounded to int16 with step max|w| / 32767
-          __m256 w[4], m = _mm256_setzero_ps();
-          KVQ_UNROLL
-          for (int k = 0; k < 4; ++k) {
-            w[k] = _mm256_mul_ps(_mm256_load_ps(pt + 8 * k), _mm256_load_ps(sc[g] + 8 * k));
-            m = _mm256_max_ps(m, abs_ps(w[k]));
-          }
-          const float mx = hmax_abs(m);
-          const float step = mx > 0.f ? mx / 32767.f : 1.f;
-          const __m256 inv = _mm256_set1_ps(1.f / step);
-          __m256 z = _mm256_setzero_ps();
-          KVQ_UNROLL
-          for (int k = 0; k < 4; ++k) {
-            const __m256i iw = _mm256_cvtps_epi32(_mm256_mul_ps(w[k], inv));  // |w / step| <= 32767
-            _mm_store_si128(reinterpret_cast<__m128i*>(&w16[i][g][8 * k]),
-                            _mm_packs_epi32(_mm256_castsi256_si128(iw), _mm256_extracti128_si256(iw, 1)));
-            z = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iw), _mm256_load_ps(zr[g] + 8 * k), z);
-          }
-          wstep[i][g] = step;
-          // the zero term with the same (rounded) weights the codes get
-          if (r.grouped) zsum[i][g] += double(hsum_ps(z)) * step;
-        }
-      }
-      for_query_blocks(nc, 2, [&]<int QB>(int i0) {
-        accumulate_block_i16<Fmt, QB>(r, t0, nt, w16 + i0, wstep + i0, acc + size_t(c0 + i0) * d);
-      });
-    }
-    if (r.grouped)
-      for (int i = 0; i < nc; ++i)
-        for (int g = 0; g < ng; ++g) {
-          const __m256 z = _mm256_set1_ps(float(zsum[i][g]));
-          float* a = acc + size_t(c0 + i) * d + g * r.group;
-          for (int c = 0; c < r.group; c += 8) _mm256_storeu_ps(a + c, _mm256_sub_ps(_mm256_loadu_ps(a + c), z));
-        }
-  }
+    scores_i16<IAvx2, RowFormat::kInt2>(r, q, n_q, s, s_stride);
 }
 
 // ---- int2 accumulate with one group of 128 per row: int8 weights, vpmaddubsw on bit planes of 4 tokens ----
@@ -567,7 +466,7 @@ void accumulate_int2(const RowsView& r, const float* p, size_t p_stride, int n_q
   if (r.grouped && r.group == 128 && r.d == 128 && r.row_stride == kAccPlaneRows && r.codes_offset == 4)
     accumulate_int2_planes(r, p, p_stride, n_q, acc);
   else
-    accumulate_i16<RowFormat::kInt2>(r, p, p_stride, n_q, acc);
+    accumulate_i16<IAvx2, RowFormat::kInt2>(r, p, p_stride, n_q, acc);
 }
 
 }  // namespace
@@ -575,8 +474,8 @@ void accumulate_int2(const RowsView& r, const float* p, size_t p_stride, int n_q
 RowKernels row_kernels_avx2_int(RowFormat format) {
   switch (format) {
     case RowFormat::kInt2: return {scores_int2, accumulate_int2};
-    case RowFormat::kInt4: return {scores_i16<RowFormat::kInt4>, accumulate_i16<RowFormat::kInt4>};
-    case RowFormat::kInt8: return {scores_i16<RowFormat::kInt8>, accumulate_i16<RowFormat::kInt8>};
+    case RowFormat::kInt4: return {scores_i16<IAvx2, RowFormat::kInt4>, accumulate_i16<IAvx2, RowFormat::kInt4>};
+    case RowFormat::kInt8: return {scores_i16<IAvx2, RowFormat::kInt8>, accumulate_i16<IAvx2, RowFormat::kInt8>};
     default: break;
   }
   return {nullptr, nullptr};
