@@ -47,8 +47,8 @@ void run_rotations(const std::array<RotationJob, 2>& jobs, int layer, int n_kv, 
     for (int r = 0; r < nr; ++r) {
       int x = r0 + r;  // the x-th row of kv head h over the parts
       for (const HeadRows& p : job.parts) {
-        const int g = p.heads / n_kv;
         if (!p.x) continue;
+        const int g = p.heads / n_kv;
         if (x < n * g) {
           rows[r] = p.x + (size_t(x / g) * p.heads + h * g + x % g) * d;
           break;
