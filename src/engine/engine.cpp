@@ -307,6 +307,8 @@ void Engine::deliver(Scheduler::Update& u) {
         case FinishReason::Deadline: ++stats_.finished_deadline; break;
         default: ++stats_.finished_error; break;
       }
+      // The running count too, before the client hears of the end: what it reads next (/metrics) has it.
+      stats_.running = sched_.n_running();
     }
   }
   std::shared_ptr<RequestStream> keep = it->second;  // the stream outlives its entry while it is delivered to
