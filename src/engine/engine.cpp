@@ -307,15 +307,16 @@ void Engine::deliver(Scheduler::Update& u) {
         case FinishReason::Deadline: ++stats_.finished_deadline; break;
         default: ++stats_.finished_error; break;
       }
-      // The running count too, before the client hears of the end: what it reads next (/metrics) has it.
-      stats_.running = sched_.n_running();
     }
   }
   std::shared_ptr<RequestStream> keep = it->second;  // the stream outlives its entry while it is delivered to
   if (done) {
     active_.erase(it);
-    std::lock_guard<std::mutex> lk(mu_);
-    --in_flight_;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      --in_flight_;
+    }
+    publish();  // before the client hears of the end: what it reads next (/metrics) counts its request gone
   }
   keep->deliver(std::move(u.output), u.generated_tokens, u.cached_tokens);
 }
