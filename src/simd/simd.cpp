@@ -88,9 +88,13 @@ SimdLevel parse_simd_level(std::string_view name) {
            supported_simd_levels());
 }
 
-RowKernels row_kernels(RowFormat format, SimdLevel level) {
+void require_simd_level(SimdLevel level) {
   KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
             simd_level_name(level), simd_level_name(best_simd_level()));
+}
+
+RowKernels row_kernels(RowFormat format, SimdLevel level) {
+  require_simd_level(level);
 #ifndef KVQ_SIMD_OFF  // a portable build (cmake -DKVQ_SIMD=OFF) compiles the scalar kernels only
   switch (level) {
     case SimdLevel::kAvx512Vnni: return row_kernels_avx512_vnni(format);
@@ -103,8 +107,7 @@ RowKernels row_kernels(RowFormat format, SimdLevel level) {
 }
 
 SoftmaxKernels softmax_kernels(SimdLevel level) {
-  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
-            simd_level_name(level), simd_level_name(best_simd_level()));
+  require_simd_level(level);
 #ifndef KVQ_SIMD_OFF
   switch (level) {
     case SimdLevel::kAvx512Vnni:
@@ -117,8 +120,7 @@ SoftmaxKernels softmax_kernels(SimdLevel level) {
 }
 
 RotateRowsFn rotate_rows_kernel(SimdLevel level) {
-  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
-            simd_level_name(level), simd_level_name(best_simd_level()));
+  require_simd_level(level);
 #ifndef KVQ_SIMD_OFF
   switch (level) {
     case SimdLevel::kAvx512Vnni:

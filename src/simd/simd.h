@@ -32,6 +32,8 @@ enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 
 const char* simd_level_name(SimdLevel level);
 bool simd_level_supported(SimdLevel level);  // this CPU can run it
 SimdLevel best_simd_level();                  // the highest supported level
+// Throws kvq::Error naming the level and this CPU's best unless the CPU supports it: the check of every kernel table.
+void require_simd_level(SimdLevel level);
 // Whether the level's int2 kernels for rows of one 128-value group round q / weights to int8 (AVX2 and AVX-512 VNNI:
 // relative 1/254 of the largest element) rather than int16 or float: the tests' budgets follow it.
 inline bool simd_int8_operands(SimdLevel level) {

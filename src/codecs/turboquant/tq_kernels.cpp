@@ -32,8 +32,7 @@ namespace avx512 {
 }  // namespace
 
 TileKernels tile_kernels(SimdLevel level) {
-  KVQ_CHECK(simd_level_supported(level), "SIMD level {} is not supported by this CPU (best here: {})",
-            simd_level_name(level), simd_level_name(best_simd_level()));
+  require_simd_level(level);
 #ifdef KVQ_TQ_SIMD
   if (level == SimdLevel::kAvx512 || level == SimdLevel::kAvx512Vnni) return {avx512::scores, avx512::accumulate};
   if (level == SimdLevel::kAvx2) return {avx2::scores, avx2::accumulate};
