@@ -613,4 +613,40 @@ TEST(GpuEval, Bf16MethodHasZeroKlOnTheGpu) {
   EXPECT_EQ(r.kl[0].top1.estimate, 1.0);
 }
 
+// A value rotation folded into W_V / W_O (model/value_fold.h): the GPU uploads the folded weights and its cache keeps
+// the key side only; its logits follow the CPU's folded path within the usual GPU tolerance, and the per-step
+// rotation (a copy of the transform: not folded) within the fold's own rounding.
+TEST(GpuModel, AFoldedValueRotationUploadsTheFoldedWeightsAndMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<Model> m = Model::load(kSrc + "/models/ref", 0);
+  const ModelConfig& c = m->config();
+  const auto t = std::make_shared<KvTransform>(hadamard_transform(c.n_layers, c.n_kv_heads, c.head_dim));
+  const auto copy = std::make_shared<KvTransform>(*t);
+  ASSERT_NE(m->fold_value_rotation(t), nullptr);
+  const std::vector<int32_t> ids = python_tokens(200);
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 190), feed(ids.begin() + 190, ids.end());
+  CacheConfig folded = cache_config("bf16", 64, 256, 128, 128), per_step = folded;
+  folded.transform = t;
+  per_step.transform = copy;
+  CpuRunner cpu(*m, folded, 512);
+  const auto want = run_logits(cpu, prompt, feed);
+  GpuModel gpu(*m, folded, 512, 1, GemmPrecision::Fp32);
+  EXPECT_TRUE(gpu.cache_config().transform->r_v.empty()) << "the GPU cache still rotates values";
+  const auto got = run_logits(gpu, prompt, feed);
+  GpuModel gpu_step(*m, per_step, 512, 1, GemmPrecision::Fp32);
+  EXPECT_FALSE(gpu_step.cache_config().transform->r_v.empty());
+  const auto step = run_logits(gpu_step, prompt, feed);
+  const Tolerance tol = tolerance(GemmPrecision::Fp32);
+  for (size_t s = 0; s < want.size(); ++s) {
+    const LogitDiff d = compare(want[s], got[s]), f = compare(step[s], got[s]);
+    std::printf("folded: step %zu: GPU vs CPU max |diff| %.3g, rms %.3g; GPU folded vs per-step max |diff| %.3g\n", s,
+                d.max_abs, d.rms_diff, f.max_abs);
+    EXPECT_LE(d.max_abs, tol.max_abs_rel * d.rms_ref) << "step " << s;
+    EXPECT_LE(d.rms_diff, tol.rms_rel * d.rms_ref) << "step " << s;
+    EXPECT_TRUE(d.same_top1) << "step " << s;
+    EXPECT_LE(f.max_abs, 0.05) << "step " << s;  // the fold's rounding of bf16 weights (CPU: ValueFold tests)
+    EXPECT_GT(f.max_abs, 0.0) << "step " << s << ": the folded weights did not reach the GPU";
+  }
+}
+
 #endif  // KVQ_HAVE_CUDA

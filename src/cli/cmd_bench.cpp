@@ -593,6 +593,7 @@ void add_bench(CLI::App& app) {
   add_model_options(dec, o->model);
   add_cache_options(dec, o->cache);
   add_device_options(dec, o->model);
+  add_fold_values_option(dec, o->model);
   dec->add_option("-c,--ctx-size,--ctx", o->ctx, "tokens to prefill before decoding (a comma-separated list: one "
                   "run per context)")->delimiter(',');
   dec->add_option("-n,--n-decode", o->n_decode, "timed decode steps")->check(CLI::Range(1, 1 << 20));

@@ -84,6 +84,7 @@ void add_run(CLI::App& app) {
   add_cache_options(cmd, o->cache);
   add_kv_budget_option(cmd, o->cache);
   add_device_options(cmd, o->model);
+  add_fold_values_option(cmd, o->model);
   cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
   cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("-c,--ctx-size", o->ctx, "context length (0: the model's maximum)");

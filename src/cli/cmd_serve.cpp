@@ -160,6 +160,7 @@ void add_serve(CLI::App& app) {
   add_cache_options(cmd, o->cache);
   add_kv_budget_option(cmd, o->cache);
   add_device_options(cmd, o->model);
+  add_fold_values_option(cmd, o->model);
   cmd->add_option("-c,--ctx-size", o->ctx, "tokens per sequence: prompt + completion (0: the model's maximum)");
   cmd->add_option("--parallel", o->parallel, "sequences running at once (alias -np)")->check(CLI::Range(1, 4096));
   cmd->add_option("--max-queue", o->max_queue, "requests queued beyond the running ones; more get 429")

@@ -228,6 +228,16 @@ void add_device_options(CLI::App* cmd, ModelOptions& o) {
       ->check(CLI::IsMember({"on", "off"}));
 }
 
+void add_fold_values_option(CLI::App* cmd, ModelOptions& o) {
+  o.fold_values = true;
+  cmd->add_option_function<std::string>(
+         "--fold-values", [&o](const std::string& v) { o.fold_values = v == "on"; },
+         "fold a value rotation (--rotation FILE or hadamard, or a cache type's own) into W_V / W_O once at load, so "
+         "that steps skip it: on (default) or off. The cached values equal the unfolded ones up to one rounding of "
+         "the folded weights to the checkpoint's dtype")
+      ->check(CLI::IsMember({"on", "off"}));
+}
+
 void check_device_available(const ModelOptions& m) {
   KVQ_CHECK(m.device == "cpu" || m.device == "cuda", "--device '{}' is not supported (cpu or cuda)", m.device);
   if (m.device == "cpu") return;
@@ -292,10 +302,21 @@ void log_attn_rot(const CacheOptions& c, const CacheConfig& cache, int head_dim,
                  c.attn_rot == "off" ? "--attn-rot off" : "LLAMA_ATTN_ROT_DISABLE in the environment");
 }
 
+// --fold-values on: the cache's value rotation folded into the model's W_V / W_O (once; logged when it is done).
+void fold_values(Model& model, const std::shared_ptr<const KvTransform>& t) {
+  if (!t || t->r_v.empty() || model.value_fold(t.get())) return;
+  const ValueFold* f = model.fold_value_rotation(t);
+  std::fprintf(stderr,
+               "kvq: value rotation '%s' folded into W_V / W_O (%.1f MiB, %.2f s): steps skip it; cached values equal "
+               "the unfolded ones up to one rounding of those weights (--fold-values off: rotate per step)\n",
+               t->name.c_str(), double(f->bytes) / double(1 << 20), f->seconds);
+}
+
 }  // namespace
 
 std::unique_ptr<Runner> make_runner(Model& model, const ModelOptions& o, const Plan& p, int max_ctx, int max_seqs) {
   check_device(o, p.cache, p.model.head_dim);
+  if (o.fold_values) fold_values(model, p.cache.transform);
   if (o.device == "cpu") return std::make_unique<CpuRunner>(model, p.cache, max_ctx, max_seqs, p.kv_budget_bytes);
 #ifdef KVQ_HAVE_CUDA
   auto g = std::make_unique<cuda::GpuModel>(model, p.cache, max_ctx, max_seqs, cuda::parse_gemm_precision(o.gpu_gemm),

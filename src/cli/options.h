@@ -23,6 +23,8 @@ struct ModelOptions {
   std::string cuda_graphs = "on";  // --cuda-graphs: on | off, decode steps replayed as CUDA graphs
   bool dummy_weights = false;     // --dummy-weights: random weights of config.json's shapes (timing only)
   std::string simd;               // --simd: the CPU kernels' level ("": the best this CPU has)
+  bool fold_values = false;       // --fold-values on (run, serve, bench decode): a value rotation folded into
+                                  // W_V / W_O (model/value_fold.h); the fidelity commands never fold
 };
 
 struct CacheOptions {
@@ -73,6 +75,8 @@ void add_kv_budget_option(CLI::App* cmd, CacheOptions& o);
 // --device, --gpu-gemm and --cuda-graphs, for the commands that run through a Runner (run, ppl, bench decode, eval,
 // referee).
 void add_device_options(CLI::App* cmd, ModelOptions& o);
+// --fold-values on|off (default on): run, serve and bench decode fold a value rotation into the weights.
+void add_fold_values_option(CLI::App* cmd, ModelOptions& o);
 
 // What a command will run, validated before any weights are read: config.json, the context length (ctx_request,
 // or the model's maximum when 0) and the KV-cache configuration (codecs, group, page size).

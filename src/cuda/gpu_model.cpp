@@ -175,13 +175,17 @@ class PinnedStaging {
 // staged, its mapped pages leave the process's resident set (WeightTensor::release), so host RSS stays small.
 class HostWeightSource final : public WeightSource {
  public:
-  HostWeightSource(const ModelConfig& cfg, GemmPrecision gemm, const Weights& w) : WeightSource(cfg, gemm), w_(w) {}
+  // fold: the model's value-rotation fold for the cache (model/value_fold.h), whose W_V, b_V and W_O go up instead.
+  HostWeightSource(const ModelConfig& cfg, GemmPrecision gemm, const Weights& w, const ValueFold* fold)
+      : WeightSource(cfg, gemm), w_(w), fold_(fold) {}
   ~HostWeightSource() override = default;
 
  protected:
-  std::vector<float> host_vector(const TensorSpec& t) const override { return w_.vector(t.role, t.layer); }
+  std::vector<float> host_vector(const TensorSpec& t) const override {
+    return fold_ ? fold_->vector(w_, t.role, t.layer) : w_.vector(t.role, t.layer);
+  }
   void fill_rows(const TensorSpec& t, DeviceBuffer& dst, size_t offset) const override {
-    const WeightTensor& w = w_.matrix(t.role, t.layer);
+    const WeightTensor& w = fold_ ? fold_->matrix(w_, t.role, t.layer) : w_.matrix(t.role, t.layer);
     KVQ_CHECK(w.numel() == t.numel(), "GpuModel: weight {} has {} values, expected {}", t.name, w.numel(), t.numel());
     if (!staging_) staging_ = std::make_unique<PinnedStaging>();  // at the first upload: the device is checked by then
     PinnedStaging& staging = *staging_;
@@ -212,6 +216,7 @@ class HostWeightSource final : public WeightSource {
 
  private:
   const Weights& w_;
+  const ValueFold* fold_;
   mutable std::unique_ptr<PinnedStaging> staging_;  // made at the first upload
 };
 
@@ -523,7 +528,11 @@ GpuModel::GpuModel(const Model& model, const CacheConfig& cache_cfg, int max_ctx
   impl_->cfg = model.config();
   impl_->gemm = gemm;
   impl_->dummy = model.dummy();
-  impl_->build(HostWeightSource(impl_->cfg, gemm, model.weights()), cache_cfg, max_ctx, max_seqs, kv_budget_bytes);
+  // A value rotation the model folded for this cache's transform: its weights go up, and the cache keeps the rest.
+  const ValueFold* fold = model.value_fold(cache_cfg.transform.get());
+  CacheConfig cfg = cache_cfg;
+  if (fold) cfg.transform = fold->rest;
+  impl_->build(HostWeightSource(impl_->cfg, gemm, model.weights(), fold), cfg, max_ctx, max_seqs, kv_budget_bytes);
 }
 
 GpuModel::GpuModel(const ModelConfig& cfg, DeviceDummyWeights dummy, const CacheConfig& cache_cfg, int max_ctx,

@@ -68,6 +68,16 @@ void Model::build_linears() {
   openblas_set_num_threads(pool_.size());
 }
 
+const ValueFold* Model::fold_value_rotation(const std::shared_ptr<const KvTransform>& t) {
+  if (!t || t->r_v.empty()) return nullptr;
+  if (const ValueFold* f = value_fold(t.get())) return f;
+  fold_linears_.clear();
+  fold_ = kvq::fold_value_rotation(w_, cfg_, t, pool_);
+  for (const ValueFold::Layer& fl : fold_->layers)
+    fold_linears_.push_back({Linear(fl.wv, fl.bv, simd_), Linear(fl.wo, {}, simd_)});
+  return fold_.get();
+}
+
 size_t Model::decode_weight_bytes() const {
   size_t bytes = head_.decode_bytes();
   for (const LayerLinears& l : linears_)
@@ -164,9 +174,16 @@ void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int 
   v_.resize(size_t(n) * hk * d);
   att_.resize(size_t(n) * hq * d);
   rms_norm(x_.data(), n, H, lw.attn_norm, c.rms_eps, h_.data());
+  // With the cache's value rotation folded into W_V / W_O, the step reads those and applies the rest of the transform.
+  const KvTransform* t = cache.config().transform.get();
+  const ValueFold* fold = value_fold(t);
+  const FoldedLinears* folded = fold ? &fold_linears_[size_t(l)] : nullptr;
+  if (fold) t = fold->rest.get();
+  KVQ_CHECK(!fold || !tap_, "model: a layer tap reads the values before the KV transform; not with a folded value "
+            "rotation");
   linear(ll.q, h_.data(), q_.data());
   linear(ll.k, h_.data(), k_.data());
-  linear(ll.v, h_.data(), v_.data());
+  linear(folded ? folded->v : ll.v, h_.data(), v_.data());
   if (c.qk_norm) {
     rms_norm(q_.data(), n * hq, d, lw.q_norm, c.rms_eps, q_.data());
     rms_norm(k_.data(), n * hk, d, lw.k_norm, c.rms_eps, k_.data());
@@ -182,7 +199,6 @@ void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int 
 
   const float scale = 1.f / std::sqrt(float(d));
   for (float& x : q_) x *= scale;
-  const KvTransform* t = cache.config().transform.get();
   const TransformExec on_cpu{cache.config().simd, &pool_};
   if (t) t->inputs(l, n, k_.data(), v_.data(), hq, q_.data(), on_cpu);
   for (const Span& s : spans) {
@@ -193,7 +209,7 @@ void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int 
   }
   if (t) t->outputs(l, n, hq, att_.data(), on_cpu);
 
-  linear(ll.o, att_.data(), h_.data());
+  linear(folded ? folded->o : ll.o, att_.data(), h_.data());
   if (hook_) hook_->on_attention_output(l, spans[0].pos0, n, h_.data());
   for (size_t i = 0; i < size_t(n) * H; ++i) x_[i] += h_[i];
 }

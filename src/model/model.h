@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "model/linear.h"
 #include "model/safetensors.h"
+#include "model/value_fold.h"
 #include "model/weights.h"
 
 namespace kvq {
@@ -80,6 +81,16 @@ class Model {
   };
   void set_hook(LayerHook* hook) { hook_ = hook; }
 
+  // Folds t's value rotation into W_V / W_O (model/value_fold.h; nothing when t has none or is folded already):
+  // the steps of a cache that carries t then read the folded weights and skip both value rotations; a cache with any
+  // other transform (or none) reads the model's own weights as before. One fold at a time: another t replaces it.
+  // Not with a layer tap (it reads the values before the transform). Returns the fold, or null when t has no r_v.
+  const ValueFold* fold_value_rotation(const std::shared_ptr<const KvTransform>& t);
+  // The fold for a cache with transform t, or null.
+  const ValueFold* value_fold(const KvTransform* t) const {
+    return fold_ && t && fold_->transform.get() == t ? fold_.get() : nullptr;
+  }
+
  private:
   Model(std::string dir, int n_threads, SimdLevel simd);
   void build_linears();  // linears_ and head_ over w_
@@ -102,6 +113,11 @@ class Model {
   };
   std::vector<LayerLinears> linears_;  // over w_'s tensors
   Linear head_;                        // the output projection
+  std::unique_ptr<ValueFold> fold_;    // the value rotation folded into W_V / W_O, or null
+  struct FoldedLinears {
+    Linear v, o;
+  };
+  std::vector<FoldedLinears> fold_linears_;  // over fold_'s tensors
   std::string fingerprint_;
   ThreadPool pool_;
   SimdLevel simd_;  // the linear layers' row kernels' level
