@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <vector>
 
 #include "common/thread_pool.h"
 
@@ -25,7 +26,30 @@ struct RotationJob {
   const float* mats = nullptr;  // [n_layers, n_kv, d, d]; null: no job
   bool transpose = false;
   std::array<HeadRows, 2> parts{};
+  int hadamard = 0;  // > 0: every matrix is block-diagonal H_n / sqrt(n) with n = hadamard (KvTransform::k_hadamard)
 };
+
+// rows[r] <- rows[r] · R for R block-diagonal with blocks H_n · scale (scale = R[0][0], the matrix's own float
+// 1/sqrt(n)): per block the unnormalised Walsh–Hadamard butterflies in double, then one product by the scale and one
+// rounding to float. H_n is symmetric, so R's transpose is R.
+void hadamard_rows(float* const* rows, int n_rows, int d, int n, float scale) {
+  double stack[kMaxRotationDim];
+  std::vector<double> heap;
+  double* x = d <= kMaxRotationDim ? stack : (heap.resize(size_t(d)), heap.data());
+  for (int r = 0; r < n_rows; ++r) {
+    float* row = rows[r];
+    for (int a = 0; a < d; ++a) x[a] = row[a];
+    for (int b = 0; b < d; b += n)
+      for (int h = 1; h < n; h *= 2)
+        for (int i = b; i < b + n; i += 2 * h)
+          for (int j = i; j < i + h; ++j) {
+            const double u = x[j], w = x[j + h];
+            x[j] = u + w;
+            x[j + h] = u - w;
+          }
+    for (int a = 0; a < d; ++a) row[a] = float(x[a] * double(scale));
+  }
+}
 
 // Runs the jobs' rows in items of up to kRowsPerItem rows of one kv head, spread over the pool when there is one.
 void run_rotations(const std::array<RotationJob, 2>& jobs, int layer, int n_kv, int d, int n, const TransformExec& e) {
@@ -56,7 +80,9 @@ void run_rotations(const std::array<RotationJob, 2>& jobs, int layer, int n_kv, 
         x -= n * g;
       }
     }
-    rotate(rows, nr, job.mats + (size_t(layer) * n_kv + h) * d * d, d, job.transpose);
+    const float* R = job.mats + (size_t(layer) * n_kv + h) * d * d;
+    if (job.hadamard > 0) hadamard_rows(rows, nr, d, job.hadamard, R[0]);
+    else rotate(rows, nr, R, d, job.transpose);
   };
   if (e.pool && e.pool->size() > 1 && items > 1) {
     e.pool->parallel_for(items, item);
@@ -83,8 +109,8 @@ void KvTransform::centre_keys(int layer, int n, float* k) const {
 void KvTransform::inputs(int layer, int n, float* k, float* v, int n_heads, float* q, const TransformExec& x) const {
   if (k) centre_keys(layer, n, k);
   std::array<RotationJob, 2> jobs{};
-  if (k || q) jobs[0] = {mats_or_null(r_k), false, {HeadRows{k, n_kv_heads}, HeadRows{q, n_heads}}};
-  if (v) jobs[1] = {mats_or_null(r_v), false, {HeadRows{v, n_kv_heads}, HeadRows{}}};
+  if (k || q) jobs[0] = {mats_or_null(r_k), false, {HeadRows{k, n_kv_heads}, HeadRows{q, n_heads}}, k_hadamard};
+  if (v) jobs[1] = {mats_or_null(r_v), false, {HeadRows{v, n_kv_heads}, HeadRows{}}, v_hadamard};
   run_rotations(jobs, layer, n_kv_heads, head_dim, n, x);
 }
 
@@ -101,7 +127,7 @@ void KvTransform::queries(int layer, int n, int n_heads, float* q, const Transfo
 }
 
 void KvTransform::outputs(int layer, int n, int n_heads, float* o, const TransformExec& x) const {
-  run_rotations({RotationJob{mats_or_null(r_v), true, {HeadRows{o, n_heads}, HeadRows{}}}, RotationJob{}}, layer,
+  run_rotations({RotationJob{mats_or_null(r_v), true, {HeadRows{o, n_heads}, HeadRows{}}, v_hadamard}, RotationJob{}}, layer,
                 n_kv_heads, head_dim, n, x);
 }
 

@@ -84,6 +84,7 @@ std::unique_ptr<ValueFold> fold_value_rotation(const Weights& w, const ModelConf
   fold->transform = t;
   auto rest = std::make_shared<KvTransform>(*t);
   rest->r_v.clear();
+  rest->v_hadamard = 0;
   fold->rest = std::move(rest);
   fold->layers.resize(size_t(L));
   const int g = hq / hk;  // query heads per kv head

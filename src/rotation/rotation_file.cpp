@@ -167,6 +167,7 @@ KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim) {
   t.head_dim = head_dim;
   t.name = std::string(transform_name(CodecTransform::kHadamardKeys));
   t.r_k = block_hadamard(head_dim, head_dim, n_layers * n_kv_heads);
+  t.k_hadamard = head_dim;
   return t;
 }
 
@@ -174,6 +175,7 @@ KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim) {
   KvTransform t = hadamard_key_transform(n_layers, n_kv_heads, head_dim);
   t.name = std::string(transform_name(CodecTransform::kHadamard));
   t.r_v = t.r_k;
+  t.v_hadamard = head_dim;
   return t;
 }
 

@@ -51,8 +51,8 @@ KvTransform attn_rot_transform(const AttnRot& rot, int n_layers, int n_kv_heads,
   t.n_kv_heads = n_kv_heads;
   t.head_dim = head_dim;
   t.name = std::string(transform_name(CodecTransform::kAttnRot)) + (rot.n_k && rot.n_v ? "" : rot.n_k ? "_k" : "_v");
-  if (rot.n_k) t.r_k = block_hadamard(rot.n_k, head_dim, n_layers * n_kv_heads);
-  if (rot.n_v) t.r_v = block_hadamard(rot.n_v, head_dim, n_layers * n_kv_heads);
+  if (rot.n_k) t.r_k = block_hadamard(rot.n_k, head_dim, n_layers * n_kv_heads), t.k_hadamard = rot.n_k;
+  if (rot.n_v) t.r_v = block_hadamard(rot.n_v, head_dim, n_layers * n_kv_heads), t.v_hadamard = rot.n_v;
   return t;
 }
 
