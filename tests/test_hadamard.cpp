@@ -73,7 +73,8 @@ TEST(Hadamard, TransformFastPathGivesTheDenseProductsFloats) {
     fast.k_hadamard = fast.v_hadamard = block;
     KvTransform dense = fast;
     dense.k_hadamard = dense.v_hadamard = 0;
-    const int n = 1000000 / (4 * d * 4) + 1, heads = 4;  // rows a part: keys, values [n, 2, d]; queries, outputs [n, 4, d]
+    // keys and values [n, 2, d], queries and attention outputs [n, 4, d]
+    const int n = 1000000 / (4 * d * 4) + 1, heads = 4;
     std::vector<float> k(size_t(n) * 2 * d), v = k, q(size_t(n) * heads * d), o = q;
     for (auto* x : {&k, &v, &q, &o})
       for (size_t i = 0; i < x->size(); i += size_t(d)) {

@@ -126,9 +126,10 @@ TEST(ValueFold, FoldedStepsGiveTheRotatedStepsLogitsUpToTheWeightsRounding) {
     const std::vector<float> int2_step = logits_of(*m, copy, "int2", ids), int2_folded = logits_of(*m, t, "int2", ids);
     const float step_error = rms_diff(int2_step, per_step), folded_error = rms_diff(int2_folded, per_step);
     EXPECT_LE(folded_error, 1.1f * step_error) << dir;
-    std::printf("  %s: max |logit difference| folded vs per-step: bf16 cache %.3g, f32 cache %.3g; int2 cache, RMS logit error against "
-                "the bf16 cache: per-step %.4g, folded %.4g, between them %.4g\n", dir, max_abs_diff(per_step, folded), f32_diff, step_error,
-                folded_error, rms_diff(int2_step, int2_folded));
+    std::printf("  %s: max |logit difference| folded vs per-step: bf16 cache %.3g, f32 cache %.3g; int2 cache, RMS "
+                "logit error against the bf16 cache: per-step %.4g, folded %.4g, between them %.4g\n",
+                dir, max_abs_diff(per_step, folded), f32_diff, step_error, folded_error,
+                rms_diff(int2_step, int2_folded));
   }
 }
 

@@ -127,8 +127,8 @@ void KvTransform::queries(int layer, int n, int n_heads, float* q, const Transfo
 }
 
 void KvTransform::outputs(int layer, int n, int n_heads, float* o, const TransformExec& x) const {
-  run_rotations({RotationJob{mats_or_null(r_v), true, {HeadRows{o, n_heads}, HeadRows{}}, v_hadamard}, RotationJob{}}, layer,
-                n_kv_heads, head_dim, n, x);
+  const RotationJob job{mats_or_null(r_v), true, {HeadRows{o, n_heads}, HeadRows{}}, v_hadamard};
+  run_rotations({job, RotationJob{}}, layer, n_kv_heads, head_dim, n, x);
 }
 
 }  // namespace kvq
