@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include "kv/cache.h"
+#include "common/thread_pool.h"
 #include "model/memory_plan.h"
+#include "model/value_fold.h"
 #include "model/weights.h"
+#include "rotation/rotation_file.h"
 
 using namespace kvq;
 
@@ -31,6 +34,13 @@ TEST(MemoryPlan, CpuPlanOfTheReferenceModelIsWhatTheLoaderAndTheCacheTake) {
   EXPECT_EQ(p.kv_pool_bytes + p.kv_window_bytes, cache.bytes_allocated());
   EXPECT_EQ(p.host_bytes, p.vector_bytes + p.kv_pool_bytes + p.kv_window_bytes + p.activation_bytes);
   EXPECT_EQ(p.device_bytes, 0u);
+  EXPECT_EQ(p.fold_bytes, 0u);
+  // A value rotation: run, serve and bench decode fold it, and the plan counts the copies the fold really makes.
+  in.cache.transform = std::make_shared<KvTransform>(hadamard_transform(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim));
+  const MemoryPlan folded = memory_plan(in);
+  ThreadPool pool(2);
+  EXPECT_EQ(folded.fold_bytes, fold_value_rotation(w, cfg, in.cache.transform, pool)->bytes);
+  EXPECT_EQ(folded.host_bytes, p.host_bytes + folded.fold_bytes);
 }
 
 TEST(MemoryPlan, GpuPlanOfAnEightBillionShapeKeepsTheWeightsOffTheHost) {

@@ -68,6 +68,9 @@ void print_plan(const MemoryPlan& mp, const InfoOptions& o, int ctx, int chunk) 
   std::printf("  activations          %s (%s)\n", b(mp.activation_bytes).c_str(),
               cuda ? "a step's buffers at its smallest row count, cuBLAS workspace"
                    : "a prefill chunk's buffers and logits, the GEMM tile");
+  if (mp.fold_bytes > 0)
+    std::printf("  value fold           %s (W_V / W_O with the value rotation folded in, in host memory: run, serve, "
+                "bench decode; --fold-values off: none)\n", b(mp.fold_bytes).c_str());
   if (cuda)
     std::printf("  device               %s: weights %s (%s GEMMs) + KV pool + windows + activations\n",
                 b(mp.device_bytes).c_str(), b(mp.device_weight_bytes).c_str(), o.model.gpu_gemm.c_str());
@@ -138,7 +141,7 @@ void run(const InfoOptions& o) {
                    {"weight_matrix_bytes", mp.matrix_bytes}, {"weight_vector_bytes", mp.vector_bytes},
                    {"device_weight_bytes", mp.device_weight_bytes}, {"kv_pool_bytes", mp.kv_pool_bytes},
                    {"kv_window_bytes", mp.kv_window_bytes}, {"activation_bytes", mp.activation_bytes},
-                   {"host_bytes", mp.host_bytes}, {"page_cache_bytes", mp.page_cache_bytes},
+                   {"host_bytes", mp.host_bytes}, {"fold_bytes", mp.fold_bytes}, {"page_cache_bytes", mp.page_cache_bytes},
                    {"device_bytes", mp.device_bytes}};
     std::printf("%s\n", j.dump().c_str());
     return;

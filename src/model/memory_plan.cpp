@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "kv/page_pool.h"
+#include "kv/transform.h"
 #include "model/linear.h"
 #include "model/weights.h"
 
@@ -48,6 +49,14 @@ MemoryPlan memory_plan(const PlanInputs& in) {
   p.matrix_bytes = in.dummy ? matrix_params * 2 : in.matrix_bytes;
   p.weight_dtype = in.dummy ? "bf16" : in.matrix_dtype;
   p.vector_bytes = vector_params * kF32;
+  // The fold copies W_V and W_O in the checkpoint's dtype (at its average bytes a value); not for dummy weights
+  // generated on the device, which have no host copy to fold.
+  const KvTransform* t = in.cache.transform.get();
+  if (t && !t->r_v.empty() && !(in.dummy && in.device == PlanDevice::kCuda)) {
+    const size_t H = size_t(c.hidden_size), qd = size_t(c.n_heads) * c.head_dim;
+    const size_t kvd = size_t(c.n_kv_heads) * c.head_dim;
+    p.fold_bytes = size_t(c.n_layers) * (kvd * H + H * qd) * p.matrix_bytes / matrix_params;
+  }
   const CacheLayout layout = cache_layout(in.cache, c.n_layers, c.n_kv_heads, c.head_dim);
   const PagePool::Size size = PagePool::for_sequences(layout, in.ctx, in.max_seqs);
   p.kv_window_bytes = size_t(size.n_slots) * size_t(layout.window_bytes());
@@ -57,7 +66,7 @@ MemoryPlan memory_plan(const PlanInputs& in) {
     p.activation_bytes = cpu_activations(c, in.cache.max_chunk);
     p.page_cache_bytes = in.dummy ? 0 : p.matrix_bytes;
     p.host_bytes = (in.dummy ? p.matrix_bytes : 0) + p.vector_bytes + p.kv_pool_bytes + p.kv_window_bytes +
-                   p.activation_bytes;
+                   p.activation_bytes + p.fold_bytes;
     return p;
   }
   // The device holds the weights in the GEMM precision; a checkpoint's pages pass through the host once (pinned
@@ -66,7 +75,7 @@ MemoryPlan memory_plan(const PlanInputs& in) {
   p.activation_bytes = gpu_activations(c, std::max(in.cache.max_chunk, in.max_seqs), in.max_seqs, in.gpu_gemm_fp32);
   p.device_bytes = p.device_weight_bytes + p.kv_pool_bytes + p.kv_window_bytes + p.activation_bytes;
   p.page_cache_bytes = in.dummy ? 0 : p.matrix_bytes;
-  p.host_bytes = (in.dummy ? 0 : kPinnedStagingBytes) + p.vector_bytes;
+  p.host_bytes = (in.dummy ? 0 : kPinnedStagingBytes) + p.vector_bytes + p.fold_bytes;
   return p;
 }
 

@@ -9,6 +9,8 @@
 //                drops each tensor's mapped pages once it is uploaded.
 //   KV pool      the pages of max_seqs sequences of ctx tokens (PagePool::for_sequences)
 //   windows      the sinks and recent rings of max_seqs sequence slots
+//   value fold   the copies of W_V / W_O with the cache's value rotation folded in (model/value_fold.h), in the host
+//                memory of the process, when the cache has one: run, serve and bench decode fold it by default
 //   activations  CPU: one prefill chunk's buffers (model/model.h), the logits of a chunk, the GEMM tile scratch
 //                (model/linear.h); GPU: the step buffers of max(chunk, max_seqs) rows (cuda/gpu_model.cpp's activation
 //                plan at its smallest step) and cuBLAS's workspace.
@@ -33,6 +35,7 @@ struct MemoryPlan {
   size_t kv_pool_bytes = 0;       // pages
   size_t kv_window_bytes = 0;     // sinks + rings of every slot
   size_t activation_bytes = 0;    // see the header comment
+  size_t fold_bytes = 0;          // the value fold's W_V / W_O copies (host), or 0
   size_t host_bytes = 0;          // the process's own host memory (page cache of mapped weights not included)
   size_t page_cache_bytes = 0;    // mapped weights read in place (cpu), or read once and released (cuda)
   size_t device_bytes = 0;        // cuda: weights + KV pool + windows + activations; cpu: 0
