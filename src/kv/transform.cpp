@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/thread_pool.h"
+#include "rotation/hadamard.h"
 
 namespace kvq {
 
@@ -30,8 +31,8 @@ struct RotationJob {
 };
 
 // rows[r] <- rows[r] · R for R block-diagonal with blocks H_n · scale (scale = R[0][0], the matrix's own float
-// 1/sqrt(n)): per block the unnormalised Walsh–Hadamard butterflies in double, then one product by the scale and one
-// rounding to float. H_n is symmetric, so R's transpose is R.
+// 1/sqrt(n)): each block's unnormalised Walsh–Hadamard butterflies in double (rotation/hadamard.h), then one product by
+// the scale and one rounding to float. H_n is symmetric, so R's transpose is R.
 void hadamard_rows(float* const* rows, int n_rows, int d, int n, float scale) {
   double stack[kMaxRotationDim];
   std::vector<double> heap;
@@ -39,14 +40,7 @@ void hadamard_rows(float* const* rows, int n_rows, int d, int n, float scale) {
   for (int r = 0; r < n_rows; ++r) {
     float* row = rows[r];
     for (int a = 0; a < d; ++a) x[a] = row[a];
-    for (int b = 0; b < d; b += n)
-      for (int h = 1; h < n; h *= 2)
-        for (int i = b; i < b + n; i += 2 * h)
-          for (int j = i; j < i + h; ++j) {
-            const double u = x[j], w = x[j + h];
-            x[j] = u + w;
-            x[j + h] = u - w;
-          }
+    walsh_hadamard_rows(x, d / n, n);  // the d / n blocks of n as rows
     for (int a = 0; a < d; ++a) row[a] = float(x[a] * double(scale));
   }
 }

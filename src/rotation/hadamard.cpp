@@ -46,6 +46,23 @@ static inline void butterflies8(T* __restrict lo, T* __restrict hi) {
   }
 }
 
+// row <- row · H_d with the unnormalised Sylvester matrix (entries ±1): log2(d) passes of butterflies.
+template <class T>
+static void butterflies(T* row, int d) {
+  for (int h = 1; h < d; h *= 2)
+    for (int i = 0; i < d; i += 2 * h) {
+      if (h >= 8) {  // runs of 8 independent butterflies, which -O2 vectorizes (the same results)
+        for (int j = i; j < i + h; j += 8) butterflies8(row + j, row + j + h);
+        continue;
+      }
+      for (int j = i; j < i + h; ++j) {
+        const T a = row[j], b = row[j + h];
+        row[j] = a + b;
+        row[j + h] = a - b;
+      }
+    }
+}
+
 template <class T>
 static void fwht_impl(T* x, int n_rows, int d) {
   check_dim(d, "fwht_rows");
@@ -53,20 +70,15 @@ static void fwht_impl(T* x, int n_rows, int d) {
   const T s = T(1) / std::sqrt(T(d));
   for (int r = 0; r < n_rows; ++r) {
     T* row = x + size_t(r) * size_t(d);
-    for (int h = 1; h < d; h *= 2)
-      for (int i = 0; i < d; i += 2 * h) {
-        if (h >= 8) {  // runs of 8 independent butterflies, which -O2 vectorizes (the same results)
-          for (int j = i; j < i + h; j += 8) butterflies8(row + j, row + j + h);
-          continue;
-        }
-        for (int j = i; j < i + h; ++j) {
-          const T a = row[j], b = row[j + h];
-          row[j] = a + b;
-          row[j + h] = a - b;
-        }
-      }
+    butterflies(row, d);
     for (int j = 0; j < d; ++j) row[j] *= s;
   }
+}
+
+void walsh_hadamard_rows(double* x, int n_rows, int d) {
+  check_dim(d, "walsh_hadamard_rows");
+  KVQ_CHECK(n_rows >= 0, "walsh_hadamard_rows: n_rows = {}", n_rows);
+  for (int r = 0; r < n_rows; ++r) butterflies(x + size_t(r) * size_t(d), d);
 }
 
 void fwht_rows(float* x, int n_rows, int d) { fwht_impl(x, n_rows, d); }

@@ -22,5 +22,8 @@ std::vector<float> block_hadamard(int n, int d, int copies);
 // each row x becomes x · H_d / sqrt(d) (== H_d x / sqrt(d), H being symmetric). Equals the matrix product.
 void fwht_rows(float* x, int n_rows, int d);
 void fwht_rows(double* x, int n_rows, int d);
+// The same butterflies unnormalised: each row x becomes x · H_d, entries ±1 (KvTransform scales the result by its
+// matrix's own float 1/sqrt(d), so that it rounds to the dense product's floats).
+void walsh_hadamard_rows(double* x, int n_rows, int d);
 
 }  // namespace kvq
