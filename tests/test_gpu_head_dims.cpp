@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "codecs/registry.h"
 #include "common/error.h"
+#include "cuda/attention_cuda_core.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_instances.h"
 #include "gpu_twin.h"
@@ -124,6 +126,41 @@ TEST(GpuHeadDimsTable, EveryCompiledRowAndHeadDimHasACacheTheCpuAlsoTakesHost) {
   }
   // 128 at every row; the table's head dims at the others
   EXPECT_GE(n, cuda::kGpuInstanceCount + 4);
+}
+
+// Host side: the CUDA-core kernels compiled in shards (cuda/attention_cuda_core.h) give every CUDA-core (row, d) its
+// own kernels, one per GQA instance the row compiles at d, and none to a tensor-core row or an uncompiled d; every
+// shard compiles some pairs.
+TEST(GpuHeadDimsTable, TheShardedCudaCoreKernelsCoverEveryCudaCoreRowAndHeadDimHost) {
+  std::set<cuda::CudaCoreKernel> all;
+  std::vector<int> per_shard(cuda::kCudaCoreShards, 0);
+  for (int i = 0; i < cuda::kGpuInstanceCount; ++i) {
+    const cuda::GpuInstance& r = cuda::kGpuInstances[i];
+    for (const int d : cuda::kGpuHeadDims) {
+      cuda::CacheGeometry g{};
+      g.instance = i;
+      g.head_dim = uint16_t(d);
+      const bool cuda_core = r.path == cuda::GpuPath::kCudaCore && cuda::gpu_row_compiled(r, d);
+      std::set<cuda::CudaCoreKernel> pair;
+      for (const int gq : {1, 2, 4, 8}) {
+        const cuda::CudaCoreKernel k = cuda::cuda_core_kernel(g, gq);
+        EXPECT_EQ(k != nullptr, cuda_core) << "row " << i << " d " << d << " g " << gq;
+        if (k) pair.insert(k);
+      }
+      if (!cuda_core) continue;
+      EXPECT_EQ(pair.size(), cuda::gpu_every_gqa(r, d) ? 4u : 1u) << "row " << i << " d " << d;
+      for (const cuda::CudaCoreKernel k : pair) EXPECT_TRUE(all.insert(k).second) << "row " << i << " d " << d;
+      ++per_shard[cuda::cuda_core_shard(i, d)];
+    }
+  }
+  cuda::CacheGeometry none{};
+  none.instance = -1;
+  none.head_dim = 128;
+  EXPECT_EQ(cuda::cuda_core_kernel(none, 1), nullptr);
+  for (int s = 0; s < cuda::kCudaCoreShards; ++s) EXPECT_GT(per_shard[s], 0) << "shard " << s << " compiles nothing";
+  std::printf("CUDA-core kernels: %zu over %d shards (pairs a shard:", all.size(), cuda::kCudaCoreShards);
+  for (const int n : per_shard) std::printf(" %d", n);
+  std::printf(")\n");
 }
 
 // The GPU cache of every compiled (row, d) against the CPU cache: prefill chunks, batched decode and a mixed step over
