@@ -1,8 +1,9 @@
 // Micro-benchmark of the CPU linear layer (model/linear.h) at Qwen3-8B's shapes: the same weights read as bf16 where
 // they lie (a checkpoint's representation since issue 39: row kernels for decode, widened tiles + sgemm for prefill)
-// and as fp32 (the representation before it: sgemv / sgemm in place), for a decode step (1 row) and a prefill chunk
-// (512 rows), on the process's threads (-t as kvq's). The weights stream from DRAM: several copies are cycled so
-// that they never sit in the last-level cache.
+// at AVX-512 and AVX2, and as fp32 (the representation before it: sgemv / sgemm in place), for a decode step (1 row),
+// a batched decode step of 16 sequences (16 rows: still the row kernels, Linear::kGemvRows) and a prefill chunk (512
+// rows), on the process's threads (-t as kvq's). The weights stream from DRAM: several copies are cycled so that
+// they never sit in the last-level cache.
 // Prints per run: weight bytes read per call, GB/s of them, and GFLOP/s (2 flops per multiply-add).
 //   KVQ_BENCH_THREADS=2 build/kvq_bench_linear [--benchmark_filter=prefill] [--benchmark_repetitions=5
 //     --benchmark_enable_random_interleaving=true]: on a shared machine, the min of interleaved repetitions
@@ -20,6 +21,7 @@
 #include "common/half.h"
 #include "common/thread_pool.h"
 #include "model/linear.h"
+#include "simd/simd.h"
 
 namespace {
 
@@ -34,7 +36,11 @@ int bench_threads() {
   return t ? std::atoi(t) : 2;
 }
 
-void BM_Linear(benchmark::State& state, Shape sh, kvq::DType dtype, int rows) {
+void BM_Linear(benchmark::State& state, Shape sh, kvq::DType dtype, int rows, kvq::SimdLevel simd) {
+  if (!kvq::simd_level_supported(simd)) {
+    state.SkipWithError("SIMD level not supported on this CPU");
+    return;
+  }
   static kvq::ThreadPool pool(bench_threads());
   static bool blas_threads = [] {
     openblas_set_num_threads(bench_threads());
@@ -60,7 +66,7 @@ void BM_Linear(benchmark::State& state, Shape sh, kvq::DType dtype, int rows) {
   for (const auto& b : bytes) {
     kvq::WeightTensor w;
     w.dtype = dtype, w.rows = sh.out, w.cols = sh.in, w.data = b.data();
-    layers.emplace_back(w);
+    layers.emplace_back(w, std::vector<float>(), simd);
   }
   std::vector<float> x(size_t(rows) * sh.in), y(size_t(rows) * sh.out);
   for (float& v : x) v = nd(rng);
@@ -77,17 +83,20 @@ void BM_Linear(benchmark::State& state, Shape sh, kvq::DType dtype, int rows) {
 
 const bool registered = [] {
   for (const Shape& sh : kShapes)
-    for (int rows : {1, 512})
-      for (kvq::DType dt : {kvq::DType::BF16, kvq::DType::F32}) {
-        const std::string name = std::string(rows == 1 ? "decode/" : "prefill/") + sh.name + "/" +
-                                 (dt == kvq::DType::BF16 ? "bf16_in_place" : "fp32");
-        benchmark::RegisterBenchmark(name.c_str(), BM_Linear, sh, dt, rows)
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime()
-            ->MinTime(rows == 1 ? 1.0 : 3.0)
-            ->ComputeStatistics("min",
-                                [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); });
-      }
+    for (int rows : {1, 16, 512})
+      for (kvq::DType dt : {kvq::DType::BF16, kvq::DType::F32})
+        for (kvq::SimdLevel simd : {kvq::SimdLevel::kAvx512, kvq::SimdLevel::kAvx2}) {
+          if (dt == kvq::DType::F32 && simd != kvq::SimdLevel::kAvx512) continue;  // sgemv / sgemm: OpenBLAS's level
+          const std::string name = std::string(rows == 1 ? "decode/" : rows == 16 ? "batch16/" : "prefill/") +
+                                   sh.name + "/" + (dt == kvq::DType::BF16 ? "bf16_in_place/" : "fp32") +
+                                   (dt == kvq::DType::BF16 ? kvq::simd_level_name(simd) : "");
+          benchmark::RegisterBenchmark(name.c_str(), BM_Linear, sh, dt, rows, simd)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime()
+              ->MinTime(rows == 1 ? 1.0 : 3.0)
+              ->ComputeStatistics("min",
+                                  [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); });
+        }
   return true;
 }();
 

@@ -2,13 +2,16 @@
 // kernels, widened tiles + sgemm, sgemv) against a float64 reference on the same values, and which path each takes.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
 #include "common/half.h"
 #include "model/linear.h"
 #include "model/safetensors.h"
+#include "simd/simd.h"
 
 namespace kvq {
 namespace {
@@ -104,6 +107,43 @@ TEST(Linear, Bf16PrefillOfAWholeTileIsTheFp32SgemmBitForBit) {
   lin16.apply(x.data(), n, y16.data(), pool);
   lin32.apply(x.data(), n, y32.data(), pool);
   EXPECT_EQ(y16, y32);
+}
+
+// A row of a batched decode step (up to kGemvRows rows through the row kernels, which read ungrouped rows 4 at a time
+// for 4 or more queries at AVX-512) is bit for bit the row alone (one query: one row at a time), at every SIMD level
+// this CPU has: the batch a sequence shares a step with never changes its logits. 203 rows: work items of 64 and a
+// last one of 11, so tiles end in 1-3 rows of the one-row tail.
+TEST(Linear, ARowOfABatchedStepIsTheRowAloneBitForBitAtEveryLevel) {
+  ThreadPool pool(2);
+  const int out = 203;
+  int levels = 0;
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni}) {
+    if (!simd_level_supported(level)) continue;
+    ++levels;
+    for (DType dt : {DType::BF16, DType::F16})
+      for (int in : {96, 1280}) {
+        SCOPED_TRACE(std::string(simd_level_name(level)) + " " + std::string(dtype_name(dt)) + " in " + std::to_string(in));
+        const auto w = random_vec(size_t(out) * in, 7, true);
+        std::vector<uint8_t> bytes;
+        const Linear lin(tensor_of(w, out, in, dt, bytes), {}, level);
+        ASSERT_TRUE(lin.reads_rows());
+        for (int n : {4, 7, Linear::kGemvRows}) {
+          const auto x = random_vec(size_t(n) * in, 11 + n, false);
+          std::vector<float> y(size_t(n) * out), y1(out);
+          lin.apply(x.data(), n, y.data(), pool);
+          const auto ref = reference(x, n, w, out, in, {});
+          for (int i = 0; i < n; ++i) {
+            lin.apply(x.data() + size_t(i) * in, 1, y1.data(), pool);
+            for (int o = 0; o < out; ++o)
+              ASSERT_EQ(std::bit_cast<uint32_t>(y[size_t(i) * out + o]), std::bit_cast<uint32_t>(y1[size_t(o)]))
+                  << "n " << n << " row " << i << " output " << o << ": " << y[size_t(i) * out + o] << " vs "
+                  << y1[size_t(o)] << " (reference " << ref[size_t(i) * out + o] << ")";
+          }
+          expect_close(y, ref, in);
+        }
+      }
+  }
+  EXPECT_GE(levels, 1);
 }
 
 }  // namespace

@@ -154,6 +154,97 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
   for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
 }
 
+// The scores of ungrouped rows (the 16-bit weights' GEMV of model/linear.cpp, the bf16 windows) R rows at a time:
+// each query vector loaded is used by R rows, where scores_block loads it once a row (at a batched decode step's 16
+// rows the query rows no longer fit L1, and those loads bound the kernel). Every (row, query) sums exactly as
+// scores_block does (the same chains, units in the same order, the same fold and horizontal sum), so the scores are
+// bit for bit scores_block's. The tile's last nt mod R rows take R = 1.
+template <class V, RowFormat Fmt, int QB, int R>
+void scores_rows_ungrouped(const RowsView& r, int t, const float* q, float (*buf)[kTileRows], int b) {
+  using F = typename V::F;
+  constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>(), kC = V::kScoreChains;
+  const int d = r.d, upg = r.group / 32, ng = d / r.group;
+  const uint8_t* codes[R];
+  F tot[R][QB];
+  KVQ_UNROLL
+  for (int j = 0; j < R; ++j) {
+    codes[j] = r.rows + size_t(t + j) * r.row_stride + r.codes_offset;
+    prefetch_row(r, t + j + kPrefetchRows);
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) tot[j][i] = V::zero();
+  }
+  for (int g = 0; g < ng; ++g) {
+    F part[R][QB][kC];
+    KVQ_UNROLL
+    for (int j = 0; j < R; ++j)
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i)
+        KVQ_UNROLL
+        for (int c = 0; c < kC; ++c) part[j][i][c] = V::zero();
+    for (int u = g * upg; u < (g + 1) * upg; ++u) {
+      F x[R][kU];
+      KVQ_UNROLL
+      for (int j = 0; j < R; ++j) V::template unit<Fmt>(codes[j] + u * kUB, x[j]);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i)
+        KVQ_UNROLL
+        for (int k = 0; k < kU; ++k) {
+          const F qv = V::loadu(q + i * d + u * 32 + k * V::kW);
+          KVQ_UNROLL
+          for (int j = 0; j < R; ++j) part[j][i][k % kC] = V::fma(x[j][k], qv, part[j][i][k % kC]);
+        }
+    }
+    KVQ_UNROLL
+    for (int j = 0; j < R; ++j)
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) {
+        KVQ_UNROLL
+        for (int w = kC / 2; w >= 1; w /= 2)
+          KVQ_UNROLL
+          for (int c = 0; c < w; ++c) part[j][i][c] = V::add(part[j][i][c], part[j][i][c + w]);
+        tot[j][i] = V::add(tot[j][i], part[j][i][0]);
+      }
+  }
+  KVQ_UNROLL
+  for (int j = 0; j < R; ++j) {
+    if constexpr (QB >= 4) {
+      KVQ_UNROLL
+      for (int i = 0; i < QB; i += 4) {
+        float sum4[4];
+        V::hsum4(&tot[j][i], sum4);
+        for (int k = 0; k < 4; ++k) buf[i + k][b + j] = sum4[k];
+      }
+    } else {
+      F four[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) four[i] = tot[j][i];
+      float sum4[4];
+      V::hsum4(four, sum4);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) buf[i][b + j] = sum4[i];
+    }
+  }
+}
+
+// Rows per pass of scores_rows_ungrouped: 4 where R · QB · kScoreChains sums of a query block of 2 fit the registers
+// with the rows' vectors (AVX-512: 16 sums and 8 row vectors of 32 zmm; the scalar kernels). The bf16 GEMV of 16 rows
+// at Qwen3-8B's shapes (bench/bench_linear.cpp batch16/, 2 threads): AVX-512 70 -> 145 GFLOP/s with R = 4 (97 with
+// R = 2). AVX2 keeps scores_block: its 4 chains a query leave no room (R = 2 spills: 70 -> 57 GFLOP/s). Fewer than
+// kUngroupedMinQ queries keep it too (a decode step's one row: the same bandwidth-bound speed either way).
+template <class V>
+constexpr int kUngroupedRows = V::kMaxQBRowScores >= 8 ? 4 : 1;
+constexpr int kUngroupedMinQ = 4;
+
+template <class V, RowFormat Fmt, int QB>
+void scores_block_ungrouped(const RowsView& r, int t0, int nt, const float* q, float* s, size_t s_stride) {
+  constexpr int R = kUngroupedRows<V>;
+  float buf[QB][kTileRows];
+  int b = 0;
+  for (; b + R <= nt; b += R) scores_rows_ungrouped<V, Fmt, QB, R>(r, t0 + b, q, buf, b);
+  for (; b < nt; ++b) scores_rows_ungrouped<V, Fmt, QB, 1>(r, t0 + b, q, buf, b);
+  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
+}
+
 template <class V, RowFormat Fmt>
 void scores_rows(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
   const int d = r.d, ng = d / r.group;
@@ -166,6 +257,13 @@ void scores_rows(const RowsView& r, const float* q, int n_q, float* s, size_t s_
           for (int c = g * r.group; c < (g + 1) * r.group; ++c) qsum[i][g] += q[size_t(c0 + i) * d + c];
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
+      if (!r.grouped && kUngroupedRows<V> > 1 && nc >= kUngroupedMinQ) {
+        for_query_blocks(nc, V::kMaxQBRowScores / kUngroupedRows<V>, [&]<int QB>(int i0) {
+          scores_block_ungrouped<V, Fmt, QB>(r, t0, nt, q + size_t(c0 + i0) * d, s + size_t(c0 + i0) * s_stride,
+                                             s_stride);
+        });
+        continue;
+      }
       for_query_blocks(nc, V::kMaxQBRowScores, [&]<int QB>(int i0) {
         scores_block<V, Fmt, QB>(r, t0, nt, q + size_t(c0 + i0) * d, qsum + i0, s + size_t(c0 + i0) * s_stride,
                                  s_stride);
