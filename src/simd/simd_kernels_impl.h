@@ -71,6 +71,29 @@ inline void for_query_blocks(int nc, int max_qb, const Block& block) {
   }
 }
 
+// buf[i][col] = hsum(tot[i]) - zterm[i] for QB queries: horizontal sums four at once (a transposed reduction), and the
+// same reduction for blocks of fewer queries (zero vectors beside them), so a query's score is the same bits in a
+// block of any size and a row of a batched step (model/linear.h: apply_rows) equals the row alone.
+template <class V, int QB>
+inline void store_scores(const typename V::F* tot, const float* zterm, float (*buf)[kTileRows], int col) {
+  if constexpr (QB >= 4) {
+    KVQ_UNROLL
+    for (int i = 0; i < QB; i += 4) {
+      float sum4[4];
+      V::hsum4(tot + i, sum4);
+      for (int j = 0; j < 4; ++j) buf[i + j][col] = sum4[j] - zterm[i + j];
+    }
+  } else {
+    typename V::F four[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) four[i] = tot[i];
+    float sum4[4];
+    V::hsum4(four, sum4);
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) buf[i][col] = sum4[i] - zterm[i];
+  }
+}
+
 // Scores of rows [t0, t0+nt) for QB queries. qsum[i][g] = Σ of query i over group g (grouped rows only).
 // Each query sums into kC = V::kScoreChains independent vectors (vector k of a unit into sum k mod kC): one chain of
 // FMAs per query would wait on the FMA latency at every step (decode: one or two queries per row, the bf16 GEMV: one).
@@ -131,25 +154,7 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
         for (int i = 0; i < QB; ++i) tot[i] = V::add(tot[i], acc[i]);
       }
     }
-    // Horizontal sums four at once (a transposed reduction), and the same reduction for blocks of fewer queries
-    // (zero vectors beside them): a query's score is then the same bits in a block of any size, so a row of a batched
-    // step (model/linear.h: apply_rows) equals the row alone.
-    if constexpr (QB >= 4) {
-      KVQ_UNROLL
-      for (int i = 0; i < QB; i += 4) {
-        float sum4[4];
-        V::hsum4(&tot[i], sum4);
-        for (int j = 0; j < 4; ++j) buf[i + j][t - t0] = sum4[j] - zterm[i + j];
-      }
-    } else {
-      F four[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) four[i] = tot[i];
-      float sum4[4];
-      V::hsum4(four, sum4);
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) buf[i][t - t0] = sum4[i] - zterm[i];
-    }
+    store_scores<V, QB>(tot, zterm, buf, t - t0);
   }
   for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
 }
@@ -205,25 +210,9 @@ void scores_rows_ungrouped(const RowsView& r, int t, const float* q, float (*buf
         tot[j][i] = V::add(tot[j][i], part[j][i][0]);
       }
   }
+  const float no_zero_term[QB] = {};
   KVQ_UNROLL
-  for (int j = 0; j < R; ++j) {
-    if constexpr (QB >= 4) {
-      KVQ_UNROLL
-      for (int i = 0; i < QB; i += 4) {
-        float sum4[4];
-        V::hsum4(&tot[j][i], sum4);
-        for (int k = 0; k < 4; ++k) buf[i + k][b + j] = sum4[k];
-      }
-    } else {
-      F four[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) four[i] = tot[j][i];
-      float sum4[4];
-      V::hsum4(four, sum4);
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) buf[i][b + j] = sum4[i];
-    }
-  }
+  for (int j = 0; j < R; ++j) store_scores<V, QB>(tot[j], no_zero_term, buf, b + j);
 }
 
 // Rows per pass of scores_rows_ungrouped: 4 where R · QB · kScoreChains sums of a query block of 2 fit the registers
