@@ -94,89 +94,29 @@ inline void store_scores(const typename V::F* tot, const float* zterm, float (*b
   }
 }
 
-// Scores of rows [t0, t0+nt) for QB queries. qsum[i][g] = Σ of query i over group g (grouped rows only).
-// Each query sums into kC = V::kScoreChains independent vectors (vector k of a unit into sum k mod kC): one chain of
-// FMAs per query would wait on the FMA latency at every step (decode: one or two queries per row, the bf16 GEMV: one).
-// The order depends on neither QB nor the other queries, so a query's scores are the same in any block.
-template <class V, RowFormat Fmt, int QB>
-void scores_block(const RowsView& r, int t0, int nt, const float* q, const float (*qsum)[kMaxGroups], float* s,
-                  size_t s_stride) {
+// Scores of rows [t, t+R) for QB queries into buf[i][b + j]. qsum[i][g] = Σ of query i over group g (grouped rows
+// only). Each query sums into kC = V::kScoreChains independent vectors (vector k of a unit into sum k mod kC): one
+// chain of FMAs per query would wait on the FMA latency at every step (decode: one or two queries per row, the bf16
+// GEMV: one).
+// R rows at a time share each query vector loaded (at a batched decode step's 16 rows the query rows no longer fit L1,
+// and those loads bound the kernel). The order of a (row, query)'s sums depends on neither R, QB nor the other rows and
+// queries, so its score is the same bits in any block.
+template <class V, RowFormat Fmt, int QB, int R>
+void scores_rows_of(const RowsView& r, int t, const float* q, const float (*qsum)[kMaxGroups], float (*buf)[kTileRows],
+                    int b) {
   using F = typename V::F;
   constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>(), kC = V::kScoreChains;
   static_assert(kU % kC == 0 && (kC & (kC - 1)) == 0, "kScoreChains: a power of two dividing the vectors per unit");
   const int d = r.d, upg = r.group / 32, ng = d / r.group;
-  float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (stores to QB rows
-                             // n_tokens·4 bytes apart would alias in the 4K store-forwarding check)
-  for (int t = t0; t < t0 + nt; ++t) {
-    const uint8_t* row = r.rows + size_t(t) * r.row_stride;
-    const uint8_t* codes = row + r.codes_offset;
-    prefetch_row(r, t + kPrefetchRows);
-    F tot[QB];
-    float zterm[QB];
-    KVQ_UNROLL
-    for (int i = 0; i < QB; ++i) tot[i] = V::zero(), zterm[i] = 0.f;
-    for (int g = 0; g < ng; ++g) {
-      F part[QB][kC];
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i)
-        KVQ_UNROLL
-        for (int c = 0; c < kC; ++c) part[i][c] = V::zero();
-      for (int u = g * upg; u < (g + 1) * upg; ++u) {
-        F x[kU];
-        V::template unit<Fmt>(codes + u * kUB, x);
-        KVQ_UNROLL
-        for (int i = 0; i < QB; ++i)
-          KVQ_UNROLL
-          for (int k = 0; k < kU; ++k)
-            part[i][k % kC] = V::fma(x[k], V::loadu(q + i * d + u * 32 + k * V::kW), part[i][k % kC]);
-      }
-      // the kC sums of each query folded in halves (c += c + w), a tree of fixed shape; part[][] stays in registers
-      KVQ_UNROLL
-      for (int w = kC / 2; w >= 1; w /= 2)
-        KVQ_UNROLL
-        for (int i = 0; i < QB; ++i)
-          KVQ_UNROLL
-          for (int c = 0; c < w; ++c) part[i][c] = V::add(part[i][c], part[i][c + w]);
-      F acc[QB];
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) acc[i] = part[i][0];
-      if (r.grouped) {
-        const layout::GroupParams gp = row_params(row, g);
-        const float sc = V::half(gp.scale), zr = V::half(gp.zero);
-        const F scv = V::bcast(sc);
-        KVQ_UNROLL
-        for (int i = 0; i < QB; ++i) {
-          tot[i] = V::fma(acc[i], scv, tot[i]);
-          zterm[i] += sc * zr * qsum[i][g];
-        }
-      } else {
-        KVQ_UNROLL
-        for (int i = 0; i < QB; ++i) tot[i] = V::add(tot[i], acc[i]);
-      }
-    }
-    store_scores<V, QB>(tot, zterm, buf, t - t0);
-  }
-  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
-}
-
-// The scores of ungrouped rows (the 16-bit weights' GEMV of model/linear.cpp, the bf16 windows) R rows at a time:
-// each query vector loaded is used by R rows, where scores_block loads it once a row (at a batched decode step's 16
-// rows the query rows no longer fit L1, and those loads bound the kernel). Every (row, query) sums exactly as
-// scores_block does (the same chains, units in the same order, the same fold and horizontal sum), so the scores are
-// bit for bit scores_block's. The tile's last nt mod R rows take R = 1.
-template <class V, RowFormat Fmt, int QB, int R>
-void scores_rows_ungrouped(const RowsView& r, int t, const float* q, float (*buf)[kTileRows], int b) {
-  using F = typename V::F;
-  constexpr int kU = 32 / V::kW, kUB = fmt_unit_bytes<Fmt>(), kC = V::kScoreChains;
-  const int d = r.d, upg = r.group / 32, ng = d / r.group;
-  const uint8_t* codes[R];
+  const uint8_t* row[R];
   F tot[R][QB];
+  float zterm[R][QB];
   KVQ_UNROLL
   for (int j = 0; j < R; ++j) {
-    codes[j] = r.rows + size_t(t + j) * r.row_stride + r.codes_offset;
+    row[j] = r.rows + size_t(t + j) * r.row_stride;
     prefetch_row(r, t + j + kPrefetchRows);
     KVQ_UNROLL
-    for (int i = 0; i < QB; ++i) tot[j][i] = V::zero();
+    for (int i = 0; i < QB; ++i) tot[j][i] = V::zero(), zterm[j][i] = 0.f;
   }
   for (int g = 0; g < ng; ++g) {
     F part[R][QB][kC];
@@ -189,7 +129,7 @@ void scores_rows_ungrouped(const RowsView& r, int t, const float* q, float (*buf
     for (int u = g * upg; u < (g + 1) * upg; ++u) {
       F x[R][kU];
       KVQ_UNROLL
-      for (int j = 0; j < R; ++j) V::template unit<Fmt>(codes[j] + u * kUB, x[j]);
+      for (int j = 0; j < R; ++j) V::template unit<Fmt>(row[j] + r.codes_offset + u * kUB, x[j]);
       KVQ_UNROLL
       for (int i = 0; i < QB; ++i)
         KVQ_UNROLL
@@ -200,39 +140,54 @@ void scores_rows_ungrouped(const RowsView& r, int t, const float* q, float (*buf
         }
     }
     KVQ_UNROLL
-    for (int j = 0; j < R; ++j)
+    for (int j = 0; j < R; ++j) {
+      // the kC sums of each query folded in halves (c += c + w), a tree of fixed shape; part stays in registers
       KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) {
+      for (int w = kC / 2; w >= 1; w /= 2)
         KVQ_UNROLL
-        for (int w = kC / 2; w >= 1; w /= 2)
+        for (int i = 0; i < QB; ++i)
           KVQ_UNROLL
           for (int c = 0; c < w; ++c) part[j][i][c] = V::add(part[j][i][c], part[j][i][c + w]);
-        tot[j][i] = V::add(tot[j][i], part[j][i][0]);
+      if (r.grouped) {
+        const layout::GroupParams gp = row_params(row[j], g);
+        const float sc = V::half(gp.scale), zr = V::half(gp.zero);
+        const F scv = V::bcast(sc);
+        KVQ_UNROLL
+        for (int i = 0; i < QB; ++i) {
+          tot[j][i] = V::fma(part[j][i][0], scv, tot[j][i]);
+          zterm[j][i] += sc * zr * qsum[i][g];
+        }
+      } else {
+        KVQ_UNROLL
+        for (int i = 0; i < QB; ++i) tot[j][i] = V::add(tot[j][i], part[j][i][0]);
       }
+    }
   }
-  const float no_zero_term[QB] = {};
   KVQ_UNROLL
-  for (int j = 0; j < R; ++j) store_scores<V, QB>(tot[j], no_zero_term, buf, b + j);
+  for (int j = 0; j < R; ++j) store_scores<V, QB>(tot[j], zterm[j], buf, b + j);
 }
 
-// Rows per pass of scores_rows_ungrouped: 4 where R · QB · kScoreChains sums of a query block of 2 fit the registers
-// with the rows' vectors (AVX-512: 16 sums and 8 row vectors of 32 zmm; the scalar kernels). The bf16 GEMV of 16 rows
-// at Qwen3-8B's shapes (bench/bench_linear.cpp batch16/, 2 threads): AVX-512 70 -> 145 GFLOP/s with R = 4 (97 with
-// R = 2). AVX2 keeps scores_block: its 4 chains a query leave no room (R = 2 spills: 70 -> 57 GFLOP/s). Fewer than
-// kUngroupedMinQ queries keep it too (a decode step's one row: the same bandwidth-bound speed either way).
-template <class V>
-constexpr int kUngroupedRows = V::kMaxQBRowScores >= 8 ? 4 : 1;
-constexpr int kUngroupedMinQ = 4;
-
-template <class V, RowFormat Fmt, int QB>
-void scores_block_ungrouped(const RowsView& r, int t0, int nt, const float* q, float* s, size_t s_stride) {
-  constexpr int R = kUngroupedRows<V>;
-  float buf[QB][kTileRows];
+// Scores of rows [t0, t0+nt) for QB queries, R rows at a time (the last nt mod R one at a time).
+template <class V, RowFormat Fmt, int QB, int R>
+void scores_block(const RowsView& r, int t0, int nt, const float* q, const float (*qsum)[kMaxGroups], float* s,
+                  size_t s_stride) {
+  float buf[QB][kTileRows];  // the tile's scores, written out row by row at the end (stores to QB rows
+                             // n_tokens·4 bytes apart would alias in the 4K store-forwarding check)
   int b = 0;
-  for (; b + R <= nt; b += R) scores_rows_ungrouped<V, Fmt, QB, R>(r, t0 + b, q, buf, b);
-  for (; b < nt; ++b) scores_rows_ungrouped<V, Fmt, QB, 1>(r, t0 + b, q, buf, b);
+  for (; b + R <= nt; b += R) scores_rows_of<V, Fmt, QB, R>(r, t0 + b, q, qsum, buf, b);
+  for (; b < nt; ++b) scores_rows_of<V, Fmt, QB, 1>(r, t0 + b, q, qsum, buf, b);
   for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
 }
+
+// Rows a pass of the ungrouped rows' scores (the 16-bit weights' GEMV of model/linear.cpp, the bf16 windows) for
+// kRowBlockMinQ or more queries: 4 where 4 rows of a 2-query block's kScoreChains sums fit the registers with the rows'
+// vectors (AVX-512: 16 sums and 8 row vectors of 32 zmm; the scalar kernels), else 1. The bf16 GEMV of 16 rows at
+// Qwen3-8B's shapes (bench/bench_linear.cpp batch16/, 2 threads): AVX-512 70 -> 145 GFLOP/s with 4 rows (97 with 2).
+// AVX2 keeps one row: its 4 chains a query leave no room (2 rows spill: 70 -> 57 GFLOP/s). Grouped rows (the int
+// rows' float path) and fewer queries (a decode step's one row: the same bandwidth-bound speed either way) keep one.
+template <class V>
+constexpr int kUngroupedRows = V::kMaxQBRowScores >= 8 ? 4 : 1;
+constexpr int kRowBlockMinQ = 4;
 
 template <class V, RowFormat Fmt>
 void scores_rows(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
@@ -244,19 +199,21 @@ void scores_rows(const RowsView& r, const float* q, int n_q, float* s, size_t s_
       for (int i = 0; i < nc; ++i)
         for (int g = 0; g < ng; ++g)
           for (int c = g * r.group; c < (g + 1) * r.group; ++c) qsum[i][g] += q[size_t(c0 + i) * d + c];
+    const bool row_blocks = !r.grouped && kUngroupedRows<V> > 1 && nc >= kRowBlockMinQ;
+    const float* qc = q + size_t(c0) * d;
+    float* sc = s + size_t(c0) * s_stride;
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
-      if (!r.grouped && kUngroupedRows<V> > 1 && nc >= kUngroupedMinQ) {
-        for_query_blocks(nc, V::kMaxQBRowScores / kUngroupedRows<V>, [&]<int QB>(int i0) {
-          scores_block_ungrouped<V, Fmt, QB>(r, t0, nt, q + size_t(c0 + i0) * d, s + size_t(c0 + i0) * s_stride,
-                                             s_stride);
+      if (row_blocks) {
+        constexpr int R = kUngroupedRows<V>;
+        for_query_blocks(nc, V::kMaxQBRowScores / R, [&]<int QB>(int i0) {
+          scores_block<V, Fmt, QB, R>(r, t0, nt, qc + size_t(i0) * d, qsum + i0, sc + size_t(i0) * s_stride, s_stride);
         });
-        continue;
+      } else {
+        for_query_blocks(nc, V::kMaxQBRowScores, [&]<int QB>(int i0) {
+          scores_block<V, Fmt, QB, 1>(r, t0, nt, qc + size_t(i0) * d, qsum + i0, sc + size_t(i0) * s_stride, s_stride);
+        });
       }
-      for_query_blocks(nc, V::kMaxQBRowScores, [&]<int QB>(int i0) {
-        scores_block<V, Fmt, QB>(r, t0, nt, q + size_t(c0 + i0) * d, qsum + i0, s + size_t(c0 + i0) * s_stride,
-                                 s_stride);
-      });
     }
   }
 }
