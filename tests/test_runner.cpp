@@ -65,6 +65,48 @@ TEST(CpuRunner, BatchedStepEqualsEachSequenceAloneWithAllAndLastRows) {
   EXPECT_EQ(am2[1], argmax_row(want.data(), V));
 }
 
+// A decode step of many sequences (one attention loop over all their items, the output layer's rows together) gives
+// each sequence the logits of its step alone, bit for bit, with an int2 body, windows and contexts of several pages.
+TEST(CpuRunner, ADecodeStepOfManySequencesIsEachSequenceAloneBitForBitWithAnInt2Cache) {
+  Model& m = ref_model();
+  const int V = m.config().vocab_size;
+  CacheConfig c;
+  for (CodecSpec* s : {&c.k, &c.v}) s->type = "int2", s->group = 128;
+  c.sink = 4, c.recent = 16, c.page_tokens = 16, c.max_chunk = 32;
+  const std::vector<int> lengths = {40, 97, 18, 150, 64, 33, 120, 71, 200};  // 9 x 2 kv heads: more
+  // (sequence, head) pairs than the 16 items a lone decode splits into, so a split chosen from the batch would show
+  const int n_seq = int(lengths.size());
+  const auto prompt = [](int s, int i) { return int32_t((s * 131 + i * 17) % 4000 + 1); };
+  CpuRunner together(m, c, 256, n_seq), alone(m, c, 256, n_seq);
+  std::vector<int> st, sa;
+  for (int s = 0; s < n_seq; ++s) {
+    st.push_back(together.new_sequence()), sa.push_back(alone.new_sequence());
+    for (int p = 0; p < lengths[size_t(s)]; p += 32) {
+      const int n = std::min(32, lengths[size_t(s)] - p);
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) ids[size_t(i)] = prompt(s, p + i);
+      together.forward({st.back()}, {n}, ids.data(), LogitRows::None, nullptr, nullptr);
+      alone.forward({sa.back()}, {n}, ids.data(), LogitRows::None, nullptr, nullptr);
+    }
+  }
+  std::vector<int32_t> next(static_cast<size_t>(n_seq));
+  for (int s = 0; s < n_seq; ++s) next[size_t(s)] = prompt(s, 999);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> all(size_t(n_seq) * V);
+    std::vector<int32_t> am(static_cast<size_t>(n_seq));
+    together.forward(st, std::vector<int>(size_t(n_seq), 1), next.data(), LogitRows::Last, all.data(), am.data());
+    for (int s = 0; s < n_seq; ++s) {
+      std::vector<float> one(static_cast<size_t>(V));
+      int32_t a1 = -1;
+      alone.forward({sa[size_t(s)]}, {1}, &next[size_t(s)], LogitRows::Last, one.data(), &a1);
+      for (int i = 0; i < V; ++i)
+        ASSERT_EQ(all[size_t(s) * V + i], one[size_t(i)]) << "step " << step << ", sequence " << s << ", logit " << i;
+      EXPECT_EQ(am[size_t(s)], a1);
+      next[size_t(s)] = a1;
+    }
+  }
+}
+
 TEST(CpuRunner, RefusesMalformedStepsBeforeAnyWork) {
   Model& m = ref_model();
   CpuRunner r(m, small_cache(), 32, 2);

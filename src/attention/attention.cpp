@@ -86,6 +86,13 @@ inline void prefetch_piece(const Piece& pc) {
   for (size_t b = 0; b < vb; b += 64) __builtin_prefetch(pc.v + b, 0, 2);
 }
 
+// One job's share of the loop: (query tile, kv head) pairs × KV splits, items numbered from first.
+struct JobItems {
+  int base_items, splits;
+  int64_t first;
+  int64_t items() const { return int64_t(base_items) * splits; }
+};
+
 // Attend rows of one tile over some pieces; state accumulates (online softmax).
 void attend_pieces(const KvCache& cache, const Piece* pieces, int n_pieces, const float* q_rows, int rows,
                    int group, int t_first, int window, SoftmaxState& st, std::vector<float>& s) {
@@ -153,36 +160,53 @@ void SoftmaxState::merge(const SoftmaxState& o, int d) {
   }
 }
 
-void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, const float* q, float* out,
-                     const AttentionShape& shape, ThreadPool& pool) {
+void cache_attention(const KvCache& cache, std::span<const AttentionJob> jobs, int layer, const AttentionShape& shape,
+                     ThreadPool& pool) {
   const int d = shape.head_dim, n_kv = shape.n_kv_heads, hq = shape.n_heads;
   KVQ_CHECK(d == cache.head_dim() && n_kv == cache.n_kv_heads() && hq % n_kv == 0,
             "attention: shape (heads {}, kv heads {}, d {}) does not match the cache (kv heads {}, d {})", hq, n_kv,
             d, cache.n_kv_heads(), cache.head_dim());
   const int g = hq / n_kv;
   const int tile_q = std::max(1, kTileRows / g);  // queries per tile
-  const int n_tiles = (n + tile_q - 1) / tile_q;
-  const int base_items = n_tiles * n_kv;
-  // Enough items that the threads stay balanced when other processes share the cores (decode: 8 kv heads on 2
-  // threads -> 2 KV splits per head); each split costs one partial state and one merge.
+  // Enough items a job that the threads stay balanced when other processes share the cores (decode: 8 kv heads on 2
+  // threads -> 2 KV splits per head); each split costs one partial state and one merge. Decided per job, never from
+  // the batch, so that a sequence's bits do not depend on what runs beside it.
   const int want = 8 * pool.size();
-  const int splits = pool.size() == 1 || base_items >= want ? 1 : (want + base_items - 1) / base_items;
+  std::vector<JobItems> plan(jobs.size());
+  int64_t total = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int n_tiles = (jobs[j].n + tile_q - 1) / tile_q;
+    const int base_items = n_tiles * n_kv;
+    const int splits = pool.size() == 1 || base_items >= want ? 1 : (want + base_items - 1) / base_items;
+    plan[j] = {base_items, splits, total};
+    total += plan[j].items();
+  }
 
-  std::vector<SoftmaxState> states(size_t(base_items) * splits);
-  pool.parallel_for(int64_t(base_items) * splits, [&](int64_t item, int) {
-    const int split = int(item % splits);
-    const int tile = int(item / splits / n_kv), h = int(item / splits % n_kv);
-    const int i0 = tile * tile_q, nq = std::min(tile_q, n - i0);
-    const int rows = nq * g, t_first = pos0 + i0, t_last = t_first + nq - 1;
+  // One state per item, their buffers kept between calls; the caller's thread's (a lambda names a thread_local as
+  // the running thread's own, hence the reference).
+  thread_local std::vector<SoftmaxState> callers_states;
+  std::vector<SoftmaxState>& states = callers_states;
+  if (states.size() < size_t(total)) states.resize(size_t(total));
+  pool.parallel_for(total, [&](int64_t item, int) {
+    const size_t j = size_t(std::upper_bound(plan.begin(), plan.end(), item,
+                                             [](int64_t i, const JobItems& p) { return i < p.first; }) -
+                            plan.begin()) - 1;
+    const AttentionJob& job = jobs[j];
+    const int splits = plan[j].splits;
+    const int64_t local = item - plan[j].first;
+    const int split = int(local % splits);
+    const int tile = int(local / splits / n_kv), h = int(local / splits % n_kv);
+    const int i0 = tile * tile_q, nq = std::min(tile_q, job.n - i0);
+    const int rows = nq * g, t_first = job.pos0 + i0, t_last = t_first + nq - 1;
     thread_local std::vector<KvCache::Run> runs;
     thread_local std::vector<Piece> pieces;
     thread_local std::vector<float> q_rows, scratch;
-    cache.runs(seq, layer, h, t_first, t_last, runs);
+    cache.runs(job.seq, layer, h, t_first, t_last, runs);
     cut_pieces(cache, runs, pieces);
     q_rows.resize(size_t(rows) * d);
     for (int i = 0; i < nq; ++i)
-      for (int j = 0; j < g; ++j)
-        std::copy_n(q + (size_t(i0 + i) * hq + h * g + j) * d, d, q_rows.data() + (size_t(i) * g + j) * d);
+      for (int jj = 0; jj < g; ++jj)
+        std::copy_n(job.q + (size_t(i0 + i) * hq + h * g + jj) * d, d, q_rows.data() + (size_t(i) * g + jj) * d);
     const int np = int(pieces.size());
     const int p_begin = int(int64_t(np) * split / splits), p_end = int(int64_t(np) * (split + 1) / splits);
     SoftmaxState& st = states[size_t(item)];
@@ -191,19 +215,29 @@ void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, 
                   cache.config().attn_window_of(layer), st, scratch);
   });
 
-  for (int item = 0; item < base_items; ++item) {
-    SoftmaxState& st = states[size_t(item) * splits];
-    for (int sp = 1; sp < splits; ++sp) st.merge(states[size_t(item) * splits + sp], d);
-    const int tile = item / n_kv, h = item % n_kv;
-    const int i0 = tile * tile_q, nq = std::min(tile_q, n - i0);
-    for (int i = 0; i < nq; ++i)
-      for (int j = 0; j < g; ++j) {
-        const size_t r = size_t(i) * g + j;
-        const float inv = 1.f / st.l[r];
-        float* o = out + (size_t(i0 + i) * hq + h * g + j) * d;
-        for (int c = 0; c < d; ++c) o[c] = st.acc[r * d + c] * inv;
-      }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const AttentionJob& job = jobs[j];
+    const int splits = plan[j].splits;
+    for (int base = 0; base < plan[j].base_items; ++base) {
+      SoftmaxState& st = states[size_t(plan[j].first + int64_t(base) * splits)];
+      for (int sp = 1; sp < splits; ++sp) st.merge(states[size_t(plan[j].first + int64_t(base) * splits + sp)], d);
+      const int tile = base / n_kv, h = base % n_kv;
+      const int i0 = tile * tile_q, nq = std::min(tile_q, job.n - i0);
+      for (int i = 0; i < nq; ++i)
+        for (int jj = 0; jj < g; ++jj) {
+          const size_t r = size_t(i) * g + jj;
+          const float inv = 1.f / st.l[r];
+          float* o = job.out + (size_t(i0 + i) * hq + h * g + jj) * d;
+          for (int c = 0; c < d; ++c) o[c] = st.acc[r * d + c] * inv;
+        }
+    }
   }
+}
+
+void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, const float* q, float* out,
+                     const AttentionShape& shape, ThreadPool& pool) {
+  const AttentionJob job{seq, pos0, n, q, out};
+  cache_attention(cache, std::span<const AttentionJob>(&job, 1), layer, shape, pool);
 }
 
 }  // namespace kvq

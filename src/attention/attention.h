@@ -6,9 +6,11 @@
 //
 // Work is split into items (query tile × kv head × KV split). A tile holds the queries of every query head of
 // the GQA group, so each cached row is read once per tile for the whole group. Decode (one query) splits the
-// KV runs across threads and merges the partial softmax states exactly.
+// KV runs across threads and merges the partial softmax states exactly. The sequences of a batched step go
+// through one loop of all their items: one hand-out and one wait a layer, not one per sequence.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -22,8 +24,21 @@ struct AttentionShape {
   int head_dim;    // d
 };
 
+// The queries of one sequence in a step: positions [pos0, pos0 + n) of sequence seq.
 // q:   [n, n_heads, d] queries, already scaled by 1/sqrt(d) and transformed like the cached keys
 // out: [n, n_heads, d] attention outputs (before any value un-rotation)
+struct AttentionJob {
+  int seq, pos0, n;
+  const float* q;
+  float* out;
+};
+
+// Attention of several sequences' queries at one layer. A job's items and their split of the KV runs depend only on
+// the job and the pool's size, so each sequence's output is the same bits in a batch of any size or alone.
+void cache_attention(const KvCache& cache, std::span<const AttentionJob> jobs, int layer, const AttentionShape& shape,
+                     ThreadPool& pool);
+
+// One sequence's attention: the batch of one job.
 void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, const float* q, float* out,
                      const AttentionShape& shape, ThreadPool& pool);
 

@@ -496,11 +496,10 @@ AttentionFigures bench_attention_one(const BenchAttentionOptions& o, const Cache
   f.bits = cache.footprint(o.ctx).bits_per_element;
   for (int seq : seqs) f.bytes_read += decode_bytes(cache, seq, o.ctx - 1);
   const AttentionShape shape{hq, hk, d};
-  auto step = [&] {
-    for (int b = 0; b < o.batch; ++b)
-      cache_attention(cache, seqs[size_t(b)], 0, o.ctx - 1, 1, q.data() + size_t(b) * hq * d,
-                      out.data() + size_t(b) * hq * d, shape, pool);
-  };
+  std::vector<AttentionJob> jobs;
+  for (int b = 0; b < o.batch; ++b)
+    jobs.push_back({seqs[size_t(b)], o.ctx - 1, 1, q.data() + size_t(b) * hq * d, out.data() + size_t(b) * hq * d});
+  auto step = [&] { cache_attention(cache, jobs, 0, shape, pool); };
   step();  // warm-up
   std::vector<double> ms, cpu;
   uint64_t touch = 0;

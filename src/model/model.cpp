@@ -143,15 +143,23 @@ void Model::forward(KvCache& cache, const std::vector<Segment>& segments, float*
   for (int r = 0; r < n_out; ++r)
     std::copy_n(x_.data() + size_t(out_rows[size_t(r)]) * H, H, sel.data() + size_t(r) * H);
   rms_norm(sel.data(), n_out, H, w_.final_norm, c.rms_eps, h_.data());
+  // Consecutive segments of at most Linear::kGemvRows tokens share the head's passes over its rows (a batched decode
+  // step reads the head once, not once a sequence; each row's logits are the same bits either way).
+  const auto out_rows_of = [&](size_t b) { return all_logits ? spans[b].n : 1; };
+  const auto small = [&](size_t b) { return spans[b].n <= Linear::kGemvRows && head_.reads_rows(); };
   int r0 = 0;
-  for (size_t b = 0; b < spans.size(); ++b) {
-    const int k = all_logits ? spans[b].n : 1;  // this segment's output rows
+  for (size_t b = 0; b < spans.size();) {
+    int k = out_rows_of(b);
+    size_t e = b + 1;
+    if (small(b))
+      for (; e < spans.size() && small(e); ++e) k += out_rows_of(e);
     float* y = logits + size_t(r0) * c.vocab_size;
-    if (spans[b].n <= Linear::kGemvRows && head_.reads_rows())
+    if (small(b))
       head_.apply_rows(h_.data() + size_t(r0) * H, k, y, pool_);
     else
       head_.apply(h_.data() + size_t(r0) * H, k, y, pool_);
     r0 += k;
+    b = e;
   }
   for (int r = 0; r < n_out; ++r)
     for (int v = 0; v < c.vocab_size; ++v)
@@ -201,12 +209,13 @@ void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int 
   for (float& x : q_) x *= scale;
   const TransformExec on_cpu{cache.config().simd, &pool_};
   if (t) t->inputs(l, n, k_.data(), v_.data(), hq, q_.data(), on_cpu);
+  jobs_.clear();
   for (const Span& s : spans) {
     cache.observe_queries(s.seq, l, s.pos0, s.n, q_at(s), hq);  // the evict policy's observation window (else nothing)
     cache.append(s.seq, l, s.pos0, s.n, k_at(s), v_at(s));
-    cache_attention(cache, s.seq, l, s.pos0, s.n, q_at(s), att_.data() + size_t(s.row0) * hq * d,
-                    AttentionShape{hq, hk, d}, pool_);
+    jobs_.push_back({s.seq, s.pos0, s.n, q_at(s), att_.data() + size_t(s.row0) * hq * d});
   }
+  cache_attention(cache, jobs_, l, AttentionShape{hq, hk, d}, pool_);
   if (t) t->outputs(l, n, hq, att_.data(), on_cpu);
 
   linear(folded ? folded->o : ll.o, att_.data(), h_.data());
