@@ -115,10 +115,31 @@ struct IAvx2 {
     return u;
   }
   static Acc zero() { return _mm256_setzero_si256(); }
+  static Unit no_unit() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
   static Acc dot(Acc acc, const Unit& x, const int16_t* q) {
     const __m256i a = _mm256_madd_epi16(x.lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
     const __m256i b = _mm256_madd_epi16(x.hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
     return _mm256_add_epi32(acc, _mm256_add_epi32(a, b));
+  }
+  static Acc madd(Acc acc, Acc x, Acc w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(x, w)); }
+  static Acc bcast32(int32_t v) { return _mm256_set1_epi32(v); }
+  // unpacklo / unpackhi of two tokens' halves, per 128-bit lane (lane 0 channels 0-7, lane 1 channels 8-15):
+  // out[0] = channels {0-3 | 8-11}, out[1] = {4-7 | 12-15}, out[2], out[3] the same for channels 16-31.
+  static constexpr int kPairVectors = 4;
+  static void pairs(const Unit& x, const Unit& y, Acc* out) {
+    out[0] = _mm256_unpacklo_epi16(x.lo, y.lo), out[1] = _mm256_unpackhi_epi16(x.lo, y.lo);
+    out[2] = _mm256_unpacklo_epi16(x.hi, y.hi), out[3] = _mm256_unpackhi_epi16(x.hi, y.hi);
+  }
+  static void add_channels(const Acc* sums, float f, float* out) {
+    const __m256 fv = _mm256_set1_ps(f);
+    KVQ_UNROLL
+    for (int h = 0; h < 2; ++h) {  // channels 16h + 0-7: lanes 0 of the pair (sums[2h], sums[2h+1]); 8-15: lanes 1
+      const __m256i c0 = _mm256_permute2x128_si256(sums[2 * h], sums[2 * h + 1], 0x20);
+      const __m256i c1 = _mm256_permute2x128_si256(sums[2 * h], sums[2 * h + 1], 0x31);
+      float* o = out + 16 * h;
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), fv, _mm256_loadu_ps(o)));
+      _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), fv, _mm256_loadu_ps(o + 8)));
+    }
   }
   static __m128i hsum4(const Acc* v) { return hsum4_epi32(v); }
   static float quantize(const float* x, int n, int16_t* out, float& sum) { return quantize_group_i16(x, n, out, sum); }
@@ -149,60 +170,6 @@ struct IAvx2 {
     return step;
   }
 };
-
-// The level's int16 accumulate block (simd_int16_impl.h's accumulate_i16 calls it):
-// acc[i, :] += wstep[i][g] · Σ_t w16[i][g][t] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane: read as
-// uint32, w16[i][g][2·pr .. 2·pr + 1] packs the int16 weights of tokens 2·pr (low) and 2·pr + 1 (high).
-template <RowFormat Fmt, int QB>
-void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16)[kMaxGroups][kTileRows],
-                          const float (*wstep)[kMaxGroups], float* acc) {
-  constexpr int kUB = fmt_unit_bytes<Fmt>();
-  const int d = r.d, upg = r.group / 32;
-  for (int u = 0; u < d / 32; ++u) {
-    const int g = u / upg;
-    // per query: channels {0-3, 8-11} | {4-7, 12-15} of the unit's lo half (unpacklo / unpackhi of two tokens,
-    // per 128-bit lane: lane 0 channels 0-7, lane 1 channels 8-15), the same for its hi half (16-31)
-    __m256i a0[QB], a1[QB], b0[QB], b1[QB];
-    KVQ_UNROLL
-    for (int i = 0; i < QB; ++i)
-      a0[i] = _mm256_setzero_si256(), a1[i] = _mm256_setzero_si256(), b0[i] = _mm256_setzero_si256(),
-      b1[i] = _mm256_setzero_si256();
-    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
-    for (int pr = 0; 2 * pr < nt; ++pr) {
-      prefetch_unit(r, t0 + 2 * pr + kPrefetchTiles * kTileRows, u * kUB);
-      prefetch_unit(r, t0 + 2 * pr + 1 + kPrefetchTiles * kTileRows, u * kUB);
-      __m256i xlo, xhi, ylo = _mm256_setzero_si256(), yhi = _mm256_setzero_si256();
-      unit_i16<Fmt>(codes + size_t(2 * pr) * r.row_stride, xlo, xhi);
-      if (2 * pr + 1 < nt) unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride, ylo, yhi);
-      const __m256i l0 = _mm256_unpacklo_epi16(xlo, ylo), l1 = _mm256_unpackhi_epi16(xlo, ylo);
-      const __m256i h0 = _mm256_unpacklo_epi16(xhi, yhi), h1 = _mm256_unpackhi_epi16(xhi, yhi);
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) {
-        int32_t pair;
-        std::memcpy(&pair, &w16[i][g][2 * pr], 4);
-        const __m256i wv = _mm256_set1_epi32(pair);
-        a0[i] = _mm256_add_epi32(a0[i], _mm256_madd_epi16(l0, wv));
-        a1[i] = _mm256_add_epi32(a1[i], _mm256_madd_epi16(l1, wv));
-        b0[i] = _mm256_add_epi32(b0[i], _mm256_madd_epi16(h0, wv));
-        b1[i] = _mm256_add_epi32(b1[i], _mm256_madd_epi16(h1, wv));
-      }
-    }
-    KVQ_UNROLL
-    for (int i = 0; i < QB; ++i) {
-      const __m256 f = _mm256_set1_ps(wstep[i][g]);
-      float* out = acc + i * d + u * 32;
-      // a0 = [0-3 | 8-11], a1 = [4-7 | 12-15]: channels 0-7 are (a0 lane 0, a1 lane 0), 8-15 the lanes 1
-      const __m256i c0 = _mm256_permute2x128_si256(a0[i], a1[i], 0x20);
-      const __m256i c1 = _mm256_permute2x128_si256(a0[i], a1[i], 0x31);
-      const __m256i c2 = _mm256_permute2x128_si256(b0[i], b1[i], 0x20);
-      const __m256i c3 = _mm256_permute2x128_si256(b0[i], b1[i], 0x31);
-      _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), f, _mm256_loadu_ps(out)));
-      _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), f, _mm256_loadu_ps(out + 8)));
-      _mm256_storeu_ps(out + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c2), f, _mm256_loadu_ps(out + 16)));
-      _mm256_storeu_ps(out + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c3), f, _mm256_loadu_ps(out + 24)));
-    }
-  }
-}
 
 #include "simd/simd_int16_impl.h"
 

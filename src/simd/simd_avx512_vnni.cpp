@@ -95,7 +95,25 @@ struct IVnni {
   template <RowFormat Fmt>
   static Unit unit(const uint8_t* p) { return unit_i16<Fmt>(p); }
   static Acc zero() { return _mm512_setzero_si512(); }
+  static Unit no_unit() { return _mm512_setzero_si512(); }
   static Acc dot(Acc acc, Unit x, const int16_t* q) { return _mm512_dpwssd_epi32(acc, x, _mm512_loadu_si512(q)); }
+  static Acc madd(Acc acc, Acc x, Acc w) { return _mm512_dpwssd_epi32(acc, x, w); }
+  static Acc bcast32(int32_t v) { return _mm512_set1_epi32(v); }
+  // unpacklo / unpackhi of two tokens' codes: channels {0-3, 8-11, 16-19, 24-27} in out[0], {4-7, 12-15, 20-23,
+  // 28-31} in out[1].
+  static constexpr int kPairVectors = 2;
+  static void pairs(Unit x, Unit y, Acc* out) {
+    out[0] = _mm512_unpacklo_epi16(x, y), out[1] = _mm512_unpackhi_epi16(x, y);
+  }
+  static void add_channels(const Acc* sums, float f, float* out) {
+    const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);  // channels 0-15
+    const __m512i idx1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512 fv = _mm512_set1_ps(f);
+    const __m512 c0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(sums[0], idx0, sums[1]));
+    const __m512 c1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(sums[0], idx1, sums[1]));
+    _mm512_storeu_ps(out, _mm512_fmadd_ps(c0, fv, _mm512_loadu_ps(out)));
+    _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(c1, fv, _mm512_loadu_ps(out + 16)));
+  }
   static __m128i hsum4(const Acc* v) { return hsum4_epi32(v); }
   static float quantize(const float* x, int n, int16_t* out, float& sum) { return quantize_group_i16(x, n, out, sum); }
   static void subtract(float* a, int n, float z) {
@@ -118,52 +136,6 @@ struct IVnni {
     return step;
   }
 };
-
-// The level's int16 accumulate block (simd_int16_impl.h's accumulate_i16 calls it):
-// acc[i, :] += wstep[i][g] · Σ_t w16[i][g][t] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane:
-// read as uint32, w16[i][g][2·pr .. 2·pr + 1] packs the int16 weights of tokens 2·pr (low) and 2·pr + 1 (high).
-template <RowFormat Fmt, int QB>
-void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16)[kMaxGroups][kTileRows],
-                          const float (*wstep)[kMaxGroups], float* acc) {
-  constexpr int kUB = fmt_unit_bytes<Fmt>();
-  const int d = r.d, upg = r.group / 32;
-  // unpacklo/hi_epi16 of two tokens' codes put channels {0-3, 8-11, 16-19, 24-27} in `lo` and
-  // {4-7, 12-15, 20-23, 28-31} in `hi`; these indices restore channel order (0-15, then 16-31).
-  const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i idx1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int u = 0; u < d / 32; ++u) {
-    const int g = u / upg;
-    __m512i lo[QB], hi[QB];
-    KVQ_UNROLL
-    for (int i = 0; i < QB; ++i) lo[i] = _mm512_setzero_si512(), hi[i] = _mm512_setzero_si512();
-    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
-    for (int pr = 0; 2 * pr < nt; ++pr) {
-      prefetch_unit(r, t0 + 2 * pr + kPrefetchTiles * kTileRows, u * kUB);
-      prefetch_unit(r, t0 + 2 * pr + 1 + kPrefetchTiles * kTileRows, u * kUB);
-      const __m512i a = unit_i16<Fmt>(codes + size_t(2 * pr) * r.row_stride);
-      const __m512i b =
-          2 * pr + 1 < nt ? unit_i16<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride) : _mm512_setzero_si512();
-      const __m512i il = _mm512_unpacklo_epi16(a, b), ih = _mm512_unpackhi_epi16(a, b);
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i) {
-        int32_t pair;
-        std::memcpy(&pair, &w16[i][g][2 * pr], 4);
-        const __m512i wv = _mm512_set1_epi32(pair);
-        lo[i] = _mm512_dpwssd_epi32(lo[i], il, wv);
-        hi[i] = _mm512_dpwssd_epi32(hi[i], ih, wv);
-      }
-    }
-    KVQ_UNROLL
-    for (int i = 0; i < QB; ++i) {
-      const __m512 f = _mm512_set1_ps(wstep[i][g]);
-      float* out = acc + i * d + u * 32;
-      const __m512 c0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo[i], idx0, hi[i]));
-      const __m512 c1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo[i], idx1, hi[i]));
-      _mm512_storeu_ps(out, _mm512_fmadd_ps(c0, f, _mm512_loadu_ps(out)));
-      _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(c1, f, _mm512_loadu_ps(out + 16)));
-    }
-  }
-}
 
 #include "simd/simd_int16_impl.h"
 

@@ -1,8 +1,12 @@
 // The int16 row kernels of the int formats (every int row but int2 at G = d, which the plane kernels take), written
 // once over an integer traits type I; included inside the anonymous namespace of simd_avx2_int.cpp and
-// simd_avx512_vnni.cpp, after their target pragma, their traits and their accumulate_block_i16<Fmt, QB>. I provides:
-//   Unit, unit<Fmt>(p)         the 32 codes of one packed unit, widened to int16
+// simd_avx512_vnni.cpp, after their target pragma and their traits. I provides:
+//   Unit, unit<Fmt>(p), no_unit()  the 32 codes of one packed unit, widened to int16 (no_unit: all zero)
 //   Acc, zero(), dot(a, x, q)  int32 lanes; a + Σ pairs of x · q[0 .. 32) (vpmaddwd + add, or vpdpwssd)
+//   madd(a, x, w)              a + Σ pairs of int16 lanes x · w (the same instruction on two vectors)
+//   kPairVectors, pairs(x, y, out)  two tokens' units interleaved into kPairVectors vectors, each int32 lane one
+//                              channel's (code of x, code of y)
+//   add_channels(sums, f, out) out[0 .. 32) += f · the kPairVectors vectors' int32 sums, put back in channel order
 //   hsum4(const Acc*)          [Σ a0, Σ a1, Σ a2, Σ a3]
 //   quantize(x, n, out, sum)   x rounded to int16 with step max|x| / 32767; returns the step, sum = Σx
 //   tile_weights(pt, sc, zr, w16, zdot)  w = pt · sc of one 32-token tile (pt 64-byte aligned) rounded the same way
@@ -92,9 +96,48 @@ void scores_i16(const RowsView& r, const float* q, int n_q, float* s, size_t s_s
 }
 
 // ---- int16 accumulate ----
-// Per 32-token tile: the weights w = p · scale rounded to int16 per query and group, then the level's
-// accumulate_block_i16 (acc += wstep · Σ_t w16_t · code_t); the zero term Σ_t w_t · zero_t, with the same rounded
-// weights, is subtracted once per call.
+// acc[i, :] += wstep[i][g] · Σ_t w16[i][g][t] · code_t over rows [t0, t0 + nt). Two tokens per int32 lane: read as
+// uint32, w16[i][g][2·pr .. 2·pr + 1] packs the int16 weights of tokens 2·pr (low) and 2·pr + 1 (high), multiplied
+// with each channel's pair of codes.
+template <class I, RowFormat Fmt, int QB>
+void accumulate_block_i16(const RowsView& r, int t0, int nt, const int16_t (*w16)[kMaxGroups][kTileRows],
+                          const float (*wstep)[kMaxGroups], float* acc) {
+  using Acc = typename I::Acc;
+  constexpr int kUB = fmt_unit_bytes<Fmt>(), kP = I::kPairVectors;
+  const int d = r.d, upg = r.group / 32;
+  for (int u = 0; u < d / 32; ++u) {
+    const int g = u / upg;
+    Acc sums[QB][kP];
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i)
+      KVQ_UNROLL
+      for (int k = 0; k < kP; ++k) sums[i][k] = I::zero();
+    const uint8_t* codes = r.rows + size_t(t0) * r.row_stride + r.codes_offset + u * kUB;
+    for (int pr = 0; 2 * pr < nt; ++pr) {
+      prefetch_unit(r, t0 + 2 * pr + kPrefetchTiles * kTileRows, u * kUB);
+      prefetch_unit(r, t0 + 2 * pr + 1 + kPrefetchTiles * kTileRows, u * kUB);
+      const typename I::Unit x = I::template unit<Fmt>(codes + size_t(2 * pr) * r.row_stride);
+      const typename I::Unit y =
+          2 * pr + 1 < nt ? I::template unit<Fmt>(codes + size_t(2 * pr + 1) * r.row_stride) : I::no_unit();
+      Acc xy[kP];
+      I::pairs(x, y, xy);
+      KVQ_UNROLL
+      for (int i = 0; i < QB; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, &w16[i][g][2 * pr], 4);
+        const Acc wv = I::bcast32(pair);
+        KVQ_UNROLL
+        for (int k = 0; k < kP; ++k) sums[i][k] = I::madd(sums[i][k], xy[k], wv);
+      }
+    }
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) I::add_channels(sums[i], wstep[i][g], acc + i * d + u * 32);
+  }
+}
+
+// Per 32-token tile: the weights w = p · scale rounded to int16 per query and group, then accumulate_block_i16
+// (acc += wstep · Σ_t w16_t · code_t); the zero term Σ_t w_t · zero_t, with the same rounded weights, is subtracted
+// once per call.
 template <class I, RowFormat Fmt>
 void accumulate_i16(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
   const int d = r.d, ng = d / r.group;
@@ -130,7 +173,7 @@ void accumulate_i16(const RowsView& r, const float* p, size_t p_stride, int n_q,
         }
       }
       for_query_blocks(nc, I::kAccQB, [&]<int QB>(int i0) {
-        accumulate_block_i16<Fmt, QB>(r, t0, nt, w16 + i0, wstep + i0, acc + size_t(c0 + i0) * d);
+        accumulate_block_i16<I, Fmt, QB>(r, t0, nt, w16 + i0, wstep + i0, acc + size_t(c0 + i0) * d);
       });
     }
     if (r.grouped)  // once per call (per cache page in attention)
