@@ -4,6 +4,7 @@
 //   - scores of int2 rows of one group (G = d, d a multiple of 128: the default cache): the query rounded to int8 with
 //     step max|q| / 127 and multiplied with bit planes of the packed codes by vpmaddubsw (u8 code × s8 query, pairs
 //     summed into int16: at most 2·3·127 per lane, so four planes add up in int16), then widened by vpmaddwd with ones;
+//     the value side multiplies two tokens' codes of a channel with their int8 weights the same way;
 //   - every other int row: the query (scores) and the weights w = p·scale (accumulate, per 32-token tile) rounded to
 //     int16 with step max|x| / 32767, the codes widened to int16, vpmaddwd into int32 lanes.
 // Scale and zero are applied once per group (scores) or once per tile (accumulate), and the zero term uses the same
@@ -288,93 +289,80 @@ void scores_int2(const RowsView& r, const float* q, int n_q, float* s, size_t s_
     scores_i16<IAvx2, RowFormat::kInt2>(r, q, n_q, s, s_stride);
 }
 
-// ---- int2 accumulate with one group of 128 per row: int8 weights, vpmaddubsw on bit planes of 4 tokens ----
+// ---- int2 accumulate with one group of 128 per row: int8 weights, vpmaddubsw on bit planes of 2 tokens ----
 // w = p · scale per token is rounded to int8 with one step per query and call (max|w| / 127); the zero term
-// Σ_t w8_t · zero_t is subtracted once per call. Four consecutive rows t..t+3 (36 bytes each: GroupParams + 32 code
-// bytes) are gathered by byte unpacks so that a dword holds code byte m of the four rows [t, t+1, t+2, t+3]; the
-// dwords of byte m = 16L + 4j + e sit in lane L, dword e of gathered vector d_j (j = 0..3). Plane k of a dword holds
-// the four tokens' codes of channel 32u + i + 8k (m = 8u + i); vpmaddubsw with the tokens' int8 weights [w_t .. w_t+3]
-// in every dword leaves two int16 sums per dword (each <= 2·3·127), added in int16 over up to kFlushGroups groups of
-// four rows, then widened with vpmaddwd(ones) into one int32 per channel.
+// Σ_t w8_t · zero_t is subtracted once per call. Rows are 36 bytes (GroupParams + 32 code bytes); byte m of a row
+// holds the codes of channels 32(m / 8) + m % 8 + 8k in bits 2k. For plane k of two rows t, t+1, unpacklo / unpackhi
+// of their planes' bytes pair the two tokens' codes of one channel in each int16 lane, and vpmaddubsw with the
+// tokens' int8 weights [w_t, w_t+1] in every lane leaves c_t·w_t + c_t+1·w_t+1 (<= 2·3·127) per channel:
+//   lo, 128-bit lane 0: channels 8k + 0..7, lane 1: 64 + 8k + 0..7; hi: 32 + 8k + 0..7 and 96 + 8k + 0..7.
+// Each plane's sums stay in int16 for kFlushPairs pairs of rows, then widen into int32 channel sums. The pairs' weights
+// are laid out as whole vectors beforehand, so the multiply reads them as its memory operand.
 constexpr int kAccPlaneRows = 4 + 32;  // bytes of one row this kernel reads (G = d = 128)
-constexpr int kFlushGroups = 32;       // groups of 4 rows summed in int16 between widenings: 32 · 2 · 762 < 32767
+constexpr int kFlushPairs = 32;        // pairs of rows summed in int16 between widenings: 32 · 762 < 32767
+constexpr int kMaxPlaneRows = 512;     // rows per pass (weights on the stack)
 
-// The channel of int32 lane (j, k, lane L, dword e) of the widened sums: m = 16L + 4j + e, channel 32(m / 8) + m % 8
-// + 8k.
-inline int plane_channel(int j, int k, int lane, int e) {
-  const int m = 16 * lane + 4 * j + e;
-  return 32 * (m / 8) + m % 8 + 8 * k;
+// dst[0 .. 8) += the 8 int16 sums of v, widened.
+inline void widen_into(int32_t* dst, __m128i v) {
+  __m256i* d = reinterpret_cast<__m256i*>(dst);
+  _mm256_storeu_si256(d, _mm256_add_epi32(_mm256_loadu_si256(d), _mm256_cvtepi16_epi32(v)));
 }
 
-// Rows of `part` for QB <= 2 queries: acc32[i][j][k] (8 int32 lanes each) += Σ_t w8[i][t] · plane k of d_j.
-template <int QB>
-void accumulate_planes_block(const RowsView& r, const int8_t* const* w8, int32_t (*acc32)[4][4][8]) {
-  const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
-  const int n4 = (r.n_rows + 3) / 4;
-  alignas(32) uint8_t tail[4 * kAccPlaneRows + 32] = {};  // the last, partial group of 4 rows, zero-padded
-  if (r.n_rows % 4)
-    std::memcpy(tail, r.rows + size_t(n4 - 1) * 4 * kAccPlaneRows, size_t(r.n_rows % 4) * kAccPlaneRows);
-  for (int j = 0; j < 4; ++j) {
-    __m256i a16[QB][4];
-    int flushed = 0;
-    auto flush = [&] {
-      KVQ_UNROLL
-      for (int i = 0; i < QB; ++i)
-        KVQ_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          __m256i* dst = reinterpret_cast<__m256i*>(acc32[i][j][k]);
-          _mm256_storeu_si256(dst, _mm256_add_epi32(_mm256_loadu_si256(dst), _mm256_madd_epi16(a16[i][k], ones)));
-          a16[i][k] = _mm256_setzero_si256();
-        }
-    };
+// acc32[i][c] (int32, channel order) += Σ_t w8_t · code_t,c over plane K of the pass's rows, for QB <= 4 queries.
+// wpair[i][pr]: the int16 lane (w8 of row 2pr, w8 of row 2pr + 1) repeated over a vector. An odd last row is paired
+// with zero codes (its partner's weight is 0 too).
+template <int QB, int K>
+void accumulate_plane(const RowsView& r, const __m256i (*wpair)[kMaxPlaneRows / 2], int32_t (*acc32)[128]) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const int n_pairs = (r.n_rows + 1) / 2;
+  const uint8_t* codes = r.rows + 4;
+  for (int p0 = 0; p0 < n_pairs; p0 += kFlushPairs) {
+    const int p1 = std::min(n_pairs, p0 + kFlushPairs);
+    __m256i lo[QB], hi[QB];
     KVQ_UNROLL
-    for (int i = 0; i < QB; ++i)
-      KVQ_UNROLL
-      for (int k = 0; k < 4; ++k) a16[i][k] = _mm256_setzero_si256();
-    for (int g4 = 0; g4 < n4; ++g4) {
-      const bool full = 4 * g4 + 4 <= r.n_rows;
-      const uint8_t* base = (full ? r.rows + size_t(g4) * 4 * kAccPlaneRows : tail) + 4;
-      const auto row = [&](int t) {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + t * kAccPlaneRows));
-      };
-      // j = 0, 1 take the low 8 bytes of each 16-byte half, j = 2, 3 the high ones; j odd the upper dword pairs
-      const __m256i r01 = j < 2 ? _mm256_unpacklo_epi8(row(0), row(1)) : _mm256_unpackhi_epi8(row(0), row(1));
-      const __m256i r23 = j < 2 ? _mm256_unpacklo_epi8(row(2), row(3)) : _mm256_unpackhi_epi8(row(2), row(3));
-      const __m256i x = j % 2 == 0 ? _mm256_unpacklo_epi16(r01, r23) : _mm256_unpackhi_epi16(r01, r23);
-      const __m256i pl[4] = {_mm256_and_si256(x, m3), _mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
-                             _mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
-                             _mm256_and_si256(_mm256_srli_epi16(x, 6), m3)};
+    for (int i = 0; i < QB; ++i) lo[i] = _mm256_setzero_si256(), hi[i] = _mm256_setzero_si256();
+    for (int pr = p0; pr < p1; ++pr) {
+      const uint8_t* a = codes + size_t(2 * pr) * kAccPlaneRows;
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+      const __m256i xb = 2 * pr + 1 < r.n_rows
+                             ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + kAccPlaneRows))
+                             : _mm256_setzero_si256();
+      const __m256i pa = _mm256_and_si256(_mm256_srli_epi16(xa, 2 * K), m3);
+      const __m256i pb = _mm256_and_si256(_mm256_srli_epi16(xb, 2 * K), m3);
+      const __m256i ul = _mm256_unpacklo_epi8(pa, pb), uh = _mm256_unpackhi_epi8(pa, pb);
       KVQ_UNROLL
       for (int i = 0; i < QB; ++i) {
-        int32_t wq;
-        std::memcpy(&wq, w8[i] + 4 * g4, 4);
-        const __m256i wv = _mm256_set1_epi32(wq);
-        KVQ_UNROLL
-        for (int k = 0; k < 4; ++k) a16[i][k] = _mm256_add_epi16(a16[i][k], _mm256_maddubs_epi16(pl[k], wv));
+        lo[i] = _mm256_add_epi16(lo[i], _mm256_maddubs_epi16(ul, wpair[i][pr]));
+        hi[i] = _mm256_add_epi16(hi[i], _mm256_maddubs_epi16(uh, wpair[i][pr]));
       }
-      if (++flushed == kFlushGroups) flush(), flushed = 0;
     }
-    if (flushed) flush();
+    KVQ_UNROLL
+    for (int i = 0; i < QB; ++i) {  // lo: channels 8K | 64 + 8K, hi: 32 + 8K | 96 + 8K (8 each)
+      widen_into(acc32[i] + 8 * K, _mm256_castsi256_si128(lo[i]));
+      widen_into(acc32[i] + 64 + 8 * K, _mm256_extracti128_si256(lo[i], 1));
+      widen_into(acc32[i] + 32 + 8 * K, _mm256_castsi256_si128(hi[i]));
+      widen_into(acc32[i] + 96 + 8 * K, _mm256_extracti128_si256(hi[i], 1));
+    }
   }
 }
 
+template <int QB>
+void accumulate_planes_block(const RowsView& r, const __m256i (*wpair)[kMaxPlaneRows / 2], int32_t (*acc32)[128]) {
+  accumulate_plane<QB, 0>(r, wpair, acc32);
+  accumulate_plane<QB, 1>(r, wpair, acc32);
+  accumulate_plane<QB, 2>(r, wpair, acc32);
+  accumulate_plane<QB, 3>(r, wpair, acc32);
+}
+
 void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
-  constexpr int kMaxRows = 512;  // rows per pass (weights on the stack)
-  alignas(32) float sc[kMaxRows + 8], zr[kMaxRows + 8];
-  alignas(32) int8_t w8[kChunkQ][kMaxRows + 16];  // zero-padded to a multiple of 16
-  alignas(32) int32_t acc32[kChunkQ][4][4][8];
-  static const std::array<int, 128> kChannel = [] {  // int32 lane x of acc32[i] -> its channel
-    std::array<int, 128> c{};
-    for (int j = 0; j < 4; ++j)
-      for (int k = 0; k < 4; ++k)
-        for (int l = 0; l < 2; ++l)
-          for (int e = 0; e < 4; ++e) c[size_t(32 * j + 8 * k + 4 * l + e)] = plane_channel(j, k, l, e);
-    return c;
-  }();
-  for (int r0 = 0; r0 < r.n_rows; r0 += kMaxRows) {
+  alignas(32) float sc[kMaxPlaneRows + 8], zr[kMaxPlaneRows + 8];
+  alignas(32) int8_t w8[kMaxPlaneRows + 16];
+  alignas(32) __m256i wpair[4][kMaxPlaneRows / 2];
+  alignas(32) int32_t acc32[4][128];
+  for (int r0 = 0; r0 < r.n_rows; r0 += kMaxPlaneRows) {
     RowsView part = r;
     part.rows = r.rows + size_t(r0) * r.row_stride;
-    part.n_rows = r.n_rows - r0 < kMaxRows ? r.n_rows - r0 : kMaxRows;
+    part.n_rows = r.n_rows - r0 < kMaxPlaneRows ? r.n_rows - r0 : kMaxPlaneRows;
     const int n = part.n_rows, n8 = (n + 7) / 8 * 8;
     // The rows' first touch (the V rows stream from DRAM): prefetch every line of the pass ahead of the loads.
     for (size_t b = 0; b < size_t(n) * r.row_stride; b += 64) __builtin_prefetch(part.rows + b);
@@ -383,13 +371,13 @@ void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, 
       sc[t] = _cvtsh_ss(gp.scale), zr[t] = _cvtsh_ss(gp.zero);
     }
     for (int t = n; t < n8; ++t) sc[t] = 0.f, zr[t] = 0.f;
-    for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
-      const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
-      float step[kChunkQ];
-      const int8_t* wp[kChunkQ];
+    for (int c0 = 0; c0 < n_q; c0 += 4) {
+      const int nc = n_q - c0 < 4 ? n_q - c0 : 4;
+      float step[4];
       for (int i = 0; i < nc; ++i) {
-        alignas(32) float pt[kMaxRows + 8] = {};
+        alignas(32) float pt[kMaxPlaneRows + 8];
         std::memcpy(pt, p + size_t(c0 + i) * p_stride + r0, sizeof(float) * size_t(n));
+        std::fill(pt + n, pt + n8, 0.f);
         __m256 m = _mm256_setzero_ps();
         for (int t = 0; t < n8; t += 8)
           m = _mm256_max_ps(m, abs_ps(_mm256_mul_ps(_mm256_load_ps(pt + t), _mm256_load_ps(sc + t))));
@@ -402,27 +390,32 @@ void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, 
           const __m256 w = _mm256_mul_ps(_mm256_load_ps(pt + t), _mm256_load_ps(sc + t));
           const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(w, inv));
           const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-          _mm_storel_epi64(reinterpret_cast<__m128i*>(w8[i] + t), _mm_packs_epi16(h, h));
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(w8 + t), _mm_packs_epi16(h, h));
           zs = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_load_ps(zr + t), zs);
         }
-        std::memset(w8[i] + n8, 0, 16);
-        wp[i] = w8[i];
+        for (int pr = 0; 2 * pr < n; ++pr) {
+          int16_t two;
+          std::memcpy(&two, w8 + 2 * pr, 2);  // w8 of rows 2pr (low byte), 2pr + 1 (high; 0 past n)
+          wpair[i][pr] = _mm256_set1_epi16(two);
+        }
         const __m256 z = _mm256_set1_ps(hsum_ps(zs) * step[i]);
         float* a = acc + size_t(c0 + i) * r.d;
         for (int c = 0; c < r.d; c += 8) _mm256_storeu_ps(a + c, _mm256_sub_ps(_mm256_loadu_ps(a + c), z));
       }
       std::memset(acc32, 0, sizeof(acc32[0]) * size_t(nc));
-      for (int i0 = 0; i0 < nc; i0 += 2) {
-        if (nc - i0 >= 2)
-          accumulate_planes_block<2>(part, wp + i0, acc32 + i0);
-        else
-          accumulate_planes_block<1>(part, wp + i0, acc32 + i0);
+      switch (nc) {
+        case 4: accumulate_planes_block<4>(part, wpair, acc32); break;
+        case 3: accumulate_planes_block<3>(part, wpair, acc32); break;
+        case 2: accumulate_planes_block<2>(part, wpair, acc32); break;
+        default: accumulate_planes_block<1>(part, wpair, acc32); break;
       }
       for (int i = 0; i < nc; ++i) {  // this pass's integer sums, at its step, into each channel
-        const float f = step[i];
-        const int32_t* v = &acc32[i][0][0][0];
+        const __m256 f = _mm256_set1_ps(step[i]);
         float* a = acc + size_t(c0 + i) * r.d;
-        for (int x = 0; x < 128; ++x) a[kChannel[size_t(x)]] += f * float(v[x]);
+        for (int c = 0; c < 128; c += 8)
+          _mm256_storeu_ps(a + c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(
+                                                      reinterpret_cast<const __m256i*>(acc32[i] + c))),
+                                                  f, _mm256_loadu_ps(a + c)));
       }
     }
   }
