@@ -13,7 +13,6 @@
 // the VNNI level rounds the same way; tests/test_cache_attention.cpp measures its cost on models/ref).
 // Compiled for its target by the pragma below; called only when simd_level_supported(kAvx2).
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 
