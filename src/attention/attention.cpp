@@ -177,7 +177,8 @@ void cache_attention(const KvCache& cache, std::span<const AttentionJob> jobs, i
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int n_tiles = (jobs[j].n + tile_q - 1) / tile_q;
     const int base_items = n_tiles * n_kv;
-    const int splits = pool.size() == 1 || base_items >= want ? 1 : (want + base_items - 1) / base_items;
+    const int splits =
+        pool.size() == 1 || base_items == 0 || base_items >= want ? 1 : (want + base_items - 1) / base_items;
     plan[j] = {base_items, splits, total};
     total += plan[j].items();
   }
