@@ -220,8 +220,9 @@ void cache_attention(const KvCache& cache, std::span<const AttentionJob> jobs, i
     const AttentionJob& job = jobs[j];
     const int splits = plan[j].splits;
     for (int base = 0; base < plan[j].base_items; ++base) {
-      SoftmaxState& st = states[size_t(plan[j].first + int64_t(base) * splits)];
-      for (int sp = 1; sp < splits; ++sp) st.merge(states[size_t(plan[j].first + int64_t(base) * splits + sp)], d);
+      const size_t first = size_t(plan[j].first + int64_t(base) * splits);  // the pair's splits: first, first + 1, ..
+      SoftmaxState& st = states[first];
+      for (int sp = 1; sp < splits; ++sp) st.merge(states[first + size_t(sp)], d);
       const int tile = base / n_kv, h = base % n_kv;
       const int i0 = tile * tile_q, nq = std::min(tile_q, job.n - i0);
       for (int i = 0; i < nq; ++i)

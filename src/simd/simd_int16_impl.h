@@ -4,6 +4,7 @@
 //   Unit, unit<Fmt>(p), no_unit()  the 32 codes of one packed unit, widened to int16 (no_unit: all zero)
 //   Acc, zero(), dot(a, x, q)  int32 lanes; a + Σ pairs of x · q[0 .. 32) (vpmaddwd + add, or vpdpwssd)
 //   madd(a, x, w)              a + Σ pairs of int16 lanes x · w (the same instruction on two vectors)
+//   bcast32(v)                 v in every int32 lane (a pair of int16 weights)
 //   kPairVectors, pairs(x, y, out)  two tokens' units interleaved into kPairVectors vectors, each int32 lane one
 //                              channel's (code of x, code of y)
 //   add_channels(sums, f, out) out[0 .. 32) += f · the kPairVectors vectors' int32 sums, put back in channel order
