@@ -158,6 +158,7 @@ expect_error "calibrate: dummy weights" calibrate -m $M --data data/calib/linux.
 expect_error "run: dummy weights" run -m $S -p hi -n 1 --dummy-weights
 expect_error "bench decode: a shape config without --dummy-weights" bench decode -m $S -c 64
 expect_error "bench decode: a rotation file with dummy weights" bench decode -m $M -c 64 --dummy-weights --rotation tests/golden/golden.safetensors
+expect_error "run: --rotation random (bench decode's timing stand-in)" run -m $M -p hi -n 1 --rotation random
 expect_error "bench decode: a bad --seqs" bench decode -m $M -c 64 --seqs many
 expect_error "bench decode: --seqs 0" bench decode -m $M -c 64 --seqs 0
 expect_error "bench decode: --vs-bf16 of a bf16 cache" bench decode -m $M -c 64 --vs-bf16

@@ -142,6 +142,44 @@ TEST(RotationFile, HadamardTransformIsOrthogonalAndSymmetric) {
   EXPECT_EQ(t.r_v, t.r_k);
 }
 
+// bench decode's --rotation random: orthogonal R_K and R_V per (layer, kv head) and key means, the same for the same
+// seed, and what a rotation file holds (it saves and loads as one).
+TEST(RotationFile, RandomRotationTransformIsOrthogonalSeededAndShapedLikeAFile) {
+  const int L = 2, H = 3, d = 64;
+  const KvTransform t = random_rotation_transform(L, H, d, 5);
+  ASSERT_EQ(t.r_k.size(), size_t(L * H * d * d));
+  ASSERT_EQ(t.r_v.size(), t.r_k.size());
+  ASSERT_EQ(t.key_mean.size(), size_t(L * H * d));
+  EXPECT_EQ(t.k_hadamard, 0);
+  EXPECT_EQ(t.v_hadamard, 0);
+  EXPECT_EQ(t.name, "random (timing only)");
+  for (const std::vector<float>* r : {&t.r_k, &t.r_v})
+    for (int m = 0; m < L * H; ++m) {
+      const float* R = r->data() + size_t(m) * d * d;
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < d; ++j) {
+          double dot = 0;
+          for (int c = 0; c < d; ++c) dot += double(R[i * d + c]) * R[j * d + c];
+          ASSERT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-6) << "matrix " << m << " rows " << i << ", " << j;
+        }
+    }
+  EXPECT_NE(std::vector<float>(t.r_k.begin(), t.r_k.begin() + d * d),
+            std::vector<float>(t.r_k.begin() + d * d, t.r_k.begin() + 2 * d * d));
+  EXPECT_NE(t.key_mean, std::vector<float>(t.key_mean.size(), 0.f));
+  const KvTransform again = random_rotation_transform(L, H, d, 5), other = random_rotation_transform(L, H, d, 6);
+  EXPECT_EQ(again.r_k, t.r_k);
+  EXPECT_EQ(again.r_v, t.r_v);
+  EXPECT_EQ(again.key_mean, t.key_mean);
+  EXPECT_NE(other.r_k, t.r_k);
+  // what a rotation file holds: it saves and loads as one
+  const std::string path = tmp_path("random.safetensors");
+  save_rotation_file(path, t, optr_meta());
+  const RotationFile f = load_rotation_file(path);
+  EXPECT_EQ(f.transform.r_k, t.r_k);
+  EXPECT_EQ(f.transform.key_mean, t.key_mean);
+  std::filesystem::remove(path);
+}
+
 // The transform's rotations equal the plain loop they must match bit for bit (and the GPU's append kernel does
 // too): x · R and x · R^T, each column a double sum over a = 0 .. d-1 in order, rounded to float once. At every SIMD
 // level this machine runs, on one thread and spread over a pool: head_dim 64 .. 512 take the vector kernels, 40 the

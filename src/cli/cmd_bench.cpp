@@ -591,6 +591,11 @@ void add_bench(CLI::App& app) {
   CLI::App* dec = bench->add_subcommand("decode", "prefill and decode tokens/s of a model");
   add_model_options(dec, o->model);
   add_cache_options(dec, o->cache);
+  o->cache.random_rotation = true;
+  dec->get_option("--rotation")
+      ->description("key/value rotation: none, hadamard (QuaRot), a rotation file from kvq calibrate, or random: "
+                    "random orthogonal R_K / R_V and key means in a rotation file's layout (timing only: what a "
+                    "calibrated file costs, on a model with no calibration data)");
   add_device_options(dec, o->model);
   add_fold_values_option(dec, o->model);
   dec->add_option("-c,--ctx-size,--ctx", o->ctx, "tokens to prefill before decoding (a comma-separated list: one "

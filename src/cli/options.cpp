@@ -405,6 +405,10 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
     KVQ_CHECK(is_power_of_two(mc.head_dim), "--rotation hadamard needs a power-of-two head_dim (model has {})",
               mc.head_dim);
     p.cache.transform = std::make_shared<KvTransform>(hadamard_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim));
+  } else if (c.rotation == "random") {
+    KVQ_CHECK(c.random_rotation, "--rotation random is a timing stand-in for a rotation file: kvq bench decode only");
+    p.cache.transform =
+        std::make_shared<KvTransform>(random_rotation_transform(mc.n_layers, mc.n_kv_heads, mc.head_dim, 0));
   } else if (c.rotation != "none") {
     KVQ_CHECK(!m.dummy_weights, "--rotation {}: a rotation file is calibrated for a checkpoint's weights; with "
               "--dummy-weights use none or hadamard", c.rotation);

@@ -37,7 +37,8 @@ struct CacheOptions {
   int page = 128;                                // --kv-page
   int demote_block = 0;                          // --kv-demote-block: CacheConfig::demote_block (0: the codecs' block)
   int chunk = 512;                               // -b: prefill chunk (tokens per forward)
-  std::string rotation = "none";                 // --rotation: none | hadamard | FILE
+  std::string rotation = "none";                 // --rotation: none | hadamard | FILE (bench decode: | random)
+  bool random_rotation = false;                  // whether --rotation random is taken (bench decode: timing only)
   std::string pnmix;                             // --pnmix FILE: the key widths of -ctk pnmix (kvq calibrate
                                                  // --method pnmix), checked against the model by plan()
   std::string attn_rot;                          // --attn-rot: auto | off; "" (not given): auto, or off when the

@@ -1,6 +1,6 @@
 // Decode-faithful attention over the GPU cache, one layer, every row of a step (decode: one row per sequence;
 // prefill: one row per chunk token), in three launches:
-//   1. prepare_queries: q <- (q · scale) R_K per (row, head)            (double accumulation, like the CPU)
+//   1. prepare_queries: q <- (q · scale) R_K per (row, kv head: its g query heads)   (cuda/rotate.cuh: as the CPU)
 //      (the rows of a launch are the step's, or those that AttentionLaunch::row_index names: the decode rows of a
 //      step whose prefill chunks take the prefill kernel, prefill_attention.cu, which shares steps 1 and 3)
 //   2. attention: grid (row, kv head, KV split); the view of the row's query at t, positions [0, t], split into
@@ -31,6 +31,7 @@
 #include "cuda/attention_cuda_core.h"
 #include "cuda/cache_device.cuh"
 #include "cuda/codecs.cuh"
+#include "cuda/rotate.cuh"
 
 namespace kvq::cuda {
 
@@ -38,26 +39,27 @@ int launch_attention_ref(const CacheGeometry& g, const AttentionLaunch& a, void*
 
 namespace {
 
-// Grid (launch row, query head), D threads: thread = channel; the query of step row row_index[row] (row when null).
+// Grid (launch row, kv head), D threads: thread = channel; the queries of the kv head's g query heads in step row
+// row_index[row] (row when null), kQueryPass heads a pass, so that each element of R_K is read once for them.
+constexpr int kQueryPass = 4;
 template <int D>
 __global__ void prepare_queries_kernel(const float* q, const int* row_index, int n_heads, int n_kv, int layer,
-                                       float scale, const float* r_k, float* q_out) {
-  const int row = blockIdx.x, j = blockIdx.y, c = threadIdx.x;
-  const int64_t off = (int64_t(row) * n_heads + j) * D;
+                                       float scale, TransformPtrs t, float* q_out) {
+  const int row = blockIdx.x, head = blockIdx.y, c = threadIdx.x, g = n_heads / n_kv;
   const int in_row = row_index ? row_index[row] : row;
-  const float x = __fmul_rn(q[(int64_t(in_row) * n_heads + j) * D + c], scale);
-  if (!r_k) {
-    q_out[off + c] = x;
-    return;
+  const float* R = t.r_k ? t.r_k + (int64_t(layer) * n_kv + head) * D * D : nullptr;
+  __shared__ double scratch[kQueryPass][D];
+  for (int j0 = head * g; j0 < (head + 1) * g; j0 += kQueryPass) {
+    const int n = min(kQueryPass, (head + 1) * g - j0);
+    float x[kQueryPass];
+#pragma unroll
+    for (int i = 0; i < kQueryPass; ++i)
+      x[i] = i < n ? __fmul_rn(q[(int64_t(in_row) * n_heads + j0 + i) * D + c], scale) : 0.f;
+    if (R) dev::rotate_rows<D>(x, R, t.k_hadamard, scratch);
+#pragma unroll
+    for (int i = 0; i < kQueryPass; ++i)
+      if (i < n) q_out[(int64_t(row) * n_heads + j0 + i) * D + c] = x[i];
   }
-  __shared__ float xs[D];
-  xs[c] = x;
-  __syncthreads();
-  const int g = n_heads / n_kv;
-  const float* R = r_k + (int64_t(layer) * n_kv + j / g) * D * D;
-  double acc = 0.0;
-  for (int a = 0; a < D; ++a) acc = __dadd_rn(acc, __dmul_rn(double(xs[a]), double(R[a * D + c])));
-  q_out[off + c] = float(acc);
 }
 
 // The shards' instances, one function each; the pair's shard answers (attention_cuda_core.h).
@@ -89,9 +91,9 @@ int launch_prepare_queries(const CacheGeometry& g, const AttentionLaunch& a, con
   int e = cudaErrorInvalidValue;  // no instance: refused on the host (gpu_instances.h)
   with_instance(g.instance, g.head_dim, [&](auto, auto dim) {
     constexpr int D = decltype(dim)::value;
-    prepare_queries_kernel<D><<<dim3(unsigned(a.n_rows), unsigned(a.n_heads)), D, 0,
+    prepare_queries_kernel<D><<<dim3(unsigned(a.n_rows), unsigned(g.n_kv)), D, 0,
                                 static_cast<cudaStream_t>(stream)>>>(d_q, a.row_index, a.n_heads, g.n_kv, a.layer,
-                                                                     a.scale, t.r_k, a.q_work);
+                                                                     a.scale, t, a.q_work);
     e = cudaGetLastError();
   });
   return e;

@@ -299,6 +299,8 @@ void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
   m.tptrs.key_mean = put(t.key_mean, rows * m.d, m.mu, "key_mean");
   m.tptrs.r_k = put(t.r_k, rows * m.d * m.d, m.rk, "r_k");
   m.tptrs.r_v = put(t.r_v, rows * m.d * m.d, m.rv, "r_v");
+  m.tptrs.k_hadamard = t.r_k.empty() ? 0 : t.k_hadamard;
+  m.tptrs.v_hadamard = t.r_v.empty() ? 0 : t.v_hadamard;
   check(cudaStreamSynchronize(m.stream), "transform upload");  // the host vectors may go away
 }
 

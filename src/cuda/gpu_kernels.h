@@ -86,6 +86,8 @@ struct TransformPtrs {
   const float* key_mean;  // [n_layers][n_kv][d] or null
   const float* r_k;       // [n_layers][n_kv][d][d] or null
   const float* r_v;       // [n_layers][n_kv][d][d] or null
+  int k_hadamard = 0;     // > 0: r_k is block-diagonal H_n / sqrt(n), n = k_hadamard (KvTransform::k_hadamard)
+  int v_hadamard = 0;     // the same for r_v
 };
 
 // Append: rows of k / v ([rows][n_kv][d] fp32, untransformed) -> centre + rotate -> bf16 sink or ring rows.

@@ -1,5 +1,5 @@
 // Append and demotion kernels of the GPU cache.
-//   append: per (row, kv head, K/V): centre (keys), rotate by R_K / R_V (double accumulation in the CPU's order, so
+//   append: per (row, kv head, K/V): centre (keys), rotate by R_K / R_V (cuda/rotate.cuh: the CPU's operations, so
 //           the rows are bit-identical to kv/transform.cpp), round to bf16 into the sink or the recent ring.
 //   demote: per (position, kv head, K/V), one warp: bf16 ring row -> the codec's encode_row (int rows: the group
 //           quantizer of codecs/group_quant.cpp with the same float operations, no fast math, no contraction;
@@ -16,6 +16,7 @@
 
 #include "cuda/cache_device.cuh"
 #include "cuda/codecs.cuh"
+#include "cuda/rotate.cuh"
 
 namespace kvq::cuda {
 
@@ -27,23 +28,17 @@ __global__ void append_rows_kernel(CacheGeometry g, int layer, const RowDesc* ro
                                    TransformPtrs t) {
   const int row = blockIdx.x, head = blockIdx.y, kv = blockIdx.z, c = threadIdx.x;
   const RowDesc rd = rows[row];
-  __shared__ float xs[D];
   const float* src = (kv ? v : k) + (int64_t(row) * g.n_kv + head) * D;
-  float x = src[c];
+  float x[1] = {src[c]};
   const int64_t lh = int64_t(layer) * g.n_kv + head;
-  if (kv == 0 && t.key_mean) x = __fsub_rn(x, t.key_mean[lh * D + c]);
-  const float* R = kv ? t.r_v : t.r_k;
-  if (R) {
-    xs[c] = x;
-    __syncthreads();
-    const float* Rl = R + lh * D * D;
-    double acc = 0.0;
-    for (int a = 0; a < D; ++a) acc = __dadd_rn(acc, __dmul_rn(double(xs[a]), double(Rl[a * D + c])));
-    x = float(acc);
+  if (kv == 0 && t.key_mean) x[0] = __fsub_rn(x[0], t.key_mean[lh * D + c]);
+  if (const float* R = kv ? t.r_v : t.r_k) {
+    __shared__ double scratch[1][D];
+    dev::rotate_rows<D>(x, R + lh * D * D, kv ? t.v_hadamard : t.k_hadamard, scratch);
   }
   uint16_t* dst = rd.pos < g.sink ? const_cast<uint16_t*>(dev::sink_row<D>(g, rd.seq, layer, kv, head, rd.pos))
                                   : dev::ring_row<D>(g, rd.seq, layer, kv, head, rd.pos);
-  dst[c] = f32_to_bf16(x);
+  dst[c] = f32_to_bf16(x[0]);
 }
 
 // Grid (item, kv head, K/V), one warp: demotes the item's K row (unless K is a key-block codec:

@@ -1,6 +1,8 @@
 #include "rotation/rotation_file.h"
 
 #include <cmath>
+#include <random>
+#include <vector>
 
 #include "codecs/llamacpp/attn_rot.h"
 #include "codecs/registry.h"
@@ -176,6 +178,40 @@ KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim) {
   t.name = std::string(transform_name(CodecTransform::kHadamard));
   t.r_v = t.r_k;
   t.v_hadamard = head_dim;
+  return t;
+}
+
+KvTransform random_rotation_transform(int n_layers, int n_kv_heads, int head_dim, uint64_t seed) {
+  KVQ_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0, "random_rotation_transform: shape ({}, {}, {})", n_layers,
+            n_kv_heads, head_dim);
+  KvTransform t;
+  t.n_layers = n_layers, t.n_kv_heads = n_kv_heads, t.head_dim = head_dim, t.name = "random (timing only)";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const size_t d = size_t(head_dim), mats = size_t(n_layers) * size_t(n_kv_heads);
+  std::vector<double> m(d * d);
+  const auto orthogonal = [&](std::vector<float>& out) {  // rows orthonormalised in order (modified Gram–Schmidt)
+    for (double& x : m) x = normal(rng);
+    for (size_t i = 0; i < d; ++i) {
+      double* r = m.data() + i * d;
+      for (size_t j = 0; j < i; ++j) {
+        const double* o = m.data() + j * d;
+        double dot = 0;
+        for (size_t c = 0; c < d; ++c) dot += r[c] * o[c];
+        for (size_t c = 0; c < d; ++c) r[c] -= dot * o[c];
+      }
+      double norm = 0;
+      for (size_t c = 0; c < d; ++c) norm += r[c] * r[c];
+      for (size_t c = 0; c < d; ++c) r[c] /= std::sqrt(norm);
+    }
+    out.insert(out.end(), m.begin(), m.end());
+  };
+  t.r_k.reserve(mats * d * d), t.r_v.reserve(mats * d * d), t.key_mean.reserve(mats * d);
+  for (size_t i = 0; i < mats; ++i) {
+    orthogonal(t.r_k);
+    orthogonal(t.r_v);
+    for (size_t c = 0; c < d; ++c) t.key_mean.push_back(float(0.1 * normal(rng)));
+  }
   return t;
 }
 

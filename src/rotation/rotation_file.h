@@ -9,6 +9,7 @@
 // Rotations are row-vector convention: a cached key is (k - mu) R_K, a query q R_K; values v R_V, outputs o R_V^T.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,12 @@ KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim);
 // TurboQuant's key transform (METHODS §5.2): R_K = H_d / sqrt(d) for every layer and head, values unrotated (no R_V,
 // no centering); named transform_name(CodecTransform::kHadamardKeys) (codecs/registry.h).
 KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim);
+
+// A timing stand-in for a calibrated rotation file (kvq bench decode --rotation random, where a model of dummy weights
+// has no data to calibrate on): per (layer, kv head) a random orthogonal R_K and R_V (Gram–Schmidt of a Gaussian
+// matrix, in double) and random key means: the structure and cost of an OptR file, none of its fidelity. Named
+// "random (timing only)"; the same matrices for the same seed.
+KvTransform random_rotation_transform(int n_layers, int n_kv_heads, int head_dim, uint64_t seed);
 
 // The transform a cache's codecs imply (the codec table's transform column: implied_transform), or null when they
 // imply none. The Hadamard needs a power-of-two head_dim: otherwise a kvq::Error names the codecs. llama.cpp's
