@@ -333,8 +333,17 @@ std::unique_ptr<Runner> make_runner(ModelSource& model, const ModelOptions& o, c
   if (model.host) return make_runner(*model.host, o, p, max_ctx, max_seqs);
   check_device(o, p.cache, p.model.head_dim);
   KVQ_CHECK(o.device == "cuda", "internal: dummy weights without a host model on --device {}", o.device);
+  CacheConfig cache = p.cache;
+  if (o.fold_values && cache.transform && !cache.transform->r_v.empty()) {
+    // Dummy weights are i.i.d. N(0, σ²): W_V and W_O rotated by orthogonal matrices are another draw of the same
+    // weights, so the fold leaves them as generated and the steps skip the value rotation, as a folded model's do.
+    std::fprintf(stderr, "kvq: value rotation '%s' folded (dummy weights: rotated i.i.d. weights are another draw of "
+                 "them, so they stay as generated): steps skip it (--fold-values off: rotate per step)\n",
+                 cache.transform->name.c_str());
+    cache.transform = without_value_rotation(*cache.transform);
+  }
 #ifdef KVQ_HAVE_CUDA
-  auto g = std::make_unique<cuda::GpuModel>(model.config, cuda::DeviceDummyWeights{model.seed}, p.cache, max_ctx,
+  auto g = std::make_unique<cuda::GpuModel>(model.config, cuda::DeviceDummyWeights{model.seed}, cache, max_ctx,
                                             max_seqs, cuda::parse_gemm_precision(o.gpu_gemm), p.kv_budget_bytes);
   g->set_cuda_graphs(o.cuda_graphs == "on");
   return g;

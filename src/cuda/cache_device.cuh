@@ -158,13 +158,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // out[row_index[row]][j] <- (the exact log-sum-exp merge of the n_slots partials of launch row `row`, query head j)
-// R_V^T (r_v null: no transform), by one warp: lane i takes channels 4i .. 4i + 3, and 4(i + 32) .. for D = 256 (lanes
+// R_V^T (r_vt null: no transform), by one warp: lane i takes channels 4i .. 4i + 3, and 4(i + 32) .. for D = 256 (lanes
 // past D / 4 take none for D < 128). The slots' (max, sum) pairs are read 32 at a time (a slot per lane) and their
 // weights exp(m_s - M) broadcast by shuffles; each lane sums its channels over the slots in slot order, 8 slots' loads
 // in flight (every slot is written, an empty one as m = -inf, acc = 0). The partials are read past L1 (__ldcg): in a
 // fused merge other blocks wrote them. o: D floats of shared memory of the warp (for R_V).
 template <int D>
-__device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, int row, int j, const float* r_v,
+__device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, int row, int j, const float* r_vt,
                                            float* out, float* o) {
   static_assert(D % 4 == 0, "channels in fours");
   constexpr int kChunks = (D / 4 + 31) / 32;  // 4-channel chunks per lane: lane + 32 k
@@ -207,7 +207,7 @@ __device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, i
   float4 r[kChunks];
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) r[k] = make_float4(A[k].x / L, A[k].y / L, A[k].z / L, A[k].w / L);
-  if (!r_v) {  // (out is only 4-byte aligned in general)
+  if (!r_vt) {  // (out is only 4-byte aligned in general)
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
       if (!holds(k)) continue;
@@ -224,14 +224,16 @@ __device__ __forceinline__ void merge_head(const AttentionLaunch& a, int n_kv, i
     dst[0] = r[k].x, dst[1] = r[k].y, dst[2] = r[k].z, dst[3] = r[k].w;
   }
   __syncwarp();
-  // o R_V^T: out[b] = Σ_a o[a] R_V[b][a], double accumulation as kv/transform.cpp; lane takes b = lane + 32k.
-  const float* R = r_v + (int64_t(a.layer) * n_kv + head) * D * D;
+  // o R_V^T: out[b] = Σ_x o[x] R_V[b][x], double accumulation in x order as kv/transform.cpp; lane takes b = lane + 32k
+  // and reads R_V[b][x] as R_V^T[x][b], so that the warp's loads of one x are one run.
+  const float* RT = r_vt + (int64_t(a.layer) * n_kv + head) * D * D;
 #pragma unroll
   for (int k = 0; k < (D + 31) / 32; ++k) {
     const int b = lane + 32 * k;
     if (D % 32 != 0 && b >= D) continue;
     double sum = 0.0;
-    for (int x = 0; x < D; ++x) sum = __dadd_rn(sum, __dmul_rn(double(o[x]), double(R[int64_t(b) * D + x])));
+#pragma unroll 8
+    for (int x = 0; x < D; ++x) sum = __dadd_rn(sum, __dmul_rn(double(o[x]), double(RT[int64_t(x) * D + b])));
     out[off + b] = float(sum);
   }
 }
@@ -252,7 +254,7 @@ __device__ __forceinline__ void merge_if_last(const AttentionLaunch& a, int n_kv
   if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(arrived, 1) == a.n_slots - 1)) return;
   __threadfence();  // every other block's partial, counted before this one's arrival, is read after it
   const int g = a.n_heads / n_kv, warp = threadIdx.x >> 5;
-  for (int h = warp; h < g; h += W) merge_head<D>(a, n_kv, row, head * g + h, a.r_v, a.out, scratch + warp * D);
+  for (int h = warp; h < g; h += W) merge_head<D>(a, n_kv, row, head * g + h, a.r_vt, a.out, scratch + warp * D);
   if (threadIdx.x == 0) *arrived = 0;  // every block of this (row, kv head) has arrived
 }
 

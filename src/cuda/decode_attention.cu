@@ -72,11 +72,11 @@ constexpr auto kShards = shard_table(std::make_integer_sequence<int, kCudaCoreSh
 // Block (row, query heads 4y .. 4y + 3), a warp per head: dev::merge_head.
 constexpr int kMergeWarps = 4;
 template <int D>
-__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(AttentionLaunch a, int n_kv, const float* r_v,
+__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(AttentionLaunch a, int n_kv, const float* r_vt,
                                                                  float* out) {
   __shared__ float o[kMergeWarps][D];
   const int warp = threadIdx.x >> 5, j = blockIdx.y * kMergeWarps + warp;
-  if (j < a.n_heads) dev::merge_head<D>(a, n_kv, blockIdx.x, j, r_v, out, o[warp]);
+  if (j < a.n_heads) dev::merge_head<D>(a, n_kv, blockIdx.x, j, r_vt, out, o[warp]);
 }
 
 }  // namespace
@@ -105,7 +105,7 @@ int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, cons
   int e = cudaErrorInvalidValue;  // no instance: refused on the host (gpu_instances.h)
   with_instance(g.instance, g.head_dim, [&](auto, auto dim) {
     merge_kernel<decltype(dim)::value><<<grid, kMergeWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
-        a, g.n_kv, t.r_v, d_out);
+        a, g.n_kv, t.r_vt, d_out);
     e = cudaGetLastError();
   });
   return e;
@@ -119,7 +119,7 @@ int launch_attention(const CacheGeometry& g, const AttentionLaunch& a_in, const 
   AttentionLaunch a = a_in;
   a.n_slots = a.n_splits + (mma ? a.n_win : 0);
   const bool fused_merge = mma && a.arrivals;  // the tensor-core kernel's last block of each (row, kv head) merges
-  if (fused_merge) a.r_v = t.r_v, a.out = d_out;
+  if (fused_merge) a.r_vt = t.r_vt, a.out = d_out;
   else a.arrivals = nullptr;
   int e = launch_prepare_queries(g, a, t, d_q, stream);
   if (e != cudaSuccess) return e;

@@ -137,7 +137,7 @@ struct GpuKvCache::Impl {
   int n_sms = 0;
   DeviceBuffer pages, sinks, ring, page_table_dev;
   bool table_dirty = false;             // the pool's block tables changed since the last upload
-  DeviceBuffer mu, rk, rv;
+  DeviceBuffer mu, rk, rv, rvt;
   std::unique_ptr<PrefixCache> prefix;  // null: prefix caching off
   TransformPtrs tptrs{};
   DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
@@ -299,6 +299,14 @@ void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
   m.tptrs.key_mean = put(t.key_mean, rows * m.d, m.mu, "key_mean");
   m.tptrs.r_k = put(t.r_k, rows * m.d * m.d, m.rk, "r_k");
   m.tptrs.r_v = put(t.r_v, rows * m.d * m.d, m.rv, "r_v");
+  if (!t.r_v.empty()) {  // R_V^T for the merges' o R_V^T: a lane's column of R_V^T is a run of a row (coalesced)
+    const size_t d = size_t(m.d);
+    std::vector<float> rvt(t.r_v.size());
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t a = 0; a < d; ++a)
+        for (size_t b = 0; b < d; ++b) rvt[(i * d + b) * d + a] = t.r_v[(i * d + a) * d + b];
+    m.tptrs.r_vt = put(rvt, rows * d * d, m.rvt, "r_v");
+  }
   m.tptrs.k_hadamard = t.r_k.empty() ? 0 : t.k_hadamard;
   m.tptrs.v_hadamard = t.r_v.empty() ? 0 : t.v_hadamard;
   check(cudaStreamSynchronize(m.stream), "transform upload");  // the host vectors may go away
@@ -653,7 +661,7 @@ GpuKvCache::StepSignature GpuKvCache::step_signature(int n_heads) {
           p.n_win,         p.n_dec,            p.n_tiles,         p.pf_split,        p.pf_splits,
           m.reference,     m.desc.get(),       m.q_work.get(),    m.part_acc.get(),  m.part_ml.get(),
           m.arrivals.get(),   m.decode_desc.get(), m.decode_index.get(), m.prefill_tiles.get(), m.prefill_index.get(),
-          m.tptrs.key_mean, m.tptrs.r_k,      m.tptrs.r_v};
+          m.tptrs.key_mean, m.tptrs.r_k,      m.tptrs.r_vt};
 }
 
 void GpuKvCache::commit_step() {

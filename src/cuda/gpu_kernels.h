@@ -86,6 +86,7 @@ struct TransformPtrs {
   const float* key_mean;  // [n_layers][n_kv][d] or null
   const float* r_k;       // [n_layers][n_kv][d][d] or null
   const float* r_v;       // [n_layers][n_kv][d][d] or null
+  const float* r_vt;      // R_V transposed, for the merges' o R_V^T (null with r_v)
   int k_hadamard = 0;     // > 0: r_k is block-diagonal H_n / sqrt(n), n = k_hadamard (KvTransform::k_hadamard)
   int v_hadamard = 0;     // the same for r_v
 };
@@ -134,10 +135,10 @@ struct AttentionLaunch {
   float* part_acc;         // [n_rows][n_kv][n_slots][g][d] scratch: unnormalised partial outputs
   float* part_ml;          // [n_rows][n_kv][n_slots][g][2] scratch: partial (max, sum)
   // The merge inside the attention launch (the tensor-core decode path): the last of a (row, kv head)'s n_slots
-  // blocks to finish merges them into out (launch_attention sets r_v and out). arrivals: [n_rows][n_kv] device
+  // blocks to finish merges them into out (launch_attention sets r_vt and out). arrivals: [n_rows][n_kv] device
   // counts of finished blocks, zero between launches (that last block resets its count); null: a merge launch.
   int* arrivals;
-  const float* r_v;
+  const float* r_vt;  // TransformPtrs::r_vt
   float* out;
 };
 static_assert(sizeof(void*) != 8 || sizeof(AttentionLaunch) == 112, "window sits in padding: every kernel's argument "

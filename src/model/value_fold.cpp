@@ -70,6 +70,13 @@ const std::vector<float>& ValueFold::vector(const Weights& w, TensorRole role, i
   return w.vector(role, layer);
 }
 
+std::shared_ptr<const KvTransform> without_value_rotation(const KvTransform& t) {
+  auto rest = std::make_shared<KvTransform>(t);
+  rest->r_v.clear();
+  rest->v_hadamard = 0;
+  return rest;
+}
+
 std::unique_ptr<ValueFold> fold_value_rotation(const Weights& w, const ModelConfig& cfg,
                                                std::shared_ptr<const KvTransform> t, ThreadPool& pool) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -82,10 +89,7 @@ std::unique_ptr<ValueFold> fold_value_rotation(const Weights& w, const ModelConf
             t->name, t->n_layers, t->n_kv_heads, t->head_dim, L, hk, d);
   auto fold = std::make_unique<ValueFold>();
   fold->transform = t;
-  auto rest = std::make_shared<KvTransform>(*t);
-  rest->r_v.clear();
-  rest->v_hadamard = 0;
-  fold->rest = std::move(rest);
+  fold->rest = without_value_rotation(*t);
   fold->layers.resize(size_t(L));
   const int g = hq / hk;  // query heads per kv head
   std::vector<float> out;

@@ -9,7 +9,9 @@
 //
 // Who folds: the commands that serve or time a model with a fixed rotation (run, serve, bench decode; --fold-values
 // off keeps the rotations per step). The fidelity commands (ppl, eval, referee, calibrate) do not: their figures are
-// those of the model's own weights.
+// those of the model's own weights. Device dummy weights (--dummy-weights --device cuda) are not folded but left as
+// generated, the value rotation dropped from the steps all the same: rotated i.i.d. N(0, σ²) weights are another draw
+// of them (cli/options.cpp: make_runner).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,9 @@ struct ValueFold {
 
   std::vector<std::unique_ptr<uint8_t[]>> owned;  // the folded matrices' bytes
 };
+
+// t without its value rotation (r_v, v_hadamard): what a step still applies once the value rotation is folded.
+std::shared_ptr<const KvTransform> without_value_rotation(const KvTransform& t);
 
 // Folds t's value rotation (t->r_v, which must be non-empty and fit cfg) into copies of w's W_V, b_V and W_O; the
 // widening, rounding and the GEMMs' threads are pool's. The original tensors' mapped pages are released afterwards
