@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "model/config.h"
 #include "model/runner.h"
+#include "rotation/rotation_file.h"
 
 namespace kvq::test {
 
@@ -66,18 +67,7 @@ inline std::vector<float> random_orthogonal(int d, std::mt19937& rng) {
   std::normal_distribution<double> nd(0.0, 1.0);
   std::vector<double> m(size_t(d) * d);
   for (auto& x : m) x = nd(rng);
-  for (int i = 0; i < d; ++i) {
-    double* r = m.data() + size_t(i) * d;
-    for (int j = 0; j < i; ++j) {
-      const double* o = m.data() + size_t(j) * d;
-      double dot = 0;
-      for (int c = 0; c < d; ++c) dot += r[c] * o[c];
-      for (int c = 0; c < d; ++c) r[c] -= dot * o[c];
-    }
-    double norm = 0;
-    for (int c = 0; c < d; ++c) norm += r[c] * r[c];
-    for (int c = 0; c < d; ++c) r[c] /= std::sqrt(norm);
-  }
+  orthonormalise_rows(m.data(), d);
   return std::vector<float>(m.begin(), m.end());
 }
 

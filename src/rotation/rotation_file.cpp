@@ -181,6 +181,21 @@ KvTransform hadamard_transform(int n_layers, int n_kv_heads, int head_dim) {
   return t;
 }
 
+void orthonormalise_rows(double* m, int d) {
+  for (int i = 0; i < d; ++i) {
+    double* r = m + size_t(i) * d;
+    for (int j = 0; j < i; ++j) {
+      const double* o = m + size_t(j) * d;
+      double dot = 0;
+      for (int c = 0; c < d; ++c) dot += r[c] * o[c];
+      for (int c = 0; c < d; ++c) r[c] -= dot * o[c];
+    }
+    double norm = 0;
+    for (int c = 0; c < d; ++c) norm += r[c] * r[c];
+    for (int c = 0; c < d; ++c) r[c] /= std::sqrt(norm);
+  }
+}
+
 KvTransform random_rotation_transform(int n_layers, int n_kv_heads, int head_dim, uint64_t seed) {
   KVQ_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0, "random_rotation_transform: shape ({}, {}, {})", n_layers,
             n_kv_heads, head_dim);
@@ -190,20 +205,9 @@ KvTransform random_rotation_transform(int n_layers, int n_kv_heads, int head_dim
   std::normal_distribution<double> normal(0.0, 1.0);
   const size_t d = size_t(head_dim), mats = size_t(n_layers) * size_t(n_kv_heads);
   std::vector<double> m(d * d);
-  const auto orthogonal = [&](std::vector<float>& out) {  // rows orthonormalised in order (modified Gram–Schmidt)
+  const auto orthogonal = [&](std::vector<float>& out) {
     for (double& x : m) x = normal(rng);
-    for (size_t i = 0; i < d; ++i) {
-      double* r = m.data() + i * d;
-      for (size_t j = 0; j < i; ++j) {
-        const double* o = m.data() + j * d;
-        double dot = 0;
-        for (size_t c = 0; c < d; ++c) dot += r[c] * o[c];
-        for (size_t c = 0; c < d; ++c) r[c] -= dot * o[c];
-      }
-      double norm = 0;
-      for (size_t c = 0; c < d; ++c) norm += r[c] * r[c];
-      for (size_t c = 0; c < d; ++c) r[c] /= std::sqrt(norm);
-    }
+    orthonormalise_rows(m.data(), head_dim);
     out.insert(out.end(), m.begin(), m.end());
   };
   t.r_k.reserve(mats * d * d), t.r_v.reserve(mats * d * d), t.key_mean.reserve(mats * d);

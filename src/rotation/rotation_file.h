@@ -47,6 +47,9 @@ KvTransform hadamard_key_transform(int n_layers, int n_kv_heads, int head_dim);
 // matrix, in double) and random key means: the structure and cost of an OptR file, none of its fidelity. Named
 // "random (timing only)"; the same matrices for the same seed.
 KvTransform random_rotation_transform(int n_layers, int n_kv_heads, int head_dim, uint64_t seed);
+// The rows of the row-major d×d matrix m orthonormalised in order (modified Gram–Schmidt, in double): of a Gaussian
+// matrix, a random orthogonal one.
+void orthonormalise_rows(double* m, int d);
 
 // The transform a cache's codecs imply (the codec table's transform column: implied_transform), or null when they
 // imply none. The Hadamard needs a power-of-two head_dim: otherwise a kvq::Error names the codecs. llama.cpp's
