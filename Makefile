@@ -25,7 +25,7 @@ test: build
 # The build a machine without x86-64 SIMD gets (-DKVQ_SIMD=OFF: scalar kernels only, no CUDA), and the tests of what
 # the SIMD levels replace there: codecs, attention, rotations, linear layers, the model against its goldens.
 SCALAR_SUITES = Codecs Half CacheAttention SoftmaxKernels RotationFile Hadamard AttnRot Linear ModelGolden CpuRunner \
-  Kitty Kv4rl LlamaCppTypes NexusCodec E8Lattice OscarCodecs OscarQuantizer PnmixCodec RopeKeyCodec \
+  Fp8Codecs Kitty Kv4rl LlamaCppTypes NexusCodec E8Lattice OscarCodecs OscarQuantizer PnmixCodec RopeKeyCodec \
   TurboQuantKeys TurboQuantValues TurboQuantFastPaths TurboQuantAttention
 empty :=
 space := $(empty) $(empty)

@@ -563,8 +563,9 @@ std::string tq_case_name(const ::testing::TestParamInfo<TqCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TurboQuant, GpuVsCpuTurboQuant,
-                         ::testing::Combine(::testing::Values("turboquant_4bit_nc", "turboquant_k3v4_nc",
-                                                              "turboquant_3bit_nc", "turboquant_2bit"),
+                         ::testing::Combine(::testing::Values("turboquant_k8v4", "turboquant_4bit_nc",
+                                                              "turboquant_k3v4_nc", "turboquant_3bit_nc",
+                                                              "turboquant_2bit"),
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
                          tq_case_name);
 

@@ -93,7 +93,7 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
   EXPECT_EQ(k3->cuda, "CUDA-core");
   EXPECT_EQ(find_row(rows, "tq3", "k", 128, 0)->cuda, "");  // no GPU row stores uncorrected keys
   EXPECT_EQ(find_row(rows, "tqv2", "k,v", 128, 0)->cuda, "CUDA-core");
-  EXPECT_EQ(find_row(rows, "fp8e4m3", "k,v", 128, 0)->cuda, "");
+  EXPECT_EQ(find_row(rows, "fp8e4m3", "k,v", 128, 0)->cuda, "CUDA-core");
   const std::vector<PresetRow> presets = preset_matrix({128});
   ASSERT_EQ(presets.size(), codec_presets().size());
   const PresetRow* tq2 = nullptr;
@@ -102,7 +102,7 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
     if (p.preset.rfind("turboquant_", 0) != 0) continue;  // KV4-RL: the test below
     EXPECT_EQ(p.kvq_extension, p.preset == "turboquant_2bit") << p.preset;
     EXPECT_EQ(p.transform, p.k == "fp8e4m3" ? "none" : "hadamard_k") << p.preset;
-    EXPECT_EQ(p.cuda, p.k == "fp8e4m3" ? "" : "CUDA-core") << p.preset;
+    EXPECT_EQ(p.cuda, "CUDA-core") << p.preset;
     EXPECT_EQ(p.window, "bf16") << p.preset;
     if (p.preset == "turboquant_2bit") tq2 = &p;
   }
@@ -113,8 +113,9 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
 
 // The default head dims, 64, 80, 96, 128 and 256: the CPU and GPU columns agree but where the page says why not (KIVI,
 // TurboQuant and llama.cpp's q8_0 / q4_0 at 256: the GPU compiles no pair there; TurboQuant's values at 96: their only
-// GPU pairs are TurboQuant keys, which need a power of two); at 80 only the CPU's f32 / bf16 / f16 rows run (the other
-// CPU codecs take multiples of 32, the GPU compiles no kernel at 80), and neither runs the Hadamard codecs at 96.
+// GPU pairs are TurboQuant keys, which need a power of two; fp8e5m2 and fp8_per_token_head at 96 and 256: the budget);
+// at 80 only the CPU's f32 / bf16 / f16 rows run (the other CPU codecs take multiples of 32, the GPU compiles no kernel
+// at 80), and neither runs the Hadamard codecs at 96.
 TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
   const std::vector<SupportRow> rows = support_matrix();
   std::set<int> dims;
@@ -133,7 +134,9 @@ TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
     const bool tq = r.codec.rfind("tq", 0) == 0;
     const bool explained = r.head_dim == 80 || (r.head_dim == 256 && (r.codec.rfind("kivi", 0) == 0 || tq || r.codec == "q8_0" ||
                                                   r.codec == "q4_0")) ||
-                           (r.codec.rfind("tqv", 0) == 0 && r.head_dim == 96);
+                           (r.codec.rfind("tqv", 0) == 0 && r.head_dim == 96) ||
+                           ((r.codec == "fp8e5m2" || r.codec == "fp8_per_token_head") &&
+                            (r.head_dim == 96 || r.head_dim == 256));
     if (r.cpu && r.cuda.empty() && !explained) {
       // codecs the GPU stores at 128 run at every other head_dim their format allows
       const SupportRow* at128 = find_row(rows, r.codec, r.role, 128, r.group);

@@ -12,9 +12,9 @@ enum class CodecId : uint8_t {
   kNexusquant, kNexusquantStrict, kE8_2, kE8_2Strict, kE8_2PostRope,  // NexusQuant (codecs/nexus/codec_nexus.h)
   kOscarInt2,                                                         // OScaR (codecs/oscar/codec_oscar.h)
   kKitty2, kKitty2At20,                                               // Kitty (codecs/kitty/codec_kitty.h)
-  // TurboQuant (codecs/turboquant/codec_turboquant.h): codebook keys, norm-corrected codebook keys, FP8 keys, uniform
-  // values
-  kTq2, kTq3, kTq4, kTq2nc, kTq3nc, kTq4nc, kFp8e4m3, kTqv2, kTqv3, kTqv4,
+  // TurboQuant (codecs/turboquant/codec_turboquant.h): codebook keys, norm-corrected codebook keys, uniform values
+  kTq2, kTq3, kTq4, kTq2nc, kTq3nc, kTq4nc, kTqv2, kTqv3, kTqv4,
+  kFp8e4m3, kFp8e5m2, kFp8PerTokenHead,  // vLLM's FP8 caches (codecs/fp8/codec_fp8.h)
   // llama.cpp's cache types (codecs/half/codec_bf16.h, codecs/llamacpp/codec_llamacpp.h)
   kF16, kQ8_0, kQ5_0, kQ4_1, kQ4_0, kIq4Nl,
   kPnmix,                                     // PN-Mix keys (codecs/pnmix/codec_pnmix.h)

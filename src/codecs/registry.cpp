@@ -3,6 +3,7 @@
 #include <array>
 
 #include "codecs/half/codec_bf16.h"
+#include "codecs/fp8/codec_fp8.h"
 #include "codecs/half/codec_f32.h"
 #include "codecs/int/codec_int.h"
 #include "codecs/kitty/codec_kitty.h"
@@ -61,11 +62,14 @@ std::unique_ptr<KvCodec> make_tq_key(const CodecSpec& s, SimdLevel level) {
 std::unique_ptr<KvCodec> make_tq_key_nc(const CodecSpec& s, SimdLevel level) {
   return std::make_unique<TqKeyCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, true, level);
 }
-std::unique_ptr<KvCodec> make_fp8(const CodecSpec& s, SimdLevel level) {
-  return std::make_unique<Fp8Codec>(s.head_dim, level);
-}
 std::unique_ptr<KvCodec> make_tq_value(const CodecSpec& s, SimdLevel level) {
   return std::make_unique<TqValueCodec>(s.type, s.head_dim, codec_traits(s.type).code_bits, level);
+}
+// vLLM's FP8 caches: e4m3 or e5m2 codes, an fp32 scale per row for the per-token-head row.
+std::unique_ptr<KvCodec> make_fp8(const CodecSpec& s, SimdLevel level) {
+  const CodecId id = codec_traits(s.type).id;
+  return std::make_unique<Fp8Codec>(s.type, id == CodecId::kFp8e5m2 ? fp8::Format::kE5m2 : fp8::Format::kE4m3,
+                                    id == CodecId::kFp8PerTokenHead, s.head_dim, level);
 }
 // llama.cpp's cache types: f16 rows; blocks of 32 values (the row's id names the block type).
 std::unique_ptr<KvCodec> make_f16(const CodecSpec& s, SimdLevel level) {
@@ -79,7 +83,8 @@ std::unique_ptr<KvCodec> make_llamacpp(const CodecSpec& s, SimdLevel level) {
 std::unique_ptr<KvCodec> make_pnmix(const CodecSpec& s, SimdLevel) { return make_pnmix_key_codec(s); }
 
 constexpr std::string_view kF32Aliases[] = {"fp32", "float32"};
-constexpr std::string_view kFp8Aliases[] = {"fp8_e4m3"};
+constexpr std::string_view kFp8Aliases[] = {"fp8", "fp8_e4m3"};
+constexpr std::string_view kFp8e5m2Aliases[] = {"fp8_e5m2"};
 constexpr std::string_view kBf16Aliases[] = {"bfloat16"};
 constexpr std::string_view kF16Aliases[] = {"fp16", "float16"};
 
@@ -168,9 +173,6 @@ constexpr std::array kTable{
               .summary = "TurboQuant keys as tq4, norm-corrected (n c / ||c||)",
               .code_bits = 4, .transform = CodecTransform::kHadamardKeys, .make = make_tq_key_nc, .row_bytes = 2,
               .keys_only = true},
-  CodecTraits{.id = CodecId::kFp8e4m3, .name = "fp8e4m3", .aliases = kFp8Aliases,
-              .summary = "FP8 e4m3 values, no scale, saturating (TurboQuant k8v4 keys)",
-              .code_bits = 8, .make = make_fp8},
   CodecTraits{.id = CodecId::kTqv2, .name = "tqv2",
               .summary = "TurboQuant values: 2-bit codes per row, fp16 scale and min",
               .code_bits = 2, .make = make_tq_value, .row_bytes = 4},
@@ -180,6 +182,17 @@ constexpr std::array kTable{
   CodecTraits{.id = CodecId::kTqv4, .name = "tqv4",
               .summary = "TurboQuant values: 4-bit codes per row, fp16 scale and min",
               .code_bits = 4, .make = make_tq_value, .row_bytes = 4},
+  // vLLM's FP8 caches (codecs/fp8/fp8.h): --kv-cache-dtype fp8 / fp8_e4m3 / fp8_e5m2 at its default per-tensor scale
+  // of 1.0, and fp8_per_token_head; round to nearest even, saturating.
+  CodecTraits{.id = CodecId::kFp8e4m3, .name = "fp8e4m3", .aliases = kFp8Aliases,
+              .summary = "FP8 e4m3 values, scale 1.0 (vLLM's fp8 default; TurboQuant k8v4's keys)",
+              .code_bits = 8, .make = make_fp8},
+  CodecTraits{.id = CodecId::kFp8e5m2, .name = "fp8e5m2", .aliases = kFp8e5m2Aliases,
+              .summary = "FP8 e5m2 values, scale 1.0 (vLLM's fp8_e5m2)",
+              .code_bits = 8, .make = make_fp8},
+  CodecTraits{.id = CodecId::kFp8PerTokenHead, .name = "fp8_per_token_head",
+              .summary = "FP8 e4m3 values of x / s, fp32 s = absmax / 448 per token and kv head (vLLM)",
+              .code_bits = 8, .make = make_fp8, .row_bytes = 4},
   // llama.cpp's -ctk / -ctv types (docs/research/llamacpp-kv.md): f16 rows; blocks of 32 values with an fp16 scale,
   // bit-exact to its reference quantizers, rotated by its attn_rot; fixed formats (no row bytes): the bits, 8.5, 5.5,
   // 5, 4.5 and 4.5, are their blocks' bytes (codecs/llamacpp/llamacpp_blocks.h).

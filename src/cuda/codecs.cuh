@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "codecs/fp8/codec_fp8.cuh"
 #include "codecs/half/codec_bf16.cuh"
 #include "codecs/int/codec_int.cuh"
 #include "codecs/kivi/codec_kivi.cuh"

@@ -138,6 +138,16 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kPow2To128},
   {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kPow2To128},
+  // vLLM's FP8 caches (codec_fp8.cuh; ungrouped): fp8 (e4m3, scale 1.0, the cache its users pick) at every d a group
+  // of 32 divides, fp8_e5m2, fp8_per_token_head and turboquant_k8v4 (FP8 keys, 4-bit values) at 64 and 128
+  {.path = kCudaCore,   .k = kFp8e4m3,   .v = kFp8e4m3,   .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kAllDims},
+  {.path = kCudaCore,   .k = kFp8e5m2,   .v = kFp8e5m2,   .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kFp8PerTokenHead, .v = kFp8PerTokenHead, .groups = kAnyGroup, .page_multiple = 8,
+   .gqa = kGeneric, .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kFp8e4m3,   .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
   // llama.cpp's q8_0 and q4_0 (codec_llamacpp.cuh; blocks of 32 with an fp16 scale, ungrouped): -ctk q8_0 -ctv q4_0
   // (its common pair) and q4_0 with every GQA instance, q8_0 with the generic one
   {.path = kCudaCore,   .k = kQ8_0,      .v = kQ4_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,

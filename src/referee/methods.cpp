@@ -64,6 +64,13 @@ const ShippedPath kKittyShipped{
     .note = "Kitty ships sink 32, keys of the unfilled 128-token page in FP16 and values' newest 128 in an FP16 ring; "
             "kvq's 32/128 windows keep 128..255 newest keys exact (Kitty 0..127) and the same values"};
 const ShippedPath kLlamaCppShipped{.defined = true};  // no windows, attn_rot on (method_attn_rot), decode-faithful
+// vLLM's FP8 caches: no windows; vLLM writes a step's K/V into the cache before its attention reads the pages, so the
+// prompt reads the FP8 rows as decode does (kvq's decode-faithful prompt); the per-tensor scale is its default 1.0.
+const ShippedPath kVllmFp8Shipped{
+    .defined = true,
+    .note = "vLLM's fp8 caches ship no windows and read the FP8 pages for the prompt as for decode; kvq's fp8 and "
+            "fp8_e5m2 rows store at vLLM's default per-tensor scale 1.0 (a checkpoint's calibrated k_scale / v_scale "
+            "is not modelled), fp8_per_token_head at its own per-row scales"};
 // Eviction: LORE-KV has no public code and AnDPro ships none kvq could read, so there is no camp path to follow.
 const ShippedPath kEvictShipped{
     .defined = true, .windows = {64, 256}, .prompt = kPromptEvict,
@@ -142,6 +149,13 @@ const std::vector<RefereeMethod>& referee_methods() {
        .note = "turboquant_2bit is kvq's extension of TurboQuant (2-bit norm-corrected keys, 2-bit values); vLLM "
                "ships no 2-bit preset. Its as-shipped row follows vLLM's path for the other presets.",
        .camp = "TurboQuant (vLLM)", .kvq_extension = true, .shipped = kTurboQuantShipped},
+      // vLLM's FP8 caches (codecs/fp8/fp8.h): --kv-cache-dtype fp8 (e4m3), fp8_e5m2 and fp8_per_token_head.
+      {.label = "fp8", .key_type = "fp8e4m3", .value_type = "fp8e4m3", .rotation = "none", .camp = "vLLM (FP8)",
+       .shipped = kVllmFp8Shipped},
+      {.label = "fp8_e5m2", .key_type = "fp8e5m2", .value_type = "fp8e5m2", .rotation = "none", .camp = "vLLM (FP8)",
+       .shipped = kVllmFp8Shipped},
+      {.label = "fp8_per_token_head", .key_type = "fp8_per_token_head", .value_type = "fp8_per_token_head",
+       .rotation = "none", .camp = "vLLM (FP8)", .shipped = kVllmFp8Shipped},
       // NexusQuant (METHODS §5.3): the shipped int8 E8 codec and the camp's 2-bit llama.cpp block.
       {.label = "nexusquant", .key_type = "nexusquant", .value_type = "nexusquant", .rotation = "none",
        .camp = "NexusQuant", .shipped = kNexusShipped},

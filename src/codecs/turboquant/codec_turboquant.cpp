@@ -130,36 +130,6 @@ void TqKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_to
   }
 }
 
-// --- FP8 e4m3.
-
-Fp8Codec::Fp8Codec(int head_dim, SimdLevel level) : d_(head_dim), kernels_(tq::tile_kernels(level)) {
-  KVQ_CHECK(head_dim > 0 && head_dim % 32 == 0 && head_dim <= kMaxD, "fp8e4m3: head_dim {}", head_dim);
-  for (int b = 0; b < 256; ++b) table_[b] = tq::fp8_e4m3_to_f32(uint8_t(b));
-}
-
-void Fp8Codec::encode(const float* x, uint8_t* block) const {
-  for (int i = 0; i < d_; ++i) block[i] = tq::f32_to_fp8_e4m3(x[i]);
-}
-
-void Fp8Codec::decode(const uint8_t* block, float* x) const {
-  for (int i = 0; i < d_; ++i) x[i] = tq::fp8_e4m3_to_f32(block[i]);
-}
-
-void Fp8Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
-  KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "fp8e4m3: scores over n_q={} n_tokens={}", n_q, n_tokens);
-  float xt[kMaxD * kTile], f[kTile];
-  std::fill(f, f + kTile, 1.f);
-  for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
-    const int n = std::min(kTile, n_tokens - t0);
-    if (n < kTile) std::fill(xt, xt + d_ * kTile, 0.f);
-    for (int t = 0; t < n; ++t) {
-      const uint8_t* row = blocks + size_t(t0 + t) * size_t(d_);
-      for (int c = 0; c < d_; ++c) xt[c * kTile + t] = table_[row[c]];
-    }
-    kernels_.scores(q, n_q, xt, n, d_, f, s + t0, size_t(n_tokens));
-  }
-}
-
 // --- Uniform values.
 
 namespace {

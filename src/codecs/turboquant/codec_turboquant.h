@@ -1,8 +1,8 @@
 // TurboQuant's codecs (docs/guide/methods.md §5.2; formats and maths: codecs/turboquant/turboquant.h): codebook keys at
-// 2, 3, 4 bits with or without the norm correction, FP8 e4m3 keys (k8v4), and the uniform per-row values at 2, 3, 4
-// bits. Each is a per-token codec (one row per block). The codebook keys expect keys already rotated by the shared
-// Hadamard: the cache's KV transform does that (the codec table's transform column), queries are rotated once per step,
-// so scores need no inverse rotation per key.
+// 2, 3, 4 bits with or without the norm correction, and the uniform per-row values at 2, 3, 4 bits (the k8v4 preset's
+// FP8 keys are the fp8e4m3 codec, codecs/fp8/codec_fp8.h). Each is a per-token codec (one row per block). The codebook
+// keys expect keys already rotated by the shared Hadamard: the cache's KV transform does that (the codec table's
+// transform column), queries are rotated once per step, so scores need no inverse rotation per key.
 #pragma once
 
 #include <string>
@@ -48,27 +48,6 @@ class TqKeyCodec final : public KvCodec {
   const LloydMaxCodebook& cb_;
   std::vector<float> byte_centroids_;  // b in {2, 4}: [256][8 / b] centroids of the codes in a byte, low bits first
   float byte_sum_sq_[256] = {};        // b in {2, 4}: Σ of the squares of a byte's centroids (the norm correction)
-  tq::TileKernels kernels_;
-};
-
-// FP8 e4m3 rows with no scale (Fp8Row<d>): the k8v4 preset's keys; values work too.
-class Fp8Codec final : public KvCodec {
- public:
-  explicit Fp8Codec(int head_dim, SimdLevel level = best_simd_level());
-
-  std::string_view name() const override { return "fp8e4m3"; }
-  int head_dim() const override { return d_; }
-  int tokens_per_block() const override { return 1; }
-  size_t bytes_per_block() const override { return size_t(d_); }
-
-  void encode(const float* x, uint8_t* block) const override;
-  void decode(const uint8_t* block, float* x) const override;
-  // Tiles of rows decoded through a 256-entry table, transposed, then the tile kernel.
-  void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
-
- private:
-  int d_;
-  float table_[256];  // e4m3 bits -> value
   tq::TileKernels kernels_;
 };
 

@@ -15,10 +15,7 @@
 // The spec takes n from the raw key and rotates x = k / (n + 1e-8); doing the rotation first (the transform) is the
 // same in exact arithmetic and differs only by fp32 rounding.
 //
-// Keys, k8v4: FP8 e4m3 (e4m3fn: no infinities, 0x7f / 0xff NaN, max 448) with no scale: Fp8Row<d>, d bytes. Rounding is
-// to nearest even. Out-of-range values SATURATE to ±448 (±inf too) and NaN stores 0x7f: this is what vLLM's store
-// kernel does (Triton's fp32 -> float8e4nv cast, cvt.rn.satfinite on sm_89+). PyTorch's eager
-// tensor.to(torch.float8_e4m3fn) does not saturate (|x| > 464 becomes NaN); a KV cache must not make NaNs.
+// Keys, k8v4: FP8 e4m3 rows with no scale, the fp8e4m3 codec (codecs/fp8/fp8.h).
 //
 // Values (tqv2 / tqv3 / tqv4), per row over all d values, no clip, no rotation (codecs/min_scale_quant.h's grid):
 //   mn, mx = min, max (fp32);  s = (mx - mn) / (2^b - 1), then s = 1e-8 unless s > 1e-8
@@ -48,7 +45,6 @@ namespace kvq::tq {
 KVQ_HD constexpr int codes_bytes(int d, int bits) { return d * bits / 8; }
 KVQ_HD constexpr int key_row_bytes(int d, int bits) { return codes_bytes(d, bits) + 2; }    // codes, fp16 n
 KVQ_HD constexpr int value_row_bytes(int d, int bits) { return codes_bytes(d, bits) + 4; }  // codes, fp16 s, mn
-KVQ_HD constexpr int fp8_row_bytes(int d) { return d; }
 
 template <int D, int BITS>
 struct TqKeyRow {
@@ -61,10 +57,6 @@ struct TqValueRow {
   uint16_t scale;               // fp16 bits of s
   uint16_t min;                 // fp16 bits of mn
 };
-template <int D>
-struct Fp8Row {
-  uint8_t k[D];  // e4m3fn bits, value order
-};
 
 static_assert(sizeof(TqKeyRow<128, 4>) == 66 && key_row_bytes(128, 4) == 66, "tq4 keys d=128: 4.125 b");
 static_assert(sizeof(TqKeyRow<128, 3>) == 50 && key_row_bytes(128, 3) == 50, "tq3 keys d=128: 3.125 b");
@@ -74,7 +66,6 @@ static_assert(sizeof(TqValueRow<128, 4>) == 68 && value_row_bytes(128, 4) == 68,
 static_assert(sizeof(TqValueRow<128, 3>) == 52 && value_row_bytes(128, 3) == 52, "tqv3 d=128: 3.25 b");
 static_assert(sizeof(TqValueRow<128, 2>) == 36 && value_row_bytes(128, 2) == 36, "tqv2 d=128: 2.25 b");
 static_assert(sizeof(TqValueRow<64, 2>) == 20 && value_row_bytes(64, 2) == 20, "tqv2 d=64");
-static_assert(sizeof(Fp8Row<128>) == 128 && fp8_row_bytes(128) == 128, "fp8 keys d=128: 8 b");
 
 // --- Packing.
 
@@ -152,32 +143,5 @@ KVQ_HD inline float centroid_norm(float sum_sq) { return sqrt_rn(exact::add(sum_
 // The min / scale grid of codecs/min_scale_quant.h with TurboQuant's least scale.
 constexpr float kValueEps = 1e-8f;
 KVQ_HD inline float value_scale(float mn, float mx, int bits) { return min_scale_step(mn, mx, bits, kValueEps); }
-
-// --- FP8 e4m3fn (header comment: round to nearest even, saturating, NaN -> 0x7f).
-
-KVQ_HD inline uint8_t f32_to_fp8_e4m3(float f) {
-  const uint32_t u = exact::float_bits(f);
-  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return 0x7f;                 // NaN
-  if (a >= 0x43e00000u) return uint8_t(sign | 0x7e);  // |f| >= 448 (and inf): saturate to 448
-  if (a < 0x3c800000u) {  // |f| < 2^-6: e4m3 subnormal m · 2^-9, m rounded to nearest even (m = 8: the smallest normal)
-    return uint8_t(sign | uint8_t(exact::round_even(exact::mul(exact::bits_float(a), 512.f))));
-  }
-  uint32_t v = a - ((127u - 7u) << 23);  // rebias exponent 127 -> 7
-  v += 0x7ffffu + ((v >> 20) & 1u);     // round the 23-bit mantissa to 3 bits, ties to even
-  return uint8_t(sign | uint8_t(v >> 20));  // < 448 rounds to at most 448 (0x7e)
-}
-
-KVQ_HD inline float fp8_e4m3_to_f32(uint8_t b) {
-  const uint32_t sign = uint32_t(b & 0x80u) << 24;
-  const uint32_t e = (b >> 3) & 0xfu, m = b & 7u;
-  if (e == 15 && m == 7) return exact::bits_float(sign | 0x7fc00000u);  // NaN
-  if (e == 0) {  // subnormal: m · 2^-9
-    const float x = exact::mul(float(m), 1.f / 512.f);
-    return sign ? -x : x;
-  }
-  return exact::bits_float(sign | ((e + 127u - 7u) << 23) | (m << 20));
-}
 
 }  // namespace kvq::tq

@@ -1,0 +1,45 @@
+// FP8 KV-cache codecs as vLLM ships them (formats and per-row maths: codecs/fp8/fp8.h): e4m3 and e5m2 rows with its
+// default per-tensor scale of 1.0 (fp8e4m3 — vLLM's `fp8` and `fp8_e4m3`, TurboQuant k8v4's keys — and fp8e5m2), and
+// e4m3 rows with an fp32 scale per (token, kv head) (fp8_per_token_head). Per-token codecs (one row per block) of keys
+// and values alike.
+#pragma once
+
+#include <string>
+
+#include "codecs/codec.h"
+#include "codecs/fp8/fp8.h"
+#include "codecs/turboquant/tq_kernels.h"  // the float-tile kernels the fast paths share with TurboQuant's codecs
+#include "simd/simd.h"
+
+namespace kvq {
+
+class Fp8Codec final : public KvCodec {
+ public:
+  // head_dim a multiple of 32 up to 256 (validated by make_codec); scaled: a per-row scale (e4m3 only). level: which
+  // tile kernels scores() and accumulate() run (tests force each level).
+  Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_dim, SimdLevel level = best_simd_level());
+
+  std::string_view name() const override { return name_; }
+  int head_dim() const override { return d_; }
+  int tokens_per_block() const override { return 1; }
+  size_t bytes_per_block() const override { return size_t(fp8::row_bytes(d_, scaled_)); }
+
+  void encode(const float* x, uint8_t* block) const override;
+  void decode(const uint8_t* block, float* x) const override;
+  // Tiles of rows decoded through a 256-entry table (transposed for scores), the row's scale applied once per row and
+  // query, then the tile kernels.
+  void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
+  void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
+
+ private:
+  float scale(const uint8_t* row) const;  // the row's s (1 for unscaled rows)
+
+  std::string name_;
+  fp8::Format format_;
+  bool scaled_;
+  int d_;
+  float table_[256];  // fp8 bits -> value
+  tq::TileKernels kernels_;
+};
+
+}  // namespace kvq
