@@ -83,7 +83,7 @@ expect_error "ppl: evict budget at a context too small for the tokens after the 
 expect_error "ppl: evict over a quantized cache" ppl -m $M -f data/eval/linux.txt -c 256 -ctk int2 --prompt-policy evict --evict-bits 3 --prompt-tokens 128
 expect_error "ppl: a prompt as long as the window" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-tokens 256
 expect_error "ppl: --prompt-tokens and --prompt-fraction" ppl -m $M -f data/eval/linux.txt -c 256 --prompt-tokens 10 --prompt-fraction 0.5
-expect_error "info: unknown cache type" info -m $M -ctv fp8
+expect_error "info: unknown cache type" info -m $M -ctv fp6
 expect_error "info: no model and no --codecs" info
 expect_error "info: --codecs with a model" info --codecs -m $M
 expect_error "info: --codecs with a cache flag" info --codecs -ctk int2

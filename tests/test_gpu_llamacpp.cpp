@@ -1,4 +1,4 @@
-// llama.cpp's q8_0 and q4_0 cache types on the GPU (codecs/llamacpp/codec_llamacpp.cuh) against the CPU cache
+// llama.cpp's cache types on the GPU (q8_0 and q4_0, their common pair; q5_0, q4_1 and iq4_nl, the referee's other rows) (codecs/llamacpp/codec_llamacpp.cuh) against the CPU cache
 // (codecs/llamacpp/codec_llamacpp.h) on identical inputs: stored rows byte for byte (both quantize with codecs/llamacpp/llamacpp_blocks.h's IEEE
 // operations from the same bf16 window rows), with and without llama.cpp's KV rotation (attn_rot, which the GPU cache
 // applies itself as it applies every KvTransform); attention outputs by NMSE; the fast CUDA-core kernel against its
@@ -46,6 +46,8 @@ CacheConfig llama_config(const std::string& kt, const std::string& vt, int sink,
 
 using Pair = std::pair<const char*, const char*>;  // (keys, values)
 const Pair kPairs[] = {{"q8_0", "q4_0"}, {"q4_0", "q4_0"}, {"q8_0", "q8_0"}};
+// The other block types: q5_0's high-bit word, q4_1's min (scores fold it with Σ q), iq4_nl's table (at 64 and 128).
+const Pair kOtherPairs[] = {{"q5_0", "q5_0"}, {"q4_1", "q4_1"}, {"iq4_nl", "iq4_nl"}};
 const std::vector<std::pair<int, int>> kWindows = {{64, 256}, {16, 64}, {0, 0}};
 
 // (keys, values), (sink, recent), variant: 0 Gaussian, 1 heavy-tailed, 2 heavy-tailed with attn_rot.
@@ -97,13 +99,19 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, GpuVsCpuLlamaCpp,
                          ::testing::Combine(::testing::ValuesIn(kPairs), ::testing::ValuesIn(kWindows),
                                             ::testing::Values(0, 1, 2)),
                          case_name);
+INSTANTIATE_TEST_SUITE_P(LlamaCppBlocks, GpuVsCpuLlamaCpp,
+                         ::testing::Combine(::testing::ValuesIn(kOtherPairs), ::testing::ValuesIn(kWindows),
+                                            ::testing::Values(1, 2)),
+                         case_name);
 
 // The fast CUDA-core kernel (whole rows in registers, the block scale once per block and query) against the reference
 // twin (per channel: llamacpp::value, the host's dequantizer, block-reduced), at every GQA instance (g = 1, 2, 3, 4:
 // the compiled 1, 2, 4 and the generic kernel), over the windows, with attn_rot.
 TEST(GpuCache, FastAttentionMatchesReferenceTwinForLlamaCppTypes) {
   REQUIRE_GPU();
-  for (const Pair& pair : kPairs)
+  std::vector<Pair> pairs(std::begin(kPairs), std::end(kPairs));
+  pairs.insert(pairs.end(), std::begin(kOtherPairs), std::end(kOtherPairs));
+  for (const Pair& pair : pairs)
     for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{64, 256}, {0, 0}})
       for (int heads : {8, 16, 24, 32}) {
         const CacheConfig cfg = llama_config(pair.first, pair.second, sink, recent, true, 1, 8);
@@ -181,16 +189,23 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, GpuCacheHeadDimsLlamaCpp,
                          ::testing::Combine(::testing::ValuesIn(kPairs), ::testing::Values(64, 96),
                                             ::testing::Values(false, true)),
                          dim_case_name);
+INSTANTIATE_TEST_SUITE_P(LlamaCppBlocks, GpuCacheHeadDimsLlamaCpp,
+                         ::testing::Combine(::testing::ValuesIn(kOtherPairs), ::testing::Values(64),
+                                            ::testing::Values(false, true)),
+                         dim_case_name);
 
 }  // namespace
 
 // --- Host side, no GPU needed.
 
-// The rows the device codec reads: the CPU codec's blocks (136 / 72 bytes per 128-value row), 8-byte aligned rows
+// The rows the device codec reads: the CPU codec's blocks (136 / 88 / 80 / 72 bytes per 128-value row), 8-byte aligned rows
 // and heads (the fast score's 8-byte loads), layers at multiples of 16 bytes (a --kv-skip-layers bf16 layer's 16-byte
-// loads), and the CUDA-core instance rows of the three pairs.
+// loads), and the CUDA-core instance rows of the six pairs.
 TEST(GpuCacheGeometry, LlamaCppRowsAreTheCpuBlocksAnd8ByteAligned) {
-  for (const Pair& pair : kPairs)
+  std::vector<Pair> pairs(std::begin(kPairs), std::end(kPairs));
+  pairs.insert(pairs.end(), std::begin(kOtherPairs), std::end(kOtherPairs));
+  const auto row_bytes = [](const std::string& t) { return t == "q8_0" ? 136 : t == "q5_0" ? 88 : t == "q4_1" ? 80 : 72; };
+  for (const Pair& pair : pairs)
     for (int page : {8, 24, 128}) {
       CacheConfig cfg = llama_config(pair.first, pair.second, 16, 64, false, 3, 2);
       cfg.page_tokens = page;
@@ -205,8 +220,8 @@ TEST(GpuCacheGeometry, LlamaCppRowsAreTheCpuBlocksAnd8ByteAligned) {
         if (layer == 1) continue;  // the skipped layer: bf16 rows (tests/test_gpu_cache.cpp)
         EXPECT_EQ(size_t(g.k_row), cpu.k_codec().bytes_per_block()) << what;
         EXPECT_EQ(size_t(g.v_row), cpu.v_codec().bytes_per_block()) << what;
-        EXPECT_EQ(g.k_row, std::string(pair.first) == "q8_0" ? 136 : 72) << what;
-        EXPECT_EQ(g.v_row, std::string(pair.second) == "q8_0" ? 136 : 72) << what;
+        EXPECT_EQ(g.k_row, row_bytes(pair.first)) << what;
+        EXPECT_EQ(g.v_row, row_bytes(pair.second)) << what;
         EXPECT_EQ(g.k_row % 8, 0) << what;
         EXPECT_EQ(g.v_row % 8, 0) << what;
         EXPECT_EQ(g.k_region % 8, 0) << what;

@@ -64,22 +64,24 @@ TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
   EXPECT_NE(text.find("tensor-core"), std::string::npos);
 }
 
-// llama.cpp's blocks of 32 (codecs/llamacpp/codec_llamacpp.h): the CPU codec's bytes and bits; q8_0 and q4_0 on CUDA cores at
-// head_dim 128 (their instance rows: q8_0 / q4_0, q4_0 / q4_0, q8_0 / q8_0), the other types CPU only.
-TEST(SupportMatrix, LlamaCppQ8_0AndQ4_0RunOnCudaCoresAtHeadDim128) {
+// llama.cpp's blocks of 32 (codecs/llamacpp/codec_llamacpp.h): the CPU codec's bytes and bits; every block type on CUDA
+// cores at head_dim 64 and 128 (their instance rows: q8_0 / q4_0, q4_0 / q4_0, q8_0 / q8_0, q5_0, q4_1, iq4_nl), f16
+// CPU only.
+TEST(SupportMatrix, LlamaCppBlockTypesRunOnCudaCoresAtHeadDims64And128) {
   const std::vector<SupportRow> rows = support_matrix({64, 128});
-  const SupportRow* q8 = find_row(rows, "q8_0", "k,v", 128, 0);
-  const SupportRow* q4 = find_row(rows, "q4_0", "k,v", 128, 0);
-  ASSERT_NE(q8, nullptr);
-  ASSERT_NE(q4, nullptr);
-  EXPECT_DOUBLE_EQ(q8->bytes_per_token, 136.0);  // 4 blocks of 34 bytes
-  EXPECT_DOUBLE_EQ(q8->bits, 8.5);
-  EXPECT_DOUBLE_EQ(q4->bytes_per_token, 72.0);  // 4 blocks of 18 bytes
-  EXPECT_DOUBLE_EQ(q4->bits, 4.5);
-  EXPECT_EQ(q8->cuda, "CUDA-core");
-  EXPECT_EQ(q4->cuda, "CUDA-core");
-  EXPECT_EQ(find_row(rows, "q4_0", "k,v", 64, 0)->cuda, "CUDA-core");
-  for (const char* t : {"q5_0", "q4_1", "iq4_nl", "f16"}) EXPECT_EQ(find_row(rows, t, "k,v", 128, 0)->cuda, "") << t;
+  const struct {
+    const char* type;
+    double bytes, bits;
+  } cases[] = {{"q8_0", 136, 8.5}, {"q5_0", 88, 5.5}, {"q4_1", 80, 5.0}, {"q4_0", 72, 4.5}, {"iq4_nl", 72, 4.5}};
+  for (const auto& c : cases) {
+    const SupportRow* r = find_row(rows, c.type, "k,v", 128, 0);
+    ASSERT_NE(r, nullptr) << c.type;
+    EXPECT_DOUBLE_EQ(r->bytes_per_token, c.bytes) << c.type;  // 4 blocks of 32 values
+    EXPECT_DOUBLE_EQ(r->bits, c.bits) << c.type;
+    EXPECT_EQ(r->cuda, "CUDA-core") << c.type;
+    EXPECT_EQ(find_row(rows, c.type, "k,v", 64, 0)->cuda, "CUDA-core") << c.type;
+  }
+  EXPECT_EQ(find_row(rows, "f16", "k,v", 128, 0)->cuda, "");
 }
 
 // TurboQuant: keys-only codebook rows ("k"), the GPU column from the preset pairs' rows, and the presets' own table
@@ -113,9 +115,9 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
 
 // The default head dims, 64, 80, 96, 128 and 256: the CPU and GPU columns agree but where the page says why not (KIVI,
 // TurboQuant and llama.cpp's q8_0 / q4_0 at 256: the GPU compiles no pair there; TurboQuant's values at 96: their only
-// GPU pairs are TurboQuant keys, which need a power of two; fp8e5m2 and fp8_per_token_head at 96 and 256: the budget);
-// at 80 only the CPU's f32 / bf16 / f16 rows run (the other CPU codecs take multiples of 32, the GPU compiles no kernel
-// at 80), and neither runs the Hadamard codecs at 96.
+// GPU pairs are TurboQuant keys, which need a power of two; fp8e5m2, fp8_per_token_head, q5_0, q4_1 and iq4_nl at 96 and
+// 256: the budget); at 80 only the CPU's f32 / bf16 / f16 rows run (the other CPU codecs take multiples of 32, the GPU
+// compiles no kernel at 80), and neither runs the Hadamard codecs at 96.
 TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
   const std::vector<SupportRow> rows = support_matrix();
   std::set<int> dims;
@@ -135,7 +137,8 @@ TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
     const bool explained = r.head_dim == 80 || (r.head_dim == 256 && (r.codec.rfind("kivi", 0) == 0 || tq || r.codec == "q8_0" ||
                                                   r.codec == "q4_0")) ||
                            (r.codec.rfind("tqv", 0) == 0 && r.head_dim == 96) ||
-                           ((r.codec == "fp8e5m2" || r.codec == "fp8_per_token_head") &&
+                           ((r.codec == "fp8e5m2" || r.codec == "fp8_per_token_head" || r.codec == "q5_0" ||
+                             r.codec == "q4_1" || r.codec == "iq4_nl") &&
                             (r.head_dim == 96 || r.head_dim == 256));
     if (r.cpu && r.cuda.empty() && !explained) {
       // codecs the GPU stores at 128 run at every other head_dim their format allows

@@ -156,6 +156,13 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kUpTo128},
   {.path = kCudaCore,   .k = kQ8_0,      .v = kQ8_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kUpTo128},
+  // llama.cpp's other block types (the referee's rows) with the generic one, at 64 and 128
+  {.path = kCudaCore,   .k = kQ5_0,      .v = kQ5_0,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kQ4_1,      .v = kQ4_1,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kIq4Nl,     .v = kIq4Nl,     .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
 };
 }  // namespace instance_table
 using instance_table::kGpuInstances;
