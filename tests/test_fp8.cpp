@@ -17,6 +17,7 @@
 #include "codecs/registry.h"
 #include "common/error.h"
 #include "common/half.h"
+#include "simd/simd.h"
 
 using namespace kvq;
 
@@ -204,4 +205,27 @@ TEST(Fp8Codecs, PerTokenHeadRowsAreVllmsQuantizerBitForBit) {
     EXPECT_TRUE(std::all_of(block.begin(), block.begin() + d, [](uint8_t b) { return b == 0; }));
   }
   EXPECT_THROW(make_codec(spec("fp8_per_token_head", 80)), Error);
+}
+
+// A NaN input stores the NaN code (0x7f), and every level's fast path reads it as NaN (the widening keeps e4m3's NaN
+// codes NaN; e5m2's are fp16 NaNs), beside finite rows that score as the scalar reference does.
+TEST(Fp8Codecs, NanCodesReadAsNanAtEverySimdLevel) {
+  for (const char* type : {"fp8e4m3", "fp8e5m2"}) {
+    std::vector<float> x = gaussian(2 * 64, 9);
+    x[64 + 5] = NAN;
+    for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni}) {
+      if (!simd_level_supported(level)) continue;
+      const auto codec = make_codec_at(spec(type, 64), level);
+      std::vector<uint8_t> blocks(2 * codec->bytes_per_block());
+      codec->encode(x.data(), blocks.data());
+      codec->encode(x.data() + 64, blocks.data() + codec->bytes_per_block());
+      ASSERT_EQ(blocks[codec->bytes_per_block() + 5], 0x7f) << type;
+      const std::vector<float> q = gaussian(64, 10);
+      float s[2], ref[2];
+      codec->scores(q.data(), 1, blocks.data(), 2, s);
+      codec->scores_ref(q.data(), 1, blocks.data(), 2, ref);
+      EXPECT_NEAR(s[0], ref[0], 1e-4f * (1.f + std::fabs(ref[0]))) << type << " " << simd_level_name(level);
+      EXPECT_TRUE(std::isnan(s[1])) << type << " " << simd_level_name(level);
+    }
+  }
 }

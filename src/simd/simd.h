@@ -46,11 +46,13 @@ SimdLevel parse_simd_level(std::string_view name);
 // "scalar, avx2, avx512, avx512vnni": the levels this CPU (and this build) can run, lowest first.
 std::string supported_simd_levels();
 
-// How the values of one row are stored: bf16 / f16 values, int codes after GroupParams (layout.h), or llama.cpp's
-// blocks of 32 values, each with its own fp16 scale (codecs/llamacpp/llamacpp_blocks.h; kernels in simd_blocks_impl.h).
+// How the values of one row are stored: bf16 / f16 values, int codes after GroupParams (layout.h), llama.cpp's
+// blocks of 32 values, each with its own fp16 scale (codecs/llamacpp/llamacpp_blocks.h; kernels in simd_blocks_impl.h),
+// or FP8 values (codecs/fp8/fp8.h: e4m3, e5m2; a row's scale, if any, is the codec's to apply).
 enum class RowFormat : int {
   kBf16 = 0, kInt2 = 1, kInt4 = 2, kInt8 = 3,
   kF16 = 4, kQ8_0 = 5, kQ5_0 = 6, kQ4_1 = 7, kQ4_0 = 8, kIq4Nl = 9,
+  kFp8E4m3 = 10, kFp8E5m2 = 11,
 };
 
 // n_rows rows of d values, row t at rows + t·row_stride.

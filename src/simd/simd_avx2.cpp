@@ -94,6 +94,25 @@ struct VAvx2 {
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight_bytes)); }
   static F i8_to_f(__m128i eight_bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_bytes)); }
+  // FP8 bytes widened to 16 bits -> the fp16 bits that hold their values exactly (codecs/fp8/codec_fp8.cuh's widening):
+  // e5m2 is fp16's top byte; e4m3 is sign | (b & 0x7f) << 7, worth 2^-8 of its value (fp8_scale), NaN codes kept NaN.
+  template <RowFormat Fmt>
+  static __m256i fp8_to_fp16(__m256i w) {
+    if constexpr (Fmt == RowFormat::kFp8E5m2) {
+      return _mm256_slli_epi16(w, 8);
+    } else {
+      const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+      const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                        _mm256_slli_epi16(mag, 7));
+      const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f));
+      return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+    }
+  }
+  template <RowFormat Fmt>
+  static F fp8_scale(F x) {
+    if constexpr (Fmt == RowFormat::kFp8E4m3) return _mm256_mul_ps(x, _mm256_set1_ps(256.f));
+    return x;
+  }
   // The loops over out[] are unrolled (KVQ_UNROLL): rolled, they store out[] to the stack for the caller to reload.
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
@@ -106,6 +125,13 @@ struct VAvx2 {
     } else if constexpr (Fmt == RowFormat::kF16) {
       KVQ_UNROLL
       for (int k = 0; k < 4; ++k) out[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)));
+    } else if constexpr (Fmt == RowFormat::kFp8E4m3 || Fmt == RowFormat::kFp8E5m2) {
+      KVQ_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        const __m256i h = fp8_to_fp16<Fmt>(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))));
+        out[2 * k] = fp8_scale<Fmt>(_mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+        out[2 * k + 1] = fp8_scale<Fmt>(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+      }
     } else if constexpr (Fmt == RowFormat::kInt2) {
       int64_t x;
       std::memcpy(&x, p, 8);

@@ -99,6 +99,25 @@ struct VAvx512 {
   static float half(uint16_t h) { return _cvtsh_ss(h); }
   static F u8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sixteen_bytes)); }
   static F i8_to_f(__m128i sixteen_bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sixteen_bytes)); }
+  // FP8 bytes widened to 16 bits -> the fp16 bits that hold their values exactly (codecs/fp8/codec_fp8.cuh's widening):
+  // e5m2 is fp16's top byte; e4m3 is sign | (b & 0x7f) << 7, worth 2^-8 of its value (fp8_scale), NaN codes kept NaN.
+  template <RowFormat Fmt>
+  static __m512i fp8_to_fp16(__m512i w) {
+    if constexpr (Fmt == RowFormat::kFp8E5m2) {
+      return _mm512_slli_epi16(w, 8);
+    } else {
+      const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7f));
+      const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8),
+                                        _mm512_slli_epi16(mag, 7));
+      const __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f));
+      return _mm512_mask_mov_epi16(h, nan, _mm512_or_si512(h, _mm512_set1_epi16(0x7e00)));
+    }
+  }
+  template <RowFormat Fmt>
+  static F fp8_scale(F x) {
+    if constexpr (Fmt == RowFormat::kFp8E4m3) return _mm512_mul_ps(x, _mm512_set1_ps(256.f));
+    return x;
+  }
   // The loops over out[] are unrolled (KVQ_UNROLL): rolled, they store out[] to the stack for the caller to reload.
   template <RowFormat Fmt>
   static void unit(const uint8_t* p, F* out) {
@@ -113,6 +132,10 @@ struct VAvx512 {
       KVQ_UNROLL
       for (int k = 0; k < 2; ++k)
         out[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k)));
+    } else if constexpr (Fmt == RowFormat::kFp8E4m3 || Fmt == RowFormat::kFp8E5m2) {
+      const __m512i h = fp8_to_fp16<Fmt>(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+      out[0] = fp8_scale<Fmt>(_mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+      out[1] = fp8_scale<Fmt>(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
     } else if constexpr (Fmt == RowFormat::kInt2) {
       int64_t x;
       std::memcpy(&x, p, 8);

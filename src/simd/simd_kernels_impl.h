@@ -435,6 +435,8 @@ RowKernels row_kernels_for(RowFormat format) {
   switch (format) {
     case RowFormat::kBf16: return {scores_impl<V, RowFormat::kBf16>, accumulate_impl<V, RowFormat::kBf16>};
     case RowFormat::kF16: return {scores_impl<V, RowFormat::kF16>, accumulate_impl<V, RowFormat::kF16>};
+    case RowFormat::kFp8E4m3: return {scores_impl<V, RowFormat::kFp8E4m3>, accumulate_impl<V, RowFormat::kFp8E4m3>};
+    case RowFormat::kFp8E5m2: return {scores_impl<V, RowFormat::kFp8E5m2>, accumulate_impl<V, RowFormat::kFp8E5m2>};
     case RowFormat::kQ8_0: return block_row_kernels<V, RowFormat::kQ8_0>();
     case RowFormat::kQ5_0: return block_row_kernels<V, RowFormat::kQ5_0>();
     case RowFormat::kQ4_1: return block_row_kernels<V, RowFormat::kQ4_1>();

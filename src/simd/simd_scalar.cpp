@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "codecs/fp8/fp8.h"
 #include "codecs/layout.h"
 #include "codecs/llamacpp/llamacpp_blocks.h"
 #include "common/half.h"
@@ -57,6 +58,10 @@ struct VScalar {
         std::memcpy(&h, p + 2 * v, 2);
         out[v] = fp16_to_f32(h);
       }
+    } else if constexpr (Fmt == RowFormat::kFp8E4m3) {
+      for (int v = 0; v < 32; ++v) out[v] = fp8::e4m3_to_f32(p[v]);
+    } else if constexpr (Fmt == RowFormat::kFp8E5m2) {
+      for (int v = 0; v < 32; ++v) out[v] = fp8::e5m2_to_f32(p[v]);
     } else {
       constexpr int bits = Fmt == RowFormat::kInt2 ? 2 : Fmt == RowFormat::kInt4 ? 4 : 8;
       for (int v = 0; v < 32; ++v) out[v] = float(layout::unpack_code(p, v, bits));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "common/error.h"
 
@@ -11,11 +12,11 @@ namespace kvq {
 
 namespace {
 constexpr int kMaxD = 256;
-using tq::kTile;
 }  // namespace
 
 Fp8Codec::Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_dim, SimdLevel level)
-    : name_(std::move(name)), format_(format), scaled_(scaled), d_(head_dim), kernels_(tq::tile_kernels(level)) {
+    : name_(std::move(name)), format_(format), scaled_(scaled), d_(head_dim),
+      kernels_(row_kernels(format == fp8::Format::kE4m3 ? RowFormat::kFp8E4m3 : RowFormat::kFp8E5m2, level)) {
   KVQ_CHECK(head_dim > 0 && head_dim % 32 == 0 && head_dim <= kMaxD, "{}: head_dim {}", name_, head_dim);
   KVQ_CHECK(!scaled || format == fp8::Format::kE4m3, "{}: per-row scales are e4m3's", name_);
   for (int b = 0; b < 256; ++b)
@@ -47,40 +48,36 @@ void Fp8Codec::decode(const uint8_t* block, float* x) const {
   for (int i = 0; i < d_; ++i) x[i] = scaled_ ? table_[block[i]] * s : table_[block[i]];
 }
 
+RowsView Fp8Codec::rows(const uint8_t* blocks, int n_tokens) const {
+  RowsView r;
+  r.rows = blocks;
+  r.row_stride = bytes_per_block();
+  r.d = d_;
+  r.group = d_;
+  r.n_rows = n_tokens;
+  return r;
+}
+
 void Fp8Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: scores over n_q={} n_tokens={}", name_, n_q, n_tokens);
-  const size_t bpb = bytes_per_block();
-  float xt[kMaxD * kTile], f[kTile];
-  for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
-    const int n = std::min(kTile, n_tokens - t0);
-    if (n < kTile) std::fill(xt, xt + d_ * kTile, 0.f), std::fill(f, f + kTile, 0.f);
-    for (int t = 0; t < n; ++t) {
-      const uint8_t* row = blocks + size_t(t0 + t) * bpb;
-      for (int c = 0; c < d_; ++c) xt[c * kTile + t] = table_[row[c]];
-      f[t] = scale(row);
-    }
-    kernels_.scores(q, n_q, xt, n, d_, f, s + t0, size_t(n_tokens));
+  kernels_.scores(rows(blocks, n_tokens), q, n_q, s, size_t(n_tokens));
+  if (!scaled_) return;
+  for (int t = 0; t < n_tokens; ++t) {
+    const float f = scale(blocks + size_t(t) * bytes_per_block());
+    for (int i = 0; i < n_q; ++i) s[size_t(i) * n_tokens + t] *= f;
   }
 }
 
 void Fp8Codec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: accumulate over n_q={} n_tokens={}", name_, n_q, n_tokens);
-  constexpr int kMaxQ = 64;  // queries per pass: their weights live on the stack
-  const size_t bpb = bytes_per_block();
-  float x[kTile * kMaxD], w[kMaxQ * kTile];
-  for (int i0 = 0; i0 < n_q; i0 += kMaxQ) {
-    const int nq = std::min(kMaxQ, n_q - i0);
-    for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
-      const int n = std::min(kTile, n_tokens - t0);
-      for (int t = 0; t < n; ++t) {
-        const uint8_t* row = blocks + size_t(t0 + t) * bpb;
-        for (int c = 0; c < d_; ++c) x[t * d_ + c] = table_[row[c]];
-        const float s = scale(row);
-        for (int i = 0; i < nq; ++i) w[i * kTile + t] = p[size_t(i0 + i) * n_tokens + t0 + t] * s;
-      }
-      kernels_.accumulate(w, nq, x, n, d_, acc + size_t(i0) * d_);
-    }
+  if (!scaled_) return kernels_.accumulate(rows(blocks, n_tokens), p, size_t(n_tokens), n_q, acc);
+  thread_local std::vector<float> w;  // p with each row's scale folded in
+  w.resize(size_t(n_q) * n_tokens);
+  for (int t = 0; t < n_tokens; ++t) {
+    const float f = scale(blocks + size_t(t) * bytes_per_block());
+    for (int i = 0; i < n_q; ++i) w[size_t(i) * n_tokens + t] = p[size_t(i) * n_tokens + t] * f;
   }
+  kernels_.accumulate(rows(blocks, n_tokens), w.data(), size_t(n_tokens), n_q, acc);
 }
 
 }  // namespace kvq

@@ -8,7 +8,6 @@
 
 #include "codecs/codec.h"
 #include "codecs/fp8/fp8.h"
-#include "codecs/turboquant/tq_kernels.h"  // the float-tile kernels the fast paths share with TurboQuant's codecs
 #include "simd/simd.h"
 
 namespace kvq {
@@ -16,7 +15,7 @@ namespace kvq {
 class Fp8Codec final : public KvCodec {
  public:
   // head_dim a multiple of 32 up to 256 (validated by make_codec); scaled: a per-row scale (e4m3 only). level: which
-  // tile kernels scores() and accumulate() run (tests force each level).
+  // row kernels scores() and accumulate() run (tests force each level).
   Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_dim, SimdLevel level = best_simd_level());
 
   std::string_view name() const override { return name_; }
@@ -26,8 +25,8 @@ class Fp8Codec final : public KvCodec {
 
   void encode(const float* x, uint8_t* block) const override;
   void decode(const uint8_t* block, float* x) const override;
-  // Tiles of rows decoded through a 256-entry table (transposed for scores), the row's scale applied once per row and
-  // query, then the tile kernels.
+  // The row kernels of the format (simd.h: each code widened through fp16, where it is exact), then the rows' scales:
+  // once per score, or folded into the weights.
   void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
   void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
 
@@ -38,8 +37,10 @@ class Fp8Codec final : public KvCodec {
   fp8::Format format_;
   bool scaled_;
   int d_;
+  RowsView rows(const uint8_t* blocks, int n_tokens) const;
+
   float table_[256];  // fp8 bits -> value
-  tq::TileKernels kernels_;
+  RowKernels kernels_;
 };
 
 }  // namespace kvq
