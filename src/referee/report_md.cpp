@@ -346,7 +346,7 @@ std::string referee_summary_table(const json& j) {
   for (const json& r : j["runs"]) w = std::max(w, run_label(r).size());
   std::string s = fmt::format("{:<{}} {:<8}", "method", w, "windows");
   for (int c : ctx) s += fmt::format(" {:>9}", fmt::format("bits@{}", c));
-  s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9}\n", "ppl", "95% CI", "KL", "top-1", "passkey");
+  s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9} {:>8}\n", "ppl", "95% CI", "KL", "top-1", "passkey", "run s");
   for (const json& r : j["runs"]) {
     s += fmt::format("{:<{}} {:<8}", run_label(r), w, r["windows"]["label"].get<std::string>());
     for (int c : ctx) s += fmt::format(" {:>9.3f}", run_bits(r, std::to_string(c)));
@@ -354,12 +354,14 @@ std::string referee_summary_table(const json& j) {
     const json& p = r["results"]["ppl"][c0][d];
     const json& k = r["results"]["kl"][c0][d];
     const json& pk = r["results"]["passkey"][c0];
-    s += fmt::format(" {:>10.4f} {:>21} {:>10.5f} {:>7.4f} {:>8.1f}%\n", p["ppl"].get<double>(), ci(p["ci95"], "{:.3f}"),
-                     k["kl_mean"].get<double>(), k["top1"].get<double>(), 100 * pk["accuracy"].get<double>());
+    s += fmt::format(" {:>10.4f} {:>21} {:>10.5f} {:>7.4f} {:>8.1f}% {:>8.1f}\n", p["ppl"].get<double>(),
+                     ci(p["ci95"], "{:.3f}"), k["kl_mean"].get<double>(), k["top1"].get<double>(),
+                     100 * pk["accuracy"].get<double>(), r.value("seconds", 0.0));
   }
   const std::string d = j["runs"].empty() ? "" : pooled_domain(j["runs"][0], c0);
   s += fmt::format("(ppl, KL vs BF16 and top-1 at ctx {} over {}; passkey at ctx {}; bits = effective bits per "
-                   "cached element at each ctx, windows and scales included)\n",
+                   "cached element at each ctx, windows and scales included; run s = the referee's wall time of the "
+                   "row's run, every ctx, on the runner that made it)\n",
                    c0, d == "all" ? "all domains pooled" : "domain " + d, c0);
   return s;
 }
