@@ -132,6 +132,8 @@ expect_error "referee: --report-only with --calibrate-only" referee -m $M --cali
 expect_error "referee: --report-only without any run" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref-empty" --report-only
 expect_error "eval: unknown device" eval -m $M --device tpu
 expect_error "referee: a clip listed twice" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,0.9
+expect_error "referee: a malformed --cost-shape" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --cost-shape 8by32768
+expect_error "referee: a --cost-shape of 0 sequences" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --cost-shape 0x1024
 expect_error "referee: a clip above 1" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,1.5
 expect_error "referee: a clip that is not a number" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,x
 expect_error "referee: unknown method" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --methods int2,int3

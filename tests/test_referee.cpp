@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "codecs/pnmix/pnmix_file.h"
+#include "attention/attention_bench.h"
 #include "common/error.h"
 #include "referee/referee.h"
 #include "referee/view.h"
@@ -571,4 +572,57 @@ TEST(Referee, RefusesATooSmallCalibrationBudgetBeforeAnyRun) {
     EXPECT_NE(e.message().find("calibration tokens"), std::string::npos) << e.message();
   }
   EXPECT_TRUE(fs::is_empty(d.out / "runs"));  // not even the int2 run was started
+}
+
+// The cost column: the probe (here kvq bench attention's CPU measurement at a small shape) runs once per distinct
+// cache (bf16 and its as-shipped row share one, as fp8's common 0/0 and as-shipped rows do), every run records it,
+// the bytes a step reads are the rows' stored bytes (512 tokens x 2 kv heads: bf16 2 x 256 B, int2 2 x 36 B, fp8 2 x
+// 128 B a row), an eviction row has none, a probe's kvq::Error is the row's "unsupported" cost (this probe refuses
+// kv4rl's int8 windows, as the GPU's does), and report.md carries the table.
+TEST(Referee, CostColumnTimesEachRowsCacheOnceAndReportsIt) {
+  Dirs d;
+  RefereeConfig cfg = tiny(d);
+  cfg.methods = parse_referee_methods("bf16,int2,fp8,kv4rl,evict(int2)");
+  ThreadPool pool(1);
+  std::vector<uint8_t> evict;
+  std::map<std::string, int> calls;
+  cfg.cost_probe = [&](const CacheConfig& row) {
+    ++calls[row.describe()];
+    KVQ_CHECK(row.window == "bf16", "window type '{}': not on this probe", row.window);
+    CacheConfig c = row;
+    c.k.head_dim = c.v.head_dim = 128;
+    const AttentionBenchShape shape{.ctx = 512, .batch = 1, .q_heads = 4, .kv_heads = 2, .head_dim = 128, .iters = 2,
+                                    .hot = true};
+    const AttentionFigures f = bench_attention_cpu(shape, c, pool, evict);
+    return json{{"shape", "1 x 512, q4/kv2/d128"}, {"device", "cpu"}, {"attention_us", 1e3 * f.ms},
+                {"bytes_read", f.bytes_read}, {"read_probe_gbps", 10.0},
+                {"fraction_of_read_probe", f.bytes_read / (f.ms * 1e-3) / 10e9}};
+  };
+  const RefereeResult r = run_referee(cfg, quiet);
+  EXPECT_EQ(calls.size(), 4u);  // bf16, int2, fp8, kv4rl (refused); evict none
+  for (const auto& [cache, n] : calls) EXPECT_EQ(n, 1) << cache;
+  const json j = json::parse(slurp(d.out / "results.json"));
+  EXPECT_TRUE(referee_schema_errors(j).empty());
+  std::map<std::string, double> bytes;
+  for (const json& run : j["runs"]) {
+    ASSERT_TRUE(run.contains("cost")) << run["key"];
+    const json& c = run["cost"];
+    const std::string label = run["method"]["label"];
+    if (label == "evict(int2)") {
+      EXPECT_TRUE(c.contains("skipped")) << c.dump();
+    } else if (label == "kv4rl") {
+      EXPECT_NE(c.value("unsupported", "").find("int8"), std::string::npos) << c.dump();
+    } else {
+      EXPECT_GT(c["attention_us"].get<double>(), 0.0) << label;
+      bytes[label] = c["bytes_read"].get<double>();
+    }
+  }
+  EXPECT_EQ(bytes["bf16"], 512.0 * 2 * 2 * 256);
+  EXPECT_EQ(bytes["int2"], 512.0 * 2 * 2 * 36);
+  EXPECT_EQ(bytes["fp8"], 512.0 * 2 * 2 * 128);
+  const std::string md = slurp(d.out / "report.md");
+  EXPECT_NE(md.find("## What each row costs"), std::string::npos);
+  EXPECT_NE(md.find("1 x 512, q4/kv2/d128 on cpu"), std::string::npos);
+  EXPECT_NE(md.find("| fp8 | 0/0 | "), std::string::npos);
+  EXPECT_NE(md.find("attn µs"), std::string::npos);
 }

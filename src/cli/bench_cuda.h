@@ -28,6 +28,16 @@ struct GpuAttentionBench {
 // Throws kvq::Error when built without CUDA or when no device is available.
 void bench_attention_cuda(const GpuAttentionBench& o);
 
+// One shape of that bench for one cache (the referee's cost column): the median microseconds of a decode step's
+// attention at batch x ctx and the bytes it reads, on the device named in `device`. Throws kvq::Error without CUDA,
+// for a cache the GPU does not run, or when the shape does not fit the free memory.
+struct GpuAttentionCost {
+  double us = 0, bytes_read = 0;
+  std::string device;
+};
+GpuAttentionCost attention_cost_cuda(const CacheConfig& cfg, int batch, int ctx, int q_heads, int kv_heads,
+                                     int head_dim, int iters);
+
 // kvq bench gemm: the decode step's bf16 GEMMs at a model's shapes (config.json only) at each row count, as GpuModel
 // runs them (cuBLAS): time and share of the read probe of each, and of a step's GEMMs in all.
 struct GpuGemmBench {

@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "attention/attention.h"
+#include "attention/attention_bench.h"
+#include "cli/attention_cost.h"
 #include "cli/bench_cuda.h"
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -47,32 +49,6 @@ struct BenchDecodeOptions {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Streaming-read bandwidth (bytes/s) of the pool's threads over a buffer of `bytes`: best of a few passes.
-double read_bandwidth(ThreadPool& pool, size_t bytes) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::vector<uint64_t> buf(n);
-  const int parts = pool.size() * 4;
-  pool.parallel_for(parts, [&](int64_t p, int) {  // first touch by the threads that read it
-    for (size_t i = n * size_t(p) / parts; i < n * size_t(p + 1) / parts; ++i) buf[i] = i;
-  });
-  std::atomic<uint64_t> sink{0};
-  double best = 0;
-  for (int pass = 0; pass < 4; ++pass) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(parts, [&](int64_t p, int) {
-      uint64_t a[8] = {};
-      const size_t b = n * size_t(p) / parts, e = n * size_t(p + 1) / parts;
-      size_t i = b;
-      for (; i + 8 <= e; i += 8)
-        for (int k = 0; k < 8; ++k) a[k] += buf[i + size_t(k)];
-      for (; i < e; ++i) a[0] += buf[i];
-      sink += a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
-    });
-    best = std::max(best, double(n * sizeof(uint64_t)) / seconds_since(t0));
-  }
-  return sink.load() == 1 ? 0 : best;  // (sink keeps the reads alive)
 }
 
 // The bf16 cache a quantized one is timed against: the same windows, page and chunk, none of its quantizer flags.
@@ -420,119 +396,6 @@ void bench_attention_device(const BenchAttentionOptions& o) {
   bench_attention_cuda(g);
 }
 
-// Bytes a decode query at position t of seq reads from the cache of one layer: the quantized blocks and window
-// rows of its decode view, every kv head (counted from the runs the attention walks).
-double decode_bytes(const KvCache& cache, int seq, int t) {
-  std::vector<KvCache::Run> runs;
-  double bytes = 0;
-  for (int h = 0; h < cache.n_kv_heads(); ++h) {
-    cache.runs(seq, 0, h, t, t, runs);
-    for (const auto& r : runs)  // each run's blocks in its codecs (the quantized region's, or the window's)
-      bytes += double(r.n / r.k_codec->tokens_per_block()) * double(r.k_codec->bytes_per_block()) +
-               double(r.n / r.v_codec->tokens_per_block()) * double(r.v_codec->bytes_per_block());
-  }
-  return bytes;
-}
-
-struct AttentionFigures {
-  double ms = 0, ms_min = 0;        // median / min wall time of one decode step (all sequences), ms
-  double cpu_ms = 0;                // median CPU time of one step summed over threads, ms
-  double bytes_read = 0;            // cache bytes one step reads (all sequences)
-  double append_ms = 0;             // append + demote of one token of one layer, ms (median over tokens)
-  std::string cache;                // describe() of the cache
-  double bits = 0;                  // effective bits per element at ctx
-};
-
-// CPU time of the whole process (all threads), seconds: unlike wall time, barely affected by other load.
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Random rows come from no model: key codecs that store keys without RoPE (kv/codec_rope.h) get a RoPE of base 1e6
-// (Qwen3's) at head_dim, so that their decode cost (re-rotating every key) is timed.
-CacheConfig with_bench_rope(CacheConfig c, int head_dim) {
-  ModelConfig mc;
-  mc.head_dim = head_dim;
-  mc.rope.theta = 1e6;
-  c.key_rope = mc.rope_inv_freq();
-  return c;
-}
-
-AttentionFigures bench_attention_one(const BenchAttentionOptions& o, const CacheConfig& cfg, ThreadPool& pool,
-                                     std::vector<uint8_t>& evict) {
-  const int d = o.head_dim, hk = o.kv_heads, hq = o.q_heads;
-  const int n_append = 64;  // tokens appended after the decode steps to time append + demote
-  CacheConfig c = with_bench_rope(cfg, d);
-  c.simd = parse_simd_level(o.simd);
-  KvCache cache(c, 1, hk, d, o.ctx + n_append, o.batch);
-  std::mt19937 rng(42);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  const int chunk = c.max_chunk;
-  std::vector<float> k(size_t(chunk) * hk * d), v(k.size());
-  std::vector<int> seqs;
-  for (int b = 0; b < o.batch; ++b) {
-    const int seq = cache.new_sequence();
-    seqs.push_back(seq);
-    for (int p = 0; p < o.ctx; p += chunk) {
-      const int n = std::min(chunk, o.ctx - p);
-      for (size_t i = 0; i < size_t(n) * hk * d; ++i) k[i] = nd(rng), v[i] = nd(rng);
-      cache.reserve(seq, n);
-      cache.append(seq, 0, p, n, k.data(), v.data());
-      cache.commit(seq, n);
-    }
-  }
-  const float scale = 1.f / std::sqrt(float(d));
-  std::vector<float> q(size_t(o.batch) * hq * d), out(q.size());
-  for (auto& x : q) x = nd(rng) * scale;
-  AttentionFigures f;
-  f.cache = cache.config().describe();
-  f.bits = cache.footprint(o.ctx).bits_per_element;
-  for (int seq : seqs) f.bytes_read += decode_bytes(cache, seq, o.ctx - 1);
-  const AttentionShape shape{hq, hk, d};
-  std::vector<AttentionJob> jobs;
-  for (int b = 0; b < o.batch; ++b)
-    jobs.push_back({seqs[size_t(b)], o.ctx - 1, 1, q.data() + size_t(b) * hq * d, out.data() + size_t(b) * hq * d});
-  auto step = [&] { cache_attention(cache, jobs, 0, shape, pool); };
-  step();  // warm-up
-  std::vector<double> ms, cpu;
-  uint64_t touch = 0;
-  for (int it = 0; it < o.iters; ++it) {
-    if (!o.hot)
-      for (size_t i = 0; i < evict.size(); i += 64) touch += evict[i];  // read 96 MB: push the cache out of L1-L3
-    const double c0 = process_cpu_seconds();
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    ms.push_back(1e3 * seconds_since(t0));
-    cpu.push_back(1e3 * (process_cpu_seconds() - c0));
-  }
-  f.ms = median(ms);
-  f.cpu_ms = median(cpu);
-  if (touch == 1) std::fprintf(stderr, "\n");  // keeps the eviction reads alive
-  f.ms_min = *std::min_element(ms.begin(), ms.end());
-  // Append one token of one layer (window encode + demotion of what leaves the window), sequence 0.
-  std::vector<double> ams;
-  for (int i = 0; i < n_append; ++i) {
-    for (size_t j = 0; j < size_t(hk) * d; ++j) k[j] = nd(rng), v[j] = nd(rng);
-    const auto t0 = std::chrono::steady_clock::now();
-    cache.reserve(seqs[0], 1);
-    cache.append(seqs[0], 0, o.ctx + i, 1, k.data(), v.data());
-    cache.commit(seqs[0], 1);
-    ams.push_back(1e3 * seconds_since(t0));
-  }
-  // Mean: KIVI demotes a whole block every G tokens, so the cost per token is the average.
-  double sum = 0;
-  for (double a : ams) sum += a;
-  f.append_ms = sum / double(ams.size());
-  return f;
-}
-
 void bench_attention(const BenchAttentionOptions& o) {
   KVQ_CHECK(o.ctx >= 1 && o.batch >= 1 && o.iters >= 1, "bench attention: --ctx {}, --batch {}, --iters {} must be >= 1",
             o.ctx, o.batch, o.iters);
@@ -545,8 +408,15 @@ void bench_attention(const BenchAttentionOptions& o) {
   ThreadPool pool(o.threads);
   const double bw = read_bandwidth(pool, size_t(512) << 20);
   std::vector<uint8_t> evict(o.hot ? 0 : size_t(96) << 20, 1);
-  std::vector<AttentionFigures> figures = {bench_attention_one(o, bf16_options(o.cache).config(o.head_dim), pool, evict)};
-  for (const CacheConfig& c : tested) figures.push_back(bench_attention_one(o, c, pool, evict));
+  const AttentionBenchShape shape{.ctx = o.ctx, .batch = o.batch, .q_heads = o.q_heads, .kv_heads = o.kv_heads,
+                                  .head_dim = o.head_dim, .iters = o.iters, .hot = o.hot};
+  const auto at_level = [&](CacheConfig c) {
+    c.simd = simd;
+    return c;
+  };
+  std::vector<AttentionFigures> figures = {
+      bench_attention_cpu(shape, at_level(bf16_options(o.cache).config(o.head_dim)), pool, evict)};
+  for (const CacheConfig& c : tested) figures.push_back(bench_attention_cpu(shape, at_level(c), pool, evict));
   const AttentionFigures& base = figures[0];
   double load[3] = {0, 0, 0};
   if (FILE* fl = std::fopen("/proc/loadavg", "r")) {
@@ -583,6 +453,64 @@ void bench_attention(const BenchAttentionOptions& o) {
 }
 
 }  // namespace
+
+std::string CostShape::text() const {
+  return fmt::format("{} x {}, q{}/kv{}/d{}", batch, ctx, q_heads, kv_heads, head_dim);
+}
+
+CostShape parse_cost_shape(const std::string& s) {
+  CostShape c;
+  const size_t x = s.find('x');
+  const auto number = [&](std::string_view t, int lo, int hi, int* out) {
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+    return ec == std::errc() && end == t.data() + t.size() && *out >= lo && *out <= hi;
+  };
+  KVQ_CHECK(x != std::string::npos && number(std::string_view(s).substr(0, x), 1, 1024, &c.batch) &&
+                number(std::string_view(s).substr(x + 1), 1, 1 << 20, &c.ctx),
+            "--cost-shape '{}': give sequences x context, e.g. 8x32768 (1..1024 sequences, 1..1048576 tokens)", s);
+  return c;
+}
+
+std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std::string& device, const CostShape& shape,
+                                                                        int threads, SimdLevel simd) {
+  struct State {
+    std::unique_ptr<ThreadPool> pool;
+    std::vector<uint8_t> evict;
+    double bw = 0;  // bytes/s, at the first call
+  };
+  auto st = std::make_shared<State>();
+  return [=](const CacheConfig& row) {
+    CacheConfig c = row;
+    c.k.head_dim = c.v.head_dim = shape.head_dim;
+    c = with_codec_transform(c, shape.kv_heads, shape.head_dim);
+    nlohmann::json j = {{"shape", shape.text()}};
+    double us = 0, bytes = 0;
+    if (device == "cuda") {
+      if (st->bw == 0) st->bw = read_bandwidth_cuda();
+      const GpuAttentionCost g = attention_cost_cuda(c, shape.batch, shape.ctx, shape.q_heads, shape.kv_heads,
+                                                     shape.head_dim, shape.iters);
+      us = g.us, bytes = g.bytes_read;
+      j["device"] = g.device;
+    } else {
+      if (!st->pool) {
+        st->pool = std::make_unique<ThreadPool>(threads);
+        st->evict.assign(size_t(96) << 20, 1);
+        st->bw = read_bandwidth(*st->pool, size_t(512) << 20);
+      }
+      c.simd = simd;
+      const AttentionBenchShape b{.ctx = shape.ctx, .batch = shape.batch, .q_heads = shape.q_heads,
+                                  .kv_heads = shape.kv_heads, .head_dim = shape.head_dim, .iters = shape.iters};
+      const AttentionFigures f = bench_attention_cpu(b, c, *st->pool, st->evict);
+      us = 1e3 * f.ms, bytes = f.bytes_read;
+      j["device"] = fmt::format("cpu, {} threads, {} kernels", st->pool->size(), simd_level_name(simd));
+    }
+    j["attention_us"] = us;
+    j["bytes_read"] = bytes;
+    j["read_probe_gbps"] = st->bw / 1e9;
+    j["fraction_of_read_probe"] = us > 0 && st->bw > 0 ? bytes / (us * 1e-6) / st->bw : 0.0;
+    return j;
+  };
+}
 
 void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks (decode, attention, gemm)");

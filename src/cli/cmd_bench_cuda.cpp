@@ -19,6 +19,7 @@
 #include "codecs/codec.h"
 #include "cuda/bench_support.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
 #endif
@@ -44,6 +45,10 @@ double read_bandwidth_cuda() {
 }
 
 void fill_cache_cuda(Runner&, const std::vector<int>&, int) {
+  KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
+}
+
+GpuAttentionCost attention_cost_cuda(const CacheConfig&, int, int, int, int, int, int) {
   KVQ_FAIL("--device cuda: this kvq was built without CUDA (configure with nvcc available, -DKVQ_CUDA=ON)");
 }
 
@@ -202,6 +207,17 @@ void bench_prefill(const GpuAttentionBench& o) {
 }
 
 }  // namespace
+
+GpuAttentionCost attention_cost_cuda(const CacheConfig& cfg, int batch, int ctx, int q_heads, int kv_heads,
+                                     int head_dim, int iters) {
+  const std::string why = cuda::gpu_unsupported(cfg, head_dim);
+  KVQ_CHECK(why.empty(), "{}", why);
+  GpuAttentionBench o;
+  o.q_heads = q_heads, o.kv_heads = kv_heads, o.head_dim = head_dim, o.iters = iters;
+  const std::optional<ShapeResult> r = run_shape(o, cfg, batch, ctx);
+  KVQ_CHECK(r.has_value(), "batch {} x ctx {} does not fit the GPU's free memory", batch, ctx);
+  return {r->us, r->bytes_read, cuda::device_description()};
+}
 
 void bench_attention_cuda(const GpuAttentionBench& o) {
   KVQ_CHECK(o.q_heads % o.kv_heads == 0 && o.q_heads / o.kv_heads <= 8,

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "cli/attention_cost.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "common/error.h"
@@ -22,6 +23,7 @@ struct RefereeOptions {
   ModelOptions model;  // --device / --gpu-gemm of the evaluation passes
   std::string results;  // --results: a finished results.json to render (with --report-only)
   std::string simd;     // --simd
+  std::string cost_shape;  // --cost-shape: BxN, or "off" (default: 8x32768 on cuda, 1x32768 on the CPU)
   std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths, clip_grid,
               protocols = "common,as-shipped";
   bool quick = false, no_leakage = false;
@@ -101,6 +103,12 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     if (!c.report_only) check_device_available(o.model);  // no device, or a bad --gpu-gemm: one line before any work
     c.runners = [device = o.model](Model& m) { return make_runner_factory(m, device); };
   }
+  if (!c.report_only && !c.calibrate_only && o.cost_shape != "off") {
+    const CostShape shape = parse_cost_shape(!o.cost_shape.empty()        ? o.cost_shape
+                                             : o.model.device == "cuda" ? "8x32768"
+                                                                        : "1x32768");
+    c.cost_probe = attention_cost_probe(o.model.device, shape, c.threads, c.simd);
+  }
   const RefereeResult r = run_referee(c);
   if (c.calibrate_only) return;
   std::printf("%s", referee_summary_table(r.results).c_str());
@@ -146,6 +154,10 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--tune-windows", c.tune_windows, "held-out windows (of the first --ctx) per clip candidate")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-t,--threads", c.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--cost-shape", o->cost_shape,
+                  "the cost column's shape: one decode step's attention of each row's cache at SEQSxCTX (q32/kv8/d128, "
+                  "random rows, as kvq bench attention) on the evaluation's device; off: no cost column (default: "
+                  "8x32768 on cuda, 1x32768 on the CPU)");
   add_simd_option(cmd, o->simd);
   add_device_options(cmd, o->model);
   add_dummy_weights_option(cmd, o->model);  // refused in run(): the referee needs a checkpoint's weights

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "codecs/pnmix/codec_pnmix.h"
@@ -51,6 +52,7 @@ class Referee {
   json evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s, int left);
   json equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const;
   json execute_run(const std::vector<PlannedRun>& plan, size_t i, const json& settings, double& executed_seconds);
+  json row_cost(const PlannedRun& r);
   int threads() const;
   void write_results(const std::vector<PlannedRun>& plan, const json& missing,
                      std::chrono::steady_clock::time_point t0);
@@ -62,6 +64,7 @@ class Referee {
   std::unique_ptr<Model> model_;
   RefereeStore store_;
   RefereeResult res_;
+  std::map<std::string, json> costs_;  // row_cost's measurements by the probed cache's describe()
 };
 
 void Referee::validate_inputs() {
@@ -265,6 +268,7 @@ json Referee::execute_run(const std::vector<PlannedRun>& plan, size_t i, const j
   for (size_t k = i + 1; k < plan.size(); ++k) left += !fs::exists(run_record_path(cfg_, plan[k].key));
   json rec = evaluate_run(r, rot, int(i + 1), int(plan.size()), avg, int(left));
   add_run_fields(rec, cfg_, data_, r, rot, settings, model().pool().size());
+  if (cfg_.cost_probe) rec["cost"] = row_cost(r);
   referee_write_atomic(run_record_path(cfg_, r.key), rec.dump(1));
   ++res_.runs_executed;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
@@ -272,6 +276,26 @@ json Referee::execute_run(const std::vector<PlannedRun>& plan, size_t i, const j
   say(fmt::format("kvq: run {}/{} {} {}: finished in {:.1f} s", i + 1, plan.size(), r.method.label,
                   r.windows.label(), s));
   return rec;
+}
+
+// The cost of run r's cache format (RefereeConfig::cost_probe): its codecs and windows as the protocol sets them, the
+// prompt decode-faithful, no layer skipped (the probe times one layer), measured once per distinct cache. An eviction
+// row keeps a token budget of a bf16 cache, not a format: it has none.
+json Referee::row_cost(const PlannedRun& r) {
+  if (r.method.evicts())
+    return {{"skipped", "an eviction row is a bf16 cache that keeps fewer tokens, not a format of its own"}};
+  CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
+  c.skip_layers.clear();
+  c.prompt_policy = PromptPolicy::kDecodeFaithful;
+  const std::string key = c.describe();
+  if (auto it = costs_.find(key); it != costs_.end()) return it->second;
+  json j;
+  try {
+    j = cfg_.cost_probe(c);
+  } catch (const Error& e) {
+    j = {{"unsupported", e.what()}};
+  }
+  return costs_[key] = j;
 }
 
 // --calibrate-only: every rotation the plan needs, calibrated or found in OUT/rotations/; no runs, no reports.
@@ -329,6 +353,10 @@ RefereeResult Referee::run() {
       missing.push_back({{"key", r.key}, {"method", r.method.label}, {"windows", r.windows.label()},
                          {"leakage", r.leakage}});
       continue;
+    }
+    if (run.resumed && cfg_.cost_probe && !cfg_.report_only && !run.record.contains("cost")) {  // a record made before the cost column
+      run.record["cost"] = row_cost(r);
+      referee_write_atomic(path, run.record.dump(1));
     }
     if (run.resumed) {
       ++res_.runs_resumed;

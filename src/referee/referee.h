@@ -86,6 +86,11 @@ struct RefereeConfig {
                                        // each run was evaluated)
   std::function<RunnerFactory(Model&)> runners;  // the evaluation runners over the loaded model (null: CPU);
                                                  // calibration always runs on the CPU model
+  // The cost column: one decode step's attention of a row's cache (its codecs and windows, decode-faithful, no layer
+  // skipped) at one fixed shape on the evaluation's device, as `kvq bench attention` measures it (the CLI's probe:
+  // {"shape", "device", "attention_us", "bytes_read", "fraction_of_read_probe", ...}); a kvq::Error is recorded as the
+  // row's "unsupported" cost. Null: no cost column.
+  std::function<nlohmann::json(const CacheConfig&)> cost_probe;
 };
 
 // One finished (method, windows) run: the `kvq eval --json` object plus the referee's fields.

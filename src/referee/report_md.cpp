@@ -339,6 +339,58 @@ std::vector<std::string> referee_schema_errors(const json& j) {
   return s.errors;
 }
 
+namespace {
+
+// A run's "cost" (RefereeConfig::cost_probe), or an empty object.
+const json& run_cost(const json& r) {
+  static const json kNone = json::object();
+  return r.contains("cost") ? r["cost"] : kNone;
+}
+
+// The cost column: one decode step's attention of each row's cache at the fixed shape on the runner's device, its
+// bytes, the share of the read probe, the ratio to the bf16 row's, and the row's wall time. Empty when no run has a
+// cost (--cost-shape off, or records made before the column).
+
+std::string referee_cost_markdown(const json& j) {
+  const json* first = nullptr;
+  double bf16_us = 0;
+  for (const json& r : j["runs"]) {
+    const json& c = run_cost(r);
+    if (!c.contains("attention_us")) continue;
+    if (!first) first = &c;
+    if (r["method"]["label"] == "bf16" && bf16_us == 0) bf16_us = c["attention_us"].get<double>();
+  }
+  if (!first) return "";
+  std::string s = fmt::format(
+      "\n## What each row costs\n\nOne decode step's attention of the row's cache (its codecs and windows, random "
+      "rows, decode-faithful, one layer) at {} on {}, as `kvq bench attention` times it; the bytes that step reads "
+      "and their share of the device's streaming-read probe; the speedup over the bf16 row's cache; the referee's "
+      "wall time for the row. Rotation files are not in the step (a rotation's query rotation costs its own; see "
+      "docs/results).\n\n| method | windows | attention µs | MB read | % of read probe | vs bf16 | run s |\n"
+      "|---|---|---|---|---|---|---|\n",
+      (*first)["shape"].get<std::string>(), (*first)["device"].get<std::string>());
+  for (const json& r : j["runs"]) {
+    const json& c = run_cost(r);
+    std::string cells;
+    if (c.contains("attention_us")) {
+      const double us = c["attention_us"].get<double>();
+      cells = fmt::format("{:.0f} | {:.1f} | {:.0f}% | {}", us, c["bytes_read"].get<double>() / 1e6,
+                          100 * c["fraction_of_read_probe"].get<double>(),
+                          bf16_us > 0 ? fmt::format("{:.2f}x", bf16_us / us) : "-");
+    } else {
+      const std::string why = c.contains("unsupported") ? "not run: " + c["unsupported"].get<std::string>()
+                              : c.contains("skipped")   ? c["skipped"].get<std::string>()
+                                                        : "not measured";
+      cells = why + " | | | ";
+    }
+    s += fmt::format("| {} | {} | {} | {:.1f} |\n", run_label(r), r["windows"]["label"].get<std::string>(), cells,
+                     r.value("seconds", 0.0));
+  }
+  return s;
+}
+
+}  // namespace
+
 std::string referee_summary_table(const json& j) {
   const std::vector<int> ctx = j["config"]["ctx"].get<std::vector<int>>();
   const std::string c0 = std::to_string(ctx.front());
@@ -346,7 +398,8 @@ std::string referee_summary_table(const json& j) {
   for (const json& r : j["runs"]) w = std::max(w, run_label(r).size());
   std::string s = fmt::format("{:<{}} {:<8}", "method", w, "windows");
   for (int c : ctx) s += fmt::format(" {:>9}", fmt::format("bits@{}", c));
-  s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9} {:>8}\n", "ppl", "95% CI", "KL", "top-1", "passkey", "run s");
+  s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9} {:>8} {:>9}\n", "ppl", "95% CI", "KL", "top-1", "passkey", "run s",
+                   "attn µs");
   for (const json& r : j["runs"]) {
     s += fmt::format("{:<{}} {:<8}", run_label(r), w, r["windows"]["label"].get<std::string>());
     for (int c : ctx) s += fmt::format(" {:>9.3f}", run_bits(r, std::to_string(c)));
@@ -357,11 +410,15 @@ std::string referee_summary_table(const json& j) {
     s += fmt::format(" {:>10.4f} {:>21} {:>10.5f} {:>7.4f} {:>8.1f}% {:>8.1f}\n", p["ppl"].get<double>(),
                      ci(p["ci95"], "{:.3f}"), k["kl_mean"].get<double>(), k["top1"].get<double>(),
                      100 * pk["accuracy"].get<double>(), r.value("seconds", 0.0));
+    const json& cost = run_cost(r);
+    s.insert(s.size() - 1, cost.contains("attention_us") ? fmt::format(" {:>8.0f}", cost["attention_us"].get<double>())
+                                                         : fmt::format(" {:>8}", "-"));
   }
   const std::string d = j["runs"].empty() ? "" : pooled_domain(j["runs"][0], c0);
   s += fmt::format("(ppl, KL vs BF16 and top-1 at ctx {} over {}; passkey at ctx {}; bits = effective bits per "
                    "cached element at each ctx, windows and scales included; run s = the referee's wall time of the "
-                   "row's run, every ctx, on the runner that made it)\n",
+                   "row's run, every ctx, on the runner that made it; attn µs = one decode step's attention of the "
+                   "row's cache at the cost shape, report.md's \"What each row costs\")\n",
                    c0, d == "all" ? "all domains pooled" : "domain " + d, c0);
   return s;
 }
@@ -545,6 +602,7 @@ std::string referee_markdown(const json& j) {
                                              rot.value("heads_value_kept", 0), heads)
                                : "-");
   }
+  s += referee_cost_markdown(j);
   s += "\n## Notes\n\n";
   for (const json& note : j["notes"]) s += "- " + note.get<std::string>() + "\n";
   s += "\n## Summary\n\n```\n" + referee_summary_table(j) + "```\n";
