@@ -286,9 +286,9 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   // Kitty's value rows are min / scale rows of its own (codecs/kitty/codec_kitty.h), not the int2 rows a KIVI value maps to.
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kD), "values kitty_int2"));
   EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kD), "kitty_int2"));
-  // llama.cpp's types other than the q8_0 / q4_0 pairs have no GPU kernels: refused by name, never run as another
-  // codec's rows.
-  EXPECT_TRUE(has(gpu_unsupported(config("q5_0", "q5_0", 128), kD), "keys q5_0 with values q5_0"));
+  // llama.cpp's pairs the table does not list (mixed types but q8_0 / q4_0; f16) have no GPU kernels: refused by name,
+  // never run as another codec's rows.
+  EXPECT_TRUE(has(gpu_unsupported(config("q5_0", "q4_1", 128), kD), "keys q5_0 with values q4_1"));
   EXPECT_TRUE(has(gpu_unsupported(config("q4_0", "q8_0", 128), kD), "keys q4_0 with values q8_0"));
   EXPECT_TRUE(has(gpu_unsupported(config("q8_0", "bf16", 128), kD), "keys q8_0 with values bf16"));
   EXPECT_TRUE(has(gpu_unsupported(config("f16", "f16", 128), kD), "keys f16 with values f16"));
@@ -297,8 +297,11 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   EXPECT_TRUE(gpu_spec_stored({.type = "q8_0", .head_dim = 64, .group = 128}));
   EXPECT_FALSE(gpu_spec_stored({.type = "q8_0", .head_dim = 80, .group = 128}));
   EXPECT_FALSE(gpu_spec_stored({.type = "q8_0", .head_dim = 256, .group = 128}));  // the budget
-  for (const char* type : {"q5_0", "q4_1", "iq4_nl", "f16"})
-    EXPECT_FALSE(gpu_spec_stored({.type = type, .head_dim = kD, .group = 128})) << type;
+  for (const char* type : {"q5_0", "q4_1", "iq4_nl"}) {
+    EXPECT_TRUE(gpu_spec_stored({.type = type, .head_dim = kD, .group = 128})) << type;
+    EXPECT_FALSE(gpu_spec_stored({.type = type, .head_dim = 96, .group = 128})) << type;  // the budget
+  }
+  EXPECT_FALSE(gpu_spec_stored({.type = "f16", .head_dim = kD, .group = 128}));
   CacheConfig unknown = config("int2", "int2", 128);
   unknown.k.type = "kivi8";
   EXPECT_TRUE(has(gpu_unsupported(unknown, kD), "'kivi8' is unknown"));
