@@ -1,10 +1,11 @@
-// llama.cpp's cache types on the GPU (q8_0 and q4_0, their common pair; q5_0, q4_1 and iq4_nl, the referee's other rows) (codecs/llamacpp/codec_llamacpp.cuh) against the CPU cache
-// (codecs/llamacpp/codec_llamacpp.h) on identical inputs: stored rows byte for byte (both quantize with codecs/llamacpp/llamacpp_blocks.h's IEEE
-// operations from the same bf16 window rows), with and without llama.cpp's KV rotation (attn_rot, which the GPU cache
-// applies itself as it applies every KvTransform); attention outputs by NMSE; the fast CUDA-core kernel against its
-// reference twin at every GQA instance; the same at head dims 64, 96 and 256 (GpuCacheHeadDimsLlamaCpp); the rows'
-// sizes and alignment on the host. The engine-level ppl against the CPU is in tests/test_gpu_model.cpp. Every test but
-// the host-side GpuCacheGeometry one skips itself without a GPU.
+// llama.cpp's cache types on the GPU (codecs/llamacpp/codec_llamacpp.cuh: q8_0 and q4_0, their common pair; q5_0, q4_1
+// and iq4_nl, the referee's others) against the CPU cache (codecs/llamacpp/codec_llamacpp.h) on identical inputs:
+// stored rows byte for byte (both quantize with codecs/llamacpp/llamacpp_blocks.h's IEEE operations from the same bf16
+// window rows), with and without llama.cpp's KV rotation (attn_rot, which the GPU cache applies itself as it applies
+// every KvTransform); attention outputs by NMSE; the fast CUDA-core kernel against its reference twin at every GQA
+// instance; the same at head dims 64 and 96 (the other types at 64: GpuCacheHeadDimsLlamaCpp); the rows' sizes and
+// alignment on the host. The engine-level ppl against the CPU is in tests/test_gpu_model.cpp. Every test but the
+// host-side GpuCacheGeometry one skips itself without a GPU.
 #ifdef KVQ_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -198,13 +199,15 @@ INSTANTIATE_TEST_SUITE_P(LlamaCppBlocks, GpuCacheHeadDimsLlamaCpp,
 
 // --- Host side, no GPU needed.
 
-// The rows the device codec reads: the CPU codec's blocks (136 / 88 / 80 / 72 bytes per 128-value row), 8-byte aligned rows
-// and heads (the fast score's 8-byte loads), layers at multiples of 16 bytes (a --kv-skip-layers bf16 layer's 16-byte
+// The rows the device codec reads: the CPU codec's blocks (136 / 88 / 80 / 72 bytes per 128-value row), 8-byte aligned
+// rows and heads (the fast score's 8-byte loads), layers at multiples of 16 bytes (a --kv-skip-layers bf16 layer's 16-byte
 // loads), and the CUDA-core instance rows of the six pairs.
 TEST(GpuCacheGeometry, LlamaCppRowsAreTheCpuBlocksAnd8ByteAligned) {
   std::vector<Pair> pairs(std::begin(kPairs), std::end(kPairs));
   pairs.insert(pairs.end(), std::begin(kOtherPairs), std::end(kOtherPairs));
-  const auto row_bytes = [](const std::string& t) { return t == "q8_0" ? 136 : t == "q5_0" ? 88 : t == "q4_1" ? 80 : 72; };
+  const auto row_bytes = [](const std::string& t) {
+    return t == "q8_0" ? 136 : t == "q5_0" ? 88 : t == "q4_1" ? 80 : 72;  // 4 blocks of 34, 22, 20, 18 bytes
+  };
   for (const Pair& pair : pairs)
     for (int page : {8, 24, 128}) {
       CacheConfig cfg = llama_config(pair.first, pair.second, 16, 64, false, 3, 2);

@@ -26,7 +26,8 @@ CostShape parse_cost_shape(const std::string& s);
 // transform its codecs imply added, {"shape", "device", "attention_us", "bytes_read", "read_probe_gbps",
 // "fraction_of_read_probe"}. The read probe is measured once, at the first call. Throws kvq::Error for a cache the
 // device does not run.
-std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std::string& device, const CostShape& shape,
-                                                                        int threads, SimdLevel simd);
+std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std::string& device,
+                                                                        const CostShape& shape, int threads,
+                                                                        SimdLevel simd);
 
 }  // namespace kvq::cli

@@ -471,8 +471,9 @@ CostShape parse_cost_shape(const std::string& s) {
   return c;
 }
 
-std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std::string& device, const CostShape& shape,
-                                                                        int threads, SimdLevel simd) {
+std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std::string& device,
+                                                                        const CostShape& shape, int threads,
+                                                                        SimdLevel simd) {
   struct State {
     std::unique_ptr<ThreadPool> pool;
     std::vector<uint8_t> evict;

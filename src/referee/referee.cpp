@@ -354,7 +354,8 @@ RefereeResult Referee::run() {
                          {"leakage", r.leakage}});
       continue;
     }
-    if (run.resumed && cfg_.cost_probe && !cfg_.report_only && !run.record.contains("cost")) {  // a record made before the cost column
+    // a record made before the cost column gets it now
+    if (run.resumed && cfg_.cost_probe && !cfg_.report_only && !run.record.contains("cost")) {
       run.record["cost"] = row_cost(r);
       referee_write_atomic(path, run.record.dump(1));
     }

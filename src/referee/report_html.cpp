@@ -329,6 +329,27 @@ std::string equal_bits_html(const json& j, const std::function<std::string(const
                       xl, "KL per token (nats)", kl, true);
       h += fmt::format("<p>Error bars: 95% CIs. Large points joined by the dashed line: the Pareto front (no run has "
                        "fewer bits and a lower ppl increase). A KL of 0 is drawn at the floor {:.3g}.</p>\n", floor);
+      // Bits against speed: each run's cost (RefereeConfig::cost_probe), where its record has one.
+      std::vector<ParetoPoint> speed;
+      std::string shape;
+      for (const json& p : j["pareto"][protocol][cs]) {
+        const auto run =
+            std::find_if(j["runs"].begin(), j["runs"].end(), [&](const json& r) { return r["key"] == p["key"]; });
+        if (run == j["runs"].end() || !run->contains("cost") || !(*run)["cost"].contains("attention_us")) continue;
+        const json& cost = (*run)["cost"];
+        ParetoPoint q;
+        q.x = p["bits"];
+        q.y = q.lo = q.hi = cost["attention_us"].get<double>();
+        q.key = p["key"];
+        q.label = p["method"].get<std::string>() + " " + p["windows"].get<std::string>();
+        q.color = color_of(q.key);
+        shape = cost["shape"].get<std::string>() + " on " + cost["device"].get<std::string>();
+        speed.push_back(q);
+      }
+      if (!speed.empty())
+        h += pareto_svg("pareto-speed-" + id, fmt::format("attention time per decode step against bits ({}, ctx {})",
+                                                          protocol, cs),
+                        xl, "µs per step at " + shape + " (log scale)", speed, true);
     }
   return h;
 }

@@ -398,8 +398,8 @@ std::string referee_summary_table(const json& j) {
   for (const json& r : j["runs"]) w = std::max(w, run_label(r).size());
   std::string s = fmt::format("{:<{}} {:<8}", "method", w, "windows");
   for (int c : ctx) s += fmt::format(" {:>9}", fmt::format("bits@{}", c));
-  s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9} {:>8} {:>9}\n", "ppl", "95% CI", "KL", "top-1", "passkey", "run s",
-                   "attn µs");
+  s += fmt::format(" {:>10} {:>21} {:>10} {:>7} {:>9} {:>8} {:>9}\n", "ppl", "95% CI", "KL", "top-1", "passkey",
+                   "run s", "attn µs");
   for (const json& r : j["runs"]) {
     s += fmt::format("{:<{}} {:<8}", run_label(r), w, r["windows"]["label"].get<std::string>());
     for (int c : ctx) s += fmt::format(" {:>9.3f}", run_bits(r, std::to_string(c)));

@@ -128,7 +128,8 @@ struct VAvx2 {
     } else if constexpr (Fmt == RowFormat::kFp8E4m3 || Fmt == RowFormat::kFp8E5m2) {
       KVQ_UNROLL
       for (int k = 0; k < 2; ++k) {
-        const __m256i h = fp8_to_fp16<Fmt>(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+        const __m256i h = fp8_to_fp16<Fmt>(_mm256_cvtepu8_epi16(b));
         out[2 * k] = fp8_scale<Fmt>(_mm256_cvtph_ps(_mm256_castsi256_si128(h)));
         out[2 * k + 1] = fp8_scale<Fmt>(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
       }

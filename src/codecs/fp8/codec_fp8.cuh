@@ -54,7 +54,7 @@ struct Fp8Rows {
   }
 
   // Scores of one row against the g <= GQ queries qs[h][:]: s[h] += s_row · Σ_c q_h[c] x_c (s_row: 1 unscaled), the
-  // row loaded in the widest words its alignment allows (4 or 8 bytes) before any use, so one DRAM round trip serves it.
+  // row loaded in the widest words its alignment allows (4 or 8 bytes) before any use: one DRAM round trip serves it.
   template <int GQ>
   static __device__ __forceinline__ void score(const void* p, int /*row*/, int /*group*/, const float (*qs)[D],
                                                const float (*/*qsum*/)[D / 32], int g, float* s) {

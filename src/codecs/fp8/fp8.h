@@ -11,7 +11,7 @@
 //
 // Rows of one (token, kv head), d values:
 //   fp8 / fp8_e4m3 / fp8_e5m2 (Fp8Row<d>: d bytes): code_i = fp8(x_i / s) with vLLM's per-tensor scale s; kvq stores
-//     s = 1.0, vLLM's default when the checkpoint carries no k_scale / v_scale, so code_i = fp8(x_i), x̂_i = fp8⁻¹(code_i)
+//     s = 1.0, vLLM's default when the checkpoint carries no k_scale / v_scale: code_i = fp8(x_i), x̂_i = fp8⁻¹(code_i)
 //   fp8_per_token_head (Fp8ScaledRow<d>: d bytes, then an fp32 scale; vLLM's per-(token, head) scales, stored beside
 //     the codes there and inside the row here, the same bytes either way):
 //     s = max(absmax / 448, 1e-6),   code_i = fp8_e4m3(clamp(x_i · (1 / s), -448, 448)),   x̂_i = fp8⁻¹(code_i) · s
