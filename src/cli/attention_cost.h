@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -24,10 +25,12 @@ CostShape parse_cost_shape(const std::string& s);
 
 // A probe on device "cpu" (threads, simd: the kernels' level) or "cuda": for a cache config (codecs, windows), the
 // transform its codecs imply added, {"shape", "device", "attention_us", "bytes_read", "read_probe_gbps",
-// "fraction_of_read_probe"}. The read probe is measured once, at the first call. Throws kvq::Error for a cache the
-// device does not run.
+// "fraction_of_read_probe"} at shape, and the same at model_shape (the evaluated model's heads at the referee's
+// context) under "model_shape" when given ({"shape", "unsupported"} when the device refuses it there). The read probe
+// is measured once, at the first call. Throws kvq::Error for a cache the device does not run at shape.
 std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std::string& device,
-                                                                        const CostShape& shape, int threads,
-                                                                        SimdLevel simd);
+                                                                        const CostShape& shape,
+                                                                        const std::optional<CostShape>& model_shape,
+                                                                        int threads, SimdLevel simd);
 
 }  // namespace kvq::cli

@@ -472,24 +472,25 @@ CostShape parse_cost_shape(const std::string& s) {
 }
 
 std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std::string& device,
-                                                                        const CostShape& shape, int threads,
-                                                                        SimdLevel simd) {
+                                                                        const CostShape& shape,
+                                                                        const std::optional<CostShape>& model_shape,
+                                                                        int threads, SimdLevel simd) {
   struct State {
     std::unique_ptr<ThreadPool> pool;
     std::vector<uint8_t> evict;
     double bw = 0;  // bytes/s, at the first call
   };
   auto st = std::make_shared<State>();
-  return [=](const CacheConfig& row) {
+  const auto measure = [=](const CacheConfig& row, const CostShape& at) {
     CacheConfig c = row;
-    c.k.head_dim = c.v.head_dim = shape.head_dim;
-    c = with_codec_transform(c, shape.kv_heads, shape.head_dim);
-    nlohmann::json j = {{"shape", shape.text()}};
+    c.k.head_dim = c.v.head_dim = at.head_dim;
+    c = with_codec_transform(c, at.kv_heads, at.head_dim);
+    nlohmann::json j = {{"shape", at.text()}};
     double us = 0, bytes = 0;
     if (device == "cuda") {
       if (st->bw == 0) st->bw = read_bandwidth_cuda();
-      const GpuAttentionCost g = attention_cost_cuda(c, shape.batch, shape.ctx, shape.q_heads, shape.kv_heads,
-                                                     shape.head_dim, shape.iters);
+      const GpuAttentionCost g =
+          attention_cost_cuda(c, at.batch, at.ctx, at.q_heads, at.kv_heads, at.head_dim, at.iters);
       us = g.us, bytes = g.bytes_read;
       j["device"] = g.device;
     } else {
@@ -499,8 +500,8 @@ std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std
         st->bw = read_bandwidth(*st->pool, size_t(512) << 20);
       }
       c.simd = simd;
-      const AttentionBenchShape b{.ctx = shape.ctx, .batch = shape.batch, .q_heads = shape.q_heads,
-                                  .kv_heads = shape.kv_heads, .head_dim = shape.head_dim, .iters = shape.iters};
+      const AttentionBenchShape b{.ctx = at.ctx, .batch = at.batch, .q_heads = at.q_heads,
+                                  .kv_heads = at.kv_heads, .head_dim = at.head_dim, .iters = at.iters};
       const AttentionFigures f = bench_attention_cpu(b, c, *st->pool, st->evict);
       us = 1e3 * f.ms, bytes = f.bytes_read;
       j["device"] = fmt::format("cpu, {} threads, {} kernels", st->pool->size(), simd_level_name(simd));
@@ -509,6 +510,17 @@ std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std
     j["bytes_read"] = bytes;
     j["read_probe_gbps"] = st->bw / 1e9;
     j["fraction_of_read_probe"] = us > 0 && st->bw > 0 ? bytes / (us * 1e-6) / st->bw : 0.0;
+    return j;
+  };
+  return [=](const CacheConfig& row) {
+    nlohmann::json j = measure(row, shape);
+    if (model_shape) {
+      try {
+        j["model_shape"] = measure(row, *model_shape);
+      } catch (const Error& e) {
+        j["model_shape"] = {{"shape", model_shape->text()}, {"unsupported", e.what()}};
+      }
+    }
     return j;
   };
 }

@@ -12,6 +12,7 @@
 #include "cli/options.h"
 #include "common/error.h"
 #include "eval/evaluator.h"
+#include "model/config.h"
 #include "referee/referee.h"
 
 namespace kvq::cli {
@@ -107,7 +108,12 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     const CostShape shape = parse_cost_shape(!o.cost_shape.empty()        ? o.cost_shape
                                              : o.model.device == "cuda" ? "8x32768"
                                                                         : "1x32768");
-    c.cost_probe = attention_cost_probe(o.model.device, shape, c.threads, c.simd);
+    // and at the evaluated model's heads, the same sequences, the longest --ctx
+    const ModelConfig mc = ModelConfig::load(c.model_dir + "/config.json");
+    CostShape at_model = shape;
+    at_model.q_heads = mc.n_heads, at_model.kv_heads = mc.n_kv_heads, at_model.head_dim = mc.head_dim;
+    at_model.ctx = *std::max_element(c.ctx.begin(), c.ctx.end());
+    c.cost_probe = attention_cost_probe(o.model.device, shape, at_model, c.threads, c.simd);
   }
   const RefereeResult r = run_referee(c);
   if (c.calibrate_only) return;

@@ -365,23 +365,29 @@ std::string referee_cost_markdown(const json& j) {
       "\n## What each row costs\n\nOne decode step's attention of the row's cache (its codecs and windows, random "
       "rows, decode-faithful, one layer) at {} on {}, as `kvq bench attention` times it; the bytes that step reads "
       "and their share of the device's streaming-read probe; the speedup over the bf16 row's cache; the referee's "
-      "wall time for the row. Rotation files are not in the step (a rotation's query rotation costs its own; see "
-      "docs/results).\n\n| method | windows | attention µs | MB read | % of read probe | vs bf16 | run s |\n"
-      "|---|---|---|---|---|---|---|\n",
-      (*first)["shape"].get<std::string>(), (*first)["device"].get<std::string>());
+      "wall time for the row; and the step at the evaluated model's own heads and longest context ({}). Rotation "
+      "files are not in the step (a rotation's query rotation costs its own; see docs/results).\n\n| method | windows "
+      "| attention µs | MB read | % of read probe | vs bf16 | µs at the model's shape | run s |\n"
+      "|---|---|---|---|---|---|---|---|\n",
+      (*first)["shape"].get<std::string>(), (*first)["device"].get<std::string>(),
+      first->contains("model_shape") ? (*first)["model_shape"]["shape"].get<std::string>() : "not measured");
   for (const json& r : j["runs"]) {
     const json& c = run_cost(r);
     std::string cells;
     if (c.contains("attention_us")) {
       const double us = c["attention_us"].get<double>();
-      cells = fmt::format("{:.0f} | {:.1f} | {:.0f}% | {}", us, c["bytes_read"].get<double>() / 1e6,
+      const json& m = c.contains("model_shape") ? c["model_shape"] : json::object();
+      cells = fmt::format("{:.0f} | {:.1f} | {:.0f}% | {} | {}", us, c["bytes_read"].get<double>() / 1e6,
                           100 * c["fraction_of_read_probe"].get<double>(),
-                          bf16_us > 0 ? fmt::format("{:.2f}x", bf16_us / us) : "-");
+                          bf16_us > 0 ? fmt::format("{:.2f}x", bf16_us / us) : "-",
+                          m.contains("attention_us") ? fmt::format("{:.0f}", m["attention_us"].get<double>())
+                          : m.contains("unsupported") ? "not run"
+                                                      : "-");
     } else {
       const std::string why = c.contains("unsupported") ? "not run: " + c["unsupported"].get<std::string>()
                               : c.contains("skipped")   ? c["skipped"].get<std::string>()
                                                         : "not measured";
-      cells = why + " | | | ";
+      cells = why + " | | | | ";
     }
     s += fmt::format("| {} | {} | {} | {:.1f} |\n", run_label(r), r["windows"]["label"].get<std::string>(), cells,
                      r.value("seconds", 0.0));
