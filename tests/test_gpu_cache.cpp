@@ -531,9 +531,10 @@ using TqCase = std::tuple<std::string, std::pair<int, int>, int>;  // preset, (s
 class GpuVsCpuTurboQuant : public ::testing::TestWithParam<TqCase> {};
 
 // Both caches rotate keys and queries by H with the same double accumulation (append, prepare_queries vs
-// kv/transform.cpp) and encode with codecs/turboquant/turboquant.h's operations, so every stored row is bit-identical: bf16
-// windows, codebook keys (n in the canonical order, the same midpoints) and uniform values. Attention differs by
-// float summation order only (no int operands on either side): 1e-6.
+// kv/transform.cpp; k8v4's FP8 keys are not rotated) and encode with codecs/turboquant/turboquant.h's and
+// codecs/fp8/fp8.h's operations, so every stored row is bit-identical: bf16 windows, codebook keys (n in the canonical
+// order, the same midpoints), FP8 keys and uniform values. Attention differs by float summation order only (no int
+// operands on either side): 1e-6.
 TEST_P(GpuVsCpuTurboQuant, StoredRowsAreBitIdenticalAndAttentionMatchesTheCpuCache) {
   REQUIRE_GPU();
   const auto& [preset, win, variant] = GetParam();
@@ -541,7 +542,7 @@ TEST_P(GpuVsCpuTurboQuant, StoredRowsAreBitIdenticalAndAttentionMatchesTheCpuCac
   std::mt19937 rng(2000 + variant * 17 + win.first);
   const Data data = variant == 0 ? Data::Gaussian : Data::HeavyTailed;
   const std::vector<int> lengths = {1, 63, 64, 65, 257, 1000, 4097};
-  Twin tw(cfg, 4097 + 64, int(lengths.size()), *cfg.transform);
+  Twin tw(cfg, 4097 + 64, int(lengths.size()), cfg.transform ? *cfg.transform : KvTransform{});
   const double b = 1e-6;
   for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, data, b);
   std::vector<int> all, ones(lengths.size(), 1), mixed;
