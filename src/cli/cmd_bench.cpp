@@ -4,7 +4,6 @@
 // kvq bench attention: decode-step attention over a KvCache filled with random rows (no model), against the
 // bf16 cache of the same shapes, with bytes read, GB/s, the append cost and the machine's read bandwidth.
 #include <algorithm>
-#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -13,7 +12,6 @@
 #include <optional>
 #include <random>
 
-#include <time.h>
 
 #include <nlohmann/json.hpp>
 

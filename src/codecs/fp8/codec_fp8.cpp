@@ -19,8 +19,6 @@ Fp8Codec::Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_d
       kernels_(row_kernels(format == fp8::Format::kE4m3 ? RowFormat::kFp8E4m3 : RowFormat::kFp8E5m2, level)) {
   KVQ_CHECK(head_dim > 0 && head_dim % 32 == 0 && head_dim <= kMaxD, "{}: head_dim {}", name_, head_dim);
   KVQ_CHECK(!scaled || format == fp8::Format::kE4m3, "{}: per-row scales are e4m3's", name_);
-  for (int b = 0; b < 256; ++b)
-    table_[b] = format == fp8::Format::kE4m3 ? fp8::e4m3_to_f32(uint8_t(b)) : fp8::e5m2_to_f32(uint8_t(b));
 }
 
 float Fp8Codec::scale(const uint8_t* row) const {
@@ -45,7 +43,10 @@ void Fp8Codec::encode(const float* x, uint8_t* block) const {
 
 void Fp8Codec::decode(const uint8_t* block, float* x) const {
   const float s = scale(block);
-  for (int i = 0; i < d_; ++i) x[i] = scaled_ ? table_[block[i]] * s : table_[block[i]];
+  for (int i = 0; i < d_; ++i) {
+    const float v = format_ == fp8::Format::kE4m3 ? fp8::e4m3_to_f32(block[i]) : fp8::e5m2_to_f32(block[i]);
+    x[i] = scaled_ ? v * s : v;
+  }
 }
 
 RowsView Fp8Codec::rows(const uint8_t* blocks, int n_tokens) const {

@@ -39,7 +39,6 @@ class Fp8Codec final : public KvCodec {
   int d_;
   RowsView rows(const uint8_t* blocks, int n_tokens) const;
 
-  float table_[256];  // fp8 bits -> value
   RowKernels kernels_;
 };
 
