@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "cli/attention_cost.h"
@@ -14,6 +15,8 @@
 #include "eval/evaluator.h"
 #include "model/config.h"
 #include "referee/referee.h"
+#include "referee/rehearsal.h"
+#include "referee/io.h"
 
 namespace kvq::cli {
 
@@ -27,7 +30,7 @@ struct RefereeOptions {
   std::string cost_shape;  // --cost-shape: BxN, or "off" (default: 8x32768 on cuda, 1x32768 on the CPU)
   std::string ctx = "2048", methods, windows = "64/256,16/64,0/0", domains, depths, clip_grid,
               protocols = "common,as-shipped";
-  bool quick = false, no_leakage = false;
+  bool quick = false, no_leakage = false, plan = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -35,6 +38,35 @@ std::vector<std::string> split(const std::string& s) {
   std::stringstream ss(s);
   for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
   return out;
+}
+
+// --plan: every run of the referee with its status and its estimated time on the device, timed at the model's shape
+// with random weights (referee/rehearsal.h); prints the table and writes OUT/plan.json. Reads no weights.
+void run_plan(const RefereeOptions& o) {
+  const RefereeConfig& c = o.cfg;
+  ModelOptions mo = o.model;
+  mo.dir = c.model_dir, mo.threads = c.threads, mo.simd = o.simd, mo.dummy_weights = true;
+  Plan p;
+  p.model = ModelConfig::load(c.model_dir + "/config.json");
+  std::optional<ModelSource> src;  // the random weights, made when the first cache is timed (after the inputs' checks)
+  PlanDevice dev;
+  dev.device = mo.device;
+  dev.runners = [&](const CacheConfig& cache, int max_ctx) {
+    if (!src) src = load_model_source(mo, p);
+    Plan q = p;
+    q.cache = cache;
+    return make_runner(*src, mo, q, max_ctx);
+  };
+  if (mo.device != "cpu") dev.check = check_gpu_cache;
+  const nlohmann::json plan = plan_referee(c, dev, [](const std::string& line, bool transient) {
+    std::fprintf(stderr, transient ? "\r%-110s" : "\r%-110s\n", line.c_str());
+    std::fflush(stderr);
+  });
+  std::fprintf(stderr, "\r%-110s\r", "");
+  std::filesystem::create_directories(c.out_dir);
+  const std::string file = (std::filesystem::path(c.out_dir) / "plan.json").string();
+  referee_write_atomic(file, plan.dump(1));
+  std::printf("%s(wrote %s)\n", referee_plan_table(plan).c_str(), file.c_str());
 }
 
 void run(RefereeOptions o, const CLI::App* cmd) {
@@ -52,7 +84,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
                                     {"--eval-data", &c.eval_dir}})
     KVQ_CHECK(!value->empty(), "referee: {} is required", flag);
   c.simd = parse_simd_level(o.simd);
-  require_checkpoint(o.model, "referee");
+  if (!o.plan) require_checkpoint(o.model, "referee");  // --plan times random weights, whatever -m holds
   auto given = [&](const char* flag) { return cmd->count(flag) > 0; };
   if (o.quick) {  // the demo / CI subset; explicit flags still win
     if (!given("--methods")) o.methods = referee_quick_methods();
@@ -74,6 +106,8 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     }
   }
   KVQ_CHECK(!(c.report_only && c.calibrate_only), "referee: --report-only and --calibrate-only exclude each other");
+  KVQ_CHECK(!o.plan || !(c.report_only || c.calibrate_only),
+            "referee: --plan runs nothing: it excludes --report-only and --calibrate-only");
   c.quick = o.quick;
   c.leakage = !o.no_leakage;
   c.ctx = parse_ctx_list(o.ctx);
@@ -103,7 +137,9 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     c.device = o.model.device + "/" + o.model.gpu_gemm;
     if (!c.report_only) check_device_available(o.model);  // no device, or a bad --gpu-gemm: one line before any work
     c.runners = [device = o.model](Model& m) { return make_runner_factory(m, device); };
+    c.device_check = check_gpu_cache;
   }
+  if (o.plan) return run_plan(o);
   if (!c.report_only && !c.calibrate_only && o.cost_shape != "off") {
     const CostShape shape = parse_cost_shape(!o.cost_shape.empty()        ? o.cost_shape
                                              : o.model.device == "cuda" ? "8x32768"
@@ -179,6 +215,9 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--results", o->results, "with --report-only: write OUT/report.md and report.html from this "
                   "results.json (or .json.gz, e.g. docs/reports/*-results.json.gz), the claims re-checked; needs no "
                   "model or data")->check(CLI::ExistingFile);
+  cmd->add_flag("--plan", o->plan, "run nothing: print every run with its status (to run, done earlier, refused by "
+                "the device) and its estimated time on --device, each distinct cache timed once at the model's shape "
+                "with random weights (no weights are read: a config.json suffices), and write OUT/plan.json");
   cmd->add_flag("--calibrate-only", c.calibrate_only, "only calibrate (or find cached) the rotations the runs need, "
                 "into OUT/rotations/, and stop");
   cmd->callback([o, cmd] { run(*o, cmd); });

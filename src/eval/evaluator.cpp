@@ -44,10 +44,7 @@ class EtaClock {
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
-int windows_of(const EvalDomain& d, int ctx, int windows) {
-  const int available = int(d.ids.size() / size_t(ctx));
-  return windows > 0 ? std::min(windows, available) : available;
-}
+int windows_of(const EvalDomain& d, int ctx, int windows) { return eval_windows_of(d.ids.size(), ctx, windows); }
 
 Interval exp_interval(const Interval& i) { return Interval{std::exp(i.estimate), std::exp(i.lo), std::exp(i.hi)}; }
 
@@ -229,6 +226,11 @@ std::vector<EvalDomain> load_eval_domains(const std::string& dir, const Tokenize
     out.push_back(std::move(d));
   }
   return out;
+}
+
+int eval_windows_of(size_t tokens, int ctx, int windows) {
+  const int available = int(tokens / size_t(ctx));
+  return windows > 0 ? std::min(windows, available) : available;
 }
 
 EvalReport evaluate(Model& model, const Tokenizer& tok, const CacheConfig& cache, std::vector<EvalDomain> domains,

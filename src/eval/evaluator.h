@@ -70,6 +70,10 @@ struct EvalConfig {
   static std::vector<double> default_depths();  // 0, 0.1, ..., 1.0
 };
 
+// The windows of ctx tokens that ppl / kl / layers evaluate in a text of `tokens` tokens: its first `windows`
+// non-overlapping ones, or every full one (windows <= 0).
+int eval_windows_of(size_t tokens, int ctx, int windows);
+
 // "ppl,kl" -> {"ppl", "kl"}; kvq::Error on an unknown or repeated task or an empty list.
 std::vector<std::string> parse_eval_tasks(const std::string& list);
 // "2048,4096" -> {2048, 4096}; kvq::Error on anything but positive integers (empty items included).

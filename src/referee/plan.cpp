@@ -5,8 +5,12 @@
 #include <cmath>
 #include <filesystem>
 
+#include "codecs/pnmix/codec_pnmix.h"
 #include "common/error.h"
+#include "common/sha256.h"
 #include "common/version.h"
+#include "kv/evict.h"
+#include "model/safetensors.h"
 #include "referee/io.h"
 
 namespace kvq {
@@ -29,6 +33,57 @@ const RefereeMethod& leakage_method() {
 }
 
 }  // namespace
+
+void check_referee_inputs(const RefereeConfig& c, RefereeData& data) {
+  KVQ_CHECK(!c.out_dir.empty(), "referee: no output directory (-o)");
+  KVQ_CHECK(fs::is_regular_file(c.calib_data), "calibration data '{}' is not a file", c.calib_data);
+  data.all_eval_files = list_eval_files(c.eval_dir);
+  check_calibration_disjoint(c.calib_data, c.eval_dir);
+  KVQ_CHECK(!c.methods.empty(), "referee: no methods");
+  KVQ_CHECK(!c.windows.empty(), "referee: no window settings");
+  KVQ_CHECK(!c.ctx.empty(), "referee: no context lengths");
+  for (int ctx : c.ctx) KVQ_CHECK(ctx >= 2, "referee: context {} is too short", ctx);
+  KVQ_CHECK(c.passkey_trials >= 1, "referee: --passkey-trials {} must be >= 1", c.passkey_trials);
+  KVQ_CHECK(c.eval_windows >= 0, "referee: --windows {} must be >= 0", c.eval_windows);
+  KVQ_CHECK(c.group == 128 || c.group == 64 || c.group == 32, "referee: group {} must be 128, 64 or 32", c.group);
+  for (double d : c.depths) KVQ_CHECK(d >= 0 && d <= 1, "referee: passkey depth {} outside [0, 1]", d);
+  for (size_t i = 0; i < c.clip_grid.size(); ++i) {
+    KVQ_CHECK(c.clip_grid[i] >= 0.01f && c.clip_grid[i] <= 1.f, "referee: clip {} outside [0.01, 1]", c.clip_grid[i]);
+    for (size_t j = 0; j < i; ++j)
+      KVQ_CHECK(c.clip_grid[j] != c.clip_grid[i], "referee: clip {} is listed twice", c.clip_grid[i]);
+  }
+  KVQ_CHECK(c.tune_windows >= 1, "referee: --tune-windows {} must be >= 1", c.tune_windows);
+  for (const std::string& d : c.domains) {
+    const bool found = std::any_of(data.all_eval_files.begin(), data.all_eval_files.end(),
+                                   [&](const std::string& f) { return fs::path(f).stem() == d; });
+    KVQ_CHECK(found, "referee: eval domain '{}' has no file {}/{}.txt", d, c.eval_dir, d);
+  }
+}
+
+void read_referee_data(const RefereeConfig& cfg, const Tokenizer* tok, RefereeData& data) {
+  data.fingerprint = Checkpoint::has_weights(cfg.model_dir) ? Checkpoint::open(cfg.model_dir).fingerprint() : "";
+  for (const std::string& f : data.all_eval_files) {
+    const std::string stem = fs::path(f).stem().string();
+    if (!cfg.domains.empty() && std::find(cfg.domains.begin(), cfg.domains.end(), stem) == cfg.domains.end())
+      continue;
+    EvalDomain d;
+    d.path = f;
+    d.name = stem;
+    const std::string text = referee_read_text(f, "eval text");
+    KVQ_CHECK(!text.empty(), "eval text '{}' is empty", f);
+    d.bytes = text.size();
+    d.sha256 = sha256_hex(text);
+    if (tok) d.ids = tok->encode(text);
+    data.domains.push_back(std::move(d));
+  }
+  const std::string calib = referee_read_text(cfg.calib_data, "calibration data");
+  data.calib_bytes = calib.size();
+  data.calib_sha256 = sha256_hex(calib);
+  if (tok) data.calib_ids = tok->encode(calib);
+  for (size_t i = 0; i < data.domains.size(); ++i)
+    if (data.leak_domain < 0 || data.domains[i].bytes > data.domains[size_t(data.leak_domain)].bytes)
+      data.leak_domain = int(i);
+}
 
 std::vector<PlannedRun> plan_referee_runs(const RefereeConfig& cfg, const RefereeData& data) {
   std::vector<PlannedRun> plan;
@@ -59,6 +114,10 @@ double run_prompt_fraction(const PlannedRun& r) {
 }
 
 int run_prompt_tokens(const PlannedRun& r, int ctx) { return int(std::floor(run_prompt_fraction(r) * ctx)); }
+
+double run_tail_fraction(const PlannedRun& r) {
+  return run_prompt_fraction(r) < kEvictPromptFraction ? kEvictPromptFraction : 0.0;
+}
 
 std::string run_windows_label(const PlannedRun& r) {
   return r.method.windows_matter || r.protocol == RefereeProtocol::AsShipped ? r.windows.label() : "any";
@@ -116,6 +175,26 @@ json run_settings(const RefereeConfig& cfg, const RefereeData& data, const Plann
                         {"chunk", cfg.calib_chunk},
                         {"steps", cfg.calib_steps}};
   return s;
+}
+
+CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, const PlannedRun& r, int ctx,
+                             std::shared_ptr<const KvTransform> transform,
+                             std::shared_ptr<const PairBitTable> pair_bits) {
+  CacheConfig c = method_cache(r.method, r.windows, cfg.group, r.protocol);
+  c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
+  c.transform = transform ? std::move(transform)
+                          : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  c.k.pair_bits = std::move(pair_bits);
+  c.key_rope = mc.rope_inv_freq();
+  set_equal_bytes_budget(c, r.method, r.windows, cfg.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  return c;
+}
+
+std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc) {
+  auto w = std::make_shared<PairBitTable>();
+  w->n_layers = mc.n_layers, w->n_kv_heads = mc.n_kv_heads, w->head_dim = mc.head_dim, w->name = "pnmix(probe)";
+  w->bits.assign(size_t(mc.n_layers) * mc.n_kv_heads * size_t(mc.head_dim / 2), 2);
+  return w;
 }
 
 std::string run_record_path(const RefereeConfig& cfg, const std::string& key) {

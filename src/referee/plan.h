@@ -12,6 +12,7 @@
 
 #include "eval/evaluator.h"
 #include "referee/referee.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvq {
 
@@ -26,6 +27,15 @@ struct RefereeData {
   int leak_domain = -1;                     // index into domains of the leakage row's calibration file (the
                                             // largest domain); -1: no domain
 };
+
+// Checks every input that needs no model (the output directory, disjoint calibration data first, methods, windows,
+// contexts, trials, depths, clips, domains) and lists the eval files into data.all_eval_files. kvq::Error naming the
+// first problem.
+void check_referee_inputs(const RefereeConfig& cfg, RefereeData& data);
+// Reads the rest of data: the model's fingerprint (none for a config without weights), the evaluated domains and the
+// calibration text, each tokenized by tok (null: not tokenized, ids empty — kvq referee --plan on a config without a
+// tokenizer), and the leakage domain.
+void read_referee_data(const RefereeConfig& cfg, const Tokenizer* tok, RefereeData& data);
 
 // One planned (method, windows) run under one protocol.
 struct PlannedRun {
@@ -48,6 +58,10 @@ double run_prompt_fraction(const PlannedRun& r);
 // The prompt of a window of ctx tokens: floor(run_prompt_fraction(r) · ctx) (only the targets after it are scored).
 int run_prompt_tokens(const PlannedRun& r, int ctx);
 
+// The tail of every run's windows (EvalConfig::tail_fraction): kEvictPromptFraction, on which the eviction rows are
+// paired with the others; 0 for a run whose prompt already reaches it (an eviction row scores only that tail).
+double run_tail_fraction(const PlannedRun& r);
+
 // The run record's windows label: "64/256", or "any" for a method whose windows do not matter.
 std::string run_windows_label(const PlannedRun& r);
 
@@ -67,6 +81,17 @@ nlohmann::json run_settings(const RefereeConfig& cfg, const RefereeData& data, c
 
 // OUT/runs/<key>.json.
 std::string run_record_path(const RefereeConfig& cfg, const std::string& key);
+
+// The cache of run r at ctx for a model of config mc: its row's codecs, windows and protocol, its prompt policy, the
+// model's RoPE (for key codecs that store keys without it), an eviction row's budget at ctx, and `transform` or, when
+// null, the transform its codecs imply (a row has one or the other), with PN-Mix's key widths `pair_bits`.
+CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, const PlannedRun& r, int ctx,
+                             std::shared_ptr<const KvTransform> transform = nullptr,
+                             std::shared_ptr<const PairBitTable> pair_bits = nullptr);
+
+// PN-Mix key widths of 2 bits for every RoPE pair of mc: a stand-in for calibrated widths where only the cache's
+// shape and speed matter (the caches checked before any run, kvq referee --plan's timing).
+std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc);
 
 // The record at `path` when it exists, parses and holds `settings`; else nullopt, logging why when a file was there.
 // any_device: a record made on another device counts too (its "device" setting is not compared).

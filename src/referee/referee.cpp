@@ -41,8 +41,6 @@ class Referee {
 
  private:
   void say(const std::string& s, bool transient = false) { log_(s, transient); }
-  void validate_inputs();
-  void load_data();
   Model& model();
   RunnerFactory runners();
   RefereeResult calibrate_only(const std::vector<PlannedRun>& plan);
@@ -66,59 +64,6 @@ class Referee {
   RefereeResult res_;
   std::map<std::string, json> costs_;  // row_cost's measurements by the probed cache's describe()
 };
-
-void Referee::validate_inputs() {
-  const RefereeConfig& c = cfg_;
-  KVQ_CHECK(!c.out_dir.empty(), "referee: no output directory (-o)");
-  KVQ_CHECK(fs::is_regular_file(c.calib_data), "calibration data '{}' is not a file", c.calib_data);
-  data_.all_eval_files = list_eval_files(c.eval_dir);
-  check_calibration_disjoint(c.calib_data, c.eval_dir);
-  KVQ_CHECK(!c.methods.empty(), "referee: no methods");
-  KVQ_CHECK(!c.windows.empty(), "referee: no window settings");
-  KVQ_CHECK(!c.ctx.empty(), "referee: no context lengths");
-  for (int ctx : c.ctx) KVQ_CHECK(ctx >= 2, "referee: context {} is too short", ctx);
-  KVQ_CHECK(c.passkey_trials >= 1, "referee: --passkey-trials {} must be >= 1", c.passkey_trials);
-  KVQ_CHECK(c.eval_windows >= 0, "referee: --windows {} must be >= 0", c.eval_windows);
-  KVQ_CHECK(c.group == 128 || c.group == 64 || c.group == 32, "referee: group {} must be 128, 64 or 32", c.group);
-  for (double d : c.depths) KVQ_CHECK(d >= 0 && d <= 1, "referee: passkey depth {} outside [0, 1]", d);
-  for (size_t i = 0; i < c.clip_grid.size(); ++i) {
-    KVQ_CHECK(c.clip_grid[i] >= 0.01f && c.clip_grid[i] <= 1.f, "referee: clip {} outside [0.01, 1]", c.clip_grid[i]);
-    for (size_t j = 0; j < i; ++j)
-      KVQ_CHECK(c.clip_grid[j] != c.clip_grid[i], "referee: clip {} is listed twice", c.clip_grid[i]);
-  }
-  KVQ_CHECK(c.tune_windows >= 1, "referee: --tune-windows {} must be >= 1", c.tune_windows);
-  for (const std::string& d : c.domains) {
-    const bool found = std::any_of(data_.all_eval_files.begin(), data_.all_eval_files.end(),
-                                   [&](const std::string& f) { return fs::path(f).stem() == d; });
-    KVQ_CHECK(found, "referee: eval domain '{}' has no file {}/{}.txt", d, c.eval_dir, d);
-  }
-}
-
-void Referee::load_data() {
-  data_.fingerprint = Checkpoint::open(cfg_.model_dir).fingerprint();
-  tok_ = std::make_unique<Tokenizer>(Tokenizer::load(cfg_.model_dir + "/tokenizer.json"));
-  for (const std::string& f : data_.all_eval_files) {
-    const std::string stem = fs::path(f).stem().string();
-    if (!cfg_.domains.empty() && std::find(cfg_.domains.begin(), cfg_.domains.end(), stem) == cfg_.domains.end())
-      continue;
-    EvalDomain d;
-    d.path = f;
-    d.name = stem;
-    const std::string text = referee_read_text(f, "eval text");
-    KVQ_CHECK(!text.empty(), "eval text '{}' is empty", f);
-    d.bytes = text.size();
-    d.sha256 = sha256_hex(text);
-    d.ids = tok_->encode(text);
-    data_.domains.push_back(std::move(d));
-  }
-  const std::string calib = referee_read_text(cfg_.calib_data, "calibration data");
-  data_.calib_bytes = calib.size();
-  data_.calib_sha256 = sha256_hex(calib);
-  data_.calib_ids = tok_->encode(calib);
-  for (size_t i = 0; i < data_.domains.size(); ++i)
-    if (data_.leak_domain < 0 || data_.domains[i].bytes > data_.domains[size_t(data_.leak_domain)].bytes)
-      data_.leak_domain = int(i);
-}
 
 Model& Referee::model() {
   if (!model_) {
@@ -145,7 +90,7 @@ EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const Planned
   ec.seed = cfg_.seed;
   ec.bootstrap = cfg_.bootstrap;
   ec.prompt_fraction = run_prompt_fraction(r);
-  ec.tail_fraction = ec.prompt_fraction < kEvictPromptFraction ? kEvictPromptFraction : 0.0;
+  ec.tail_fraction = run_tail_fraction(r);
   for (int c : ec.ctx) KVQ_CHECK(ec.prompt_at(c) == run_prompt_tokens(r, c), "internal: prompt of {} at ctx {}", r.key, c);
   return ec;
 }
@@ -174,47 +119,39 @@ json Referee::equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const
 
 // Every planned run's cache is built and its footprint taken at each ctx with its prompt, before any run starts: an
 // unsupported combination (a codec and the model's head_dim, windows and a page size, a prompt policy the cache does
-// not have) is one error naming the run, not a failure after hours of other runs.
+// not have, a cache the evaluation's device has no kernels for) is one error naming the runs, not a failure after
+// hours of other runs.
 void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
   const ModelConfig mc = ModelConfig::load(cfg_.model_dir + "/config.json");
+  std::vector<std::string> refused;  // runs the evaluation's device cannot run
   for (const PlannedRun& r : plan) {
     try {
-      CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
-      c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
-      c.key_rope = mc.rope_inv_freq();
-      if (r.method.rotation == "none") c.transform = method_transform(r.method, r.protocol, c, mc.n_layers,
-                                                                      mc.n_kv_heads, mc.head_dim);
-      if (r.method.rotation_kind().key_widths) {  // PN-Mix: its widths come from calibration; probe with 2-bit pairs
-        auto w = std::make_shared<PairBitTable>();
-        w->n_layers = mc.n_layers, w->n_kv_heads = mc.n_kv_heads, w->head_dim = mc.head_dim, w->name = "pnmix(probe)";
-        w->bits.assign(size_t(mc.n_layers) * mc.n_kv_heads * size_t(mc.head_dim / 2), 2);
-        c.k.pair_bits = std::move(w);
-      }
-      for (int ctx : cfg_.ctx) {  // an eviction row's budget is its paired row's bytes at each ctx
-        set_equal_bytes_budget(c, r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+      // PN-Mix's widths come from calibration: probe with 2-bit pairs
+      const auto widths = r.method.rotation_kind().key_widths ? probe_pair_bits(mc) : nullptr;
+      for (int ctx : cfg_.ctx) {
+        const CacheConfig c = run_cache_config(cfg_, mc, r, ctx, nullptr, widths);
         KvCache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1).footprint(ctx, run_prompt_tokens(r, ctx));
+        if (cfg_.device_check && ctx == cfg_.ctx.front()) try {
+            cfg_.device_check(c, mc.head_dim);
+          } catch (const Error& e) {
+            refused.push_back(fmt::format("{} ({})", r.key, e.what()));
+          }
       }
     } catch (const Error& e) {
       KVQ_FAIL("referee: run {} ({}, protocol {}) cannot run: {}", r.key, r.method.label, protocol_name(r.protocol),
                e.what());
     }
   }
+  KVQ_CHECK(refused.empty(), "referee: {} of {} runs cannot run on {}: {}; leave them out of --methods, or run them "
+            "with --device cpu into the same -o and pool both with --report-only (kvq referee --plan lists where each "
+            "runs)", refused.size(), plan.size(), cfg_.device, fmt::join(refused, "; "));
 }
 
-// The cache of run r at ctx: its row's at the run's windows and protocol, with the run's clips and its rotation, or the
-// transform its codecs imply (a row has one or the other: tests/test_referee_methods.cpp), the model's RoPE for key
-// codecs that store keys without it, and for an eviction row the budget of its paired row's bytes at ctx.
+// The cache of run r at ctx: run_cache_config with the run's rotation (or the transform its codecs imply) and clips.
 CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips, int ctx) {
-  CacheConfig c = method_cache(r.method, r.windows, cfg_.group, r.protocol);
-  c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
+  CacheConfig c = run_cache_config(cfg_, model().config(), r, ctx, rot.transform, rot.pair_bits);
   c.k.clip = clips.k;
   c.v.clip = clips.v;
-  const ModelConfig& mc = model().config();
-  c.transform = rot.transform ? rot.transform
-                              : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
-  c.k.pair_bits = rot.pair_bits;  // PN-Mix keys: their calibrated widths (null for every other row)
-  c.key_rope = mc.rope_inv_freq();
-  set_equal_bytes_budget(c, r.method, r.windows, cfg_.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   return c;
 }
 
@@ -328,10 +265,11 @@ void Referee::write_results(const std::vector<PlannedRun>& plan, const json& mis
 
 RefereeResult Referee::run() {
   const auto t0 = std::chrono::steady_clock::now();
-  validate_inputs();
+  check_referee_inputs(cfg_, data_);
   fs::create_directories(fs::path(cfg_.out_dir) / "runs");
   fs::create_directories(fs::path(cfg_.out_dir) / "rotations");
-  load_data();
+  tok_ = std::make_unique<Tokenizer>(Tokenizer::load(cfg_.model_dir + "/tokenizer.json"));
+  read_referee_data(cfg_, tok_.get(), data_);
   const std::vector<PlannedRun> plan = plan_referee_runs(cfg_, data_);
   check_calibration_budgets(cfg_, data_, plan);
   if (!cfg_.report_only) check_caches(plan);

@@ -86,6 +86,9 @@ struct RefereeConfig {
                                        // each run was evaluated)
   std::function<RunnerFactory(Model&)> runners;  // the evaluation runners over the loaded model (null: CPU);
                                                  // calibration always runs on the CPU model
+  // Throws a kvq::Error when the evaluation's device cannot run a cache at the model's head_dim (cuda: a cache
+  // without GPU kernels); every planned run is checked before the first starts. Null: the CPU runs every cache.
+  std::function<void(const CacheConfig&, int head_dim)> device_check;
   // The cost column: one decode step's attention of a row's cache (its codecs and windows, decode-faithful, no layer
   // skipped) at one fixed shape on the evaluation's device, as `kvq bench attention` measures it (the CLI's probe:
   // {"shape", "device", "attention_us", "bytes_read", "fraction_of_read_probe", ...}); a kvq::Error is recorded as the

@@ -61,8 +61,11 @@ void check_calibration_budgets(const RefereeConfig& cfg, const RefereeData& data
 
 // ---- rotations ----
 
-json RefereeStore::rotation_key(const CalibrateConfig& cc, const std::string& data_sha) const {
-  json key = {{"model_fingerprint", data_.fingerprint}, {"calib_sha256", data_sha}, {"method", cc.method},
+namespace {
+
+// Every setting a calibrated rotation depends on: its file name under OUT/rotations/ hashes it.
+json rotation_key(const CalibrateConfig& cc, const std::string& fingerprint, const std::string& data_sha) {
+  json key = {{"model_fingerprint", fingerprint}, {"calib_sha256", data_sha}, {"method", cc.method},
           {"base", cc.base}, {"objective", cc.objective}, {"tokens", cc.tokens}, {"chunk", cc.chunk},
           {"n_queries", cc.n_queries}, {"calib_chunks", cc.calib_chunks}, {"heldout_chunks", cc.heldout_chunks},
           {"steps", cc.steps}, {"lr", cc.lr}, {"lambda_k", cc.lambda_k}, {"center_keys", cc.center_keys},
@@ -71,6 +74,35 @@ json RefereeStore::rotation_key(const CalibrateConfig& cc, const std::string& da
           {"kvq_version", KVQ_VERSION}};
   if (cc.method == "pnmix") key.update({{"pnmix_score", cc.pnmix_score}, {"key_bits", cc.key_bits}});
   return key;
+}
+
+// Every setting a clip choice depends on: its file name under OUT/clips/ hashes it.
+json clip_spec(const RefereeConfig& cfg, const RefereeData& data, const RefereeMethod& tuned, const RefereeWindows& w) {
+  return {{"model_fingerprint", data.fingerprint}, {"calib_sha256", data.calib_sha256}, {"method", tuned.label},
+          {"sink", w.sink}, {"recent", w.recent}, {"group", cfg.group},
+          {"grid", cfg.clip_grid}, {"ctx", cfg.ctx.front()}, {"windows", cfg.tune_windows},
+          {"kvq_version", KVQ_VERSION}};  // not the device: tune on one machine, evaluate on another
+}
+
+}  // namespace
+
+std::string referee_rotation_file(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r,
+                                  const ClipChoice* clips) {
+  const CalibrateConfig cc = run_calibrate_config(cfg, r, r.method.rotation_kind().learned ? clips : nullptr);
+  const json key = rotation_key(cc, data.fingerprint, run_calib_text(cfg, data, r).sha256);
+  const std::string name = referee_slug(r.method.label) + "-" + sha256_hex(key.dump()).substr(0, 16) + ".safetensors";
+  return (fs::path(cfg.out_dir) / "rotations" / name).string();
+}
+
+const RefereeMethod& referee_clips_source(const RefereeMethod& m) {
+  return m.clips_from.empty() ? m : *find_referee_method(m.clips_from);
+}
+
+std::string referee_clip_file(const RefereeConfig& cfg, const RefereeData& data, const RefereeMethod& tuned,
+                              const RefereeWindows& w) {
+  const json spec = clip_spec(cfg, data, tuned, w);
+  return (fs::path(cfg.out_dir) / "clips" / (referee_slug(tuned.label) + "-" + sha256_hex(spec.dump()).substr(0, 16) +
+                                             ".json")).string();
 }
 
 // Reads rot.file when it exists (checked against the model, the grid and the data); false when it does not.
@@ -163,9 +195,8 @@ Rotation RefereeStore::rotation_for(const PlannedRun& r) {
   const ClipChoice clips = kind.learned ? clips_for(r) : ClipChoice{};
   const CalibrateConfig cc = run_calibrate_config(cfg_, r, kind.learned ? &clips : nullptr);
   const std::string data_sha = run_calib_text(cfg_, data_, r).sha256;
-  const json key = rotation_key(cc, data_sha);
-  const std::string name = referee_slug(m.label) + "-" + sha256_hex(key.dump()).substr(0, 16) + ".safetensors";
-  rot.file = (fs::path(cfg_.out_dir) / "rotations" / name).string();
+  const json key = rotation_key(cc, data_.fingerprint, data_sha);
+  rot.file = referee_rotation_file(cfg_, data_, r, &clips);
   if (auto it = rotations_.find(rot.file); it != rotations_.end()) {
     Rotation again = it->second;
     again.reused = true;
@@ -182,13 +213,6 @@ Rotation RefereeStore::rotation_for(const PlannedRun& r) {
 }
 
 // ---- clips ----
-
-json RefereeStore::clip_spec(const RefereeMethod& tuned, const RefereeWindows& w) const {
-  return {{"model_fingerprint", data_.fingerprint}, {"calib_sha256", data_.calib_sha256}, {"method", tuned.label},
-          {"sink", w.sink}, {"recent", w.recent}, {"group", cfg_.group},
-          {"grid", cfg_.clip_grid}, {"ctx", cfg_.ctx.front()}, {"windows", cfg_.tune_windows},
-          {"kvq_version", KVQ_VERSION}};  // not the device: tune on one machine, evaluate on another
-}
 
 // Reads a stored choice made for `spec` into out; false when there is none (or not for this spec).
 bool RefereeStore::read_clips(const std::string& file, const json& spec, ClipChoice& out) const {
@@ -240,12 +264,11 @@ ClipChoice RefereeStore::clips_for(const PlannedRun& r) {
   out.k = defaults.k.clip;
   out.v = defaults.v.clip;
   if (!referee_tunes_clips(cfg_, r.method)) return out;
-  const RefereeMethod& tuned = r.method.clips_from.empty() ? r.method : *find_referee_method(r.method.clips_from);
+  const RefereeMethod& tuned = referee_clips_source(r.method);
   const std::string mem_key = tuned.label + "@" + r.windows.label();
   if (auto it = clips_.find(mem_key); it != clips_.end()) return it->second;
-  const json spec = clip_spec(tuned, r.windows);
-  const fs::path file = fs::path(cfg_.out_dir) / "clips" /
-                        (referee_slug(tuned.label) + "-" + sha256_hex(spec.dump()).substr(0, 16) + ".json");
+  const json spec = clip_spec(cfg_, data_, tuned, r.windows);
+  const fs::path file = referee_clip_file(cfg_, data_, tuned, r.windows);
   out.tuned_on = tuned.label;
   if (!read_clips(file.string(), spec, out)) {
     std::string where;

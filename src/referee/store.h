@@ -48,6 +48,17 @@ CalibrateConfig run_calibrate_config(const RefereeConfig& cfg, const PlannedRun&
 // data length. kvq::Error naming the method and the data.
 void check_calibration_budgets(const RefereeConfig& cfg, const RefereeData& data, const std::vector<PlannedRun>& plan);
 
+// The file under OUT/rotations/ that holds run r's calibrated rotation (or PN-Mix widths), present or not: its name
+// hashes every setting the calibration depends on, a learned rotation's clips (`clips`; null: its row's defaults)
+// among them.
+std::string referee_rotation_file(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r,
+                                  const ClipChoice* clips);
+// The row whose tuned clips m takes (OptR: its base's); m itself when it tunes its own.
+const RefereeMethod& referee_clips_source(const RefereeMethod& m);
+// The file under OUT/clips/ that holds the clip pair tuned for `tuned` at windows w, present or not.
+std::string referee_clip_file(const RefereeConfig& cfg, const RefereeData& data, const RefereeMethod& tuned,
+                              const RefereeWindows& w);
+
 class RefereeStore {
  public:
   // model(): the CPU model (loaded on first use; calibration runs on it); runners(): the evaluation runners.
@@ -66,12 +77,10 @@ class RefereeStore {
 
  private:
   void say(const std::string& s, bool transient = false) const { log_(s, transient); }
-  nlohmann::json rotation_key(const CalibrateConfig& cc, const std::string& data_sha) const;
   bool read_rotation(const CalibrateConfig& cc, const std::string& data_sha, Rotation& rot);
   void calibrate_rotation(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
   bool read_widths(const std::string& data_sha, Rotation& rot);
   void calibrate_widths(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
-  nlohmann::json clip_spec(const RefereeMethod& tuned, const RefereeWindows& w) const;
   bool read_clips(const std::string& file, const nlohmann::json& spec, ClipChoice& out) const;
   double tune_clips(const RefereeMethod& tuned, const RefereeWindows& w, ClipChoice& out, std::string& where);
 
