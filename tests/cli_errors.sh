@@ -137,6 +137,7 @@ expect_error "referee: a --cost-shape of 0 sequences" referee -m $M --calib-data
 expect_error "referee: --plan with --report-only" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --plan --report-only
 expect_error "referee: --plan of a shape without tokenizer over every window" referee -m models/shapes/qwen3-8b --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --plan --windows 0
 expect_error "referee: --plan beyond the model's context" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --plan --ctx 65536 --methods bf16
+expect_error "referee: --skip-unsupported with a value" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --skip-unsupported=maybe
 expect_error "referee: a clip above 1" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,1.5
 expect_error "referee: a clip that is not a number" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --clip-grid 0.9,x
 expect_error "referee: unknown method" referee -m $M --calib-data data/calib/linux.txt --eval-data data/eval -o "$T/ref" --methods int2,int3

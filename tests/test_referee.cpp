@@ -626,3 +626,33 @@ TEST(Referee, CostColumnTimesEachRowsCacheOnceAndReportsIt) {
   EXPECT_NE(md.find("| fp8 | 0/0 | "), std::string::npos);
   EXPECT_NE(md.find("attn µs"), std::string::npos);
 }
+
+TEST(Referee, RefusesOrSkipsTheRunsTheDeviceCannotRunBeforeAnyRun) {
+  Dirs d;
+  RefereeConfig cfg = tiny(d);
+  cfg.methods = parse_referee_methods("bf16,e8_2");
+  // the device of this test has no kernels for E8 keys (as the GPU today)
+  cfg.device_check = [](const CacheConfig& c, int) { KVQ_CHECK(c.k.type != "e8_2", "no kernels for e8_2 here"); };
+  try {
+    run_referee(cfg, quiet);
+    FAIL() << "a referee with runs its device cannot run started";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("2 of 4 runs cannot run"), std::string::npos) << what;
+    EXPECT_NE(what.find("e8_2__0-0 (no kernels for e8_2 here)"), std::string::npos) << what;
+    EXPECT_NE(what.find("e8_2__shipped"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(fs::exists(d.out / "runs" / "bf16.json"));  // nothing ran
+
+  cfg.skip_unsupported = true;
+  const RefereeResult r = run_referee(cfg, quiet);
+  EXPECT_EQ(r.runs_executed, 2);  // bf16, bf16 as shipped
+  const json j = json::parse(slurp(d.out / "results.json"));
+  EXPECT_TRUE(referee_schema_errors(j).empty());
+  ASSERT_EQ(j["missing_runs"].size(), 2u);
+  EXPECT_EQ(j["missing_runs"][0]["key"], "e8_2__0-0");
+  EXPECT_EQ(j["missing_runs"][0]["reason"], "not on cpu: no kernels for e8_2 here");
+  EXPECT_EQ(j["counters"]["runs_missing"], 2);
+  const std::string md = slurp(d.out / "report.md");
+  EXPECT_NE(md.find("e8_2 0/0 (not on cpu: no kernels for e8_2 here)"), std::string::npos);
+}

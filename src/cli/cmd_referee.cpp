@@ -215,6 +215,9 @@ void add_referee(CLI::App& app) {
   cmd->add_option("--results", o->results, "with --report-only: write OUT/report.md and report.html from this "
                   "results.json (or .json.gz, e.g. docs/reports/*-results.json.gz), the claims re-checked; needs no "
                   "model or data")->check(CLI::ExistingFile);
+  cmd->add_flag("--skip-unsupported", c.skip_unsupported, "leave out the runs whose cache --device has no kernels "
+                "for (listed in results.json and report.md as not run, with the reason) instead of refusing them all "
+                "before the first run");
   cmd->add_flag("--plan", o->plan, "run nothing: print every run with its status (to run, done earlier, refused by "
                 "the device) and its estimated time on --device, each distinct cache timed once at the model's shape "
                 "with random weights (no weights are read: a config.json suffices), and write OUT/plan.json");

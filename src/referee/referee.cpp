@@ -45,7 +45,7 @@ class Referee {
   RunnerFactory runners();
   RefereeResult calibrate_only(const std::vector<PlannedRun>& plan);
   EvalConfig eval_config(std::vector<int> ctx, bool layers, const PlannedRun& r) const;
-  void check_caches(const std::vector<PlannedRun>& plan) const;
+  std::map<std::string, std::string> check_caches(const std::vector<PlannedRun>& plan) const;
   CacheConfig run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips, int ctx);
   json evaluate_run(const PlannedRun& r, const Rotation& rot, int index, int total, double avg_run_s, int left);
   json equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const;
@@ -119,11 +119,12 @@ json Referee::equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const
 
 // Every planned run's cache is built and its footprint taken at each ctx with its prompt, before any run starts: an
 // unsupported combination (a codec and the model's head_dim, windows and a page size, a prompt policy the cache does
-// not have, a cache the evaluation's device has no kernels for) is one error naming the runs, not a failure after
-// hours of other runs.
-void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
+// not have) is one error naming the run, not a failure after hours of other runs. The runs whose cache the
+// evaluation's device has no kernels for are refused all at once, or (skip_unsupported) returned by key with the
+// reason, to be left out.
+std::map<std::string, std::string> Referee::check_caches(const std::vector<PlannedRun>& plan) const {
   const ModelConfig mc = ModelConfig::load(cfg_.model_dir + "/config.json");
-  std::vector<std::string> refused;  // runs the evaluation's device cannot run
+  std::map<std::string, std::string> refused;  // run key -> why the evaluation's device cannot run it
   for (const PlannedRun& r : plan) {
     try {
       // PN-Mix's widths come from calibration: probe with 2-bit pairs
@@ -134,7 +135,7 @@ void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
         if (cfg_.device_check && ctx == cfg_.ctx.front()) try {
             cfg_.device_check(c, mc.head_dim);
           } catch (const Error& e) {
-            refused.push_back(fmt::format("{} ({})", r.key, e.what()));
+            refused[r.key] = e.what();
           }
       }
     } catch (const Error& e) {
@@ -142,9 +143,14 @@ void Referee::check_caches(const std::vector<PlannedRun>& plan) const {
                e.what());
     }
   }
-  KVQ_CHECK(refused.empty(), "referee: {} of {} runs cannot run on {}: {}; leave them out of --methods, or run them "
-            "with --device cpu into the same -o and pool both with --report-only (kvq referee --plan lists where each "
-            "runs)", refused.size(), plan.size(), cfg_.device, fmt::join(refused, "; "));
+  if (!cfg_.skip_unsupported && !refused.empty()) {
+    std::vector<std::string> each;
+    for (const auto& [key, why] : refused) each.push_back(fmt::format("{} ({})", key, why));
+    KVQ_FAIL("referee: {} of {} runs cannot run on {}: {}; leave them out of --methods or with --skip-unsupported, "
+             "or run them with --device cpu into the same -o and pool both with --report-only (kvq referee --plan "
+             "lists where each runs)", refused.size(), plan.size(), cfg_.device, fmt::join(each, "; "));
+  }
+  return refused;
 }
 
 // The cache of run r at ctx: run_cache_config with the run's rotation (or the transform its codecs imply) and clips.
@@ -272,13 +278,21 @@ RefereeResult Referee::run() {
   read_referee_data(cfg_, tok_.get(), data_);
   const std::vector<PlannedRun> plan = plan_referee_runs(cfg_, data_);
   check_calibration_budgets(cfg_, data_, plan);
-  if (!cfg_.report_only) check_caches(plan);
+  const std::map<std::string, std::string> refused = cfg_.report_only ? decltype(refused){} : check_caches(plan);
+  if (!refused.empty())
+    say(fmt::format("kvq: referee: {} of {} runs left out (--skip-unsupported): {} has no kernels for their caches",
+                    refused.size(), plan.size(), cfg_.device));
   if (cfg_.calibrate_only) return calibrate_only(plan);
 
   double executed_seconds = 0;
   json missing = json::array();
   for (size_t i = 0; i < plan.size(); ++i) {
     const PlannedRun& r = plan[i];
+    if (auto it = refused.find(r.key); it != refused.end()) {
+      missing.push_back({{"key", r.key}, {"method", r.method.label}, {"windows", r.windows.label()},
+                         {"leakage", r.leakage}, {"reason", fmt::format("not on {}: {}", cfg_.device, it->second)}});
+      continue;
+    }
     const std::string path = run_record_path(cfg_, r.key);
     const json settings = run_settings(cfg_, data_, r);
     RefereeRun run;

@@ -89,6 +89,8 @@ struct RefereeConfig {
   // Throws a kvq::Error when the evaluation's device cannot run a cache at the model's head_dim (cuda: a cache
   // without GPU kernels); every planned run is checked before the first starts. Null: the CPU runs every cache.
   std::function<void(const CacheConfig&, int head_dim)> device_check;
+  bool skip_unsupported = false;       // --skip-unsupported: the runs device_check refuses are left out and listed in
+                                       // results.json "missing_runs" with the reason, instead of refusing the referee
   // The cost column: one decode step's attention of a row's cache (its codecs and windows, decode-faithful, no layer
   // skipped) at one fixed shape on the evaluation's device, as `kvq bench attention` measures it (the CLI's probe:
   // {"shape", "device", "attention_us", "bytes_read", "fraction_of_read_probe", ...}); a kvq::Error is recorded as the

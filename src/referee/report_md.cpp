@@ -481,10 +481,12 @@ std::string referee_markdown(const json& j) {
                    n["runs_total"].get<int>(), n["runs_executed"].get<int>(), n["runs_resumed"].get<int>(),
                    n["calibrations_run"].get<int>(), n["calibrations_reused"].get<int>());
   if (j.contains("missing_runs") && !j["missing_runs"].empty()) {
-    s += "- **not run** (no record in runs/; the report was written with --report-only):";
+    s += "- **not run** (no record in runs/: a report written with --report-only, or runs the device has no kernels "
+         "for, left out with --skip-unsupported):";
     for (const json& r : j["missing_runs"])
-      s += fmt::format(" {} {}{};", r["method"].get<std::string>(), r["windows"].get<std::string>(),
-                       r.value("leakage", false) ? " (leakage row)" : "");
+      s += fmt::format(" {} {}{}{};", r["method"].get<std::string>(), r["windows"].get<std::string>(),
+                       r.value("leakage", false) ? " (leakage row)" : "",
+                       r.contains("reason") ? " (" + r["reason"].get<std::string>() + ")" : "");
     s += "\n";
   }
   s += "\n";
