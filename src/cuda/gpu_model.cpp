@@ -288,26 +288,37 @@ struct GpuModel::Impl {
   // Layer hook (Runner::set_layer_hook): null, or called per layer on host copies of the step's activations.
   Model::LayerHook* hook = nullptr;
   int hook_pos0 = 0;             // position of the step's first row (a hooked step holds one sequence)
-  std::vector<float> h_act;      // [rows, hidden] host copy handed to the hook
+  float* h_act = nullptr;        // [rows, hidden] pinned host copy handed to the hook (h_act_cap floats)
+  size_t h_act_cap = 0;
 
-  // Copies d[rows, hidden] into h_act (synchronously: the hook runs on the host right after).
+  // Copies d[rows, hidden] into h_act (synchronously: the hook runs on the host right after). Pinned, so that the
+  // copies of a hooked pass (three a layer and chunk, the referee's per-layer errors) run at the link's speed.
   float* download_act(const DeviceBuffer& d, int rows) {
-    h_act.resize(size_t(rows) * cfg.hidden_size);
-    check(cudaMemcpyAsync(h_act.data(), d.get(), h_act.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
-          "download activations");
+    const size_t n = size_t(rows) * cfg.hidden_size;
+    if (n > h_act_cap) {
+      if (h_act) check(cudaFreeHost(h_act), "layer hook: cudaFreeHost");
+      h_act = nullptr;
+      check(cudaHostAlloc(reinterpret_cast<void**>(&h_act), n * sizeof(float), cudaHostAllocDefault),
+            "layer hook: cudaHostAlloc");
+      h_act_cap = n;
+    }
+    check(cudaMemcpyAsync(h_act, d.get(), n * sizeof(float), cudaMemcpyDeviceToHost, stream), "download activations");
     check(cudaStreamSynchronize(stream), "layer hook");
-    return h_act.data();
+    return h_act;
   }
-  // The layer's input x: the hook may overwrite it, so it is uploaded back before the layer runs.
+  // The layer's input x: a hook that may overwrite it (LayerHook::rewrites_input) has it uploaded back before the
+  // layer runs.
   void hook_input(int l, int rows) {
     hook->on_layer_input(l, hook_pos0, rows, download_act(x, rows));
-    check(cudaMemcpyAsync(x.get(), h_act.data(), h_act.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
-          "upload layer input");
+    if (!hook->rewrites_input()) return;
+    check(cudaMemcpyAsync(x.get(), h_act, size_t(rows) * cfg.hidden_size * sizeof(float), cudaMemcpyHostToDevice,
+                          stream), "upload layer input");
     check(cudaStreamSynchronize(stream), "layer hook");  // h_act is reused by the next download
   }
 
   ~Impl() {
     if (blas) cublasDestroy(blas);
+    if (h_act) cudaFreeHost(h_act);
   }
 
   const DeviceLinear& output() const { return lm_head.w.bytes() ? lm_head : embed; }

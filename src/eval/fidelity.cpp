@@ -81,7 +81,7 @@ FidelityResult lockstep_fidelity(const LockstepRunners& runners, const std::vect
         method.forward(sm, win + pos, n, m_logits.data(), true);
         if (layers) {
           forced->forward({sf}, {n}, win + pos, LogitRows::None, nullptr, nullptr);
-          res.layers.add(rec_ref, rec_forced, rec_free, n);
+          res.layers.add(rec_ref, rec_forced, rec_free, n, pool);
         }
         const int i0 = std::clamp(first - pos, 0, n);  // rows before it predict prompt tokens: not compared
         auto compare = [&](int64_t i, int thread) {

@@ -56,14 +56,30 @@ LayerErrorSums::LayerErrorSums(int n_layers)
       hidden_ref_sq(size_t(n_layers)), hidden_diff_sq(size_t(n_layers)) {}
 
 void LayerErrorSums::add(const LayerRecorder& ref, const LayerRecorder& forced, const LayerRecorder& free,
-                         int n_tokens) {
-  for (size_t l = 0; l < attn_ref_sq.size(); ++l) {
-    const int li = int(l);
-    attn_ref_sq[l] += norm_sq(ref.attn(li));
-    attn_local_sq[l] += diff_sq(forced.attn(li), ref.attn(li));
-    attn_e2e_sq[l] += diff_sq(free.attn(li), ref.attn(li));
-    hidden_ref_sq[l] += norm_sq(ref.output(li));
-    hidden_diff_sq[l] += diff_sq(free.output(li), ref.output(li));
+                         int n_tokens, ThreadPool* pool) {
+  constexpr int kSums = 5;  // attn_ref, attn_local, attn_e2e, hidden_ref, hidden_diff
+  const int n_layers = int(attn_ref_sq.size());
+  std::vector<double> part(size_t(kSums) * n_layers);
+  auto sum = [&](int64_t item, int) {
+    const int l = int(item / kSums);
+    switch (item % kSums) {
+      case 0: part[size_t(item)] = norm_sq(ref.attn(l)); break;
+      case 1: part[size_t(item)] = diff_sq(forced.attn(l), ref.attn(l)); break;
+      case 2: part[size_t(item)] = diff_sq(free.attn(l), ref.attn(l)); break;
+      case 3: part[size_t(item)] = norm_sq(ref.output(l)); break;
+      default: part[size_t(item)] = diff_sq(free.output(l), ref.output(l)); break;
+    }
+  };
+  if (pool)
+    pool->parallel_for(int64_t(part.size()), sum);
+  else
+    for (int64_t i = 0; i < int64_t(part.size()); ++i) sum(i, 0);
+  for (size_t l = 0; l < size_t(n_layers); ++l) {
+    attn_ref_sq[l] += part[kSums * l];
+    attn_local_sq[l] += part[kSums * l + 1];
+    attn_e2e_sq[l] += part[kSums * l + 2];
+    hidden_ref_sq[l] += part[kSums * l + 3];
+    hidden_diff_sq[l] += part[kSums * l + 4];
   }
   tokens += n_tokens;
 }

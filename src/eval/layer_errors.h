@@ -13,6 +13,7 @@
 
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "model/model.h"
 
 namespace kvq {
@@ -26,6 +27,7 @@ class LayerRecorder : public Model::LayerHook {
   void on_layer_input(int layer, int pos0, int n, float* x) override;
   void on_attention_output(int layer, int pos0, int n, const float* y) override;
   void on_layer_output(int layer, int pos0, int n, const float* x) override;
+  bool rewrites_input() const override { return force_ != nullptr; }
 
   const std::vector<float>& input(int l) const { return input_[size_t(l)]; }   // [n, hidden]
   const std::vector<float>& attn(int l) const { return attn_[size_t(l)]; }     // [n, hidden]
@@ -47,8 +49,11 @@ struct LayerErrorSums {
   int64_t tokens = 0;                  // positions accumulated
 
   explicit LayerErrorSums(int n_layers = 0);
-  // Adds one chunk: ref = BF16 pass, forced = method pass with BF16 inputs, free = free-running method pass.
-  void add(const LayerRecorder& ref, const LayerRecorder& forced, const LayerRecorder& free, int n_tokens);
+  // Adds one chunk: ref = BF16 pass, forced = method pass with BF16 inputs, free = free-running method pass. Each of
+  // the 5 · n_layers sums is one task on pool's threads (null: the calling thread), summed in the same order either
+  // way.
+  void add(const LayerRecorder& ref, const LayerRecorder& forced, const LayerRecorder& free, int n_tokens,
+           ThreadPool* pool = nullptr);
   void merge(const LayerErrorSums& o);
   double attn_local(int l) const;
   double attn_e2e(int l) const;

@@ -76,6 +76,8 @@ class Model {
   struct LayerHook {
     virtual ~LayerHook() = default;
     virtual void on_layer_input(int layer, int pos0, int n, float* x) = 0;
+    // Whether on_layer_input may overwrite x (a device runner then uploads it back before the layer runs).
+    virtual bool rewrites_input() const { return true; }
     virtual void on_attention_output(int layer, int pos0, int n, const float* y) = 0;
     virtual void on_layer_output(int layer, int pos0, int n, const float* x) = 0;
   };
