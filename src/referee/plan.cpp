@@ -9,7 +9,6 @@
 #include "common/error.h"
 #include "common/sha256.h"
 #include "common/version.h"
-#include "kv/evict.h"
 #include "model/safetensors.h"
 #include "referee/io.h"
 

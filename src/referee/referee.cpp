@@ -9,7 +9,6 @@
 #include <map>
 #include <thread>
 
-#include "codecs/pnmix/codec_pnmix.h"
 #include "common/error.h"
 #include "common/sha256.h"
 #include "eval/evaluator.h"
