@@ -245,7 +245,7 @@ json Rehearsal::run() {
     if (row["status"] == "runs") tokens += row["tokens"].get<double>();
     ++by_status[row["status"].get<std::string>()];
     const json& cal = row["calibration"];
-    if (!cal.is_null() && row["status"] != "done")
+    if (!cal.is_null() && row["status"] == "runs")  // what this plan would calibrate
       calibrations[cal["file"].is_null() ? r.key : cal["file"].get<std::string>()] = cal;
     runs.push_back(std::move(row));
   }
