@@ -598,6 +598,7 @@ TEST(Referee, CostColumnTimesEachRowsCacheOnceAndReportsIt) {
                 {"bytes_read", f.bytes_read}, {"read_probe_gbps", 10.0},
                 {"fraction_of_read_probe", f.bytes_read / (f.ms * 1e-3) / 10e9}};
   };
+  cfg.decode_steps = 4;
   const RefereeResult r = run_referee(cfg, quiet);
   EXPECT_EQ(calls.size(), 4u);  // bf16, int2, fp8, kv4rl (refused); evict none
   for (const auto& [cache, n] : calls) EXPECT_EQ(n, 1) << cache;
@@ -608,6 +609,17 @@ TEST(Referee, CostColumnTimesEachRowsCacheOnceAndReportsIt) {
     ASSERT_TRUE(run.contains("cost")) << run["key"];
     const json& c = run["cost"];
     const std::string label = run["method"]["label"];
+    // the decode speed at the model: one sequence filled to 256 - 2 warm-up - 4 timed steps, every row but eviction
+    ASSERT_TRUE(run.contains("decode")) << run["key"];
+    const json& dec = run["decode"];
+    if (label == "evict(int2)") {
+      EXPECT_TRUE(dec.contains("skipped")) << dec.dump();
+    } else {
+      EXPECT_EQ(dec["ctx"], 250) << label;
+      EXPECT_EQ(dec["steps"], 4) << label;
+      EXPECT_GT(dec["tokens_per_second"].get<double>(), 0.0) << label;
+      EXPECT_NEAR(dec["ms_per_step"].get<double>() * dec["tokens_per_second"].get<double>(), 1e3, 1e-6) << label;
+    }
     if (label == "evict(int2)") {
       EXPECT_TRUE(c.contains("skipped")) << c.dump();
     } else if (label == "kv4rl") {
@@ -625,6 +637,7 @@ TEST(Referee, CostColumnTimesEachRowsCacheOnceAndReportsIt) {
   EXPECT_NE(md.find("1 x 512, q4/kv2/d128 on cpu"), std::string::npos);
   EXPECT_NE(md.find("| fp8 | 0/0 | "), std::string::npos);
   EXPECT_NE(md.find("attn µs"), std::string::npos);
+  EXPECT_NE(md.find("| decode tok/s | run s |"), std::string::npos);
 }
 
 TEST(Referee, RefusesOrSkipsTheRunsTheDeviceCannotRunBeforeAnyRun) {

@@ -69,6 +69,9 @@ void run_plan(const RefereeOptions& o) {
   std::printf("%s(wrote %s)\n", referee_plan_table(plan).c_str(), file.c_str());
 }
 
+// The cost column's decode speed: timed steps of one sequence per distinct cache (RefereeConfig::decode_steps).
+constexpr int kCostDecodeSteps = 32;
+
 void run(RefereeOptions o, const CLI::App* cmd) {
   RefereeConfig& c = o.cfg;
   if (!o.results.empty()) {  // the reports of a finished results.json: nothing else is read
@@ -150,6 +153,7 @@ void run(RefereeOptions o, const CLI::App* cmd) {
     at_model.q_heads = mc.n_heads, at_model.kv_heads = mc.n_kv_heads, at_model.head_dim = mc.head_dim;
     at_model.ctx = *std::max_element(c.ctx.begin(), c.ctx.end());
     c.cost_probe = attention_cost_probe(o.model.device, shape, at_model, c.threads, c.simd);
+    c.decode_steps = kCostDecodeSteps;
   }
   const RefereeResult r = run_referee(c);
   if (c.calibrate_only) return;
@@ -198,7 +202,8 @@ void add_referee(CLI::App& app) {
   cmd->add_option("-t,--threads", c.threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--cost-shape", o->cost_shape,
                   "the cost column's shape: one decode step's attention of each row's cache at SEQSxCTX (q32/kv8/d128, "
-                  "random rows, as kvq bench attention) on the evaluation's device; off: no cost column (default: "
+                  "random rows, as kvq bench attention) on the evaluation's device, beside the median of 32 decode "
+                  "steps of one sequence at the longest --ctx through the model; off: no cost column (default: "
                   "8x32768 on cuda, 1x32768 on the CPU)");
   add_simd_option(cmd, o->simd);
   add_device_options(cmd, o->model);

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/sha256.h"
+#include "eval/decode_speed.h"
 #include "eval/evaluator.h"
 #include "kv/evict.h"
 #include "model/config.h"
@@ -50,6 +51,7 @@ class Referee {
   json equal_bytes_json(const PlannedRun& r, const ModelConfig& mc) const;
   json execute_run(const std::vector<PlannedRun>& plan, size_t i, const json& settings, double& executed_seconds);
   json row_cost(const PlannedRun& r);
+  json row_decode(const PlannedRun& r, const Rotation& rot);
   int threads() const;
   void write_results(const std::vector<PlannedRun>& plan, const json& missing,
                      std::chrono::steady_clock::time_point t0);
@@ -61,7 +63,8 @@ class Referee {
   std::unique_ptr<Model> model_;
   RefereeStore store_;
   RefereeResult res_;
-  std::map<std::string, json> costs_;  // row_cost's measurements by the probed cache's describe()
+  std::map<std::string, json> costs_;    // row_cost's measurements by the probed cache's describe()
+  std::map<std::string, json> decodes_;  // row_decode's, by the run cache's describe()
 };
 
 Model& Referee::model() {
@@ -211,6 +214,7 @@ json Referee::execute_run(const std::vector<PlannedRun>& plan, size_t i, const j
   json rec = evaluate_run(r, rot, int(i + 1), int(plan.size()), avg, int(left));
   add_run_fields(rec, cfg_, data_, r, rot, settings, model().pool().size());
   if (cfg_.cost_probe) rec["cost"] = row_cost(r);
+  if (cfg_.decode_steps > 0) rec["decode"] = row_decode(r, rot);
   referee_write_atomic(run_record_path(cfg_, r.key), rec.dump(1));
   ++res_.runs_executed;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
@@ -238,6 +242,31 @@ json Referee::row_cost(const PlannedRun& r) {
     j = {{"unsupported", e.what()}};
   }
   return costs_[key] = j;
+}
+
+// The decode speed of run r's cache at the evaluated model (RefereeConfig::decode_steps): its codecs, windows,
+// rotation and skipped layers, decode-faithful, through the evaluation's runner, once per distinct cache. An eviction
+// row keeps a token budget of a bf16 cache, not a format: it has none.
+json Referee::row_decode(const PlannedRun& r, const Rotation& rot) {
+  if (r.method.evicts())
+    return {{"skipped", "an eviction row is a bf16 cache that keeps fewer tokens, not a format of its own"}};
+  constexpr int kWarmup = 2;
+  const int ctx = *std::max_element(cfg_.ctx.begin(), cfg_.ctx.end());
+  CacheConfig c = run_cache(r, rot, store_.clips_for(r), ctx);
+  c.prompt_policy = PromptPolicy::kDecodeFaithful;
+  const std::string key = c.describe();
+  if (auto it = decodes_.find(key); it != decodes_.end()) return it->second;
+  json j;
+  try {
+    const int fill = std::max(1, ctx - kWarmup - cfg_.decode_steps);
+    const std::unique_ptr<Runner> runner = runners()(c, fill + kWarmup + cfg_.decode_steps);
+    const DecodeSpeed d = time_decode(*runner, fill, cfg_.decode_steps, kWarmup, cfg_.seed);
+    j = {{"seqs", 1}, {"ctx", d.ctx}, {"steps", d.steps}, {"tokens_per_second", d.tokens_per_second()},
+         {"ms_per_step", d.ms_per_step()}, {"runner", runner->describe()}};
+  } catch (const Error& e) {
+    j = {{"unsupported", e.what()}};
+  }
+  return decodes_[key] = j;
 }
 
 // --calibrate-only: every rotation the plan needs, calibrated or found in OUT/rotations/; no runs, no reports.

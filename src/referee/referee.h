@@ -96,6 +96,10 @@ struct RefereeConfig {
   // {"shape", "device", "attention_us", "bytes_read", "fraction_of_read_probe", ...}); a kvq::Error is recorded as the
   // row's "unsupported" cost. Null: no cost column.
   std::function<nlohmann::json(const CacheConfig&)> cost_probe;
+  // The cost column's decode speed at the evaluated model: timed greedy steps of one sequence filled to the longest
+  // --ctx (less the steps), through the run's own cache, rotation and evaluation runner, once per distinct cache
+  // (eval/decode_speed.h; run record "decode"). 0: not measured.
+  int decode_steps = 0;
 };
 
 // One finished (method, windows) run: the `kvq eval --json` object plus the referee's fields.

@@ -11,8 +11,8 @@
 // A run's estimate: at each ctx, build + windows × window + prompts × prompt, plus its clip tuning (grid² runners
 // and tune-windows windows each) where that run would tune. Calibrated rotations are timed with a random rotation
 // of the same shape (a rotation's cost is its shape's, not its values'), PN-Mix keys with 2-bit widths; the
-// calibrations themselves (on the CPU) and the cost column's probe are not in the estimate (the calibrations are
-// listed). A run whose record in OUT/runs/ holds the same
+// calibrations themselves (on the CPU) and the cost column's probes (attention, decode speed) are not in the estimate
+// (the calibrations are listed). A run whose record in OUT/runs/ holds the same
 // settings is "done" (resume: nothing to run); a run whose cache the device cannot run is "refused" with the reason;
 // one whose cache cannot be built for the model at all is "cannot run".
 #pragma once

@@ -366,9 +366,10 @@ std::string referee_cost_markdown(const json& j) {
       "rows, decode-faithful, one layer) at {} on {}, as `kvq bench attention` times it; the bytes that step reads "
       "and their share of the device's streaming-read probe; the speedup over the bf16 row's cache; the referee's "
       "wall time for the row; and the step at the evaluated model's own heads and longest context ({}). Rotation "
-      "files are not in the step (a rotation's query rotation costs its own; see docs/results).\n\n| method | windows "
-      "| attention µs | MB read | % of read probe | vs bf16 | µs at the model's shape | run s |\n"
-      "|---|---|---|---|---|---|---|---|\n",
+      "files are not in the step (a rotation's query rotation costs its own; see docs/results). decode tok/s: one "
+      "sequence's greedy decode at the longest context through the row's own cache and rotation, the model's "
+      "weights and the evaluation's runner (the median step).\n\n| method | windows | attention µs | MB read | % of read probe | vs bf16 "
+      "| µs at the model's shape | decode tok/s | run s |\n|---|---|---|---|---|---|---|---|---|\n",
       (*first)["shape"].get<std::string>(), (*first)["device"].get<std::string>(),
       first->contains("model_shape") ? (*first)["model_shape"]["shape"].get<std::string>() : "not measured");
   for (const json& r : j["runs"]) {
@@ -389,8 +390,13 @@ std::string referee_cost_markdown(const json& j) {
                                                         : "not measured";
       cells = why + " | | | | ";
     }
-    s += fmt::format("| {} | {} | {} | {:.1f} |\n", run_label(r), r["windows"]["label"].get<std::string>(), cells,
-                     r.value("seconds", 0.0));
+    const json& d = r.contains("decode") ? r["decode"] : json::object();
+    const std::string decode = d.contains("tokens_per_second")
+                                   ? fmt::format("{:.1f}", d["tokens_per_second"].get<double>())
+                               : d.contains("unsupported") ? "not run"
+                                                           : "-";
+    s += fmt::format("| {} | {} | {} | {} | {:.1f} |\n", run_label(r), r["windows"]["label"].get<std::string>(), cells,
+                     decode, r.value("seconds", 0.0));
   }
   return s;
 }
