@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -18,6 +19,15 @@
 #include "rotation/rotation_file.h"
 
 namespace kvq::test {
+
+// The first `bytes` bytes of the file at path (fewer when it is shorter): small eval and calibration texts.
+inline std::string head_of(const std::string& path, size_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text(bytes, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(size_t(in.gcount()));
+  return text;
+}
 
 // n token ids of models/ref's vocabulary, a different sequence for each salt (prompts of the engine and prefix tests).
 inline std::vector<int32_t> token_ids(int n, int salt) {

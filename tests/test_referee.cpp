@@ -20,6 +20,7 @@
 #include "attention/attention_bench.h"
 #include "common/error.h"
 #include "referee/referee.h"
+#include "test_helpers.h"
 #include "referee/view.h"
 
 using namespace kvq;
@@ -30,13 +31,7 @@ namespace {
 
 const std::string kSource = KVQ_SOURCE_DIR;
 
-std::string head_of(const std::string& path, size_t bytes) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text(bytes, '\0');
-  in.read(text.data(), std::streamsize(text.size()));
-  text.resize(size_t(in.gcount()));
-  return text;
-}
+using test::head_of;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "referee/plan.h"
 #include "referee/referee.h"
+#include "test_helpers.h"
 #include "referee/rehearsal.h"
 
 using namespace kvq;
@@ -26,13 +27,7 @@ namespace {
 
 const std::string kSource = KVQ_SOURCE_DIR;
 
-std::string head_of(const std::string& path, size_t bytes) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text(bytes, '\0');
-  in.read(text.data(), std::streamsize(text.size()));
-  text.resize(size_t(in.gcount()));
-  return text;
-}
+using test::head_of;
 
 struct Dirs {
   fs::path root = fs::temp_directory_path() / ("kvq_test_referee_plan_" + std::to_string(getpid()));

@@ -58,10 +58,7 @@ void run_plan(const RefereeOptions& o) {
     return make_runner(*src, mo, q, max_ctx);
   };
   if (mo.device != "cpu") dev.check = check_gpu_cache;
-  const nlohmann::json plan = plan_referee(c, dev, [](const std::string& line, bool transient) {
-    std::fprintf(stderr, transient ? "\r%-110s" : "\r%-110s\n", line.c_str());
-    std::fflush(stderr);
-  });
+  const nlohmann::json plan = plan_referee(c, dev, referee_stderr_log());
   std::fprintf(stderr, "\r%-110s\r", "");
   std::filesystem::create_directories(c.out_dir);
   const std::string file = (std::filesystem::path(c.out_dir) / "plan.json").string();

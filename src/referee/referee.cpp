@@ -413,12 +413,15 @@ json render_referee_reports(const std::string& results_file, const std::string& 
   return j;
 }
 
-RefereeResult run_referee(const RefereeConfig& cfg, const RefereeLog& log) {
-  RefereeLog sink = log ? log : [](const std::string& line, bool transient) {
+RefereeLog referee_stderr_log() {
+  return [](const std::string& line, bool transient) {
     std::fprintf(stderr, transient ? "\r%-110s" : "\r%-110s\n", line.c_str());
     std::fflush(stderr);
   };
-  Referee r(cfg, sink);
+}
+
+RefereeResult run_referee(const RefereeConfig& cfg, const RefereeLog& log) {
+  Referee r(cfg, log ? log : referee_stderr_log());
   return r.run();
 }
 

@@ -118,6 +118,8 @@ struct RefereeResult {
 
 // Progress lines (with ETA) go here; default: stderr.
 using RefereeLog = std::function<void(const std::string& line, bool transient)>;
+// Progress lines on stderr, a transient one overwritten by the next (run_referee's default; kvq referee --plan's).
+RefereeLog referee_stderr_log();
 
 // Checks every input (disjoint calibration data first, before the model loads), runs or resumes every
 // (method, windows) and writes OUT/results.json, OUT/report.md and OUT/report.html. With calibrate_only it stops

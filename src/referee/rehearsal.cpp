@@ -61,6 +61,7 @@ class Rehearsal {
   ModelConfig mc_;
   RefereeData data_;
   bool tokenized_ = false;
+  int prompts_ = 0;  // passkey prompts a run makes at each ctx: trials x depths
   std::map<std::string, CacheTiming> timed_;  // by cache description, ctx, prompt, tail and layers
   std::map<std::string, TuneTiming> tuned_;   // by tuned row and windows
   std::map<int, std::vector<int32_t>> ids_;   // random tokens by ctx
@@ -169,10 +170,8 @@ json Rehearsal::plan_run(const PlannedRun& r, std::map<std::string, bool>& tunin
   double tokens = 0;
   for (size_t i = 0; i < cfg_.ctx.size(); ++i) {
     const int ctx = cfg_.ctx[i], windows = windows_at(ctx);
-    const int prompts = cfg_.passkey_trials * int((cfg_.depths.empty() ? EvalConfig::default_depths() : cfg_.depths)
-                                                      .size());
-    tokens += double(windows) * ctx * (i == 0 ? 3 : 2) + double(prompts) * ctx;  // evaluate()'s work units
-    row["per_ctx"].push_back({{"ctx", ctx}, {"windows", windows}, {"prompts", prompts}});
+    tokens += double(windows) * ctx * (i == 0 ? 3 : 2) + double(prompts_) * ctx;  // evaluate()'s work units
+    row["per_ctx"].push_back({{"ctx", ctx}, {"windows", windows}, {"prompts", prompts_}});
   }
   row["tokens"] = tokens;
   if (row["status"] == "done") return row;
@@ -232,11 +231,13 @@ json Rehearsal::run() {
               mc_.max_ctx);
   tokenized_ = tok != nullptr;
   read_referee_data(cfg_, tok.get(), data_);
-  if (tokenized_) check_calibration_budgets(cfg_, data_, plan_referee_runs(cfg_, data_));
+  const std::vector<PlannedRun> plan = plan_referee_runs(cfg_, data_);
+  if (tokenized_) check_calibration_budgets(cfg_, data_, plan);
+  const json depths = cfg_.depths.empty() ? EvalConfig::default_depths() : cfg_.depths;
+  prompts_ = cfg_.passkey_trials * int(depths.size());
 
   json runs = json::array(), calibrations = json::object();
   std::map<std::string, bool> tunings;
-  const std::vector<PlannedRun> plan = plan_referee_runs(cfg_, data_);
   double estimate = 0, tokens = 0;
   std::map<std::string, int> by_status;
   for (const PlannedRun& r : plan) {
@@ -253,7 +254,6 @@ json Rehearsal::run() {
   for (const auto& [file, cal] : calibrations.items()) cached += cal["cached"].get<bool>();
   json status = json::object();
   for (const auto& [s, n] : by_status) status[s] = n;
-  json depths = cfg_.depths.empty() ? EvalConfig::default_depths() : cfg_.depths;
   return {{"model", {{"dir", cfg_.model_dir},
                      {"name", cfg_.model_name.empty() ? mc_.name_or_path.empty() ? cfg_.model_dir : mc_.name_or_path
                                                       : cfg_.model_name},
