@@ -285,13 +285,18 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   EXPECT_TRUE(has(gpu_unsupported(config("oscar_int2", "oscar_int2", 128, 48), kD), "pages of 48 tokens"));
   // Kitty's value rows are min / scale rows of its own (codecs/kitty/codec_kitty.h), not the int2 rows a KIVI value maps to.
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "kitty_int2", 128), kD), "values kitty_int2"));
-  EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128), kD), "kitty_int2"));
-  // llama.cpp's pairs the table does not list (mixed types but q8_0 / q4_0; f16) have no GPU kernels: refused by name,
+  // Kitty's key blocks are 128 tokens: pages of 64 are refused; at d = 256 its block demotion does not fit.
+  EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2", "kitty_int2", 128, 64), kD), "pages of 64 tokens"));
+  EXPECT_TRUE(has(gpu_unsupported(config("kitty_int2_20", "kitty_int2_20", 128, 128, 256), 256), "head_dim 256"));
+  EXPECT_GE(gpu_instance(config("kitty_int2", "kitty_int2", 128), kD), 0);
+  EXPECT_GE(gpu_instance(config("kitty_int2_20", "kitty_int2_20", 128, 256, 64), 64), 0);
+  // llama.cpp's pairs the table does not list (mixed types but q8_0 / q4_0) have no GPU kernels: refused by name,
   // never run as another codec's rows.
   EXPECT_TRUE(has(gpu_unsupported(config("q5_0", "q4_1", 128), kD), "keys q5_0 with values q4_1"));
   EXPECT_TRUE(has(gpu_unsupported(config("q4_0", "q8_0", 128), kD), "keys q4_0 with values q8_0"));
   EXPECT_TRUE(has(gpu_unsupported(config("q8_0", "bf16", 128), kD), "keys q8_0 with values bf16"));
-  EXPECT_TRUE(has(gpu_unsupported(config("f16", "f16", 128), kD), "keys f16 with values f16"));
+  EXPECT_TRUE(has(gpu_unsupported(config("f16", "q8_0", 128), kD), "keys f16 with values q8_0"));
+  EXPECT_EQ(gpu_unsupported(config("f16", "f16", 128, 8, 256), 256), "");  // llama.cpp's default type, every d but 80
   EXPECT_TRUE(gpu_spec_stored({.type = "q8_0", .head_dim = kD, .group = 128}));
   EXPECT_TRUE(gpu_spec_stored({.type = "q4_0", .head_dim = kD, .group = 128}));
   EXPECT_TRUE(gpu_spec_stored({.type = "q8_0", .head_dim = 64, .group = 128}));
@@ -301,7 +306,8 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
     EXPECT_TRUE(gpu_spec_stored({.type = type, .head_dim = kD, .group = 128})) << type;
     EXPECT_FALSE(gpu_spec_stored({.type = type, .head_dim = 96, .group = 128})) << type;  // the budget
   }
-  EXPECT_FALSE(gpu_spec_stored({.type = "f16", .head_dim = kD, .group = 128}));
+  EXPECT_TRUE(gpu_spec_stored({.type = "f16", .head_dim = kD, .group = 128}));
+  EXPECT_FALSE(gpu_spec_stored({.type = "f16", .head_dim = 80, .group = 128}));
   CacheConfig unknown = config("int2", "int2", 128);
   unknown.k.type = "kivi8";
   EXPECT_TRUE(has(gpu_unsupported(unknown, kD), "'kivi8' is unknown"));
@@ -346,6 +352,7 @@ TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
   EXPECT_TRUE(has(s, "k=kivi2/per-channel v=int2 (d 64, 96 and 128)")) << s;
   EXPECT_TRUE(has(s, "k=tq3nc v=tqv3 (d 64 and 128)")) << s;
   EXPECT_TRUE(has(s, "k=q8_0 v=q4_0 (d 64, 96 and 128)")) << s;
-  EXPECT_TRUE(has(s, "k=oscar_int2/per-channel v=oscar_int2 (d 64, 128 and 256)")) << s;
+  EXPECT_TRUE(has(s, "k=oscar_int2/per-channel v=oscar_int2 (d 64, 128 and 256; pages a multiple of 32)")) << s;
+  EXPECT_TRUE(has(s, "k=kitty_int2/per-channel v=kitty_int2 (d 64, 96 and 128; pages a multiple of 128)")) << s;
   EXPECT_TRUE(has(s, "k=bf16 v=bf16,")) << s;  // every head_dim: none named
 }

@@ -7,6 +7,7 @@
 #include "codecs/fp8/codec_fp8.cuh"
 #include "codecs/half/codec_bf16.cuh"
 #include "codecs/int/codec_int.cuh"
+#include "codecs/kitty/codec_kitty.cuh"
 #include "codecs/kivi/codec_kivi.cuh"
 #include "codecs/llamacpp/codec_llamacpp.cuh"
 #include "codecs/oscar/codec_oscar.cuh"

@@ -125,9 +125,18 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kUpTo128},
   {.path = kCudaCore,   .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kEveryDim},
+  // llama.cpp's default cache type (-ctk f16 -ctv f16; codec_bf16.cuh's f16 rows)
+  {.path = kCudaCore,   .k = kF16,       .v = kF16,       .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kAllDims},
   // OScaR: token-scaled keys in 32-token blocks, values in 32-channel groups (no --kv-group: its own groups)
   {.path = kCudaCore,   .k = kOscarInt2, .v = kOscarInt2, .groups = kAnyGroup, .page_multiple = 32, .gqa = kEvery,
    .head_dims = kPow2Dims},
+  // Kitty (codec_kitty.cuh; its own groups): key blocks of 128 tokens per channel, a quarter (a fifth) of the
+  // channels at 4 bits, values per token at 2; up to d = 128 (the block demotion holds 128 x d bf16 in shared memory)
+  {.path = kCudaCore,   .k = kKitty2,    .v = kKitty2,    .groups = kAnyGroup, .page_multiple = 128, .gqa = kGeneric,
+   .head_dims = kUpTo128},
+  {.path = kCudaCore,   .k = kKitty2At20, .v = kKitty2At20, .groups = kAnyGroup, .page_multiple = 128,
+   .gqa = kGeneric, .head_dims = kUpTo128},
   // TurboQuant presets (codec_turboquant.cuh; ungrouped sides): turboquant_3bit_nc and turboquant_2bit (the timed
   // pairs) with every GQA instance, turboquant_4bit_nc and turboquant_k3v4_nc with the generic one
   {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv3,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
@@ -137,6 +146,13 @@ inline constexpr GpuInstance kGpuInstances[] = {
   {.path = kCudaCore,   .k = kTq4nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kPow2To128},
   {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
+  // TurboQuant's keys without the norm correction (-ctk tq2 / tq3 / tq4), each with the values of its bits
+  {.path = kCudaCore,   .k = kTq2,       .v = kTqv2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kTq3,       .v = kTqv3,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kPow2To128},
+  {.path = kCudaCore,   .k = kTq4,       .v = kTqv4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kPow2To128},
   // vLLM's FP8 caches (codec_fp8.cuh; ungrouped): fp8 (e4m3, scale 1.0, the cache its users pick) at every d a group
   // of 32 divides, fp8_e5m2, fp8_per_token_head and turboquant_k8v4 (FP8 keys, 4-bit values) at 64 and 128
@@ -310,20 +326,24 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
 
 // The compiled instances as one line, from the table: "the GPU runs head_dim 64, 96, 128 and 256, bf16 windows and
 // keys / values tensor-core (pages a multiple of 16): k=int2/g128 v=int2/g128 (d 128), ..., k=bf16 v=bf16;
-// CUDA-core (pages a multiple of 8): k=int8 v=int8, ... (groups ...)"; a row names its head dims unless it has them
-// all.
+// CUDA-core (pages a multiple of 8): k=int8 v=int8, ..., k=kitty_int2/per-channel v=kitty_int2 (d 64, 96 and 128;
+// pages a multiple of 128), ... (groups ...)"; a row names its head dims unless it has them all, and its page multiple
+// when it is larger than its path's.
 inline std::string gpu_instances_text() {
   constexpr uint8_t all = gpu_detail::compiled_head_dims();
   std::string out = "the GPU runs head_dim " + gpu_detail::head_dims_text(all) + ", bf16 windows and keys / values";
   for (GpuPath p : {GpuPath::kTensorCore, GpuPath::kCudaCore}) {
+    int page = 0;  // the path's page multiple: the least of its rows'
+    for (const GpuInstance& r : kGpuInstances)
+      if (r.path == p) page = page == 0 ? r.page_multiple : std::min(page, r.page_multiple);
     std::string rows;
-    int page = 0;
     for (const GpuInstance& r : kGpuInstances) {
       if (r.path != p) continue;
+      std::string notes = r.head_dims == all ? "" : "d " + gpu_detail::head_dims_text(r.head_dims);
+      if (r.page_multiple != page)
+        notes += (notes.empty() ? "" : "; ") + std::string("pages a multiple of ") + std::to_string(r.page_multiple);
       rows += std::string(rows.empty() ? "" : ", ") + "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" +
-              gpu_detail::side_text(r.v, false, r.groups) +
-              (r.head_dims == all ? "" : " (d " + gpu_detail::head_dims_text(r.head_dims) + ")");
-      page = r.page_multiple;
+              gpu_detail::side_text(r.v, false, r.groups) + (notes.empty() ? "" : " (" + notes + ")");
     }
     if (!rows.empty())
       out += std::string(p == GpuPath::kTensorCore ? " " : "; ") + gpu_path_name(p) + " (pages a multiple of " +
