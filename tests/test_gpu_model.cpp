@@ -595,6 +595,50 @@ TEST(GpuEval, EvaluateThroughGpuRunnersMatchesTheCpuOnEveryTask) {
   }
 }
 
+// TurboQuant as vLLM ships it, through GPU runners: exact-prompt (the prompt's queries read the prompt's exact rows,
+// the GPU's bf16 twin cache), no windows, layer 0 in bf16, its keys' Hadamard; windows of 1024 with a 768-token prompt,
+// whose queries read the exact rows, and passkey (its needle prompt, then the answer from the stored cache). The same
+// tolerances as the test above.
+TEST(GpuEval, ExactPromptAsShippedMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const Tokenizer tok = Tokenizer::load(kSrc + "/models/ref/tokenizer.json");
+  const EvalDomain d = python_domain(2048);
+  EvalConfig c;
+  c.tasks = {"ppl", "kl", "passkey"};
+  c.ctx = {1024};
+  c.windows = 2;
+  c.prompt_tokens = 768;
+  c.passkey_trials = 2;
+  c.depths = {0.0, 0.5, 1.0};
+  c.seed = 5;
+  c.bootstrap = 100;
+  const ModelConfig& mc = m.config();
+  CacheConfig cc = cache_config("bf16", 0, 0, 128, 256);
+  cc.k = codec_spec("tq3nc", true, 128, 0.f), cc.v = codec_spec("tqv3", false, 128, 0.f);
+  cc.skip_layers = {0};
+  cc.prompt_policy = PromptPolicy::kExactPrompt;
+  cc.transform = codec_transform(cc, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  const EvalReport want = evaluate(m, tok, cc, {d}, c);
+  const EvalReport got = evaluate(m, gpu_runners(m, GemmPrecision::Fp32), tok, cc, {d}, c);
+  EXPECT_NE(got.runner.find("cuda"), std::string::npos) << got.runner;
+  ASSERT_EQ(got.ppl.size(), 1u);
+  ASSERT_EQ(got.kl.size(), 1u);
+  ASSERT_EQ(got.passkey.size(), 1u);
+  const double ppl_rel = std::abs(got.ppl[0].ppl - want.ppl[0].ppl) / want.ppl[0].ppl;
+  const double kl_rel = std::abs(got.kl[0].kl.estimate - want.kl[0].kl.estimate) / want.kl[0].kl.estimate;
+  std::printf("exact-prompt tq3nc/tqv3: ppl cpu %.5f gpu %.5f (%.3g%%); KL cpu %.5f gpu %.5f (%.3g%%); passkey cpu %d "
+              "gpu %d of %d\n",
+              want.ppl[0].ppl, got.ppl[0].ppl, 100 * ppl_rel, want.kl[0].kl.estimate, got.kl[0].kl.estimate,
+              100 * kl_rel, want.passkey[0].result.correct, got.passkey[0].result.correct,
+              got.passkey[0].result.trials);
+  EXPECT_LE(ppl_rel, 1e-3);
+  EXPECT_GT(want.kl[0].kl.estimate, 1e-4) << "the 3-bit cache should differ from bf16";
+  EXPECT_LE(kl_rel, 0.1);
+  EXPECT_EQ(got.passkey[0].result.trials, want.passkey[0].result.trials);
+  EXPECT_LE(std::abs(got.passkey[0].result.correct - want.passkey[0].result.correct), 1);
+}
+
 // A BF16 method through GPU runners: the reference and the method are the same deterministic computation, so KL is
 // exactly 0 and top-1 agreement exactly 1, as on the CPU.
 TEST(GpuEval, Bf16MethodHasZeroKlOnTheGpu) {

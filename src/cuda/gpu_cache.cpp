@@ -51,6 +51,19 @@ void check_config(const CacheConfig& cfg, int head_dim) {
   KVQ_CHECK(skip_why.empty(), "GPU KV cache: the bf16 rows of --kv-skip-layers: {}", skip_why);
 }
 
+// The exact-prompt twin's config (gpu_cache.h): bf16 keys, values and windows, decode-faithful, on pages a tensor-core
+// tile fits, with cfg's windows, chunk, sliding windows and transform (so its rows are the CPU exact store's).
+CacheConfig exact_twin_config(const CacheConfig& cfg, int head_dim) {
+  CacheConfig t;
+  t.k = t.v = CodecSpec{.type = "bf16", .head_dim = head_dim};
+  t.sink = cfg.sink, t.recent = cfg.recent, t.max_chunk = cfg.max_chunk;
+  t.page_tokens = cfg.page_tokens % 16 == 0 ? cfg.page_tokens : 2 * cfg.page_tokens;
+  t.transform = cfg.transform;
+  t.attn_window = cfg.attn_window;
+  t.simd = cfg.simd;
+  return t;
+}
+
 int sm_count() {
   int dev = 0, n = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -139,6 +152,12 @@ struct GpuKvCache::Impl {
   bool table_dirty = false;             // the pool's block tables changed since the last upload
   DeviceBuffer mu, rk, rv, rvt;
   std::unique_ptr<PrefixCache> prefix;  // null: prefix caching off
+  bool own_stream = true;               // the stream is the cache's (else a caller's: not destroyed here)
+  // exact-prompt (gpu_cache.h): the bf16 twin on this stream, and each slot's sequence in it while its prompt is open
+  // (-1: no prompt open); step_exact: the open step's sequences read the twin.
+  std::unique_ptr<GpuKvCache> exact;
+  std::vector<int> exact_seq;
+  bool step_exact = false;
   TransformPtrs tptrs{};
   DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
   // The step.
@@ -196,7 +215,7 @@ CacheLayout GpuKvCache::layout_of(const CacheConfig& cfg, int n_layers, int n_kv
 }
 
 GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
-                       size_t budget_bytes)
+                       size_t budget_bytes, void* stream)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.cfg = cfg;
@@ -222,7 +241,9 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   m.sinks = DeviceBuffer(window_rows * size_t(cfg.sink) * size_t(head_dim) * 2);
   m.ring = DeviceBuffer(window_rows * size_t(m.layout.ring_tokens) * size_t(head_dim) * 2);
   m.page_table_dev = DeviceBuffer(pool.table().size() * sizeof(int));
-  check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
+  m.own_stream = stream == nullptr;
+  if (m.own_stream) check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
+  else m.stream = static_cast<cudaStream_t>(stream);
   // Zeroed storage: a stale row can never decode to NaN; the page table starts as all -1 (never read).
   check(cudaMemsetAsync(m.pages.get(), 0, m.pages.bytes(), m.stream), "cudaMemset pool");
   check(cudaMemsetAsync(m.sinks.get(), 0, m.sinks.bytes(), m.stream), "cudaMemset sinks");
@@ -251,13 +272,19 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     m.upload(m.k_table, table.data(), table.size() * sizeof(float));
     for (CacheGeometry& g : m.geo) g.k_table = m.k_table.as<float>();
   }
+  if (cfg.prompt_policy == PromptPolicy::kExactPrompt) {  // a twin for every slot, at max_ctx
+    m.exact = std::make_unique<GpuKvCache>(exact_twin_config(cfg, head_dim), n_layers, n_kv_heads, head_dim, max_ctx,
+                                           pool.n_slots(), 0, m.stream);
+    m.exact_seq.assign(size_t(pool.n_slots()), -1);
+  }
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: init");
 }
 
 GpuKvCache::~GpuKvCache() {
   if (impl_ && impl_->stream) {
     cudaStreamSynchronize(impl_->stream);
-    cudaStreamDestroy(impl_->stream);
+    impl_->exact.reset();
+    if (impl_->own_stream) cudaStreamDestroy(impl_->stream);
   }
 }
 
@@ -312,19 +339,38 @@ void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
   check(cudaStreamSynchronize(m.stream), "transform upload");  // the host vectors may go away
 }
 
-int GpuKvCache::new_sequence() { return impl_->pool->open(); }
+int GpuKvCache::new_sequence() {
+  Impl& m = *impl_;
+  const int seq = m.pool->open();
+  if (m.exact) m.exact_seq[size_t(seq)] = m.exact->new_sequence();  // its prompt opens
+  return seq;
+}
 
 void GpuKvCache::free_sequence(int seq) {
   Impl& m = *impl_;
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   KVQ_CHECK(!m.in_step, "GPU KV cache: free_sequence inside a step");
+  if (m.exact) end_prompt(seq);
   m.pool->close(seq);
   m.table_dirty = true;
 }
 
+void GpuKvCache::end_prompt(int seq) {
+  Impl& m = *impl_;
+  KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
+  KVQ_CHECK(!m.in_step, "GPU KV cache: end_prompt inside a step");
+  if (!m.exact || m.exact_seq[size_t(seq)] < 0) return;
+  m.exact->free_sequence(m.exact_seq[size_t(seq)]);
+  m.exact_seq[size_t(seq)] = -1;
+}
+
+bool GpuKvCache::step_reads_exact() const { return impl_->in_step && impl_->step_exact; }
+
 void GpuKvCache::fork_sequence(int src, int dst) {
   Impl& m = *impl_;
   KVQ_CHECK(!m.in_step, "GPU KV cache: fork_sequence inside a step");
+  KVQ_CHECK(!m.exact || (m.pool->live(src) && m.exact_seq[size_t(src)] < 0),
+            "GPU KV cache: fork_sequence of a sequence whose prompt is open (exact-prompt: end_prompt first)");
   m.pool->fork(src, dst);
   m.table_dirty = true;
   const size_t page = size_t(m.layout.page_bytes);
@@ -369,6 +415,9 @@ void copy_ring_rows(uint8_t* ring_slot, uint8_t* host, size_t slot_rows, size_t 
 
 void GpuKvCache::enable_prefix_cache(int64_t state_bytes) {
   Impl& m = *impl_;
+  KVQ_CHECK(m.cfg.prompt_policy == PromptPolicy::kDecodeFaithful,
+            "GPU KV cache: prefix caching needs the decode-faithful prompt policy, not '{}'",
+            prompt_policy_name(m.cfg.prompt_policy));
   // The copied state lives in host memory: a quarter of the device pool's bytes, at most 4 GiB.
   if (state_bytes <= 0)
     state_bytes = std::clamp<int64_t>(int64_t(m.pool->bytes() / 4), int64_t(1) << 20, int64_t(4) << 30);
@@ -482,8 +531,22 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
     KVQ_CHECK(n[b] >= 1 && n[b] <= m.cfg.max_chunk,
               "GPU KV cache: {} tokens for sequence {} (must be 1 .. the chunk size {})", n[b], s, m.cfg.max_chunk);
   }
+  // exact-prompt: a step of sequences inside their prompts also appends to the twin, whose attention it reads.
+  std::vector<int> twin;
+  for (int s : seqs)
+    if (m.exact && m.exact_seq[size_t(s)] >= 0) twin.push_back(m.exact_seq[size_t(s)]);
+  KVQ_CHECK(twin.empty() || twin.size() == seqs.size(),
+            "GPU KV cache: exact-prompt: a step of {} sequences inside their prompts and {} after them (run them in "
+            "separate steps)", twin.size(), seqs.size() - twin.size());
+  if (!twin.empty()) m.exact->begin_step(twin, n);  // checks the twin's pool first (the same context)
   const int used = m.pool->used_pages();
-  m.pool->reserve(seqs, n);
+  try {
+    m.pool->reserve(seqs, n);
+  } catch (...) {
+    if (!twin.empty()) m.exact->abort_step();
+    throw;
+  }
+  m.step_exact = !twin.empty();
   if (m.pool->used_pages() != used) m.table_dirty = true;
   m.rows_host.clear();
   std::vector<RowDesc> items;
@@ -518,6 +581,7 @@ void GpuKvCache::append(int layer, const float* d_k, const float* d_v) {
   const CacheGeometry& g = m.geo[size_t(layer)];
   check(launch_append_rows(g, layer, rows, m.n_rows, d_k, d_v, m.tptrs, m.stream), "GPU KV cache: append kernel");
   check(launch_demote_rows(g, layer, rows + m.n_rows, m.n_items, m.stream), "GPU KV cache: demote kernel");
+  if (m.step_exact) m.exact->append(layer, d_k, d_v);
 }
 
 // Which rows take which kernel (the one dispatch point of attention()), the split sizes of each for the step's views
@@ -619,6 +683,7 @@ const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
 void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_out) {
   Impl& m = *impl_;
   KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
+  if (m.step_exact) return m.exact->attention(layer, d_q, n_heads, d_out);  // the prompt's exact rows
   const Impl::Plan& p = m.plan_attention(n_heads);
   const CacheGeometry& g = m.geo[size_t(layer)];
   AttentionLaunch base{};
@@ -668,13 +733,15 @@ void GpuKvCache::commit_step() {
   Impl& m = *impl_;
   KVQ_CHECK(m.in_step, "GPU KV cache: commit_step without begin_step");
   for (size_t b = 0; b < m.step_seqs.size(); ++b) m.pool->commit(m.step_seqs[b], m.step_n[b]);
-  m.in_step = false;
+  if (m.step_exact) m.exact->commit_step();
+  m.in_step = m.step_exact = false;
   m.n_rows = m.n_items = 0;
 }
 
 void GpuKvCache::abort_step() {
   Impl& m = *impl_;
-  m.in_step = false;
+  if (m.step_exact) m.exact->abort_step();
+  m.in_step = m.step_exact = false;
   m.n_rows = m.n_items = 0;
   m.plan = {};
 }
@@ -683,7 +750,8 @@ CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->layout.
 
 size_t GpuKvCache::bytes_allocated() const {
   const Impl& m = *impl_;
-  return m.pages.bytes() + m.sinks.bytes() + m.ring.bytes() + m.page_table_dev.bytes();
+  return m.pages.bytes() + m.sinks.bytes() + m.ring.bytes() + m.page_table_dev.bytes() +
+         (m.exact ? m.exact->bytes_allocated() : 0);
 }
 
 size_t GpuKvCache::step_bytes_read(int layer) const {

@@ -17,6 +17,13 @@
 // queries and un-rotates outputs, so callers pass plain post-RoPE q / k / v and get plain attention outputs, exactly
 // like the CPU path with a KvTransform.
 //
+// Prompt policies (CacheConfig::prompt_policy, kv/cache.h): decode-faithful, and exact-prompt, the CPU cache's
+// semantics with its exact store kept as a bf16 twin cache on the same stream (the rows as appended: centred, rotated,
+// rounded to bf16, as the CPU's window codec stores them): while a sequence's prompt is open its rows go to both
+// caches and its queries read the twin only; end_prompt(seq) frees its twin sequence, and from then on it reads the
+// cache as stored. A step takes sequences all inside or all after their prompts (the CPU evaluates one at a time).
+// quantize-after-prompt and evict are refused (CPU only).
+//
 // All pointers named d_* are device pointers; all calls are asynchronous on the cache's stream unless noted.
 #pragma once
 
@@ -42,8 +49,9 @@ class GpuKvCache {
   // Allocates the page pool and windows for max_seqs sequences of up to max_ctx tokens each; or, with budget_bytes > 0,
   // what fits in that many bytes, windows included (PagePool::for_budget: max_seqs slots, 0 = as many as the budget
   // holds at max_ctx). Same sizes and page bookkeeping as the CPU cache (kv/cache_layout.h, kv/page_pool.h).
+  // stream: the cudaStream_t to run on (null: one of its own, destroyed with it).
   GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
-             size_t budget_bytes = 0);
+             size_t budget_bytes = 0, void* stream = nullptr);
   ~GpuKvCache();
   // The constructor's checks of cfg for this shape (kvq::Error naming what the GPU does not support) and the cache's
   // layout; needs no device.
@@ -76,6 +84,12 @@ class GpuKvCache {
   void prefix_count(int hit_tokens, int miss_tokens);
   PrefixCacheStats prefix_stats() const;
 
+  // The end of seq's prompt (exact-prompt: its queries read the cache as stored from now on; decode-faithful:
+  // nothing). Not inside a step.
+  void end_prompt(int seq);
+  // Whether the open step's queries read the exact twin (exact-prompt, sequences inside their prompts): its launches
+  // are not those step_signature describes, so GpuModel does not capture it in a graph.
+  bool step_reads_exact() const;
   // Starts a step: seqs[b] appends n[b] tokens at its current length. Reserves pages (throws kvq::Error on
   // context overflow or an exhausted pool, before anything changes) and uploads the step's descriptors and, when
   // they changed, the pool's block tables.

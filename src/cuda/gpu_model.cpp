@@ -587,6 +587,13 @@ void GpuModel::prefix_count(int hit_tokens, int miss_tokens) { impl_->cache->pre
 PrefixCacheStats GpuModel::prefix_stats() const { return impl_->cache->prefix_stats(); }
 int GpuModel::length(int seq) const { return impl_->cache->length(seq); }
 CacheFootprint GpuModel::footprint(int n_tokens) const { return impl_->cache->footprint(n_tokens); }
+void GpuModel::end_prompt(int seq) { impl_->cache->end_prompt(seq); }
+// exact-prompt stores what decode-faithful does (the twin's rows are freed at end_prompt), as KvCache counts it.
+CacheFootprint GpuModel::prompt_footprint(int n_tokens, int prompt_tokens) const {
+  KVQ_CHECK(prompt_tokens >= 0 && prompt_tokens <= n_tokens, "prompt_footprint: a prompt of {} of {} tokens",
+            prompt_tokens, n_tokens);
+  return footprint(n_tokens);
+}
 size_t GpuModel::cache_bytes() const { return impl_->cache->bytes_allocated(); }
 const PagePool& GpuModel::page_pool() const { return impl_->cache->pool(); }
 GemmPrecision GpuModel::gemm_precision() const { return impl_->gemm; }
@@ -692,7 +699,7 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   const int out_rows = which == LogitRows::None ? 0 : which == LogitRows::All ? rows : int(seqs.size());
   const bool decode = std::all_of(n.begin(), n.end(), [](int nb) { return nb == 1; });
   const StepRange range(decode);
-  if (m.graphs && decode && !m.hook)
+  if (m.graphs && decode && !m.hook && !m.cache->step_reads_exact())
     m.run_graphed({rows, out_rows, which, argmax != nullptr, m.cache->step_signature(c.n_heads)});
   else
     m.enqueue_step(rows, out_rows, which, argmax != nullptr);

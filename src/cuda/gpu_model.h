@@ -81,6 +81,9 @@ class GpuModel final : public Runner {
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;
+  // Prompt policies: decode-faithful and exact-prompt (GpuKvCache's twin); the others are refused at construction.
+  void end_prompt(int seq) override;
+  CacheFootprint prompt_footprint(int n_tokens, int prompt_tokens) const override;
   void set_layer_hook(Model::LayerHook* hook) override;
   CacheFootprint footprint(int n_tokens) const override;
   size_t cache_bytes() const override;

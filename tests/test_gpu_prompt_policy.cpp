@@ -1,0 +1,115 @@
+// The prompt policies on the GPU cache (cuda/gpu_cache.h): exact-prompt against the CPU cache's (kv/cache.h), step by
+// step through the twin harness: the prompt's queries read the prompt's exact rows (the GPU's bf16 twin, the CPU's exact
+// store), the rows are stored through the codecs as a decode-faithful cache stores them, and after end_prompt queries
+// read the cache as stored. The camps that ship it: TurboQuant (no windows, its skipped layers, the Hadamard of its
+// keys) and OScaR (no windows, a demotion block of 256); and int2 with kvq's windows. Then what the GPU refuses.
+#ifdef KVQ_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codecs/registry.h"
+#include "common/error.h"
+#include "cuda/gpu_instances.h"
+#include "gpu_twin.h"
+#include "rotation/rotation_file.h"
+
+using namespace kvq;
+using namespace kvq::gpu_test;
+
+namespace {
+
+struct PolicyCase {
+  const char* name;
+  const char *k, *v;
+  int sink, recent, demote_block;
+  std::vector<int> skip_layers;
+  double decode_budget;  // NMSE of GPU vs CPU attention over the stored cache (the row budgets of
+                         // tests/test_gpu_head_dims.cpp: int2 of one 128-value group 2e-3, the others 2e-6)
+};
+
+// A cache as the CLI builds the two codecs (default clips; per-channel keys where the codec has them), pages of 128,
+// chunks of 256, exact-prompt, with the transform the codecs imply (TurboQuant's keys: a Hadamard).
+CacheConfig exact_prompt_config(const PolicyCase& p) {
+  CacheConfig c;
+  c.k = codec_spec(p.k, true, 128, 0.f), c.v = codec_spec(p.v, false, 128, 0.f);
+  c.k.head_dim = c.v.head_dim = kD;
+  c.sink = p.sink, c.recent = p.recent, c.demote_block = p.demote_block;
+  c.skip_layers = p.skip_layers;
+  c.page_tokens = 128, c.max_chunk = 256;
+  c.prompt_policy = PromptPolicy::kExactPrompt;
+  c.transform = codec_transform(c, Twin::kLayers, Twin::kKv, kD);
+  return c;
+}
+
+// The prompt's queries read bf16 rows on the GPU's tensor-core kernels (q and P' rounded to bf16: the bf16 budget of
+// tests/test_gpu_cache.cpp at d = 128) and the CPU's exact store in float.
+constexpr double kPromptBudget = 1e-4;
+
+TEST(GpuPromptPolicy, ExactPromptReadsThePromptsExactRowsThenTheStoredCacheAsTheCpuCacheDoes) {
+  REQUIRE_GPU();
+  const PolicyCase cases[] = {
+      {"int2 64/256", "int2", "int2", 64, 256, 0, {}, 2e-3},
+      {"turboquant_3bit_nc as shipped", "tq3nc", "tqv3", 0, 0, 0, {0}, 2e-6},
+      {"oscar_int2 as shipped", "oscar_int2", "oscar_int2", 0, 0, 256, {}, 2e-6},
+  };
+  for (const PolicyCase& p : cases) {
+    SCOPED_TRACE(p.name);
+    const CacheConfig cfg = exact_prompt_config(p);
+    ASSERT_EQ(cuda::gpu_unsupported(cfg, kD), "");
+    std::mt19937 rng(41);
+    Twin tw(cfg, 1400, 2, cfg.transform ? *cfg.transform : KvTransform{});
+    // Sequence 0's prompt, 700 tokens in chunks: every chunk's queries read the exact rows on both devices.
+    for (int pos = 0; pos < 700; pos += 256) {
+      const int n = std::min(256, 700 - pos);
+      tw.step({0}, {n}, rng, Data::HeavyTailed, true, kPromptBudget, "prompt [" + std::to_string(pos) + ", +" +
+              std::to_string(n) + ")");
+    }
+    // Sequence 1 opens its prompt; a step with sequence 0 still inside its own is one step of two prompts.
+    tw.step({0, 1}, {5, 40}, rng, Data::HeavyTailed, true, kPromptBudget, "two prompts in one step");
+    tw.cpu.end_prompt(tw.cpu_ids[0]);
+    tw.gpu.end_prompt(tw.gpu_ids[0]);
+    EXPECT_FALSE(tw.gpu.step_reads_exact());
+    // After the prompt: decode steps and a chunk read the cache as stored.
+    for (int i = 0; i < 3; ++i) tw.step({0}, {1}, rng, Data::Gaussian, true, p.decode_budget, "decode after the prompt");
+    tw.step({0}, {100}, rng, Data::Gaussian, true, p.decode_budget, "a chunk after the prompt");
+    int64_t total = 0;
+    EXPECT_EQ(tw.row_mismatches(0, &total), 0) << "the codecs store the rows a decode-faithful cache stores";
+    EXPECT_GT(total, 0);
+    // Sequence 1 is inside its prompt, sequence 0 after it: refused before anything changes.
+    const int len0 = tw.gpu.length(tw.gpu_ids[0]);
+    try {
+      tw.gpu.begin_step({tw.gpu_ids[0], tw.gpu_ids[1]}, {1, 1});
+      ADD_FAILURE() << "a step mixing sequences inside and after their prompts was accepted";
+      tw.gpu.abort_step();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("exact-prompt"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(tw.gpu.length(tw.gpu_ids[0]), len0);
+    EXPECT_FALSE(tw.gpu.step_reads_exact());
+    // ... and each alone still runs: sequence 1's prompt reads its exact rows, sequence 0 its stored cache.
+    tw.step({1}, {60}, rng, Data::HeavyTailed, true, kPromptBudget, "sequence 1's prompt");
+    tw.step({0}, {1}, rng, Data::Gaussian, true, p.decode_budget, "sequence 0 after the prompt");
+    std::printf("[ gpu    ] %s: worst NMSE vs CPU %.3g over %lld stored rows\n", p.name, tw.worst_nmse,
+                (long long)total);
+  }
+}
+
+// The other policies stay on the CPU: the predicate and the cache refuse them with one line naming the policy.
+TEST(GpuPromptPolicy, QuantizeAfterPromptAndEvictAreRefusedNamingThePolicy) {
+  for (const PromptPolicy policy : {PromptPolicy::kQuantizeAfterPrompt, PromptPolicy::kEvict}) {
+    CacheConfig c = exact_prompt_config({"int2", "int2", "int2", 64, 256, 0, {}, 0});
+    c.prompt_policy = policy;
+    if (policy == PromptPolicy::kEvict) c.k = c.v = codec_spec("bf16", true, 128, 0.f), c.evict_bits = 4;
+    const std::string why = cuda::gpu_unsupported(c, kD);
+    EXPECT_NE(why.find(std::string(prompt_policy_name(policy))), std::string::npos) << why;
+    EXPECT_NE(why.find("--device cpu"), std::string::npos) << why;
+  }
+}
+
+}  // namespace
+
+#endif  // KVQ_HAVE_CUDA
