@@ -228,6 +228,12 @@ std::vector<EvalDomain> load_eval_domains(const std::string& dir, const Tokenize
   return out;
 }
 
+double eval_work_tokens(const EvalConfig& c, int ctx, int64_t windows) {
+  const int passes = c.has("layers") ? 3 : c.has("kl") ? 2 : c.has("ppl") ? 1 : 0;
+  const double prompts = c.has("passkey") ? double(c.depths.size()) * c.passkey_trials : 0;
+  return (double(windows) * passes + prompts) * ctx;
+}
+
 int eval_windows_of(size_t tokens, int ctx, int windows) {
   const int available = int(tokens / size_t(ctx));
   return windows > 0 ? std::min(windows, available) : available;
@@ -249,15 +255,11 @@ EvalReport evaluate(Model& model, const RunnerFactory& runners, const Tokenizer&
   r.cache = cache;
   const bool lockstep = c.has("kl") || c.has("layers");
 
-  // Work units: forwarded tokens (the forced layer pass counted like a full one).
-  double total = 0;
+  double total = 0;  // work units: forwarded tokens
   for (int ctx : c.ctx) {
-    for (const EvalDomain& d : domains) {
-      const double w = double(windows_of(d, ctx, c.windows)) * ctx;
-      if (lockstep) total += w * (c.has("layers") ? 3 : 2);
-      else if (c.has("ppl")) total += w;
-    }
-    if (c.has("passkey")) total += double(c.depths.size()) * c.passkey_trials * ctx;
+    int64_t windows = 0;
+    for (const EvalDomain& d : domains) windows += windows_of(d, ctx, c.windows);
+    total += eval_work_tokens(c, ctx, windows);
   }
   EtaClock eta(total, progress);
   double done = 0;

@@ -73,6 +73,10 @@ struct EvalConfig {
 // The windows of ctx tokens that ppl / kl / layers evaluate in a text of `tokens` tokens: its first `windows`
 // non-overlapping ones, or every full one (windows <= 0).
 int eval_windows_of(size_t tokens, int ctx, int windows);
+// The work evaluate() counts at one ctx, in forwarded tokens: `windows` windows of ctx tokens (every domain's), each
+// forwarded once for ppl alone, twice with kl (the BF16 reference beside the method), three times with layers (the
+// forced per-layer pass too), and c's passkey prompts of ctx tokens. The referee's plan counts its runs with it.
+double eval_work_tokens(const EvalConfig& c, int ctx, int64_t windows);
 
 // "ppl,kl" -> {"ppl", "kl"}; kvq::Error on an unknown or repeated task or an empty list.
 std::vector<std::string> parse_eval_tasks(const std::string& list);

@@ -61,7 +61,8 @@ class Rehearsal {
   ModelConfig mc_;
   RefereeData data_;
   bool tokenized_ = false;
-  int prompts_ = 0;  // passkey prompts a run makes at each ctx: trials x depths
+  std::vector<double> depths_;  // the passkey needle depths
+  int prompts_ = 0;             // passkey prompts a run makes at each ctx: trials x depths
   std::map<std::string, CacheTiming> timed_;  // by cache description, ctx, prompt, tail and layers
   std::map<std::string, TuneTiming> tuned_;   // by tuned row and windows
   std::map<int, std::vector<int32_t>> ids_;   // random tokens by ctx
@@ -170,7 +171,14 @@ json Rehearsal::plan_run(const PlannedRun& r, std::map<std::string, bool>& tunin
   double tokens = 0;
   for (size_t i = 0; i < cfg_.ctx.size(); ++i) {
     const int ctx = cfg_.ctx[i], windows = windows_at(ctx);
-    tokens += double(windows) * ctx * (i == 0 ? 3 : 2) + double(prompts_) * ctx;  // evaluate()'s work units
+    // evaluate()'s work as the referee asks for it (Referee::eval_config): every task, the per-layer errors at the
+    // first ctx only
+    EvalConfig work;
+    work.tasks = {"ppl", "kl", "passkey"};
+    if (i == 0) work.tasks.push_back("layers");
+    work.passkey_trials = cfg_.passkey_trials;
+    work.depths = depths_;
+    tokens += eval_work_tokens(work, ctx, windows);
     row["per_ctx"].push_back({{"ctx", ctx}, {"windows", windows}, {"prompts", prompts_}});
   }
   row["tokens"] = tokens;
@@ -233,8 +241,8 @@ json Rehearsal::run() {
   read_referee_data(cfg_, tok.get(), data_);
   const std::vector<PlannedRun> plan = plan_referee_runs(cfg_, data_);
   if (tokenized_) check_calibration_budgets(cfg_, data_, plan);
-  const json depths = cfg_.depths.empty() ? EvalConfig::default_depths() : cfg_.depths;
-  prompts_ = cfg_.passkey_trials * int(depths.size());
+  depths_ = cfg_.depths.empty() ? EvalConfig::default_depths() : cfg_.depths;
+  prompts_ = cfg_.passkey_trials * int(depths_.size());
 
   json runs = json::array(), calibrations = json::object();
   std::map<std::string, bool> tunings;
@@ -275,7 +283,7 @@ json Rehearsal::run() {
                       {"windows", cfg_.eval_windows},
                       {"windows_counted", tokenized_ ? "in the eval texts' tokens" : "assumed (no tokenizer.json)"},
                       {"passkey_trials", cfg_.passkey_trials},
-                      {"depths", depths},
+                      {"depths", depths_},
                       {"out", cfg_.out_dir}}},
           {"runs", std::move(runs)},
           {"calibrations", {{"files", calibrations}, {"count", calibrations.size()}, {"cached", cached}}},
