@@ -115,6 +115,22 @@ constexpr bool token_scaled() {
   }
 }
 
+// s[h] += q_h · k̂ for the g <= GQ queries qs[h][:], the row decoded 4 channels at a time by C::values4: the scores of
+// a codec without a shortcut of its own (KIVI's, OScaR's and Kitty's key blocks, int8 rows).
+template <class C, int D, int GQ>
+__device__ __forceinline__ void score_by_values4(const void* p, int row, int group, const float (*qs)[D], int g,
+                                                 float* s) {
+  for (int c0 = 0; c0 < D; c0 += 4) {
+    float k4[4];
+    C::values4(p, row, group, c0, k4);
+#pragma unroll
+    for (int h = 0; h < GQ; ++h)
+      if (h < g)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], k4[i], s[h]);
+  }
+}
+
 // A key codec that decodes with its lookup table (KvCodec::lookup_table, uploaded as CacheGeometry::k_table:
 // TurboQuant's codebook, codecs/turboquant/codec_turboquant.cuh) says kCodebook = true; its value, score and encode_row
 // take the table in place of the group (and clip) arguments.

@@ -47,15 +47,7 @@ struct IntRows {
   static __device__ __forceinline__ void score(const void* p, int /*row*/, int group, const float (*qs)[D],
                                                const float (*qsum)[D / 32], int g, float* s) {
     if constexpr (BITS == 8) {
-      for (int c0 = 0; c0 < D; c0 += 4) {
-        float kv4[4];
-        values4(p, 0, group, c0, kv4);
-#pragma unroll
-        for (int h = 0; h < GQ; ++h)
-          if (h < g)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], kv4[i], s[h]);
-      }
+      score_by_values4<IntRows, D, GQ>(p, 0, group, qs, g, s);
     } else {
       constexpr int ub = layout::unit_bytes(BITS), words = ub / 4, mask = (1 << BITS) - 1;
       const uint8_t* r = static_cast<const uint8_t*>(p);

@@ -62,15 +62,7 @@ struct OscarKeyBlocks {
   static __device__ __forceinline__ void score(const void* block, int row, int /*group*/,
                                                const float (*qs)[D], const float (*/*qsum*/)[D / 32],
                                                int g, float* s) {
-    for (int c0 = 0; c0 < D; c0 += 4) {
-      float k4[4];
-      values4(block, row, 0, c0, k4);
-#pragma unroll
-      for (int h = 0; h < GQ; ++h)
-        if (h < g)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], k4[i], s[h]);
-    }
+    score_by_values4<OscarKeyBlocks, D, GQ>(block, row, 0, qs, g, s);
   }
 
   // Demotion of one key block by D threads (c = threadIdx.x = channel): xs holds the block's 32 bf16 ring
