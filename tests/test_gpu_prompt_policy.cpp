@@ -28,7 +28,8 @@ struct PolicyCase {
   int sink, recent, demote_block;
   std::vector<int> skip_layers;
   double decode_budget;  // NMSE of GPU vs CPU attention over the stored cache (the row budgets of
-                         // tests/test_gpu_head_dims.cpp: int2 of one 128-value group 2e-3, the others 2e-6)
+                         // tests/test_gpu_head_dims.cpp: int2 of one 128-value group 2e-3, the others 2e-6; a skipped
+                         // layer's bf16 rows run on the tensor cores, q and P' rounded to bf16: 1e-4)
 };
 
 // A cache as the CLI builds the two codecs (default clips; per-channel keys where the codec has them), pages of 128,
@@ -53,7 +54,7 @@ TEST(GpuPromptPolicy, ExactPromptReadsThePromptsExactRowsThenTheStoredCacheAsThe
   REQUIRE_GPU();
   const PolicyCase cases[] = {
       {"int2 64/256", "int2", "int2", 64, 256, 0, {}, 2e-3},
-      {"turboquant_3bit_nc as shipped", "tq3nc", "tqv3", 0, 0, 0, {0}, 2e-6},
+      {"turboquant_3bit_nc as shipped", "tq3nc", "tqv3", 0, 0, 0, {0}, 1e-4},  // layer 0: 9.9e-6 on an H100
       {"oscar_int2 as shipped", "oscar_int2", "oscar_int2", 0, 0, 256, {}, 2e-6},
   };
   for (const PolicyCase& p : cases) {
