@@ -369,9 +369,10 @@ bool GpuKvCache::step_reads_exact() const { return impl_->in_step && impl_->step
 void GpuKvCache::fork_sequence(int src, int dst) {
   Impl& m = *impl_;
   KVQ_CHECK(!m.in_step, "GPU KV cache: fork_sequence inside a step");
-  KVQ_CHECK(!m.exact || (m.pool->live(src) && m.exact_seq[size_t(src)] < 0),
+  KVQ_CHECK(!m.exact || (src >= 0 && src < m.pool->n_slots() && m.pool->live(src) && m.exact_seq[size_t(src)] < 0),
             "GPU KV cache: fork_sequence of a sequence whose prompt is open (exact-prompt: end_prompt first)");
   m.pool->fork(src, dst);
+  if (m.exact) end_prompt(dst);  // dst holds src's cache, past its prompt: it reads the cache as stored
   m.table_dirty = true;
   const size_t page = size_t(m.layout.page_bytes);
   for (int i = 0; i < m.pool->pages(src); ++i)
