@@ -81,7 +81,7 @@ TEST(SupportMatrix, LlamaCppBlockTypesRunOnCudaCoresAtHeadDims64And128) {
     EXPECT_EQ(r->cuda, "CUDA-core") << c.type;
     EXPECT_EQ(find_row(rows, c.type, "k,v", 64, 0)->cuda, "CUDA-core") << c.type;
   }
-  EXPECT_EQ(find_row(rows, "f16", "k,v", 128, 0)->cuda, "");
+  EXPECT_EQ(find_row(rows, "f16", "k,v", 128, 0)->cuda, "CUDA-core");  // llama.cpp's default type
 }
 
 // TurboQuant: keys-only codebook rows ("k"), the GPU column from the preset pairs' rows, and the presets' own table
@@ -93,7 +93,7 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
   EXPECT_DOUBLE_EQ(k3->bytes_per_token, 50.0);
   EXPECT_DOUBLE_EQ(k3->bits, 3.125);
   EXPECT_EQ(k3->cuda, "CUDA-core");
-  EXPECT_EQ(find_row(rows, "tq3", "k", 128, 0)->cuda, "");  // no GPU row stores uncorrected keys
+  EXPECT_EQ(find_row(rows, "tq3", "k", 128, 0)->cuda, "CUDA-core");  // uncorrected keys, with tqv3
   EXPECT_EQ(find_row(rows, "tqv2", "k,v", 128, 0)->cuda, "CUDA-core");
   EXPECT_EQ(find_row(rows, "fp8e4m3", "k,v", 128, 0)->cuda, "CUDA-core");
   const std::vector<PresetRow> presets = preset_matrix({128});
@@ -126,7 +126,7 @@ TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
   for (const SupportRow& r : rows) {
     const std::string what =
         r.codec + " " + r.role + " d " + std::to_string(r.head_dim) + " g" + std::to_string(r.group);
-    if (r.head_dim == 80) {  // unquantized rows only; the GPU stores bf16 (no f32 or f16 rows at any d)
+    if (r.head_dim == 80) {  // unquantized rows only; the GPU stores bf16 (no f32 rows at any d, f16 not at 80)
       EXPECT_EQ(r.cpu, r.codec == "f32" || r.codec == "bf16" || r.codec == "f16") << what;
       EXPECT_EQ(r.cuda, r.codec == "bf16" ? "tensor-core" : "") << what;
     }
@@ -134,7 +134,8 @@ TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
       EXPECT_TRUE(r.cpu) << what << ": on the GPU but not the CPU";
     }
     const bool tq = r.codec.rfind("tq", 0) == 0;
-    const bool explained = r.head_dim == 80 || (r.head_dim == 256 && (r.codec.rfind("kivi", 0) == 0 || tq || r.codec == "q8_0" ||
+    const bool explained = r.head_dim == 80 || (r.head_dim == 256 && (r.codec.rfind("kivi", 0) == 0 ||
+                                                  r.codec.rfind("kitty", 0) == 0 || tq || r.codec == "q8_0" ||
                                                   r.codec == "q4_0")) ||
                            (r.codec.rfind("tqv", 0) == 0 && r.head_dim == 96) ||
                            ((r.codec == "fp8e5m2" || r.codec == "fp8_per_token_head" || r.codec == "q5_0" ||
