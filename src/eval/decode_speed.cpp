@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "eval/passkey.h"  // prefill_argmax
 #include "eval/rng.h"
 
 namespace kvq {
@@ -17,17 +18,11 @@ DecodeSpeed time_decode(Runner& r, int ctx, int steps, int warmup, uint64_t seed
   EvalRng rng(seed);
   std::vector<int32_t> ids(static_cast<size_t>(ctx));
   for (int32_t& t : ids) t = int32_t(rng.below(uint64_t(r.config().vocab_size)));
-  const int chunk = r.cache_config().max_chunk;
   const int seq = r.new_sequence();
   DecodeSpeed d;
   d.ctx = ctx, d.steps = steps;
   try {
-    int32_t next = 0;
-    for (int i = 0; i < ctx; i += chunk) {
-      const int n = std::min(chunk, ctx - i);
-      const bool last = i + n == ctx;
-      r.forward({seq}, {n}, ids.data() + i, last ? LogitRows::Last : LogitRows::None, nullptr, last ? &next : nullptr);
-    }
+    int32_t next = prefill_argmax(r, seq, ids);
     auto step = [&] {
       const int32_t in = next;
       r.forward({seq}, {1}, &in, LogitRows::Last, nullptr, &next);

@@ -64,20 +64,26 @@ PasskeyPrompt PasskeyGenerator::next(int ctx, double depth) {
   return make_passkey_prompt(*tok_, hay_, ctx, key, depth, start);
 }
 
+int32_t prefill_argmax(Runner& runner, int seq, std::span<const int32_t> prompt) {
+  KVQ_CHECK(!prompt.empty(), "prefill_argmax: an empty prompt");
+  const int chunk = runner.cache_config().max_chunk;
+  int32_t next = 0;
+  for (size_t i = 0; i < prompt.size(); i += size_t(chunk)) {
+    const int n = int(std::min(prompt.size() - i, size_t(chunk)));
+    const bool last = i + size_t(n) == prompt.size();
+    runner.forward({seq}, {n}, prompt.data() + i, last ? LogitRows::Last : LogitRows::None, nullptr, &next);
+  }
+  return next;
+}
+
 std::vector<int32_t> greedy_decode(Runner& runner, std::span<const int32_t> prompt, int n_new) {
   KVQ_CHECK(!prompt.empty() && n_new >= 1, "greedy_decode: {} prompt tokens, {} new", prompt.size(), n_new);
-  const int chunk = runner.cache_config().max_chunk;
   const int seq = runner.new_sequence();
   std::vector<int32_t> out;
   int32_t next = 0;
   try {
-    for (size_t i = 0; i < prompt.size(); i += size_t(chunk)) {
-      const int n = int(std::min(prompt.size() - i, size_t(chunk)));
-      const bool last = i + size_t(n) == prompt.size();
-      runner.forward({seq}, {n}, prompt.data() + i, last ? LogitRows::Last : LogitRows::None, nullptr, &next);
-    }
+    out.push_back(prefill_argmax(runner, seq, prompt));
     runner.end_prompt(seq);  // the first answer token comes from the prefill; the rest read the cache after it
-    out.push_back(next);
     while (int(out.size()) < n_new) {
       runner.forward({seq}, {1}, &out.back(), LogitRows::Last, nullptr, &next);
       out.push_back(next);

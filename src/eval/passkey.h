@@ -83,6 +83,10 @@ struct PasskeyResult {
   double seconds = 0;                  // wall time
 };
 
+// Prefills prompt into sequence seq of the runner in chunks of max_chunk and returns the argmax of its last row (the
+// first greedy token).
+int32_t prefill_argmax(Runner& runner, int seq, std::span<const int32_t> prompt);
+
 // Greedy decoding: prefills prompt through the runner's cache (a fresh sequence, chunks of max_chunk), calls
 // Runner::end_prompt, then decodes
 // n_new tokens one at a time (argmax where the logits are); the runner must hold prompt.size() + n_new - 1 tokens.
