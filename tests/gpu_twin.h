@@ -18,6 +18,7 @@
 #include "attention/attention.h"
 #include "common/thread_pool.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/runtime.h"
 #include "kv/cache.h"
 #include "kv/transform.h"
@@ -76,6 +77,21 @@ struct Dev {  // a device copy of a host vector
   T* get() const { return buf.as<T>(); }
 };
 
+// The NMSE that decoded tiles add where c runs on them at head_dim d (cuda/gpu_instances.h: the decoded keys and
+// values, q and P' rounded to bf16, as the bf16 instance rounds q and P': its 1e-4), else 0. Twin's comparisons take
+// at least this budget.
+inline double decoded_tile_budget(const CacheConfig& c, int d) {
+  const int i = cuda::gpu_instance(c, d);
+  return i >= 0 && cuda::kGpuInstances[i].path == cuda::GpuPath::kDecodedTile ? 1e-4 : 0.0;
+}
+
+// c on its CUDA-core row where a decoded-tile row would take it: a sliding window over n_layers that no test sequence
+// reaches (2^20 positions), which only the CUDA-core rows run.
+inline CacheConfig on_cuda_cores(CacheConfig c, int n_layers = 1) {
+  c.attn_window.assign(size_t(n_layers), 1 << 20);
+  return c;
+}
+
 // c with the transform t, which the GPU cache applies itself (the CPU twin applies it around its cache).
 inline CacheConfig with_transform(CacheConfig c, const KvTransform& t) {
   c.transform = std::make_shared<KvTransform>(t);
@@ -100,9 +116,11 @@ struct Twin {
     for (int i = 0; i < n_seqs; ++i) cpu_ids.push_back(cpu.new_sequence()), gpu_ids.push_back(gpu.new_sequence());
   }
 
-  // One step: sequence index b appends n[b] tokens. compare: check the attention outputs (budget = NMSE).
+  // One step: sequence index b appends n[b] tokens. compare: check the attention outputs (budget = NMSE, at least
+  // decoded_tile_budget).
   void step(const std::vector<int>& idx, const std::vector<int>& n, std::mt19937& rng, Data data, bool compare,
             double budget, const std::string& what) {
+    budget = std::max(budget, decoded_tile_budget(cfg, d));
     int rows = 0;
     for (int x : n) rows += x;
     std::vector<int> gseq;

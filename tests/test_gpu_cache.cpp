@@ -69,7 +69,9 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
 // kernel runs (exact float arithmetic on the decoded rows).
 // bf16: q and P' rounded to bf16 (1e-4; 5e-4 at d = 64, whose fewer terms average the rounding less: 3.1e-4 observed
 // on the H200 at GQA group 2).
+// Decoded tiles (every other quantized type at d = 128 on pages of 128): decoded_tile_budget.
 double operand_budget(const std::string& type, int group, int d = kD) {
+  if (const double b = decoded_tile_budget(config(type, group, 16, 64, 512, d), d); b > 0) return b;
   return type == "bf16" ? (d < 96 ? 5e-4 : 1e-4) : type == "int2" && group == 128 && d == 128 ? 1e-5 : 0.0;
 }
 
@@ -310,18 +312,23 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
     }
 }
 
-// The fast CUDA-core kernel against the reference twin on KIVI key blocks, at every window setting (S0 = 0 puts the
-// first key block at position 0; W = 0 leaves only the partial block in the ring).
+// The fast kernels against the reference twin on KIVI key blocks, at every window setting (S0 = 0 puts the first key
+// block at position 0; W = 0 leaves only the partial block in the ring): decoded tiles (their operand rounding) and the
+// CUDA-core kernel (exact float arithmetic).
 TEST(GpuCache, FastAttentionMatchesReferenceTwinForKivi2) {
   REQUIRE_GPU();
   for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{64, 256}, {16, 64}, {0, 0}})
-    for (int group : {128, 32}) {
-      const CacheConfig cfg = config("kivi2", group, sink, recent);
-      const auto fast = decode_once(cfg, 2000, 0, false), ref = decode_once(cfg, 2000, 0, true);
-      const double e = nmse(fast, ref);
-      EXPECT_LT(e, 1e-9) << "kivi2/g" << group << " sink " << sink << " recent " << recent;
-      std::printf("[ gpu    ] fast vs reference twin, kivi2/g%d sink %d recent %d: NMSE %.3g\n", group, sink, recent, e);
-    }
+    for (int group : {128, 32})
+      for (bool cuda_core : {false, true}) {
+        const CacheConfig plain = config("kivi2", group, sink, recent);
+        const CacheConfig cfg = cuda_core ? on_cuda_cores(plain) : plain;
+        const auto fast = decode_once(cfg, 2000, 0, false), ref = decode_once(cfg, 2000, 0, true);
+        const double e = nmse(fast, ref);
+        EXPECT_LT(e, std::max(1e-9, decoded_tile_budget(cfg, kD)))
+            << "kivi2/g" << group << " sink " << sink << " recent " << recent << (cuda_core ? " CUDA-core" : "");
+        std::printf("[ gpu    ] fast vs reference twin, kivi2/g%d sink %d recent %d %s: NMSE %.3g\n", group, sink,
+                    recent, cuda_core ? "CUDA-core" : "decoded tiles", e);
+      }
 }
 
 // The fast kernel's instances: GQA groups 1, 2, 4 (compile-time) and the generic one (3, 8).
@@ -570,20 +577,26 @@ INSTANTIATE_TEST_SUITE_P(TurboQuant, GpuVsCpuTurboQuant,
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
                          tq_case_name);
 
-// The fast CUDA-core kernel against the reference twin (per channel: n · c_i / ||c||, block-reduced), at every GQA
-// instance of the timed presets and over the windows.
+// The fast kernels against the reference twin (per channel: n · c_i / ||c||, block-reduced), at every GQA instance of
+// the timed presets and over the windows: decoded tiles (their operand rounding) and the CUDA-core kernel (exact float
+// arithmetic).
 TEST(GpuCache, FastAttentionMatchesReferenceTwinForTurboQuant) {
   REQUIRE_GPU();
   for (const char* preset : {"turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "turboquant_2bit"})
     for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{64, 256}, {0, 0}})
-      for (int heads : {8, 16, 24, 32}) {
-        const CacheConfig cfg = preset_config(preset, sink, recent, 1, 8);
-        const auto fast = decode_once(cfg, 2000, 0, false, heads), ref = decode_once(cfg, 2000, 0, true, heads);
-        const double e = nmse(fast, ref);
-        EXPECT_LT(e, 1e-9) << preset << " sink " << sink << " recent " << recent << " g " << heads / 8;
-        if (heads == 32)
-          std::printf("[ gpu    ] fast vs reference twin, %s sink %d recent %d: NMSE %.3g\n", preset, sink, recent, e);
-      }
+      for (int heads : {8, 16, 24, 32})
+        for (bool cuda_core : {false, true}) {
+          const CacheConfig plain = preset_config(preset, sink, recent, 1, 8);
+          const CacheConfig cfg = cuda_core ? on_cuda_cores(plain) : plain;
+          const auto fast = decode_once(cfg, 2000, 0, false, heads), ref = decode_once(cfg, 2000, 0, true, heads);
+          const double e = nmse(fast, ref);
+          EXPECT_LT(e, std::max(1e-9, decoded_tile_budget(cfg, kD)))
+              << preset << " sink " << sink << " recent " << recent << " g " << heads / 8
+              << (cuda_core ? " CUDA-core" : "");
+          if (heads == 32)
+            std::printf("[ gpu    ] fast vs reference twin, %s sink %d recent %d %s: NMSE %.3g\n", preset, sink,
+                        recent, cuda_core ? "CUDA-core" : "decoded tiles", e);
+        }
 }
 
 // A TurboQuant cache is refused on the GPU without the transform its codecs imply (and so is the CPU one).
@@ -882,8 +895,9 @@ TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {
   }
 }
 
-// TurboQuant presets on the host: their instance rows (CUDA-core), row sizes from the CPU codecs (keys 2-byte aligned,
-// values and pages 4-byte), and no device codebook in a host-only geometry.
+// TurboQuant presets on the host: their instance rows (at d = 128 decoded tiles, but CUDA cores for turboquant_3bit_nc
+// and _2bit: gpu_instances.h), row sizes from the CPU codecs (keys 2-byte aligned, values and pages 4-byte), and no
+// device codebook in a host-only geometry.
 TEST(GpuCacheGeometry, TurboQuantPresetsHaveRowsAndTheCpuRowSizes) {
   const struct {
     const char* preset;
@@ -894,7 +908,9 @@ TEST(GpuCacheGeometry, TurboQuantPresetsHaveRowsAndTheCpuRowSizes) {
     const CacheConfig cfg = preset_config(c.preset, 64, 256, 2, 3);
     const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 2, 3, 4096);
     ASSERT_GE(g.instance, 0) << c.preset;
-    EXPECT_EQ(cuda::kGpuInstances[g.instance].path, cuda::GpuPath::kCudaCore) << c.preset;
+    const bool cuda_core = std::string(c.preset) == "turboquant_3bit_nc" || std::string(c.preset) == "turboquant_2bit";
+    EXPECT_EQ(cuda::kGpuInstances[g.instance].path, cuda_core ? cuda::GpuPath::kCudaCore : cuda::GpuPath::kDecodedTile)
+        << c.preset;
     EXPECT_EQ(g.k_row, c.k_row) << c.preset;
     EXPECT_EQ(g.v_row, c.v_row) << c.preset;
     EXPECT_EQ(g.k_region % 16, 0) << c.preset;  // the value rows start aligned

@@ -33,26 +33,30 @@ namespace {
 // A cache that runs row i of the table at head_dim d for n_layers x n_kv heads: the row's codecs as -ctk / -ctv build
 // them (default clips; KIVI and OScaR keys per channel), the largest group the row takes that fits d, pages of the
 // smallest size that selects the row and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile
-// fits), windows 16 / 64 and the transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot). nullopt when
-// none selects it that the CPU cache layout also takes.
+// fits), windows 16 / 64 and the transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot). A CUDA-core
+// row whose every page size a decoded-tile row takes first (OScaR's, Kitty's at d = 128) runs the caches with a
+// sliding window: one of 2^20 positions, which no test sequence reaches. nullopt when none selects it that the CPU
+// cache layout also takes.
 std::optional<CacheConfig> row_config(int i, int d, int n_layers, int n_kv) {
   const cuda::GpuInstance& r = cuda::kGpuInstances[i];
-  for (int group : {128, 64, 32})
-    for (int page = r.page_multiple; page <= 256; page += r.page_multiple) {
-      CacheConfig c;
-      c.k = codec_spec(codec_traits(r.k).name, true, group, 0.f);
-      c.v = codec_spec(codec_traits(r.v).name, false, group, 0.f);
-      c.k.head_dim = c.v.head_dim = d;
-      c.sink = 16, c.recent = 64, c.page_tokens = page, c.max_chunk = 512;
-      if (cuda::gpu_instance(c, d) != i) continue;
-      try {
-        c.transform = codec_transform(c, n_layers, n_kv, d);
-        cache_layout(c, n_layers, n_kv, d);  // pages of whole key blocks (KIVI: G tokens), the implied transform
-      } catch (const Error&) {
-        continue;
+  for (bool slides : {false, true})
+    for (int group : {128, 64, 32})
+      for (int page = r.page_multiple; page <= 256; page += r.page_multiple) {
+        CacheConfig c;
+        c.k = codec_spec(codec_traits(r.k).name, true, group, 0.f);
+        c.v = codec_spec(codec_traits(r.v).name, false, group, 0.f);
+        c.k.head_dim = c.v.head_dim = d;
+        c.sink = 16, c.recent = 64, c.page_tokens = page, c.max_chunk = 512;
+        if (slides) c.attn_window.assign(size_t(n_layers), 1 << 20);
+        if (cuda::gpu_instance(c, d) != i) continue;
+        try {
+          c.transform = codec_transform(c, n_layers, n_kv, d);
+          cache_layout(c, n_layers, n_kv, d);  // pages of whole key blocks (KIVI: G tokens), the implied transform
+        } catch (const Error&) {
+          continue;
+        }
+        return c;
       }
-      return c;
-    }
   return std::nullopt;
 }
 
@@ -67,12 +71,13 @@ std::vector<RowDim> compiled_row_dims() {
   return out;
 }
 
-// Extra NMSE of the tensor-core path (tests/test_gpu_cache.cpp's operand_budget): a bf16 side rounds q and P' to bf16
-// (1e-4), int2 rows of one 128-value group (d = 128) P' and q to f16 or int8 terms (1e-5); 0 on CUDA cores (float
-// arithmetic on the decoded rows, against which the reference twin is held to 1e-9).
+// Extra NMSE of the tensor-core paths (tests/test_gpu_cache.cpp's operand_budget): a bf16 side rounds q and P' to bf16
+// (1e-4), int2 rows of one 128-value group (d = 128) P' and q to f16 or int8 terms (1e-5), decoded tiles the decoded
+// rows, q and P' to bf16 (1e-4); 0 on CUDA cores (float arithmetic on the decoded rows, against which the reference
+// twin is held to 1e-9).
 double operand_budget(const CacheConfig& c, cuda::GpuPath path) {
-  if (path != cuda::GpuPath::kTensorCore) return 0.0;
-  return c.k.type == "bf16" || c.v.type == "bf16" ? 1e-4 : 1e-5;
+  if (path == cuda::GpuPath::kCudaCore) return 0.0;
+  return path == cuda::GpuPath::kDecodedTile || c.k.type == "bf16" || c.v.type == "bf16" ? 1e-4 : 1e-5;
 }
 
 // NMSE budget of GPU vs CPU attention (the budgets of tests/test_gpu_cache.cpp, from the cache's specs): the

@@ -63,6 +63,11 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
       }
       EXPECT_EQ(r.page_multiple % 16, 0) << "tiles of 16 positions never cross a page";
     }
+    if (r.path == GpuPath::kDecodedTile) {  // the same kernel on staged bf16 tiles of 16 positions
+      EXPECT_EQ(r.head_dims, kDecodedDims);
+      EXPECT_EQ(r.page_multiple % 16, 0) << "tiles of 16 positions never cross a page";
+      EXPECT_FALSE(r.k == CodecId::kBf16 && r.v == CodecId::kBf16) << "bf16 rows are the tensor-core row's";
+    }
     // the formats: int rows, KIVI blocks and llama.cpp blocks pack units of 32 values (bf16 rows: of 16 bytes); a
     // Hadamard of d needs a power of two; KIVI's key-block demotion holds G x d bf16 in shared memory (none at 256)
     const CodecTransform t = implied_transform(codec_spec(k.name, true, 128, 0.f), codec_spec(v.name, false, 128, 0.f));
@@ -78,9 +83,13 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
     }
     EXPECT_TRUE(seen.insert({r.path, r.k, r.v}).second) << "duplicate row";
   }
-  // Tensor-core rows come first: the predicate takes the first row that fits.
+  // Rows come path by path in kGpuPaths' order (tensor-core, decoded-tile, CUDA-core): the predicate takes the first
+  // row that fits.
   for (int i = 1; i < kGpuInstanceCount; ++i)
-    EXPECT_FALSE(kGpuInstances[i].path == GpuPath::kTensorCore && kGpuInstances[i - 1].path == GpuPath::kCudaCore);
+    EXPECT_LE(int(kGpuInstances[i - 1].path), int(kGpuInstances[i].path)) << "row " << i;
+  EXPECT_EQ(int(kGpuPaths[0]), 0);
+  EXPECT_EQ(int(kGpuPaths[1]), 1);
+  EXPECT_EQ(int(kGpuPaths[2]), 2);
 }
 
 TEST(GpuInstances, PredicateRunsEveryRowOfTheTableAtEachOfItsHeadDims) {
@@ -88,24 +97,29 @@ TEST(GpuInstances, PredicateRunsEveryRowOfTheTableAtEachOfItsHeadDims) {
     const GpuInstance& r = kGpuInstances[i];
     const std::string_view kt = codec_traits(r.k).name, vt = codec_traits(r.v).name;
     for (int d : kGpuHeadDims) {
-      bool selected = false;  // some group and page size select exactly this row at d
-      for (int group : {32, 64, 128})
-        for (int page = 8; page <= 256; page += 8) {
-          if (!gpu_detail::takes_group(r.groups, group)) continue;
-          const CacheConfig c = config(kt, vt, group, page, d);
-          const int got = gpu_instance(c, d);
-          const bool divides = (!codec_traits(r.k).grouped || codec_traits(r.k).per_channel_keys || d % group == 0) &&
-                               (!codec_traits(r.v).grouped || d % group == 0);
-          if (gpu_row_compiled(r, d) && divides && page % r.page_multiple == 0) {
-            ASSERT_GE(got, 0) << kt << "/" << vt << " g" << group << " page " << page << " d " << d;
-            EXPECT_EQ(kGpuInstances[got].k, r.k);
-            EXPECT_EQ(kGpuInstances[got].v, r.v);
-            EXPECT_TRUE(gpu_row_compiled(kGpuInstances[got], d));
-            EXPECT_LE(got, i) << "the first row that fits runs the cache";
-            EXPECT_EQ(gpu_unsupported(c, d), "");
+      // some group and page size select exactly this row at d; a CUDA-core row whose pages a decoded-tile row takes
+      // first (OScaR's and Kitty's at 128) with a sliding window
+      bool selected = false;
+      for (bool slides : {false, true})
+        for (int group : {32, 64, 128})
+          for (int page = 8; page <= 256; page += 8) {
+            if (!gpu_detail::takes_group(r.groups, group)) continue;
+            if (slides && r.path != GpuPath::kCudaCore) continue;
+            CacheConfig c = config(kt, vt, group, page, d);
+            if (slides) c.attn_window = {4096};
+            const int got = gpu_instance(c, d);
+            const bool divides = (!codec_traits(r.k).grouped || codec_traits(r.k).per_channel_keys || d % group == 0) &&
+                                 (!codec_traits(r.v).grouped || d % group == 0);
+            if (gpu_row_compiled(r, d) && divides && page % r.page_multiple == 0) {
+              ASSERT_GE(got, 0) << kt << "/" << vt << " g" << group << " page " << page << " d " << d;
+              EXPECT_EQ(kGpuInstances[got].k, r.k);
+              EXPECT_EQ(kGpuInstances[got].v, r.v);
+              EXPECT_TRUE(gpu_row_compiled(kGpuInstances[got], d));
+              EXPECT_LE(got, i) << "the first row that fits runs the cache";
+              EXPECT_EQ(gpu_unsupported(c, d), "");
+            }
+            selected |= got == i;
           }
-          selected |= got == i;
-        }
       EXPECT_EQ(selected, gpu_row_compiled(r, d)) << "row " << i << " (" << kt << " / " << vt << ") at d " << d;
     }
   }
@@ -119,19 +133,20 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
     int group;
     GpuPath path;
   };
+  // pages of 128 and 32: every quantized format on decoded tiles but int2 of one 128-value group (tensor cores) and
+  // turboquant_3bit_nc / _2bit (their CUDA-core kernels are faster)
+  constexpr GpuPath kDecoded = GpuPath::kDecodedTile;
   const Case cases[] = {
       {"bf16", "bf16", 128, GpuPath::kTensorCore},  {"int2", "int2", 128, GpuPath::kTensorCore},
-      {"int2", "int2", 64, GpuPath::kCudaCore},     {"int2", "int2", 32, GpuPath::kCudaCore},
-      {"int4", "int4", 128, GpuPath::kCudaCore},    {"int4", "int4", 32, GpuPath::kCudaCore},
-      {"int8", "int8", 128, GpuPath::kCudaCore},    {"int8", "int8", 32, GpuPath::kCudaCore},
-      {"kivi2", "kivi2", 128, GpuPath::kCudaCore},  {"kivi2", "kivi2", 64, GpuPath::kCudaCore},
-      {"kivi2", "kivi2", 32, GpuPath::kCudaCore},   {"kivi4", "kivi4", 128, GpuPath::kCudaCore},
-      {"kivi4", "kivi4", 32, GpuPath::kCudaCore},   {"int4", "int2", 64, GpuPath::kCudaCore},
-      {"tq4nc", "tqv4", 128, GpuPath::kCudaCore},   {"tq3nc", "tqv4", 128, GpuPath::kCudaCore},
-      {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},   {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
-      {"kivi2", "int4", 64, GpuPath::kCudaCore},    {"oscar_int2", "oscar_int2", 128, GpuPath::kCudaCore},
-      {"q8_0", "q4_0", 128, GpuPath::kCudaCore},    {"q4_0", "q4_0", 128, GpuPath::kCudaCore},
-      {"q8_0", "q8_0", 128, GpuPath::kCudaCore},
+      {"int2", "int2", 64, kDecoded},     {"int2", "int2", 32, kDecoded},     {"int4", "int4", 128, kDecoded},
+      {"int4", "int4", 32, kDecoded},     {"int8", "int8", 128, kDecoded},    {"int8", "int8", 32, kDecoded},
+      {"kivi2", "kivi2", 128, kDecoded},  {"kivi2", "kivi2", 64, kDecoded},   {"kivi2", "kivi2", 32, kDecoded},
+      {"kivi4", "kivi4", 128, kDecoded},  {"kivi4", "kivi4", 32, kDecoded},   {"int4", "int2", 64, kDecoded},
+      {"tq4nc", "tqv4", 128, kDecoded},   {"tq3nc", "tqv4", 128, kDecoded},   {"kivi2", "int4", 64, kDecoded},
+      {"q8_0", "q4_0", 128, kDecoded},
+      {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},  {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
+      {"q4_0", "q4_0", 128, kDecoded},    {"q8_0", "q8_0", 128, kDecoded},    {"f16", "f16", 128, kDecoded},
+      {"fp8e4m3", "fp8e4m3", 128, kDecoded},  {"oscar_int2", "oscar_int2", 128, kDecoded},
   };
   for (const Case& c : cases)
     for (int page : {128, 32}) {
@@ -144,8 +159,9 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
   CacheConfig per_token = config("kivi2", "kivi2", 128);
   per_token.k.per_channel = false;
   EXPECT_EQ(kGpuInstances[gpu_instance(per_token, kD)].k, CodecId::kInt2);
-  // A page of 8 rows: no tensor-core tile fits, the CUDA-core rows run int2 and bf16.
+  // A page of 8 rows: no tensor-core tile fits, the CUDA-core rows run int2, int4 and bf16.
   EXPECT_EQ(kGpuInstances[gpu_instance(config("int2", "int2", 128, 8), kD)].path, GpuPath::kCudaCore);
+  EXPECT_EQ(kGpuInstances[gpu_instance(config("int4", "int4", 128, 8), kD)].path, GpuPath::kCudaCore);
   EXPECT_EQ(kGpuInstances[gpu_instance(config("bf16", "bf16", 128, 24), kD)].path, GpuPath::kCudaCore);
 }
 
@@ -211,17 +227,19 @@ TEST(GpuInstances, PredicateRefusesOtherHeadDimsWithOneLineNamingThem) {
   }
 }
 
-// A sliding-window cache (Mistral) takes the CUDA-core row of its pair; a pair only tensor cores run is refused.
+// A sliding-window cache (Mistral) takes the CUDA-core row of its pair (tensor-core and decoded tiles alike); a pair
+// only tensor cores run is refused.
 TEST(GpuInstances, SlidingWindowCachesTakeCudaCoreRows) {
-  for (const auto& [k, v] : {std::pair{"bf16", "bf16"}, {"int2", "int2"}}) {
-    CacheConfig c = config(k, v, 128, 128, kD);
-    ASSERT_EQ(kGpuInstances[gpu_instance(c, kD)].path, GpuPath::kTensorCore) << k;
+  for (const auto& [k, path] : {std::pair{"bf16", GpuPath::kTensorCore}, {"int2", GpuPath::kTensorCore},
+                                {"int4", GpuPath::kDecodedTile}, {"kitty_int2", GpuPath::kDecodedTile}}) {
+    CacheConfig c = config(k, k, 128, 128, kD);
+    ASSERT_EQ(kGpuInstances[gpu_instance(c, kD)].path, path) << k;
     c.attn_window = {0, 4096};
     const int i = gpu_instance(c, kD);
     ASSERT_GE(i, 0) << gpu_unsupported(c, kD);
     EXPECT_EQ(kGpuInstances[i].path, GpuPath::kCudaCore) << k;
     c.attn_window = {0, 0};  // no layer slides
-    EXPECT_EQ(kGpuInstances[gpu_instance(c, kD)].path, GpuPath::kTensorCore) << k;
+    EXPECT_EQ(kGpuInstances[gpu_instance(c, kD)].path, path) << k;
   }
   CacheConfig mixed = config("int2", "bf16", 128, 128, kD);
   mixed.attn_window = {4096};

@@ -30,6 +30,7 @@
 #include "codecs/registry.h"
 #include "common/error.h"
 #include "cuda/gpu_cache.h"
+#include "cuda/gpu_instances.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
 #include "engine/generation.h"
@@ -327,7 +328,11 @@ TEST(GpuModel, PerplexityWithLlamaCppQ8_0AndQ4_0CachesWithAndWithoutAttnRotWithi
         std::printf("%s gemm %s: ppl cpu %.5f gpu %.5f, relative difference %.3g%%\n", what.c_str(),
                     std::string(cuda::gemm_precision_name(p)).c_str(), want, got, 100 * rel);
         const bool unshielded_q4_keys = std::string(c.k) == "q4_0" && c.sink == 0 && c.recent == 0;
-        EXPECT_LE(rel, p == GemmPrecision::Fp32 ? 1e-3 : unshielded_q4_keys ? 5e-3 : 2e-3)
+        // on decoded tiles (pages of 128 at d = 128) the f16 operands add noise of the bf16 GEMMs' kind: their bounds
+        // at both precisions (H100, fp32 GEMMs: up to 0.26% for q4_0 keys without windows or attn_rot)
+        const cuda::GpuPath path = cuda::kGpuInstances[cuda::gpu_instance(cc, mc.head_dim)].path;
+        const bool exact = p == GemmPrecision::Fp32 && path != cuda::GpuPath::kDecodedTile;
+        EXPECT_LE(rel, exact ? 1e-3 : unshielded_q4_keys ? 5e-3 : 2e-3)
             << what << " gemm " << cuda::gemm_precision_name(p) << ": cpu " << want << " gpu " << got;
       }
     }
@@ -552,9 +557,10 @@ EvalConfig two_window_eval(std::vector<std::string> tasks) {
 }
 
 // ppl, KL and passkey of the GPU's evaluation `got` against the CPU's `want` (what: the printed label): ppl within
-// 0.1%, KL within 10% (a difference of two caches, so the GPU-vs-CPU noise is a larger share of it), passkey within
-// one prompt.
-void expect_eval_close(const EvalReport& got, const EvalReport& want, const std::string& what) {
+// ppl_bound (0.1%), KL within 10% (a difference of two caches, so the GPU-vs-CPU noise is a larger share of it), top-1
+// within top1_bound (0.01), passkey within one prompt.
+void expect_eval_close(const EvalReport& got, const EvalReport& want, const std::string& what,
+                       double ppl_bound = 1e-3, double top1_bound = 0.01) {
   EXPECT_NE(got.runner.find("cuda"), std::string::npos) << got.runner;
   ASSERT_EQ(got.ppl.size(), 1u);
   ASSERT_EQ(got.kl.size(), 1u);
@@ -566,10 +572,10 @@ void expect_eval_close(const EvalReport& got, const EvalReport& want, const std:
               what.c_str(), want.ppl[0].ppl, got.ppl[0].ppl, 100 * ppl_rel, want.kl[0].kl.estimate,
               got.kl[0].kl.estimate, 100 * kl_rel, want.kl[0].top1.estimate, got.kl[0].top1.estimate,
               want.passkey[0].result.correct, got.passkey[0].result.correct, got.passkey[0].result.trials);
-  EXPECT_LE(ppl_rel, 1e-3);
+  EXPECT_LE(ppl_rel, ppl_bound);
   EXPECT_GT(want.kl[0].kl.estimate, 1e-4) << "the quantized cache should visibly differ from bf16";
   EXPECT_LE(kl_rel, 0.1);
-  EXPECT_NEAR(got.kl[0].top1.estimate, want.kl[0].top1.estimate, 0.01);
+  EXPECT_NEAR(got.kl[0].top1.estimate, want.kl[0].top1.estimate, top1_bound);
   EXPECT_EQ(got.passkey[0].result.trials, want.passkey[0].result.trials);
   EXPECT_LE(std::abs(got.passkey[0].result.correct - want.passkey[0].result.correct), 1);
 }
@@ -628,7 +634,12 @@ TEST(GpuEval, ExactPromptAsShippedMatchesTheCpu) {
   cc.transform = codec_transform(cc, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   const EvalReport want = evaluate(m, tok, cc, {d}, c);
   const EvalReport got = evaluate(m, gpu_runners(m, GemmPrecision::Fp32), tok, cc, {d}, c);
-  expect_eval_close(got, want, "exact-prompt tq3nc/tqv3, layer 0 bf16");
+  // The stored cache runs on decoded tiles (f16 operands: attention within 7e-6 NMSE of the exact twin), and with no
+  // window every key is 3-bit: that rounding moves later layers' codes, whose flips compound as the bf16 GEMMs' noise
+  // does for q4_0 keys above (H100: ppl 0.644%, KL 0.012%, top-1 0.8774 against 0.8891; on CUDA cores, exact float
+  // arithmetic, ppl 0.067%). Bounds of 1% and 0.02 for it; KL, the tighter check of the cache, stays within 10%.
+  const bool decoded = cuda::kGpuInstances[cuda::gpu_instance(cc, mc.head_dim)].path == cuda::GpuPath::kDecodedTile;
+  expect_eval_close(got, want, "exact-prompt tq3nc/tqv3, layer 0 bf16", decoded ? 1e-2 : 1e-3, decoded ? 0.02 : 0.01);
 }
 
 // A BF16 method through GPU runners: the reference and the method are the same deterministic computation, so KL is

@@ -55,7 +55,9 @@ TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
   const std::vector<SupportRow> rows = support_matrix({64, 128});
   EXPECT_EQ(find_row(rows, "int2", "k,v", 128, 128)->cuda, "tensor-core");
   EXPECT_EQ(find_row(rows, "bf16", "k,v", 128, 0)->cuda, "tensor-core");
-  EXPECT_EQ(find_row(rows, "int8", "k,v", 128, 64)->cuda, "CUDA-core");
+  EXPECT_EQ(find_row(rows, "int8", "k,v", 128, 64)->cuda, "decoded-tile");  // the other formats at 128
+  EXPECT_EQ(find_row(rows, "int8", "k,v", 64, 64)->cuda, "CUDA-core");
+  EXPECT_EQ(find_row(rows, "int2", "k,v", 128, 64)->cuda, "decoded-tile");
   EXPECT_EQ(find_row(rows, "int2", "k,v", 64, 32)->cuda, "CUDA-core");  // int2 of one 128-value group only at 128
   EXPECT_EQ(find_row(rows, "bf16", "k,v", 64, 0)->cuda, "tensor-core");
   EXPECT_EQ(find_row(rows, "f32", "k,v", 128, 0)->cuda, "");   // CPU only
@@ -64,10 +66,10 @@ TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
   EXPECT_NE(text.find("tensor-core"), std::string::npos);
 }
 
-// llama.cpp's blocks of 32 (codecs/llamacpp/codec_llamacpp.h): the CPU codec's bytes and bits; every block type on CUDA
-// cores at head_dim 64 and 128 (their instance rows: q8_0 / q4_0, q4_0 / q4_0, q8_0 / q8_0, q5_0, q4_1, iq4_nl), f16
-// CPU only.
-TEST(SupportMatrix, LlamaCppBlockTypesRunOnCudaCoresAtHeadDims64And128) {
+// llama.cpp's blocks of 32 (codecs/llamacpp/codec_llamacpp.h): the CPU codec's bytes and bits; every block type on
+// decoded tiles at head_dim 128 and CUDA cores at 64 (their instance rows: q8_0 / q4_0, q4_0 / q4_0, q8_0 / q8_0, q5_0,
+// q4_1, iq4_nl), and f16, llama.cpp's default type, the same.
+TEST(SupportMatrix, LlamaCppBlockTypesRunOnDecodedTilesAt128AndCudaCoresAt64) {
   const std::vector<SupportRow> rows = support_matrix({64, 128});
   const struct {
     const char* type;
@@ -78,13 +80,15 @@ TEST(SupportMatrix, LlamaCppBlockTypesRunOnCudaCoresAtHeadDims64And128) {
     ASSERT_NE(r, nullptr) << c.type;
     EXPECT_DOUBLE_EQ(r->bytes_per_token, c.bytes) << c.type;  // 4 blocks of 32 values
     EXPECT_DOUBLE_EQ(r->bits, c.bits) << c.type;
-    EXPECT_EQ(r->cuda, "CUDA-core") << c.type;
+    EXPECT_EQ(r->cuda, "decoded-tile") << c.type;
     EXPECT_EQ(find_row(rows, c.type, "k,v", 64, 0)->cuda, "CUDA-core") << c.type;
   }
-  EXPECT_EQ(find_row(rows, "f16", "k,v", 128, 0)->cuda, "CUDA-core");  // llama.cpp's default type
+  EXPECT_EQ(find_row(rows, "f16", "k,v", 128, 0)->cuda, "decoded-tile");
+  EXPECT_EQ(find_row(rows, "f16", "k,v", 64, 0)->cuda, "CUDA-core");
 }
 
-// TurboQuant: keys-only codebook rows ("k"), the GPU column from the preset pairs' rows, and the presets' own table
+// TurboQuant: keys-only codebook rows ("k"), the GPU column from the first row that stores the codec (the preset pairs'
+// rows), and the presets' own table
 // (bytes of both codecs, the implied transform, kvq's extension labelled).
 TEST(SupportMatrix, TurboQuantRowsAndPresets) {
   const std::vector<SupportRow> rows = support_matrix({64, 128});
@@ -92,10 +96,11 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
   ASSERT_NE(k3, nullptr);
   EXPECT_DOUBLE_EQ(k3->bytes_per_token, 50.0);
   EXPECT_DOUBLE_EQ(k3->bits, 3.125);
-  EXPECT_EQ(k3->cuda, "CUDA-core");
-  EXPECT_EQ(find_row(rows, "tq3", "k", 128, 0)->cuda, "CUDA-core");  // uncorrected keys, with tqv3
-  EXPECT_EQ(find_row(rows, "tqv2", "k,v", 128, 0)->cuda, "CUDA-core");
-  EXPECT_EQ(find_row(rows, "fp8e4m3", "k,v", 128, 0)->cuda, "CUDA-core");
+  EXPECT_EQ(k3->cuda, "decoded-tile");  // its first row: with tqv4 (turboquant_k3v4_nc)
+  EXPECT_EQ(find_row(rows, "tq3nc", "k", 64, 0)->cuda, "CUDA-core");
+  EXPECT_EQ(find_row(rows, "tq3", "k", 128, 0)->cuda, "decoded-tile");  // uncorrected keys, with tqv3
+  EXPECT_EQ(find_row(rows, "tqv2", "k,v", 128, 0)->cuda, "decoded-tile");
+  EXPECT_EQ(find_row(rows, "fp8e4m3", "k,v", 128, 0)->cuda, "decoded-tile");
   const std::vector<PresetRow> presets = preset_matrix({128});
   ASSERT_EQ(presets.size(), codec_presets().size());
   const PresetRow* tq2 = nullptr;
@@ -104,7 +109,9 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
     if (p.preset.rfind("turboquant_", 0) != 0) continue;  // KV4-RL: the test below
     EXPECT_EQ(p.kvq_extension, p.preset == "turboquant_2bit") << p.preset;
     EXPECT_EQ(p.transform, p.k == "fp8e4m3" ? "none" : "hadamard_k") << p.preset;
-    EXPECT_EQ(p.cuda, "CUDA-core") << p.preset;
+    // turboquant_3bit_nc and _2bit keep their CUDA-core kernels (faster than decoded tiles: cuda/gpu_instances.h)
+    const bool cuda_core = p.preset == "turboquant_3bit_nc" || p.preset == "turboquant_2bit";
+    EXPECT_EQ(p.cuda, cuda_core ? "CUDA-core" : "decoded-tile") << p.preset;
     EXPECT_EQ(p.window, "bf16") << p.preset;
     if (p.preset == "turboquant_2bit") tq2 = &p;
   }

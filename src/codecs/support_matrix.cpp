@@ -206,7 +206,10 @@ std::string support_markdown() {
                                          cuda::kEveryGqaHeadDim)
                            : "any g <= 8");
   out += "\nAll of them with BF16 sink and recent windows; a quantized per-token side's group divides head_dim. int2 "
-         "takes tensor cores at head_dim 128 (one 128-value group a row), CUDA cores at the others. A codec the GPU "
+         "takes tensor cores at head_dim 128 (one 128-value group a row), CUDA cores at the others. At head_dim 128 "
+         "the other formats run on decoded tiles: each warp decodes a tile of 16 positions to f16 in shared memory "
+         "and runs the tensor-core tile code on it (pages of a multiple of 16; sliding windows and pages of 8 take the "
+         "CUDA-core rows; turboquant_3bit_nc and turboquant_2bit keep their faster CUDA-core kernels). A codec the GPU "
          "runs at 128 runs at every other head_dim that the CPU takes it at, except where the GPU compiles no pair for "
          "it: KIVI's (kivi2, kivi4) and Kitty's (kitty_int2, kitty_int2_20) at 256, whose key-block demotion would hold "
          "G x d bf16 in shared memory (64 KB at G = 128); TurboQuant's and llama.cpp's (q8_0, q4_0) at 256, and fp8e5m2, fp8_per_token_head, q5_0, q4_1 "

@@ -31,6 +31,9 @@
 // the previous tile's math). bf16 rows of the quantized region (the bf16 / bf16 instance) are copied into a per-warp
 // ring of three tiles in shared memory instead, two tiles ahead, and ldmatrix reads their fragments (StagedTile).
 // P' goes from the scores' C fragments to the value mma's B fragment by two movmatrix transposes, in registers.
+// Decoded tiles (the kDecodedTile rows: every other format at d = 128): a warp decodes each tile of 16 positions through
+// the row's device codecs into one stage of the same layout, rounded to f16, and the staged tile code computes it on
+// f16 mma with q and P' rounded to f16 (decode_tile); the windows are the bf16 windows as above.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -113,6 +116,72 @@ struct StagedTile {
   const uint8_t* v;
 };
 
+// The codecs of a decoded-tile row (gpu_instances.h): K, V the device codecs of its keys and values (codecs.cuh).
+template <class K, class V>
+struct Decoded {
+  using Keys = K;
+  using Values = V;
+};
+
+// Decoded tiles: the warp writes the 16 rows at page rows j0 .. j0 + 15 of `hp` (a page's (layer, head) part) into
+// `dst` as a staged 16-bit tile (K side, then V side, swizzled rows), which the staged tile code then reads; rows from
+// nv on are zeros. The rows are decoded in f32 by the device codecs' values4 and rounded to f16 (2^-11 relative; q and
+// P' are rounded to f16 too), saturated at ±65504 so that a value beyond f16's range cannot become inf (NaN stays NaN).
+// Lane l always takes the chunk of 4 values c0 = 4 (l % (D / 4)), of rows l / (D / 4) + (32 / (D / 4)) k, so whatever
+// depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
+// (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
+// in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), and TurboQuant's codebook keys are
+// centroids times the row's factor, whose sum of squares the D / 4 lanes of the row add by an xor butterfly.
+template <class K, class V, int D>
+__device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* hp, int j0, int nv,
+                                            const float* nu, uint8_t* dst, int lane) {
+  constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
+  static_assert(kChunks <= 32 && 32 % kChunks == 0, "a pass of the warp holds whole rows");
+  const int c0 = 4 * (lane % kChunks);
+  [[maybe_unused]] const uint8_t* kblock = nullptr;
+  [[maybe_unused]] int krow0 = 0;
+  if constexpr (K::kKeyBlocks) {
+    kblock = hp + int64_t(j0 / geo.k_block_tokens) * geo.k_block;
+    krow0 = j0 % geo.k_block_tokens;
+  }
+  const auto half2 = [](float lo, float hi) {  // one cvt: round to nearest, saturate to ±65504, NaN stays NaN
+    uint32_t h;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(hi), "f"(lo));
+    return h;
+  };
+#pragma unroll 4
+  for (int r = lane / kChunks; r < kTile; r += kRowsPerPass) {
+    const int j = j0 + r;
+    float k[4], v[4];
+    if constexpr (K::kKeyBlocks) {
+      K::values4(kblock, krow0 + r, geo.k_group, c0, k);
+    } else if constexpr (dev::ReadsCodebook<K>) {
+      const uint8_t* row = hp + int64_t(j) * geo.k_row;
+      K::centroids4(row, geo.k_table, c0, k);
+      float ss = k[0] * k[0];
+#pragma unroll
+      for (int e = 1; e < 4; ++e) ss = fmaf(k[e], k[e], ss);
+#pragma unroll
+      for (int o = kChunks / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float f = K::factor(row, ss);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) k[e] *= f;
+    } else {
+      K::values4(hp + int64_t(j) * geo.k_row, 0, geo.k_group, c0, k);
+    }
+    if constexpr (dev::token_scaled<K>()) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) k[e] *= nu[r];
+    }
+    V::values4(hp + geo.k_region + int64_t(j) * geo.v_row, 0, geo.v_group, c0, v);
+    const bool in = r < nv;
+    const int at = swizzled<D>(r, c0 / 8) + 2 * (c0 % 8);
+    *reinterpret_cast<uint2*>(dst + at) = in ? make_uint2(half2(k[0], k[1]), half2(k[2], k[3])) : make_uint2(0u, 0u);
+    *reinterpret_cast<uint2*>(dst + tile_side<D> + at) =
+        in ? make_uint2(half2(v[0], v[1]), half2(v[2], v[3])) : make_uint2(0u, 0u);
+  }
+}
+
 // What a lane reads of one tile's int2 rows, loaded one tile ahead of its use. Lane (gid, tid) takes positions
 // ra = gid, rb = gid + 8 for the scores and r0, r1, r8, r9 = 2tid, 2tid + 1, 2tid + 8, 2tid + 9 for the values.
 // Every row of a tile lies in its page, so the rows past a partial last tile are read too (masked, or P' = 0).
@@ -185,10 +254,12 @@ __device__ __forceinline__ int int2_code_dim(int w, int b, int f) { return 32 * 
 // one 128-value group (else bf16 rows). WIN = true (KQ = VQ = false; z >= n_splits): window block z - n_splits of the
 // bf16 sink and recent rows of the view. Both write the partial of slot z. HS: head slots per lane, 1 for GQA groups
 // g <= 4, 2 for g <= 8; slot j of lane (gid, tid) is head tid + 4j. D: the head dim (int2 rows: 128).
-template <bool KQ, bool VQ, bool WIN, int HS, int D>
+template <bool KQ, bool VQ, bool WIN, int HS, int D, class Dec = void>
 __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const AttentionLaunch& a, BlockShared<D>& sh) {
   static_assert(D % 16 == 0, "whole mma k-steps and m-tiles of 16 dims");
   static_assert(!(KQ || VQ) || D == kInt2Dim, "int2 rows of one 128-value group");
+  constexpr bool kDecoded = !std::is_void_v<Dec>;
+  static_assert(!kDecoded || (!KQ && !VQ && !WIN && stages_bf16<D>), "decoded tiles are staged tiles (of f16 rows)");
   constexpr int kBf16Row = bf16_row<D>;
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -274,8 +345,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       if (h < g)
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = q[int64_t(h) * D + d[i]] * kLog2e * field;
-      qb[kc][0] = pack2<KQ>(v[0], v[1]);
-      qb[kc][1] = pack2<KQ>(v[2], v[3]);
+      qb[kc][0] = pack2<KQ || kDecoded>(v[0], v[1]);
+      qb[kc][1] = pack2<KQ || kDecoded>(v[2], v[3]);
       if constexpr (KQ)
 #pragma unroll
         for (int i = 0; i < 4; ++i) sum += round16<true>(v[i]) / field;
@@ -352,14 +423,14 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
         s[2 + j] = sb * (kTwo24 * s[2 + j] - zb * ksum[j]);
       }
     } else if constexpr (kStaged) {
-      // bf16 rows from the ring (rows past nvalid are zero): matrix j = lane / 8 of the x4 load is rows
-      // 8 (j % 2) .. + 7 at dims 16kc + 8 (j / 2) .., the A fragment's a0 .. a3
+      // bf16 rows from the ring, or a decoded tile's f16 rows (rows past nvalid are zero): matrix j = lane / 8 of the
+      // x4 load is rows 8 (j % 2) .. + 7 at dims 16kc + 8 (j / 2) .., the A fragment's a0 .. a3
       const uint8_t* base = krow.k + (lane & 7) * kBf16Row + ((lane >> 3) & 1) * 8 * kBf16Row;
 #pragma unroll
       for (int kc = 0; kc < D / 16; ++kc) {
         uint32_t af[4];
         ldmatrix_x4(af, base + (((2 * kc + (lane >> 4)) ^ (lane & 7)) << 4));
-        mma_bf16(s, af, qb[kc]);
+        mma<kDecoded>(s, af, qb[kc]);
       }
     } else {
       // bf16 rows: clamped to the last valid one (window rows past it may not exist)
@@ -421,7 +492,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       }
       // P' of (gid, slot 0), (gid, slot 1), (gid + 8, slot 0), (gid + 8, slot 1). The mma takes it rounded to f16;
       // the zero term takes it unrounded (the difference, 2^-12 of P' · zero, is below the f16 rounding of P' that
-      // the code term already carries). bf16 rows: rounded here, as the windows' lo term is the rest.
+      // the code term already carries). bf16 rows: rounded here, as the windows' lo term is the rest (decoded tiles:
+      // to f16).
       float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < HS; ++j) {
@@ -429,12 +501,12 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
           x[j] = pw[j] * wa, x[2 + j] = pw[2 + j] * wb;
           zsum[j] += x[j] * za + x[2 + j] * zb;
         } else {
-          x[j] = round16<false>(pw[j]), x[2 + j] = round16<false>(pw[2 + j]);
+          x[j] = round16<kDecoded>(pw[j]), x[2 + j] = round16<kDecoded>(pw[2 + j]);
         }
       }
       // the C fragment's rows 0-7 and 8-15 ([position][head]) transposed into the B fragment ([head][position])
-      pb_frag[0] = transpose8x8(pack2<VQ>(x[0], x[1]));
-      pb_frag[1] = transpose8x8(pack2<VQ>(x[2], x[3]));
+      pb_frag[0] = transpose8x8(pack2<VQ || kDecoded>(x[0], x[1]));
+      pb_frag[1] = transpose8x8(pack2<VQ || kDecoded>(x[2], x[3]));
       if constexpr (WIN) {  // wa = wb = 1
         pb_lo[0] = transpose8x8(pack2<false>(pw[0] - x[0], pw[1] - x[1]));
         pb_lo[1] = transpose8x8(pack2<false>(pw[2] - x[2], pw[3] - x[3]));
@@ -467,7 +539,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       for (int mt = 0; mt < D / 16; ++mt) {
         uint32_t af[4];
         ldmatrix_x4_trans(af, base + (((2 * mt + ((lane >> 3) & 1)) ^ (lane & 7)) << 4));
-        mma_bf16(acc[mt], af, pb_frag);
+        mma<kDecoded>(acc[mt], af, pb_frag);
       }
     } else {
       const int r0 = min(2 * tid, nv - 1), r1 = min(2 * tid + 1, nv - 1);
@@ -498,6 +570,29 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       };
       if (n - i0 >= kTile) attend_tile(std::false_type{}, kTile, TileWords{}, rows(0), rows(1));
       else attend_tile(std::true_type{}, n - i0, TileWords{}, rows(0), rows(1));
+    }
+  } else if constexpr (kDecoded) {
+    // Decoded tiles: the warp decodes each of its tiles into its one stage (decode_tile), then computes it as a staged
+    // tile of f16 rows. The decoding is the warp's own work, its loads in flight together; the SM's other warps hide their
+    // latency.
+    using K = typename Dec::Keys;
+    extern __shared__ __align__(16) uint8_t ring_smem[];
+    uint8_t* stage = ring_smem + warp * stage_bytes<D>;
+    constexpr int kStride = kWarps * kTile;
+    const int pt = geo.page_tokens;
+    const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
+    const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;  // page 0's (layer, head)
+    for (int p0 = lo + warp * kTile; p0 < hi; p0 += kStride) {
+      const int rel = p0 - geo.sink, nv = min(kTile, hi - p0);
+      [[maybe_unused]] const float* nu = nullptr;
+      if constexpr (dev::token_scaled<K>()) nu = dev::token_scales(geo, rd.seq, a.layer, p0);
+      __syncwarp();  // every lane has read the previous tile
+      decode_tile<K, typename Dec::Values, D>(geo, heads + int64_t(table[rel / pt]) * geo.page_bytes, rel % pt, nv,
+                                              nu, stage, lane);
+      __syncwarp();  // the tile is visible to the warp
+      const StagedTile t{stage, stage + tile_side<D>};
+      if (nv == kTile) attend_tile(std::false_type{}, kTile, TileWords{}, t, t);
+      else attend_tile(std::true_type{}, nv, TileWords{}, t, t);
     }
   } else if constexpr (!KQ && !VQ && stages_bf16<D>) {
     // bf16 rows through the warp's ring: tiles t + 1 .. t + kStages - 1 are being copied while tile t is computed.
@@ -616,12 +711,13 @@ constexpr int min_blocks = D <= 128 ? 4 : 2;
 
 // Grid (row, kv head, n_splits + n_win): blocks z < n_splits take the splits of the quantized region, blocks
 // z >= n_splits the windows, so one launch covers the whole view. HS: head slots per lane (1: g <= 4, 2: g <= 8).
-template <bool KQ, bool VQ, int HS, int D>
+// Dec: the codecs of a decoded-tile row (KQ = VQ = false), void for the others.
+template <bool KQ, bool VQ, int HS, int D, class Dec = void>
 __global__ void __launch_bounds__(kWarps * 32, min_blocks<D>) quant_attention_mma_kernel(CacheGeometry geo,
                                                                                          AttentionLaunch a) {
   __shared__ BlockShared<D> sh;
   if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS, D>(geo, a, sh);
-  else attend_block<KQ, VQ, false, HS, D>(geo, a, sh);
+  else attend_block<KQ, VQ, false, HS, D, Dec>(geo, a, sh);
   if (a.arrivals) dev::merge_if_last<kWarps, D>(a, geo.n_kv, blockIdx.x, blockIdx.y, &sh.acc[0][0][0]);
 }
 
@@ -643,13 +739,13 @@ int loaded_stages() {
 
 bool attention_mma_supported(const CacheGeometry& g) {
   loaded_stages();
-  return g.instance >= 0 && g.instance < kGpuInstanceCount && kGpuInstances[g.instance].path == GpuPath::kTensorCore;
+  return g.instance >= 0 && g.instance < kGpuInstanceCount && kGpuInstances[g.instance].path != GpuPath::kCudaCore;
 }
 
 namespace {
-// The kernel instance of the cache's tensor-core instance row, head dim and GQA group g: KQ / VQ = keys / values are
-// int2 rows of one 128-value group, else bf16 rows, HS = 1 head slot per lane for g <= 4, else 2 (fn null for a
-// CUDA-core row or no row), and its dynamic shared memory.
+// The kernel instance of the cache's tensor-core or decoded-tile instance row, head dim and GQA group g: KQ / VQ =
+// keys / values are int2 rows of one 128-value group, else bf16 rows (or decoded tiles), HS = 1 head slot per lane
+// for g <= 4, else 2 (fn null for a CUDA-core row or no row), and its dynamic shared memory.
 struct MmaKernel {
   void (*fn)(CacheGeometry, AttentionLaunch) = nullptr;
   int smem = 0;  // bytes: the warps' rings of staged bf16 tiles (bf16 / bf16), else 0
@@ -668,6 +764,14 @@ MmaKernel mma_kernel(const CacheGeometry& g, int group) {
       constexpr bool kq = r.k == CodecId::kInt2, vq = r.v == CodecId::kInt2;
       k = {group <= 4 ? quant_attention_mma_kernel<kq, vq, 1, D> : quant_attention_mma_kernel<kq, vq, 2, D>,
            ring_bytes<kq, vq, D>(loaded_stages())};
+    } else if constexpr (r.path == GpuPath::kDecodedTile) {
+      static_assert(stages_bf16<D>, "decoded tiles are staged bf16 tiles: d a multiple of 64 up to 128");
+      static_assert(r.page_multiple % kTile == 0, "tensor-core tiles never cross a page");
+      constexpr int I = decltype(row)::value;
+      using Dec = Decoded<RowKeys<I, D>, RowValues<I, D>>;
+      k = {group <= 4 ? quant_attention_mma_kernel<false, false, 1, D, Dec>
+                      : quant_attention_mma_kernel<false, false, 2, D, Dec>,
+           kWarps * stage_bytes<D>};  // one stage a warp
     }
   });
   return k;

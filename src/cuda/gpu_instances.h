@@ -30,9 +30,12 @@
 namespace kvq::cuda {
 
 enum class GpuPath : uint8_t {
-  kTensorCore,  // decode_attention_mma.cu: mma.sync over tiles of 16 positions, windows in extra blocks
-  kCudaCore,    // decode_attention.cu: one lane per position for scores, per 4 channels for values
+  kTensorCore,   // decode_attention_mma.cu: mma.sync over tiles of 16 positions, windows in extra blocks
+  kDecodedTile,  // the same kernel for any codec: each warp first decodes its tile's rows to bf16 in shared memory
+  kCudaCore,     // decode_attention.cu: one lane per position for scores, per 4 channels for values
 };
+// The paths in the order their rows come in the table (the first row that fits runs a cache).
+inline constexpr GpuPath kGpuPaths[] = {GpuPath::kTensorCore, GpuPath::kDecodedTile, GpuPath::kCudaCore};
 
 // Groups G a quantized side may take (per-token rows: values per scale/zero group; KIVI keys: tokens per block).
 enum GpuGroups : uint8_t { kG32 = 1, kG64 = 2, kG128 = 4, kAnyGroup = kG32 | kG64 | kG128 };
@@ -56,6 +59,7 @@ enum GpuHeadDims : uint8_t {
   kPow2To128 = kD64 | kD128,         // TurboQuant (a Hadamard of d; not 256: the budget)
   kAllDims = kPow2Dims | kD96,       // every d a group of 32 divides: the grouped codecs' rows
   kEveryDim = kAllDims | kD80,       // bf16 rows
+  kDecodedDims = kD128,              // decoded tiles: the timed head dim (the build budget)
 };
 // The bit of head_dim d (0: no compiled d).
 constexpr uint8_t head_dim_bit(int d) {
@@ -82,7 +86,14 @@ struct GpuInstance {
 
 // The compiled instances (bf16 sink / recent windows): the combinations the GPU tests run (tests/test_gpu_cache.cpp,
 // test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core bf16 row for pages that tensor-core
-// tiles do not fit. bf16 at every d; int8, int4 and int2 at every d but 80 (no group divides it); the others at each d
+// tiles do not fit. Three paths, in this order (the first row that fits a cache runs it):
+//   tensor-core   int2 rows of one 128-value group and bf16 rows, fed to mma.sync from their codes or rows, and the
+//                 prefill kernel
+//   decoded-tile  every other format at d = 128, pages of a multiple of 16: the same kernel, whose warps decode each tile
+//                 of 16 rows through the device codec (values4) to f16 in shared memory and run the staged tile code on
+//                 it (decode only: a prompt's chunks attend row by row through it)
+//   CUDA-core     every format at each d it allows, sliding windows and pages of 8: one lane per position
+// bf16 at every d; int8, int4 and int2 at every d but 80 (no group divides it); the others at each d
 // their format allows within the budget:
 //   - int2 on tensor cores: d = 128 only (the kernels' lanes hold the 8 code words of one 128-value group; int2 at 64,
 //     96 and 256 runs on the CUDA-core row, whatever its group);
@@ -94,7 +105,8 @@ struct GpuInstance {
 // Budget (build time on 2 cores): a CUDA-core row costs at d = 128 4 (kEvery) or 1 (kGeneric) attention kernels,
 // at every other d 1, each ~1-3 s of ptxas at 64 and 96; every (row, d) also costs a reference twin and 1-2 demotion
 // kernels (~0.3 s each, shared by rows of the same pair); a tensor-core (row, d) 2 attention kernels (GQA groups up to
-// 4 and 8) and a prefill kernel. docs/results/kernels/head-dims.md has the measured build times.
+// 4 and 8) and a prefill kernel, a decoded-tile row 2 attention kernels (its twin and demotion are its CUDA-core
+// row's). docs/results/kernels/head-dims.md has the measured build times.
 // clang-format off
 namespace instance_table {  // the rows name enumerators without their enums' names
 using enum GpuPath;
@@ -109,6 +121,62 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kD128},
   {.path = kTensorCore, .k = kBf16,      .v = kBf16,      .groups = kAnyGroup, .page_multiple = 16, .gqa = kGeneric,
    .head_dims = kEveryDim},
+  // Decoded tiles (decode_attention_mma.cu, d = 128): the other families of the CUDA-core rows below, at the timed head
+  // dim, for pages of a multiple of 16 (and the format's own block); sliding windows and pages of 8 take the CUDA-core
+  // rows. Not turboquant_3bit_nc and turboquant_2bit, whose CUDA-core kernels for GQA groups of 4 are faster (H100,
+  // 8 x 64K: 1465 / 1391 us against 1650 / 1925 us on decoded tiles; docs/results/h200.md).
+  {.path = kDecodedTile, .k = kInt8,       .v = kInt8,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kInt4,       .v = kInt4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kInt2,       .v = kInt2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kKivi2,      .v = kInt2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kKivi4,      .v = kInt4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kInt4,       .v = kInt2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kKivi2,      .v = kInt4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kF16,        .v = kF16,        .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kOscarInt2,  .v = kOscarInt2,  .groups = kAnyGroup, .page_multiple = 32,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kKitty2,     .v = kKitty2,     .groups = kAnyGroup, .page_multiple = 128, .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kKitty2At20, .v = kKitty2At20, .groups = kAnyGroup, .page_multiple = 128, .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kTq4nc,      .v = kTqv4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kTq3nc,      .v = kTqv4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kTq2,        .v = kTqv2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kTq3,        .v = kTqv3,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kTq4,        .v = kTqv4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kFp8e4m3,    .v = kFp8e4m3,    .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kFp8e5m2,    .v = kFp8e5m2,    .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kFp8PerTokenHead, .v = kFp8PerTokenHead, .groups = kAnyGroup, .page_multiple = 16,
+   .gqa = kGeneric, .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kFp8e4m3,    .v = kTqv4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kQ8_0,       .v = kQ4_0,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kQ4_0,       .v = kQ4_0,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kQ8_0,       .v = kQ8_0,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kQ5_0,       .v = kQ5_0,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kQ4_1,       .v = kQ4_1,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kIq4Nl,      .v = kIq4Nl,      .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
   {.path = kCudaCore,   .k = kInt8,      .v = kInt8,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
    .head_dims = kAllDims},
   {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
@@ -185,7 +253,9 @@ using instance_table::kGpuInstances;
 // clang-format on
 inline constexpr int kGpuInstanceCount = int(sizeof(kGpuInstances) / sizeof(kGpuInstances[0]));
 
-inline const char* gpu_path_name(GpuPath p) { return p == GpuPath::kTensorCore ? "tensor-core" : "CUDA-core"; }
+inline const char* gpu_path_name(GpuPath p) {
+  return p == GpuPath::kTensorCore ? "tensor-core" : p == GpuPath::kDecodedTile ? "decoded-tile" : "CUDA-core";
+}
 
 // Whether row r is compiled at head_dim d.
 constexpr bool gpu_row_compiled(const GpuInstance& r, int d) { return (r.head_dims & head_dim_bit(d)) != 0; }
@@ -310,7 +380,7 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
     // sliding-window attention (Mistral) runs on the CUDA-core rows, whose splits start at the window's first position
     const bool slides = std::any_of(cfg.attn_window.begin(), cfg.attn_window.end(), [](int x) { return x > 0; });
     for (int i = 0; i < kGpuInstanceCount && found < 0; ++i)
-      if (!(slides && kGpuInstances[i].path == GpuPath::kTensorCore) &&
+      if (!(slides && kGpuInstances[i].path != GpuPath::kCudaCore) &&
           row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens, head_dim))
         found = i;
     if (found < 0)
@@ -332,7 +402,7 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
 inline std::string gpu_instances_text() {
   constexpr uint8_t all = gpu_detail::compiled_head_dims();
   std::string out = "the GPU runs head_dim " + gpu_detail::head_dims_text(all) + ", bf16 windows and keys / values";
-  for (GpuPath p : {GpuPath::kTensorCore, GpuPath::kCudaCore}) {
+  for (GpuPath p : kGpuPaths) {
     int page = 0;  // the path's page multiple: the least of its rows'
     for (const GpuInstance& r : kGpuInstances)
       if (r.path == p) page = page == 0 ? r.page_multiple : std::min(page, r.page_multiple);
@@ -379,7 +449,7 @@ inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
   const GpuInstance& r = kGpuInstances[i];
   std::string out = std::string(gpu_path_name(r.path)) + " attention (instance k=" +
                     gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups);
-  if (r.path != GpuPath::kTensorCore) {
+  if (r.path == GpuPath::kCudaCore) {
     std::string tc;
     for (const GpuInstance& t : kGpuInstances)
       if (t.path == GpuPath::kTensorCore && gpu_row_compiled(t, head_dim))

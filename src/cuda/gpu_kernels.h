@@ -151,7 +151,8 @@ int launch_prepare_queries(const CacheGeometry& g, const AttentionLaunch& a, con
 int launch_merge_partials(const CacheGeometry& g, const AttentionLaunch& a, const TransformPtrs& t, float* d_out,
                           void* stream);
 // The tensor-core path (decode_attention_mma.cu), for the caches whose instance row says so (int2 rows of one
-// 128-value group or bf16 rows, pages of a multiple of 16 rows; gpu_instances.h). One launch fills slots
+// 128-value group or bf16 rows, and the decoded tiles of every other format at d = 128; pages of a multiple of 16 rows;
+// gpu_instances.h). One launch fills slots
 // [0, n_splits) with the splits and slots n_splits .. n_splits + n_win - 1 with the bf16 sink and recent windows
 // (n_slots = n_splits + n_win).
 bool attention_mma_supported(const CacheGeometry& g);

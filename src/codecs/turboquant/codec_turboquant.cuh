@@ -90,6 +90,30 @@ struct TqKeyRows {
       if (h < g) s[h] = fmaf(f, acc[h], s[h]);
   }
 
+  // Decoded tiles (decode_attention_mma.cu), where the lanes of a row hold 4 values each: the centroids of codes
+  // c0 .. c0 + 3, and the row's factor from ss, the sum of squares of all its D centroids: value c = factor ·
+  // centroid[idx_c], factor = n (/ ||c|| with the norm correction).
+  // The 4 codes are bits [b c0, b c0 + 4b) of the row: one 8-bit (b = 2) or 16-bit load (b = 4, 3; rows are 2-byte
+  // aligned and b = 4 starts at an even byte), as TqValueRows::values4 reads them.
+  static __device__ __forceinline__ void centroids4(const void* p, const float* codebook, int c0, float out[4]) {
+    const uint8_t* r = static_cast<const uint8_t*>(p);
+    const int bit = BITS * c0;
+    uint32_t v;
+    if constexpr (BITS == 2) {
+      v = r[bit / 8];
+    } else if constexpr (BITS == 4) {
+      v = *reinterpret_cast<const uint16_t*>(r + bit / 8);
+    } else {  // 12 bits at bit 12 (c0 / 4): bytes bit / 8 and the next, shifted by 0 or 4
+      v = (uint32_t(r[bit / 8]) | uint32_t(r[bit / 8 + 1]) << 8) >> (bit % 8);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __ldg(codebook + ((v >> (BITS * i)) & ((1u << BITS) - 1u)));
+  }
+  static __device__ __forceinline__ float factor(const void* p, float ss) {
+    const uint8_t* r = static_cast<const uint8_t*>(p);
+    return NC ? norm(r) / tq::centroid_norm(ss) : norm(r);
+  }
+
   // Demotion of one bf16 ring row src into the page row dst by the warp (lane = threadIdx.x), with the host's float
   // operations: n from the lanes' partial sums of squares and the xor butterfly (= codecs/turboquant/turboquant.h's
   // canonical order), x_i = y_i / (n + 1e-8), the bucket among the midpoints, the packed bytes, n as fp16.
