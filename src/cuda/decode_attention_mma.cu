@@ -556,6 +556,12 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     }
   };
 
+  // The split blocks' tiles: kStride positions apart per warp, located through the sequence's page table from page
+  // 0's (layer, head) part.
+  constexpr int kStride = kWarps * kTile;
+  [[maybe_unused]] const int pt = geo.page_tokens;
+  [[maybe_unused]] const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
+  [[maybe_unused]] const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;
   if constexpr (WIN) {
     // The windows' positions in order, the sink [0, ns) then the recent window [rb, t] (bf16 rows), numbered
     // i = 0 .. n - 1; window block w = z - n_splits of n_win takes tiles of 16 of them, one per warp, n_win x 64 apart.
@@ -573,15 +579,11 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     }
   } else if constexpr (kDecoded) {
     // Decoded tiles: the warp decodes each of its tiles into its one stage (decode_tile), then computes it as a staged
-    // tile of f16 rows. The decoding is the warp's own work, its loads in flight together; the SM's other warps hide their
-    // latency.
+    // tile of f16 rows. The decoding is the warp's own work, its loads in flight together; the SM's other warps hide
+    // their latency.
     using K = typename Dec::Keys;
     extern __shared__ __align__(16) uint8_t ring_smem[];
     uint8_t* stage = ring_smem + warp * stage_bytes<D>;
-    constexpr int kStride = kWarps * kTile;
-    const int pt = geo.page_tokens;
-    const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
-    const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;  // page 0's (layer, head)
     for (int p0 = lo + warp * kTile; p0 < hi; p0 += kStride) {
       const int rel = p0 - geo.sink, nv = min(kTile, hi - p0);
       [[maybe_unused]] const float* nu = nullptr;
@@ -602,10 +604,6 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     constexpr int kChunks = kBf16Row / 16, kRowsPer = 32 / kChunks;  // 16-byte chunks a row; rows a warp copies
     extern __shared__ __align__(16) uint8_t ring_smem[];
     uint8_t* ring = ring_smem + warp * warp_ring<D>;
-    constexpr int kStride = kWarps * kTile;
-    const int pt = geo.page_tokens;
-    const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
-    const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;  // page 0's (layer, head)
     auto stage_tile = [&](int p, int stage) {
       if (p < hi) {
         const int nv = min(kTile, hi - p), rel = p - geo.sink;
@@ -642,10 +640,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     // tile after it), then computes the current tile from the words loaded one iteration earlier. The last iteration
     // reloads its own tile (in bounds) instead of branching. Tiles are located without a division per tile: (qi, qj) =
     // page-table column and page row of the tile two ahead, advanced by kStride = si pages + sj rows (sj < P).
-    constexpr int kStride = kWarps * kTile;
-    const int pt = geo.page_tokens, si = kStride / pt, sj = kStride % pt;
-    const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
-    const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;  // page 0's (layer, head)
+    const int si = kStride / pt, sj = kStride % pt;
     auto kbase = [&](TileAt at) { return heads + int64_t(at.page) * geo.page_bytes + at.row * row_bytes<KQ, D>; };
     auto vbase = [&](TileAt at) {
       return heads + int64_t(at.page) * geo.page_bytes + geo.k_region + at.row * row_bytes<VQ, D>;
