@@ -287,7 +287,7 @@ TEST(OscarTable, TheRowDeclaresItsLayoutScaleAndTransform) {
   EXPECT_FALSE(v.per_channel || v.token_scale);
   EXPECT_THROW(codec_spec("oscar_int2", true, 128, 0.9f), Error);  // no clip
   // kvq info --codecs: a key and a value row of 3 bits at each head_dim (ν is counted by the cache: OscarBytes),
-  // both on the GPU's CUDA-core path at head_dim 64 and 128.
+  // on the GPU's decoded tiles at head_dim 128 and its CUDA-core path at 64.
   const std::vector<SupportRow> rows = support_matrix({64, 128});
   int found = 0;
   for (const SupportRow& r : rows) {
@@ -297,7 +297,7 @@ TEST(OscarTable, TheRowDeclaresItsLayoutScaleAndTransform) {
     EXPECT_EQ(r.group, 0);  // --kv-group does not apply
     EXPECT_DOUBLE_EQ(r.bits, 3.0);
     EXPECT_DOUBLE_EQ(r.bytes_per_token, r.head_dim * 3 / 8.0);
-    EXPECT_EQ(r.cuda, "CUDA-core") << r.role << " d " << r.head_dim;
+    EXPECT_EQ(r.cuda, r.head_dim == 128 ? "decoded-tile" : "CUDA-core") << r.role << " d " << r.head_dim;
   }
   EXPECT_EQ(found, 4);  // k and v at 64 and 128
 }
