@@ -73,8 +73,8 @@ std::vector<RowDim> compiled_row_dims() {
 
 // Extra NMSE of the tensor-core paths (tests/test_gpu_cache.cpp's operand_budget): a bf16 side rounds q and P' to bf16
 // (1e-4), int2 rows of one 128-value group (d = 128) P' and q to f16 or int8 terms (1e-5), decoded tiles the decoded
-// rows, q and P' to bf16 (1e-4); 0 on CUDA cores (float arithmetic on the decoded rows, against which the reference
-// twin is held to 1e-9).
+// rows, q and P' to f16 (decoded_tile_budget, 1e-4); 0 on CUDA cores (float arithmetic on the decoded rows, against
+// which the reference twin is held to 1e-9).
 double operand_budget(const CacheConfig& c, cuda::GpuPath path) {
   if (path == cuda::GpuPath::kCudaCore) return 0.0;
   return path == cuda::GpuPath::kDecodedTile || c.k.type == "bf16" || c.v.type == "bf16" ? 1e-4 : 1e-5;

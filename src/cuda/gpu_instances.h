@@ -31,7 +31,7 @@ namespace kvq::cuda {
 
 enum class GpuPath : uint8_t {
   kTensorCore,   // decode_attention_mma.cu: mma.sync over tiles of 16 positions, windows in extra blocks
-  kDecodedTile,  // the same kernel for any codec: each warp first decodes its tile's rows to bf16 in shared memory
+  kDecodedTile,  // the same kernel for any codec: each warp first decodes its tile's rows to f16 in shared memory
   kCudaCore,     // decode_attention.cu: one lane per position for scores, per 4 channels for values
 };
 // The paths in the order their rows come in the table (the first row that fits runs a cache).
