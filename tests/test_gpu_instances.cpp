@@ -67,6 +67,9 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
       EXPECT_EQ(r.head_dims, kDecodedDims);
       EXPECT_EQ(r.page_multiple % 16, 0) << "tiles of 16 positions never cross a page";
       EXPECT_FALSE(r.k == CodecId::kBf16 && r.v == CodecId::kBf16) << "bf16 rows are the tensor-core row's";
+      bool twin = false;  // sliding windows and pages of 8 take the pair's CUDA-core row
+      for (const GpuInstance& c : kGpuInstances) twin |= c.path == GpuPath::kCudaCore && c.k == r.k && c.v == r.v;
+      EXPECT_TRUE(twin) << k.name << "/" << v.name << ": a decoded-tile pair without a CUDA-core row";
     }
     // the formats: int rows, KIVI blocks and llama.cpp blocks pack units of 32 values (bf16 rows: of 16 bytes); a
     // Hadamard of d needs a power of two; KIVI's key-block demotion holds G x d bf16 in shared memory (none at 256)
@@ -373,4 +376,8 @@ TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
   EXPECT_TRUE(has(s, "k=oscar_int2/per-channel v=oscar_int2 (d 64, 128 and 256; pages a multiple of 32)")) << s;
   EXPECT_TRUE(has(s, "k=kitty_int2/per-channel v=kitty_int2 (d 64, 96 and 128; pages a multiple of 128)")) << s;
   EXPECT_TRUE(has(s, "k=bf16 v=bf16,")) << s;  // every head_dim: none named
+  // decoded tiles by the CUDA-core pairs they leave out (each of their pairs has a CUDA-core row)
+  EXPECT_TRUE(has(s, "; decoded-tile (pages a multiple of 16): the CUDA-core pairs below at d 128 but k=bf16 v=bf16, "
+                     "k=tq3nc v=tqv3, k=tq2nc v=tqv2; CUDA-core"))
+      << s;
 }

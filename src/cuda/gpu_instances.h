@@ -396,24 +396,41 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
 
 // The compiled instances as one line, from the table: "the GPU runs head_dim 64, 96, 128 and 256, bf16 windows and
 // keys / values tensor-core (pages a multiple of 16): k=int2/g128 v=int2/g128 (d 128), ..., k=bf16 v=bf16;
-// CUDA-core (pages a multiple of 8): k=int8 v=int8, ..., k=kitty_int2/per-channel v=kitty_int2 (d 64, 96 and 128;
-// pages a multiple of 128), ... (groups ...)"; a row names its head dims unless it has them all, and its page multiple
-// when it is larger than its path's.
+// decoded-tile (pages a multiple of 16): the CUDA-core pairs below at d 128 but k=bf16 v=bf16, ...; CUDA-core (pages a
+// multiple of 8): k=int8 v=int8, ..., k=kitty_int2/per-channel v=kitty_int2 (d 64, 96 and 128; pages a multiple of
+// 128), ... (groups ...)"; a row names its head dims unless it has them all, and its page multiple when it is larger
+// than its path's.
 inline std::string gpu_instances_text() {
   constexpr uint8_t all = gpu_detail::compiled_head_dims();
   std::string out = "the GPU runs head_dim " + gpu_detail::head_dims_text(all) + ", bf16 windows and keys / values";
+  const auto pair_text = [](const GpuInstance& r) {
+    return "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups);
+  };
+  const auto has_row = [](GpuPath p, CodecId k, CodecId v) {
+    return std::any_of(std::begin(kGpuInstances), std::end(kGpuInstances),
+                       [&](const GpuInstance& r) { return r.path == p && r.k == k && r.v == v; });
+  };
   for (GpuPath p : kGpuPaths) {
     int page = 0;  // the path's page multiple: the least of its rows'
+    uint8_t dims = 0;
     for (const GpuInstance& r : kGpuInstances)
-      if (r.path == p) page = page == 0 ? r.page_multiple : std::min(page, r.page_multiple);
+      if (r.path == p) page = page == 0 ? r.page_multiple : std::min(page, r.page_multiple), dims |= r.head_dims;
     std::string rows;
+    if (p == GpuPath::kDecodedTile && page > 0) {
+      // decoded tiles run pairs the CUDA-core rows also run: named by the CUDA-core pairs at their head dims that
+      // they leave out (the pair's own page multiple applies)
+      std::string but;
+      for (const GpuInstance& r : kGpuInstances)
+        if (r.path == GpuPath::kCudaCore && (r.head_dims & dims) == dims && !has_row(p, r.k, r.v))
+          but += (but.empty() ? "" : ", ") + pair_text(r);
+      rows = "the CUDA-core pairs below at d " + gpu_detail::head_dims_text(dims) + (but.empty() ? "" : " but " + but);
+    }
     for (const GpuInstance& r : kGpuInstances) {
-      if (r.path != p) continue;
+      if (r.path != p || (p == GpuPath::kDecodedTile && has_row(GpuPath::kCudaCore, r.k, r.v))) continue;
       std::string notes = r.head_dims == all ? "" : "d " + gpu_detail::head_dims_text(r.head_dims);
       if (r.page_multiple != page)
         notes += (notes.empty() ? "" : "; ") + std::string("pages a multiple of ") + std::to_string(r.page_multiple);
-      rows += std::string(rows.empty() ? "" : ", ") + "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" +
-              gpu_detail::side_text(r.v, false, r.groups) + (notes.empty() ? "" : " (" + notes + ")");
+      rows += std::string(rows.empty() ? "" : ", ") + pair_text(r) + (notes.empty() ? "" : " (" + notes + ")");
     }
     if (!rows.empty())
       out += std::string(p == GpuPath::kTensorCore ? " " : "; ") + gpu_path_name(p) + " (pages a multiple of " +
