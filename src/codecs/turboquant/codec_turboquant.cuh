@@ -38,6 +38,21 @@ __device__ __forceinline__ int code_of(const uint8_t* codes, int c) {
   return int((v >> (bit % 8)) & ((1u << BITS) - 1u));
 }
 
+// Codes c0 .. c0 + 3 of a packed row (c0 a multiple of 4), code i at bits [BITS i, BITS i + BITS) of the result:
+// bits [BITS c0, BITS c0 + 4 BITS) of the row in one 8-bit (BITS = 2) or 16-bit load (4: an even byte; 3: 12 bits at
+// bit 12 (c0 / 4), bytes bit / 8 and the next shifted by 0 or 4).
+template <int BITS>
+__device__ __forceinline__ uint32_t codes4(const uint8_t* r, int c0) {
+  const int bit = BITS * c0;
+  if constexpr (BITS == 2) {
+    return r[bit / 8];
+  } else if constexpr (BITS == 4) {
+    return *reinterpret_cast<const uint16_t*>(r + bit / 8);  // rows are 2-byte aligned
+  } else {
+    return (uint32_t(r[bit / 8]) | uint32_t(r[bit / 8 + 1]) << 8) >> (bit % 8);
+  }
+}
+
 template <int BITS, bool NC, int D>
 struct TqKeyRows {
   static_assert(BITS == 2 || BITS == 3 || BITS == 4, "TurboQuant keys of 2, 3 or 4 bits");
@@ -84,7 +99,7 @@ struct TqKeyRows {
       for (int h = 0; h < GQ; ++h)
         if (h < g) acc[h] = fmaf(qs[h][c], x, acc[h]);
     }
-    const float f = NC ? norm(r) / tq::centroid_norm(ss) : norm(r);
+    const float f = factor(r, ss);
 #pragma unroll
     for (int h = 0; h < GQ; ++h)
       if (h < g) s[h] = fmaf(f, acc[h], s[h]);
@@ -93,19 +108,8 @@ struct TqKeyRows {
   // Decoded tiles (decode_attention_mma.cu), where the lanes of a row hold 4 values each: the centroids of codes
   // c0 .. c0 + 3, and the row's factor from ss, the sum of squares of all its D centroids: value c = factor ·
   // centroid[idx_c], factor = n (/ ||c|| with the norm correction).
-  // The 4 codes are bits [b c0, b c0 + 4b) of the row: one 8-bit (b = 2) or 16-bit load (b = 4, 3; rows are 2-byte
-  // aligned and b = 4 starts at an even byte), as TqValueRows::values4 reads them.
   static __device__ __forceinline__ void centroids4(const void* p, const float* codebook, int c0, float out[4]) {
-    const uint8_t* r = static_cast<const uint8_t*>(p);
-    const int bit = BITS * c0;
-    uint32_t v;
-    if constexpr (BITS == 2) {
-      v = r[bit / 8];
-    } else if constexpr (BITS == 4) {
-      v = *reinterpret_cast<const uint16_t*>(r + bit / 8);
-    } else {  // 12 bits at bit 12 (c0 / 4): bytes bit / 8 and the next, shifted by 0 or 4
-      v = (uint32_t(r[bit / 8]) | uint32_t(r[bit / 8 + 1]) << 8) >> (bit % 8);
-    }
+    const uint32_t v = codes4<BITS>(static_cast<const uint8_t*>(p), c0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = __ldg(codebook + ((v >> (BITS * i)) & ((1u << BITS) - 1u)));
   }
@@ -158,20 +162,12 @@ struct TqValueRows {
     return min_scale_value(float(code_of<BITS>(r, c)), s, mn);
   }
 
-  // Values c0 .. c0 + 3 (c0 a multiple of 4): bits [b c0, b c0 + 4b) of the row, one 16-bit (b = 4, 3) or 8-bit load.
+  // Values c0 .. c0 + 3 (c0 a multiple of 4): codes4, then code · s + mn.
   static __device__ __forceinline__ void values4(const void* p, int /*row*/, int /*group*/, int c0, float out[4]) {
     const uint8_t* r = static_cast<const uint8_t*>(p);
     float s, mn;
     params(r, &s, &mn);
-    const int bit = BITS * c0;
-    uint32_t v;
-    if constexpr (BITS == 2) {
-      v = r[bit / 8];
-    } else if constexpr (BITS == 4) {
-      v = *reinterpret_cast<const uint16_t*>(r + bit / 8);  // bit / 8 = 2 (c0 / 4): even
-    } else {  // 12 bits at bit 12 (c0 / 4): bytes bit / 8 and the next, shifted by 0 or 4
-      v = (uint32_t(r[bit / 8]) | uint32_t(r[bit / 8 + 1]) << 8) >> (bit % 8);
-    }
+    const uint32_t v = codes4<BITS>(r, c0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = min_scale_value(float((v >> (BITS * i)) & ((1u << BITS) - 1u)), s, mn);
   }
