@@ -18,8 +18,10 @@
 #include "common/error.h"
 #include "common/half.h"
 #include "simd/simd.h"
+#include "test_helpers.h"
 
 using namespace kvq;
+using test::gaussian;
 
 namespace {
 
@@ -28,14 +30,6 @@ CodecSpec spec(const std::string& type, int d) {
   s.type = type;
   s.head_dim = d;
   return s;
-}
-
-std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, sigma);
-  std::vector<float> x(n);
-  for (float& v : x) v = nd(rng);
-  return x;
 }
 
 struct Case {

@@ -72,6 +72,15 @@ inline std::vector<float> rope_inv_freq(int d, double theta = 10000.0) {
   return mc.rope_inv_freq();
 }
 
+// n values drawn from N(0, sigma²) by a generator seeded with seed (the codec tests' random rows).
+inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, sigma);
+  std::vector<float> x(n);
+  for (float& v : x) v = nd(rng);
+  return x;
+}
+
 // A random orthogonal d×d matrix (Gram–Schmidt of a Gaussian matrix, in double), row-major.
 inline std::vector<float> random_orthogonal(int d, std::mt19937& rng) {
   std::normal_distribution<double> nd(0.0, 1.0);

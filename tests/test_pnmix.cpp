@@ -27,18 +27,11 @@
 #include "test_helpers.h"
 
 using namespace kvq;
+using test::gaussian;
 
 namespace {
 
 using test::error_of;
-
-std::vector<float> gaussian(size_t n, uint32_t seed, float sd = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, sd);
-  std::vector<float> x(n);
-  for (auto& v : x) v = nd(rng);
-  return x;
-}
 
 int sum_bits(const std::vector<uint8_t>& b) {
   int s = 0;

@@ -28,8 +28,10 @@
 #include "rotation/hadamard.h"
 #include "rotation/rotation_file.h"
 #include "tokenizer/tokenizer.h"
+#include "test_helpers.h"
 
 using namespace kvq;
+using test::gaussian;
 
 namespace {
 
@@ -38,14 +40,6 @@ CodecSpec spec(const std::string& type, int d) {
   s.type = type;
   s.head_dim = d;
   return s;
-}
-
-std::vector<float> gaussian(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(n);
-  for (float& v : x) v = nd(rng);
-  return x;
 }
 
 std::vector<float> student_t3(size_t n, uint32_t seed) {
