@@ -35,12 +35,12 @@ test-scalar: deps
 	@cd build-scalar && ctest --output-on-failure -j $(JOBS) -R '(^|/)($(subst $(space),|,$(strip $(SCALAR_SUITES))))\.'
 
 # libFuzzer targets for what users hand in (clang), 60 s each: safetensors headers, config.json, the index of sharded
-# checkpoints, rotation and PN-Mix files, tokenizer.json and server requests.
+# checkpoints, rotation, PN-Mix and FP8 scales files, tokenizer.json and server requests.
 fuzz: deps
 	@bash scripts/run_fuzz.sh --install-deps
 	@CXX=clang++ cmake -S . -B build-fuzz -DKVQ_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_config fuzz_index fuzz_rotation fuzz_pnmix \
-	  fuzz_tokenizer fuzz_request
+	  fuzz_fp8_scales fuzz_tokenizer fuzz_request
 	@bash scripts/run_fuzz.sh build-fuzz 60
 
 clean:

@@ -7,6 +7,7 @@ tests/models and models/ref's small files).
                                 means, 2 layers x 2 kv heads x d 4
   pnmix_l1h2d32.safetensors     a PN-Mix width file (codecs/pnmix/pnmix_file.h): 1 layer x 2 kv heads x d 32, every
                                 pair at 1 bit (the allocation of any scores at 32 code bits)
+  fp8_scales_l2.safetensors     an FP8 scales file (codecs/fp8/fp8_scales.h): 2 layers, e4m3, amax / 448
   index.json                    a sharded checkpoint's model.safetensors.index.json
   config_mistral.json           a transformers-5 style config with layer_types and rope_parameters
 
@@ -61,6 +62,14 @@ def main():
                 [("layers.0.pair_bits", "U8", [H, half], bytes([1] * (H * half))),
                  ("layers.0.pair_score", "F32", [H, half], f32([1.0 + i for i in range(H * half)]))],
                 {"kvq_pnmix": json.dumps(meta, sort_keys=True)})
+
+    k_amax, v_amax = [4.0, 8.0], [2.0, 1.0]  # powers of two: their / 448 is the float the loader recomputes
+    meta = {"method": "fp8-scales", "format": "e4m3", "n_layers": 2, "model_fingerprint": "0" * 64}
+    safetensors(os.path.join(HERE, "fp8_scales_l2.safetensors"),
+                [("k_amax", "F32", [2], f32(k_amax)), ("v_amax", "F32", [2], f32(v_amax)),
+                 ("k_scale", "F32", [2], f32([a / 448.0 for a in k_amax])),
+                 ("v_scale", "F32", [2], f32([a / 448.0 for a in v_amax]))],
+                {"kvq_fp8_scales": json.dumps(meta, sort_keys=True)})
 
     weight_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
                   "model.layers.0.self_attn.q_proj.weight": "model-00001-of-00002.safetensors",

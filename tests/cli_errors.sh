@@ -121,6 +121,16 @@ expect_error "ppl: a rotation file as --pnmix" ppl -m $M -f data/eval/linux.txt 
 head -c 300 "$T/p.safetensors" > "$T/ptrunc.safetensors"
 expect_error "truncated pnmix file" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/ptrunc.safetensors"
 expect_error "pnmix keys with a key rotation" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/p.safetensors" --rotation hadamard
+"$KVQ" calibrate -m $M --data data/calib/linux.txt --method fp8-scales --tokens 256 --chunk 128 -o "$T/s.safetensors" >/dev/null 2>&1
+expect_error "--kv-scales: a missing file" ppl -m $M -f data/eval/linux.txt -ctk fp8 -ctv fp8 --kv-scales "$T/none.safetensors"
+expect_error "--kv-scales with int2" ppl -m $M -f data/eval/linux.txt -ctk int2 -ctv int2 --kv-scales "$T/s.safetensors"
+expect_error "--kv-scales: e4m3 scales, e5m2 cache" ppl -m $M -f data/eval/linux.txt -ctk fp8_e5m2 -ctv fp8_e5m2 --kv-scales "$T/s.safetensors"
+expect_error "--kv-scales with a rotation" ppl -m $M -f data/eval/linux.txt -ctk fp8 -ctv fp8 --kv-scales "$T/s.safetensors" --rotation hadamard
+expect_error "--kv-scales: a rotation file" ppl -m $M -f data/eval/linux.txt -ctk fp8 -ctv fp8 --kv-scales tests/golden/golden.safetensors
+head -c 200 "$T/s.safetensors" > "$T/strunc.safetensors"
+expect_error "--kv-scales: a truncated file" ppl -m $M -f data/eval/linux.txt -ctk fp8 -ctv fp8 --kv-scales "$T/strunc.safetensors"
+expect_error "bench attention: --kv-scales" bench attention --ctx 64 -ctk fp8 -ctv fp8 --kv-scales "$T/s.safetensors"
+expect_error "calibrate fp8-scales with a rotation" calibrate -m $M --data data/calib/linux.txt --method fp8-scales --rotation hadamard -o "$T/s2.safetensors"
 expect_error "pnmix keys on the GPU" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/p.safetensors" --device cuda
 expect_error "calibrate: missing data file" calibrate -m $M --data /nonexistent.txt -o "$T/r.safetensors"
 expect_error "eval: unknown task" eval -m $M --tasks ppl,bleu

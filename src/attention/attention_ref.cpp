@@ -14,10 +14,8 @@ namespace kvq {
 
 ReferenceKv::ReferenceKv(const CacheConfig& cfg, int n_kv_heads, int head_dim)
     : cfg_(cfg), n_kv_(n_kv_heads), d_(head_dim) {
-  CodecSpec vs = cfg.v;
-  vs.head_dim = head_dim;
   k_codec_ = make_key_codec(cfg, head_dim);
-  v_codec_ = make_codec(vs);
+  v_codec_ = make_value_codec(cfg, head_dim);
   window_ = make_codec(window_spec(cfg, head_dim));
   // B: the demotion block when set (a multiple of the codecs' block: KvCache checks), else the codecs' block
   const int codec_block = std::lcm(k_codec_->tokens_per_block(), v_codec_->tokens_per_block());

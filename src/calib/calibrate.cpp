@@ -123,8 +123,13 @@ int capture_chunks(Model& model, const std::vector<int32_t>& ids, const Calibrat
 }
 
 void CalibrateConfig::validate(const ModelConfig& m) const {
-  KVQ_CHECK(method == "quarot" || method == "oscar" || method == "optr" || method == "pnmix",
-            "calibrate: unknown method '{}' (supported: quarot, oscar, optr, pnmix)", method);
+  KVQ_CHECK(method == "quarot" || method == "oscar" || method == "optr" || method == "pnmix" || method == "fp8-scales",
+            "calibrate: unknown method '{}' (supported: quarot, oscar, optr, pnmix, fp8-scales)", method);
+  if (method == "fp8-scales") {  // maxima only: any model
+    KVQ_CHECK(chunk >= 2 && chunk <= m.max_ctx, "calibrate: chunk of {} tokens must be in [2, {}]", chunk, m.max_ctx);
+    KVQ_CHECK(tokens >= chunk, "calibrate: --tokens {} is less than one chunk of {}", tokens, chunk);
+    return;
+  }
   if (method == "pnmix") {  // no rotation: any head_dim the pnmix codec takes
     KVQ_CHECK(m.head_dim % 32 == 0 && m.head_dim <= kCpuMaxHeadDim,
               "calibrate: pnmix needs head_dim a multiple of 32 up to {} (the model has {})", kCpuMaxHeadDim,

@@ -22,7 +22,8 @@
 namespace kvq {
 
 struct CalibrateConfig {
-  std::string method = "optr";         // quarot | oscar | optr | pnmix (key widths per RoPE pair: calib/pnmix.h)
+  std::string method = "optr";         // quarot | oscar | optr | pnmix (key widths per RoPE pair: calib/pnmix.h) |
+                                       // fp8-scales (vLLM's per-tensor FP8 scales: calib/fp8_scales.h)
   std::string base = "oscar";          // optr's base rotation: quarot | oscar
   std::string objective = "post-wo";   // optr: post-wo (two-phase OptR) | joint | pre-wo | recon
   int tokens = 32768;                  // calibration token budget

@@ -56,6 +56,7 @@ CacheOptions bf16_options(const CacheOptions& c) {
   bf.type_k = bf.type_v = "bf16";
   bf.group = 0, bf.clip_k = bf.clip_v = -1;
   bf.rotation = "none";
+  bf.kv_scales.clear();    // FP8's
   bf.skip_layers.clear();  // every layer is bf16 already
   return bf;
 }
@@ -367,6 +368,8 @@ std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
             "bench attention: --rotation does not apply (random rows; the query rotation is once per step)");
   KVQ_CHECK(o.cache.attn_rot.empty(),
             "bench attention: --attn-rot does not apply (random rows; the query rotation is once per step)");
+  KVQ_CHECK(o.cache.kv_scales.empty(), "bench attention: --kv-scales does not apply (random rows, one layer: a "
+            "per-tensor scale changes no cost; bench decode takes it)");
   std::vector<CacheConfig> out;
   if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(o.head_dim), o.kv_heads, o.head_dim));
   for (const std::string& t : o.caches) {

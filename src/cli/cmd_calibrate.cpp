@@ -1,5 +1,6 @@
-// kvq calibrate: build a rotation file (QuaRot, OSCAR, OptR) or a PN-Mix file of key widths for a model from
-// calibration text.
+// kvq calibrate: build a rotation file (QuaRot, OSCAR, OptR), a PN-Mix file of key widths or a file of vLLM's FP8
+// per-tensor scales for a model from calibration text.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -8,10 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include "calib/calibrate.h"
+#include "calib/fp8_scales.h"
 #include "calib/pnmix.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "codecs/pnmix/pnmix_file.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/sha256.h"
 #include "rotation/rotation_file.h"
@@ -87,8 +90,37 @@ void run_pnmix(const CalibrateOptions& o, const Plan& p) {
               c.table.slots(), codec->bytes_per_block(), codec->bits_per_element());
 }
 
+// --method fp8-scales: vLLM's per-tensor FP8 scales (calib/fp8_scales.h) for the format of -ctk when it is an FP8 type
+// (fp8_e5m2: e5m2), else e4m3 (vLLM's fp8), written as an FP8 scales file (codecs/fp8/fp8_scales.h).
+void run_fp8_scales(const CalibrateOptions& o, const Plan& p) {
+  const CodecId k = codec_traits(p.cache.k.type).id;
+  const fp8::Format format = k == CodecId::kFp8e5m2 ? fp8::Format::kE5m2 : fp8::Format::kE4m3;
+  const CalibrationText cal = read_calibration_text(o);
+  auto model = load_model(o.model, p);
+  const Fp8Calibration c = calibrate_fp8_scales(*model, cal.ids, o.calib, format, ProgressBar{});
+  const nlohmann::json meta = {{"model_fingerprint", model->fingerprint()}, {"calib_data", o.data},
+                               {"calib_sha256", sha256_hex(cal.text)},      {"calib_tokens", c.tokens_used},
+                               {"chunk", o.calib.chunk},                    {"capture_seconds", c.capture_seconds}};
+  save_fp8_scales(o.out, c.scales, meta);
+  const auto [kmin, kmax] = std::minmax_element(c.scales.k_amax.begin(), c.scales.k_amax.end());
+  const auto [vmin, vmax] = std::minmax_element(c.scales.v_amax.begin(), c.scales.v_amax.end());
+  std::printf("wrote %s: %s scales for %d layers from %d calibration tokens (%.1f s): key maxima %.4g..%.4g, value "
+              "maxima %.4g..%.4g, scale = max / %g\n",
+              o.out.c_str(), fp8_format_name(format), c.scales.n_layers(), c.tokens_used, c.capture_seconds, *kmin,
+              *kmax, *vmin, *vmax, fp8_max(format));
+}
+
 void run(CalibrateOptions o) {
   require_checkpoint(o.model, "calibrate");
+  if (o.calib.method == "fp8-scales") {
+    KVQ_CHECK(o.center == "auto", "--center-keys: fp8-scales takes the model's own keys (no centring)");
+    KVQ_CHECK(o.cache.rotation == "none", "calibrate --method fp8-scales: --rotation must not be given (vLLM's FP8 "
+              "caches take no rotation)");
+    const Plan p = plan(o.model, o.cache, 0);
+    o.calib.validate(p.model);
+    run_fp8_scales(o, p);
+    return;
+  }
   if (o.calib.method == "pnmix") {
     KVQ_CHECK(o.center == "auto", "--center-keys: pnmix allocates widths on the model's own post-RoPE keys (no "
               "centring)");
@@ -138,15 +170,19 @@ void run(CalibrateOptions o) {
 void add_calibrate(CLI::App& app) {
   auto o = std::make_shared<CalibrateOptions>();
   o->cache.type_k = o->cache.type_v = "int2";
-  CLI::App* cmd = app.add_subcommand("calibrate", "build key/value rotations (quarot, oscar, optr) or PN-Mix key widths (pnmix) for a model");
+  CLI::App* cmd = app.add_subcommand("calibrate", "build key/value rotations (quarot, oscar, optr), PN-Mix key widths "
+                                     "(pnmix) or FP8 scales (fp8-scales) for a model");
   add_model_options(cmd, o->model);
   add_cache_options(cmd, o->cache);
   cmd->add_option("--data", o->data, "calibration text file (keep it disjoint from evaluation data)")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("-o,--output", o->out, "rotation file, or PN-Mix file for --method pnmix, to write (safetensors)")
+  cmd->add_option("-o,--output", o->out, "rotation file, PN-Mix file (--method pnmix) or FP8 scales file (--method "
+                  "fp8-scales) to write (safetensors)")
       ->required();
-  cmd->add_option("--method", o->calib.method, "quarot | oscar | optr | pnmix (key widths per RoPE pair, not a rotation)");
+  cmd->add_option("--method", o->calib.method, "quarot | oscar | optr | pnmix (key widths per RoPE pair, not a rotation) "
+                  "| fp8-scales (vLLM's per-tensor FP8 k_scale / v_scale per layer, for -ctk fp8 (default) or "
+                  "fp8_e5m2)");
   cmd->add_option("--base", o->calib.base, "optr base rotation: quarot | oscar");
   cmd->add_option("--objective", o->calib.objective, "optr objective: post-wo | joint | pre-wo | recon");
   cmd->add_option("--tokens", o->calib.tokens, "calibration token budget")->check(CLI::Range(2, 1 << 26));

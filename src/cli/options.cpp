@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "codecs/llamacpp/attn_rot.h"
+#include "codecs/fp8/fp8_scales.h"
 #include "codecs/pnmix/pnmix_file.h"
 #include "codecs/registry.h"
 #include "common/error.h"
@@ -178,6 +179,8 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
                   "kvq calibrate");
   cmd->add_option("--pnmix", o.pnmix, "PN-Mix key widths for -ctk pnmix: a file from kvq calibrate --method pnmix "
                   "(checked against the model)");
+  cmd->add_option("--kv-scales", o.kv_scales, "vLLM's per-tensor FP8 scales (k_scale, v_scale per layer) for an fp8 or "
+                  "fp8_e5m2 cache: a file from kvq calibrate --method fp8-scales (default: vLLM's scale 1.0)");
   cmd->add_option("--kv-skip-layers", o.skip_layers,
                   "comma-separated layers that keep BF16 rows for everything (negative: from the end), e.g. 0,1,-2,-1 "
                   "(vLLM TurboQuant's boundary layers); counted in the effective bits");
@@ -391,6 +394,13 @@ Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool be
   p.kv_budget_bytes = size_t(c.kv_budget_gib * double(1ull << 30));
   const ModelConfig& mc = p.model;
   if (!c.pnmix.empty() || codec_traits(p.cache.k.type).per_head) p.cache.k.pair_bits = pnmix_widths(m, c, p.cache, mc);
+  if (!c.kv_scales.empty()) {  // the cache checks the types and format when the probe below builds it
+    KVQ_CHECK(c.rotation == "none", "--kv-scales {}: vLLM's per-tensor FP8 scales take no --rotation (they were "
+              "calibrated on the model's own keys and values)", c.kv_scales);
+    auto scales = std::make_shared<Fp8Scales>(load_fp8_scales(c.kv_scales));
+    check_fp8_scales_fit(*scales, m.dummy_weights ? "" : Checkpoint::open(m.dir).fingerprint(), mc.n_layers);
+    p.cache.kv_scales = std::move(scales);
+  }
   // The transform the codecs imply (the codec table's transform column: TurboQuant's Hadamard on keys, OScaR's on keys
   // and values, llama.cpp's attn_rot unless --attn-rot off), built once; another --rotation would replace it.
   const bool llama_rot = implied_transform(p.cache.k, p.cache.v) == CodecTransform::kAttnRot, attn_rot = attn_rot_on(c);

@@ -41,6 +41,8 @@ struct CacheOptions {
   bool random_rotation = false;                  // whether --rotation random is taken (bench decode: timing only)
   std::string pnmix;                             // --pnmix FILE: the key widths of -ctk pnmix (kvq calibrate
                                                  // --method pnmix), checked against the model by plan()
+  std::string kv_scales;                         // --kv-scales FILE: vLLM's per-tensor FP8 scales (kvq calibrate
+                                                 // --method fp8-scales), checked against the model by plan()
   std::string attn_rot;                          // --attn-rot: auto | off; "" (not given): auto, or off when the
                                                  // environment has llama.cpp's LLAMA_ATTN_ROT_DISABLE (atoi != 0)
   double kv_budget_gib = 0;                      // --kv-budget-gib: bytes of the page pool + windows (0: default)

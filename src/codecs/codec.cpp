@@ -92,6 +92,10 @@ std::unique_ptr<KvCodec> make_codec_at(const CodecSpec& spec, SimdLevel level) {
   KVQ_CHECK(!spec.per_channel || t->per_channel_keys,
             "KV cache {} is not supported: per_channel is only for {} keys ({})", combo, per_channel_names(),
             supported_list());
+  KVQ_CHECK(spec.tensor_scale == 1.f || t->id == CodecId::kFp8e4m3 || t->id == CodecId::kFp8e5m2,
+            "KV cache {} is not supported: a per-tensor scale is for vLLM's fp8 / fp8_e5m2 caches only", combo);
+  KVQ_CHECK(std::isfinite(spec.tensor_scale) && spec.tensor_scale > 0.f,
+            "KV cache {} is not supported: per-tensor scale {} (finite and > 0)", combo, spec.tensor_scale);
   if (!t->grouped) return t->make(spec, level);
   KVQ_CHECK(valid_group(spec.group), "KV cache {} is not supported: group must be 32, 64 or 128 ({})", combo,
             supported_list());

@@ -40,6 +40,10 @@ struct CodecSpec {
   // ignores them.
   std::shared_ptr<const PairBitTable> pair_bits = nullptr;
   int layer = 0, kv_head = 0;
+  // vLLM's per-tensor scale of an FP8 cache (fp8e4m3, fp8e5m2; codecs/fp8/fp8.h): codes are fp8(x / s), values
+  // fp8⁻¹(code) · s. 1.0 is vLLM's default; the cache sets the layer's k_scale / v_scale from --kv-scales
+  // (codecs/fp8/fp8_scales.h). make_codec refuses any other value for any other codec.
+  float tensor_scale = 1.f;
 };
 
 class KvCodec {

@@ -69,7 +69,7 @@ std::unique_ptr<KvCodec> make_tq_value(const CodecSpec& s, SimdLevel level) {
 std::unique_ptr<KvCodec> make_fp8(const CodecSpec& s, SimdLevel level) {
   const CodecId id = codec_traits(s.type).id;
   return std::make_unique<Fp8Codec>(s.type, id == CodecId::kFp8e5m2 ? fp8::Format::kE5m2 : fp8::Format::kE4m3,
-                                    id == CodecId::kFp8PerTokenHead, s.head_dim, level);
+                                    id == CodecId::kFp8PerTokenHead, s.head_dim, level, s.tensor_scale);
 }
 // llama.cpp's cache types: f16 rows; blocks of 32 values (the row's id names the block type).
 std::unique_ptr<KvCodec> make_f16(const CodecSpec& s, SimdLevel level) {
@@ -183,12 +183,12 @@ constexpr std::array kTable{
               .summary = "TurboQuant values: 4-bit codes per row, fp16 scale and min",
               .code_bits = 4, .make = make_tq_value, .row_bytes = 4},
   // vLLM's FP8 caches (codecs/fp8/fp8.h): --kv-cache-dtype fp8 / fp8_e4m3 / fp8_e5m2 at its default per-tensor scale
-  // of 1.0, and fp8_per_token_head; round to nearest even, saturating.
+  // of 1.0 or calibrated ones (--kv-scales), and fp8_per_token_head; round to nearest even, saturating.
   CodecTraits{.id = CodecId::kFp8e4m3, .name = "fp8e4m3", .aliases = kFp8Aliases,
-              .summary = "FP8 e4m3 values, scale 1.0 (vLLM's fp8 default; TurboQuant k8v4's keys)",
+              .summary = "FP8 e4m3 values of x / s, s per layer: 1.0 or --kv-scales (vLLM's fp8; TurboQuant k8v4's keys)",
               .code_bits = 8, .make = make_fp8},
   CodecTraits{.id = CodecId::kFp8e5m2, .name = "fp8e5m2", .aliases = kFp8e5m2Aliases,
-              .summary = "FP8 e5m2 values, scale 1.0 (vLLM's fp8_e5m2)",
+              .summary = "FP8 e5m2 values of x / s, s per layer: 1.0 or --kv-scales (vLLM's fp8_e5m2)",
               .code_bits = 8, .make = make_fp8},
   CodecTraits{.id = CodecId::kFp8PerTokenHead, .name = "fp8_per_token_head",
               .summary = "FP8 e4m3 values of x / s, fp32 s = absmax / 448 per token and kv head (vLLM)",

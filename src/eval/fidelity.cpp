@@ -17,6 +17,7 @@ CacheConfig bf16_reference_cache(const CacheConfig& method) {
   c.window = "bf16";
   c.skip_layers.clear();  // bf16 everywhere already
   c.transform = nullptr;  // the reference stores the plain keys and values
+  c.kv_scales = nullptr;  // at no FP8 scale
   c.prompt_policy = PromptPolicy::kDecodeFaithful;
   c.evict_bits = 0;
   c.evict_ctx = 0;

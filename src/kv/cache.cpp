@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "codecs/fp8/fp8_scales.h"
 #include "codecs/oscar/oscar_format.h"
 #include "codecs/pnmix/codec_pnmix.h"
 #include "codecs/registry.h"
@@ -163,6 +164,19 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
               "KV cache: {} widths '{}' are for {} layers × {} kv heads × d {}, the cache is {} × {} × {}", cfg.k.type,
               w->name, w->n_layers, w->n_kv_heads, w->head_dim, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(!cfg.v.token_scale, "KV cache: value type '{}' with a token scale (only keys take one)", cfg.v.type);
+  if (const Fp8Scales* sc = cfg.kv_scales.get()) {
+    const CodecId want = sc->format == fp8::Format::kE4m3 ? CodecId::kFp8e4m3 : CodecId::kFp8e5m2;
+    KVQ_CHECK(codec_traits(cfg.k.type).id == want && codec_traits(cfg.v.type).id == want,
+              "KV cache: per-tensor FP8 scales{} ({}) are for an {} cache on both sides (-ctk/-ctv {}), not k={} v={}",
+              sc->path.empty() ? "" : " " + sc->path, fp8_format_name(sc->format), fp8_format_name(sc->format),
+              codec_traits(want).name, cfg.k.type, cfg.v.type);
+    KVQ_CHECK(sc->n_layers() == n_layers, "KV cache: per-tensor FP8 scales{} for {} layers, the cache has {}",
+              sc->path.empty() ? "" : " " + sc->path, sc->n_layers(), n_layers);
+    KVQ_CHECK(!cfg.transform || cfg.transform->identity(),
+              "KV cache: per-tensor FP8 scales{} were calibrated on the model's own keys and values: a KV transform "
+              "('{}', --rotation) would change their range (use --rotation none)",
+              sc->path.empty() ? "" : " " + sc->path, cfg.rotation());
+  }
   KVQ_CHECK(!cfg.k.token_scale || cfg.skip_layers.empty(),
             "KV cache: --kv-skip-layers with token-scaled keys ({}) is not supported", cfg.k.type);
   KVQ_CHECK(!codec_traits(cfg.v.type).keys_only, "KV cache: value type '{}' stores keys only (value types: {})",
@@ -217,8 +231,13 @@ std::string CacheConfig::describe() const {
   // nor for a model without sliding windows: " sliding=4096" (the widest layer's) only where one slides
   const int slide = attn_window.empty() ? 0 : *std::max_element(attn_window.begin(), attn_window.end());
   const std::string sliding = slide > 0 ? fmt::format(" sliding={}", slide) : "";
-  return fmt::format("k={} v={} sink={} recent={}{} window={} rotation={}{}{}{}", one(k), one(v), sink, recent, demote,
-                     window, rotation(), skip, prompt, sliding);
+  // nor for vLLM's default FP8 scale of 1.0: " scales=FILE" (its name) only with --kv-scales
+  const std::string scales =
+      kv_scales ? " scales=" + (kv_scales->path.empty() ? std::string("calibrated")
+                                                        : kv_scales->path.substr(kv_scales->path.rfind('/') + 1))
+                : "";
+  return fmt::format("k={} v={} sink={} recent={}{} window={} rotation={}{}{}{}{}", one(k), one(v), sink, recent,
+                     demote, window, rotation(), scales, skip, prompt, sliding);
 }
 
 KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
@@ -229,7 +248,7 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       d_(head_dim),
       max_ctx_(max_ctx),
       k_codec_(make_key_codec(cfg, head_dim, max_ctx)),
-      v_codec_(make_codec_at(with_head_dim(cfg.v, head_dim), cfg.simd)),
+      v_codec_(make_value_codec(cfg, head_dim)),
       window_(make_codec_at(window_spec(cfg, head_dim), cfg.simd)),
       skip_codec_(make_codec_at(CodecSpec{.type = "bf16", .head_dim = head_dim}, cfg.simd)),
       layout_(cache_layout(cfg, *k_codec_, *v_codec_, *window_, n_layers, n_kv_heads, head_dim)),
@@ -247,6 +266,11 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
                   "one layout", cfg.k.type, l, h, head_k_codecs_.back()->bytes_per_block(),
                   k_codec_->bytes_per_block());
       }
+  if (cfg.kv_scales)  // vLLM's per-tensor FP8 scales: each layer's codecs (same blocks, their own scale)
+    for (int l = 0; l < n_layers; ++l) {
+      layer_k_codecs_.push_back(make_key_codec(cfg, head_dim, max_ctx, l));
+      layer_v_codecs_.push_back(make_value_codec(cfg, head_dim, l));
+    }
   pages_.reset(new uint8_t[std::max<size_t>(1, size_t(pool_.n_pages()) * size_t(layout_.page_bytes))]);
   seqs_.resize(size_t(pool_.n_slots()));
   exact_.resize(size_t(pool_.n_slots()));

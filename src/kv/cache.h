@@ -74,6 +74,8 @@
 
 namespace kvq {
 
+struct Fp8Scales;  // codecs/fp8/fp8_scales.h
+
 // What a sequence's cache does at the end of its prompt (KvCache::end_prompt, Runner::end_prompt): the prefill
 // semantics a camp ships (docs/guide/methods.md §5 "as shipped"), labelled wherever a number is printed. P = the
 // prompt's length, the sequence's length when end_prompt is called.
@@ -123,6 +125,10 @@ struct CacheConfig {
   // attention (the CPU Model applies it around KvCache, GpuKvCache inside append() / attention()).
   std::shared_ptr<const KvTransform> transform;
   std::string rotation() const { return transform ? transform->name : "none"; }  // its label, for logs and reports
+  // vLLM's per-tensor FP8 scales (--kv-scales, codecs/fp8/fp8_scales.h), null = its default 1.0: layer l's keys and
+  // values are stored as fp8(x / s) with s its k_scale / v_scale (CodecSpec::tensor_scale; the cache builds one codec
+  // per layer). An fp8 / fp8_e5m2 cache on both sides of the file's format, without a KV transform.
+  std::shared_ptr<const Fp8Scales> kv_scales;
   // The model's RoPE inverse frequencies [head_dim / 2] (ModelConfig::rope_inv_freq), for a key codec that stores keys
   // without RoPE (the codec table's pre_rope_keys; kv/codec_rope.h). The runner fills it from the model; empty: such
   // a key codec is refused.
@@ -181,8 +187,12 @@ class KvCache {
   const KvCodec& k_codec() const { return *k_codec_; }  // the configured codecs: the layers not skipped
   const KvCodec& v_codec() const { return *v_codec_; }
   // The codecs of layer l's quantized region: the configured ones, or bf16 for a skipped layer.
-  const KvCodec& k_codec(int l) const { return layout_.skipped.has(l) ? *skip_codec_ : *k_codec_; }
-  const KvCodec& v_codec(int l) const { return layout_.skipped.has(l) ? *skip_codec_ : *v_codec_; }
+  const KvCodec& k_codec(int l) const {
+    return layout_.skipped.has(l) ? *skip_codec_ : layer_k_codecs_.empty() ? *k_codec_ : *layer_k_codecs_[size_t(l)];
+  }
+  const KvCodec& v_codec(int l) const {
+    return layout_.skipped.has(l) ? *skip_codec_ : layer_v_codecs_.empty() ? *v_codec_ : *layer_v_codecs_[size_t(l)];
+  }
   // The key codec of (layer l, kv head h): k_codec(l), or the head's own for a per_head row (PN-Mix keys: every head
   // stores blocks of the same bytes, so k_codec(l) is the layout's).
   const KvCodec& k_codec(int l, int h) const {
@@ -302,6 +312,7 @@ class KvCache {
   std::unique_ptr<KvCodec> skip_codec_;  // bf16 rows of the skipped layers
   const KvCodec* exact_codec_;           // rows of the exact store: the window codec, or bf16 for int8 windows
   std::vector<std::unique_ptr<KvCodec>> head_k_codecs_;  // [n_layers][n_kv] per_head key codecs; empty otherwise
+  std::vector<std::unique_ptr<KvCodec>> layer_k_codecs_, layer_v_codecs_;  // [n_layers] with kv_scales; else empty
   CacheLayout layout_;                 // region, page and window sizes
   std::vector<int64_t> layer_offset_;  // [n_layers] layout_.layer_offset(l)
   PagePool pool_;                      // free pages, block tables, sequence slots and lengths

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "codecs/float_dot.h"
+#include "codecs/fp8/fp8_scales.h"
 #include "codecs/registry.h"
 #include "common/error.h"
 #include "rotation/rope.h"
@@ -84,11 +85,24 @@ void RopeKeyCodec::accumulate(const float*, int, const uint8_t*, int, float*) co
   KVQ_FAIL("{}: a key codec without RoPE stores keys, not values (accumulate)", name());
 }
 
+namespace {
+
+// Whether spec takes the layer's scale of cfg.kv_scales: an FP8 row of the file's format at one of its layers (the cache
+// refuses any other combination by name: kvq::cache_layout).
+bool takes_tensor_scale(const CacheConfig& cfg, const CodecSpec& spec) {
+  const Fp8Scales* s = cfg.kv_scales.get();
+  if (!s || spec.layer < 0 || spec.layer >= s->n_layers()) return false;
+  return codec_traits(spec.type).id == (s->format == fp8::Format::kE4m3 ? CodecId::kFp8e4m3 : CodecId::kFp8e5m2);
+}
+
+}  // namespace
+
 std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, int max_positions, int layer,
                                         int kv_head) {
   CodecSpec s = cfg.k;
   s.head_dim = head_dim;
   s.layer = layer, s.kv_head = kv_head;
+  if (takes_tensor_scale(cfg, s)) s.tensor_scale = cfg.kv_scales->k_scale.at(size_t(layer));
   std::unique_ptr<KvCodec> codec = make_codec_at(s, cfg.simd);
   if (codec_traits(s.type).per_head) {
     const KvTransform* t = cfg.transform.get();
@@ -108,6 +122,14 @@ std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, in
             "transform '{}' (--rotation, key centring) does not apply to them (use --rotation none)",
             s.type, t ? t->name : "none");
   return std::make_unique<RopeKeyCodec>(std::move(codec), cfg.key_rope, max_positions);
+}
+
+std::unique_ptr<KvCodec> make_value_codec(const CacheConfig& cfg, int head_dim, int layer) {
+  CodecSpec s = cfg.v;
+  s.head_dim = head_dim;
+  s.layer = layer;
+  if (takes_tensor_scale(cfg, s)) s.tensor_scale = cfg.kv_scales->v_scale.at(size_t(layer));
+  return make_codec_at(s, cfg.simd);
 }
 
 }  // namespace kvq

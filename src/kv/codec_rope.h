@@ -63,8 +63,12 @@ class RopeKeyCodec final : public KvCodec {
 // without RoPE. That needs cfg.key_rope (head_dim / 2 frequencies, from the model) and no KV transform (the keys must
 // reach the cache as the model's post-RoPE keys); kvq::Error naming what is missing otherwise. max_positions: see
 // RopeKeyCodec. A per_head row (PN-Mix keys) gets the codec of (layer, kv_head), and refuses a key-side transform too
-// (its widths were calibrated on the model's own post-RoPE keys); other codecs are the same for every head.
+// (its widths were calibrated on the model's own post-RoPE keys); with --kv-scales (cfg.kv_scales) the codec of layer
+// (its k_scale); other codecs are the same for every head.
 std::unique_ptr<KvCodec> make_key_codec(const CacheConfig& cfg, int head_dim, int max_positions = 0, int layer = 0,
                                         int kv_head = 0);
+// The value codec of a cache of cfg at head_dim for layer (with --kv-scales, its v_scale; the same for every layer
+// otherwise).
+std::unique_ptr<KvCodec> make_value_codec(const CacheConfig& cfg, int head_dim, int layer = 0);
 
 }  // namespace kvq

@@ -14,24 +14,28 @@ namespace {
 constexpr int kMaxD = 256;
 }  // namespace
 
-Fp8Codec::Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_dim, SimdLevel level)
-    : name_(std::move(name)), format_(format), scaled_(scaled), d_(head_dim),
+Fp8Codec::Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_dim, SimdLevel level,
+                   float tensor_scale)
+    : name_(std::move(name)), format_(format), scaled_(scaled), tensor_scale_(tensor_scale), d_(head_dim),
       kernels_(row_kernels(format == fp8::Format::kE4m3 ? RowFormat::kFp8E4m3 : RowFormat::kFp8E5m2, level)) {
   KVQ_CHECK(head_dim > 0 && head_dim % 32 == 0 && head_dim <= kMaxD, "{}: head_dim {}", name_, head_dim);
   KVQ_CHECK(!scaled || format == fp8::Format::kE4m3, "{}: per-row scales are e4m3's", name_);
+  KVQ_CHECK(std::isfinite(tensor_scale) && tensor_scale > 0.f && (!scaled || tensor_scale == 1.f),
+            "{}: per-tensor scale {} (finite, > 0, and 1 for rows with scales of their own)", name_, tensor_scale);
 }
 
 float Fp8Codec::scale(const uint8_t* row) const {
-  if (!scaled_) return 1.f;
+  if (!scaled_) return tensor_scale_;
   float s;
   std::memcpy(&s, row + d_, sizeof s);
   return s;
 }
 
 void Fp8Codec::encode(const float* x, uint8_t* block) const {
-  if (!scaled_) {
+  if (!scaled_) {  // fp8(x / s): at vLLM's default s = 1 the division is exact, x itself
+    const float s = tensor_scale_;
     for (int i = 0; i < d_; ++i)
-      block[i] = format_ == fp8::Format::kE4m3 ? fp8::f32_to_e4m3(x[i]) : fp8::f32_to_e5m2(x[i]);
+      block[i] = format_ == fp8::Format::kE4m3 ? fp8::f32_to_e4m3(x[i] / s) : fp8::f32_to_e5m2(x[i] / s);
     return;
   }
   float absmax = 0.f;
@@ -45,7 +49,7 @@ void Fp8Codec::decode(const uint8_t* block, float* x) const {
   const float s = scale(block);
   for (int i = 0; i < d_; ++i) {
     const float v = format_ == fp8::Format::kE4m3 ? fp8::e4m3_to_f32(block[i]) : fp8::e5m2_to_f32(block[i]);
-    x[i] = scaled_ ? v * s : v;
+    x[i] = rescales() ? v * s : v;
   }
 }
 
@@ -62,7 +66,7 @@ RowsView Fp8Codec::rows(const uint8_t* blocks, int n_tokens) const {
 void Fp8Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: scores over n_q={} n_tokens={}", name_, n_q, n_tokens);
   kernels_.scores(rows(blocks, n_tokens), q, n_q, s, size_t(n_tokens));
-  if (!scaled_) return;
+  if (!rescales()) return;
   for (int t = 0; t < n_tokens; ++t) {
     const float f = scale(blocks + size_t(t) * bytes_per_block());
     for (int i = 0; i < n_q; ++i) s[size_t(i) * n_tokens + t] *= f;
@@ -71,7 +75,7 @@ void Fp8Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_toke
 
 void Fp8Codec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: accumulate over n_q={} n_tokens={}", name_, n_q, n_tokens);
-  if (!scaled_) return kernels_.accumulate(rows(blocks, n_tokens), p, size_t(n_tokens), n_q, acc);
+  if (!rescales()) return kernels_.accumulate(rows(blocks, n_tokens), p, size_t(n_tokens), n_q, acc);
   thread_local std::vector<float> w;  // p with each row's scale folded in
   w.resize(size_t(n_q) * n_tokens);
   for (int t = 0; t < n_tokens; ++t) {

@@ -1,7 +1,8 @@
 // FP8 KV-cache codecs as vLLM ships them (formats and per-row maths: codecs/fp8/fp8.h): e4m3 and e5m2 rows with its
 // default per-tensor scale of 1.0 (fp8e4m3 — vLLM's `fp8` and `fp8_e4m3`, TurboQuant k8v4's keys — and fp8e5m2), and
 // e4m3 rows with an fp32 scale per (token, kv head) (fp8_per_token_head). Per-token codecs (one row per block) of keys
-// and values alike.
+// and values alike. The e4m3 / e5m2 rows also take a calibrated per-tensor scale (CodecSpec::tensor_scale: the cache
+// makes one codec per layer from --kv-scales, codecs/fp8/fp8_scales.h).
 #pragma once
 
 #include <string>
@@ -14,9 +15,11 @@ namespace kvq {
 
 class Fp8Codec final : public KvCodec {
  public:
-  // head_dim a multiple of 32 up to 256 (validated by make_codec); scaled: a per-row scale (e4m3 only). level: which
-  // row kernels scores() and accumulate() run (tests force each level).
-  Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_dim, SimdLevel level = best_simd_level());
+  // head_dim a multiple of 32 up to 256 (validated by make_codec); scaled: a per-row scale (e4m3 only); tensor_scale:
+  // the per-tensor scale s of unscaled rows (1: vLLM's default). level: which row kernels scores() and accumulate()
+  // run (tests force each level).
+  Fp8Codec(std::string name, fp8::Format format, bool scaled, int head_dim, SimdLevel level = best_simd_level(),
+           float tensor_scale = 1.f);
 
   std::string_view name() const override { return name_; }
   int head_dim() const override { return d_; }
@@ -29,13 +32,16 @@ class Fp8Codec final : public KvCodec {
   // once per score, or folded into the weights.
   void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
   void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
+  float tensor_scale() const { return tensor_scale_; }
 
  private:
-  float scale(const uint8_t* row) const;  // the row's s (1 for unscaled rows)
+  float scale(const uint8_t* row) const;  // the row's s (the per-tensor scale for unscaled rows)
+  bool rescales() const { return scaled_ || tensor_scale_ != 1.f; }  // decoded values are codes · s
 
   std::string name_;
   fp8::Format format_;
   bool scaled_;
+  float tensor_scale_;
   int d_;
   RowsView rows(const uint8_t* blocks, int n_tokens) const;
 
