@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "codecs/fp8/fp8_scales.h"
 #include "codecs/registry.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
@@ -1029,3 +1030,41 @@ TEST(GpuCacheGeometry, SkippedLayersGetTheBf16InstanceAtTheLayoutsOffsets) {
 }  // namespace
 
 #endif  // KVQ_HAVE_CUDA
+
+// vLLM's per-tensor FP8 scales (--kv-scales) on the GPU: each layer's rows are the CPU cache's fp8(x / s) byte for byte
+// (the division, then the saturating cast: the layer whose maxima are 0.05 saturates most values), and attention reads
+// fp8⁻¹(code) · s within the twin's bounds, on decoded tiles and on the CUDA-core rows; the fast kernels against the
+// reference twin too.
+TEST(GpuCache, Fp8PerTensorScalesStoreTheCpuBytesAndAttendAtTheirScaleOnBothPaths) {
+  REQUIRE_GPU();
+  for (const char* type : {"fp8e4m3", "fp8e5m2"})
+    for (bool cuda_core : {false, true})
+      for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{64, 256}, {0, 0}}) {
+        const fp8::Format f = std::string(type) == "fp8e4m3" ? fp8::Format::kE4m3 : fp8::Format::kE5m2;
+        CacheConfig c;
+        c.k = {.type = type, .head_dim = kD};
+        c.v = {.type = type, .head_dim = kD};
+        c.sink = sink, c.recent = recent;
+        c.kv_scales = std::make_shared<const Fp8Scales>(Fp8Scales::from_amax(f, {3.f, 0.05f}, {4.f, 0.02f}));
+        if (cuda_core) c = on_cuda_cores(c, Twin::kLayers);
+        const std::string what = std::string(type) + (cuda_core ? " CUDA-core" : " decoded tiles") + " sink " +
+                                 std::to_string(sink) + " recent " + std::to_string(recent);
+        std::mt19937 rng(5100 + sink);
+        const std::vector<int> lengths = {65, 700, 2000};
+        Twin tw(c, 2100, int(lengths.size()), KvTransform{});
+        for (size_t i = 0; i < lengths.size(); ++i) tw.prefill(int(i), lengths[i], rng, Data::HeavyTailed, 1e-6);
+        for (int s = 0; s < 2; ++s) tw.step({0, 1, 2}, {1, 1, 1}, rng, Data::HeavyTailed, true, 1e-6, what + " decode");
+        int64_t total = 0, bad = 0;
+        for (size_t i = 0; i < lengths.size(); ++i) bad += tw.row_mismatches(int(i), &total);
+        std::printf("[ gpu    ] fp8 per-tensor scales, %s: worst NMSE %.3g, %lld of %lld stored rows differ\n",
+                    what.c_str(), tw.worst_nmse, (long long)bad, (long long)total);
+        EXPECT_EQ(bad, 0) << what;
+        EXPECT_GT(total, 0);
+
+        CacheConfig one = c;  // one layer: the fast kernel against its reference twin
+        one.kv_scales = std::make_shared<const Fp8Scales>(Fp8Scales::from_amax(f, {5.f}, {0.5f}));
+        if (cuda_core) one = on_cuda_cores(one, 1);
+        const auto fast = decode_once(one, 2000, 0, false), ref = decode_once(one, 2000, 0, true);
+        EXPECT_LT(nmse(fast, ref), std::max(1e-9, decoded_tile_budget(one, kD))) << what;
+      }
+}

@@ -74,6 +74,10 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
 #pragma unroll
           for (int h = 0; h < GQ; ++h) s[h] *= nu;
         }
+        if constexpr (dev::tensor_scaled<K>()) {  // vLLM's FP8: the layer's k_scale · q·code
+#pragma unroll
+          for (int h = 0; h < GQ; ++h) s[h] *= geo.k_scale;
+        }
       }
     }
     float pr[GQ];
@@ -97,8 +101,15 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) {
         if (!holds(k)) continue;
-        if (vr.quant) V::values4(vr.ptr, 0, geo.v_group, 4 * (lane + 32 * k), v4 + 4 * k);
-        else W::values4(vr.ptr, 0, D, 4 * (lane + 32 * k), v4 + 4 * k);
+        if (vr.quant) {
+          V::values4(vr.ptr, 0, geo.v_group, 4 * (lane + 32 * k), v4 + 4 * k);
+          if constexpr (dev::tensor_scaled<V>()) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v4[4 * k + i] *= geo.v_scale;
+          }
+        } else {
+          W::values4(vr.ptr, 0, D, 4 * (lane + 32 * k), v4 + 4 * k);
+        }
       }
 #pragma unroll
       for (int h = 0; h < GQ; ++h) {

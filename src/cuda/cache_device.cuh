@@ -131,6 +131,17 @@ __device__ __forceinline__ void score_by_values4(const void* p, int row, int gro
   }
 }
 
+// Whether device codec C takes the layer's per-tensor scale s (C::kTensorScaled: vLLM's FP8 rows; CacheGeometry::k_scale
+// / v_scale): its rows are encoded from x / s (C::encode_row_scaled) and the kernels multiply what it decodes by s.
+template <class C>
+constexpr bool tensor_scaled() {
+  if constexpr (requires { C::kTensorScaled; }) {
+    return C::kTensorScaled;
+  } else {
+    return false;
+  }
+}
+
 // A key codec that decodes with its lookup table (KvCodec::lookup_table, uploaded as CacheGeometry::k_table:
 // TurboQuant's codebook, codecs/turboquant/codec_turboquant.cuh) says kCodebook = true; its value, score and encode_row
 // take the table in place of the group (and clip) arguments.

@@ -130,8 +130,9 @@ struct Decoded {
 // Lane l always takes the chunk of 4 values c0 = 4 (l % (D / 4)), of rows l / (D / 4) + (32 / (D / 4)) k, so whatever
 // depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
 // (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
-// in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), and TurboQuant's codebook keys are
-// centroids times the row's factor, whose sum of squares the D / 4 lanes of the row add by an xor butterfly.
+// in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
+// and TurboQuant's codebook keys are centroids times the row's factor, whose sum of squares the D / 4 lanes of the row
+// add by an xor butterfly.
 template <class K, class V, int D>
 __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* hp, int j0, int nv,
                                             const float* nu, uint8_t* dst, int lane) {
@@ -173,7 +174,15 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
 #pragma unroll
       for (int e = 0; e < 4; ++e) k[e] *= nu[r];
     }
+    if constexpr (dev::tensor_scaled<K>()) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) k[e] *= geo.k_scale;
+    }
     V::values4(hp + geo.k_region + int64_t(j) * geo.v_row, 0, geo.v_group, c0, v);
+    if constexpr (dev::tensor_scaled<V>()) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] *= geo.v_scale;
+    }
     const bool in = r < nv;
     const int at = swizzled<D>(r, c0 / 8) + 2 * (c0 % 8);
     *reinterpret_cast<uint2*>(dst + at) = in ? make_uint2(half2(k[0], k[1]), half2(k[2], k[3])) : make_uint2(0u, 0u);

@@ -47,7 +47,13 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
     if (!kr.quant) kc = W::value(kr.ptr, 0, D, c);
     else if constexpr (dev::ReadsCodebook<K>) kc = K::value(kr.ptr, geo.k_table, c);
     else kc = K::value(kr.ptr, kr.block_row, geo.k_group, c);
-    const float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : W::value(vr.ptr, 0, D, c);
+    float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : W::value(vr.ptr, 0, D, c);
+    if constexpr (dev::tensor_scaled<K>()) {  // vLLM's FP8: the host's decode fp8⁻¹(code) · s
+      if (kr.quant) kc *= geo.k_scale;
+    }
+    if constexpr (dev::tensor_scaled<V>()) {
+      if (vr.quant) vc *= geo.v_scale;
+    }
     for (int h = 0; h < g; ++h) red[h][c] = q[h] * kc;
     __syncthreads();
     for (int w = kTree / 2; w > 0; w >>= 1) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "codecs/fp8/fp8_scales.h"
 #include "codecs/layout.h"
 #include "codecs/registry.h"
 #include "common/error.h"
@@ -37,6 +38,7 @@ CacheConfig skipped_layer_config(const CacheConfig& cfg) {
   CacheConfig c = cfg;
   c.k = CodecSpec{.type = "bf16", .head_dim = cfg.k.head_dim};
   c.v = CodecSpec{.type = "bf16", .head_dim = cfg.v.head_dim};
+  c.kv_scales = nullptr;  // FP8's
   c.skip_layers.clear();
   return c;
 }
@@ -131,6 +133,9 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int m
   g.page_bytes = l.page_bytes;
   g.scale_base = l.scale_offset(0);
   g.scale_region = l.scale_region;
+  // vLLM's per-tensor FP8 scales (--kv-scales; 1 without: its default, and for every codec that takes none)
+  g.k_scale = cfg.kv_scales ? cfg.kv_scales->k_scale.at(size_t(layer)) : 1.f;
+  g.v_scale = cfg.kv_scales ? cfg.kv_scales->v_scale.at(size_t(layer)) : 1.f;
   return g;
 }
 

@@ -55,9 +55,11 @@ __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* it
   uint8_t* dst = dev::page_row(g, it.seq, layer, kv, head, it.pos);
   if (kv == 0) {
     if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_table, sh);
+    else if constexpr (dev::tensor_scaled<K>()) K::encode_row_scaled(src, dst, g.k_scale);
     else if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);
   } else {
-    V::encode_row(src, dst, g.v_group, g.v_clip_index, sh);
+    if constexpr (dev::tensor_scaled<V>()) V::encode_row_scaled(src, dst, g.v_scale);
+    else V::encode_row(src, dst, g.v_group, g.v_clip_index, sh);
   }
 }
 

@@ -18,6 +18,9 @@ struct Fp8Rows {
   static_assert(D % 32 == 0, "fp8 rows: head_dim a multiple of 32");
   static_assert(!kScaled || F == fp8::Format::kE4m3, "per-row scales are e4m3's");
   static constexpr bool kKeyBlocks = false;  // per-token rows
+  // Rows without scales of their own take the layer's per-tensor scale (cache_device.cuh: tensor_scaled): the kernels
+  // multiply what value / values4 / score return by it, and demotion runs encode_row_scaled.
+  static constexpr bool kTensorScaled = !kScaled;
 
   static __device__ __forceinline__ float scale(const uint8_t* r) {
     if constexpr (kScaled) {
@@ -85,6 +88,14 @@ struct Fp8Rows {
 #pragma unroll
     for (int h = 0; h < GQ; ++h)
       if (h < g) s[h] = fmaf(f, acc[h], s[h]);
+  }
+
+  // Demotion of one bf16 ring row src into the page row dst by the warp (lane = threadIdx.x) at the per-tensor scale s:
+  // code_i = fp8(x_i / s), the host's division (at s = 1: x_i).
+  static __device__ __forceinline__ void encode_row_scaled(const uint16_t* src, uint8_t* dst, float s) {
+    static_assert(!kScaled, "rows with scales of their own");
+    for (int i = threadIdx.x; i < D; i += 32) dst[i] = fp8::encode<F>(exact::div(bf16_to_f32(src[i]), s));
+    __syncwarp();
   }
 
   // Demotion of one bf16 ring row src into the page row dst by the warp (lane = threadIdx.x), with the host's float
