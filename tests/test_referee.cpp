@@ -415,8 +415,8 @@ TEST(Referee, ParsesMethodAndWindowListsAndRejectsBadOnes) {
   EXPECT_EQ(ms[0].rotation, "oscar");
   EXPECT_EQ(ms[1].objective, "joint");
   EXPECT_TRUE(ms[1].needs_calibration());
-  EXPECT_EQ(referee_methods().size(), 36u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 3 of PN-Mix; 19 of the camps
-                                             // (vLLM's FP8 three); 1 eviction row
+  EXPECT_EQ(referee_methods().size(), 37u);  // 13 of kvq, KIVI, KV4-RL and the rotations; 3 of PN-Mix; 20 of the camps
+                                             // (vLLM's FP8 four); 1 eviction row
   EXPECT_THROW(parse_referee_methods("int3"), Error);
   EXPECT_THROW(parse_referee_methods("int2,int2"), Error);
   EXPECT_THROW(parse_referee_methods(""), Error);

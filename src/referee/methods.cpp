@@ -28,6 +28,7 @@ const std::vector<RefereeRotation>& referee_rotations() {
       {.name = "oscar", .calibrated = true},
       {.name = "optr", .calibrated = true, .learned = true},
       {.name = "pnmix", .calibrated = true, .key_widths = true},
+      {.name = "fp8-scales", .calibrated = true, .tensor_scales = true},
   };
   return kRotations;
 }
@@ -69,8 +70,8 @@ const ShippedPath kLlamaCppShipped{.defined = true};  // no windows, attn_rot on
 const ShippedPath kVllmFp8Shipped{
     .defined = true,
     .note = "vLLM's fp8 caches ship no windows and read the FP8 pages for the prompt as for decode; kvq's fp8 and "
-            "fp8_e5m2 rows store at vLLM's default per-tensor scale 1.0 (a checkpoint's calibrated k_scale / v_scale "
-            "is not modelled), fp8_per_token_head at its own per-row scales"};
+            "fp8_e5m2 rows store at vLLM's default per-tensor scale 1.0 (a checkpoint's calibrated k_scale / v_scale: "
+            "the fp8(scales) row), fp8_per_token_head at its own per-row scales"};
 // Eviction: LORE-KV has no public code and AnDPro ships none kvq could read, so there is no camp path to follow.
 const ShippedPath kEvictShipped{
     .defined = true, .windows = {64, 256}, .prompt = kPromptEvict,
@@ -152,6 +153,14 @@ const std::vector<RefereeMethod>& referee_methods() {
       // vLLM's FP8 caches (codecs/fp8/fp8.h): --kv-cache-dtype fp8 (e4m3), fp8_e5m2 and fp8_per_token_head.
       {.label = "fp8", .key_type = "fp8e4m3", .value_type = "fp8e4m3", .rotation = "none", .camp = "vLLM (FP8)",
        .shipped = kVllmFp8Shipped},
+      // A checkpoint's calibrated scales (the static per-tensor scheme FP8 checkpoints ship): kvq calibrate --method
+      // fp8-scales on --calib-data, s = amax / 448 per layer for keys and for values (METHODS §5.10).
+      {.label = "fp8(scales)", .key_type = "fp8e4m3", .value_type = "fp8e4m3", .rotation = "fp8-scales",
+       .baseline = "fp8",
+       .note = "fp8(scales) is vLLM's fp8 with per-tensor scales calibrated on --calib-data as FP8 checkpoints ship "
+               "them (k_scale, v_scale = each layer's largest |key|, |value| / 448; kvq calibrate --method "
+               "fp8-scales), judged against fp8 at vLLM's default scale 1.0.",
+       .camp = "vLLM (FP8)", .shipped = kVllmFp8Shipped},
       {.label = "fp8_e5m2", .key_type = "fp8e5m2", .value_type = "fp8e5m2", .rotation = "none", .camp = "vLLM (FP8)",
        .shipped = kVllmFp8Shipped},
       {.label = "fp8_per_token_head", .key_type = "fp8_per_token_head", .value_type = "fp8_per_token_head",

@@ -37,6 +37,8 @@ struct RefereeRotation {
                                                            // calibrated
   bool key_widths = false;  // PN-Mix: the calibration is the key codec's pair widths (codecs/pnmix/pnmix_file.h, a file
                             // under OUT/rotations/ like a rotation's), not a transform
+  bool tensor_scales = false;  // vLLM's FP8: the calibration is each layer's per-tensor k_scale / v_scale
+                               // (codecs/fp8/fp8_scales.h, a file under OUT/rotations/), not a transform
 };
 
 // Every rotation kind the referee knows.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "codecs/fp8/fp8_scales.h"
 #include "codecs/pnmix/codec_pnmix.h"
 #include "common/error.h"
 #include "common/sha256.h"
@@ -178,12 +179,14 @@ json run_settings(const RefereeConfig& cfg, const RefereeData& data, const Plann
 
 CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, const PlannedRun& r, int ctx,
                              std::shared_ptr<const KvTransform> transform,
-                             std::shared_ptr<const PairBitTable> pair_bits) {
+                             std::shared_ptr<const PairBitTable> pair_bits,
+                             std::shared_ptr<const Fp8Scales> kv_scales) {
   CacheConfig c = method_cache(r.method, r.windows, cfg.group, r.protocol);
   c.prompt_policy = parse_prompt_policy(method_prompt_policy(r.method, r.protocol));
   c.transform = transform ? std::move(transform)
                           : method_transform(r.method, r.protocol, c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   c.k.pair_bits = std::move(pair_bits);
+  c.kv_scales = std::move(kv_scales);
   c.key_rope = mc.rope_inv_freq();
   set_equal_bytes_budget(c, r.method, r.windows, cfg.group, ctx, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   return c;
@@ -194,6 +197,11 @@ std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc) {
   w->n_layers = mc.n_layers, w->n_kv_heads = mc.n_kv_heads, w->head_dim = mc.head_dim, w->name = "pnmix(probe)";
   w->bits.assign(size_t(mc.n_layers) * mc.n_kv_heads * size_t(mc.head_dim / 2), 2);
   return w;
+}
+
+std::shared_ptr<const Fp8Scales> probe_kv_scales(const ModelConfig& mc) {
+  const std::vector<float> top(size_t(mc.n_layers), fp8_max(fp8::Format::kE4m3));  // amax 448: s = 1
+  return std::make_shared<const Fp8Scales>(Fp8Scales::from_amax(fp8::Format::kE4m3, top, top));
 }
 
 std::string run_record_path(const RefereeConfig& cfg, const std::string& key) {

@@ -84,14 +84,18 @@ std::string run_record_path(const RefereeConfig& cfg, const std::string& key);
 
 // The cache of run r at ctx for a model of config mc: its row's codecs, windows and protocol, its prompt policy, the
 // model's RoPE (for key codecs that store keys without it), an eviction row's budget at ctx, and `transform` or, when
-// null, the transform its codecs imply (a row has one or the other), with PN-Mix's key widths `pair_bits`.
+// null, the transform its codecs imply (a row has one or the other), with PN-Mix's key widths `pair_bits` and vLLM's
+// FP8 per-tensor scales `kv_scales`.
 CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, const PlannedRun& r, int ctx,
                              std::shared_ptr<const KvTransform> transform = nullptr,
-                             std::shared_ptr<const PairBitTable> pair_bits = nullptr);
+                             std::shared_ptr<const PairBitTable> pair_bits = nullptr,
+                             std::shared_ptr<const Fp8Scales> kv_scales = nullptr);
 
 // PN-Mix key widths of 2 bits for every RoPE pair of mc: a stand-in for calibrated widths where only the cache's
 // shape and speed matter (the caches checked before any run, kvq referee --plan's timing).
 std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc);
+// vLLM's default FP8 scale, 1.0, for every layer of mc: the stand-in for calibrated scales in the same places.
+std::shared_ptr<const Fp8Scales> probe_kv_scales(const ModelConfig& mc);
 
 // The record at `path` when it exists, parses and holds `settings`; else nullopt, logging why when a file was there.
 // any_device: a record made on another device counts too (its "device" setting is not compared).

@@ -132,6 +132,9 @@ std::string natural_base(const json& method) {
   if (rotation == "oscar") return type + "+quarot";
   if (rotation == "quarot") return type;
   if (rotation == "pnmix") return type.substr(type.find('/') + 1);  // PN-Mix keys: the cache of its value type
+  if (rotation == "fp8-scales")  // calibrated FP8 scales: the row of the same codecs at vLLM's default scale
+    for (const RefereeMethod& m : referee_methods())
+      if (m.type() == type && m.rotation == "none") return m.label;
   // Windows of another codec (KV4-RL's int8; records before the field have none): the same codecs with bf16 windows.
   const std::string window = str(method, "window_type");
   if (rotation == "none" && !window.empty() && window != "bf16") return type;

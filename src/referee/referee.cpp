@@ -131,8 +131,9 @@ std::map<std::string, std::string> Referee::check_caches(const std::vector<Plann
     try {
       // PN-Mix's widths come from calibration: probe with 2-bit pairs
       const auto widths = r.method.rotation_kind().key_widths ? probe_pair_bits(mc) : nullptr;
+      const auto scales = r.method.rotation_kind().tensor_scales ? probe_kv_scales(mc) : nullptr;
       for (int ctx : cfg_.ctx) {
-        const CacheConfig c = run_cache_config(cfg_, mc, r, ctx, nullptr, widths);
+        const CacheConfig c = run_cache_config(cfg_, mc, r, ctx, nullptr, widths, scales);
         KvCache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1).footprint(ctx, run_prompt_tokens(r, ctx));
         if (cfg_.device_check && ctx == cfg_.ctx.front()) try {
             cfg_.device_check(c, mc.head_dim);
@@ -157,7 +158,7 @@ std::map<std::string, std::string> Referee::check_caches(const std::vector<Plann
 
 // The cache of run r at ctx: run_cache_config with the run's rotation (or the transform its codecs imply) and clips.
 CacheConfig Referee::run_cache(const PlannedRun& r, const Rotation& rot, const ClipChoice& clips, int ctx) {
-  CacheConfig c = run_cache_config(cfg_, model().config(), r, ctx, rot.transform, rot.pair_bits);
+  CacheConfig c = run_cache_config(cfg_, model().config(), r, ctx, rot.transform, rot.pair_bits, rot.kv_scales);
   c.k.clip = clips.k;
   c.v.clip = clips.v;
   return c;

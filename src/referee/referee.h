@@ -10,6 +10,8 @@
 //   optr-joint(oscar), optr-pre-wo(oscar), optr-recon(oscar)   kvq's joint objective and the two ablations
 //   pnmix, pnmix(energy)                             PN-Mix key widths per RoPE pair (calibrated), int2 values
 //   turboquant_k8v4, _4bit_nc, _k3v4_nc, _3bit_nc    vLLM's TurboQuant presets; turboquant_2bit: kvq's extension
+//   fp8, fp8(scales), fp8_e5m2, fp8_per_token_head   vLLM's FP8 caches: scale 1.0, per-tensor scales calibrated on
+//                                                    --calib-data (a checkpoint's), e5m2, per (token, head) scales
 //   nexusquant, e8_2                                 NexusQuant's shipped int8 E8 codec and its 2-bit llama.cpp block
 //   oscar_int2, kitty_int2, kitty_int2_20            OScaR; Kitty (25% / 20% of key channels at 4 bits)
 //   q8_0, q8_0/q4_0, q5_0, q4_1, q4_0, iq4_nl        llama.cpp's KV cache types (-ctk/-ctv)

@@ -46,7 +46,11 @@ json machine_json(int threads) {
 json rotation_json(const RefereeConfig& cfg, const RefereeData& data, const PlannedRun& r, const Rotation& rot,
                    const json& settings) {
   const bool calibrated = r.method.needs_calibration();
-  return {{"name", rot.transform ? rot.transform->name : rot.pair_bits ? rot.pair_bits->name : "none"},
+  const std::string name = rot.transform ? rot.transform->name
+                           : rot.pair_bits ? rot.pair_bits->name
+                           : rot.kv_scales ? "fp8-scales"
+                                           : "none";
+  return {{"name", name},
           {"file", rot.file.empty() ? json(nullptr) : json(rot.file)},
           {"reused", rot.reused},
           {"calibration_seconds", rot.seconds},

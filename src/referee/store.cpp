@@ -6,7 +6,10 @@
 #include <limits>
 
 #include "calib/pnmix.h"
+#include "calib/fp8_scales.h"
+#include "codecs/fp8/fp8_scales.h"
 #include "codecs/pnmix/pnmix_file.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/sha256.h"
 #include "common/version.h"
@@ -181,6 +184,44 @@ void RefereeStore::calibrate_widths(const PlannedRun& r, const CalibrateConfig& 
   ++calibrations_run_;
 }
 
+// vLLM's FP8 per-tensor scales (a tensor_scales kind): the same store, an FP8 scales file instead of a rotation file.
+bool RefereeStore::read_scales(const std::string& data_sha, Rotation& rot) {
+  if (!fs::exists(rot.file)) return false;
+  auto s = std::make_shared<Fp8Scales>(load_fp8_scales(rot.file));
+  check_fp8_scales_fit(*s, data_.fingerprint, model_().config().n_layers);
+  KVQ_CHECK(s->meta.value("calib_sha256", "") == data_sha, "cached FP8 scales file '{}' was calibrated on other data",
+            rot.file);
+  rot.meta = s->meta;
+  rot.reused = true;
+  rot.seconds = s->meta.value("capture_seconds", 0.0);
+  rot.kv_scales = std::move(s);
+  ++calibrations_reused_;
+  say(fmt::format("kvq: referee: reusing cached FP8 scales {}", rot.file));
+  return true;
+}
+
+void RefereeStore::calibrate_scales(const PlannedRun& r, const CalibrateConfig& cc, const json& key, Rotation& rot) {
+  const CalibText text = run_calib_text(cfg_, data_, r);
+  say(fmt::format("kvq: referee: calibrating {} scales on {} ({} tokens of budget {}, chunk {})", r.method.label,
+                  text.file, text.ids.size(), cc.tokens, cc.chunk));
+  const fp8::Format format =
+      codec_traits(r.method.key_type).id == CodecId::kFp8e5m2 ? fp8::Format::kE5m2 : fp8::Format::kE4m3;
+  Fp8Calibration c = calibrate_fp8_scales(model_(), text.ids, cc, format, [&](const char* stage, int done, int total) {
+    say(fmt::format("kvq: calibrate {} {} {}/{}", r.method.label, stage, done, total), true);
+  });
+  json meta = {{"model_fingerprint", data_.fingerprint}, {"calib_data", text.file},
+               {"calib_sha256", text.sha256},           {"calib_tokens", c.tokens_used},
+               {"chunk", cc.chunk},                     {"capture_seconds", c.capture_seconds},
+               {"referee_key", key}};
+  save_fp8_scales(rot.file, c.scales, meta);
+  say(fmt::format("kvq: calibrated {} scales in {:.1f} s", r.method.label, c.capture_seconds));
+  rot.meta = meta;
+  rot.seconds = c.capture_seconds;
+  c.scales.path = rot.file;
+  rot.kv_scales = std::make_shared<Fp8Scales>(std::move(c.scales));
+  ++calibrations_run_;
+}
+
 Rotation RefereeStore::rotation_for(const PlannedRun& r) {
   const RefereeMethod& m = r.method;
   const RefereeRotation& kind = m.rotation_kind();
@@ -205,6 +246,8 @@ Rotation RefereeStore::rotation_for(const PlannedRun& r) {
   }
   if (kind.key_widths) {
     if (!read_widths(data_sha, rot)) calibrate_widths(r, cc, key, rot);
+  } else if (kind.tensor_scales) {
+    if (!read_scales(data_sha, rot)) calibrate_scales(r, cc, key, rot);
   } else if (!read_rotation(cc, data_sha, rot)) {
     calibrate_rotation(r, cc, key, rot);
   }

@@ -26,6 +26,7 @@ namespace kvq {
 struct Rotation {
   std::shared_ptr<const KvTransform> transform;   // null: none
   std::shared_ptr<const PairBitTable> pair_bits;  // PN-Mix key widths (a key_widths kind's calibration); else null
+  std::shared_ptr<const Fp8Scales> kv_scales;     // vLLM's FP8 per-tensor scales (a tensor_scales kind's); else null
   std::string file;                               // rotation file (empty: none / data-free)
   bool reused = false;                            // read from OUT/rotations/ instead of calibrated now
   double seconds = 0;                             // calibration seconds (of the original calibration when reused)
@@ -81,6 +82,8 @@ class RefereeStore {
   void calibrate_rotation(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
   bool read_widths(const std::string& data_sha, Rotation& rot);
   void calibrate_widths(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
+  bool read_scales(const std::string& data_sha, Rotation& rot);
+  void calibrate_scales(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
   bool read_clips(const std::string& file, const nlohmann::json& spec, ClipChoice& out) const;
   double tune_clips(const RefereeMethod& tuned, const RefereeWindows& w, ClipChoice& out, std::string& where);
 
