@@ -65,8 +65,14 @@ RowsView Fp8Codec::rows(const uint8_t* blocks, int n_tokens) const {
 
 void Fp8Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: scores over n_q={} n_tokens={}", name_, n_q, n_tokens);
+  if (!scaled_ && tensor_scale_ != 1.f) {  // one scale for every row: folded into the queries, d products a query
+    thread_local std::vector<float> qs;
+    qs.assign(q, q + size_t(n_q) * d_);
+    for (float& x : qs) x *= tensor_scale_;
+    return kernels_.scores(rows(blocks, n_tokens), qs.data(), n_q, s, size_t(n_tokens));
+  }
   kernels_.scores(rows(blocks, n_tokens), q, n_q, s, size_t(n_tokens));
-  if (!rescales()) return;
+  if (!scaled_) return;
   for (int t = 0; t < n_tokens; ++t) {
     const float f = scale(blocks + size_t(t) * bytes_per_block());
     for (int i = 0; i < n_q; ++i) s[size_t(i) * n_tokens + t] *= f;
@@ -76,6 +82,13 @@ void Fp8Codec::scores(const float* q, int n_q, const uint8_t* blocks, int n_toke
 void Fp8Codec::accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const {
   KVQ_CHECK(n_q >= 1 && n_tokens >= 0, "{}: accumulate over n_q={} n_tokens={}", name_, n_q, n_tokens);
   if (!rescales()) return kernels_.accumulate(rows(blocks, n_tokens), p, size_t(n_tokens), n_q, acc);
+  if (!scaled_) {  // one scale for every row: Σ_t p_t codes_t, then times s once, d products a query
+    thread_local std::vector<float> sum;
+    sum.assign(size_t(n_q) * d_, 0.f);
+    kernels_.accumulate(rows(blocks, n_tokens), p, size_t(n_tokens), n_q, sum.data());
+    for (size_t i = 0; i < sum.size(); ++i) acc[i] += tensor_scale_ * sum[i];
+    return;
+  }
   thread_local std::vector<float> w;  // p with each row's scale folded in
   w.resize(size_t(n_q) * n_tokens);
   for (int t = 0; t < n_tokens; ++t) {

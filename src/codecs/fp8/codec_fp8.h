@@ -29,7 +29,8 @@ class Fp8Codec final : public KvCodec {
   void encode(const float* x, uint8_t* block) const override;
   void decode(const uint8_t* block, float* x) const override;
   // The row kernels of the format (simd.h: each code widened through fp16, where it is exact), then the rows' scales:
-  // once per score, or folded into the weights.
+  // once per score, or folded into the weights; a per-tensor scale is folded into the queries, or multiplies the
+  // weighted sum once.
   void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
   void accumulate(const float* p, int n_q, const uint8_t* blocks, int n_tokens, float* acc) const override;
   float tensor_scale() const { return tensor_scale_; }
