@@ -1027,9 +1027,6 @@ TEST(GpuCacheGeometry, SkippedLayersGetTheBf16InstanceAtTheLayoutsOffsets) {
   EXPECT_EQ(l.page_bytes, 2 * (2 * 128 * 2 * 256 + 2 * 128 * 2 * 36));
 }
 
-}  // namespace
-
-#endif  // KVQ_HAVE_CUDA
 
 // vLLM's per-tensor FP8 scales (--kv-scales) on the GPU: each layer's rows are the CPU cache's fp8(x / s) byte for byte
 // (the division, then the saturating cast: the layer whose maxima are 0.05 saturates most values), and attention reads
@@ -1068,3 +1065,7 @@ TEST(GpuCache, Fp8PerTensorScalesStoreTheCpuBytesAndAttendAtTheirScaleOnBothPath
         EXPECT_LT(nmse(fast, ref), std::max(1e-9, decoded_tile_budget(one, kD))) << what;
       }
 }
+
+}  // namespace
+
+#endif  // KVQ_HAVE_CUDA
