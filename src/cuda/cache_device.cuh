@@ -100,6 +100,9 @@ struct RowScratch {
 //   encode_block(...)                   key blocks: a block of D threads demotes G ring rows (codec_kivi.cuh)
 //   kMaxBlockTokens (key blocks)        most tokens of one key block (the demotion's shared rows)
 //   kTokenScaled (optional, key blocks) true: keys stored divided by ν, which multiplies their scores (codec_oscar.cuh)
+//   kTensorScaled (optional, rows)      true: rows stored as x / s with the layer's per-tensor scale s
+//                                       (CacheGeometry::k_scale / v_scale), demoted by encode_row_scaled(src, dst, s);
+//                                       the kernels multiply what value / values4 / score give by s (codec_fp8.cuh)
 // DeviceCodecOf<id>::type<D> is the codec's key blocks or rows; ::values<D>, when present, its value rows (OScaR's
 // are their own type; KIVI's value specs run under int rows, gpu_instances.h).
 template <CodecId id>
