@@ -93,8 +93,7 @@ void run_pnmix(const CalibrateOptions& o, const Plan& p) {
 // --method fp8-scales: vLLM's per-tensor FP8 scales (calib/fp8_scales.h) for the format of -ctk when it is an FP8 type
 // (fp8_e5m2: e5m2), else e4m3 (vLLM's fp8), written as an FP8 scales file (codecs/fp8/fp8_scales.h).
 void run_fp8_scales(const CalibrateOptions& o, const Plan& p) {
-  const CodecId k = codec_traits(p.cache.k.type).id;
-  const fp8::Format format = k == CodecId::kFp8e5m2 ? fp8::Format::kE5m2 : fp8::Format::kE4m3;
+  const fp8::Format format = fp8::format_of(codec_traits(p.cache.k.type).id);
   const CalibrationText cal = read_calibration_text(o);
   auto model = load_model(o.model, p);
   const Fp8Calibration c = calibrate_fp8_scales(*model, cal.ids, o.calib, format, ProgressBar{});

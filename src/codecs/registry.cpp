@@ -68,7 +68,7 @@ std::unique_ptr<KvCodec> make_tq_value(const CodecSpec& s, SimdLevel level) {
 // vLLM's FP8 caches: e4m3 or e5m2 codes, an fp32 scale per row for the per-token-head row.
 std::unique_ptr<KvCodec> make_fp8(const CodecSpec& s, SimdLevel level) {
   const CodecId id = codec_traits(s.type).id;
-  return std::make_unique<Fp8Codec>(s.type, id == CodecId::kFp8e5m2 ? fp8::Format::kE5m2 : fp8::Format::kE4m3,
+  return std::make_unique<Fp8Codec>(s.type, fp8::format_of(id),
                                     id == CodecId::kFp8PerTokenHead, s.head_dim, level, s.tensor_scale);
 }
 // llama.cpp's cache types: f16 rows; blocks of 32 values (the row's id names the block type).

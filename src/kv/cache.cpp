@@ -165,7 +165,7 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
               w->name, w->n_layers, w->n_kv_heads, w->head_dim, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(!cfg.v.token_scale, "KV cache: value type '{}' with a token scale (only keys take one)", cfg.v.type);
   if (const Fp8Scales* sc = cfg.kv_scales.get()) {
-    const CodecId want = sc->format == fp8::Format::kE4m3 ? CodecId::kFp8e4m3 : CodecId::kFp8e5m2;
+    const CodecId want = fp8::unscaled_row_of(sc->format);
     KVQ_CHECK(codec_traits(cfg.k.type).id == want && codec_traits(cfg.v.type).id == want,
               "KV cache: per-tensor FP8 scales{} ({}) are for an {} cache on both sides (-ctk/-ctv {}), not k={} v={}",
               sc->path.empty() ? "" : " " + sc->path, fp8_format_name(sc->format), fp8_format_name(sc->format),

@@ -92,7 +92,7 @@ namespace {
 bool takes_tensor_scale(const CacheConfig& cfg, const CodecSpec& spec) {
   const Fp8Scales* s = cfg.kv_scales.get();
   if (!s || spec.layer < 0 || spec.layer >= s->n_layers()) return false;
-  return codec_traits(spec.type).id == (s->format == fp8::Format::kE4m3 ? CodecId::kFp8e4m3 : CodecId::kFp8e5m2);
+  return codec_traits(spec.type).id == fp8::unscaled_row_of(s->format);
 }
 
 }  // namespace

@@ -108,20 +108,28 @@ std::string referee_clip_file(const RefereeConfig& cfg, const RefereeData& data,
                                              ".json")).string();
 }
 
+// A cached calibration file read into rot (what: "rotation", "PN-Mix widths", "FP8 scales"): refused when it was
+// calibrated on other data than data_sha, else counted as reused with its metadata and the seconds it took.
+void RefereeStore::take_cached(const char* what, const json& meta, const std::string& data_sha, double seconds,
+                               Rotation& rot) {
+  KVQ_CHECK(meta.value("calib_sha256", "") == data_sha, "cached {} file '{}' was calibrated on other data", what,
+            rot.file);
+  rot.meta = meta;
+  rot.reused = true;
+  rot.seconds = seconds;
+  ++calibrations_reused_;
+  say(fmt::format("kvq: referee: reusing cached {} {}", what, rot.file));
+}
+
 // Reads rot.file when it exists (checked against the model, the grid and the data); false when it does not.
 bool RefereeStore::read_rotation(const CalibrateConfig& cc, const std::string& data_sha, Rotation& rot) {
   if (!fs::exists(rot.file)) return false;
   const ModelConfig& mc = model_().config();
   RotationFile f = load_rotation_file(rot.file);
   check_rotation_fits(f, data_.fingerprint, mc.n_layers, mc.n_kv_heads, mc.head_dim, cc.cache);
-  KVQ_CHECK(f.meta.value("calib_sha256", "") == data_sha, "cached rotation file '{}' was calibrated on other data",
-            rot.file);
+  take_cached("rotation", f.meta, data_sha,
+              f.meta.value("capture_seconds", 0.0) + f.meta.value("optimise_seconds", 0.0), rot);
   rot.transform = std::make_shared<KvTransform>(std::move(f.transform));
-  rot.meta = f.meta;
-  rot.reused = true;
-  rot.seconds = f.meta.value("capture_seconds", 0.0) + f.meta.value("optimise_seconds", 0.0);
-  ++calibrations_reused_;
-  say(fmt::format("kvq: referee: reusing cached rotation {}", rot.file));
   return true;
 }
 
@@ -154,14 +162,8 @@ bool RefereeStore::read_widths(const std::string& data_sha, Rotation& rot) {
   const ModelConfig& mc = model_().config();
   PnmixFile f = load_pnmix_file(rot.file);
   check_pnmix_fits(f, data_.fingerprint, mc.n_layers, mc.n_kv_heads, mc.head_dim);
-  KVQ_CHECK(f.meta.value("calib_sha256", "") == data_sha, "cached PN-Mix file '{}' was calibrated on other data",
-            rot.file);
+  take_cached("PN-Mix widths", f.meta, data_sha, f.meta.value("capture_seconds", 0.0), rot);
   rot.pair_bits = std::make_shared<PairBitTable>(std::move(f.table));
-  rot.meta = f.meta;
-  rot.reused = true;
-  rot.seconds = f.meta.value("capture_seconds", 0.0);
-  ++calibrations_reused_;
-  say(fmt::format("kvq: referee: reusing cached PN-Mix widths {}", rot.file));
   return true;
 }
 
@@ -189,14 +191,8 @@ bool RefereeStore::read_scales(const std::string& data_sha, Rotation& rot) {
   if (!fs::exists(rot.file)) return false;
   auto s = std::make_shared<Fp8Scales>(load_fp8_scales(rot.file));
   check_fp8_scales_fit(*s, data_.fingerprint, model_().config().n_layers);
-  KVQ_CHECK(s->meta.value("calib_sha256", "") == data_sha, "cached FP8 scales file '{}' was calibrated on other data",
-            rot.file);
-  rot.meta = s->meta;
-  rot.reused = true;
-  rot.seconds = s->meta.value("capture_seconds", 0.0);
+  take_cached("FP8 scales", s->meta, data_sha, s->meta.value("capture_seconds", 0.0), rot);
   rot.kv_scales = std::move(s);
-  ++calibrations_reused_;
-  say(fmt::format("kvq: referee: reusing cached FP8 scales {}", rot.file));
   return true;
 }
 
@@ -204,8 +200,7 @@ void RefereeStore::calibrate_scales(const PlannedRun& r, const CalibrateConfig& 
   const CalibText text = run_calib_text(cfg_, data_, r);
   say(fmt::format("kvq: referee: calibrating {} scales on {} ({} tokens of budget {}, chunk {})", r.method.label,
                   text.file, text.ids.size(), cc.tokens, cc.chunk));
-  const fp8::Format format =
-      codec_traits(r.method.key_type).id == CodecId::kFp8e5m2 ? fp8::Format::kE5m2 : fp8::Format::kE4m3;
+  const fp8::Format format = fp8::format_of(codec_traits(r.method.key_type).id);
   Fp8Calibration c = calibrate_fp8_scales(model_(), text.ids, cc, format, [&](const char* stage, int done, int total) {
     say(fmt::format("kvq: calibrate {} {} {}/{}", r.method.label, stage, done, total), true);
   });

@@ -78,6 +78,8 @@ class RefereeStore {
 
  private:
   void say(const std::string& s, bool transient = false) const { log_(s, transient); }
+  void take_cached(const char* what, const nlohmann::json& meta, const std::string& data_sha, double seconds,
+                   Rotation& rot);
   bool read_rotation(const CalibrateConfig& cc, const std::string& data_sha, Rotation& rot);
   void calibrate_rotation(const PlannedRun& r, const CalibrateConfig& cc, const nlohmann::json& key, Rotation& rot);
   bool read_widths(const std::string& data_sha, Rotation& rot);

@@ -20,11 +20,19 @@
 
 #include <stdint.h>
 
+#include "codecs/codec_id.h"
 #include "common/hd.h"
 
 namespace kvq::fp8 {
 
 enum class Format : uint8_t { kE4m3, kE5m2 };
+
+// The element format of an FP8 codec (fp8e5m2: e5m2; fp8e4m3 and fp8_per_token_head: e4m3), and the codec whose
+// unscaled rows a per-tensor scale of a format applies to (fp8e4m3, fp8e5m2: codecs/fp8/fp8_scales.h).
+KVQ_HD constexpr Format format_of(CodecId id) { return id == CodecId::kFp8e5m2 ? Format::kE5m2 : Format::kE4m3; }
+KVQ_HD constexpr CodecId unscaled_row_of(Format f) {
+  return f == Format::kE4m3 ? CodecId::kFp8e4m3 : CodecId::kFp8e5m2;
+}
 
 // --- Elements (header comment: round to nearest even, saturating, NaN -> 0x7f).
 

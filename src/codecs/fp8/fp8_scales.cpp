@@ -58,15 +58,15 @@ Fp8Scales load_fp8_scales(const std::string& path) {
   const auto it = f->metadata().find(kMetaKey);
   KVQ_CHECK(it != f->metadata().end(), "{}: not a kvq FP8 scales file (no '{}' metadata; kvq calibrate --method "
             "fp8-scales writes one)", path, kMetaKey);
-  Fp8Scales out;
+  nlohmann::json meta;
   int L = 0;
   std::string format;
   try {
-    out.meta = nlohmann::json::parse(it->second);
-    L = out.meta.at("n_layers").get<int>();
-    format = out.meta.at("format").get<std::string>();
-    KVQ_CHECK(out.meta.at("method").get<std::string>() == "fp8-scales", "{}: method '{}' is not fp8-scales", path,
-              out.meta.at("method").get<std::string>());
+    meta = nlohmann::json::parse(it->second);
+    L = meta.at("n_layers").get<int>();
+    format = meta.at("format").get<std::string>();
+    KVQ_CHECK(meta.at("method").get<std::string>() == "fp8-scales", "{}: method '{}' is not fp8-scales", path,
+              meta.at("method").get<std::string>());
   } catch (const nlohmann::json::exception& e) {
     KVQ_FAIL("{}: FP8 scales metadata is not valid ({})", path, e.what());
   }
@@ -81,12 +81,9 @@ Fp8Scales load_fp8_scales(const std::string& path) {
     v[i].resize(size_t(L));
     to_f32(TensorRef{&info, f->data(info)}, v[i].data());
   }
+  Fp8Scales out;
   try {
-    out = [&] {
-      Fp8Scales s = Fp8Scales::from_amax(fmt, v[0], v[1]);
-      s.meta = std::move(out.meta);
-      return s;
-    }();
+    out = Fp8Scales::from_amax(fmt, v[0], v[1]);
   } catch (const Error& e) {
     KVQ_FAIL("{}: {} (corrupt)", path, e.what());
   }
@@ -94,6 +91,7 @@ Fp8Scales load_fp8_scales(const std::string& path) {
     KVQ_CHECK(v[2][size_t(l)] == out.k_scale[size_t(l)] && v[3][size_t(l)] == out.v_scale[size_t(l)],
               "{}: layer {}'s scales {} / {} are not its maxima / {} ({} / {}; corrupt)", path, l, v[2][size_t(l)],
               v[3][size_t(l)], fp8_max(fmt), out.k_scale[size_t(l)], out.v_scale[size_t(l)]);
+  out.meta = std::move(meta);
   out.path = path;
   return out;
 }
