@@ -268,13 +268,14 @@ TEST(Scheduler, PreemptionCompletesEveryRequestWithTheUnpreemptedOutput) {
   const std::vector<Result> alone = run_alone(js);
   const ModelConfig& mc = ref_model().config();
   const CacheLayout l = cache_layout(small_cache(), mc.n_layers, mc.n_kv_heads, mc.head_dim);
-  // Four slots, and pages for one sequence of the whole context: the requests cannot all grow at once.
+  // Four slots, and pages for four sequences' windows and one sequence of the whole context: the requests cannot all
+  // grow at once.
   const int pages = l.pages_for(kCtx);
   int need = 0;
   for (const Job& j : js) need += l.pages_for(int(j.prompt.size()) + j.params.max_tokens - 1);
   ASSERT_GT(need, pages);
-  CpuRunner r(ref_model(), small_cache(), kCtx, 4, size_t(4 * l.window_bytes() + pages * l.page_bytes));
-  ASSERT_EQ(r.page_pool().n_pages(), pages);
+  CpuRunner r(ref_model(), small_cache(), kCtx, 4, size_t(4 * l.window_pages() + pages) * size_t(l.page_bytes));
+  ASSERT_EQ(r.page_pool().n_pages(), 4 * l.window_pages() + pages);
   int64_t preemptions = 0;
   const std::vector<Result> res = run_all(r, js, {}, nullptr, nullptr, &preemptions);
   EXPECT_GT(preemptions, 0);
@@ -290,12 +291,13 @@ TEST(Scheduler, AdmissionWaitsForPagesAndSlots) {
   const CacheLayout l = cache_layout(small_cache(), mc.n_layers, mc.n_kv_heads, mc.head_dim);
   const std::vector<int32_t> prompt(40, 11);  // 40 tokens: pages_for(41) = 4 pages of the quantized region
   ASSERT_EQ(l.pages_for(41), 4);
-  CpuRunner r(ref_model(), small_cache(), 64, 3, size_t(3 * l.window_bytes() + 7 * l.page_bytes));
+  // Two sequences' windows and 7 pages: a request takes its windows and 4 pages, so the second waits.
+  CpuRunner r(ref_model(), small_cache(), 64, 3, size_t(2 * l.window_pages() + 7) * size_t(l.page_bytes));
   Scheduler s(r);
   for (int i = 0; i < 3; ++i) s.add(std::make_unique<Generation>(prompt, greedy(2), nullptr));
   StepInfo info;
   s.step(&info);
-  EXPECT_EQ(info.admitted, 1);  // 4 + 4 pages do not fit in 7: the second waits
+  EXPECT_EQ(info.admitted, 1);
   EXPECT_EQ(s.n_running(), 1);
   EXPECT_EQ(s.n_waiting(), 2);
   int finished = 0;
@@ -401,7 +403,7 @@ TEST(Scheduler, AChoiceWithoutRoomAtTheForkIsRecomputedWithTheSameTokens) {
   // Pages for one sequence of the whole context: the leader holds most of them at the fork.
   const int pages = l.pages_for(kCtx);
   ASSERT_GT(2 * l.pages_for(int(js[0].prompt.size())), pages);
-  CpuRunner r(ref_model(), small_cache(), kCtx, 3, size_t(3 * l.window_bytes() + pages * l.page_bytes));
+  CpuRunner r(ref_model(), small_cache(), kCtx, 3, size_t(3 * l.window_pages() + pages) * size_t(l.page_bytes));
   int64_t rows = 0, preemptions = 0;
   const std::vector<Result> res = run_group(r, js, &rows, &preemptions);
   EXPECT_GT(preemptions, 0);

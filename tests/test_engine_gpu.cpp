@@ -99,7 +99,7 @@ TEST(EngineGpu, SchedulerCompletesConcurrentRequestsThroughATightPool) {
   const CacheLayout l = cache_layout(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim);
   const int ctx = 128, seqs = 6;
   GpuModel g(m, cc, ctx, seqs, cuda::GemmPrecision::Bf16,
-             size_t(seqs) * size_t(l.window_bytes()) + size_t(l.pages_for(ctx)) * size_t(l.page_bytes));
+             size_t(seqs * l.window_pages() + l.pages_for(ctx)) * size_t(l.page_bytes));
   Scheduler s(g);
   GenerateParams p;
   p.sampler.temperature = 0;

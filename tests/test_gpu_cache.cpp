@@ -18,6 +18,8 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "attention/attention.h"
 #include "codecs/fp8/fp8_scales.h"
 #include "codecs/registry.h"
@@ -492,8 +494,9 @@ TEST(GpuCache, ExhaustedPoolRefusesTheStepBeforeAnythingChanges) {
   REQUIRE_GPU();
   const CacheConfig cfg = config("int2", 128, 16, 64, 256);
   const CacheLayout l = cache_layout(cfg, 1, 2, kD);
-  cuda::GpuKvCache c(cfg, 1, 2, kD, 1000, 2, size_t(2 * l.window_bytes() + 9 * l.page_bytes));
-  EXPECT_EQ(c.pool().n_pages(), 9);
+  const int windows = 2 * l.window_pages();  // two sequences' windows, then 9 pages for their tokens
+  cuda::GpuKvCache c(cfg, 1, 2, kD, 1000, 2, size_t(windows + 9) * size_t(l.page_bytes));
+  EXPECT_EQ(c.pool().n_pages(), windows + 9);
   const int a = c.new_sequence(), b = c.new_sequence();
   for (int s : {a, b})
     for (int i = 0; i < 2; ++i) {  // 512 tokens: 4 pages each
@@ -506,7 +509,8 @@ TEST(GpuCache, ExhaustedPoolRefusesTheStepBeforeAnythingChanges) {
     c.begin_step({a, b}, {256, 256});  // 2 more pages each
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("page pool exhausted: sequences 0, 1 need 4 more pages, 1 free of 9"),
+    EXPECT_NE(std::string(e.what()).find(fmt::format("page pool exhausted: sequences 0, 1 need 4 more pages, 1 free "
+                                                     "of {}", windows + 9)),
               std::string::npos)
         << e.what();
   }
@@ -887,9 +891,12 @@ TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {
     EXPECT_EQ(size_t(g.v_row), vc.bytes_per_block()) << what;
     EXPECT_EQ(size_t(g.k_region), size_t(cfg.page_tokens / kc.tokens_per_block()) * kc.bytes_per_block()) << what;
     EXPECT_EQ(size_t(g.head_bytes), size_t(g.k_region) + size_t(cfg.page_tokens) * vc.bytes_per_block()) << what;
-    // The CPU's allocation counted from the same sizes: pages, then sinks and rings of bf16 rows.
+    // The CPU's allocation counted from the same sizes: pages, and the pages that hold the sinks and rings of bf16
+    // rows.
     const size_t windows = size_t(kLayers) * 2 * kKv * size_t(c.sink + g.ring_tokens) * kD * 2;
-    EXPECT_EQ(cpu.bytes_allocated(), size_t(g.pages_per_seq) * size_t(g.page_bytes) + windows) << what;
+    EXPECT_EQ(size_t(cpu.layout().window_bytes()), windows) << what;
+    EXPECT_EQ(cpu.bytes_allocated(), size_t(g.pages_per_seq + cpu.layout().window_pages()) * size_t(g.page_bytes))
+        << what;
     // The device's KIVI block reads (kivi_values4) need 4-byte aligned blocks and code rows.
     EXPECT_EQ(g.k_block % 4, 0) << what;
     EXPECT_EQ(g.head_bytes % 4, 0) << what;
@@ -1002,7 +1009,9 @@ TEST(GpuCacheGeometry, HeadDimsTakeTheirInstanceRowAndTheCpuSizes) {
     EXPECT_EQ(g.head_bytes % 4, 0) << what;
     const KvCache cpu(cfg, kLayers, kKv, c.d, kCtx, 1);
     const size_t windows = size_t(kLayers) * 2 * kKv * size_t(16 + g.ring_tokens) * size_t(c.d) * 2;
-    EXPECT_EQ(cpu.bytes_allocated(), size_t(g.pages_per_seq) * size_t(g.page_bytes) + windows) << what;
+    EXPECT_EQ(size_t(cpu.layout().window_bytes()), windows) << what;
+    EXPECT_EQ(cpu.bytes_allocated(), size_t(g.pages_per_seq + cpu.layout().window_pages()) * size_t(g.page_bytes))
+        << what;
   }
 }
 

@@ -309,10 +309,10 @@ TEST(Kv4rl, CountedBytesAreTheStoredBytesAgainstTheFormula) {
   // Short sequences: the sinks hold no body rows; recent tokens do.
   EXPECT_DOUBLE_EQ(l.footprint(40).bits_per_element, 8.25);
   EXPECT_DOUBLE_EQ(l.footprint(100).bits_per_element, (64 * 8.25 + 36 * (8.25 + 4.25)) / 100);
-  // The pool allocates what the layout says: pages and every slot's windows.
+  // The pool allocates what the layout says: pages, two sequences' windows among them.
   const KvCache cache(ci, n_layers, n_kv, kD, 4096, 2);
-  EXPECT_EQ(cache.bytes_allocated(),
-            size_t(cache.pool().n_pages()) * size_t(l.page_bytes) + 2 * size_t(l.window_bytes()));
+  EXPECT_EQ(cache.pool().n_pages(), 2 * (l.pages_per_seq(4096) + l.window_pages()));
+  EXPECT_EQ(cache.bytes_allocated(), size_t(cache.pool().n_pages()) * size_t(l.page_bytes));
 }
 
 // Demotion from the BF16 value encodes a row at a time: body codecs with blocks of tokens, or token-scaled keys, are

@@ -88,20 +88,23 @@ CacheFootprint footprint_before_layout(const KvCache& c, int n) {
   return {total / n, 8.0 * total / (double(n) * elems), 8.0 * quant_bytes / elems};
 }
 
-// KvCache::bytes_allocated as it was written before the pool: max_seqs x (pages at max_ctx + sinks + ring).
-size_t bytes_before_pool(const KvCache& c, int max_seqs) {
+// A sequence's windows as KvCache allocated them before the pool held them: sinks + ring (+ the ring's body rows).
+size_t windows_before_pool(const KvCache& c) {
+  const CacheConfig& cfg = c.config();
+  const KvCodec &k = c.k_codec(), &v = c.v_codec();
+  const size_t ring = size_t(cfg.recent + c.block_tokens() + cfg.max_chunk);
+  const size_t body_row = window_quantized(cfg) ? k.bytes_per_block() + v.bytes_per_block() : 0;  // per-token rows
+  return size_t(c.n_layers()) * 2 * c.n_kv_heads() * (cfg.sink + ring) * c.window_codec().bytes_per_block() +
+         size_t(c.n_layers()) * c.n_kv_heads() * ring * body_row;
+}
+
+// KvCache's pages as written before the layout: max_ctx's pages of one sequence.
+size_t pages_before_layout(const KvCache& c) {
   const CacheConfig& cfg = c.config();
   const KvCodec &k = c.k_codec(), &v = c.v_codec();
   const size_t P = size_t(cfg.page_tokens);
   const size_t head = P / k.tokens_per_block() * k.bytes_per_block() + P / v.tokens_per_block() * v.bytes_per_block();
-  const size_t page = head * c.n_layers() * c.n_kv_heads();
-  const size_t pages_per_seq = (std::max(0, c.max_ctx() - cfg.sink) + P - 1) / P;
-  const size_t ring = size_t(cfg.recent + c.block_tokens() + cfg.max_chunk);
-  const size_t body_row = window_quantized(cfg) ? k.bytes_per_block() + v.bytes_per_block() : 0;  // per-token rows
-  const size_t windows =
-      size_t(c.n_layers()) * 2 * c.n_kv_heads() * (cfg.sink + ring) * c.window_codec().bytes_per_block() +
-      size_t(c.n_layers()) * c.n_kv_heads() * ring * body_row;
-  return (pages_per_seq * page + windows) * max_seqs;
+  return (std::max(0, c.max_ctx() - cfg.sink) + P - 1) / P * head * c.n_layers() * c.n_kv_heads();
 }
 
 }  // namespace
@@ -117,9 +120,11 @@ TEST(CacheLayout, SizesQuantEndAndPagesForByHand) {
   EXPECT_EQ(l.sink_bytes(), 2 * 2 * 1 * 4 * 64);
   EXPECT_EQ(l.ring_bytes(), 2 * 2 * 1 * 25 * 64);
   EXPECT_EQ(l.window_bytes(), 2 * 2 * 29 * 64);
+  EXPECT_EQ(l.window_pages(), 4);  // 7424 bytes in pages of 2048
+  EXPECT_EQ(l.window_offset(5), 5 * 2048);
   for (int n : {0, 1, 12, 13, 28, 29, 44, 45, 100}) {
     EXPECT_EQ(l.pages_for(n), (std::max(0, n - 12) + 15) / 16) << n;
-    EXPECT_EQ(l.sequence_bytes(n), l.window_bytes() + l.pages_for(n) * l.page_bytes) << n;
+    EXPECT_EQ(l.sequence_bytes(n), (4 + l.pages_for(n)) * l.page_bytes) << n;
   }
   EXPECT_EQ(l.pages_per_seq(100), (100 - 4 + 15) / 16);
   EXPECT_EQ(l.pages_per_seq(3), 0);
@@ -145,7 +150,14 @@ TEST(CacheLayout, FootprintAndAllocationEqualKvCacheBeforeTheLayoutOnSeveralConf
     const CacheLayout& l = c.layout();
     EXPECT_EQ(l.block_tokens, c.block_tokens()) << what;
     EXPECT_EQ(size_t(l.window_row), c.window_codec().bytes_per_block()) << what;
-    EXPECT_EQ(c.bytes_allocated(), bytes_before_pool(c, 2)) << what;
+    // Two sequences: each one's pages at max_ctx and its windows, in whole pages from an aligned start.
+    EXPECT_EQ(size_t(l.window_bytes()), windows_before_pool(c)) << what;
+    EXPECT_EQ(size_t(l.pages_per_seq(3000) * l.page_bytes), pages_before_layout(c)) << what;
+    EXPECT_EQ(c.bytes_allocated(), size_t(2 * (l.pages_per_seq(3000) + l.window_pages())) * size_t(l.page_bytes))
+        << what;
+    const int64_t pad = l.page_bytes % CacheLayout::kWindowAlign == 0 ? 0 : CacheLayout::kWindowAlign - 1;
+    EXPECT_GE(l.window_pages() * l.page_bytes, l.window_bytes() + pad) << what;
+    EXPECT_LT((l.window_pages() - 1) * l.page_bytes, l.window_bytes() + pad) << what;
     const CacheLayout built = cache_layout(cfg, 3, 2, 128);  // the form that builds its own codecs (GPU cache)
     EXPECT_EQ(built.page_bytes, l.page_bytes) << what;
     EXPECT_EQ(built.window_bytes(), l.window_bytes()) << what;
@@ -243,11 +255,15 @@ TEST(CacheLayout, DemotionBlockThatIsNotAPositiveMultipleOfTheCodecBlockIsOneErr
 }
 
 TEST(PagePool, ReserveTakesPagesInOrderAndFreeReturnsThemForReuse) {
-  PagePool p(small_layout(), 100, {2, 5});
+  // Two slots; each sequence's windows take 4 pages from the top, its tokens' pages come from the bottom.
+  PagePool p(small_layout(), 100, {2, 5 + 2 * 4});
   EXPECT_EQ(p.table_width(), small_layout().pages_per_seq(100));
   const int a = p.open(), b = p.open();
   EXPECT_EQ(a, 0);
   EXPECT_EQ(b, 1);
+  EXPECT_EQ(p.window_offset(a), 9 * 2048);  // pages 9 .. 12
+  EXPECT_EQ(p.window_offset(b), 5 * 2048);  // pages 5 .. 8
+  EXPECT_EQ(p.used_pages(), 8);
   EXPECT_EQ(error_of([&] { p.open(); }), "KV cache: all 2 sequence slots are in use");
   grow(p, a, 12);  // all in the windows
   EXPECT_EQ(p.pages(a), 0);
@@ -263,22 +279,25 @@ TEST(PagePool, ReserveTakesPagesInOrderAndFreeReturnsThemForReuse) {
   EXPECT_EQ(p.page(a, 2), 4);
   EXPECT_EQ(p.free_pages(), 0);
   EXPECT_EQ(p.table()[size_t(a) * p.table_width() + 3], -1);
-  // Free b: its pages come back and are taken again in block-table order.
+  // Free b: its pages and windows come back and are taken again in the same order.
   p.close(b);
   EXPECT_FALSE(p.live(b));
-  EXPECT_EQ(p.free_pages(), 2);
+  EXPECT_EQ(p.free_pages(), 2 + 4);
+  EXPECT_EQ(p.window_offsets()[size_t(b)], -1);
   EXPECT_EQ(p.table()[size_t(b) * p.table_width()], -1);
   const int c = p.open();
   EXPECT_EQ(c, b);  // the lowest free slot
   EXPECT_EQ(p.length(c), 0);
+  EXPECT_EQ(p.window_offset(c), 5 * 2048);
   grow(p, c, 29);
   EXPECT_EQ(p.page(c, 0), 1);
   EXPECT_EQ(p.page(c, 1), 2);
   EXPECT_EQ(error_of([&] { p.close(5); }), "KV cache: sequence 5 is not live");
+  EXPECT_EQ(error_of([&] { p.window_offset(5); }), "KV cache: sequence 5 is not live");
 }
 
 TEST(PagePool, ExhaustedPoolNamesTheSequenceAndChangesNothing) {
-  PagePool p(small_layout(), 100, {3, 3});
+  PagePool p(small_layout(), 100, {3, 3 + 3 * 4});
   const int a = p.open(), b = p.open(), c = p.open();
   grow(p, a, 13);  // page 0
   grow(p, b, 13);  // page 1
@@ -288,13 +307,13 @@ TEST(PagePool, ExhaustedPoolNamesTheSequenceAndChangesNothing) {
   // whole, nothing taken.
   EXPECT_EQ(p.pages_short(a, 29), 1);
   EXPECT_EQ(error_of([&] { p.reserve(std::vector<int>{a, b}, std::vector<int>{16, 16}); }),
-            "KV cache: page pool exhausted: sequences 0, 1 need 2 more pages, 1 free of 3 (0.0 MiB)");
+            "KV cache: page pool exhausted: sequences 0, 1 need 2 more pages, 1 free of 15 (0.0 MiB)");
   EXPECT_EQ(state(p), before);
   grow(p, c, 28);  // takes page 2
   EXPECT_EQ(p.page(c, 0), 2);
   const PoolState full = state(p);
   EXPECT_EQ(error_of([&] { p.reserve(a, 16); }),
-            "KV cache: page pool exhausted: sequence 0 needs 1 more page, 0 free of 3 (0.0 MiB)");
+            "KV cache: page pool exhausted: sequence 0 needs 1 more page, 0 free of 15 (0.0 MiB)");
   EXPECT_EQ(state(p), full);
   // The other refusals, also before any change.
   EXPECT_EQ(error_of([&] { p.reserve(a, 17); }), "KV cache: chunk of 17 tokens exceeds the ring's chunk size 16");
@@ -305,54 +324,110 @@ TEST(PagePool, ExhaustedPoolNamesTheSequenceAndChangesNothing) {
             "KV cache: sequence 1 appears twice in one reserve");
   p.close(b);
   EXPECT_EQ(error_of([&] { p.reserve(b, 1); }), "KV cache: sequence 1 is not live");
-  EXPECT_EQ(p.free_pages(), 1);
+  EXPECT_EQ(p.free_pages(), 1 + 4);
 }
 
 TEST(PagePool, AdmissionArithmeticInPagesAndBytes) {
   const CacheLayout l = small_layout();
-  PagePool p(l, 100, {3, 10});
-  EXPECT_EQ(p.bytes(), size_t(10 * l.page_bytes + 3 * l.window_bytes()));
+  PagePool p(l, 100, {3, 22});
+  EXPECT_EQ(p.bytes(), size_t(22 * l.page_bytes));
   EXPECT_EQ(p.used_bytes(), 0u);
-  EXPECT_EQ(p.sequences_at(100), 1);  // 6 pages each, 10 pages
-  EXPECT_EQ(p.sequences_at(44), 3);   // 2 pages each, but 3 slots
-  EXPECT_EQ(p.sequences_at(10), 3);   // no pages at all
+  EXPECT_EQ(p.sequences_at(100), 2);  // 4 + 6 pages each, 22 pages
+  EXPECT_EQ(p.sequences_at(44), 3);   // 4 + 2 pages each, but 3 slots
+  EXPECT_EQ(p.sequences_at(10), 3);   // windows only
   EXPECT_TRUE(p.can_admit(100));
   EXPECT_FALSE(p.can_admit(101));     // past max_ctx
   const int a = p.open();
   grow(p, a, 92);                     // 5 pages
-  EXPECT_EQ(p.used_pages(), 5);
+  EXPECT_EQ(p.used_pages(), 4 + 5);
   EXPECT_EQ(p.pages_short(a, 100), 1);
-  EXPECT_EQ(p.used_bytes(), size_t(5 * l.page_bytes + l.window_bytes()));
+  EXPECT_EQ(p.used_bytes(), size_t(9 * l.page_bytes));
   EXPECT_EQ(p.free_bytes(), p.bytes() - p.used_bytes());
-  EXPECT_FALSE(p.can_admit(100));     // 6 pages, 5 free
-  EXPECT_TRUE(p.can_admit(92));
-  const int b = p.open(), c = p.open();
+  EXPECT_TRUE(p.can_admit(100));      // 10 pages, 13 free
+  const int b = p.open();
+  grow(p, b, 44);                     // 2 pages: 7 free
+  EXPECT_FALSE(p.can_admit(100));     // 10 pages
+  EXPECT_TRUE(p.can_admit(28));       // 4 + 1
+  EXPECT_TRUE(p.can_open());
+  const int c = p.open();
   EXPECT_EQ(p.n_live(), 3);
-  EXPECT_FALSE(p.can_admit(1));       // no slot left
+  EXPECT_FALSE(p.can_open());         // no slot left
+  EXPECT_FALSE(p.can_admit(1));
   p.close(b);
   p.close(c);
   EXPECT_TRUE(p.can_admit(1));
+}
+
+// Slots cost nothing: the sequences that run are the ones whose windows and pages the pool holds. A window needs its
+// pages in a row: pages that cached prefixes keep (counted free) can leave enough free pages but no run of them.
+TEST(PagePool, WindowsComeFromThePagesAndNeedThemInARow) {
+  const CacheLayout l = small_layout();
+  PagePool p(l, 100, {8, 10});
+  EXPECT_EQ(p.sequences_at(13), 2);  // 4 + 1 pages each
+  const int a = p.open(), b = p.open();
+  EXPECT_EQ(p.window_offset(a), 6 * 2048);
+  EXPECT_EQ(p.window_offset(b), 2 * 2048);
+  EXPECT_FALSE(p.can_open());  // 2 free pages, 6 slots
+  EXPECT_EQ(error_of([&] { p.open(); }),
+            "KV cache: page pool exhausted: a sequence's windows need 4 pages in a row (0.0 MiB), 2 free of 10");
+  p.close(a);
+  EXPECT_TRUE(p.can_open());
+  p.close(b);
+  // A sequence holds pages 0 .. 2 and leaves page 1 to a cached prefix; the next takes 0 and 2 again.
+  const int c = p.open();
+  grow(p, c, 45);
+  EXPECT_EQ(p.page(c, 1), 1);
+  p.cache_ref(1, 1);
+  p.close(c);
+  const int d = p.open();
+  grow(p, d, 29);
+  EXPECT_EQ(p.page(d, 0), 0);
+  EXPECT_EQ(p.page(d, 1), 2);
+  // Free: 3, 4, 5, and page 1 held by the cache only: four, but no four in a row.
+  EXPECT_EQ(p.free_pages(), 4);
+  EXPECT_FALSE(p.can_open());
+  EXPECT_FALSE(p.can_admit(1));
+  EXPECT_EQ(error_of([&] { p.open(); }), "KV cache: page pool exhausted: a sequence's windows need 4 pages in a row "
+                                         "(0.0 MiB), 4 free of 10 but not in a row");
+}
+
+// Windows start at a 256-byte boundary whatever the page size: the run leaves room for the padding.
+TEST(PagePool, WindowsStartAlignedWhenPagesAreNot) {
+  const CacheLayout odd = make_cache_layout(1, 1, 32, 4, 8, 16, 16, {1, 41}, {1, 24}, 64);  // pages of 1040 bytes
+  ASSERT_EQ(odd.page_bytes, 1040);
+  EXPECT_EQ(odd.window_pages(), (odd.window_bytes() + 255 + 1039) / 1040);
+  PagePool p(odd, 100, {3, 3 * odd.sequence_pages(100)});
+  for (int i = 0; i < 3; ++i) {
+    const int s = p.open();
+    const int64_t at = p.window_offset(s);
+    EXPECT_EQ(at % 256, 0) << s;
+    const int first = int(p.bytes() / 1040) - (s + 1) * odd.window_pages();  // runs from the top down
+    EXPECT_GE(at, int64_t(first) * 1040) << s;
+    EXPECT_LE(at + odd.window_bytes(), int64_t(first + odd.window_pages()) * 1040) << s;
+  }
 }
 
 TEST(PagePool, SizedFromABudgetOrForSequences) {
   const CacheLayout l = small_layout();
   const PagePool::Size today = PagePool::for_sequences(l, 100, 4);
   EXPECT_EQ(today.n_slots, 4);
-  EXPECT_EQ(today.n_pages, 4 * l.pages_per_seq(100));
-  // A budget of 2 slots' windows and 7.5 pages: 7 pages.
-  const size_t budget = size_t(2 * l.window_bytes() + 7 * l.page_bytes + l.page_bytes / 2);
+  EXPECT_EQ(today.n_pages, 4 * (l.pages_per_seq(100) + l.window_pages()));
+  // A budget of 15.5 pages: 15 pages, whichever slots they serve.
+  const size_t budget = size_t(15 * l.page_bytes + l.page_bytes / 2);
   const PagePool::Size s = PagePool::for_budget(l, 100, 2, budget);
   EXPECT_EQ(s.n_slots, 2);
-  EXPECT_EQ(s.n_pages, 7);
-  // Slots from the budget: sequences of 100 tokens (6 pages + windows each).
+  EXPECT_EQ(s.n_pages, 15);
+  EXPECT_EQ(PagePool::for_budget(l, 100, 8, budget).n_pages, 15);
+  // Slots from the budget: sequences of 100 tokens (4 + 6 pages each).
   const PagePool::Size aut = PagePool::for_budget(l, 100, 0, budget);
   EXPECT_EQ(aut.n_slots, int(budget / size_t(l.sequence_bytes(100))));
+  EXPECT_EQ(aut.n_slots, 1);
   // An ample budget gives no more than max_seqs sequences of max_ctx need.
   EXPECT_EQ(PagePool::for_budget(l, 100, 4, size_t(1) << 30).n_pages, today.n_pages);
-  // Too small for the windows and one sequence of max_ctx: one error naming both.
-  EXPECT_EQ(error_of([&] { PagePool::for_budget(l, 100, 2, size_t(2 * l.window_bytes() + 5 * l.page_bytes)); }),
-            "KV cache: a budget of 0.0 MiB does not hold the windows of 2 sequence slots (0.0 MiB) and the pages of "
-            "one sequence of 100 tokens (6 x 0.00 MiB)");
+  // Too small for one sequence of max_ctx: one error naming its windows and pages.
+  EXPECT_EQ(error_of([&] { PagePool::for_budget(l, 100, 2, size_t(9 * l.page_bytes)); }),
+            "KV cache: a budget of 0.0 MiB does not hold one sequence of 100 tokens (10 pages of 0.00 MiB: 4 for its "
+            "windows, 6 for its tokens)");
 }
 
 // A cache sized in bytes holds exactly floor(budget / (windows + pages of one sequence)) sequences at a context,
@@ -397,12 +472,13 @@ TEST(KvCacheBudget, FixedSlotsRunOutOfPagesWithOneClearErrorAndNothingChanged) {
   const CacheConfig cfg = config("int2", "int2", 128, "bf16", 16, 64, 32, 64);
   const CacheLayout l = cache_layout(cfg, 2, 2, 128);
   const int ctx = 400;  // 10 pages each
-  const size_t budget = size_t(4 * l.window_bytes() + 25 * l.page_bytes);
+  const int w = l.window_pages(), n_pages = 3 * w + 25;  // three sequences' windows and 25 pages for tokens
+  const size_t budget = size_t(n_pages) * size_t(l.page_bytes);
   KvCache c(cfg, 2, 2, 128, ctx, 4, budget);
   EXPECT_EQ(c.max_seqs(), 4);
-  EXPECT_EQ(c.pool().n_pages(), 25);
+  EXPECT_EQ(c.pool().n_pages(), n_pages);
   EXPECT_EQ(c.bytes_allocated(), budget);
-  EXPECT_EQ(c.pool().sequences_at(ctx), 2);
+  EXPECT_EQ(c.pool().sequences_at(ctx), n_pages / (w + 10));
   std::vector<int> seqs;
   for (int i = 0; i < 3; ++i) seqs.push_back(c.new_sequence());
   auto fill = [&](int seq, int to) {
@@ -418,11 +494,11 @@ TEST(KvCacheBudget, FixedSlotsRunOutOfPagesWithOneClearErrorAndNothingChanged) {
   EXPECT_EQ(c.pool().free_pages(), 0);
   const int len = c.length(seqs[2]), pages = c.pool().pages(seqs[2]);
   EXPECT_EQ(error_of([&] { c.reserve(seqs[2], 1); }),
-            fmt::format("KV cache: page pool exhausted: sequence 2 needs 1 more page, 0 free of 25 ({:.1f} MiB)",
-                        25.0 * double(l.page_bytes) / double(1 << 20)));
+            fmt::format("KV cache: page pool exhausted: sequence 2 needs 1 more page, 0 free of {} ({:.1f} MiB)", n_pages,
+                        n_pages * double(l.page_bytes) / double(1 << 20)));
   EXPECT_EQ(c.length(seqs[2]), len);
   EXPECT_EQ(c.pool().pages(seqs[2]), pages);
   c.free_sequence(seqs[0]);
   fill(seqs[2], ctx);
-  EXPECT_EQ(c.pool().free_pages(), 5);
+  EXPECT_EQ(c.pool().free_pages(), 5 + w);  // seqs[0]'s windows are free too
 }

@@ -129,9 +129,10 @@ TEST(PrefixCache, EvictionUnderPressureFreesTheLeastRecentlyUsedPrefixesFirst) {
   const ModelConfig& mc = ref_model().config();
   const CacheConfig cc = cache("int2");
   const CacheLayout l = cache_layout(cc, mc.n_layers, mc.n_kv_heads, mc.head_dim);
-  const int ctx = 128, n = 2 * l.pages_for(ctx);  // two slots, pages for two sequences of the whole context
-  CpuRunner r(ref_model(), cc, ctx, 2, size_t(2 * l.window_bytes() + n * l.page_bytes));
-  ASSERT_EQ(r.page_pool().n_pages(), n);
+  // Two slots, one sequence's windows and pages for two sequences of the whole context.
+  const int ctx = 128, n = 2 * l.pages_for(ctx), w = l.window_pages();
+  CpuRunner r(ref_model(), cc, ctx, 2, size_t(w + n) * size_t(l.page_bytes));
+  ASSERT_EQ(r.page_pool().n_pages(), w + n);
   ASSERT_EQ(l.pages_for(64), 7);
   r.cache().enable_prefix_cache(int64_t(64) << 20);  // copied bytes: room for every state here
   // Three 64-token prompts, each run and ended: their states at 16, 32, 48 and 64 stay cached, and 6 final pages each.
@@ -144,14 +145,15 @@ TEST(PrefixCache, EvictionUnderPressureFreesTheLeastRecentlyUsedPrefixesFirst) {
   }
   EXPECT_EQ(r.prefix_stats().entries, 12);
   EXPECT_EQ(r.page_pool().cached_pages(), 18);
-  EXPECT_EQ(r.page_pool().free_pages(), n);  // cached pages count as free
+  EXPECT_EQ(r.page_pool().free_pages(), w + n);  // cached pages count as free
   // The first prompt's state at 48 is used again: the least recently used are now its other states, then the second
   // prompt's.
   EXPECT_EQ(r.prefix_match(p[0].data(), 64, kChunk), 48);
   const int s0 = r.new_sequence();
   r.prefix_attach(s0, p[0].data(), 48);
   r.free_sequence(s0);
-  // A sequence of the whole context takes 15 pages, 12 are on the free list: taking the other 3 evicts, oldest first,
+  // A sequence of the whole context takes its windows and 15 pages, w + 12 are on the free list: taking the other 3
+  // evicts, oldest first,
   // the first prompt's states at 16, 32 and 64 (2 pages not shared with its state at 48) and the second prompt's four.
   const int s = r.new_sequence();
   feed(r, s, token_ids(ctx, 20), 0, ctx, false);
@@ -163,7 +165,7 @@ TEST(PrefixCache, EvictionUnderPressureFreesTheLeastRecentlyUsedPrefixesFirst) {
   EXPECT_EQ(r.prefix_match(p[2].data(), 64, kChunk), 48);
   EXPECT_EQ(r.page_pool().cached_pages(), 4 + 6);
   r.free_sequence(s);
-  EXPECT_EQ(r.page_pool().free_pages(), n);
+  EXPECT_EQ(r.page_pool().free_pages(), w + n);
   EXPECT_EQ(r.page_pool().used_pages(), 0);
 }
 

@@ -3,6 +3,8 @@
 // malformed steps are refused before any work.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 #include "model/runner.h"
 
@@ -129,9 +131,10 @@ TEST(CpuRunner, KvBudgetSizesThePoolAndAnExhaustedStepIsRefusedBeforeWork) {
   c.sink = 4, c.recent = 8, c.page_tokens = 16;
   const ModelConfig& mc = m.config();
   const CacheLayout l = cache_layout(c, mc.n_layers, mc.n_kv_heads, mc.head_dim);
-  CpuRunner r(m, c, 64, 2, size_t(2 * l.window_bytes() + 5 * l.page_bytes));
+  const int windows = 2 * l.window_pages();  // two sequences' windows, then 5 pages for their tokens
+  CpuRunner r(m, c, 64, 2, size_t(windows + 5) * size_t(l.page_bytes));
   EXPECT_EQ(r.page_pool().n_slots(), 2);
-  EXPECT_EQ(r.page_pool().n_pages(), 5);
+  EXPECT_EQ(r.page_pool().n_pages(), windows + 5);
   EXPECT_EQ(r.cache_bytes(), r.page_pool().bytes());
   const int a = r.new_sequence(), b = r.new_sequence();
   const std::vector<int32_t> ids(64, 7);
@@ -144,7 +147,8 @@ TEST(CpuRunner, KvBudgetSizesThePoolAndAnExhaustedStepIsRefusedBeforeWork) {
     r.forward({b}, {16}, ids.data(), LogitRows::None, nullptr, nullptr);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("page pool exhausted: sequence 1 needs 1 more page, 0 free of 5"),
+    EXPECT_NE(std::string(e.what()).find(fmt::format("page pool exhausted: sequence 1 needs 1 more page, 0 free of {}",
+                                                     windows + 5)),
               std::string::npos)
         << e.what();
   }
@@ -188,7 +192,8 @@ TEST(CpuRunner, SeqsMaxFillsTheKvBudgetWithWhatThePagePoolSaysFits) {
     CpuRunner r(m, c, len, 0, size_t(l.sequence_bytes(len) - 1));
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("does not hold the windows of 1 sequence slot"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(fmt::format("does not hold one sequence of {} tokens", len)),
+              std::string::npos)
         << e.what();
   }
   EXPECT_THROW(CpuRunner(m, c, len, 0, 0), Error);  // max_seqs 0 needs a budget

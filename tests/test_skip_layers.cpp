@@ -118,10 +118,11 @@ TEST(SkipLayers, LayoutGivesSkippedLayersBf16RowsAndExactOffsets) {
   EXPECT_EQ(l.layer_offset(2), 2 * (skip_head + quant_head));
   EXPECT_EQ(l.layer_offset(3), 2 * (skip_head + 2 * quant_head));
   EXPECT_EQ(l.page_bytes, 2 * (2 * skip_head + 2 * quant_head));
-  // The pool is sized in those bytes: a cache of 2 sequences of 100 tokens holds ceil((100 - 4) / 16) = 6 pages each.
+  // The pool is sized in those bytes: a cache of 2 sequences of 100 tokens holds ceil((100 - 4) / 16) = 6 pages each
+  // and each sequence's windows.
   KvCache cache(cfg, 4, 2, 64, 100, 2);
-  EXPECT_EQ(cache.pool().n_pages(), 12);
-  EXPECT_EQ(cache.bytes_allocated(), size_t(12 * l.page_bytes + 2 * l.window_bytes()));
+  EXPECT_EQ(cache.pool().n_pages(), 12 + 2 * l.window_pages());
+  EXPECT_EQ(cache.bytes_allocated(), size_t(cache.pool().n_pages()) * size_t(l.page_bytes));
   // No skip: the layout of before (every layer quantized).
   const CacheLayout plain = cache_layout(config("int2", 64, 4, 8, 16), 4, 2, 64);
   EXPECT_EQ(plain.page_bytes, 4 * 2 * quant_head);

@@ -62,9 +62,9 @@ void print_plan(const MemoryPlan& mp, const InfoOptions& o, int ctx, int chunk) 
                 cuda ? "read once from the mapping through pinned staging, then released"
                      : "read in place from the checkpoint's mapping (page cache)",
                 b(mp.vector_bytes).c_str());
-  std::printf("  KV pool              %s of pages\n", b(mp.kv_pool_bytes).c_str());
-  std::printf("  windows              %s (sinks and recent rings of %d slot%s)\n", b(mp.kv_window_bytes).c_str(),
-              o.parallel, o.parallel == 1 ? "" : "s");
+  std::printf("  KV pool              %s of pages, of which %s hold the sinks and recent rings of %d running "
+              "sequence%s\n", b(mp.kv_pool_bytes).c_str(), b(mp.kv_window_bytes).c_str(), o.parallel,
+              o.parallel == 1 ? "" : "s");
   std::printf("  activations          %s (%s)\n", b(mp.activation_bytes).c_str(),
               cuda ? "a step's buffers at its smallest row count, cuBLAS workspace"
                    : "a prefill chunk's buffers and logits, the GEMM tile");
@@ -72,7 +72,7 @@ void print_plan(const MemoryPlan& mp, const InfoOptions& o, int ctx, int chunk) 
     std::printf("  value fold           %s (W_V / W_O with the value rotation folded in, in host memory: run, serve, "
                 "bench decode; --fold-values off: none)\n", b(mp.fold_bytes).c_str());
   if (cuda)
-    std::printf("  device               %s: weights %s (%s GEMMs) + KV pool + windows + activations\n",
+    std::printf("  device               %s: weights %s (%s GEMMs) + KV pool + activations\n",
                 b(mp.device_bytes).c_str(), b(mp.device_weight_bytes).c_str(), o.model.gpu_gemm.c_str());
   std::printf("  host                 %s of the process's own%s\n", b(mp.host_bytes).c_str(),
               mp.page_cache_bytes == 0 ? ""

@@ -18,15 +18,20 @@ namespace kvq::cuda::dev {
 // --- The decode-faithful view of a query at position t: cuda::quant_end (gpu_kernels.h), block_tokens B. D: the head
 // dim g.head_dim, a template parameter of every kernel (the instance of gpu_instances.h that with_instance chose).
 
+// The windows of slot seq, in the pool's pages: sink rows, then the ring (gpu_kernels.h).
+__device__ __forceinline__ uint16_t* windows_of(const CacheGeometry& g, int seq) {
+  return reinterpret_cast<uint16_t*>(g.pool) + g.window_base[seq];
+}
 template <int D>
 __device__ __forceinline__ const uint16_t* sink_row(const CacheGeometry& g, int seq, int layer, int kv, int head,
                                                     int pos) {
-  return g.sinks + ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.sink + pos) * D;
+  return windows_of(g, seq) + (((int64_t(layer) * 2 + kv) * g.n_kv + head) * g.sink + pos) * D;
 }
 template <int D>
 __device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
-  return g.ring +
-         ((((int64_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) * D;
+  const int64_t sinks = int64_t(g.n_layers) * 2 * g.n_kv * g.sink * D;
+  return windows_of(g, seq) + sinks + (((int64_t(layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens +
+                                       pos % g.ring_tokens) * D;
 }
 // The (layer, head) part of pool page `page`: { K blocks | V rows }; g is the geometry of `layer` (its layer_offset).
 __device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {

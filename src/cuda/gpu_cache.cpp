@@ -153,8 +153,9 @@ struct GpuKvCache::Impl {
   std::vector<CacheGeometry> geo;       // [n_layers]: each layer's codecs, instance row and part of a page
   cudaStream_t stream = nullptr;
   int n_sms = 0;
-  DeviceBuffer pages, sinks, ring, page_table_dev;
-  bool table_dirty = false;             // the pool's block tables changed since the last upload
+  DeviceBuffer pages, page_table_dev;   // the pool (windows included) and its block tables
+  DeviceBuffer window_base_dev;         // int64 [slots]: CacheGeometry::window_base
+  bool table_dirty = false;             // the pool's block tables or windows changed since the last upload
   DeviceBuffer mu, rk, rv, rvt;
   std::unique_ptr<PrefixCache> prefix;  // null: prefix caching off
   bool own_stream = true;               // the stream is the cache's (else a caller's: not destroyed here)
@@ -196,6 +197,24 @@ struct GpuKvCache::Impl {
   DeviceBuffer decode_desc, decode_index, prefill_tiles, prefill_index;  // the kernels' rows of a mixed step
 
   int quant_end(int t) const { return layout.quant_end(t); }
+  // Slot seq's windows in the pool (sinks [n_layers][2][n_kv][S0] rows, then the ring), bf16 rows of d values.
+  uint8_t* windows(int seq) const { return pages.as<uint8_t>() + pool->window_offset(seq); }
+  uint8_t* ring(int seq) const { return windows(seq) + layout.sink_bytes(); }
+  // The block tables and the windows' offsets (in bf16 values) to the device.
+  void upload_tables() {
+    check(cudaMemcpyAsync(page_table_dev.get(), pool->table().data(), pool->table().size() * sizeof(int),
+                          cudaMemcpyHostToDevice, stream),
+          "page table upload");
+    window_base_host.resize(pool->window_offsets().size());
+    for (size_t i = 0; i < window_base_host.size(); ++i)
+      window_base_host[i] = pool->window_offsets()[i] < 0 ? -1 : pool->window_offsets()[i] / 2;
+    check(cudaMemcpyAsync(window_base_dev.get(), window_base_host.data(), window_base_host.size() * sizeof(int64_t),
+                          cudaMemcpyHostToDevice, stream),
+          "window table upload");
+    table_dirty = false;
+  }
+  std::vector<int64_t> window_base_host;  // the upload's staging (alive until the stream passes it: pageable memory
+                                          // is copied before cudaMemcpyAsync returns)
   const Plan& plan_attention(int n_heads);
   // The config's transform on the device (identity() = none).
   void upload_transform(const KvTransform& t);
@@ -241,25 +260,19 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   }
 
   const PagePool& pool = *m.pool;
-  const size_t window_rows = size_t(pool.n_slots()) * n_layers * 2 * n_kv_heads;
   m.pages = DeviceBuffer(size_t(pool.n_pages()) * size_t(m.layout.page_bytes));
-  m.sinks = DeviceBuffer(window_rows * size_t(cfg.sink) * size_t(head_dim) * 2);
-  m.ring = DeviceBuffer(window_rows * size_t(m.layout.ring_tokens) * size_t(head_dim) * 2);
   m.page_table_dev = DeviceBuffer(pool.table().size() * sizeof(int));
+  m.window_base_dev = DeviceBuffer(size_t(pool.n_slots()) * sizeof(int64_t));
   m.own_stream = stream == nullptr;
   if (m.own_stream) check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   else m.stream = static_cast<cudaStream_t>(stream);
-  // Zeroed storage: a stale row can never decode to NaN; the page table starts as all -1 (never read).
+  // Zeroed storage: a stale row can never decode to NaN (windows are zeroed again when a sequence opens and closes,
+  // new_sequence / free_sequence); the page table starts as all -1 (never read).
   check(cudaMemsetAsync(m.pages.get(), 0, m.pages.bytes(), m.stream), "cudaMemset pool");
-  check(cudaMemsetAsync(m.sinks.get(), 0, m.sinks.bytes(), m.stream), "cudaMemset sinks");
-  check(cudaMemsetAsync(m.ring.get(), 0, m.ring.bytes(), m.stream), "cudaMemset ring");
-  check(cudaMemcpyAsync(m.page_table_dev.get(), pool.table().data(), pool.table().size() * sizeof(int),
-                        cudaMemcpyHostToDevice, m.stream),
-        "page table upload");
+  m.upload_tables();
   for (CacheGeometry& g : m.geo) {
     g.pool = m.pages.as<uint8_t>();
-    g.sinks = m.sinks.as<uint16_t>();
-    g.ring = m.ring.as<uint16_t>();
+    g.window_base = m.window_base_dev.as<int64_t>();
     g.page_table = m.page_table_dev.as<int>();
   }
   m.n_sms = sm_count();
@@ -347,6 +360,9 @@ void GpuKvCache::Impl::upload_transform(const KvTransform& t) {
 int GpuKvCache::new_sequence() {
   Impl& m = *impl_;
   const int seq = m.pool->open();
+  // The window pages held body pages of other sequences: zeroed, so no unwritten ring row decodes to NaN.
+  check(cudaMemsetAsync(m.windows(seq), 0, size_t(m.layout.window_bytes()), m.stream), "GPU KV cache: new windows");
+  m.table_dirty = true;
   if (m.exact) m.exact_seq[size_t(seq)] = m.exact->new_sequence();  // its prompt opens
   return seq;
 }
@@ -356,6 +372,8 @@ void GpuKvCache::free_sequence(int seq) {
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   KVQ_CHECK(!m.in_step, "GPU KV cache: free_sequence inside a step");
   if (m.exact) end_prompt(seq);
+  // Zeroed for the sequences whose body pages they become (their unwritten rows must not decode to NaN either).
+  check(cudaMemsetAsync(m.windows(seq), 0, size_t(m.layout.window_bytes()), m.stream), "GPU KV cache: free windows");
   m.pool->close(seq);
   m.table_dirty = true;
 }
@@ -385,21 +403,13 @@ void GpuKvCache::fork_sequence(int src, int dst) {
                           m.pages.as<uint8_t>() + size_t(m.pool->page(src, i)) * page, page, cudaMemcpyDeviceToDevice,
                           m.stream),
           "GPU KV cache: fork pages");
-  // Windows: [slot][n_layers][2][n_kv][rows][d] bf16, so a slot's are contiguous.
-  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv;
-  const size_t row = layout::bf16_row_bytes(m.d);
-  const size_t sink = slot_rows * size_t(m.cfg.sink) * row, ring = slot_rows * size_t(m.layout.ring_tokens) * row;
-  if (sink > 0)
-    check(cudaMemcpyAsync(m.sinks.as<uint8_t>() + size_t(dst) * sink, m.sinks.as<uint8_t>() + size_t(src) * sink, sink,
-                          cudaMemcpyDeviceToDevice, m.stream),
-          "GPU KV cache: fork sinks");
-  check(cudaMemcpyAsync(m.ring.as<uint8_t>() + size_t(dst) * ring, m.ring.as<uint8_t>() + size_t(src) * ring, ring,
-                        cudaMemcpyDeviceToDevice, m.stream),
-        "GPU KV cache: fork ring");
+  check(cudaMemcpyAsync(m.windows(dst), m.windows(src), size_t(m.layout.window_bytes()), cudaMemcpyDeviceToDevice,
+                        m.stream),
+        "GPU KV cache: fork windows");
 }
 
 namespace {
-// The recent rows [r0, len) of every (layer, K / V, kv head) of one slot's ring ([rows][ring_tokens][d] bf16, row:
+// The recent rows [r0, len) of every (layer, K / V, kv head) of one sequence's ring ([rows][ring_tokens][d] bf16, row:
 // 2 d bytes) to or from host rows [rows][len - r0][d]: one strided copy per contiguous run of ring slots (two when
 // they wrap).
 void copy_ring_rows(uint8_t* ring_slot, uint8_t* host, size_t slot_rows, size_t row, int ring_tokens, int r0, int len,
@@ -467,8 +477,7 @@ void GpuKvCache::prefix_store(int seq, const int32_t* ids, int len) {
   std::vector<uint8_t> state(sink + (partial ? page : 0) + slot_rows * size_t(len - r0) * row);
   uint8_t* out = state.data();
   if (sink > 0)
-    check(cudaMemcpyAsync(out, m.sinks.as<uint8_t>() + size_t(seq) * sink, sink, cudaMemcpyDeviceToHost, m.stream),
-          "GPU KV cache: prefix sinks");
+    check(cudaMemcpyAsync(out, m.windows(seq), sink, cudaMemcpyDeviceToHost, m.stream), "GPU KV cache: prefix sinks");
   out += sink;
   if (partial) {
     check(cudaMemcpyAsync(out, m.pages.as<uint8_t>() + size_t(m.pool->page(seq, full)) * page, page,
@@ -476,8 +485,7 @@ void GpuKvCache::prefix_store(int seq, const int32_t* ids, int len) {
           "GPU KV cache: prefix page");
     out += page;
   }
-  uint8_t* ring = m.ring.as<uint8_t>() + size_t(seq) * slot_rows * size_t(m.layout.ring_tokens) * row;
-  copy_ring_rows(ring, out, slot_rows, row, m.layout.ring_tokens, r0, len, true, m.stream);
+  copy_ring_rows(m.ring(seq), out, slot_rows, row, m.layout.ring_tokens, r0, len, true, m.stream);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: prefix store");
   std::vector<int> pages(static_cast<size_t>(full));
   for (int i = 0; i < full; ++i) pages[size_t(i)] = m.pool->page(seq, i);
@@ -500,8 +508,7 @@ void GpuKvCache::prefix_attach(int seq, const int32_t* ids, int len) {
   const size_t sink = slot_rows * size_t(S0) * row, page = size_t(m.layout.page_bytes);
   const uint8_t* in = state.data();
   if (sink > 0)
-    check(cudaMemcpyAsync(m.sinks.as<uint8_t>() + size_t(seq) * sink, in, sink, cudaMemcpyHostToDevice, m.stream),
-          "GPU KV cache: prefix sinks");
+    check(cudaMemcpyAsync(m.windows(seq), in, sink, cudaMemcpyHostToDevice, m.stream), "GPU KV cache: prefix sinks");
   in += sink;
   if (partial) {
     const int id = m.pool->take_page(seq);
@@ -509,8 +516,8 @@ void GpuKvCache::prefix_attach(int seq, const int32_t* ids, int len) {
           "GPU KV cache: prefix page");
     in += page;
   }
-  uint8_t* ring = m.ring.as<uint8_t>() + size_t(seq) * slot_rows * size_t(m.layout.ring_tokens) * row;
-  copy_ring_rows(ring, const_cast<uint8_t*>(in), slot_rows, row, m.layout.ring_tokens, r0, len, false, m.stream);
+  copy_ring_rows(m.ring(seq), const_cast<uint8_t*>(in), slot_rows, row, m.layout.ring_tokens, r0, len, false,
+                 m.stream);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: prefix attach");  // `state` goes away here
   m.pool->set_length(seq, len);
   m.table_dirty = true;
@@ -564,12 +571,7 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
   m.n_rows = int(m.rows_host.size());
   m.n_items = int(items.size());
   m.rows_host.insert(m.rows_host.end(), items.begin(), items.end());
-  if (m.table_dirty) {
-    check(cudaMemcpyAsync(m.page_table_dev.get(), m.pool->table().data(), m.pool->table().size() * sizeof(int),
-                          cudaMemcpyHostToDevice, m.stream),
-          "page table upload");
-    m.table_dirty = false;
-  }
+  if (m.table_dirty) m.upload_tables();
   m.upload(m.desc, m.rows_host.data(), m.rows_host.size() * sizeof(RowDesc));
   m.step_seqs = seqs;
   m.step_n = n;
@@ -756,7 +758,7 @@ CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->layout.
 
 size_t GpuKvCache::bytes_allocated() const {
   const Impl& m = *impl_;
-  return m.pages.bytes() + m.sinks.bytes() + m.ring.bytes() + m.page_table_dev.bytes() +
+  return m.pages.bytes() + m.page_table_dev.bytes() + m.window_base_dev.bytes() +
          (m.exact ? m.exact->bytes_allocated() : 0);
 }
 
@@ -813,14 +815,14 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: download_rows");
   const int kv = values ? 1 : 0, qe = m.quant_end(len - 1);
   const size_t wrow = size_t(m.d) * 2;
-  const size_t win_base = ((size_t(seq) * g.n_layers + layer) * 2 + kv) * g.n_kv + kv_head;
+  const size_t win_base = (size_t(layer) * 2 + kv) * g.n_kv + kv_head;  // the (layer, K / V, head) of a window
   const bool kivi = kv == 0 && kivi_keys(g);
   std::vector<uint8_t> out;
   for (int p = pos0; p < pos0 + n; ++p) {
     const uint8_t* src;
     size_t bytes;
     if (p < g.sink) {
-      src = m.sinks.as<uint8_t>() + (win_base * g.sink + p) * wrow, bytes = wrow;
+      src = m.windows(seq) + (win_base * g.sink + p) * wrow, bytes = wrow;
     } else if (p < qe) {
       const int q = p - g.sink;
       const int page = m.pool->page(seq, q / g.page_tokens);
@@ -836,7 +838,7 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
         src = kv ? h + g.k_region + size_t(j) * bytes : h + size_t(j) * bytes;
       }
     } else {
-      src = m.ring.as<uint8_t>() + (win_base * g.ring_tokens + p % g.ring_tokens) * wrow, bytes = wrow;
+      src = m.ring(seq) + (win_base * g.ring_tokens + p % g.ring_tokens) * wrow, bytes = wrow;
     }
     const size_t at = out.size();
     out.resize(at + bytes);

@@ -27,8 +27,10 @@ constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the 
 //          K blocks are rows (Gk = 1: layout::IntRow / Bf16Row) or, for KIVI keys, layout::KiviKeyBlock of Gk = G
 //          tokens (OScaR keys: layout::OscarKeyBlock, Gk = 32); V blocks are always rows (layout::IntRow / Bf16Row /
 //          OscarValueRow); token-scaled keys (OScaR) end each page with ν [n_layers][P] fp32 (kv/cache_layout.h)
-//   sinks  [max_seqs][n_layers][2][n_kv][S0][d] bf16 (d = head_dim, a compile-time constant of every kernel)
-//   ring   [max_seqs][n_layers][2][n_kv][ring_tokens][d] bf16, position s at slot s % ring_tokens
+//   windows  of each live sequence, in pages of the pool from byte 2 window_base[seq] on (PagePool::window_offset),
+//          the CPU cache's layout (kv/cache_layout.h): sinks [n_layers][2][n_kv][S0][d] bf16 (d = head_dim, a
+//          compile-time constant of every kernel), then the ring [n_layers][2][n_kv][ring_tokens][d] bf16, position s
+//          at slot s % ring_tokens
 //   pages  [max_seqs][pages_per_seq] page ids, quantized position S0 + i P + j in page pages[i], row j
 struct CacheGeometry {
   int n_layers, n_kv;          // layers, kv heads
@@ -55,8 +57,7 @@ struct CacheGeometry {
   int64_t scale_base;          // token-scaled keys: byte offset of ν in a page (CacheLayout::scale_offset(0))
   int64_t scale_region;        // bytes of one layer's ν in a page (P fp32); 0 = keys not token-scaled
   uint8_t* pool;               // page pool
-  uint16_t* sinks;             // sink rows (bf16 bits)
-  uint16_t* ring;              // recent rows (bf16 bits)
+  const int64_t* window_base;  // [max_seqs] where each slot's windows start in the pool, in bf16 values (-1: none)
   const int* page_table;       // [max_seqs][pages_per_seq]
   const float* k_table;        // the key codec's lookup table (KvCodec::lookup_table: TurboQuant's codebook, [2^b
                                // centroids | 2^b - 1 midpoints] fp32), the CPU codec's; null for the other key codecs

@@ -447,7 +447,7 @@ int GpuModel::Impl::step_rows_for(int n_seqs, int chunk, size_t free) const {
 
 int GpuModel::Impl::sequences_filling(const CacheLayout& layout, int max_ctx, int chunk, size_t asked) const {
   const size_t free = free_device_memory();
-  const int64_t one_seq = layout.sequence_bytes(max_ctx);  // windows + pages: PagePool::for_budget's unit
+  const int64_t one_seq = layout.sequence_bytes(max_ctx);  // its windows' pages + its own: PagePool::for_budget's unit
   // n sequences fit when their activations (step_rows_for(n) rows) leave room for the budget and the budget holds them.
   constexpr size_t kSlack = size_t(64) << 20;  // cudaMalloc's rounding of the activation buffers, with room to spare
   auto fits = [&](int64_t n) {

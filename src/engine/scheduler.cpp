@@ -193,21 +193,23 @@ void Scheduler::admit(StepInfo& info) {
   const PagePool& pool = runner_.page_pool();
   auto room = [&](const Generation& g) { return std::min(g.known() + 1, runner_.max_ctx()); };
   int reserved = 0;  // pages the running requests still take to hold their known tokens and the next one
-  int forks = 0;     // choices of running groups still to be forked: each will take a slot and the leader's pages
+  int forks = 0;     // choices of running groups still to be forked: each will take a slot, windows and the leader's
+                     // pages
   for (const auto& e : running_) {
     reserved += pool.pages_short(e->seq, room(*e->gen));
     forks += int(e->followers.size());
-    reserved += int(e->followers.size()) * pool.layout().pages_for(room(*e->gen));
+    reserved += int(e->followers.size()) * pool.layout().sequence_pages(room(*e->gen));
   }
   for (;;) {
     if (waiting_.empty()) break;
     Entry& w = *waiting_.front();
     const int n = group_size(w);
     if (int(running_.size()) + forks + n > cfg_.max_seqs || pool.n_live() + forks + n > pool.n_slots()) break;
-    const int need = n * pool.layout().pages_for(room(*w.gen));
+    // Each sequence takes its windows' pages and its own (PagePool::can_open: the windows' pages in a row).
+    const int need = n * pool.layout().sequence_pages(room(*w.gen));
     // A group larger than the pool admits alone with the leader's pages: choices that do not fit at the fork wait.
-    const bool alone = running_.empty() && n > 1 && pool.layout().pages_for(room(*w.gen)) <= pool.free_pages();
-    if (need + reserved > pool.free_pages() && !alone) break;
+    const bool alone = running_.empty() && n > 1 && pool.layout().sequence_pages(room(*w.gen)) <= pool.free_pages();
+    if ((need + reserved > pool.free_pages() && !alone) || !pool.can_open()) break;
     reserved += need;
     forks += n - 1;
     w.seq = runner_.new_sequence();
@@ -266,7 +268,7 @@ void Scheduler::fork_followers(Entry& leader, const float* logits, int32_t argma
     }
     out.push_back(first);
     const PagePool& pool = runner_.page_pool();
-    if (pool.n_live() < pool.n_slots() && pool.pages(leader.seq) <= pool.free_pages()) {
+    if (pool.can_open() && pool.layout().window_pages() + pool.pages(leader.seq) <= pool.free_pages()) {
       f->seq = runner_.new_sequence();
       runner_.fork_sequence(leader.seq, f->seq);
       running_.push_back(std::move(f));

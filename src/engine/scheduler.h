@@ -7,8 +7,9 @@
 // preemption, engine/generation.h) is never cut.
 //
 // Admission (first come, first served): a waiting request is admitted while a sequence slot is free and the page
-// pool, after the pages the running requests still need to hold their known tokens + 1, holds pages for its own
-// known tokens + 1 (the pool's own arithmetic: PagePool::pages_short, CacheLayout::pages_for). Requests grow as they
+// pool, after the pages the running requests still need to hold their known tokens + 1, holds its windows' pages (in
+// a row: PagePool::can_open) and pages for its own known tokens + 1 (the pool's own arithmetic:
+// PagePool::pages_short, CacheLayout::sequence_pages). Requests grow as they
 // decode; when the next step needs more pages than are free, the newest running request is preempted: its sequence
 // is freed and it goes back to the front of the queue, to be recomputed. No request is dropped: the pool holds one
 // sequence of the full context (PagePool::for_budget), and a request is accepted only when its cache fits that

@@ -16,8 +16,9 @@
 namespace kvq {
 
 struct KvCache::Sequence {
-  std::vector<uint8_t> sinks;      // [n_layers][2][n_kv][S0] window rows
-  std::vector<uint8_t> ring;       // [n_layers][2][n_kv][ring_tokens] window rows, then [ring_tokens][ring_body]
+  uint8_t* window = nullptr;       // in the pool's pages (PagePool::window_offset): [n_layers][2][n_kv][S0] sink
+                                   // rows, then the ring: [n_layers][2][n_kv][ring_tokens] window rows, then
+                                   // [ring_tokens][ring_body] (CacheLayout::window_bytes)
   int prompt_end = -1;             // P once end_prompt was called, else -1
   int kept = -1;                   // evict, after end_prompt: prompt tokens kept (the same for every layer and head)
   std::vector<int> positions;      // evict, after end_prompt: [n_layers][n_kv][max_ctx] position of each exact slot
@@ -282,8 +283,8 @@ KvCache::~KvCache() = default;
 int KvCache::new_sequence() {
   const int seq = pool_.open();
   Sequence& s = *seqs_[size_t(seq)];
-  s.sinks.assign(size_t(layout_.sink_bytes()), 0);
-  s.ring.assign(size_t(layout_.ring_bytes()), 0);
+  s.window = pages_.get() + pool_.window_offset(seq);
+  std::memset(s.window, 0, size_t(layout_.window_bytes()));
   if (cfg_.prompt_policy != PromptPolicy::kDecodeFaithful && !exact_[size_t(seq)])  // kept for the slot's next ones
     exact_[size_t(seq)].reset(new uint8_t[size_t(n_layers_) * 2 * n_kv_ * max_ctx_ * exact_codec_->bytes_per_block()]);
   return seq;
@@ -340,10 +341,11 @@ void KvCache::prefix_store(int seq, const int32_t* ids, int len) {
   const int S0 = cfg_.sink, P = cfg_.page_tokens, q = std::max(S0, quant_end(len - 1)), r0 = len > S0 ? q : len;
   const int full = (q - S0) / P, partial = (q - S0) % P != 0;
   const size_t row = size_t(layout_.window_row), n_rows = size_t(len - r0);
-  std::vector<uint8_t> state(s.sinks.size() + (partial ? size_t(layout_.page_bytes) : 0) +
+  const size_t sinks = size_t(layout_.sink_bytes());
+  std::vector<uint8_t> state(sinks + (partial ? size_t(layout_.page_bytes) : 0) +
                              size_t(n_layers_) * 2 * n_kv_ * n_rows * row + n_rows * size_t(layout_.ring_body));
   uint8_t* out = state.data();
-  out = std::copy(s.sinks.begin(), s.sinks.end(), out);
+  out = std::copy_n(s.window, sinks, out);
   if (partial) {
     const uint8_t* page = page_ptr(pool_.page(seq, full));
     out = std::copy(page, page + layout_.page_bytes, out);
@@ -377,8 +379,8 @@ void KvCache::prefix_attach(int seq, const int32_t* ids, int len) {
   const bool partial = (q - S0) % P != 0;
   const size_t row = size_t(layout_.window_row);
   const uint8_t* in = state.data();
-  std::copy_n(in, s.sinks.size(), s.sinks.begin());
-  in += s.sinks.size();
+  std::copy_n(in, size_t(layout_.sink_bytes()), s.window);
+  in += layout_.sink_bytes();
   if (partial) {
     std::copy_n(in, size_t(layout_.page_bytes), page_ptr(pool_.take_page(seq)));
     in += layout_.page_bytes;
@@ -402,7 +404,11 @@ void KvCache::fork(int src, int dst) {
   pool_.fork(src, dst);
   for (int i = 0; i < pool_.pages(src); ++i)
     std::memcpy(page_ptr(pool_.page(dst, i)), page_ptr(pool_.page(src, i)), size_t(layout_.page_bytes));
-  *seqs_.at(size_t(dst)) = *seqs_.at(size_t(src));
+  Sequence& d = *seqs_.at(size_t(dst));
+  uint8_t* window = d.window;  // dst's own windows, a copy of src's
+  d = *seqs_.at(size_t(src));
+  d.window = window;
+  std::memcpy(d.window, seqs_[size_t(src)]->window, size_t(layout_.window_bytes()));
 }
 
 int KvCache::quant_end(int t) const { return layout_.quant_end(t); }
@@ -410,12 +416,13 @@ int KvCache::quant_end(int t) const { return layout_.quant_end(t); }
 void KvCache::reserve(int seq, int n_new) { pool_.reserve(seq, n_new); }
 
 uint8_t* KvCache::sink_row(Sequence& s, int layer, int kv, int head, int pos) const {
-  return s.sinks.data() + (((size_t(layer) * 2 + kv) * n_kv_ + head) * cfg_.sink + pos) * size_t(layout_.window_row);
+  return s.window + (((size_t(layer) * 2 + kv) * n_kv_ + head) * cfg_.sink + pos) * size_t(layout_.window_row);
 }
 
 uint8_t* KvCache::ring_row(Sequence& s, int layer, int kv, int head, int pos) const {
   const int ring = layout_.ring_tokens;
-  return s.ring.data() + (((size_t(layer) * 2 + kv) * n_kv_ + head) * ring + pos % ring) * size_t(layout_.window_row);
+  return s.window + layout_.sink_bytes() +
+         (((size_t(layer) * 2 + kv) * n_kv_ + head) * ring + pos % ring) * size_t(layout_.window_row);
 }
 
 uint8_t* KvCache::ring_body_row(Sequence& s, int layer, int kv, int head, int pos) const {
@@ -425,7 +432,7 @@ uint8_t* KvCache::ring_body_row(Sequence& s, int layer, int kv, int head, int po
   const int64_t in_slot = (layer_offset_[size_t(layer)] + head * l.layer_head_bytes(layer) +
                            (kv ? l.layer_k_region(layer) : 0)) / P;
   const int64_t windows = int64_t(n_layers_) * 2 * n_kv_ * l.ring_tokens * l.window_row;
-  return s.ring.data() + windows + (pos % l.ring_tokens) * l.ring_body + in_slot;
+  return s.window + l.sink_bytes() + windows + (pos % l.ring_tokens) * l.ring_body + in_slot;
 }
 
 // The body rows of position pos (every kv head of one layer, k / v: [n_kv, d]), encoded from their BF16 values: what

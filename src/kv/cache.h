@@ -35,8 +35,10 @@
 //   pages  [n_pages][n_layers][n_kv_heads] { K blocks [P / Bk][bytes_k] | V blocks [P / Bv][bytes_v] }
 //          page i of a sequence's block table covers quantized positions [S0 + i P, S0 + (i + 1) P); P = page_tokens
 //          a layer of CacheConfig::skip_layers stores bf16 rows there (its K / V codec is bf16), at the same positions
-//   sinks  per sequence [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
-//   ring   per sequence [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot s % ring_tokens
+//   sinks  per live sequence, in pages of the pool (CacheLayout::window_pages, taken at new_sequence, returned at
+//          free_sequence): [n_layers][2][n_kv_heads][S0] rows of the window codec (bf16; f32 for an f32 cache)
+//   ring   then, in the same pages, [n_layers][2][n_kv_heads][ring_tokens] window-codec rows, position s at slot
+//          s % ring_tokens
 //          int8 windows (KV4-RL, METHODS §5.6): then [ring_tokens] slots of body rows (cache_layout.h, ring_body)
 //          token-scaled keys (CodecSpec::token_scale, OScaR): the page ends with ν [n_layers][P] fp32 (cache_layout.h)
 // A per_head key codec (PN-Mix: widths per (layer, kv head), CodecSpec::pair_bits) is one codec per head, all of the
@@ -175,8 +177,8 @@ CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec
 
 class KvCache {
  public:
-  // A pool for max_seqs sequences of up to max_ctx tokens each; or, with budget_bytes > 0, what fits in that many
-  // bytes, windows included (PagePool::for_budget: max_seqs slots, 0 = as many as the budget holds at max_ctx).
+  // A pool for max_seqs sequences of up to max_ctx tokens each, windows included; or, with budget_bytes > 0, as many
+  // pages as that many bytes hold (PagePool::for_budget: max_seqs slots, 0 = as many as the budget holds at max_ctx).
   KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs = 1,
           size_t budget_bytes = 0);
   ~KvCache();

@@ -8,7 +8,8 @@
 //            (--kv-skip-layers) stores bf16 rows instead, { K rows [P][skip_row] | V rows [P][skip_row] }, so layer
 //            l starts at layer_offset(l) and its heads are layer_head_bytes(l) apart
 //            then, for token-scaled keys only, ν [n_layers][P] fp32 after every layer's heads  scale_region
-//   windows  per sequence: sinks [n_layers][2][n_kv][S0] + ring [n_layers][2][n_kv][ring_tokens]
+//   windows  per live sequence, in window_pages() pages of the pool in a row (at window_offset(first page)):
+//            sinks [n_layers][2][n_kv][S0] + ring [n_layers][2][n_kv][ring_tokens]
 //            rows of the window codec (window_row bytes each)                                  window_bytes()
 //            a quantized window codec (int8 windows, KV4-RL: METHODS §5.6) cannot give back the value a body row is
 //            quantized from, so the ring also keeps each slot's body rows, [ring_tokens][ring_body] bytes: every
@@ -104,7 +105,7 @@ struct CacheLayout {
     const int quant_tokens = n_tokens > 0 ? quant_end(n_tokens - 1) - sink : 0;
     return (quant_tokens + page_tokens - 1) / page_tokens;
   }
-  // Pages covering positions [S0, max_ctx): the width of a block table (today's pool: max_seqs of these).
+  // Pages covering positions [S0, max_ctx): the width of a block table.
   KVQ_HD int pages_per_seq(int max_ctx) const {
     const int quant_tokens = max_ctx > sink ? max_ctx - sink : 0;
     return (quant_tokens + page_tokens - 1) / page_tokens;
@@ -113,10 +114,22 @@ struct CacheLayout {
   KVQ_HD int64_t ring_bytes() const {
     return int64_t(n_layers) * 2 * n_kv * ring_tokens * window_row + int64_t(ring_tokens) * ring_body;
   }
-  // Windows of one sequence (sinks + ring), allocated per sequence slot.
+  // Windows of one sequence (sinks + ring): [n_layers][2][n_kv][S0] sink rows, then the ring.
   KVQ_HD int64_t window_bytes() const { return sink_bytes() + ring_bytes(); }
-  // Everything one sequence of n_tokens takes: its windows and its pages.
-  KVQ_HD int64_t sequence_bytes(int n_tokens) const { return window_bytes() + pages_for(n_tokens) * page_bytes; }
+  // A sequence's windows come from the page pool (kv/page_pool.h): window_pages() pages in a row, taken when the
+  // sequence starts and returned when it ends; they start at window_offset(first page), aligned to kWindowAlign bytes
+  // (the pages' own size may not be a multiple of it: then the run has room for the padding).
+  static constexpr int64_t kWindowAlign = 256;
+  KVQ_HD int window_pages() const {
+    const int64_t pad = page_bytes % kWindowAlign == 0 ? 0 : kWindowAlign - 1;
+    return int((window_bytes() + pad + page_bytes - 1) / page_bytes);
+  }
+  KVQ_HD int64_t window_offset(int first_page) const {
+    return (int64_t(first_page) * page_bytes + kWindowAlign - 1) / kWindowAlign * kWindowAlign;
+  }
+  // Everything one sequence of n_tokens takes from the pool: its windows' pages and its own.
+  KVQ_HD int64_t sequence_bytes(int n_tokens) const { return int64_t(sequence_pages(n_tokens)) * page_bytes; }
+  KVQ_HD int sequence_pages(int n_tokens) const { return window_pages() + pages_for(n_tokens); }
 
   // Bytes per (token, layer) of a window row (K and V of every kv head) and of a quantized-region token (codec blocks
   // per token, skipped layers' bf16 rows averaged over the layers, ν).

@@ -15,7 +15,7 @@ double mib(double bytes) { return bytes / double(1 << 20); }
 
 PagePool::Size PagePool::for_sequences(const CacheLayout& layout, int max_ctx, int max_seqs) {
   KVQ_CHECK(max_ctx > 0 && max_seqs > 0, "KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
-  const int64_t pages = int64_t(layout.pages_per_seq(max_ctx)) * max_seqs;
+  const int64_t pages = (int64_t(layout.pages_per_seq(max_ctx)) + layout.window_pages()) * max_seqs;
   KVQ_CHECK(pages <= INT32_MAX, "KV cache: {} sequences of {} tokens need {} pages (at most 2^31 - 1)", max_seqs,
             max_ctx, pages);
   return {max_seqs, int(pages)};
@@ -24,42 +24,66 @@ PagePool::Size PagePool::for_sequences(const CacheLayout& layout, int max_ctx, i
 PagePool::Size PagePool::for_budget(const CacheLayout& layout, int max_ctx, int max_seqs, size_t budget_bytes) {
   KVQ_CHECK(max_ctx > 0 && max_seqs >= 0, "KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
   const int64_t budget = int64_t(std::min<size_t>(budget_bytes, INT64_MAX));
-  const int64_t one_seq = layout.sequence_bytes(max_ctx);
-  if (max_seqs == 0) max_seqs = int(std::min<int64_t>(budget / std::max<int64_t>(one_seq, 1), INT32_MAX));
-  const int64_t windows = int64_t(max_seqs) * layout.window_bytes();
-  KVQ_CHECK(max_seqs > 0 && windows + layout.pages_for(max_ctx) * layout.page_bytes <= budget,
-            "KV cache: a budget of {:.1f} MiB does not hold the windows of {} sequence slot{} ({:.1f} MiB) and the "
-            "pages of one sequence of {} tokens ({} x {:.2f} MiB)",
-            mib(double(budget)), std::max(max_seqs, 1), max_seqs > 1 ? "s" : "",
-            mib(double(std::max(max_seqs, 1)) * layout.window_bytes()), max_ctx, layout.pages_for(max_ctx),
-            mib(double(layout.page_bytes)));
-  const Size most = for_sequences(layout, max_ctx, max_seqs);
-  const int64_t pages = layout.page_bytes > 0 ? (budget - windows) / layout.page_bytes : most.n_pages;
-  return {max_seqs, int(std::min<int64_t>(pages, most.n_pages))};
+  const int64_t pages = std::min<int64_t>(budget / std::max<int64_t>(layout.page_bytes, 1), INT32_MAX);
+  const int one_seq = layout.sequence_pages(max_ctx);
+  KVQ_CHECK(pages >= one_seq,
+            "KV cache: a budget of {:.1f} MiB does not hold one sequence of {} tokens ({} pages of {:.2f} MiB: {} for "
+            "its windows, {} for its tokens)",
+            mib(double(budget)), max_ctx, one_seq, mib(double(layout.page_bytes)), layout.window_pages(),
+            layout.pages_for(max_ctx));
+  if (max_seqs == 0) max_seqs = int(pages / one_seq);
+  return {max_seqs, int(std::min<int64_t>(pages, for_sequences(layout, max_ctx, max_seqs).n_pages))};
 }
 
 PagePool::PagePool(const CacheLayout& layout, int max_ctx, Size size)
     : layout_(layout), max_ctx_(max_ctx), n_pages_(size.n_pages), width_(std::max(1, layout.pages_per_seq(max_ctx))) {
   KVQ_CHECK(max_ctx > 0 && size.n_slots > 0 && size.n_pages >= 0, "KV cache: bad sizes (ctx {}, seqs {}, pages {})",
             max_ctx, size.n_slots, size.n_pages);
-  free_.resize(size_t(n_pages_));
-  for (int i = 0; i < n_pages_; ++i) free_[size_t(i)] = n_pages_ - 1 - i;  // page 0 is taken first
+  for (int i = 0; i < n_pages_; ++i) free_.insert(free_.end(), i);  // page 0 is taken first
   seq_refs_.assign(size_t(n_pages_), 0);
   cache_refs_.assign(size_t(n_pages_), 0);
   table_.assign(size_t(size.n_slots) * size_t(width_), -1);
   held_.assign(size_t(size.n_slots), 0);
   length_.assign(size_t(size.n_slots), 0);
   live_.assign(size_t(size.n_slots), false);
+  window_.assign(size_t(size.n_slots), -1);
+  window_off_.assign(size_t(size.n_slots), -1);
+}
+
+int PagePool::window_run(bool evictable) const {
+  const int need = layout_.window_pages();
+  if ((evictable ? free_pages() : int(free_.size())) < need) return -1;
+  for (int p = n_pages_ - 1, run = 0; p >= 0; --p) {
+    run = seq_refs_[size_t(p)] == 0 && (evictable || cache_refs_[size_t(p)] == 0) ? run + 1 : 0;
+    if (run == need) return p;
+  }
+  return -1;
 }
 
 int PagePool::open() {
-  for (int i = 0; i < n_slots(); ++i) {
-    if (live_[size_t(i)]) continue;
-    live_[size_t(i)] = true;
-    length_[size_t(i)] = 0;
-    return i;
+  const auto slot = std::find(live_.begin(), live_.end(), false);
+  KVQ_CHECK(slot != live_.end(), "KV cache: all {} sequence slots are in use", n_slots());
+  const int seq = int(slot - live_.begin()), need = layout_.window_pages();
+  int first = window_run(false);
+  while (first < 0 && evict_ && window_run(true) >= 0 && evict_()) first = window_run(false);
+  KVQ_CHECK(first >= 0,
+            "KV cache: page pool exhausted: a sequence's windows need {} pages in a row ({:.1f} MiB), {} free of {}{}",
+            need, mib(double(need) * double(layout_.page_bytes)), free_pages(), n_pages_,
+            free_pages() >= need ? " but not in a row" : "");
+  for (int p = first; p < first + need; ++p) {
+    free_.erase(p);
+    seq_refs_[size_t(p)] = 1;
   }
-  KVQ_FAIL("KV cache: all {} sequence slots are in use", n_slots());
+  window_[size_t(seq)] = first;
+  window_off_[size_t(seq)] = layout_.window_offset(first);
+  live_[size_t(seq)] = true;
+  length_[size_t(seq)] = 0;
+  return seq;
+}
+
+int64_t PagePool::window_offset(int seq) const {
+  KVQ_CHECK(seq >= 0 && seq < n_slots() && live_[size_t(seq)], "KV cache: sequence {} is not live", seq);
+  return window_off_[size_t(seq)];
 }
 
 void PagePool::release_page(int page) {
@@ -67,7 +91,7 @@ void PagePool::release_page(int page) {
   KVQ_CHECK(refs > 0, "KV cache: page {} released with no sequence holding it (internal)", page);
   if (--refs > 0) return;
   if (cache_refs_[size_t(page)] > 0) ++cached_only_;
-  else free_.push_back(page);
+  else free_.insert(page);
 }
 
 int PagePool::pop_free() {
@@ -75,8 +99,8 @@ int PagePool::pop_free() {
   }
   KVQ_CHECK(!free_.empty(), "KV cache: page pool exhausted: no free page of {} (internal: the count said one was)",
             n_pages_);
-  const int page = free_.back();
-  free_.pop_back();
+  const int page = *free_.begin();
+  free_.erase(free_.begin());
   seq_refs_[size_t(page)] = 1;
   return page;
 }
@@ -118,13 +142,16 @@ void PagePool::cache_ref(int page, int delta) {
   KVQ_CHECK(refs > 0, "KV cache: page {} has no cache reference to drop", page);
   if (--refs > 0 || seq_refs_[size_t(page)] > 0) return;
   --cached_only_;
-  free_.push_back(page);
+  free_.insert(page);
 }
 
 void PagePool::close(int seq) {
   KVQ_CHECK(seq >= 0 && seq < n_slots() && live_[size_t(seq)], "KV cache: sequence {} is not live", seq);
   int* row = table_.data() + size_t(seq) * size_t(width_);
   for (int i = held_[size_t(seq)] - 1; i >= 0; --i) release_page(std::exchange(row[i], -1));
+  for (int p = window_[size_t(seq)]; p < window_[size_t(seq)] + layout_.window_pages(); ++p) release_page(p);
+  window_[size_t(seq)] = -1;
+  window_off_[size_t(seq)] = -1;
   held_[size_t(seq)] = length_[size_t(seq)] = 0;
   live_[size_t(seq)] = false;
 }
@@ -182,23 +209,22 @@ void PagePool::fork(int src, int dst) {
   length_[size_t(dst)] = length_[size_t(src)];
 }
 
+bool PagePool::can_open() const { return n_live() < n_slots() && window_run(true) >= 0; }
+
 bool PagePool::can_admit(int n_tokens) const {
-  return n_tokens <= max_ctx_ && n_live() < n_slots() && layout_.pages_for(n_tokens) <= free_pages();
+  return n_tokens <= max_ctx_ && layout_.sequence_pages(n_tokens) <= free_pages() && can_open();
 }
 
 int PagePool::sequences_at(int n_tokens) const {
-  const int pages = layout_.pages_for(std::min(n_tokens, max_ctx_));
-  return pages > 0 ? std::min(n_slots(), n_pages_ / pages) : n_slots();
+  return std::min(n_slots(), n_pages_ / layout_.sequence_pages(std::min(n_tokens, max_ctx_)));
 }
 
 size_t PagePool::bytes_of(const CacheLayout& layout, Size size) {
-  return size_t(size.n_pages) * size_t(layout.page_bytes) + size_t(size.n_slots) * size_t(layout.window_bytes());
+  return size_t(size.n_pages) * size_t(layout.page_bytes);
 }
 
 size_t PagePool::bytes() const { return bytes_of(layout_, {n_slots(), n_pages_}); }
 
-size_t PagePool::used_bytes() const {
-  return size_t(used_pages()) * size_t(layout_.page_bytes) + size_t(n_live()) * size_t(layout_.window_bytes());
-}
+size_t PagePool::used_bytes() const { return size_t(used_pages()) * size_t(layout_.page_bytes); }
 
 }  // namespace kvq

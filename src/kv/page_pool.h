@@ -1,12 +1,15 @@
 // The page pool of a KV cache, host side: the one bookkeeping of pages and sequence slots that the CPU cache
 // (KvCache) and the GPU cache (cuda::GpuKvCache) both use, and the admission arithmetic a scheduler reads.
-// It holds no cache bytes: a cache stores page p at pool + p * page_bytes and the windows of slot s per slot,
-// and reads (GPU: uploads) the block tables from here.
+// It holds no cache bytes: a cache stores page p at pool + p * page_bytes and reads (GPU: uploads) the block tables
+// and the window offsets from here.
 //
-// Sizes are fixed at construction, in bytes: every slot's windows (sinks + ring, CacheLayout::window_bytes) and
-// n_pages pages (CacheLayout::page_bytes). A sequence takes pages as it grows (reserve), so the sequences that fit
-// are the ones the pool really holds. Windows are allocated per slot, not per live sequence, because the GPU kernels
-// address them by slot.
+// Sizes are fixed at construction: n_pages pages (CacheLayout::page_bytes) and n_slots sequence slots, which cost
+// nothing but a block-table row. A sequence takes everything it stores from the pages: its windows (sinks + ring,
+// CacheLayout::window_pages() pages in a row) when it opens, the pages of its quantized region as it grows (reserve),
+// and returns them all when it closes; so the sequences that fit are decided by what live sequences hold. Body pages
+// are taken lowest id first and windows from the top of the pool down, so the two meet only when the pool is nearly
+// full; a window needs its pages in a row, so a fragmented pool can refuse a sequence with enough free pages in all
+// (can_admit says so, and open() names it).
 //
 // Prefix caching (kv/prefix_cache.h) shares pages: a page may be in several sequences' block tables (read-only) and
 // held by cached prefixes. Each page counts its sequence references and its cache references and is free when both
@@ -15,7 +18,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <set>
 #include <vector>
 
 #include "kv/cache_layout.h"
@@ -29,13 +34,14 @@ class PagePool {
     int n_slots;  // sequence slots
     int n_pages;  // pages
   };
-  // Enough pages for max_seqs sequences of max_ctx tokens each (max_seqs x layout.pages_per_seq(max_ctx)).
+  // Enough pages for max_seqs sequences of max_ctx tokens each, windows included (max_seqs x
+  // layout.sequence_pages(max_ctx)).
   static Size for_sequences(const CacheLayout& layout, int max_ctx, int max_seqs);
-  // What fits in budget_bytes: the windows of max_seqs slots, then as many pages as the rest holds, at most
-  // for_sequences' count. max_seqs 0: as many slots as the budget holds sequences of max_ctx tokens (windows and
-  // pages). Throws kvq::Error unless the budget holds every slot's windows and one sequence of max_ctx.
+  // As many pages as budget_bytes holds, at most for_sequences' count, and max_seqs slots; max_seqs 0: as many slots
+  // as the budget holds sequences of max_ctx tokens. Throws kvq::Error unless the budget holds one sequence of max_ctx
+  // (its windows and pages).
   static Size for_budget(const CacheLayout& layout, int max_ctx, int max_seqs, size_t budget_bytes);
-  // Bytes of a pool of this size: its pages and every slot's windows.
+  // Bytes of a pool of this size: its pages (the windows are pages too).
   static size_t bytes_of(const CacheLayout& layout, Size size);
 
   PagePool(const CacheLayout& layout, int max_ctx, Size size);
@@ -46,9 +52,14 @@ class PagePool {
   int n_pages() const { return n_pages_; }
   int table_width() const { return width_; }  // block table columns: max(1, layout.pages_per_seq(max_ctx))
 
-  // Sequence slots. open() takes the lowest free slot (throws when all are in use); close() returns its pages.
+  // Sequence slots. open() takes the lowest free slot and its windows' pages (throws kvq::Error when every slot is in
+  // use, or no window_pages() pages in a row are free, evicting cached prefixes first); close() returns its pages.
   int open();
   void close(int seq);
+  // The byte offset in the pool of seq's windows (CacheLayout::window_offset of its first window page), and of every
+  // slot, [n_slots], -1 where no sequence is live.
+  int64_t window_offset(int seq) const;
+  const std::vector<int64_t>& window_offsets() const { return window_off_; }
   bool live(int seq) const { return live_.at(size_t(seq)); }
   int n_live() const;
   int length(int seq) const { return length_.at(size_t(seq)); }  // tokens committed
@@ -84,28 +95,36 @@ class PagePool {
   // More pages seq needs to hold n_tokens tokens in all.
   int pages_short(int seq, int n_tokens) const;
 
-  // Admission: a free slot and free pages for a sequence of n_tokens (<= max_ctx).
+  // Admission: a free slot, its windows' pages in a row and free pages for a sequence of n_tokens (<= max_ctx), with
+  // cached prefixes evicted where needed.
   bool can_admit(int n_tokens) const;
-  // Sequences of n_tokens each that the empty pool holds (its slots, or its pages).
+  // A new sequence can open: a free slot and a run of window pages (cached prefixes evicted where needed).
+  bool can_open() const;
+  // Sequences of n_tokens each that the empty pool holds (its slots, or its pages, windows included).
   int sequences_at(int n_tokens) const;
   int free_pages() const { return int(free_.size()) + cached_only_; }  // cached-only pages included
-  int used_pages() const { return n_pages_ - free_pages(); }
-  size_t bytes() const;       // pages + every slot's windows: what the cache allocates
-  size_t used_bytes() const;  // pages held + windows of live sequences
+  int used_pages() const { return n_pages_ - free_pages(); }          // windows of live sequences included
+  size_t bytes() const;       // every page: what the cache allocates
+  size_t used_bytes() const;  // pages held, windows included
   size_t free_bytes() const { return bytes() - used_bytes(); }
 
  private:
   CacheLayout layout_;
   int max_ctx_, n_pages_, width_;
   void release_page(int page);  // a sequence drops its reference
-  int pop_free();                // a free page id, evicting cached prefixes when the list is empty
-  std::vector<int> free_;     // free page ids; the next one taken is back()
+  int pop_free();                // the lowest free page id, evicting cached prefixes when none is free
+  // The first page of the highest run of window_pages() pages that are free (or, with evictable, that no sequence
+  // holds: free or cached-only), -1 when there is none.
+  int window_run(bool evictable) const;
+  std::set<int> free_;        // free page ids; the next one taken is the lowest
   std::vector<int> seq_refs_, cache_refs_;  // [n_pages] references by sequences / by cached prefixes
   int cached_only_ = 0;        // pages with cache references only
   std::function<bool()> evict_;
   std::vector<int> table_;    // [n_slots][width_] block tables, -1: none
   std::vector<int> held_;     // pages held per slot
   std::vector<int> length_;   // tokens committed per slot
+  std::vector<int> window_;   // first window page per slot, -1: none
+  std::vector<int64_t> window_off_;  // its byte offset (CacheLayout::window_offset), -1: none
   std::vector<bool> live_;
 };
 

@@ -59,21 +59,21 @@ MemoryPlan memory_plan(const PlanInputs& in) {
   }
   const CacheLayout layout = cache_layout(in.cache, c.n_layers, c.n_kv_heads, c.head_dim);
   const PagePool::Size size = PagePool::for_sequences(layout, in.ctx, in.max_seqs);
-  p.kv_window_bytes = size_t(size.n_slots) * size_t(layout.window_bytes());
-  p.kv_pool_bytes = PagePool::bytes_of(layout, size) - p.kv_window_bytes;
+  p.kv_window_bytes = size_t(size.n_slots) * size_t(layout.window_pages()) * size_t(layout.page_bytes);
+  p.kv_pool_bytes = PagePool::bytes_of(layout, size);
   if (in.device == PlanDevice::kCpu) {
     // A checkpoint's matrices are read where they lie (page cache); dummy ones are the process's own.
     p.activation_bytes = cpu_activations(c, in.cache.max_chunk);
     p.page_cache_bytes = in.dummy ? 0 : p.matrix_bytes;
-    p.host_bytes = (in.dummy ? p.matrix_bytes : 0) + p.vector_bytes + p.kv_pool_bytes + p.kv_window_bytes +
-                   p.activation_bytes + p.fold_bytes;
+    p.host_bytes = (in.dummy ? p.matrix_bytes : 0) + p.vector_bytes + p.kv_pool_bytes + p.activation_bytes +
+                   p.fold_bytes;
     return p;
   }
   // The device holds the weights in the GEMM precision; a checkpoint's pages pass through the host once (pinned
   // staging, released tensor by tensor); dummy weights are generated on the device.
   p.device_weight_bytes = matrix_params * (in.gpu_gemm_fp32 ? kF32 : 2) + p.vector_bytes;
   p.activation_bytes = gpu_activations(c, std::max(in.cache.max_chunk, in.max_seqs), in.max_seqs, in.gpu_gemm_fp32);
-  p.device_bytes = p.device_weight_bytes + p.kv_pool_bytes + p.kv_window_bytes + p.activation_bytes;
+  p.device_bytes = p.device_weight_bytes + p.kv_pool_bytes + p.activation_bytes;
   p.page_cache_bytes = in.dummy ? 0 : p.matrix_bytes;
   p.host_bytes = (in.dummy ? 0 : kPinnedStagingBytes) + p.vector_bytes + p.fold_bytes;
   return p;

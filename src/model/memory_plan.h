@@ -7,8 +7,8 @@
 //                process's own memory (dummy weights are generated into its own memory). On the GPU they live in
 //                device memory in the GEMM precision; the host stages them through two pinned 32 MiB buffers and
 //                drops each tensor's mapped pages once it is uploaded.
-//   KV pool      the pages of max_seqs sequences of ctx tokens (PagePool::for_sequences)
-//   windows      the sinks and recent rings of max_seqs sequence slots
+//   KV pool      the pages of max_seqs sequences of ctx tokens (PagePool::for_sequences), windows included
+//   windows      the part of the pool the sinks and recent rings of max_seqs sequences take while they run
 //   value fold   the copies of W_V / W_O with the cache's value rotation folded in (model/value_fold.h), in the host
 //                memory of the process, when the cache has one: run, serve and bench decode fold it by default
 //   activations  CPU: one prefill chunk's buffers (model/model.h), the logits of a chunk, the GEMM tile scratch
@@ -32,8 +32,8 @@ struct MemoryPlan {
   size_t matrix_bytes = 0;        // the linear weights and the embedding as stored
   size_t vector_bytes = 0;        // norms and biases in fp32
   size_t device_weight_bytes = 0; // cuda: the weights on the device (matrices in the GEMM precision, vectors fp32)
-  size_t kv_pool_bytes = 0;       // pages
-  size_t kv_window_bytes = 0;     // sinks + rings of every slot
+  size_t kv_pool_bytes = 0;       // pages, windows included
+  size_t kv_window_bytes = 0;     // of which the windows of max_seqs sequences (sinks + rings)
   size_t activation_bytes = 0;    // see the header comment
   size_t fold_bytes = 0;          // the value fold's W_V / W_O copies (host), or 0
   size_t host_bytes = 0;          // the process's own host memory (page cache of mapped weights not included)

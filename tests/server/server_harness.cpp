@@ -40,11 +40,12 @@ TestServer::TestServer(const ServerSetup& s) {
   size_t budget = 0;
   if (s.kv_pages > 0) {
     const CacheLayout l = cache_layout(s.cache, mc.n_layers, mc.n_kv_heads, mc.head_dim);
-    budget = size_t(s.np) * size_t(l.window_bytes()) + size_t(s.kv_pages) * size_t(l.page_bytes);
+    budget = size_t(s.np * l.window_pages() + s.kv_pages) * size_t(l.page_bytes);
   }
   runner_ = std::make_unique<CpuRunner>(m, s.cache, s.ctx, s.np, budget);
   if (s.kv_pages > 0) {
-    EXPECT_EQ(runner_->page_pool().n_pages(), s.kv_pages);
+    const CacheLayout& l = runner_->page_pool().layout();
+    EXPECT_EQ(runner_->page_pool().n_pages(), s.np * l.window_pages() + s.kv_pages);
   }
   faults_ = std::make_unique<FaultInjectingRunner>(*runner_);
   EngineConfig ec;

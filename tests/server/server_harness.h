@@ -30,7 +30,7 @@ struct ServerSetup {
   int ctx = 256;               // tokens per sequence
   int np = 4;                  // running requests at most
   int max_queue = 32;
-  int kv_pages = 0;            // > 0: a pool of the windows of np slots and this many pages (a tight budget)
+  int kv_pages = 0;            // > 0: a pool of np sequences' windows and this many pages (a tight budget)
   std::string api_key;
   bool chat = true;            // models/ref's ChatML template, or none
   bool dummy_weights = false;  // kvq serve --dummy-weights: random weights of models/ref's config, no tokenizer
