@@ -372,12 +372,11 @@ void log_runner(const Runner& r, const char* what) {
   const CacheLayout& l = pool.layout();
   const double mib = double(1 << 20);
   std::fprintf(stderr,
-               "kvq: %s %s | KV cache %s: %.1f MiB: pool of %d pages x %d tokens (%.1f MiB; a sequence's windows "
-               "take %d of them, %.1f MiB), holds %d x %d tokens, %.2f effective bits/element at %d\n",
+               "kvq: %s %s | KV cache %s: %.1f MiB: pool of %d pages x %d tokens (a sequence's windows take %d of "
+               "them, %.1f MiB), holds %d x %d tokens, %.2f effective bits/element at %d\n",
                what, r.describe().c_str(), r.cache_config().describe().c_str(), double(r.cache_bytes()) / mib,
-               pool.n_pages(), l.page_tokens, double(pool.n_pages()) * double(l.page_bytes) / mib, l.window_pages(),
-               double(l.window_pages()) * double(l.page_bytes) / mib, pool.sequences_at(r.max_ctx()), r.max_ctx(),
-               f.bits_per_element, r.max_ctx());
+               pool.n_pages(), l.page_tokens, l.window_pages(), double(l.window_pages()) * double(l.page_bytes) / mib,
+               pool.sequences_at(r.max_ctx()), r.max_ctx(), f.bits_per_element, r.max_ctx());
 }
 
 Plan plan(const ModelOptions& m, const CacheOptions& c, int ctx_request, bool beyond_trained_ctx) {
