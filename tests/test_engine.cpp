@@ -305,6 +305,14 @@ TEST(Scheduler, AdmissionWaitsForPagesAndSlots) {
     for (auto& u : s.step()) finished += u.output.finish != FinishReason::None;
   EXPECT_EQ(finished, 3);
   EXPECT_EQ(r.page_pool().used_pages(), 0);
+  // Two sequences' windows and 8 pages: exactly two requests at once (a request's windows are counted once: they leave
+  // the free pages when its sequence opens).
+  CpuRunner two(ref_model(), small_cache(), 64, 3, size_t(2 * l.window_pages() + 8) * size_t(l.page_bytes));
+  Scheduler s2(two);
+  for (int i = 0; i < 3; ++i) s2.add(std::make_unique<Generation>(prompt, greedy(2), nullptr));
+  s2.step(&info);
+  EXPECT_EQ(info.admitted, 2);
+  EXPECT_EQ(s2.n_waiting(), 1);
 }
 
 TEST(Scheduler, CancelFreesTheSequenceAndContextOverflowIsRefused) {

@@ -98,8 +98,9 @@ TEST(EngineGpu, SchedulerCompletesConcurrentRequestsThroughATightPool) {
   const CacheConfig cc = small_cache("int2");
   const CacheLayout l = cache_layout(cc, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim);
   const int ctx = 128, seqs = 6;
+  // Two sequences' windows and the pages of one sequence of the whole context: the two running grow past them.
   GpuModel g(m, cc, ctx, seqs, cuda::GemmPrecision::Bf16,
-             size_t(seqs * l.window_pages() + l.pages_for(ctx)) * size_t(l.page_bytes));
+             size_t(2 * l.window_pages() + l.pages_for(ctx)) * size_t(l.page_bytes));
   Scheduler s(g);
   GenerateParams p;
   p.sampler.temperature = 0;

@@ -210,7 +210,7 @@ void Scheduler::admit(StepInfo& info) {
     // A group larger than the pool admits alone with the leader's pages: choices that do not fit at the fork wait.
     const bool alone = running_.empty() && n > 1 && pool.layout().sequence_pages(room(*w.gen)) <= pool.free_pages();
     if ((need + reserved > pool.free_pages() && !alone) || !pool.can_open()) break;
-    reserved += need;
+    reserved += need - pool.layout().window_pages();  // the leader's windows leave the free pages at new_sequence
     forks += n - 1;
     w.seq = runner_.new_sequence();
     w.admitted = true;
