@@ -468,8 +468,9 @@ TEST(GpuCache, PoolFromAByteBudgetHoldsWhatTheCpuCacheHolds) {
     EXPECT_EQ(gpu.max_seqs(), 3) << type;
     EXPECT_EQ(gpu.pool().n_slots(), cpu.pool().n_slots()) << type;
     EXPECT_EQ(gpu.pool().n_pages(), cpu.pool().n_pages()) << type;
+    // The GPU's own: block tables and window offsets.
     EXPECT_EQ(gpu.bytes_allocated(), cpu.bytes_allocated() + gpu.pool().table().size() * sizeof(int) +
-                                         size_t(gpu.pool().n_slots()) * sizeof(int64_t))  // block tables, window offsets
+                                         size_t(gpu.pool().n_slots()) * sizeof(int64_t))
         << type;
     int held = 0;
     try {

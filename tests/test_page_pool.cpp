@@ -494,8 +494,8 @@ TEST(KvCacheBudget, FixedSlotsRunOutOfPagesWithOneClearErrorAndNothingChanged) {
   EXPECT_EQ(c.pool().free_pages(), 0);
   const int len = c.length(seqs[2]), pages = c.pool().pages(seqs[2]);
   EXPECT_EQ(error_of([&] { c.reserve(seqs[2], 1); }),
-            fmt::format("KV cache: page pool exhausted: sequence 2 needs 1 more page, 0 free of {} ({:.1f} MiB)", n_pages,
-                        n_pages * double(l.page_bytes) / double(1 << 20)));
+            fmt::format("KV cache: page pool exhausted: sequence 2 needs 1 more page, 0 free of {} ({:.1f} MiB)",
+                        n_pages, n_pages * double(l.page_bytes) / double(1 << 20)));
   EXPECT_EQ(c.length(seqs[2]), len);
   EXPECT_EQ(c.pool().pages(seqs[2]), pages);
   c.free_sequence(seqs[0]);

@@ -109,8 +109,8 @@ void serve(const ServeOptions& o) {
                "kvq: serve: KV cache %s: %.1f MiB, %d pages x %d tokens (a sequence's windows take %d), %d sequence "
                "slots, holds %d tokens in sequences of %d; concurrent sequences: %s\n",
                r.cache_config().describe().c_str(), double(pool.bytes()) / double(1 << 20), pool.n_pages(),
-               pool.layout().page_tokens, pool.layout().window_pages(), pool.n_slots(), pool.sequences_at(p.ctx) * p.ctx,
-               p.ctx, concurrency_line(pool, p.ctx).c_str());
+               pool.layout().page_tokens, pool.layout().window_pages(), pool.n_slots(),
+               pool.sequences_at(p.ctx) * p.ctx, p.ctx, concurrency_line(pool, p.ctx).c_str());
   std::fprintf(stderr, "kvq: serve: %d running at most (-np), %d queued (--max-queue), %d tokens per step (prefill "
                "chunks of %d)%s\n",
                engine.scheduler_config().max_seqs, o.max_queue, engine.scheduler_config().token_budget,

@@ -213,8 +213,7 @@ struct GpuKvCache::Impl {
           "window table upload");
     table_dirty = false;
   }
-  std::vector<int64_t> window_base_host;  // the upload's staging (alive until the stream passes it: pageable memory
-                                          // is copied before cudaMemcpyAsync returns)
+  std::vector<int64_t> window_base_host;  // the upload's source (pageable: read by the time cudaMemcpyAsync returns)
   const Plan& plan_attention(int n_heads);
   // The config's transform on the device (identity() = none).
   void upload_transform(const KvTransform& t);

@@ -48,7 +48,8 @@ class GpuKvCache {
  public:
   // Allocates the page pool for max_seqs sequences of up to max_ctx tokens each, windows included (a sequence's windows
   // are pages of the pool while it lives); or, with budget_bytes > 0, as many pages as that many bytes hold
-  // (PagePool::for_budget: max_seqs slots, 0 = as many as the budget holds at max_ctx). Same sizes and page bookkeeping as the CPU cache (kv/cache_layout.h, kv/page_pool.h).
+  // (PagePool::for_budget: max_seqs slots, 0 = as many as the budget holds at max_ctx). Same sizes and page
+  // bookkeeping as the CPU cache (kv/cache_layout.h, kv/page_pool.h).
   // stream: the cudaStream_t to run on (null: one of its own, destroyed with it).
   GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx, int max_seqs,
              size_t budget_bytes = 0, void* stream = nullptr);

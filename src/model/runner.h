@@ -100,7 +100,8 @@ class CpuRunner final : public Runner {
   // The model must outlive the runner; runners with different caches (and KV transforms) can share one model.
   // The cache holds max_seqs sequences of up to max_ctx tokens; with kv_budget_bytes > 0 (--kv-budget-gib) its pool
   // is as many pages as that many bytes hold, which every sequence's windows also come from (KvCache). max_seqs 0
-  // (needs a budget): as many sequences of max_ctx tokens as the budget holds (PagePool::for_budget; bench decode --seqs max).
+  // (needs a budget): as many sequences of max_ctx tokens as the budget holds (PagePool::for_budget; bench decode
+  // --seqs max).
   CpuRunner(Model& model, const CacheConfig& cache_cfg, int max_ctx, int max_seqs = 1, size_t kv_budget_bytes = 0);
 
   const ModelConfig& config() const override { return model_.config(); }
