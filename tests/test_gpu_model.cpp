@@ -634,13 +634,15 @@ TEST(GpuEval, ExactPromptAsShippedMatchesTheCpu) {
   cc.transform = codec_transform(cc, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   const EvalReport want = evaluate(m, tok, cc, {d}, c);
   const EvalReport got = evaluate(m, gpu_runners(m, GemmPrecision::Fp32), tok, cc, {d}, c);
-  // turboquant_3bit_nc runs on CUDA cores (exact float arithmetic: ppl 0.067% on the H100), with the default bounds.
-  // On decoded tiles (f16 operands: attention within 7e-6 NMSE of the exact twin) with no window every key is 3-bit,
-  // and that rounding moves later layers' codes, whose flips compound as the bf16 GEMMs' noise does for q4_0 keys
-  // above (H100, when this preset ran them: ppl 0.644%, KL 0.012%, top-1 0.8774 against 0.8891): bounds of 1% and
-  // 0.02 there; KL, the tighter check of the cache, stays within 10%.
+  // turboquant_3bit_nc runs on CUDA cores (exact float arithmetic). With no window every key is 3-bit, so any rounding
+  // moves later layers' codes and the flips compound: the CPU reference itself moves with the host's BLAS kernels
+  // (fp32 GEMMs of the forward), ppl 11.0508 / 11.0687 on two H100 hosts, 11.0713 on the AVX-512 development machine
+  // (every SIMD level there), while the GPU gave 11.0435 both times (0.067% and 0.228% off): a ppl bound of 0.5%
+  // covers the hosts. On decoded tiles (f16 operands: attention within 7e-6 NMSE of the exact twin) the f16 rounding
+  // adds to it (H100, when this preset ran them: ppl 0.644%, KL 0.012%, top-1 0.8774 against 0.8891): 1% and 0.02
+  // there. KL, the tighter check of the cache, stays within 10% on both.
   const bool decoded = cuda::kGpuInstances[cuda::gpu_instance(cc, mc.head_dim)].path == cuda::GpuPath::kDecodedTile;
-  expect_eval_close(got, want, "exact-prompt tq3nc/tqv3, layer 0 bf16", decoded ? 1e-2 : 1e-3, decoded ? 0.02 : 0.01);
+  expect_eval_close(got, want, "exact-prompt tq3nc/tqv3, layer 0 bf16", decoded ? 1e-2 : 5e-3, decoded ? 0.02 : 0.01);
 }
 
 // A BF16 method through GPU runners: the reference and the method are the same deterministic computation, so KL is
