@@ -283,7 +283,7 @@ TEST(PagePool, ReserveTakesPagesInOrderAndFreeReturnsThemForReuse) {
   p.close(b);
   EXPECT_FALSE(p.live(b));
   EXPECT_EQ(p.free_pages(), 2 + 4);
-  EXPECT_EQ(p.window_offsets()[size_t(b)], -1);
+  EXPECT_EQ(error_of([&] { p.window_offset(b); }), "KV cache: sequence 1 is not live");  // no windows
   EXPECT_EQ(p.table()[size_t(b) * p.table_width()], -1);
   const int c = p.open();
   EXPECT_EQ(c, b);  // the lowest free slot

@@ -205,9 +205,9 @@ struct GpuKvCache::Impl {
     check(cudaMemcpyAsync(page_table_dev.get(), pool->table().data(), pool->table().size() * sizeof(int),
                           cudaMemcpyHostToDevice, stream),
           "page table upload");
-    window_base_host.resize(pool->window_offsets().size());
-    for (size_t i = 0; i < window_base_host.size(); ++i)
-      window_base_host[i] = pool->window_offsets()[i] < 0 ? -1 : pool->window_offsets()[i] / 2;
+    window_base_host.resize(size_t(pool->n_slots()));
+    for (int s = 0; s < pool->n_slots(); ++s)
+      window_base_host[size_t(s)] = pool->live(s) ? pool->window_offset(s) / 2 : -1;
     check(cudaMemcpyAsync(window_base_dev.get(), window_base_host.data(), window_base_host.size() * sizeof(int64_t),
                           cudaMemcpyHostToDevice, stream),
           "window table upload");

@@ -47,7 +47,6 @@ PagePool::PagePool(const CacheLayout& layout, int max_ctx, Size size)
   length_.assign(size_t(size.n_slots), 0);
   live_.assign(size_t(size.n_slots), false);
   window_.assign(size_t(size.n_slots), -1);
-  window_off_.assign(size_t(size.n_slots), -1);
 }
 
 int PagePool::window_run(bool evictable) const {
@@ -75,7 +74,6 @@ int PagePool::open() {
     seq_refs_[size_t(p)] = 1;
   }
   window_[size_t(seq)] = first;
-  window_off_[size_t(seq)] = layout_.window_offset(first);
   live_[size_t(seq)] = true;
   length_[size_t(seq)] = 0;
   return seq;
@@ -83,7 +81,7 @@ int PagePool::open() {
 
 int64_t PagePool::window_offset(int seq) const {
   KVQ_CHECK(seq >= 0 && seq < n_slots() && live_[size_t(seq)], "KV cache: sequence {} is not live", seq);
-  return window_off_[size_t(seq)];
+  return layout_.window_offset(window_[size_t(seq)]);
 }
 
 void PagePool::release_page(int page) {
@@ -151,7 +149,6 @@ void PagePool::close(int seq) {
   for (int i = held_[size_t(seq)] - 1; i >= 0; --i) release_page(std::exchange(row[i], -1));
   for (int p = window_[size_t(seq)]; p < window_[size_t(seq)] + layout_.window_pages(); ++p) release_page(p);
   window_[size_t(seq)] = -1;
-  window_off_[size_t(seq)] = -1;
   held_[size_t(seq)] = length_[size_t(seq)] = 0;
   live_[size_t(seq)] = false;
 }

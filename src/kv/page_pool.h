@@ -56,10 +56,8 @@ class PagePool {
   // use, or no window_pages() pages in a row are free, evicting cached prefixes first); close() returns its pages.
   int open();
   void close(int seq);
-  // The byte offset in the pool of seq's windows (CacheLayout::window_offset of its first window page), and of every
-  // slot, [n_slots], -1 where no sequence is live.
+  // The byte offset in the pool of seq's windows (CacheLayout::window_offset of its first window page); seq live.
   int64_t window_offset(int seq) const;
-  const std::vector<int64_t>& window_offsets() const { return window_off_; }
   bool live(int seq) const { return live_.at(size_t(seq)); }
   int n_live() const;
   int length(int seq) const { return length_.at(size_t(seq)); }  // tokens committed
@@ -124,7 +122,6 @@ class PagePool {
   std::vector<int> held_;     // pages held per slot
   std::vector<int> length_;   // tokens committed per slot
   std::vector<int> window_;   // first window page per slot, -1: none
-  std::vector<int64_t> window_off_;  // its byte offset (CacheLayout::window_offset), -1: none
   std::vector<bool> live_;
 };
 
