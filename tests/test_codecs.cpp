@@ -377,7 +377,7 @@ TEST_P(AnyCodec, FastScoresAndAccumulateMatchScalarReferenceAtEverySimdLevel) {
         std::vector<float> s_ref(size_t(n_q) * n_tokens), s_fast(size_t(n_q) * n_tokens, NAN);
         codec->scores_ref(q.data(), n_q, blocks.data(), n_tokens, s_ref.data());
         codec->scores(q.data(), n_q, blocks.data(), n_tokens, s_fast.data());
-                const bool int8_here = int8_path && simd_int8_operands(level);
+        const bool int8_here = int8_path && simd_int8_operands(level);
         for (int i = 0; i < n_q; ++i) {
           double qa = 0, qmax = 0;
           for (int c = 0; c < d; ++c) qa += std::fabs(q[size_t(i) * d + c]), qmax = std::max(qmax, double(std::fabs(q[size_t(i) * d + c])));

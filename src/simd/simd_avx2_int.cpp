@@ -173,28 +173,26 @@ struct IAvx2 {
 
 #include "simd/simd_int16_impl.h"
 
-// ---- int2 scores with one group per row (G = d, the default): int8 queries, vpmaddubsw on bit planes ----
-// A row's packed codes are d/4 bytes; byte 8u + j holds values 32u + j + 8k in bits 2k (layout.h). Plane k of a
-// 128-value chunk's 32 code bytes, (x >> 2k) & 3, is 32 unsigned codes; the matching query bytes are q8 at those
-// positions. vpmaddubsw(plane_k, q8_k) holds pairs' sums in int16 (|lane| <= 2·3·127), the four planes (and both
-// chunks of d = 256) add up in int16 (<= 6096), and one vpmaddwd with ones widens them to 8 int32 lanes. q is
-// rounded with step max|q| / 127 and the zero term uses the same rounded q:
+// ---- int2 scores with one group of 128 per row (the default): int8 queries, vpmaddubsw on bit planes ----
+// A row's packed codes are 32 bytes; byte 8u + j holds values 32u + j + 8k in bits 2k (layout.h). Plane k of them,
+// (x >> 2k) & 3, is 32 unsigned codes; the matching query bytes are q8 at those positions. vpmaddubsw(plane_k, q8_k)
+// holds pairs' sums in int16 (|lane| <= 2·3·127), the four planes add up in int16 (<= 3048), and one vpmaddwd with
+// ones widens them to 8 int32 lanes. q is rounded with step max|q| / 127 and the zero term uses the same rounded q:
 //   s = scale · step · (Σ q8·code − zero · Σ q8).
-constexpr int kMaxPlaneChunks = 2;  // d <= 256
-
 struct PlaneQuery {
-  alignas(32) int8_t planes[kMaxPlaneChunks][4][32];  // [chunk][plane k][byte b] = q8 at value 128c + 32u + j + 8k
-  float step;                                          // q ≈ step · q8
-  int32_t sum;                                         // Σ q8
+  alignas(32) int8_t planes[4][32];  // [plane k][byte b] = q8 at value 32u + j + 8k (b = 8u + j)
+  float step;                        // q ≈ step · q8
+  int32_t sum;                       // Σ q8
 };
 
-inline void make_plane_query(const float* q, int d, PlaneQuery& out) {
+inline void make_plane_query(const float* q, PlaneQuery& out) {
+  constexpr int d = 128;
   __m256 m = _mm256_setzero_ps();
   for (int c = 0; c < d; c += 8) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(q + c)));
   const float mx = hmax_abs(m);
   out.step = mx > 0.f ? mx / 127.f : 1.f;
   const __m256 inv = _mm256_set1_ps(1.f / out.step);
-  alignas(32) int8_t q8[kMaxPlaneChunks * 128];
+  alignas(32) int8_t q8[d];
   __m256i sum = _mm256_setzero_si256();
   for (int c = 0; c < d; c += 16) {  // round to nearest even; |q / step| <= 127 by construction
     const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(q + c), inv));
@@ -207,62 +205,68 @@ inline void make_plane_query(const float* q, int d, PlaneQuery& out) {
   const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
   const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
   out.sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-  // plane k of a chunk = the 8-value runs starting at 32u + 8k, u = 0..3
-  for (int c = 0; c < d / 128; ++c)
-    for (int k = 0; k < 4; ++k)
-      for (int u = 0; u < 4; ++u) std::memcpy(&out.planes[c][k][8 * u], q8 + 128 * c + 32 * u + 8 * k, 8);
+  // plane k = the 8-value runs starting at 32u + 8k, u = 0..3
+  for (int k = 0; k < 4; ++k)
+    for (int u = 0; u < 4; ++u) std::memcpy(&out.planes[k][8 * u], q8 + 32 * u + 8 * k, 8);
 }
 
-// Rows t0 .. t0 + nt of QB <= 4 queries: per row, one int32 vector per query, reduced four queries at once.
+// Per 128-bit lane, the partial sums of 4 int32 vectors: lane h of the result = [Σa, Σb, Σc, Σd] over lane h.
+inline __m256i hsum4_lanes(const __m256i* v) {
+  const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+  const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+}
+
+#include "simd/simd_int2_planes_impl.h"
+
+// Rows t0 .. t0 + nt of QB <= 4 queries, two rows a step: each plane of the two rows meets every query's plane
+// bytes once (one load for both rows), and the step's 8 (row, query) integer sums come out of one reduction as one
+// vector [row a: q0 .. q3 | row b: q0 .. q3] (queries past QB have zero sums). An odd last row is paired with itself.
+// The tile's sums are then scaled 8 rows at a time (simd_int2_planes_impl.h).
 template <int QB>
 void scores_planes_block(const RowsView& r, int t0, int nt, const PlaneQuery* pq, float* s, size_t s_stride) {
-  const int chunks = r.d / 128;
   const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
-  __m128 stepv, zsumv;  // per query: step, step · Σq8
-  {
-    float a[4] = {}, b[4] = {};
-    for (int i = 0; i < QB; ++i) a[i] = pq[i].step, b[i] = pq[i].step * float(pq[i].sum);
-    stepv = _mm_loadu_ps(a), zsumv = _mm_loadu_ps(b);
-  }
-  float buf[QB][kTileRows];
-  for (int t = t0; t < t0 + nt; ++t) {
-    const uint8_t* row = r.rows + size_t(t) * r.row_stride;
-    prefetch_row(r, t + 2 * kPrefetchRows);  // this kernel outruns the float ones: look further ahead
-    __m256i acc16[4];
+  alignas(32) int32_t sums[kTileRows + 1][4];  // [row][query], one store per pair
+  for (int t = 0; t < nt; t += 2) {
+    const uint8_t* ra = r.rows + size_t(t0 + t) * r.row_stride;
+    const uint8_t* rb = t + 1 < nt ? ra + r.row_stride : ra;
+    prefetch_row(r, t0 + t + 2 * kPrefetchRows);  // this kernel outruns the float ones: look further ahead
+    prefetch_row(r, t0 + t + 2 * kPrefetchRows + 1);
+    __m256i acc[8];  // int16 sums: [0, 4) row a's queries, [4, 8) row b's
+    const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + r.codes_offset));
+    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + r.codes_offset));
     KVQ_UNROLL
-    for (int i = 0; i < 4; ++i) acc16[i] = _mm256_setzero_si256();
-    for (int c = 0; c < chunks; ++c) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + r.codes_offset + 32 * c));
-      const __m256i p[4] = {_mm256_and_si256(x, m3), _mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(x, 6), m3)};
+    for (int k = 0; k < 4; ++k) {
+      const __m256i pa = _mm256_and_si256(_mm256_srli_epi16(xa, 2 * k), m3);
+      const __m256i pb = _mm256_and_si256(_mm256_srli_epi16(xb, 2 * k), m3);
       KVQ_UNROLL
-      for (int i = 0; i < QB; ++i)
-        KVQ_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          const __m256i qk = _mm256_load_si256(reinterpret_cast<const __m256i*>(pq[i].planes[c][k]));
-          acc16[i] = _mm256_add_epi16(acc16[i], _mm256_maddubs_epi16(p[k], qk));
+      for (int i = 0; i < 4; ++i) {
+        if (i >= QB) {
+          if (k == 0) acc[i] = acc[4 + i] = _mm256_setzero_si256();
+          continue;
         }
+        const __m256i qk = _mm256_load_si256(reinterpret_cast<const __m256i*>(pq[i].planes[k]));
+        const __m256i ma = _mm256_maddubs_epi16(pa, qk), mb = _mm256_maddubs_epi16(pb, qk);
+        acc[i] = k == 0 ? ma : _mm256_add_epi16(acc[i], ma);
+        acc[4 + i] = k == 0 ? mb : _mm256_add_epi16(acc[4 + i], mb);
+      }
     }
-    __m256i acc[4];
     KVQ_UNROLL
-    for (int i = 0; i < 4; ++i) acc[i] = _mm256_madd_epi16(acc16[i], ones);
-    const layout::GroupParams gp = row_params(row, 0);
-    const float sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
-    const __m128 res = _mm_mul_ps(_mm_set1_ps(sc), _mm_fnmadd_ps(_mm_set1_ps(zr), zsumv,
-                                                                 _mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(acc)), stepv)));
-    float out[4];
-    _mm_storeu_ps(out, res);
-    for (int i = 0; i < QB; ++i) buf[i][t - t0] = out[i];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_madd_epi16(acc[j], ones);
+    const __m256i la = hsum4_lanes(acc), lb = hsum4_lanes(acc + 4);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[t]), _mm256_add_epi32(_mm256_permute2x128_si256(la, lb, 0x20),
+                                                                             _mm256_permute2x128_si256(la, lb, 0x31)));
   }
-  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
+  float step[4], zsum[4];  // per query: step, step · Σq8
+  for (int i = 0; i < QB; ++i) step[i] = pq[i].step, zsum[i] = pq[i].step * float(pq[i].sum);
+  scale_plane_sums<QB>(r, t0, nt, sums, step, zsum, s, s_stride);
 }
 
 void scores_int2_planes(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
   PlaneQuery pq[kChunkQ];
   for (int c0 = 0; c0 < n_q; c0 += kChunkQ) {
     const int nc = n_q - c0 < kChunkQ ? n_q - c0 : kChunkQ;
-    for (int i = 0; i < nc; ++i) make_plane_query(q + size_t(c0 + i) * r.d, r.d, pq[i]);
+    for (int i = 0; i < nc; ++i) make_plane_query(q + size_t(c0 + i) * r.d, pq[i]);
     for (int t0 = 0; t0 < r.n_rows; t0 += kTileRows) {
       const int nt = r.n_rows - t0 < kTileRows ? r.n_rows - t0 : kTileRows;
       for (int i0 = 0; i0 < nc;) {
@@ -280,9 +284,9 @@ void scores_int2_planes(const RowsView& r, const float* q, int n_q, float* s, si
   }
 }
 
-// int2 scores: the plane kernel when the row is one group (G = d, d a multiple of 128), else int16.
+// int2 scores: the plane kernel when the row is one group of 128 (G = d = 128), else int16.
 void scores_int2(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
-  if (r.grouped && r.group == r.d && r.d % 128 == 0 && r.d / 128 <= kMaxPlaneChunks)
+  if (r.grouped && r.group == 128 && r.d == 128)
     scores_int2_planes(r, q, n_q, s, s_stride);
   else
     scores_i16<IAvx2, RowFormat::kInt2>(r, q, n_q, s, s_stride);
@@ -353,8 +357,23 @@ void accumulate_planes_block(const RowsView& r, const __m256i (*wpair)[kMaxPlane
   accumulate_plane<QB, 3>(r, wpair, acc32);
 }
 
+// The scale and zero of rows [0, n) of a pass as floats, zero up to n8 (a multiple of 8).
+inline void plane_row_params(const RowsView& part, int n, int n8, float* sc, float* zr) {
+  int t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m256 s8, z8;
+    plane_params8(part.rows + size_t(t) * part.row_stride, int(part.row_stride), s8, z8);
+    _mm256_store_ps(sc + t, s8), _mm256_store_ps(zr + t, z8);
+  }
+  for (; t < n; ++t) {
+    const layout::GroupParams gp = row_params(part.rows + size_t(t) * part.row_stride, 0);
+    sc[t] = _cvtsh_ss(gp.scale), zr[t] = _cvtsh_ss(gp.zero);
+  }
+  for (; t < n8; ++t) sc[t] = 0.f, zr[t] = 0.f;
+}
+
 void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
-  alignas(32) float sc[kMaxPlaneRows + 8], zr[kMaxPlaneRows + 8];
+  alignas(32) float sc[kMaxPlaneRows + 8], zr[kMaxPlaneRows + 8], w[kMaxPlaneRows + 8];
   alignas(32) int8_t w8[kMaxPlaneRows + 16];
   alignas(32) __m256i wpair[4][kMaxPlaneRows / 2];
   alignas(32) int32_t acc32[4][128];
@@ -363,38 +382,42 @@ void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, 
     part.rows = r.rows + size_t(r0) * r.row_stride;
     part.n_rows = r.n_rows - r0 < kMaxPlaneRows ? r.n_rows - r0 : kMaxPlaneRows;
     const int n = part.n_rows, n8 = (n + 7) / 8 * 8;
-    // The rows' first touch (the V rows stream from DRAM): prefetch every line of the pass ahead of the loads.
-    for (size_t b = 0; b < size_t(n) * r.row_stride; b += 64) __builtin_prefetch(part.rows + b);
-    for (int t = 0; t < n; ++t) {
-      const layout::GroupParams gp = row_params(part.rows + size_t(t) * r.row_stride, 0);
-      sc[t] = _cvtsh_ss(gp.scale), zr[t] = _cvtsh_ss(gp.zero);
-    }
-    for (int t = n; t < n8; ++t) sc[t] = 0.f, zr[t] = 0.f;
+    plane_row_params(part, n, n8, sc, zr);
     for (int c0 = 0; c0 < n_q; c0 += 4) {
       const int nc = n_q - c0 < 4 ? n_q - c0 : 4;
       float step[4];
       for (int i = 0; i < nc; ++i) {
-        alignas(32) float pt[kMaxPlaneRows + 8];
-        std::memcpy(pt, p + size_t(c0 + i) * p_stride + r0, sizeof(float) * size_t(n));
-        std::fill(pt + n, pt + n8, 0.f);
+        // w = p · scale (0 past n), and its largest magnitude
+        const float* pt = p + size_t(c0 + i) * p_stride + r0;
         __m256 m = _mm256_setzero_ps();
-        for (int t = 0; t < n8; t += 8)
-          m = _mm256_max_ps(m, abs_ps(_mm256_mul_ps(_mm256_load_ps(pt + t), _mm256_load_ps(sc + t))));
+        for (int t = 0; t < n8; t += 8) {
+          __m256 pv;
+          if (t + 8 <= n) {
+            pv = _mm256_loadu_ps(pt + t);
+          } else {
+            alignas(32) float tail[8] = {};
+            std::memcpy(tail, pt + t, sizeof(float) * size_t(n - t));
+            pv = _mm256_load_ps(tail);
+          }
+          const __m256 wv = _mm256_mul_ps(pv, _mm256_load_ps(sc + t));
+          _mm256_store_ps(w + t, wv);
+          m = _mm256_max_ps(m, abs_ps(wv));
+        }
         const float mx = hmax_abs(m);
         step[i] = mx > 0.f ? mx / 127.f : 1.f;
         const __m256 inv = _mm256_set1_ps(1.f / step[i]);
-        // w8 = round(w / step) (nearest even), zero beyond n; the zero term with the same rounded weights
+        // w8 = round(w / step) (nearest even), zero past n; the zero term with the same rounded weights
         __m256 zs = _mm256_setzero_ps();
         for (int t = 0; t < n8; t += 8) {
-          const __m256 w = _mm256_mul_ps(_mm256_load_ps(pt + t), _mm256_load_ps(sc + t));
-          const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(w, inv));
+          const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(w + t), inv));
           const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
           _mm_storel_epi64(reinterpret_cast<__m128i*>(w8 + t), _mm_packs_epi16(h, h));
           zs = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_load_ps(zr + t), zs);
         }
+        // w8 of rows 2pr (low byte) and 2pr + 1 (high; 0 past n) over a vector
         for (int pr = 0; 2 * pr < n; ++pr) {
           int16_t two;
-          std::memcpy(&two, w8 + 2 * pr, 2);  // w8 of rows 2pr (low byte), 2pr + 1 (high; 0 past n)
+          std::memcpy(&two, w8 + 2 * pr, 2);
           wpair[i][pr] = _mm256_set1_epi16(two);
         }
         const __m256 z = _mm256_set1_ps(hsum_ps(zs) * step[i]);

@@ -176,9 +176,12 @@ inline void make_plane_query(const float* q, int d, PlaneQuery& out) {
       for (int u = 0; u < 4; ++u) std::memcpy(&out.planes[c][k][8 * u], q8 + 128 * c + 32 * u + 8 * k, 8);
 }
 
+#include "simd/simd_int2_planes_impl.h"
+
 // Rows t0 .. t0 + nt of QB queries. Per pair of rows, the QB accumulators are reduced together: after the
 // unpack/add steps, 128-bit lane L holds [Σ acc_0 .. Σ acc_3] over lane quad L; lanes 0-1 belong to row t and
-// lanes 2-3 to row t + 1.
+// lanes 2-3 to row t + 1 (an odd last row is paired with zero codes). The tile's integer sums are then scaled 8 rows
+// at a time (simd_int2_planes_impl.h).
 template <int QB>
 void scores_planes_block(const RowsView& r, int t0, int nt, const PlaneQuery* pq, float* s, size_t s_stride) {
   const int chunks = r.d / 128;
@@ -190,19 +193,13 @@ void scores_planes_block(const RowsView& r, int t0, int nt, const PlaneQuery* pq
       KVQ_UNROLL
       for (int k = 0; k < 4; ++k)
         qv[i][c][k] = _mm512_broadcast_i64x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(pq[i].planes[c][k])));
-  __m128 stepv = _mm_setzero_ps(), zsumv = _mm_setzero_ps();  // per query: step, step · Σq8
-  {
-    float a[4] = {}, b[4] = {};
-    for (int i = 0; i < QB; ++i) a[i] = pq[i].step, b[i] = pq[i].step * float(pq[i].sum);
-    stepv = _mm_loadu_ps(a), zsumv = _mm_loadu_ps(b);
-  }
-  float buf[QB][kTileRows];
-  for (int t = t0; t < t0 + nt; t += 2) {
-    const bool pair = t + 1 < t0 + nt;
-    const uint8_t* ra = r.rows + size_t(t) * r.row_stride;
+  alignas(32) int32_t sums[kTileRows + 1][4];  // [row][query], one store per pair
+  for (int t = 0; t < nt; t += 2) {
+    const bool pair = t + 1 < nt;
+    const uint8_t* ra = r.rows + size_t(t0 + t) * r.row_stride;
     const uint8_t* rb = ra + r.row_stride;
-    prefetch_row(r, t + 2 * kPrefetchRows);  // this kernel outruns the float ones: look further ahead
-    prefetch_row(r, t + 1 + 2 * kPrefetchRows);
+    prefetch_row(r, t0 + t + 2 * kPrefetchRows);  // this kernel outruns the float ones: look further ahead
+    prefetch_row(r, t0 + t + 1 + 2 * kPrefetchRows);
     __m512i acc[4];
     KVQ_UNROLL
     for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_si512();
@@ -222,18 +219,13 @@ void scores_planes_block(const RowsView& r, int t0, int nt, const PlaneQuery* pq
     const __m512i t1v = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]), _mm512_unpackhi_epi32(acc[2], acc[3]));
     __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0v, t1v), _mm512_unpackhi_epi64(t0v, t1v));
     u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));  // lane 0: row t, lane 2: row t + 1
-    for (int h = 0; h < (pair ? 2 : 1); ++h) {
-      const layout::GroupParams gp = row_params(h ? rb : ra, 0);
-      const float sc = _cvtsh_ss(gp.scale), zr = _cvtsh_ss(gp.zero);
-      const __m128i dot = h ? _mm512_extracti32x4_epi32(u, 2) : _mm512_castsi512_si128(u);
-      const __m128 res = _mm_mul_ps(_mm_set1_ps(sc), _mm_fnmadd_ps(_mm_set1_ps(zr), zsumv,
-                                                                   _mm_mul_ps(_mm_cvtepi32_ps(dot), stepv)));
-      float out[4];
-      _mm_storeu_ps(out, res);
-      for (int i = 0; i < QB; ++i) buf[i][t + h - t0] = out[i];
-    }
+    // [row t | row t + 1]: lanes 0 and 2
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[t]),
+                       _mm512_castsi512_si256(_mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 2, 2, 0))));
   }
-  for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
+  float step[4], zsum[4];  // per query: step, step · Σq8
+  for (int i = 0; i < QB; ++i) step[i] = pq[i].step, zsum[i] = pq[i].step * float(pq[i].sum);
+  scale_plane_sums<QB>(r, t0, nt, sums, step, zsum, s, s_stride);
 }
 
 void scores_int2_planes(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {
