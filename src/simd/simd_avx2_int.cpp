@@ -357,21 +357,6 @@ void accumulate_planes_block(const RowsView& r, const __m256i (*wpair)[kMaxPlane
   accumulate_plane<QB, 3>(r, wpair, acc32);
 }
 
-// The scale and zero of rows [0, n) of a pass as floats, zero up to n8 (a multiple of 8).
-inline void plane_row_params(const RowsView& part, int n, int n8, float* sc, float* zr) {
-  int t = 0;
-  for (; t + 8 <= n; t += 8) {
-    __m256 s8, z8;
-    plane_params8(part.rows + size_t(t) * part.row_stride, int(part.row_stride), s8, z8);
-    _mm256_store_ps(sc + t, s8), _mm256_store_ps(zr + t, z8);
-  }
-  for (; t < n; ++t) {
-    const layout::GroupParams gp = row_params(part.rows + size_t(t) * part.row_stride, 0);
-    sc[t] = _cvtsh_ss(gp.scale), zr[t] = _cvtsh_ss(gp.zero);
-  }
-  for (; t < n8; ++t) sc[t] = 0.f, zr[t] = 0.f;
-}
-
 void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
   alignas(32) float sc[kMaxPlaneRows + 8], zr[kMaxPlaneRows + 8], w[kMaxPlaneRows + 8];
   alignas(32) int8_t w8[kMaxPlaneRows + 16];

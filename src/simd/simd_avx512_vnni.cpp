@@ -329,13 +329,7 @@ void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, 
     part.rows = r.rows + size_t(r0) * r.row_stride;
     part.n_rows = r.n_rows - r0 < kMaxRows ? r.n_rows - r0 : kMaxRows;
     const int n = part.n_rows;
-    // The rows' first touch (the V rows stream from DRAM): prefetch every line of the pass ahead of the loads.
-    for (size_t b = 0; b < size_t(n) * r.row_stride; b += 64) __builtin_prefetch(part.rows + b);
-    for (int t = 0; t < n; ++t) {
-      const layout::GroupParams gp = row_params(part.rows + size_t(t) * r.row_stride, 0);
-      sc[t] = _cvtsh_ss(gp.scale), zr[t] = _cvtsh_ss(gp.zero);
-    }
-    for (int t = n; t < (n + 15) / 16 * 16; ++t) sc[t] = 0.f, zr[t] = 0.f;
+    plane_row_params(part, n, (n + 15) / 16 * 16, sc, zr);
     for (int i0 = 0; i0 < n_q; i0 += kPlaneQB) {
       const int qb = n_q - i0 < kPlaneQB ? n_q - i0 : kPlaneQB;
       float step[kPlaneQB];

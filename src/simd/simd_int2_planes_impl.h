@@ -1,10 +1,12 @@
-// The last step of the int2 plane scores (rows of one 128-value group), shared by the AVX2 and AVX-512 VNNI kernels:
-// included inside the anonymous namespace of simd_avx2_int.cpp and simd_avx512_vnni.cpp after their target pragma
-// (AVX2 + F16C instructions only). The kernels leave each row's integer sums Σ q8·code of up to four queries in a tile
-// buffer, [row][query]; scale_plane_sums turns them into scores 8 rows at a time — the 8 rows' scales and zeros as
-// vectors, the sums transposed to one vector per query — instead of one row at a time:
-//   s = scale · (Σ · step − zero · step Σq8)
-// with the same float operations per element as a row at a time (the one-row tail keeps them too).
+// What the int2 plane kernels (rows of one 128-value group) of the AVX2 and AVX-512 VNNI levels share: included inside
+// the anonymous namespace of simd_avx2_int.cpp and simd_avx512_vnni.cpp after their target pragma (AVX2 + F16C
+// instructions only).
+//   - plane_row_params: the rows' fp16 scales and zeros as floats, 8 rows gathered at a time (the accumulate's);
+//   - scale_plane_sums: the last step of the scores. The kernels leave each row's integer sums Σ q8·code of up to four
+//     queries in a tile buffer, [row][query]; it turns them into scores 8 rows at a time — the 8 rows' scales and
+//     zeros as vectors, the sums transposed to one vector per query — instead of one row at a time:
+//       s = scale · (Σ · step − zero · step Σq8)
+//     with the same float operations per element as a row at a time (the one-row tail keeps them too).
 
 // The fp16 scale and zero (GroupParams) of 8 rows, row_stride bytes apart, as floats.
 inline void plane_params8(const uint8_t* row0, int row_stride, __m256& sc, __m256& zr) {
@@ -15,6 +17,21 @@ inline void plane_params8(const uint8_t* row0, int row_stride, __m256& sc, __m25
   const __m256i h =
       _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_and_si256(v, low), _mm256_srli_epi32(v, 16)), 0xd8);
   sc = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), zr = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// The scale and zero of rows [0, n) as floats, zero from n up to n_pad.
+inline void plane_row_params(const RowsView& rows, int n, int n_pad, float* sc, float* zr) {
+  int t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m256 s8, z8;
+    plane_params8(rows.rows + size_t(t) * rows.row_stride, int(rows.row_stride), s8, z8);
+    _mm256_storeu_ps(sc + t, s8), _mm256_storeu_ps(zr + t, z8);
+  }
+  for (; t < n; ++t) {
+    const layout::GroupParams gp = row_params(rows.rows + size_t(t) * rows.row_stride, 0);
+    sc[t] = _cvtsh_ss(gp.scale), zr[t] = _cvtsh_ss(gp.zero);
+  }
+  for (; t < n_pad; ++t) sc[t] = 0.f, zr[t] = 0.f;
 }
 
 // s[i · s_stride + t0 + t] for rows t < nt of the tile and queries i < QB, from sums[t][i] (32-byte aligned rows of 4).
