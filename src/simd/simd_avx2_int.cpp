@@ -1,7 +1,7 @@
 // AVX2 row kernels for the int formats (int2 / int4 / int8): integer dot products, for the CPUs without AVX-512 (most
 // laptops and desktops, AMD Zen 2 / 3 servers). The same arithmetic as the AVX-512 VNNI kernels
 // (simd_avx512_vnni.cpp), with AVX2's two-instruction forms of its dot products:
-//   - scores of int2 rows of one group (G = d, d a multiple of 128: the default cache): the query rounded to int8 with
+//   - scores of int2 rows of one 128-value group (G = d = 128: the default cache): the query rounded to int8 with
 //     step max|q| / 127 and multiplied with bit planes of the packed codes by vpmaddubsw (u8 code × s8 query, pairs
 //     summed into int16: at most 2·3·127 per lane, so four planes add up in int16), then widened by vpmaddwd with ones;
 //     the value side multiplies two tokens' codes of a channel with their int8 weights the same way;
