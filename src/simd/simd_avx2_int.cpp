@@ -93,11 +93,16 @@ inline float quantize_group_i16(const float* x, int n, int16_t* out, float& sum)
   return step;
 }
 
-// Horizontal sums of 4 int32 vectors: [Σa, Σb, Σc, Σd].
-inline __m128i hsum4_epi32(const __m256i* v) {
+// Per 128-bit lane, the partial sums of 4 int32 vectors: lane h of the result = [Σa, Σb, Σc, Σd] over lane h.
+inline __m256i hsum4_lanes(const __m256i* v) {
   const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
   const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
-  const __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+}
+
+// Horizontal sums of 4 int32 vectors: [Σa, Σb, Σc, Σd].
+inline __m128i hsum4_epi32(const __m256i* v) {
+  const __m256i t = hsum4_lanes(v);
   return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
@@ -210,13 +215,6 @@ inline void make_plane_query(const float* q, PlaneQuery& out) {
     for (int u = 0; u < 4; ++u) std::memcpy(&out.planes[k][8 * u], q8 + 32 * u + 8 * k, 8);
 }
 
-// Per 128-bit lane, the partial sums of 4 int32 vectors: lane h of the result = [Σa, Σb, Σc, Σd] over lane h.
-inline __m256i hsum4_lanes(const __m256i* v) {
-  const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
-  const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
-  return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
-}
-
 #include "simd/simd_int2_planes_impl.h"
 
 // Rows t0 .. t0 + nt of QB <= 4 queries, two rows a step: each plane of the two rows meets every query's plane
@@ -257,9 +255,7 @@ void scores_planes_block(const RowsView& r, int t0, int nt, const PlaneQuery* pq
     _mm256_store_si256(reinterpret_cast<__m256i*>(sums[t]), _mm256_add_epi32(_mm256_permute2x128_si256(la, lb, 0x20),
                                                                              _mm256_permute2x128_si256(la, lb, 0x31)));
   }
-  float step[4], zsum[4];  // per query: step, step · Σq8
-  for (int i = 0; i < QB; ++i) step[i] = pq[i].step, zsum[i] = pq[i].step * float(pq[i].sum);
-  scale_plane_sums<QB>(r, t0, nt, sums, step, zsum, s, s_stride);
+  scale_plane_sums<QB>(r, t0, nt, sums, pq, s, s_stride);
 }
 
 void scores_int2_planes(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {

@@ -223,9 +223,7 @@ void scores_planes_block(const RowsView& r, int t0, int nt, const PlaneQuery* pq
     _mm256_store_si256(reinterpret_cast<__m256i*>(sums[t]),
                        _mm512_castsi512_si256(_mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 2, 2, 0))));
   }
-  float step[4], zsum[4];  // per query: step, step · Σq8
-  for (int i = 0; i < QB; ++i) step[i] = pq[i].step, zsum[i] = pq[i].step * float(pq[i].sum);
-  scale_plane_sums<QB>(r, t0, nt, sums, step, zsum, s, s_stride);
+  scale_plane_sums<QB>(r, t0, nt, sums, pq, s, s_stride);
 }
 
 void scores_int2_planes(const RowsView& r, const float* q, int n_q, float* s, size_t s_stride) {

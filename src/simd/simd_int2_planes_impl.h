@@ -34,11 +34,13 @@ inline void plane_row_params(const RowsView& rows, int n, int n_pad, float* sc, 
   for (; t < n_pad; ++t) sc[t] = 0.f, zr[t] = 0.f;
 }
 
-// s[i · s_stride + t0 + t] for rows t < nt of the tile and queries i < QB, from sums[t][i] (32-byte aligned rows of 4).
-// step[i]: the query's rounding step, zsum[i] = step · Σq8.
-template <int QB>
-void scale_plane_sums(const RowsView& r, int t0, int nt, const int32_t (*sums)[4], const float* step,
-                      const float* zsum, float* s, size_t s_stride) {
+// s[i · s_stride + t0 + t] for rows t < nt of the tile and queries i < QB, from sums[t][i] (32-byte aligned rows of 4)
+// and each query's rounding (the level's PlaneQuery: step, and sum = Σq8).
+template <int QB, class Query>
+void scale_plane_sums(const RowsView& r, int t0, int nt, const int32_t (*sums)[4], const Query* pq, float* s,
+                      size_t s_stride) {
+  float step[4], zsum[4];  // per query: step, step · Σq8
+  for (int i = 0; i < QB; ++i) step[i] = pq[i].step, zsum[i] = pq[i].step * float(pq[i].sum);
   int t = 0;
   for (; t + 8 <= nt; t += 8) {
     __m256 sc, zr;
