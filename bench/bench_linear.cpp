@@ -1,5 +1,6 @@
-// Micro-benchmark of the CPU linear layer (model/linear.h) at Qwen3-8B's shapes: the same weights read as bf16 where
-// they lie (a checkpoint's representation since issue 39: row kernels for decode, widened tiles + sgemm for prefill)
+// Micro-benchmark of the CPU linear layer (model/linear.h) at Qwen3-8B's shapes and models/ref's (ref_*: gate_proj,
+// down_proj, the output layer): the same weights read as bf16 where they lie (a checkpoint's representation since
+// issue 39: the Bf16Gemv or row kernels for decode, widened tiles + sgemm for prefill)
 // at AVX-512 and AVX2, and as fp32 (the representation before it: sgemv / sgemm in place), for a decode step (1 row),
 // a batched decode step of 16 sequences (16 rows: still the row kernels, Linear::kGemvRows) and a prefill chunk (512
 // rows), on the process's threads (-t as kvq's). The weights stream from DRAM: several copies are cycled so that
@@ -29,7 +30,8 @@ struct Shape {
   const char* name;
   int out, in;
 };
-constexpr Shape kShapes[] = {{"q_proj", 4096, 4096}, {"gate_proj", 12288, 4096}, {"down_proj", 4096, 12288}};
+constexpr Shape kShapes[] = {{"q_proj", 4096, 4096},  {"gate_proj", 12288, 4096}, {"down_proj", 4096, 12288},
+                             {"ref_gate", 1280, 384}, {"ref_down", 384, 1280},     {"ref_lm", 8192, 384}};
 
 int bench_threads() {
   const char* t = std::getenv("KVQ_BENCH_THREADS");

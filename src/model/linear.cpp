@@ -33,8 +33,10 @@ Linear::Linear(const WeightTensor& w, const std::vector<float>& bias, SimdLevel 
             dtype_name(w.dtype));
   KVQ_CHECK(bias.empty() || bias.size() == size_t(w.rows), "Linear: a bias of {} for {} outputs", bias.size(), w.rows);
   // The row kernels read rows in units of 32 values.
-  if (w.dtype != DType::F32 && w.cols % 32 == 0)
+  if (w.dtype != DType::F32 && w.cols % 32 == 0) {
     rows_ = row_kernels(w.dtype == DType::BF16 ? RowFormat::kBf16 : RowFormat::kF16, simd);
+    if (w.dtype == DType::BF16) gemv_ = bf16_gemv_kernel(simd);
+  }
 }
 
 void Linear::apply(const float* x, int n, float* y, ThreadPool& pool) const {
@@ -65,6 +67,19 @@ void Linear::apply_rows(const float* x, int n, float* y, ThreadPool& pool) const
 void Linear::apply_row_block(const float* x, int n, float* y, ThreadPool& pool) const {
   const int out = this->out(), in = this->in();
   const int items = (out + kRowsPerItem - 1) / kRowsPerItem;
+  if (gemv_.run) {
+    // x permuted once for all rows, on the calling thread, 64-byte aligned: a query vector split over two cache lines
+    // costs the kernel a quarter of its speed.
+    thread_local std::vector<float> scratch;
+    scratch.resize(size_t(n) * in + 16);
+    float* xp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+    bf16_gemv_permute(x, n, in, gemv_.block, xp);
+    pool.parallel_for(items, [&](int64_t item, int) {
+      const int o0 = int(item) * kRowsPerItem, rows = std::min(kRowsPerItem, out - o0);
+      gemv_.run(w_.data + size_t(o0) * in * 2, size_t(in) * 2, rows, in, xp, n, y + o0, size_t(out));
+    });
+    return;
+  }
   pool.parallel_for(items, [&](int64_t item, int) {
     const int o0 = int(item) * kRowsPerItem, rows = std::min(kRowsPerItem, out - o0);
     RowsView view;

@@ -2,8 +2,10 @@
 // it lies (model/weights.h: the checkpoint's mapping, in its dtype). Activations and accumulation are fp32.
 //
 // bf16 / f16 weights:
-//   - a decode step (n <= kGemvRows rows) is bound by reading W once: it reads W's 16-bit rows through the row kernels
-//     of the cache (simd/simd.h: each weight widened exactly to fp32, fp32 FMAs), half the bytes of fp32 weights;
+//   - a decode step (n <= kGemvRows rows) reads W's 16-bit rows once, half the bytes of fp32 weights, each weight
+//     widened exactly to fp32 and multiplied in fp32 FMAs: bf16 through the level's Bf16Gemv (simd/simd.h: pairs of
+//     weights widened by two integer operations, x permuted to match once per call, 2 rows × 6 queries a pass at
+//     AVX-512), f16 and the scalar level through the row kernels of the cache;
 //   - larger n (prefill) runs OpenBLAS sgemm on W widened tile by tile into one scratch buffer of at most
 //     kTileFloats floats (per calling thread): a W of at most that many elements is one tile, the very sgemm call
 //     fp32 weights would make; a larger one with in <= out is cut into blocks of whole rows, each sgemm writing its
@@ -26,7 +28,7 @@ namespace kvq {
 
 class Linear {
  public:
-  static constexpr int kGemvRows = 16;                 // rows up to which 16-bit weights are read by the row kernels
+  static constexpr int kGemvRows = 16;                 // rows up to which 16-bit weights are read row by row
   static constexpr size_t kTileFloats = size_t(8) << 20;  // 32 MiB: the largest W widened at once
   static constexpr int kSliceK = 512;                  // input columns of a slice when W is larger
 
@@ -35,9 +37,9 @@ class Linear {
   explicit Linear(const WeightTensor& w, const std::vector<float>& bias = {}, SimdLevel simd = best_simd_level());
 
   void apply(const float* x, int n, float* y, ThreadPool& pool) const;
-  // n rows of several sequences' decode steps (a batched step), through the row kernels (reads_rows() only),
-  // kGemvRows rows a pass over W. Each row's result is bit-identical to apply() of that row alone or in any block of
-  // <= kGemvRows rows (the row kernels' sums do not depend on the other rows).
+  // n rows of several sequences' decode steps (a batched step), through the row kernels or the Bf16Gemv
+  // (reads_rows() only), kGemvRows rows a pass over W. Each row's result is bit-identical to apply() of that row alone
+  // or in any block of <= kGemvRows rows (neither kernel's sums depend on the other rows).
   void apply_rows(const float* x, int n, float* y, ThreadPool& pool) const;
 
   bool reads_rows() const { return rows_.scores != nullptr; }  // decode steps read 16-bit rows through row kernels
@@ -52,6 +54,7 @@ class Linear {
   WeightTensor w_;
   const float* bias_ = nullptr;  // [out], null when the layer has none
   RowKernels rows_{};            // bf16 / f16 row kernels, when in % 32 == 0
+  Bf16Gemv gemv_{};              // bf16 weights at AVX2 and above, when in % 32 == 0
 };
 
 }  // namespace kvq

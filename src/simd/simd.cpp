@@ -132,6 +132,25 @@ RotateRowsFn rotate_rows_kernel(SimdLevel level) {
   return rotate_rows_scalar;
 }
 
+Bf16Gemv bf16_gemv_kernel(SimdLevel level) {
+  require_simd_level(level);
+#ifndef KVQ_SIMD_OFF
+  switch (level) {
+    case SimdLevel::kAvx512Vnni:
+    case SimdLevel::kAvx512: return bf16_gemv_avx512();
+    case SimdLevel::kAvx2: return bf16_gemv_avx2();
+    case SimdLevel::kScalar: break;
+  }
+#endif
+  return {};
+}
+
+void bf16_gemv_permute(const float* x, int n, int in, int block, float* xp) {
+  const int half = block / 2;
+  for (size_t b = 0; b < size_t(n) * in; b += size_t(block))
+    for (int l = 0; l < half; ++l) xp[b + l] = x[b + 2 * l], xp[b + half + l] = x[b + 2 * l + 1];
+}
+
 float softmax_max_ref(const float* x, int n) {
   float m = -INFINITY;
   for (int i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;

@@ -112,6 +112,27 @@ SoftmaxKernels softmax_kernels_avx512();
 float softmax_max_ref(const float* x, int n);
 float softmax_exp_sum_ref(float* x, int n, float m);
 
+// The bf16 weights' product of a decode step (model/linear.cpp, n <= 16 query rows): y[i·y_stride + r] = Σ_k W[r, k] ·
+// x[i, k] for the rows r < rows of W (bf16, row r at w + r·row_stride, `in` values). A vector of kW 32-bit lanes
+// loaded from 2·kW bf16 weights holds them in pairs, value 2l in lane l's low half and 2l + 1 in its high half: the
+// even values widened exactly are the lanes shifted left by 16, the odd ones the lanes with the low half cleared — two
+// integer operations for 2·kW weights, where widening them in order takes a shuffle and a shift for every kW. The
+// kernel reads x permuted to match (bf16_gemv_permute: in each block of 2·kW values, the even ones, then the odd
+// ones). Each (row, query) sums its even and its odd products in a vector each, over the blocks in order, and adds the
+// two before one horizontal sum: the same operations whatever rows and queries share a pass, so at one level a row of
+// a batched step is the row alone bit for bit.
+struct Bf16Gemv {
+  int block = 0;  // values per permuted block of x (2·kW); 0: no kernel at this level (the row kernels serve)
+  void (*run)(const uint8_t* w, size_t row_stride, int rows, int in, const float* xp, int n, float* y,
+              size_t y_stride) = nullptr;
+};
+// The kernel of one level (none at kScalar; kAvx512Vnni uses kAvx512's). Throws kvq::Error if this CPU lacks it.
+Bf16Gemv bf16_gemv_kernel(SimdLevel level);
+Bf16Gemv bf16_gemv_avx2();  // per-level kernels (one per file); used only by bf16_gemv_kernel
+Bf16Gemv bf16_gemv_avx512();
+// xp = x [n, in] permuted for a kernel of `block` (in % block == 0): each block's even values, then its odd ones.
+void bf16_gemv_permute(const float* x, int n, int in, int block, float* xp);
+
 // The rotations of keys, values, queries and outputs (kv/transform.h): rows[i] <- rows[i] · R (transpose:
 // rows[i] · R^T), R [d, d] row-major, in place. Exact to one rounding per value: every output sums its d products
 // in double, in the order a = 0 .. d-1, and rounds once to float. The product of two floats is exact in double, so a

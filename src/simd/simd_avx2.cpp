@@ -3,6 +3,7 @@
 // inline function shared with other files is compiled for AVX2.
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 
 #include "codecs/layout.h"
@@ -29,6 +30,13 @@ struct VAvx2 {
   using F = __m256;
   static constexpr int kW = 8, kMaxQBScores = 4, kMaxQBAcc = 2;  // 16 ymm registers
   static constexpr int kScoreChains = 4, kMaxQBRowScores = 2;     // 8 sums + a unit's 4 vectors
+  // The bf16 decode-step product (simd_gemv_impl.h): 2 rows × 2 queries (8 sums of 16 ymm), 2 rows for one or two.
+  static constexpr int kGemvRows = 2, kGemvQB = 2, kGemvRowsFew = 2;
+  static void bf16_pairs(const uint8_t* p, F& even, F& odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+  }
   static F zero() { return _mm256_setzero_ps(); }
   static F loadu(const float* p) { return _mm256_loadu_ps(p); }
   static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
@@ -187,6 +195,7 @@ struct DAvx2 {
 };
 
 #include "simd/simd_kernels_impl.h"
+#include "simd/simd_gemv_impl.h"
 #include "simd/simd_rotate_impl.h"
 #include "simd/simd_softmax_impl.h"
 
@@ -199,6 +208,7 @@ RowKernels row_kernels_avx2(RowFormat format) {
   return row_kernels_for<VAvx2>(format);
 }
 SoftmaxKernels softmax_kernels_avx2() { return softmax_kernels_for<VAvx2>(); }
+Bf16Gemv bf16_gemv_avx2() { return {2 * VAvx2::kW, bf16_gemv_for<VAvx2>}; }
 void rotate_rows_avx2(float* const* rows, int n_rows, const float* R, int d, bool transpose) {
   rotate_rows_for<DAvx2>(rows, n_rows, R, d, transpose);
 }
@@ -214,6 +224,7 @@ void rotate_rows_avx2(float* const* rows, int n_rows, const float* R, int d, boo
 #include "common/error.h"
 namespace kvq {
 RowKernels row_kernels_avx2(RowFormat) { KVQ_FAIL("AVX2 kernels are not built for this architecture"); }
+Bf16Gemv bf16_gemv_avx2() { KVQ_FAIL("AVX2 kernels are not built for this architecture"); }
 SoftmaxKernels softmax_kernels_avx2() { KVQ_FAIL("AVX2 kernels are not built for this architecture"); }
 void rotate_rows_avx2(float* const*, int, const float*, int, bool) {
   KVQ_FAIL("AVX2 kernels are not built for this architecture");

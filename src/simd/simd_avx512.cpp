@@ -3,6 +3,7 @@
 // pragma so that no inline function shared with other files is compiled for AVX-512.
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 
 #include "codecs/layout.h"
@@ -36,6 +37,13 @@ struct VAvx512 {
   using F = __m512;
   static constexpr int kW = 16, kMaxQBScores = 8, kMaxQBAcc = 8;  // 32 zmm registers
   static constexpr int kScoreChains = 2, kMaxQBRowScores = 8;       // 16 sums + a unit's 2 vectors
+  // The bf16 decode-step product (simd_gemv_impl.h): 2 rows × 6 queries (24 sums), 4 rows for one or two queries.
+  static constexpr int kGemvRows = 2, kGemvQB = 6, kGemvRowsFew = 4;
+  static void bf16_pairs(const uint8_t* p, F& even, F& odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
+  }
   static F zero() { return _mm512_setzero_ps(); }
   static F loadu(const float* p) { return _mm512_loadu_ps(p); }
   static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
@@ -194,6 +202,7 @@ struct DAvx512 {
 };
 
 #include "simd/simd_kernels_impl.h"
+#include "simd/simd_gemv_impl.h"
 #include "simd/simd_rotate_impl.h"
 #include "simd/simd_softmax_impl.h"
 
@@ -201,6 +210,7 @@ struct DAvx512 {
 
 RowKernels row_kernels_avx512(RowFormat format) { return row_kernels_for<VAvx512>(format); }
 SoftmaxKernels softmax_kernels_avx512() { return softmax_kernels_for<VAvx512>(); }
+Bf16Gemv bf16_gemv_avx512() { return {2 * VAvx512::kW, bf16_gemv_for<VAvx512>}; }
 void rotate_rows_avx512(float* const* rows, int n_rows, const float* R, int d, bool transpose) {
   rotate_rows_for<DAvx512>(rows, n_rows, R, d, transpose);
 }
@@ -217,6 +227,7 @@ void rotate_rows_avx512(float* const* rows, int n_rows, const float* R, int d, b
 #include "common/error.h"
 namespace kvq {
 RowKernels row_kernels_avx512(RowFormat) { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
+Bf16Gemv bf16_gemv_avx512() { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
 SoftmaxKernels softmax_kernels_avx512() { KVQ_FAIL("AVX-512 kernels are not built for this architecture"); }
 void rotate_rows_avx512(float* const*, int, const float*, int, bool) {
   KVQ_FAIL("AVX-512 kernels are not built for this architecture");
