@@ -5,8 +5,10 @@
 //   kGemvRowsFew              rows a pass for one or two queries (a bandwidth-bound decode step)
 // Included inside each level's anonymous namespace, after the row kernels.
 
-// Weight rows ahead of the pass that a pass prefetches (as rows of kGemvRows): the rows of a work item stream from
-// memory, and without it the loads of the next rows wait (model/linear.h, the figures there).
+// Passes ahead (of R rows each) whose weight rows a pass prefetches, a line per row and block: the rows of a work
+// item stream from the last-level cache or memory, and without it the next rows' loads wait (models/ref's gate_proj,
+// 16 rows of x, one core: 61 -> 88 GFLOP/s; docs/results/cpu.md). Every query pass of the rows prefetches again; the
+// repeats hit lines already on their way.
 inline constexpr int kGemvPrefetchPasses = 2;
 
 // y[i·y_stride + j] = W row j · query i for R rows from w and QB queries from xp (permuted: simd.h).
