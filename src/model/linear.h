@@ -42,7 +42,7 @@ class Linear {
   // or in any block of <= kGemvRows rows (neither kernel's sums depend on the other rows).
   void apply_rows(const float* x, int n, float* y, ThreadPool& pool) const;
 
-  bool reads_rows() const { return rows_.scores != nullptr; }  // decode steps read 16-bit rows through row kernels
+  bool reads_rows() const { return rows_.scores != nullptr; }  // decode steps read 16-bit rows row by row
   size_t decode_bytes() const { return w_.nbytes(); }          // W bytes a decode step reads
   int out() const { return int(w_.rows); }
   int in() const { return int(w_.cols); }

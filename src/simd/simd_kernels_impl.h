@@ -96,8 +96,8 @@ inline void store_scores(const typename V::F* tot, const float* zterm, float (*b
 
 // Scores of rows [t, t+R) for QB queries into buf[i][b + j]. qsum[i][g] = Σ of query i over group g (grouped rows
 // only). Each query sums into kC = V::kScoreChains independent vectors (vector k of a unit into sum k mod kC): one
-// chain of FMAs per query would wait on the FMA latency at every step (decode: one or two queries per row, the bf16
-// GEMV: one).
+// chain of FMAs per query would wait on the FMA latency at every step (decode: one or two queries per row, the f16
+// weights' GEMV: one).
 // R rows at a time share each query vector loaded (at a batched decode step's 16 rows the query rows no longer fit L1,
 // and those loads bound the kernel). The order of a (row, query)'s sums depends on neither R, QB nor the other rows and
 // queries, so its score is the same bits in any block.
@@ -179,10 +179,12 @@ void scores_block(const RowsView& r, int t0, int nt, const float* q, const float
   for (int i = 0; i < QB; ++i) std::memcpy(s + i * s_stride + t0, buf[i], sizeof(float) * size_t(nt));
 }
 
-// Rows a pass of the ungrouped rows' scores (the 16-bit weights' GEMV of model/linear.cpp, the bf16 windows) for
+// Rows a pass of the ungrouped rows' scores (the bf16 windows; the GEMV of model/linear.cpp for f16 weights, and for
+// bf16 ones at the scalar level: above it bf16 weights take simd_gemv_impl.h) for
 // kRowBlockMinQ or more queries: 4 where 4 rows of a 2-query block's kScoreChains sums fit the registers with the rows'
 // vectors (AVX-512: 16 sums and 8 row vectors of 32 zmm; the scalar kernels), else 1. The bf16 GEMV of 16 rows at
-// Qwen3-8B's shapes (bench/bench_linear.cpp batch16/, 2 threads): AVX-512 70 -> 145 GFLOP/s with 4 rows (97 with 2).
+// Qwen3-8B's shapes, when it ran here (bench/bench_linear.cpp batch16/, 2 threads): AVX-512 70 -> 145 GFLOP/s with 4
+// rows (97 with 2).
 // AVX2 keeps one row: its 4 chains a query leave no room (2 rows spill: 70 -> 57 GFLOP/s). Grouped rows (the int
 // rows' float path) and fewer queries (a decode step's one row: the same bandwidth-bound speed either way) keep one.
 template <class V>
@@ -297,7 +299,7 @@ void accumulate_rows(const RowsView& r, const float* p, size_t p_stride, int n_q
 // - accumulate reads it in row order (xr[t][c]): a query's 2 vectors of output channels gain its weight for row t
 //   broadcast, times row t's vectors, summed over t.
 // The products sum in another order than the row path, so the two agree to float rounding (tests/test_codecs.cpp).
-// Up to one chunk of queries the row path reads each row once (decode steps, the bf16 GEMV of model/linear.cpp);
+// Up to one chunk of queries the row path reads each row once (decode steps, the f16 GEMV of model/linear.cpp);
 // past it, it re-reads every row per chunk and the decode-once tiles win (bench/bench_codecs.cpp incache/).
 constexpr int kTileMinQ = kChunkQ + 1;
 constexpr int kTileMaxD = 256;
