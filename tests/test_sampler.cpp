@@ -1,14 +1,17 @@
 // The sampler (model/sampler.h): logit bias and the repetition penalties against values computed by hand, greedy on
-// the penalised logits, min-p's cut, and sampling without a full sort of the vocabulary against a reference that
-// sorts everything (the same seeded draw must pick the same token).
+// the penalised logits, min-p's cut, sampling without a full sort of the vocabulary against a reference that sorts
+// everything (the same seeded draw must pick the same token), the top_k largest alone against the whole row, and the
+// Gumbel-max draw of temperature sampling (model/gumbel.h) against the softmax's frequencies and libm's logarithm.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 
 #include "common/error.h"
+#include "model/gumbel.h"
 #include "model/sampler.h"
 
 using namespace kvq;
@@ -93,8 +96,9 @@ int32_t reference_sample(const std::vector<float>& logits, const SamplerConfig& 
 TEST(Sampler, PartialOrderingDrawsTheSameTokensAsAFullSort) {
   std::mt19937 gen(11);
   std::normal_distribution<float> normal(0.f, 3.f);
-  for (const auto& [top_p, min_p] : std::vector<std::pair<float, float>>{{1.f, 0.f}, {0.9f, 0.f}, {0.5f, 0.f},
-                                                                         {1.f, 0.05f}, {0.95f, 0.01f}}) {
+  // (top_p 1 with min_p 0 draws by the Gumbel-max trick: TemperatureAloneDrawsAtTheSoftmaxFrequencies)
+  for (const auto& [top_p, min_p] : std::vector<std::pair<float, float>>{{0.9f, 0.f}, {0.5f, 0.f}, {1.f, 0.05f},
+                                                                         {0.95f, 0.01f}}) {
     const SamplerConfig c{.temperature = 0.8f, .top_k = 0, .top_p = top_p, .seed = 17, .min_p = min_p};
     Sampler s(c);
     std::mt19937_64 rng(c.seed);
@@ -120,4 +124,109 @@ TEST(Sampler, TopKDrawsOnlyAmongTheKLargest) {
   const std::set<int32_t> top7(order.begin(), order.begin() + 7);
   for (int i = 0; i < 500; ++i) drawn.insert(s.sample(logits.data(), 3000));
   EXPECT_EQ(drawn, top7);  // every one of the 7 drawn in 500 tries at temperature 1.5, nothing else
+}
+
+namespace {
+
+// The n first of a row in the sampler's order (logit desc, id asc) by a full sort: what Runner::top_logits returns.
+void top_of(const std::vector<float>& logits, int n, std::vector<int32_t>& ids, std::vector<float>& vals) {
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  ids.assign(order.begin(), order.begin() + n);
+  vals.clear();
+  for (int32_t id : ids) vals.push_back(logits[size_t(id)]);
+}
+
+}  // namespace
+
+TEST(Sampler, TheTopKLargestAloneDrawTheSameTokensAsTheWholeRow) {
+  std::mt19937 gen(23);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  const int V = 6000;
+  for (const int top_k : {1, 7, 40, 256, 1024})
+    for (const auto& [top_p, min_p] : std::vector<std::pair<float, float>>{{1.f, 0.f}, {0.9f, 0.f}, {0.95f, 0.02f}}) {
+      const SamplerConfig c{.temperature = 0.7f, .top_k = top_k, .top_p = top_p, .seed = 29, .min_p = min_p};
+      Sampler whole(c), top(c);
+      ASSERT_EQ(top.top_candidates(V), top_k);
+      std::vector<int32_t> ids;
+      std::vector<float> vals;
+      for (int step = 0; step < 60; ++step) {
+        std::vector<float> logits(V);
+        // Every other step on a coarse grid, so that equal logits are common and the ids order them.
+        for (float& x : logits) x = step % 2 ? std::round(normal(gen) * 4.f) / 4.f : normal(gen);
+        if (step % 3 == 0) logits[size_t(step)] = -0.f, logits[size_t(step) + 1] = 0.f;
+        top_of(logits, top_k + step % 5, ids, vals);  // more candidates than top_k are fine
+        ASSERT_EQ(top.sample_top(ids.data(), vals.data(), int(ids.size()), V), whole.sample(logits.data(), V))
+            << "top_k " << top_k << " top_p " << top_p << " min_p " << min_p << " step " << step;
+      }
+    }
+}
+
+TEST(Sampler, TheWholeRowIsNeededWhereTheTopKDoNotDecide) {
+  const int V = 5000;
+  EXPECT_EQ(Sampler(SamplerConfig{.top_k = 40}).top_candidates(V), 40);
+  EXPECT_EQ(Sampler(SamplerConfig{.temperature = 0.f, .top_k = 40}).top_candidates(V), 0);  // greedy: the argmax
+  EXPECT_EQ(Sampler(SamplerConfig{.top_k = 0}).top_candidates(V), 0);
+  EXPECT_EQ(Sampler(SamplerConfig{.top_k = V}).top_candidates(V), 0);  // no selection: sums in id order
+  EXPECT_EQ(Sampler(SamplerConfig{.top_k = kMaxSortedTopK + 1}).top_candidates(V), 0);
+  EXPECT_EQ(Sampler(SamplerConfig{.top_k = 40, .presence_penalty = 0.5f}).top_candidates(V), 0);
+  EXPECT_EQ(Sampler(SamplerConfig{.top_k = 40, .logit_bias = {{3, 1.f}}}).top_candidates(V), 0);
+  Sampler s(SamplerConfig{.top_k = 40});
+  const std::vector<int32_t> ids(39, 0);
+  const std::vector<float> vals(39, 0.f);
+  EXPECT_THROW(s.sample_top(ids.data(), vals.data(), 39, V), Error);  // fewer candidates than top_k
+}
+
+TEST(Gumbel, TheLogarithmIsWithinOneUlpOfLibms) {
+  std::mt19937_64 gen(5);
+  const auto ulps = [](double a, double b) {
+    int64_t ia, ib;
+    std::memcpy(&ia, &a, 8), std::memcpy(&ib, &b, 8);
+    return ia > ib ? ia - ib : ib - ia;  // same sign (both logs of the same x)
+  };
+  for (int i = 0; i < 200000; ++i) {
+    // the noise's two logarithms: of a uniform in (0, 1), and of -log of it, in (2^-54, 38)
+    const double u = gumbel::uniform(gen(), uint64_t(i));
+    const double e = -std::log(u);
+    for (const double x : {u, e, 1.0 + 1e-9 * double(i % 7), 1.0 - 1e-12 * double(i % 5 + 1)}) {
+      if (x == 1.0) continue;
+      ASSERT_LE(ulps(gumbel::log_exact(x), std::log(x)), 1)
+          << "x " << std::hexfloat << x << ": " << gumbel::log_exact(x) << " against " << std::log(x);
+    }
+  }
+  EXPECT_EQ(gumbel::log_exact(1.0), 0.0);
+}
+
+TEST(Sampler, TemperatureAloneDrawsAtTheSoftmaxFrequencies) {
+  const std::vector<float> l = {0.f, -1.f, -2.f, -0.5f, -3.f};
+  const float t = 0.8f;
+  Sampler s(SamplerConfig{.temperature = t, .top_k = 0, .top_p = 1.f, .seed = 123});
+  ASSERT_TRUE(s.draws_by_gumbel(5));
+  EXPECT_FALSE(Sampler(SamplerConfig{.top_k = 40, .top_p = 1.f}).draws_by_gumbel(5000));
+  EXPECT_TRUE(Sampler(SamplerConfig{.top_k = 40, .top_p = 1.f}).draws_by_gumbel(40));  // top_k >= vocab: no cut
+  EXPECT_FALSE(Sampler(SamplerConfig{.top_k = 0, .top_p = 0.9f}).draws_by_gumbel(5000));
+  EXPECT_FALSE(Sampler(SamplerConfig{.top_k = 0, .top_p = 1.f, .min_p = 0.1f}).draws_by_gumbel(5000));
+  const int n = 40000;
+  std::vector<int> count(5, 0);
+  for (int i = 0; i < n; ++i) ++count[size_t(s.sample(l.data(), 5))];
+  double z = 0;
+  for (float x : l) z += std::exp(double(x) / t);
+  for (int i = 0; i < 5; ++i) {
+    const double p = std::exp(double(l[size_t(i)]) / t) / z, sigma = std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(double(count[size_t(i)]) / n, p, 5 * sigma) << "token " << i;
+  }
+  // Seeded: the same draws again from the same seed, and a draw's token from its base alone.
+  const SamplerConfig c{.temperature = t, .top_k = 0, .top_p = 1.f, .seed = 9};
+  Sampler a(c), b(c);
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t base = b.gumbel_base();
+    int32_t best = 0;
+    for (int j = 1; j < 5; ++j)
+      if (gumbel::score(l[size_t(j)], t, base, uint64_t(j)) > gumbel::score(l[size_t(best)], t, base, uint64_t(best)))
+        best = j;
+    ASSERT_EQ(a.sample(l.data(), 5), b.take_gumbel(best)) << "draw " << i;
+  }
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "model/gumbel.h"
 
 namespace kvq {
 
@@ -76,16 +77,71 @@ int32_t Sampler::sample(const float* logits, int vocab) {
     logits = work_.data();
   }
   if (cfg_.temperature == 0.f) return int32_t(std::max_element(logits, logits + vocab) - logits);
+  if (draws_by_gumbel(vocab)) {
+    const uint64_t base = gumbel_base();
+    int32_t best = 0;
+    double best_score = gumbel::score(logits[0], double(cfg_.temperature), base, 0);
+    for (int i = 1; i < vocab; ++i) {
+      const double sc = gumbel::score(logits[i], double(cfg_.temperature), base, uint64_t(i));
+      if (sc > best_score) best = i, best_score = sc;
+    }
+    return take_gumbel(best);
+  }
+  auto cmp = [](const Cand& a, const Cand& b) { return before(a.logit, a.id, b.logit, b.id); };
+  const size_t k = cfg_.top_k > 0 ? std::min(size_t(cfg_.top_k), size_t(vocab)) : size_t(vocab);
+  if (k < size_t(vocab) && k <= size_t(kMaxSortedTopK)) {
+    // A small top_k in one pass: the k first of the order seen so far are kept with up to 3k more, and once there are
+    // 4k the k-th becomes the bar a logit must pass (in the total order: a later id ties below it). Then sorted whole.
+    cand_.clear();
+    Cand bar{};
+    bool barred = false;
+    for (int i = 0; i < vocab; ++i) {
+      if (barred && !before(logits[i], i, bar.logit, bar.id)) continue;
+      cand_.push_back({logits[i], i, 0.0});
+      if (cand_.size() == 4 * k) {
+        std::nth_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(k) - 1, cand_.end(), cmp);
+        cand_.resize(k);
+        bar = cand_[k - 1], barred = true;
+      }
+    }
+    if (cand_.size() > k) std::nth_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(k) - 1, cand_.end(), cmp);
+    cand_.resize(k);
+    std::sort(cand_.begin(), cand_.end(), cmp);
+    ordered_ = k;
+    return draw();
+  }
   cand_.resize(size_t(vocab));
   for (int i = 0; i < vocab; ++i) cand_[size_t(i)] = {logits[i], i, 0.0};
   ordered_ = 0;
-  // top_k: the k first of the order, by one selection.
-  const size_t k = cfg_.top_k > 0 ? std::min(size_t(cfg_.top_k), cand_.size()) : cand_.size();
+  // A larger top_k: the k first of the order by one selection.
   if (k < cand_.size()) {
-    std::nth_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(k) - 1, cand_.end(),
-                     [](const Cand& a, const Cand& b) { return before(a.logit, a.id, b.logit, b.id); });
+    std::nth_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(k) - 1, cand_.end(), cmp);
     cand_.resize(k);
   }
+  return draw();
+}
+
+bool Sampler::draws_by_gumbel(int vocab) const {
+  return cfg_.temperature > 0.f && (cfg_.top_k == 0 || cfg_.top_k >= vocab) && cfg_.top_p >= 1.f && cfg_.min_p == 0.f;
+}
+
+uint64_t Sampler::gumbel_base() const { return gumbel::draw_base(cfg_.seed, draws_); }
+
+int Sampler::top_candidates(int vocab) const {
+  const bool small_top_k = cfg_.top_k > 0 && cfg_.top_k < vocab && cfg_.top_k <= kMaxSortedTopK;
+  return cfg_.temperature > 0.f && small_top_k && !cfg_.transforms_logits() ? cfg_.top_k : 0;
+}
+
+int32_t Sampler::sample_top(const int32_t* ids, const float* logits, int n, int vocab) {
+  const int k = top_candidates(vocab);
+  KVQ_CHECK(k > 0 && n >= k, "sampler: {} candidates where top_k {} of {} needs {}", n, cfg_.top_k, vocab, k);
+  cand_.resize(size_t(k));
+  for (int i = 0; i < k; ++i) cand_[size_t(i)] = {logits[i], ids[i], 0.0};
+  ordered_ = size_t(k);
+  return draw();
+}
+
+int32_t Sampler::draw() {
   float mx = cand_[0].logit;
   for (const Cand& c : cand_) mx = std::max(mx, c.logit);
   double total = 0;

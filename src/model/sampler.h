@@ -11,7 +11,15 @@
 // Without a full sort of the vocabulary: the candidates are ordered by (logit desc, id asc), a total order, and only
 // as far as needed: top_k by one selection (nth_element), then sorted blocks of the largest remaining (64, 256, ...)
 // until the prefix that top_p keeps and the draw are reached. Typical distributions need a few hundred; the result
-// does not depend on how far the order was taken.
+// does not depend on how far the order was taken. A top_k of at most kMaxSortedTopK is selected in one pass over the
+// row (a bar that rises as it goes) and sorted whole, so that the sums over it run in the total order: then the k
+// largest logits alone, in that order (the GPU selects them where the logits are: Runner::top_logits), draw the same
+// token as the whole row (sample_top).
+//
+// Sampling at a temperature alone (no top_k below the vocabulary, top_p 1, min_p 0: OpenAI's default request) draws by
+// the Gumbel-max trick instead (model/gumbel.h): the token of the largest logit / T + Gumbel noise, the noise a pure
+// function of (seed, draw, token), one pass over the row. The GPU draws it where the logits are
+// (Runner::gumbel_argmax): the same token, bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +29,8 @@
 #include <vector>
 
 namespace kvq {
+
+inline constexpr int kMaxSortedTopK = 1024;
 
 struct SamplerConfig {
   float temperature = 0.8f;  // 0: greedy (argmax)
@@ -47,6 +57,21 @@ class Sampler {
   void apply_penalties(float* logits, int vocab) const;
   int32_t sample(const float* logits, int vocab);
 
+  // How many of a row's largest logits sample_top needs to choose as sample() would from the whole row of `vocab`:
+  // top_k when the sampler draws (temperature > 0) among a top_k smaller than the vocabulary, at most kMaxSortedTopK,
+  // from unchanged logits (no bias, no penalty); 0 when it needs the whole row.
+  int top_candidates(int vocab) const;
+  // sample() from the n >= top_candidates(vocab) largest logits of a row: ids[i], logits[i] in the total order (logit
+  // desc, id asc). The same token as sample() on the whole row, and the same draws after it.
+  int32_t sample_top(const int32_t* ids, const float* logits, int n, int vocab);
+
+  // Whether sample() draws by the Gumbel-max trick (see the header) for a row of `vocab` logits.
+  bool draws_by_gumbel(int vocab) const;
+  // The next draw's noise (gumbel::draw_base) and temperature, for a token drawn elsewhere from the same logits
+  // (Runner::gumbel_argmax); then take_gumbel(that token) counts the draw as sample() would have.
+  uint64_t gumbel_base() const;
+  int32_t take_gumbel(int32_t id) { return ++draws_, id; }
+
  private:
   struct Cand {
     float logit;  // after bias and penalties
@@ -54,9 +79,11 @@ class Sampler {
     double p;     // exp((logit - max) / temperature)
   };
   void order_prefix(size_t n);  // cand_[0, n) become the n first of the total order
+  int32_t draw();               // temperature, top_p, min_p and the draw over cand_ (top_k applied)
 
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
+  uint64_t draws_ = 0;                          // tokens drawn by the Gumbel-max trick so far
   std::unordered_map<int32_t, int> generated_;  // generated token -> count
   std::vector<int32_t> seen_;                   // every distinct token of the prompt and the generated text
   std::vector<bool> seen_mask_;                 // [grows to the largest id] membership of seen_
