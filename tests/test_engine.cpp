@@ -38,7 +38,7 @@ std::vector<std::string> script(Generation& g, const std::vector<int32_t>& choic
     if (g.finished()) break;
     while (!g.predicts(g.next_chunk(512))) g.fed_chunk(g.next_chunk(512));
     g.fed_chunk(g.next_chunk(512));
-    g.accept(nullptr, ref_tokenizer().vocab_size(), id);
+    g.accept(RowLogits{.argmax = id}, ref_tokenizer().vocab_size());
     pieces.push_back(g.take_output().text);
   }
   return pieces;
@@ -313,6 +313,52 @@ TEST(Scheduler, AdmissionWaitsForPagesAndSlots) {
   s2.step(&info);
   EXPECT_EQ(info.admitted, 2);
   EXPECT_EQ(s2.n_waiting(), 1);
+}
+
+TEST(Scheduler, ChoicesOfALargeVocabularyChosenInParallelEqualEachRequestAlone) {
+  // models/ref's shapes with 131,072 tokens and random weights: a step of 8 or more sampled rows is enough work that
+  // the scheduler chooses their tokens in parallel (Scheduler::kParallelChoiceWork); each request alone chooses on
+  // the step's thread. Every sampling path: top_p, min_p, penalties and bias, log-probabilities, temperature alone.
+  ModelConfig cfg = ref_model().config();
+  cfg.vocab_size = 131072, cfg.n_layers = 2;
+  const std::unique_ptr<Model> m = Model::dummy("large-vocab", cfg, 5, 2);
+  std::vector<GenerateParams> params;
+  for (int i = 0; i < 12; ++i) {
+    GenerateParams p;
+    p.max_tokens = 5;
+    p.sampler = SamplerConfig{.temperature = 0.7f + 0.05f * float(i), .top_k = 0, .top_p = i % 4 == 0 ? 1.f : 0.9f,
+                              .seed = uint64_t(100 + i), .min_p = i % 4 == 1 ? 0.01f : 0.f};
+    if (i % 4 == 2) p.sampler.presence_penalty = 0.5f, p.sampler.logit_bias = {{17, 2.f}};
+    if (i % 4 == 3) p.top_logprobs = 2;
+    params.push_back(p);
+  }
+  ASSERT_TRUE(Sampler(params[0].sampler).draws_by_gumbel(cfg.vocab_size));
+  const auto run = [&](const std::vector<size_t>& which) {
+    CpuRunner r(*m, small_cache(), kCtx, int(which.size()));
+    Scheduler s(r);
+    std::map<Scheduler::Id, size_t> index;
+    for (size_t i : which) {
+      const std::vector<int32_t> prompt = {int32_t(1 + i), int32_t(1000 + 7 * i), int32_t(90000 + i), 5};
+      index[s.add(std::make_unique<Generation>(prompt, params[i], nullptr))] = i;
+    }
+    std::map<size_t, std::vector<GeneratedToken>> out;
+    while (!s.idle())
+      for (Scheduler::Update& u : s.step())
+        for (auto& t : u.output.tokens) out[index.at(u.id)].push_back(t);
+    return out;
+  };
+  std::vector<size_t> all(params.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  const auto together = run(all);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto alone = run({i});
+    ASSERT_EQ(together.at(i).size(), 5u);
+    for (size_t t = 0; t < 5; ++t) {
+      EXPECT_EQ(together.at(i)[t].id, alone.at(i)[t].id) << "request " << i << " token " << t;
+      EXPECT_EQ(together.at(i)[t].logprob, alone.at(i)[t].logprob);
+      EXPECT_EQ(together.at(i)[t].top.size(), alone.at(i)[t].top.size());
+    }
+  }
 }
 
 TEST(Scheduler, CancelFreesTheSequenceAndContextOverflowIsRefused) {

@@ -18,11 +18,13 @@
 //     1e-3 nats of mean NLL, an order above what O(1e-3) relative logit noise moves it.
 #ifdef KVQ_HAVE_CUDA
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -32,6 +34,7 @@
 #include "cuda/gpu_cache.h"
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_model.h"
+#include "cuda/gpu_model_kernels.h"
 #include "cuda/runtime.h"
 #include "engine/generation.h"
 #include "engine/scheduler.h"
@@ -175,6 +178,144 @@ TEST(GpuModel, AllRowLogitsMatchLastRowLogitsAndArgmax) {
   const LogitDiff d = compare(all_last, last);
   EXPECT_LE(d.max_abs, 1e-4 * d.rms_ref) << "the last row of All and Last differ";
   EXPECT_EQ(one, argmax_row(last.data(), V));
+}
+
+namespace {
+
+// The k first of a row in the sampler's order (logit desc, id asc; -0 equal to +0), by a full sort.
+std::vector<int32_t> top_ids_of(const float* row, int cols, int k) {
+  std::vector<int32_t> order(size_t(cols), 0);
+  for (int i = 0; i < cols; ++i) order[size_t(i)] = i;
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  return {order.begin(), order.begin() + k};
+}
+
+}  // namespace
+
+TEST(GpuModel, TopLogitsAreEachRowsLargestInTheSamplersOrder) {
+  SKIP_WITHOUT_GPU();
+  // The kernel on rows made to tie: few distinct values (the ids order them), signed zeros, the vocabulary of Qwen3
+  // and a width that is not a multiple of 4 (the row scan's scalar path).
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (const int cols : {151936, 5003}) {
+    const int rows = 3;
+    std::vector<float> x(size_t(rows) * cols);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const int r = int(i / size_t(cols));
+      x[i] = r == 0 ? normal(gen) : r == 1 ? std::round(normal(gen)) : (i % 7 == 0 ? -0.f : i % 7 == 1 ? 0.f : -1.f);
+    }
+    cuda::DeviceBuffer dx(x.size() * sizeof(float));
+    dx.upload(x.data(), x.size() * sizeof(float));
+    for (const int k : {1, 40, 1000, 1024}) {
+      cuda::DeviceBuffer di(size_t(rows) * k * sizeof(int32_t)), dv(size_t(rows) * k * sizeof(float));
+      ASSERT_EQ(cuda::kernels::top_k_rows(dx.as<float>(), rows, cols, k, di.as<int32_t>(), dv.as<float>(), nullptr),
+                0);
+      std::vector<int32_t> ids(size_t(rows) * k);
+      std::vector<float> vals(ids.size());
+      di.download(ids.data(), ids.size() * sizeof(int32_t));
+      dv.download(vals.data(), vals.size() * sizeof(float));
+      for (int r = 0; r < rows; ++r) {
+        const float* row = x.data() + size_t(r) * cols;
+        const std::vector<int32_t> want = top_ids_of(row, cols, k);
+        ASSERT_EQ(std::vector<int32_t>(ids.begin() + r * k, ids.begin() + (r + 1) * k), want)
+            << "cols " << cols << " k " << k << " row " << r;
+        for (int i = 0; i < k; ++i) ASSERT_EQ(vals[size_t(r * k + i)], row[want[size_t(i)]]);
+      }
+    }
+    EXPECT_NE(cuda::kernels::top_k_rows(dx.as<float>(), rows, cols, cuda::kernels::kMaxTopLogits + 1, nullptr,
+                                        nullptr, nullptr),
+              0);
+  }
+  // Through the model: each sequence's last row of a step.
+  Model& m = ref_model();
+  const int V = m.config().vocab_size;
+  GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 3);
+  const std::vector<int32_t> ids = python_tokens(60);
+  std::vector<int> seqs;
+  for (int b = 0; b < 3; ++b) {
+    seqs.push_back(gpu.new_sequence());
+    gpu.forward({seqs.back()}, {20 + 10 * b}, ids.data(), LogitRows::None, nullptr, nullptr);
+  }
+  EXPECT_THROW(gpu.top_logits(40, nullptr, nullptr), Error);  // the last forward returned no rows
+  std::vector<float> logits(size_t(3) * V);
+  const int32_t next[] = {ids[20], ids[30], ids[40]};
+  gpu.forward(seqs, {1, 1, 1}, next, LogitRows::Last, logits.data(), nullptr);
+  const int k = 40;
+  std::vector<int32_t> top(size_t(3) * k);
+  std::vector<float> top_vals(top.size());
+  gpu.top_logits(k, top.data(), top_vals.data());
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_EQ(std::vector<int32_t>(top.begin() + b * k, top.begin() + (b + 1) * k),
+              top_ids_of(logits.data() + size_t(b) * V, V, k))
+        << "sequence " << b;
+    for (int i = 0; i < k; ++i) EXPECT_EQ(top_vals[size_t(b * k + i)], logits[size_t(b) * V + top[size_t(b * k + i)]]);
+  }
+  EXPECT_THROW(gpu.top_logits(cuda::kernels::kMaxTopLogits + 1, top.data(), top_vals.data()), Error);
+}
+
+TEST(GpuModel, TheGumbelDrawOfEachRowIsTheHostSamplersToken) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const int V = m.config().vocab_size;
+  GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 3);
+  const std::vector<int32_t> ids = python_tokens(80);
+  std::vector<int> seqs;
+  for (int b = 0; b < 3; ++b) {
+    seqs.push_back(gpu.new_sequence());
+    gpu.forward({seqs.back()}, {20 + 10 * b}, ids.data(), LogitRows::None, nullptr, nullptr);
+  }
+  std::vector<Sampler> samplers;
+  for (int b = 0; b < 3; ++b)
+    samplers.emplace_back(
+        SamplerConfig{.temperature = 0.5f + 0.5f * float(b), .top_k = 0, .top_p = 1.f, .seed = uint64_t(40 + b)});
+  std::vector<float> logits(size_t(3) * V);
+  for (int step = 0; step < 8; ++step) {
+    const int32_t next[] = {ids[20 + step], ids[30 + step], ids[40 + step]};
+    gpu.forward(seqs, {1, 1, 1}, next, LogitRows::Last, logits.data(), nullptr);
+    std::vector<gumbel::Draw> draws;
+    for (int b = 0; b < 3; ++b) {
+      ASSERT_TRUE(samplers[size_t(b)].draws_by_gumbel(V));
+      draws.push_back({samplers[size_t(b)].gumbel_base(), 0.5 + 0.5 * b});
+    }
+    int32_t drawn[3] = {-1, -1, -1};
+    gpu.gumbel_argmax(draws.data(), drawn);
+    for (int b = 0; b < 3; ++b)
+      EXPECT_EQ(drawn[b], samplers[size_t(b)].sample(logits.data() + size_t(b) * V, V))
+          << "step " << step << " row " << b;
+  }
+}
+
+TEST(GpuModel, SamplingOnTheDeviceDrawsTheTokensOfTheWholeRowsOnTheHost) {
+  SKIP_WITHOUT_GPU();
+  // Sampled requests through the scheduler: top_k from the device's selection and temperature alone from its Gumbel
+  // draw, then from whole rows on the host (kvq serve --host-sampling). A choice depends only on its row and its
+  // sampler, so the tokens are the same.
+  Model& m = ref_model();
+  const std::vector<int32_t> ids = python_tokens(130);
+  std::vector<std::vector<int32_t>> outputs[2];
+  for (const bool device : {true, false}) {
+    GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 4);
+    SchedulerConfig sc;
+    sc.device_sampling = device;
+    Scheduler s(gpu, sc);
+    for (int r = 0; r < 4; ++r) {
+      GenerateParams p;
+      p.max_tokens = 24;
+      p.sampler = SamplerConfig{.temperature = 0.9f, .top_k = r == 3 ? 0 : r == 2 ? 1024 : 40,
+                                .top_p = r == 1 ? 0.9f : 1.f, .seed = uint64_t(7 + r), .min_p = r == 1 ? 0.05f : 0.f};
+      s.add(std::make_unique<Generation>(std::vector<int32_t>(ids.begin(), ids.begin() + 30 * (r + 1)), p, nullptr));
+    }
+    std::map<Scheduler::Id, std::vector<int32_t>> by_request;
+    while (!s.idle())
+      for (auto& u : s.step())
+        for (const auto& t : u.output.tokens) by_request[u.id].push_back(t.id);
+    for (auto& [id, tokens] : by_request) outputs[device ? 0 : 1].push_back(tokens);
+  }
+  ASSERT_EQ(outputs[0].size(), 4u);
+  for (const auto& t : outputs[0]) EXPECT_EQ(t.size(), 24u);
+  EXPECT_EQ(outputs[0], outputs[1]);
 }
 
 TEST(GpuModel, GreedyContinuationOf32TokensEqualsCpu) {

@@ -32,6 +32,7 @@ struct ServeOptions {
   double request_timeout = 0;  // --request-timeout S: a request not finished S seconds after arrival gets 504
   bool test_hooks = false;       // --test-hooks: POST /debug/fault arms a fault in the next engine step (tests only)
   bool no_prefix_cache = false;  // --no-prefix-cache
+  bool host_sampling = false;    // --host-sampling
   std::string chat_template;  // --chat-template NAME (default: the model's)
   server::ServerOptions http;
 };
@@ -96,6 +97,7 @@ void serve(const ServeOptions& o) {
   ec.queue_timeout_s = o.queue_timeout;
   ec.request_timeout_s = o.request_timeout;
   ec.scheduler.prefix_cache = !o.no_prefix_cache;
+  ec.scheduler.device_sampling = !o.host_sampling;
   Engine engine(r, ec);
   const PagePool& pool = r.page_pool();
   const ModelConfig& mc = r.config();
@@ -122,6 +124,13 @@ void serve(const ServeOptions& o) {
                o.queue_timeout > 0 ? fmt::format("{:g} s", o.queue_timeout).c_str() : "none",
                o.request_timeout > 0 ? fmt::format("{:g} s", o.request_timeout).c_str() : "none",
                o.test_hooks ? "; test hooks on (POST /debug/fault)" : "");
+  std::fprintf(stderr, "kvq: serve: sampling: %s\n",
+               !r.gumbel_sampling() ? "on the host, from each row of logits"
+               : o.host_sampling    ? "on the host, from each row of logits (--host-sampling)"
+                                    : fmt::format("on the device for temperature alone (Gumbel-max) and top_k <= {} "
+                                                  "(the rows' largest logits); on the host from each row otherwise",
+                                                  r.max_top_logits())
+                                          .c_str());
   std::fprintf(stderr, "kvq: serve: prefix cache: %s\n",
                o.no_prefix_cache ? "off (--no-prefix-cache)"
                                  : "on (prompt states at every chunk boundary; pages shared, evicted least recently "
@@ -187,6 +196,10 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(0.001, 86400.0));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
                 "do not keep the states of prompts for later requests that share their prefix (on by default)");
+  cmd->add_flag("--host-sampling", o->host_sampling,
+                "GPU: copy every sampled row of logits to the host and sample there, instead of drawing on the device "
+                "(temperature alone) or selecting a top_k request's largest logits there (for comparison: the same "
+                "tokens)");
   cmd->add_flag("--lenient-fields", o->http.lenient_fields,
                 "ignore unknown request fields (vLLM's extra_body ones; each name logged once) instead of refusing "
                 "them");

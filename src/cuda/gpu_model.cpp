@@ -18,6 +18,7 @@
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_model_kernels.h"
 #include "cuda/runtime.h"
+#include "model/sampler.h"
 
 namespace kvq::cuda {
 
@@ -283,6 +284,9 @@ struct GpuModel::Impl {
   DeviceBuffer last_rows;        // [max_seqs] int32 row of each sequence's last token
   DeviceBuffer logits;           // [R, vocab] fp32
   DeviceBuffer argmax, finite;   // [R] int32
+  DeviceBuffer top_ids, top_vals;  // [max_seqs, kMaxTopLogits] int32 / fp32: Runner::top_logits
+  DeviceBuffer draws, drawn;     // [max_seqs] gumbel::Draw, int32: Runner::gumbel_argmax
+  int out_rows = 0;              // rows of logits the last forward returned (top_logits selects from them)
   std::vector<int32_t> h_pos, h_last, h_finite;  // host staging
 
   // Layer hook (Runner::set_layer_hook): null, or called per layer on host copies of the step's activations.
@@ -425,7 +429,11 @@ GpuModel::Impl::ActivationPlan GpuModel::Impl::activation_plan(int rows, int n_s
                       {&Impl::last_rows, size_t(n_seqs) * sizeof(int32_t)},
                       {&Impl::logits, R * size_t(c.vocab_size) * f},
                       {&Impl::argmax, R * sizeof(int32_t)},
-                      {&Impl::finite, R * sizeof(int32_t)}};
+                      {&Impl::finite, R * sizeof(int32_t)},
+                      {&Impl::top_ids, size_t(n_seqs) * kernels::kMaxTopLogits * sizeof(int32_t)},
+                      {&Impl::top_vals, size_t(n_seqs) * kernels::kMaxTopLogits * f},
+                      {&Impl::draws, size_t(n_seqs) * sizeof(gumbel::Draw)},
+                      {&Impl::drawn, size_t(n_seqs) * sizeof(int32_t)}};
   if (gemm == GemmPrecision::Fp32) p.push_back({&Impl::act, R * I * f});
   if (gemm == GemmPrecision::Bf16) p.push_back({&Impl::xb, R * std::max({H, I, qd}) * sizeof(uint16_t)});
   return p;
@@ -669,6 +677,7 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   for (int r = 0; r < rows; ++r)
     KVQ_CHECK(ids[r] >= 0 && ids[r] < c.vocab_size, "token id {} is outside the vocabulary of {} tokens", ids[r],
               c.vocab_size);
+  m.out_rows = 0;
   m.cache->begin_step(seqs, n);  // context overflow / exhausted pool: thrown here, before any work
   struct AbortUnlessCommitted {  // a launch that throws leaves the cache ready for the next step (and for frees)
     GpuKvCache& cache;
@@ -723,6 +732,50 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   check(cudaStreamSynchronize(m.stream), "GpuModel::forward");
   for (int r = 0; r < out_rows; ++r)
     KVQ_CHECK(m.h_finite[size_t(r)], "non-finite logits in row {} of the step (numerical overflow in the model)", r);
+  m.out_rows = out_rows;
+}
+
+static_assert(kernels::kMaxTopLogits == kMaxSortedTopK, "the GPU selects as many logits as the sampler sorts");
+
+int GpuModel::max_top_logits() const { return kernels::kMaxTopLogits; }
+
+void GpuModel::top_logits(int k, int32_t* ids, float* logits) {
+  Impl& m = *impl_;
+  const int V = m.cfg.vocab_size;
+  KVQ_CHECK(m.out_rows > 0 && m.out_rows <= m.max_seqs,
+            "top_logits: the last forward returned {} rows of logits (1 to {} can be selected from)", m.out_rows,
+            m.max_seqs);
+  KVQ_CHECK(k >= 1 && k <= kernels::kMaxTopLogits && k <= V, "top_logits: k = {} (1 to {})", k,
+            std::min(kernels::kMaxTopLogits, V));
+  check(kernels::top_k_rows(m.logits.as<float>(), m.out_rows, V, k, m.top_ids.as<int32_t>(), m.top_vals.as<float>(),
+                            m.stream),
+        "top_k_rows");
+  const size_t n = size_t(m.out_rows) * size_t(k);
+  check(cudaMemcpyAsync(ids, m.top_ids.get(), n * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+        "download top ids");
+  check(cudaMemcpyAsync(logits, m.top_vals.get(), n * sizeof(float), cudaMemcpyDeviceToHost, m.stream),
+        "download top logits");
+  check(cudaStreamSynchronize(m.stream), "GpuModel::top_logits");
+}
+
+bool GpuModel::gumbel_sampling() const { return true; }
+
+void GpuModel::gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) {
+  Impl& m = *impl_;
+  KVQ_CHECK(m.out_rows > 0 && m.out_rows <= m.max_seqs,
+            "gumbel_argmax: the last forward returned {} rows of logits (1 to {} can be drawn from)", m.out_rows,
+            m.max_seqs);
+  for (int r = 0; r < m.out_rows; ++r)
+    KVQ_CHECK(draws[r].temperature > 0 && std::isfinite(draws[r].temperature), "gumbel_argmax: temperature {}",
+              draws[r].temperature);
+  const size_t n = size_t(m.out_rows);
+  check(cudaMemcpyAsync(m.draws.get(), draws, n * sizeof(gumbel::Draw), cudaMemcpyHostToDevice, m.stream),
+        "upload draws");
+  check(kernels::gumbel_argmax_rows(m.logits.as<float>(), m.out_rows, m.cfg.vocab_size, m.draws.as<gumbel::Draw>(),
+                                    m.drawn.as<int32_t>(), m.stream),
+        "gumbel_argmax_rows");
+  check(cudaMemcpyAsync(ids, m.drawn.get(), n * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream), "download draws");
+  check(cudaStreamSynchronize(m.stream), "GpuModel::gumbel_argmax");
 }
 
 void GpuModel::Impl::enqueue_step(int rows, int out_rows, LogitRows which, bool want_argmax) {

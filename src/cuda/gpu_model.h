@@ -81,6 +81,10 @@ class GpuModel final : public Runner {
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;
+  int max_top_logits() const override;  // kernels::kMaxTopLogits: the sampler's kMaxSortedTopK
+  void top_logits(int k, int32_t* ids, float* logits) override;
+  bool gumbel_sampling() const override;
+  void gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) override;
   // Prompt policies: decode-faithful and exact-prompt (GpuKvCache's twin); the others are refused at construction.
   void end_prompt(int seq) override;
   CacheFootprint prompt_footprint(int n_tokens, int prompt_tokens) const override;

@@ -216,6 +216,106 @@ __global__ void __launch_bounds__(kScanThreads) finite_rows_kernel(const float* 
   if (threadIdx.x == 0) out[blockIdx.x] = bad == 0 ? 1 : 0;
 }
 
+
+// The sampler's order (model/sampler.h: larger logit first, lower id on ties) as one 64-bit key that grows with the
+// rank: the logit's bits made monotone (-0 taken as +0, equal to it there) above the complement of the id.
+__device__ __forceinline__ uint64_t rank_key(float v, int id) {
+  uint32_t u = __float_as_uint(v == 0.f ? 0.f : v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (uint64_t(u) << 32) | uint64_t(~uint32_t(id));
+}
+
+// The k largest keys of a row by radix selection, a byte at a time from the top: pass p counts the keys whose bytes
+// above p equal the prefix chosen so far into 256 bins, and the bin holding the k-th largest extends the prefix. It
+// stops once that bin is taken whole; then exactly the k keys >= the prefix (its lower bytes zero) are the k largest,
+// gathered and sorted in shared memory (bitonic, descending). Same-bin increments of a warp are counted once
+// (__match_any_sync): most logits share their top bytes.
+__global__ void __launch_bounds__(kScanThreads) top_k_rows_kernel(const float* x, int cols, int k, int32_t* ids,
+                                                                   float* vals) {
+  const float* xr = x + int64_t(blockIdx.x) * cols;
+  __shared__ int hist[256];
+  __shared__ uint64_t chosen;
+  __shared__ int still_needed, whole_bin, gathered;
+  __shared__ uint64_t keys[kMaxTopLogits];
+  uint64_t prefix = 0;
+  int need = k;
+  for (int shift = 56;; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const uint64_t high = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
+    scan_row(xr, cols, [&](int c, float v) {
+      const uint64_t key = rank_key(v, c);
+      const int bin = (key & high) == prefix ? int((key >> shift) & 255) : -1;
+      const unsigned peers = __match_any_sync(__activemask(), bin);
+      if (bin >= 0 && __ffs(peers) - 1 == int(threadIdx.x & 31)) atomicAdd(&hist[bin], __popc(peers));
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int b = 255, above = 0;
+      while (above + hist[b] < need) above += hist[b--];  // the prefix holds >= need keys: b stays >= 0
+      chosen = prefix | uint64_t(b) << shift;
+      still_needed = need - above;
+      whole_bin = hist[b] == need - above;  // at shift 0 always: the keys are distinct
+      gathered = 0;
+    }
+    __syncthreads();
+    prefix = chosen, need = still_needed;
+    if (whole_bin) break;
+  }
+  scan_row(xr, cols, [&](int c, float v) {
+    const uint64_t key = rank_key(v, c);
+    if (key >= prefix) keys[atomicAdd(&gathered, 1)] = key;
+  });
+  int n2 = 1;
+  while (n2 < k) n2 <<= 1;
+  for (int i = k + int(threadIdx.x); i < n2; i += blockDim.x) keys[i] = 0;  // below every key
+  __syncthreads();
+  for (int size = 2; size <= n2; size <<= 1)
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j <= i) continue;
+        const uint64_t a = keys[i], b = keys[j];
+        if ((i & size) == 0 ? a < b : a > b) keys[i] = b, keys[j] = a;  // the last merge: every pair descending
+      }
+      __syncthreads();
+    }
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    const int id = int(~uint32_t(keys[i]));
+    ids[int64_t(blockIdx.x) * k + i] = id;
+    vals[int64_t(blockIdx.x) * k + i] = xr[id];
+  }
+}
+
+// Row r's Gumbel-max draw (model/gumbel.h): the index of the largest logit / T + noise, the lowest on ties; the scores
+// are the host's bits.
+__global__ void __launch_bounds__(kScanThreads) gumbel_argmax_rows_kernel(const float* x, int cols,
+                                                                           const gumbel::Draw* draws, int32_t* out) {
+  const float* xr = x + int64_t(blockIdx.x) * cols;
+  const gumbel::Draw dr = draws[blockIdx.x];
+  double best = -INFINITY;
+  int idx = cols;  // "none yet"
+  scan_row(xr, cols, [&](int c, float v) {  // increasing c: the first of equal scores is kept
+    const double sc = gumbel::score(v, dr.temperature, dr.base, uint64_t(c));
+    if (idx == cols || sc > best) best = sc, idx = c;
+  });
+  __shared__ double sv[kScanThreads];
+  __shared__ int si[kScanThreads];
+  sv[threadIdx.x] = best;
+  si[threadIdx.x] = idx;
+  __syncthreads();
+  for (int s = kScanThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const double ov = sv[threadIdx.x + s];
+      const int oi = si[threadIdx.x + s];
+      const bool take = oi != cols && (si[threadIdx.x] == cols || ov > sv[threadIdx.x] ||
+                                       (ov == sv[threadIdx.x] && oi < si[threadIdx.x]));
+      if (take) sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = si[0] == cols ? 0 : si[0];
+}
 }  // namespace
 
 int embed_gather_bf16(const uint16_t* table, const int32_t* ids, int rows, int dim, float* x, void* stream) {
@@ -287,6 +387,19 @@ int gather_rows(const float* x, const int32_t* rows, int count, int dim, float* 
 int argmax_rows(const float* x, int rows, int cols, int32_t* out, void* stream) {
   if (rows <= 0) return 0;
   argmax_rows_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, out);
+  return launched();
+}
+
+int top_k_rows(const float* x, int rows, int cols, int k, int32_t* ids, float* vals, void* stream) {
+  if (rows <= 0) return 0;
+  if (k < 1 || k > kMaxTopLogits || k > cols) return int(cudaErrorInvalidValue);
+  top_k_rows_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, k, ids, vals);
+  return launched();
+}
+
+int gumbel_argmax_rows(const float* x, int rows, int cols, const gumbel::Draw* draws, int32_t* out, void* stream) {
+  if (rows <= 0) return 0;
+  gumbel_argmax_rows_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, draws, out);
   return launched();
 }
 

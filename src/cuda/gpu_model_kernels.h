@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "model/dummy_weights.h"
+#include "model/gumbel.h"
 
 namespace kvq::cuda::kernels {
 
@@ -60,6 +61,16 @@ int gather_rows(const float* x, const int32_t* rows, int count, int dim, float* 
 
 // out[r] = index of the largest of x[r, 0..cols) (lowest index on ties) for r < rows. One block per row.
 int argmax_rows(const float* x, int rows, int cols, int32_t* out, void* stream);
+
+// The k largest of each row x[r, 0..cols) for r < rows, in the sampler's order (larger first, lower index on ties;
+// -0 equal to +0): ids[r·k + i] and vals[r·k + i]. 1 <= k <= min(kMaxTopLogits, cols), else cudaErrorInvalidValue.
+// One block per row.
+inline constexpr int kMaxTopLogits = 1024;  // model/sampler.h: kMaxSortedTopK
+int top_k_rows(const float* x, int rows, int cols, int k, int32_t* ids, float* vals, void* stream);
+
+// out[r] = row r's draw by the Gumbel-max trick (model/gumbel.h: argmax of x[r, c] / T + noise(base, c), the lowest c
+// on ties; draws[r]: device memory) for r < rows: the host sampler's token. One block per row.
+int gumbel_argmax_rows(const float* x, int rows, int cols, const gumbel::Draw* draws, int32_t* out, void* stream);
 
 // out[r] = 1 if every x[r, :] is finite else 0, for r < rows (one block per row).
 int finite_rows(const float* x, int rows, int cols, int32_t* out, void* stream);

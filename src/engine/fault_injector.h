@@ -49,6 +49,10 @@ class FaultInjectingRunner final : public Runner {
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;
+  int max_top_logits() const override { return inner_.max_top_logits(); }
+  void top_logits(int k, int32_t* ids, float* logits) override { inner_.top_logits(k, ids, logits); }
+  bool gumbel_sampling() const override { return inner_.gumbel_sampling(); }
+  void gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) override { inner_.gumbel_argmax(draws, ids); }
   void end_prompt(int seq) override { inner_.end_prompt(seq); }
   CacheFootprint prompt_footprint(int n_tokens, int prompt_tokens) const override {
     return inner_.prompt_footprint(n_tokens, prompt_tokens);

@@ -101,15 +101,36 @@ bool Generation::skip_prefix(int len, int max_chunk) {
   return false;
 }
 
-void Generation::accept(const float* logits, int vocab, int32_t argmax) {
+void Generation::accept(const RowLogits& row, int vocab) {
   KVQ_CHECK(!finished() && fed_ == known(), "generation: logits accepted at {} of {} known tokens", fed_, known());
   if (generated_tokens() >= params_.max_tokens) return finish(FinishReason::Length);
-  KVQ_CHECK(logits || !needs_logits(), "generation: sampling needs the logits");
-  const int32_t id = logits ? sampler_.sample(logits, vocab) : argmax;
+  take(choose(row, vocab));
+}
+
+GeneratedToken Generation::choose(const RowLogits& row, int vocab) {
+  const float* logits = row.logits;
+  int32_t id = row.argmax;
+  if (logits) {
+    id = sampler_.sample(logits, vocab);
+  } else if (needs_logits() && gumbel_draw(vocab)) {
+    KVQ_CHECK(row.gumbel >= 0, "generation: drawing by the Gumbel-max trick needs the row's draw or its logits");
+    id = sampler_.take_gumbel(row.gumbel);
+  } else if (needs_logits()) {
+    KVQ_CHECK(row.top_n > 0 && params_.top_logprobs < 0, "generation: choosing needs the whole row of logits");
+    id = sampler_.sample_top(row.top_ids, row.top_logits, row.top_n, vocab);
+  }
+  return params_.top_logprobs >= 0 ? token_logprobs(logits, vocab, id, params_.top_logprobs)
+                                   : GeneratedToken{id, 0.f, {}};
+}
+
+void Generation::take(GeneratedToken t) {
+  KVQ_CHECK(!finished() && fed_ == known() && generated_tokens() < params_.max_tokens,
+            "generation: a token taken at {} of {} known tokens, {} of {} generated", fed_, known(),
+            generated_tokens(), params_.max_tokens);
+  const int32_t id = t.id;
   sampler_.observe(id);
   tokens_.push_back(id);
-  out_.tokens.push_back(params_.top_logprobs >= 0 ? token_logprobs(logits, vocab, id, params_.top_logprobs)
-                                                  : GeneratedToken{id, 0.f, {}});
+  out_.tokens.push_back(std::move(t));
   if (std::find(params_.stop_ids.begin(), params_.stop_ids.end(), id) != params_.stop_ids.end())
     return finish(FinishReason::Stop);
   emit(id);

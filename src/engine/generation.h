@@ -17,10 +17,23 @@
 
 #include "engine/request.h"
 #include "engine/stop_matcher.h"
+#include "model/gumbel.h"
 #include "model/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvq {
+
+// What a step returned for the last row of a chunk that predicts: its argmax, and what choosing needs besides — the
+// whole row of logits [vocab], its top_n largest (Runner::top_logits: ids and logits in the sampler's order), or the
+// token drawn from it by the Gumbel-max trick (Runner::gumbel_argmax; -1: none), or nothing when !needs_logits().
+struct RowLogits {
+  int32_t argmax = 0;
+  int32_t gumbel = -1;
+  const float* logits = nullptr;
+  const int32_t* top_ids = nullptr;
+  const float* top_logits = nullptr;
+  int top_n = 0;
+};
 
 class Generation {
  public:
@@ -49,11 +62,28 @@ class Generation {
     return params_.sampler.temperature > 0.f || params_.top_logprobs >= 0 || params_.sampler.transforms_logits();
   }
 
+  // When needs_logits(): how many of the row's largest logits choose as the whole row would (Sampler::top_candidates;
+  // 0: the whole row, as log-probabilities also need).
+  int top_candidates(int vocab) const { return params_.top_logprobs >= 0 ? 0 : sampler_.top_candidates(vocab); }
+  // When needs_logits(): whether the token is drawn by the Gumbel-max trick from logits the runner may keep (no bias
+  // or penalty applied on the host, no log-probabilities), and the draw to ask for.
+  bool gumbel_draw(int vocab) const {
+    return params_.top_logprobs < 0 && !params_.sampler.transforms_logits() && sampler_.draws_by_gumbel(vocab);
+  }
+  gumbel::Draw next_draw() const { return {sampler_.gumbel_base(), double(params_.sampler.temperature)}; }
+
   // The forward of n tokens from ids() ran (the cache holds them now).
   void fed_chunk(int n);
-  // The logits of the last row after a chunk for which predicts(n) held: chooses the next token (logits: [vocab], or
-  // null when !needs_logits(); argmax: the row's argmax) or finishes at max_tokens.
-  void accept(const float* logits, int vocab, int32_t argmax);
+  // The last row after a chunk for which predicts(n) held: chooses the next token (from the row's logits, its top_n
+  // >= top_candidates(vocab) largest, its Gumbel draw when gumbel_draw(vocab), or its argmax when !needs_logits()) or
+  // finishes at max_tokens.
+  void accept(const RowLogits& row, int vocab);
+  // accept() in two halves, for a step that chooses the tokens of its sequences in parallel: choose() draws the token
+  // (and its log-probabilities) and changes nothing but this generation's sampler; take() appends it, detokenises and
+  // stops. Both only when accept() would choose: not finished, fed_ == known() and generated_tokens() < max_tokens.
+  bool choosing() const { return !finished() && fed_ == known() && generated_tokens() < params_.max_tokens; }
+  GeneratedToken choose(const RowLogits& row, int vocab);
+  void take(GeneratedToken t);
   // The scheduler freed this sequence's cache: the next chunks replay its steps from position 0.
   void preempt();
   // n > 1 choices: this generation (of the same prompt, nothing fed) takes over the prefill of leader, whose whole

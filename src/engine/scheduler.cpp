@@ -1,8 +1,10 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/error.h"
+#include "common/thread_pool.h"
 
 namespace kvq {
 
@@ -253,13 +255,15 @@ std::vector<Scheduler::Item> Scheduler::plan_step(bool& blocked) {
   return items;
 }
 
-void Scheduler::fork_followers(Entry& leader, const float* logits, int32_t argmax, std::vector<Update>& out) {
+void Scheduler::fork_followers(Entry& leader, const RowLogits& row, std::vector<Update>& out) {
   const int V = runner_.config().vocab_size;
   std::vector<std::unique_ptr<Entry>> followers = std::move(leader.followers);
   leader.followers.clear();
+  RowLogits shared = row;
+  shared.gumbel = -1;  // the leader's own draw; a follower that draws by Gumbel had the step copy the whole row
   for (auto& f : followers) {
     f->gen->adopt_prefill(*leader.gen);
-    f->gen->accept(logits, V, argmax);
+    f->gen->accept(shared, V);
     f->admitted = true;
     const Update first = update_of(*f);
     if (f->gen->finished()) {  // its first token ended it: it never needs a sequence
@@ -296,6 +300,25 @@ void Scheduler::preempt_newest(std::vector<Item>& items) {
   waiting_.insert(pos, std::move(e));
 }
 
+template <class RowOf>
+void Scheduler::choose_in_parallel(const std::vector<Item>& items, bool whole_rows, const RowOf& row_of) {
+  chosen_.assign(items.size(), std::nullopt);
+  if (!whole_rows) return;
+  const int V = runner_.config().vocab_size;
+  std::vector<size_t> choosing;  // the items whose chunk predicts and whose generation chooses a token now
+  for (size_t b = 0; b < items.size(); ++b) {
+    const Generation& g = *items[b].e->gen;
+    if (g.predicts(items[b].n) && !g.finished() && g.generated_tokens() < g.params().max_tokens) choosing.push_back(b);
+  }
+  if (choosing.size() < 2 || choosing.size() * size_t(V) < kParallelChoiceWork) return;
+  if (!choice_pool_)
+    choice_pool_ = std::make_unique<ThreadPool>(std::min(16, int(std::thread::hardware_concurrency())));
+  choice_pool_->parallel_for(int64_t(choosing.size()), [&](int64_t i, int) {
+    const size_t b = choosing[size_t(i)];
+    chosen_[b] = items[b].e->gen->choose(row_of(b), V);
+  });
+}
+
 std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
   StepInfo info;
   std::vector<Update> updates;
@@ -312,30 +335,56 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
   if (info_out) *info_out = info;
   if (items.empty()) return updates;
 
-  // One forward: ids of every item concatenated; the last row's logits (or argmax) where a chunk predicts.
+  // One forward: ids of every item concatenated; the last row's logits (or argmax) where a chunk predicts. On a runner
+  // that keeps the logits, a choice that needs only its row's largest (top_k sampling) or its Gumbel draw (sampling at
+  // a temperature alone) gets that instead of the row: the step copies whole rows only when one of its choices needs
+  // them (then every choice of the step reads its row).
+  const int V = runner_.config().vocab_size;
   seqs_.clear(), n_.clear(), ids_.clear();
-  bool predict = false, want_logits = false;
+  bool predict = false, whole_rows = false, gumbel = false;
+  int top_k = 0;
+  const bool device = cfg_.device_sampling;
+  const auto wants = [&](const Generation& g, bool follower) {
+    if (!g.needs_logits()) return;
+    const int k = g.top_candidates(V);
+    if (device && !follower && g.gumbel_draw(V) && runner_.gumbel_sampling())
+      gumbel = true;  // one draw per row: a follower (n > 1) draws its own from the whole row
+    else if (device && k > 0 && k <= runner_.max_top_logits())
+      top_k = std::max(top_k, k);
+    else
+      whole_rows = true;
+  };
   for (const Item& it : items) {
     seqs_.push_back(it.e->seq);
     n_.push_back(it.n);
     ids_.insert(ids_.end(), it.e->gen->ids(), it.e->gen->ids() + it.n);
     if (it.e->gen->predicts(it.n)) {
       predict = true;
-      want_logits |= it.e->gen->needs_logits();
-      for (const auto& f : it.e->followers) want_logits |= f->gen->needs_logits();
+      wants(*it.e->gen, false);
+      for (const auto& f : it.e->followers) wants(*f->gen, true);
     }
     info.rows += it.n;
     info.decode_rows += it.n == 1;
   }
+  if (whole_rows) top_k = 0, gumbel = false;
   info.seqs = int(items.size());
   if (info_out) *info_out = info;
-  const int V = runner_.config().vocab_size;
   argmax_.resize(items.size());
-  if (want_logits) logits_.resize(items.size() * size_t(V));
+  if (whole_rows) logits_.resize(items.size() * size_t(V));
+  if (top_k > 0) top_ids_.resize(items.size() * size_t(top_k)), top_vals_.resize(items.size() * size_t(top_k));
+  if (gumbel) {
+    draws_.assign(items.size(), gumbel::Draw{0, 1.0});  // rows that draw otherwise: any draw, unread
+    drawn_.resize(items.size());
+    for (size_t b = 0; b < items.size(); ++b)
+      if (items[b].e->gen->predicts(items[b].n) && items[b].e->gen->gumbel_draw(V))
+        draws_[b] = items[b].e->gen->next_draw();
+  }
   std::string failed;  // the step's error, when the forward threw
   try {
     runner_.forward(seqs_, n_, ids_.data(), predict ? LogitRows::Last : LogitRows::None,
-                    want_logits ? logits_.data() : nullptr, predict ? argmax_.data() : nullptr);
+                    whole_rows ? logits_.data() : nullptr, predict ? argmax_.data() : nullptr);
+    if (top_k > 0) runner_.top_logits(top_k, top_ids_.data(), top_vals_.data());
+    if (gumbel) runner_.gumbel_argmax(draws_.data(), drawn_.data());
   } catch (const std::exception& err) {
     // Which of the step's sequences hold what is unknown now: every request of the step ends with the error (its
     // sequence is freed below), whatever threw: a kvq::Error, a lost device, bad_alloc.
@@ -348,6 +397,16 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     info.failure = what;
     if (info_out) *info_out = info;
   }
+  const auto row_of = [&](size_t b) {
+    RowLogits row{.argmax = argmax_[b]};
+    if (whole_rows) row.logits = logits_.data() + b * size_t(V);
+    if (top_k > 0)
+      row.top_ids = top_ids_.data() + b * size_t(top_k), row.top_logits = top_vals_.data() + b * size_t(top_k),
+      row.top_n = top_k;
+    if (gumbel && items[b].e->gen->gumbel_draw(V)) row.gumbel = drawn_[b];
+    return row;
+  };
+  choose_in_parallel(items, failed.empty() && whole_rows, row_of);
   std::vector<Update> forked;  // the first tokens of choices forked in this step
   for (size_t b = 0; b < items.size(); ++b) {
     Entry& e = *items[b].e;
@@ -364,9 +423,12 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     const int fed_before = g.fed();
     g.fed_chunk(items[b].n);
     store_prefix(e, fed_before);
-    const float* row = want_logits ? logits_.data() + b * size_t(V) : nullptr;
-    if (predicts && !e.followers.empty()) fork_followers(e, row, argmax_[b], forked);
-    if (predicts) g.accept(row, V, argmax_[b]);
+    const RowLogits row = row_of(b);
+    if (predicts && !e.followers.empty()) fork_followers(e, row, forked);
+    if (predicts && chosen_[b])
+      g.take(std::move(*chosen_[b]));
+    else if (predicts)
+      g.accept(row, V);
   }
   for (const Item& it : items) {
     Update u = update_of(*it.e);

@@ -30,9 +30,11 @@
 #include <deque>
 #include <string>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/generation.h"
+#include "common/thread_pool.h"
 #include "model/runner.h"
 
 namespace kvq {
@@ -47,6 +49,11 @@ struct SchedulerConfig {
   // each admitted prompt to its new sequence and stores a prompt's state after each of its chunks that ends at a
   // multiple of the chunk size. Off for kvq run and bench decode; kvq serve: on unless --no-prefix-cache.
   bool prefix_cache = false;
+  // Sampled requests whose choice needs only a row's top_k largest logits (model/sampler.h: top_candidates) or its
+  // Gumbel draw (sampling at a temperature alone: draws_by_gumbel) get that from a runner that keeps the logits
+  // (Runner::top_logits, gumbel_argmax: the GPU) instead of the whole row. The same tokens either way; off (kvq serve
+  // --host-sampling): every sampled row is copied and sampled on the host, for comparison.
+  bool device_sampling = true;
 };
 
 // What one step did.
@@ -129,7 +136,14 @@ class Scheduler {
   static std::unique_ptr<Entry> make_entry(Id id, std::unique_ptr<Generation> g);
   // After the forward that fed the leader's whole prompt: forks its followers and lets each choose its first token
   // (logits: the leader's row, or null; argmax: its argmax); their updates go to out.
-  void fork_followers(Entry& leader, const float* logits, int32_t argmax, std::vector<Update>& out);
+  void fork_followers(Entry& leader, const RowLogits& row, std::vector<Update>& out);
+  // The tokens of a step's choices from whole rows of logits, chosen in parallel (Generation::choose: each changes only
+  // its own sampler) into chosen_[b] when there is enough of that work: sampling a row of a large vocabulary on the
+  // host takes milliseconds (the top_p path at 151,936 logits), more than a GPU's decode step at dozens of sequences.
+  // row_of(b): item b's RowLogits.
+  static constexpr size_t kParallelChoiceWork = size_t(1) << 20;  // rows x vocabulary
+  template <class RowOf>
+  void choose_in_parallel(const std::vector<Item>& items, bool whole_rows, const RowOf& row_of);
   int group_size(const Entry& e) const { return 1 + int(e.followers.size()); }
   static Update update_of(Entry& e);
 
@@ -142,8 +156,11 @@ class Scheduler {
   bool blocked_ = false;        // a running request could not be scheduled last step: hold admissions
   int64_t preemptions_ = 0;
   std::vector<int> seqs_, n_;   // step buffers
-  std::vector<int32_t> ids_, argmax_;
-  std::vector<float> logits_;
+  std::vector<int32_t> ids_, argmax_, top_ids_, drawn_;
+  std::vector<float> logits_, top_vals_;
+  std::vector<gumbel::Draw> draws_;
+  std::vector<std::optional<GeneratedToken>> chosen_;  // [items] choose_in_parallel's tokens
+  std::unique_ptr<ThreadPool> choice_pool_;           // its threads, made when first needed
 };
 
 }  // namespace kvq

@@ -34,6 +34,14 @@ void Runner::end_prompt(int seq) {
   KVQ_CHECK(seq >= 0 && seq < max_seqs(), "end_prompt: sequence {} out of range", seq);
 }
 
+void Runner::top_logits(int k, int32_t*, float*) {
+  KVQ_FAIL("top_logits: this runner ({}) keeps no logits to select {} from", describe(), k);
+}
+
+void Runner::gumbel_argmax(const gumbel::Draw*, int32_t*) {
+  KVQ_FAIL("gumbel_argmax: this runner ({}) keeps no logits to draw from", describe());
+}
+
 CacheFootprint Runner::prompt_footprint(int n_tokens, int prompt_tokens) const {
   KVQ_CHECK(cache_config().prompt_policy == PromptPolicy::kDecodeFaithful && prompt_tokens >= 0,
             "prompt policy '{}' is not supported by this runner ({})", prompt_policy_name(cache_config().prompt_policy),

@@ -15,6 +15,7 @@
 
 #include "kv/cache.h"
 #include "model/config.h"
+#include "model/gumbel.h"
 #include "model/model.h"
 
 namespace kvq {
@@ -62,6 +63,18 @@ class Runner {
   // where the logits are (no copy of them needed). which == None ignores both.
   virtual void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                        float* logits, int32_t* argmax) = 0;
+
+  // The k largest logits of each row the last forward() returned (at most max_seqs() rows), ids[r·k + i] and
+  // logits[r·k + i] in the sampler's order (larger first, lower id on ties: model/sampler.h): what sampling with a
+  // small top_k reads instead of the whole row, selected where the logits are. 1 <= k <= max_top_logits(); a runner
+  // that keeps no logits (the CPU's, which hands them out whole) has max_top_logits() 0 and refuses the call.
+  virtual int max_top_logits() const { return 0; }
+  virtual void top_logits(int k, int32_t* ids, float* logits);
+  // The token each row the last forward() returned draws at a temperature by the Gumbel-max trick (model/gumbel.h:
+  // Sampler::draws_by_gumbel), row r with draws[r]: the same token as the host's Sampler::sample on that row. A runner
+  // that keeps no logits has gumbel_sampling() false and refuses the call.
+  virtual bool gumbel_sampling() const { return false; }
+  virtual void gumbel_argmax(const gumbel::Draw* draws, int32_t* ids);
 
   // The end of seq's prompt: the cache applies its prompt policy (CacheConfig::prompt_policy, kv/cache.h). The
   // default (a runner whose cache only reads decode-faithfully, the GPU's) accepts only decode-faithful.
