@@ -4,7 +4,8 @@
 For each cache configuration it starts `kvq serve` (port 0: a free one), then for each prompt length and each
 concurrency runs a closed loop: `concurrency` clients, each sending streaming /v1/completions requests back to back
 until the point's requests are done. Every request has a prompt of exactly --prompt-tokens random token ids (new ones
-per request: nothing is shared or cached), generates exactly --gen tokens (ignore_eos, temperature 0) and is timed
+per request: nothing is shared or cached), generates exactly --gen tokens (ignore_eos, temperature 0 unless --sampling
+sets the request's sampling fields) and is timed
 from the send to its first content chunk (TTFT) and to its last (end to end).
 
 Per point it reports: generated tokens/s (completion tokens of all requests / the point's wall time), prompt tokens/s,
@@ -97,10 +98,11 @@ def metrics(url):
     return out
 
 
-def one_request(url, prompt_tokens, gen, vocab, rng_seed, timeout, prefix=()):
+def one_request(url, prompt_tokens, gen, vocab, rng_seed, timeout, prefix=(), sampling=None):
     rng = random.Random(rng_seed)
     body = {"prompt": list(prefix) + [rng.randrange(1, vocab) for _ in range(prompt_tokens)], "max_tokens": gen,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body.update(sampling or {})
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -157,7 +159,7 @@ def run_point(url, args, prompt_tokens, concurrency, seed):
                 next_index[0] += 1
             try:
                 r = one_request(url, prompt_tokens, args.gen, args.vocab, seed * 1000003 + i, args.request_timeout,
-                                prefix)
+                                prefix, args.sampling)
                 with lock:
                     results.append(r)
             except Exception as e:  # noqa: BLE001 - reported, the point goes on
@@ -184,6 +186,7 @@ def run_point(url, args, prompt_tokens, concurrency, seed):
     return {
         "prompt_tokens": prompt_tokens, "gen_tokens": args.gen, "concurrency": concurrency,
         "requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
+        "sampling": args.sampling,
         "shared_prefix_tokens": args.shared_prefix, "warm_prefix": bool(args.warm_prefix and args.shared_prefix),
         "wall_s": wall, "generated_tok_s": gen_tokens / wall,
         "prompt_tok_s": (args.shared_prefix + prompt_tokens) * len(results) / wall,
@@ -222,6 +225,9 @@ def main():
     ap.add_argument("--warm-prefix", action="store_true",
                     help="with --shared-prefix: before each point's clients start, one untimed request of the shared "
                     "prefix and one own token (the system prompt a running server has already seen)")
+    ap.add_argument("--sampling", type=json.loads, default={},
+                    help='request fields that replace greedy decoding, as JSON, e.g. '
+                         '\'{"temperature": 0.8, "top_k": 40}\'')
     ap.add_argument("--json", help="append one JSON object per point to this file")
     args = ap.parse_args()
 
