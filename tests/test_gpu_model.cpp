@@ -287,25 +287,69 @@ TEST(GpuModel, TheGumbelDrawOfEachRowIsTheHostSamplersToken) {
   }
 }
 
+TEST(GpuModel, EachRowsMassIsTheHostSamplersAndARowComesBackWhole) {
+  SKIP_WITHOUT_GPU();
+  Model& m = ref_model();
+  const int V = m.config().vocab_size;
+  GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 3);
+  const std::vector<int32_t> ids = python_tokens(60);
+  std::vector<int> seqs;
+  for (int b = 0; b < 3; ++b) {
+    seqs.push_back(gpu.new_sequence());
+    gpu.forward({seqs.back()}, {20 + 10 * b}, ids.data(), LogitRows::None, nullptr, nullptr);
+  }
+  std::vector<float> logits(size_t(3) * V);
+  const int32_t next[] = {ids[20], ids[30], ids[40]};
+  gpu.forward(seqs, {1, 1, 1}, next, LogitRows::Last, logits.data(), nullptr);
+  const smath::MassQuery queries[] = {{0.7, 0.0}, {1.0, double(0.05f)}, {2.5, double(0.001f)}};
+  smath::RowMass got[3];
+  gpu.row_mass(queries, got);
+  for (int b = 0; b < 3; ++b) {
+    const float* row = logits.data() + size_t(b) * V;
+    const float mx = *std::max_element(row, row + V);
+    smath::RowMass want{0.0, 0};
+    const int64_t block = smath::sum_block(V);
+    for (int64_t b0 = 0; b0 < V; b0 += block) {
+      double part = 0;
+      for (int64_t i = b0; i < std::min<int64_t>(V, b0 + block); ++i) {
+        const double p = smath::weight(row[i], mx, queries[b].temperature);
+        part += p;
+        want.above_min_p += p >= queries[b].min_p;
+      }
+      want.total += part;
+    }
+    EXPECT_EQ(got[b].total, want.total) << "row " << b;
+    EXPECT_EQ(got[b].above_min_p, want.above_min_p) << "row " << b;
+    std::vector<float> back(static_cast<size_t>(V), 0.f);
+    gpu.row_logits(b, back.data());
+    EXPECT_EQ(std::memcmp(back.data(), row, sizeof(float) * size_t(V)), 0) << "row " << b;
+  }
+  EXPECT_THROW(gpu.row_logits(3, logits.data()), Error);
+}
+
 TEST(GpuModel, SamplingOnTheDeviceDrawsTheTokensOfTheWholeRowsOnTheHost) {
   SKIP_WITHOUT_GPU();
   // Sampled requests through the scheduler: top_k from the device's selection and temperature alone from its Gumbel
   // draw, then from whole rows on the host (kvq serve --host-sampling). A choice depends only on its row and its
   // sampler, so the tokens are the same.
   Model& m = ref_model();
-  const std::vector<int32_t> ids = python_tokens(130);
+  const std::vector<int32_t> ids = python_tokens(110);
   std::vector<std::vector<int32_t>> outputs[2];
   for (const bool device : {true, false}) {
-    GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 4);
+    GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 7);
     SchedulerConfig sc;
     sc.device_sampling = device;
     Scheduler s(gpu, sc);
-    for (int r = 0; r < 4; ++r) {
+    // top_k 40 (with top_p, min_p), top_k 1024, temperature alone, top_p and min_p over the whole vocabulary, and a
+    // nucleus wider than the 1024 largest (temperature 3, top_p 0.99: its rows come to the host)
+    const int top_k[] = {40, 40, 1024, 0, 0, 0, 0};
+    const float top_p[] = {1.f, 0.9f, 1.f, 1.f, 0.9f, 1.f, 0.99f}, min_p[] = {0.f, 0.05f, 0.f, 0.f, 0.f, 0.05f, 0.f};
+    for (int r = 0; r < 7; ++r) {
       GenerateParams p;
       p.max_tokens = 24;
-      p.sampler = SamplerConfig{.temperature = 0.9f, .top_k = r == 3 ? 0 : r == 2 ? 1024 : 40,
-                                .top_p = r == 1 ? 0.9f : 1.f, .seed = uint64_t(7 + r), .min_p = r == 1 ? 0.05f : 0.f};
-      s.add(std::make_unique<Generation>(std::vector<int32_t>(ids.begin(), ids.begin() + 30 * (r + 1)), p, nullptr));
+      p.sampler = SamplerConfig{.temperature = r == 6 ? 3.f : 0.9f, .top_k = top_k[r], .top_p = top_p[r],
+                                .seed = uint64_t(7 + r), .min_p = min_p[r]};
+      s.add(std::make_unique<Generation>(std::vector<int32_t>(ids.begin(), ids.begin() + 15 * (r + 1)), p, nullptr));
     }
     std::map<Scheduler::Id, std::vector<int32_t>> by_request;
     while (!s.idle())
@@ -313,7 +357,7 @@ TEST(GpuModel, SamplingOnTheDeviceDrawsTheTokensOfTheWholeRowsOnTheHost) {
         for (const auto& t : u.output.tokens) by_request[u.id].push_back(t.id);
     for (auto& [id, tokens] : by_request) outputs[device ? 0 : 1].push_back(tokens);
   }
-  ASSERT_EQ(outputs[0].size(), 4u);
+  ASSERT_EQ(outputs[0].size(), 7u);
   for (const auto& t : outputs[0]) EXPECT_EQ(t.size(), 24u);
   EXPECT_EQ(outputs[0], outputs[1]);
 }

@@ -59,12 +59,17 @@ int32_t reference_sample(const std::vector<float>& logits, const SamplerConfig& 
   std::vector<std::pair<float, int32_t>> cand;
   for (size_t i = 0; i < logits.size(); ++i) cand.push_back({logits[i], int32_t(i)});
   const float mx = *std::max_element(logits.begin(), logits.end());
-  double total = 0;  // summed in id order, as the sampler does without top_k
+  double total = 0;  // in id order, in smath's blocks (model/sampling_math.h), as the sampler does without top_k
   std::vector<double> p(logits.size());
   size_t above = 0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    total += (p[i] = std::exp(double(logits[i] - mx) / c.temperature));
-    above += p[i] >= double(c.min_p);
+  const size_t block = size_t(smath::sum_block(int64_t(logits.size())));
+  for (size_t b0 = 0; b0 < logits.size(); b0 += block) {
+    double part = 0;
+    for (size_t i = b0; i < std::min(logits.size(), b0 + block); ++i) {
+      part += (p[i] = smath::weight(logits[i], mx, double(c.temperature)));
+      above += p[i] >= double(c.min_p);
+    }
+    total += part;
   }
   std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -169,8 +174,13 @@ TEST(Sampler, TheWholeRowIsNeededWhereTheTopKDoNotDecide) {
   const int V = 5000;
   EXPECT_EQ(Sampler(SamplerConfig{.top_k = 40}).top_candidates(V), 40);
   EXPECT_EQ(Sampler(SamplerConfig{.temperature = 0.f, .top_k = 40}).top_candidates(V), 0);  // greedy: the argmax
-  EXPECT_EQ(Sampler(SamplerConfig{.top_k = 0}).top_candidates(V), 0);
-  EXPECT_EQ(Sampler(SamplerConfig{.top_k = V}).top_candidates(V), 0);  // no selection: sums in id order
+  EXPECT_FALSE(Sampler(SamplerConfig{.top_k = 40}).needs_row_mass(V));
+  // top_p over the whole vocabulary: the kMaxSortedTopK largest and the row's mass
+  for (const int k : {0, V}) {
+    EXPECT_EQ(Sampler(SamplerConfig{.top_k = k}).top_candidates(V), kMaxSortedTopK);
+    EXPECT_TRUE(Sampler(SamplerConfig{.top_k = k}).needs_row_mass(V));
+  }
+  EXPECT_EQ(Sampler(SamplerConfig{.top_k = 0, .top_p = 1.f}).top_candidates(V), 0);  // Gumbel-max: its own draw
   EXPECT_EQ(Sampler(SamplerConfig{.top_k = kMaxSortedTopK + 1}).top_candidates(V), 0);
   EXPECT_EQ(Sampler(SamplerConfig{.top_k = 40, .presence_penalty = 0.5f}).top_candidates(V), 0);
   EXPECT_EQ(Sampler(SamplerConfig{.top_k = 40, .logit_bias = {{3, 1.f}}}).top_candidates(V), 0);
@@ -193,11 +203,11 @@ TEST(Gumbel, TheLogarithmIsWithinOneUlpOfLibms) {
     const double e = -std::log(u);
     for (const double x : {u, e, 1.0 + 1e-9 * double(i % 7), 1.0 - 1e-12 * double(i % 5 + 1)}) {
       if (x == 1.0) continue;
-      ASSERT_LE(ulps(gumbel::log_exact(x), std::log(x)), 1)
-          << "x " << std::hexfloat << x << ": " << gumbel::log_exact(x) << " against " << std::log(x);
+      ASSERT_LE(ulps(smath::log_exact(x), std::log(x)), 1)
+          << "x " << std::hexfloat << x << ": " << smath::log_exact(x) << " against " << std::log(x);
     }
   }
-  EXPECT_EQ(gumbel::log_exact(1.0), 0.0);
+  EXPECT_EQ(smath::log_exact(1.0), 0.0);
 }
 
 TEST(Sampler, TemperatureAloneDrawsAtTheSoftmaxFrequencies) {
@@ -229,4 +239,66 @@ TEST(Sampler, TemperatureAloneDrawsAtTheSoftmaxFrequencies) {
         best = j;
     ASSERT_EQ(a.sample(l.data(), 5), b.take_gumbel(best)) << "draw " << i;
   }
+}
+
+TEST(Sampler, ANucleusWithinTheLargestLogitsIsDrawnFromThemAndTheRowsMass) {
+  // top_p / min_p over the whole vocabulary from the 1024 largest logits and the row's mass (what the GPU returns):
+  // the whole row's token where the nucleus lies within them, else -1 and nothing drawn (the next draw is unchanged).
+  std::mt19937 gen(31);
+  const int V = 20000;
+  int decided = 0, undecided = 0;
+  for (const auto& [top_p, min_p] : std::vector<std::pair<float, float>>{{0.9f, 0.f}, {0.95f, 0.02f}, {1.f, 0.05f}}) {
+    const SamplerConfig c{.temperature = 0.8f, .top_k = 0, .top_p = top_p, .seed = 5, .min_p = min_p};
+    Sampler whole(c), top(c);
+    ASSERT_TRUE(top.needs_row_mass(V));
+    const int k = top.top_candidates(V);
+    std::vector<int32_t> ids;
+    std::vector<float> vals;
+    for (int step = 0; step < 40; ++step) {
+      // peaked rows (a trained model's) and, every fourth step, flat ones whose nucleus is most of the vocabulary
+      std::normal_distribution<float> normal(0.f, step % 4 == 3 ? 0.3f : 4.f);
+      std::vector<float> logits(V);
+      for (float& x : logits) x = normal(gen);
+      if (step % 2) logits[size_t(step)] = -0.f, logits[size_t(step) + 1] = 0.f;
+      const float mx = *std::max_element(logits.begin(), logits.end());
+      smath::RowMass mass{0.0, 0};
+      const int64_t block = smath::sum_block(V);
+      for (int64_t b0 = 0; b0 < V; b0 += block) {
+        double part = 0;
+        for (int64_t i = b0; i < std::min<int64_t>(V, b0 + block); ++i) {
+          const double p = smath::weight(logits[size_t(i)], mx, double(c.temperature));
+          part += p;
+          mass.above_min_p += p >= double(c.min_p);
+        }
+        mass.total += part;
+      }
+      top_of(logits, k, ids, vals);
+      int32_t got = top.sample_top(ids.data(), vals.data(), k, V, &mass);
+      if (got < 0) {
+        ++undecided;
+        got = top.sample(logits.data(), V);
+      } else {
+        ++decided;
+      }
+      ASSERT_EQ(got, whole.sample(logits.data(), V)) << "top_p " << top_p << " min_p " << min_p << " step " << step;
+    }
+  }
+  EXPECT_GT(decided, 60);
+  EXPECT_GT(undecided, 10);
+}
+
+TEST(Gumbel, TheExponentialIsWithinOneUlpOfLibms) {
+  std::mt19937_64 gen(8);
+  std::uniform_real_distribution<double> u(-700.0, 0.0);
+  const auto ulps = [](double a, double b) {
+    int64_t ia, ib;
+    std::memcpy(&ia, &a, 8), std::memcpy(&ib, &b, 8);
+    return ia > ib ? ia - ib : ib - ia;
+  };
+  for (int i = 0; i < 200000; ++i) {
+    const double x = i % 2 ? u(gen) : u(gen) / 700.0 * (i % 7 + 1);  // the whole range, and near 0 more densely
+    ASSERT_LE(ulps(smath::exp_exact(x), std::exp(x)), 1) << "x " << std::hexfloat << x;
+  }
+  EXPECT_EQ(smath::exp_exact(0.0), 1.0);
+  EXPECT_EQ(smath::exp_exact(-701.0), 0.0);
 }

@@ -127,8 +127,9 @@ void serve(const ServeOptions& o) {
   std::fprintf(stderr, "kvq: serve: sampling: %s\n",
                !r.gumbel_sampling() ? "on the host, from each row of logits"
                : o.host_sampling    ? "on the host, from each row of logits (--host-sampling)"
-                                    : fmt::format("on the device for temperature alone (Gumbel-max) and top_k <= {} "
-                                                  "(the rows' largest logits); on the host from each row otherwise",
+                                    : fmt::format("on the device for temperature alone (Gumbel-max), top_k <= {} "
+                                                  "and top_p / min_p (the rows' largest logits; a wider nucleus reads "
+                                                  "its row); bias, penalties and logprobs on the host",
                                                   r.max_top_logits())
                                           .c_str());
   std::fprintf(stderr, "kvq: serve: prefix cache: %s\n",
@@ -198,8 +199,8 @@ void add_serve(CLI::App& app) {
                 "do not keep the states of prompts for later requests that share their prefix (on by default)");
   cmd->add_flag("--host-sampling", o->host_sampling,
                 "GPU: copy every sampled row of logits to the host and sample there, instead of drawing on the device "
-                "(temperature alone) or selecting a top_k request's largest logits there (for comparison: the same "
-                "tokens)");
+                "(temperature alone) or selecting a row's largest logits there (top_k, top_p, min_p); for comparison: "
+                "the same tokens");
   cmd->add_flag("--lenient-fields", o->http.lenient_fields,
                 "ignore unknown request fields (vLLM's extra_body ones; each name logged once) instead of refusing "
                 "them");

@@ -286,6 +286,7 @@ struct GpuModel::Impl {
   DeviceBuffer argmax, finite;   // [R] int32
   DeviceBuffer top_ids, top_vals;  // [max_seqs, kMaxTopLogits] int32 / fp32: Runner::top_logits
   DeviceBuffer draws, drawn;     // [max_seqs] gumbel::Draw, int32: Runner::gumbel_argmax
+  DeviceBuffer mass_queries, masses;  // [max_seqs] smath::MassQuery, smath::RowMass: Runner::row_mass
   int out_rows = 0;              // rows of logits the last forward returned (top_logits selects from them)
   std::vector<int32_t> h_pos, h_last, h_finite;  // host staging
 
@@ -433,7 +434,9 @@ GpuModel::Impl::ActivationPlan GpuModel::Impl::activation_plan(int rows, int n_s
                       {&Impl::top_ids, size_t(n_seqs) * kernels::kMaxTopLogits * sizeof(int32_t)},
                       {&Impl::top_vals, size_t(n_seqs) * kernels::kMaxTopLogits * f},
                       {&Impl::draws, size_t(n_seqs) * sizeof(gumbel::Draw)},
-                      {&Impl::drawn, size_t(n_seqs) * sizeof(int32_t)}};
+                      {&Impl::drawn, size_t(n_seqs) * sizeof(int32_t)},
+                      {&Impl::mass_queries, size_t(n_seqs) * sizeof(smath::MassQuery)},
+                      {&Impl::masses, size_t(n_seqs) * sizeof(smath::RowMass)}};
   if (gemm == GemmPrecision::Fp32) p.push_back({&Impl::act, R * I * f});
   if (gemm == GemmPrecision::Bf16) p.push_back({&Impl::xb, R * std::max({H, I, qd}) * sizeof(uint16_t)});
   return p;
@@ -776,6 +779,34 @@ void GpuModel::gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) {
         "gumbel_argmax_rows");
   check(cudaMemcpyAsync(ids, m.drawn.get(), n * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream), "download draws");
   check(cudaStreamSynchronize(m.stream), "GpuModel::gumbel_argmax");
+}
+
+void GpuModel::row_mass(const smath::MassQuery* queries, smath::RowMass* out) {
+  Impl& m = *impl_;
+  KVQ_CHECK(m.out_rows > 0 && m.out_rows <= m.max_seqs,
+            "row_mass: the last forward returned {} rows of logits (1 to {} can be summed)", m.out_rows, m.max_seqs);
+  for (int r = 0; r < m.out_rows; ++r)
+    KVQ_CHECK(queries[r].temperature > 0 && std::isfinite(queries[r].temperature), "row_mass: temperature {}",
+              queries[r].temperature);
+  const size_t n = size_t(m.out_rows);
+  check(cudaMemcpyAsync(m.mass_queries.get(), queries, n * sizeof(smath::MassQuery), cudaMemcpyHostToDevice, m.stream),
+        "upload mass queries");
+  check(kernels::row_mass(m.logits.as<float>(), m.out_rows, m.cfg.vocab_size, m.mass_queries.as<smath::MassQuery>(),
+                          m.masses.as<smath::RowMass>(), m.stream),
+        "row_mass");
+  check(cudaMemcpyAsync(out, m.masses.get(), n * sizeof(smath::RowMass), cudaMemcpyDeviceToHost, m.stream),
+        "download masses");
+  check(cudaStreamSynchronize(m.stream), "GpuModel::row_mass");
+}
+
+void GpuModel::row_logits(int row, float* out) {
+  Impl& m = *impl_;
+  KVQ_CHECK(row >= 0 && row < m.out_rows, "row_logits: row {} of the {} the last forward returned", row, m.out_rows);
+  const size_t V = size_t(m.cfg.vocab_size);
+  check(cudaMemcpyAsync(out, m.logits.as<float>() + size_t(row) * V, V * sizeof(float), cudaMemcpyDeviceToHost,
+                        m.stream),
+        "download a row of logits");
+  check(cudaStreamSynchronize(m.stream), "GpuModel::row_logits");
 }
 
 void GpuModel::Impl::enqueue_step(int rows, int out_rows, LogitRows which, bool want_argmax) {

@@ -316,6 +316,46 @@ __global__ void __launch_bounds__(kScanThreads) gumbel_argmax_rows_kernel(const 
   }
   if (threadIdx.x == 0) out[blockIdx.x] = si[0] == cols ? 0 : si[0];
 }
+
+// Row r's mass (model/sampling_math.h): its largest logit, then thread t sums the weights of block t of the row in
+// order (sum_block(cols) logits a block) and counts those >= min_p, and thread 0 adds the blocks' sums in order: the
+// host's bits.
+__global__ void __launch_bounds__(kScanThreads) row_mass_kernel(const float* x, int cols,
+                                                                 const smath::MassQuery* queries, smath::RowMass* out) {
+  const float* xr = x + int64_t(blockIdx.x) * cols;
+  const smath::MassQuery q = queries[blockIdx.x];
+  float mx = -INFINITY;
+  scan_row(xr, cols, [&](int, float v) { mx = fmaxf(mx, v); });
+  __shared__ float smx[kScanThreads];
+  __shared__ double parts[smath::kSumBlocks];
+  __shared__ int64_t counts[smath::kSumBlocks];
+  smx[threadIdx.x] = mx;
+  __syncthreads();
+  for (int s = kScanThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) smx[threadIdx.x] = fmaxf(smx[threadIdx.x], smx[threadIdx.x + s]);
+    __syncthreads();
+  }
+  mx = smx[0];
+  static_assert(kScanThreads == smath::kSumBlocks, "a thread a block of the sum");
+  const int64_t block = smath::sum_block(cols), b0 = int64_t(threadIdx.x) * block;
+  double part = 0;
+  int64_t above = 0;
+  for (int64_t i = b0; i < min(int64_t(cols), b0 + block); ++i) {
+    const double p = smath::weight(xr[i], mx, q.temperature);
+    part = smath::dadd(part, p);
+    above += p >= q.min_p;
+  }
+  parts[threadIdx.x] = part;
+  counts[threadIdx.x] = above;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    int64_t n = 0;
+    for (int j = 0; j < smath::kSumBlocks && int64_t(j) * block < cols; ++j)
+      total = smath::dadd(total, parts[j]), n += counts[j];
+    out[blockIdx.x] = {total, n};
+  }
+}
 }  // namespace
 
 int embed_gather_bf16(const uint16_t* table, const int32_t* ids, int rows, int dim, float* x, void* stream) {
@@ -400,6 +440,12 @@ int top_k_rows(const float* x, int rows, int cols, int k, int32_t* ids, float* v
 int gumbel_argmax_rows(const float* x, int rows, int cols, const gumbel::Draw* draws, int32_t* out, void* stream) {
   if (rows <= 0) return 0;
   gumbel_argmax_rows_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, draws, out);
+  return launched();
+}
+
+int row_mass(const float* x, int rows, int cols, const smath::MassQuery* queries, smath::RowMass* out, void* stream) {
+  if (rows <= 0) return 0;
+  row_mass_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, queries, out);
   return launched();
 }
 

@@ -7,6 +7,7 @@
 
 #include "model/dummy_weights.h"
 #include "model/gumbel.h"
+#include "model/sampling_math.h"
 
 namespace kvq::cuda::kernels {
 
@@ -71,6 +72,10 @@ int top_k_rows(const float* x, int rows, int cols, int k, int32_t* ids, float* v
 // out[r] = row r's draw by the Gumbel-max trick (model/gumbel.h: argmax of x[r, c] / T + noise(base, c), the lowest c
 // on ties; draws[r]: device memory) for r < rows: the host sampler's token. One block per row.
 int gumbel_argmax_rows(const float* x, int rows, int cols, const gumbel::Draw* draws, int32_t* out, void* stream);
+
+// out[r] = row r's smath::RowMass at queries[r] (device memory) for r < rows: the host sampler's bits. One block per
+// row.
+int row_mass(const float* x, int rows, int cols, const smath::MassQuery* queries, smath::RowMass* out, void* stream);
 
 // out[r] = 1 if every x[r, :] is finite else 0, for r < rows (one block per row).
 int finite_rows(const float* x, int rows, int cols, int32_t* out, void* stream);

@@ -53,6 +53,8 @@ class FaultInjectingRunner final : public Runner {
   void top_logits(int k, int32_t* ids, float* logits) override { inner_.top_logits(k, ids, logits); }
   bool gumbel_sampling() const override { return inner_.gumbel_sampling(); }
   void gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) override { inner_.gumbel_argmax(draws, ids); }
+  void row_mass(const smath::MassQuery* queries, smath::RowMass* out) override { inner_.row_mass(queries, out); }
+  void row_logits(int row, float* out) override { inner_.row_logits(row, out); }
   void end_prompt(int seq) override { inner_.end_prompt(seq); }
   CacheFootprint prompt_footprint(int n_tokens, int prompt_tokens) const override {
     return inner_.prompt_footprint(n_tokens, prompt_tokens);

@@ -104,7 +104,9 @@ bool Generation::skip_prefix(int len, int max_chunk) {
 void Generation::accept(const RowLogits& row, int vocab) {
   KVQ_CHECK(!finished() && fed_ == known(), "generation: logits accepted at {} of {} known tokens", fed_, known());
   if (generated_tokens() >= params_.max_tokens) return finish(FinishReason::Length);
-  take(choose(row, vocab));
+  GeneratedToken t = choose(row, vocab);
+  KVQ_CHECK(t.id >= 0, "generation: the row's largest logits do not decide the draw; it needs the row");
+  take(std::move(t));
 }
 
 GeneratedToken Generation::choose(const RowLogits& row, int vocab) {
@@ -117,14 +119,15 @@ GeneratedToken Generation::choose(const RowLogits& row, int vocab) {
     id = sampler_.take_gumbel(row.gumbel);
   } else if (needs_logits()) {
     KVQ_CHECK(row.top_n > 0 && params_.top_logprobs < 0, "generation: choosing needs the whole row of logits");
-    id = sampler_.sample_top(row.top_ids, row.top_logits, row.top_n, vocab);
+    id = sampler_.sample_top(row.top_ids, row.top_logits, row.top_n, vocab, row.mass);
+    if (id < 0) return GeneratedToken{-1, 0.f, {}};
   }
   return params_.top_logprobs >= 0 ? token_logprobs(logits, vocab, id, params_.top_logprobs)
                                    : GeneratedToken{id, 0.f, {}};
 }
 
 void Generation::take(GeneratedToken t) {
-  KVQ_CHECK(!finished() && fed_ == known() && generated_tokens() < params_.max_tokens,
+  KVQ_CHECK(t.id >= 0 && !finished() && fed_ == known() && generated_tokens() < params_.max_tokens,
             "generation: a token taken at {} of {} known tokens, {} of {} generated", fed_, known(),
             generated_tokens(), params_.max_tokens);
   const int32_t id = t.id;

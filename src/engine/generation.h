@@ -24,8 +24,9 @@
 namespace kvq {
 
 // What a step returned for the last row of a chunk that predicts: its argmax, and what choosing needs besides — the
-// whole row of logits [vocab], its top_n largest (Runner::top_logits: ids and logits in the sampler's order), or the
-// token drawn from it by the Gumbel-max trick (Runner::gumbel_argmax; -1: none), or nothing when !needs_logits().
+// whole row of logits [vocab], its top_n largest (Runner::top_logits: ids and logits in the sampler's order; with the
+// row's mass for a top_p / min_p draw over the whole vocabulary, Runner::row_mass), or the token drawn from it by the
+// Gumbel-max trick (Runner::gumbel_argmax; -1: none), or nothing when !needs_logits().
 struct RowLogits {
   int32_t argmax = 0;
   int32_t gumbel = -1;
@@ -33,6 +34,7 @@ struct RowLogits {
   const int32_t* top_ids = nullptr;
   const float* top_logits = nullptr;
   int top_n = 0;
+  const smath::RowMass* mass = nullptr;
 };
 
 class Generation {
@@ -63,8 +65,12 @@ class Generation {
   }
 
   // When needs_logits(): how many of the row's largest logits choose as the whole row would (Sampler::top_candidates;
-  // 0: the whole row, as log-probabilities also need).
+  // 0: the whole row, as log-probabilities also need), and whether with the row's mass (and its query).
   int top_candidates(int vocab) const { return params_.top_logprobs >= 0 ? 0 : sampler_.top_candidates(vocab); }
+  bool needs_row_mass(int vocab) const { return top_candidates(vocab) > 0 && sampler_.needs_row_mass(vocab); }
+  smath::MassQuery mass_query() const {
+    return {double(params_.sampler.temperature), double(params_.sampler.min_p)};
+  }
   // When needs_logits(): whether the token is drawn by the Gumbel-max trick from logits the runner may keep (no bias
   // or penalty applied on the host, no log-probabilities), and the draw to ask for.
   bool gumbel_draw(int vocab) const {
@@ -81,6 +87,8 @@ class Generation {
   // accept() in two halves, for a step that chooses the tokens of its sequences in parallel: choose() draws the token
   // (and its log-probabilities) and changes nothing but this generation's sampler; take() appends it, detokenises and
   // stops. Both only when accept() would choose: not finished, fed_ == known() and generated_tokens() < max_tokens.
+  // choose() gives id -1, drawing nothing, when the row's largest logits and mass do not decide the draw: then it needs
+  // the row itself.
   bool choosing() const { return !finished() && fed_ == known() && generated_tokens() < params_.max_tokens; }
   GeneratedToken choose(const RowLogits& row, int vocab);
   void take(GeneratedToken t);

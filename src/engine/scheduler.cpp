@@ -260,7 +260,8 @@ void Scheduler::fork_followers(Entry& leader, const RowLogits& row, std::vector<
   std::vector<std::unique_ptr<Entry>> followers = std::move(leader.followers);
   leader.followers.clear();
   RowLogits shared = row;
-  shared.gumbel = -1;  // the leader's own draw; a follower that draws by Gumbel had the step copy the whole row
+  shared.gumbel = -1, shared.mass = nullptr;  // the leader's own draw and mass: a follower that needs them had the
+                                              // step copy the whole row
   for (auto& f : followers) {
     f->gen->adopt_prefill(*leader.gen);
     f->gen->accept(shared, V);
@@ -301,21 +302,36 @@ void Scheduler::preempt_newest(std::vector<Item>& items) {
 }
 
 template <class RowOf>
-void Scheduler::choose_in_parallel(const std::vector<Item>& items, bool whole_rows, const RowOf& row_of) {
+void Scheduler::choose_tokens(const std::vector<Item>& items, int row_values, const RowOf& row_of) {
   chosen_.assign(items.size(), std::nullopt);
-  if (!whole_rows) return;
   const int V = runner_.config().vocab_size;
   std::vector<size_t> choosing;  // the items whose chunk predicts and whose generation chooses a token now
   for (size_t b = 0; b < items.size(); ++b) {
     const Generation& g = *items[b].e->gen;
     if (g.predicts(items[b].n) && !g.finished() && g.generated_tokens() < g.params().max_tokens) choosing.push_back(b);
   }
-  if (choosing.size() < 2 || choosing.size() * size_t(V) < kParallelChoiceWork) return;
-  if (!choice_pool_)
-    choice_pool_ = std::make_unique<ThreadPool>(std::min(16, int(std::thread::hardware_concurrency())));
-  choice_pool_->parallel_for(int64_t(choosing.size()), [&](int64_t i, int) {
-    const size_t b = choosing[size_t(i)];
-    chosen_[b] = items[b].e->gen->choose(row_of(b), V);
+  const auto choose_all = [&](int values, const auto& row) {  // values: logits a choice reads
+    const auto one = [&](int64_t i, int) {
+      const size_t b = choosing[size_t(i)];
+      chosen_[b] = items[b].e->gen->choose(row(size_t(i), b), V);
+    };
+    if (choosing.size() >= 2 && choosing.size() * size_t(values) >= kParallelChoiceWork) {
+      if (!choice_pool_)
+        choice_pool_ = std::make_unique<ThreadPool>(std::min(16, int(std::thread::hardware_concurrency())));
+      choice_pool_->parallel_for(int64_t(choosing.size()), one);
+    } else {
+      for (size_t i = 0; i < choosing.size(); ++i) one(int64_t(i), 0);
+    }
+  };
+  choose_all(row_values, [&](size_t, size_t b) { return row_of(b); });
+  // A nucleus past a row's largest logits: that draw again from the row itself (a flat distribution; every row of
+  // random weights).
+  std::erase_if(choosing, [&](size_t b) { return chosen_[b]->id >= 0; });
+  if (choosing.empty()) return;
+  rows_.resize(choosing.size() * size_t(V));
+  for (size_t i = 0; i < choosing.size(); ++i) runner_.row_logits(int(choosing[i]), rows_.data() + i * size_t(V));
+  choose_all(V, [&](size_t i, size_t b) {
+    return RowLogits{.argmax = argmax_[b], .logits = rows_.data() + i * size_t(V)};
   });
 }
 
@@ -336,12 +352,13 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
   if (items.empty()) return updates;
 
   // One forward: ids of every item concatenated; the last row's logits (or argmax) where a chunk predicts. On a runner
-  // that keeps the logits, a choice that needs only its row's largest (top_k sampling) or its Gumbel draw (sampling at
-  // a temperature alone) gets that instead of the row: the step copies whole rows only when one of its choices needs
-  // them (then every choice of the step reads its row).
+  // that keeps the logits, a choice that needs only its row's largest (top_k sampling; top_p / min_p with the row's
+  // mass) or its Gumbel draw (sampling at a temperature alone) gets that instead of the row: the step copies whole rows
+  // only when one of its choices needs them (then every choice of the step reads its row), and a row whose nucleus
+  // reaches past its largest logits alone.
   const int V = runner_.config().vocab_size;
   seqs_.clear(), n_.clear(), ids_.clear();
-  bool predict = false, whole_rows = false, gumbel = false;
+  bool predict = false, whole_rows = false, gumbel = false, mass = false;
   int top_k = 0;
   const bool device = cfg_.device_sampling;
   const auto wants = [&](const Generation& g, bool follower) {
@@ -349,8 +366,8 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     const int k = g.top_candidates(V);
     if (device && !follower && g.gumbel_draw(V) && runner_.gumbel_sampling())
       gumbel = true;  // one draw per row: a follower (n > 1) draws its own from the whole row
-    else if (device && k > 0 && k <= runner_.max_top_logits())
-      top_k = std::max(top_k, k);
+    else if (device && k > 0 && k <= runner_.max_top_logits() && !(follower && g.needs_row_mass(V)))
+      top_k = std::max(top_k, k), mass |= g.needs_row_mass(V);  // a row's mass: its leader's query
     else
       whole_rows = true;
   };
@@ -366,7 +383,7 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     info.rows += it.n;
     info.decode_rows += it.n == 1;
   }
-  if (whole_rows) top_k = 0, gumbel = false;
+  if (whole_rows) top_k = 0, gumbel = false, mass = false;
   info.seqs = int(items.size());
   if (info_out) *info_out = info;
   argmax_.resize(items.size());
@@ -379,13 +396,15 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
       if (items[b].e->gen->predicts(items[b].n) && items[b].e->gen->gumbel_draw(V))
         draws_[b] = items[b].e->gen->next_draw();
   }
-  std::string failed;  // the step's error, when the forward threw
-  try {
-    runner_.forward(seqs_, n_, ids_.data(), predict ? LogitRows::Last : LogitRows::None,
-                    whole_rows ? logits_.data() : nullptr, predict ? argmax_.data() : nullptr);
-    if (top_k > 0) runner_.top_logits(top_k, top_ids_.data(), top_vals_.data());
-    if (gumbel) runner_.gumbel_argmax(draws_.data(), drawn_.data());
-  } catch (const std::exception& err) {
+  if (mass) {
+    mass_queries_.assign(items.size(), smath::MassQuery{1.0, 0.0});  // rows that draw otherwise: any query, unread
+    masses_.resize(items.size());
+    for (size_t b = 0; b < items.size(); ++b)
+      if (items[b].e->gen->predicts(items[b].n) && items[b].e->gen->needs_row_mass(V))
+        mass_queries_[b] = items[b].e->gen->mass_query();
+  }
+  std::string failed;  // the step's error, when the forward (or a runner call for the choices) threw
+  const auto fail_step = [&](const std::exception& err) {
     // Which of the step's sequences hold what is unknown now: every request of the step ends with the error (its
     // sequence is freed below), whatever threw: a kvq::Error, a lost device, bad_alloc.
     const Error* e = dynamic_cast<const Error*>(&err);
@@ -396,6 +415,15 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     info.device_lost = dynamic_cast<const DeviceLost*>(&err) != nullptr;
     info.failure = what;
     if (info_out) *info_out = info;
+  };
+  try {
+    runner_.forward(seqs_, n_, ids_.data(), predict ? LogitRows::Last : LogitRows::None,
+                    whole_rows ? logits_.data() : nullptr, predict ? argmax_.data() : nullptr);
+    if (top_k > 0) runner_.top_logits(top_k, top_ids_.data(), top_vals_.data());
+    if (gumbel) runner_.gumbel_argmax(draws_.data(), drawn_.data());
+    if (mass) runner_.row_mass(mass_queries_.data(), masses_.data());
+  } catch (const std::exception& err) {
+    fail_step(err);
   }
   const auto row_of = [&](size_t b) {
     RowLogits row{.argmax = argmax_[b]};
@@ -404,9 +432,18 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
       row.top_ids = top_ids_.data() + b * size_t(top_k), row.top_logits = top_vals_.data() + b * size_t(top_k),
       row.top_n = top_k;
     if (gumbel && items[b].e->gen->gumbel_draw(V)) row.gumbel = drawn_[b];
+    if (mass && items[b].e->gen->needs_row_mass(V)) row.mass = &masses_[b];
     return row;
   };
-  choose_in_parallel(items, failed.empty() && whole_rows, row_of);
+  chosen_.assign(items.size(), std::nullopt);
+  if (failed.empty()) {
+    try {
+      choose_tokens(items, whole_rows ? V : std::max(top_k, 1), row_of);
+    } catch (const std::exception& err) {  // a row fetched for a wide nucleus, or a choice that threw
+      chosen_.assign(items.size(), std::nullopt);
+      fail_step(err);
+    }
+  }
   std::vector<Update> forked;  // the first tokens of choices forked in this step
   for (size_t b = 0; b < items.size(); ++b) {
     Entry& e = *items[b].e;
@@ -428,7 +465,7 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     if (predicts && chosen_[b])
       g.take(std::move(*chosen_[b]));
     else if (predicts)
-      g.accept(row, V);
+      g.accept(row, V);  // at max_tokens: it finishes
   }
   for (const Item& it : items) {
     Update u = update_of(*it.e);

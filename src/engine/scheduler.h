@@ -137,13 +137,14 @@ class Scheduler {
   // After the forward that fed the leader's whole prompt: forks its followers and lets each choose its first token
   // (logits: the leader's row, or null; argmax: its argmax); their updates go to out.
   void fork_followers(Entry& leader, const RowLogits& row, std::vector<Update>& out);
-  // The tokens of a step's choices from whole rows of logits, chosen in parallel (Generation::choose: each changes only
-  // its own sampler) into chosen_[b] when there is enough of that work: sampling a row of a large vocabulary on the
-  // host takes milliseconds (the top_p path at 151,936 logits), more than a GPU's decode step at dozens of sequences.
-  // row_of(b): item b's RowLogits.
-  static constexpr size_t kParallelChoiceWork = size_t(1) << 20;  // rows x vocabulary
+  // The tokens of the step's choices into chosen_[b] (Generation::choose: each changes only its own sampler), from
+  // row_of(b), item b's RowLogits of row_values logits a choice reads (the vocabulary, or the largest top_k): in
+  // parallel when there is enough of that work (sampling a row of a large vocabulary on the host takes milliseconds,
+  // the top_p path at 151,936 logits, more than a GPU's decode step at dozens of sequences); a choice whose row's
+  // largest logits do not decide it is made again from its row (Runner::row_logits).
+  static constexpr size_t kParallelChoiceWork = size_t(1) << 15;  // choices x logits each reads
   template <class RowOf>
-  void choose_in_parallel(const std::vector<Item>& items, bool whole_rows, const RowOf& row_of);
+  void choose_tokens(const std::vector<Item>& items, int row_values, const RowOf& row_of);
   int group_size(const Entry& e) const { return 1 + int(e.followers.size()); }
   static Update update_of(Entry& e);
 
@@ -159,7 +160,10 @@ class Scheduler {
   std::vector<int32_t> ids_, argmax_, top_ids_, drawn_;
   std::vector<float> logits_, top_vals_;
   std::vector<gumbel::Draw> draws_;
-  std::vector<std::optional<GeneratedToken>> chosen_;  // [items] choose_in_parallel's tokens
+  std::vector<std::optional<GeneratedToken>> chosen_;  // [items] choose_tokens' tokens
+  std::vector<smath::MassQuery> mass_queries_;
+  std::vector<smath::RowMass> masses_;
+  std::vector<float> rows_;  // rows of logits fetched after the step (choose_tokens)
   std::unique_ptr<ThreadPool> choice_pool_;           // its threads, made when first needed
 };
 

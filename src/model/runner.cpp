@@ -42,6 +42,14 @@ void Runner::gumbel_argmax(const gumbel::Draw*, int32_t*) {
   KVQ_FAIL("gumbel_argmax: this runner ({}) keeps no logits to draw from", describe());
 }
 
+void Runner::row_mass(const smath::MassQuery*, smath::RowMass*) {
+  KVQ_FAIL("row_mass: this runner ({}) keeps no logits to sum", describe());
+}
+
+void Runner::row_logits(int row, float*) {
+  KVQ_FAIL("row_logits: this runner ({}) keeps no logits (row {})", describe(), row);
+}
+
 CacheFootprint Runner::prompt_footprint(int n_tokens, int prompt_tokens) const {
   KVQ_CHECK(cache_config().prompt_policy == PromptPolicy::kDecodeFaithful && prompt_tokens >= 0,
             "prompt policy '{}' is not supported by this runner ({})", prompt_policy_name(cache_config().prompt_policy),

@@ -75,6 +75,12 @@ class Runner {
   // that keeps no logits has gumbel_sampling() false and refuses the call.
   virtual bool gumbel_sampling() const { return false; }
   virtual void gumbel_argmax(const gumbel::Draw* draws, int32_t* ids);
+  // With top_logits, for a top_p / min_p draw over the whole vocabulary (Sampler::needs_row_mass): each returned row's
+  // mass at queries[r] (the sum of exp((logit - max) / T) in smath's order and how many weigh >= min_p), the host's
+  // bits; and a row's logits when its nucleus reaches past its largest (row < the rows the last forward returned).
+  // Refused by a runner that keeps no logits (max_top_logits() 0).
+  virtual void row_mass(const smath::MassQuery* queries, smath::RowMass* out);
+  virtual void row_logits(int row, float* out);
 
   // The end of seq's prompt: the cache applies its prompt policy (CacheConfig::prompt_policy, kv/cache.h). The
   // default (a runner whose cache only reads decode-faithfully, the GPU's) accepts only decode-faithful.

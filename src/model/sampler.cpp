@@ -108,7 +108,7 @@ int32_t Sampler::sample(const float* logits, int vocab) {
     cand_.resize(k);
     std::sort(cand_.begin(), cand_.end(), cmp);
     ordered_ = k;
-    return draw();
+    return draw(vocab);
   }
   cand_.resize(size_t(vocab));
   for (int i = 0; i < vocab; ++i) cand_[size_t(i)] = {logits[i], i, 0.0};
@@ -118,7 +118,7 @@ int32_t Sampler::sample(const float* logits, int vocab) {
     std::nth_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(k) - 1, cand_.end(), cmp);
     cand_.resize(k);
   }
-  return draw();
+  return draw(vocab);
 }
 
 bool Sampler::draws_by_gumbel(int vocab) const {
@@ -128,47 +128,66 @@ bool Sampler::draws_by_gumbel(int vocab) const {
 uint64_t Sampler::gumbel_base() const { return gumbel::draw_base(cfg_.seed, draws_); }
 
 int Sampler::top_candidates(int vocab) const {
-  const bool small_top_k = cfg_.top_k > 0 && cfg_.top_k < vocab && cfg_.top_k <= kMaxSortedTopK;
-  return cfg_.temperature > 0.f && small_top_k && !cfg_.transforms_logits() ? cfg_.top_k : 0;
+  if (cfg_.temperature <= 0.f || cfg_.transforms_logits() || draws_by_gumbel(vocab)) return 0;
+  if (cfg_.top_k > 0 && cfg_.top_k < vocab) return cfg_.top_k <= kMaxSortedTopK ? cfg_.top_k : 0;
+  return std::min(kMaxSortedTopK, vocab);  // top_p / min_p over the whole vocabulary: with the row's mass
 }
 
-int32_t Sampler::sample_top(const int32_t* ids, const float* logits, int n, int vocab) {
+bool Sampler::needs_row_mass(int vocab) const {
+  return top_candidates(vocab) > 0 && !(cfg_.top_k > 0 && cfg_.top_k < vocab);
+}
+
+int32_t Sampler::sample_top(const int32_t* ids, const float* logits, int n, int vocab, const smath::RowMass* mass) {
   const int k = top_candidates(vocab);
-  KVQ_CHECK(k > 0 && n >= k, "sampler: {} candidates where top_k {} of {} needs {}", n, cfg_.top_k, vocab, k);
+  KVQ_CHECK(k > 0 && n >= k && (mass != nullptr) == needs_row_mass(vocab),
+            "sampler: {} candidates{} where top_k {} of {} needs {}{}", n, mass ? " with the row's mass" : "",
+            cfg_.top_k, vocab, k, needs_row_mass(vocab) ? " with the row's mass" : "");
   cand_.resize(size_t(k));
   for (int i = 0; i < k; ++i) cand_[size_t(i)] = {logits[i], ids[i], 0.0};
   ordered_ = size_t(k);
-  return draw();
+  return draw(vocab, mass);
 }
 
-int32_t Sampler::draw() {
+int32_t Sampler::draw(int vocab, const smath::RowMass* mass) {
   float mx = cand_[0].logit;
   for (const Cand& c : cand_) mx = std::max(mx, c.logit);
+  const double t = double(cfg_.temperature), min_p = double(cfg_.min_p);
+  for (Cand& c : cand_) c.p = smath::weight(c.logit, mx, t);
   double total = 0;
   size_t above_min_p = 0;  // candidates with p >= min_p × the largest (whose p is exp(0) = 1)
-  for (Cand& c : cand_) {
-    total += (c.p = std::exp(double(c.logit - mx) / cfg_.temperature));
-    above_min_p += c.p >= double(cfg_.min_p);
+  if (mass) {
+    total = mass->total, above_min_p = size_t(mass->above_min_p);
+  } else {
+    const size_t n = cand_.size(), block = size_t(smath::sum_block(int64_t(n)));
+    for (size_t b0 = 0; b0 < n; b0 += block) {  // smath's order of the sum
+      double part = 0;
+      for (size_t i = b0; i < std::min(n, b0 + block); ++i) part += cand_[i].p;
+      total += part;
+    }
+    for (const Cand& c : cand_) above_min_p += c.p >= min_p;
   }
   // top_p: the smallest prefix of the order whose probability reaches top_p (of the top_k's); then min_p.
-  size_t keep = cand_.size();
-  double mass = total;
+  size_t keep = mass ? size_t(vocab) : cand_.size();  // with mass: what the whole row would keep
+  double mass_kept = total;
   if (cfg_.top_p < 1.f) {
     double cum = 0;
+    bool reached = false;
     for (keep = 0; keep < cand_.size();) {
       order_prefix(keep + 1);
       cum += cand_[keep++].p;
-      if (cum / total >= cfg_.top_p) break;
+      if ((reached = cum / total >= cfg_.top_p)) break;
     }
-    mass = cum;
+    if (mass && !reached && cand_.size() < size_t(vocab)) return -1;  // the nucleus reaches past the candidates
+    mass_kept = cum;
   }
   if (above_min_p < keep) {
     keep = above_min_p;
     order_prefix(keep);
-    mass = 0;
-    for (size_t i = 0; i < keep; ++i) mass += cand_[i].p;
+    mass_kept = 0;
+    for (size_t i = 0; i < keep; ++i) mass_kept += cand_[i].p;
   }
-  std::uniform_real_distribution<double> u(0.0, mass);
+  if (keep > cand_.size()) return -1;  // with mass: the draw is over more than the candidates
+  std::uniform_real_distribution<double> u(0.0, mass_kept);
   double r = u(rng_);
   for (size_t i = 0; i < keep; ++i) {
     order_prefix(i + 1);

@@ -16,6 +16,10 @@
 // largest logits alone, in that order (the GPU selects them where the logits are: Runner::top_logits), draw the same
 // token as the whole row (sample_top).
 //
+// The probabilities are exp((logit - max) / T) by model/sampling_math.h's exponential and their sum runs in its fixed
+// blocked order, so that the GPU computes a row's mass with the host's bits (sample_top with a RowMass: a top_p or
+// min_p draw over the whole vocabulary from the row's 1024 largest logits, where its nucleus lies within them).
+//
 // Sampling at a temperature alone (no top_k below the vocabulary, top_p 1, min_p 0: OpenAI's default request) draws by
 // the Gumbel-max trick instead (model/gumbel.h): the token of the largest logit / T + Gumbel noise, the noise a pure
 // function of (seed, draw, token), one pass over the row. The GPU draws it where the logits are
@@ -27,6 +31,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "model/sampling_math.h"
 
 namespace kvq {
 
@@ -57,13 +63,18 @@ class Sampler {
   void apply_penalties(float* logits, int vocab) const;
   int32_t sample(const float* logits, int vocab);
 
-  // How many of a row's largest logits sample_top needs to choose as sample() would from the whole row of `vocab`:
-  // top_k when the sampler draws (temperature > 0) among a top_k smaller than the vocabulary, at most kMaxSortedTopK,
-  // from unchanged logits (no bias, no penalty); 0 when it needs the whole row.
+  // How many of a row's largest logits sample_top needs to choose as sample() would from the whole row of `vocab`, for
+  // a draw (temperature > 0) from unchanged logits (no bias, no penalty) that the Gumbel-max trick does not make:
+  // top_k when it is smaller than the vocabulary and at most kMaxSortedTopK; else (top_p or min_p over the whole
+  // vocabulary) the kMaxSortedTopK largest with the row's mass (needs_row_mass), which decide the draw when its top_p
+  // nucleus or min_p set lies within them. 0 when it needs the whole row.
   int top_candidates(int vocab) const;
+  bool needs_row_mass(int vocab) const;
   // sample() from the n >= top_candidates(vocab) largest logits of a row: ids[i], logits[i] in the total order (logit
-  // desc, id asc). The same token as sample() on the whole row, and the same draws after it.
-  int32_t sample_top(const int32_t* ids, const float* logits, int n, int vocab);
+  // desc, id asc), and when needs_row_mass(vocab) the row's mass (smath::RowMass over every token at this sampler's
+  // temperature and min_p). The same token as sample() on the whole row, and the same draws after it; or -1, drawing
+  // nothing, when the candidates do not decide it (a nucleus wider than them): then sample() must see the row.
+  int32_t sample_top(const int32_t* ids, const float* logits, int n, int vocab, const smath::RowMass* mass = nullptr);
 
   // Whether sample() draws by the Gumbel-max trick (see the header) for a row of `vocab` logits.
   bool draws_by_gumbel(int vocab) const;
@@ -79,7 +90,9 @@ class Sampler {
     double p;     // exp((logit - max) / temperature)
   };
   void order_prefix(size_t n);  // cand_[0, n) become the n first of the total order
-  int32_t draw();               // temperature, top_p, min_p and the draw over cand_ (top_k applied)
+  // Temperature, top_p, min_p and the draw over cand_ (top_k applied); with mass, cand_ holds the row's largest
+  // logits and mass what the whole row sums to (-1 when they do not decide the draw).
+  int32_t draw(int vocab, const smath::RowMass* mass = nullptr);
 
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
