@@ -191,6 +191,16 @@ std::vector<int32_t> top_ids_of(const float* row, int cols, int k) {
   return {order.begin(), order.begin() + k};
 }
 
+// Three sequences holding the first 20, 30 and 40 of ids: each step after them returns three rows of logits.
+std::vector<int> three_prompts(GpuModel& gpu, const std::vector<int32_t>& ids) {
+  std::vector<int> seqs;
+  for (int b = 0; b < 3; ++b) {
+    seqs.push_back(gpu.new_sequence());
+    gpu.forward({seqs.back()}, {20 + 10 * b}, ids.data(), LogitRows::None, nullptr, nullptr);
+  }
+  return seqs;
+}
+
 }  // namespace
 
 TEST(GpuModel, TopLogitsAreEachRowsLargestInTheSamplersOrder) {
@@ -233,11 +243,7 @@ TEST(GpuModel, TopLogitsAreEachRowsLargestInTheSamplersOrder) {
   const int V = m.config().vocab_size;
   GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 3);
   const std::vector<int32_t> ids = python_tokens(60);
-  std::vector<int> seqs;
-  for (int b = 0; b < 3; ++b) {
-    seqs.push_back(gpu.new_sequence());
-    gpu.forward({seqs.back()}, {20 + 10 * b}, ids.data(), LogitRows::None, nullptr, nullptr);
-  }
+  const std::vector<int> seqs = three_prompts(gpu, ids);
   EXPECT_THROW(gpu.top_logits(40, nullptr, nullptr), Error);  // the last forward returned no rows
   std::vector<float> logits(size_t(3) * V);
   const int32_t next[] = {ids[20], ids[30], ids[40]};
@@ -261,11 +267,7 @@ TEST(GpuModel, TheGumbelDrawOfEachRowIsTheHostSamplersToken) {
   const int V = m.config().vocab_size;
   GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 3);
   const std::vector<int32_t> ids = python_tokens(80);
-  std::vector<int> seqs;
-  for (int b = 0; b < 3; ++b) {
-    seqs.push_back(gpu.new_sequence());
-    gpu.forward({seqs.back()}, {20 + 10 * b}, ids.data(), LogitRows::None, nullptr, nullptr);
-  }
+  const std::vector<int> seqs = three_prompts(gpu, ids);
   std::vector<Sampler> samplers;
   for (int b = 0; b < 3; ++b)
     samplers.emplace_back(
@@ -293,11 +295,7 @@ TEST(GpuModel, EachRowsMassIsTheHostSamplersAndARowComesBackWhole) {
   const int V = m.config().vocab_size;
   GpuModel gpu(m, cache_config("int2", 64, 256, 128, 128), 256, 3);
   const std::vector<int32_t> ids = python_tokens(60);
-  std::vector<int> seqs;
-  for (int b = 0; b < 3; ++b) {
-    seqs.push_back(gpu.new_sequence());
-    gpu.forward({seqs.back()}, {20 + 10 * b}, ids.data(), LogitRows::None, nullptr, nullptr);
-  }
+  const std::vector<int> seqs = three_prompts(gpu, ids);
   std::vector<float> logits(size_t(3) * V);
   const int32_t next[] = {ids[20], ids[30], ids[40]};
   gpu.forward(seqs, {1, 1, 1}, next, LogitRows::Last, logits.data(), nullptr);

@@ -51,6 +51,29 @@ KVQ_HD inline float div(float a, float b) {
   return a / b;
 #endif
 }
+// The same in double precision (the sampler's arithmetic: model/sampling_math.h).
+KVQ_HD inline double dadd(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+KVQ_HD inline double dmul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+KVQ_HD inline double ddiv(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
 // Nearest integer, ties to even (the default rounding mode on the host).
 KVQ_HD inline float round_even(float x) {
 #if defined(__CUDA_ARCH__)

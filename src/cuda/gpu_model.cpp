@@ -288,6 +288,12 @@ struct GpuModel::Impl {
   DeviceBuffer draws, drawn;     // [max_seqs] gumbel::Draw, int32: Runner::gumbel_argmax
   DeviceBuffer mass_queries, masses;  // [max_seqs] smath::MassQuery, smath::RowMass: Runner::row_mass
   int out_rows = 0;              // rows of logits the last forward returned (top_logits selects from them)
+  // The rows Runner::top_logits, gumbel_argmax and row_mass read: those of the last forward, one per sequence.
+  void check_kept_rows(const char* what) const {
+    KVQ_CHECK(out_rows > 0 && out_rows <= max_seqs,
+              "{}: the last forward returned {} rows of logits (it reads 1 to {}, the last row of each sequence)",
+              what, out_rows, max_seqs);
+  }
   std::vector<int32_t> h_pos, h_last, h_finite;  // host staging
 
   // Layer hook (Runner::set_layer_hook): null, or called per layer on host copies of the step's activations.
@@ -745,9 +751,7 @@ int GpuModel::max_top_logits() const { return kernels::kMaxTopLogits; }
 void GpuModel::top_logits(int k, int32_t* ids, float* logits) {
   Impl& m = *impl_;
   const int V = m.cfg.vocab_size;
-  KVQ_CHECK(m.out_rows > 0 && m.out_rows <= m.max_seqs,
-            "top_logits: the last forward returned {} rows of logits (1 to {} can be selected from)", m.out_rows,
-            m.max_seqs);
+  m.check_kept_rows("top_logits");
   KVQ_CHECK(k >= 1 && k <= kernels::kMaxTopLogits && k <= V, "top_logits: k = {} (1 to {})", k,
             std::min(kernels::kMaxTopLogits, V));
   check(kernels::top_k_rows(m.logits.as<float>(), m.out_rows, V, k, m.top_ids.as<int32_t>(), m.top_vals.as<float>(),
@@ -765,9 +769,7 @@ bool GpuModel::gumbel_sampling() const { return true; }
 
 void GpuModel::gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) {
   Impl& m = *impl_;
-  KVQ_CHECK(m.out_rows > 0 && m.out_rows <= m.max_seqs,
-            "gumbel_argmax: the last forward returned {} rows of logits (1 to {} can be drawn from)", m.out_rows,
-            m.max_seqs);
+  m.check_kept_rows("gumbel_argmax");
   for (int r = 0; r < m.out_rows; ++r)
     KVQ_CHECK(draws[r].temperature > 0 && std::isfinite(draws[r].temperature), "gumbel_argmax: temperature {}",
               draws[r].temperature);
@@ -783,8 +785,7 @@ void GpuModel::gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) {
 
 void GpuModel::row_mass(const smath::MassQuery* queries, smath::RowMass* out) {
   Impl& m = *impl_;
-  KVQ_CHECK(m.out_rows > 0 && m.out_rows <= m.max_seqs,
-            "row_mass: the last forward returned {} rows of logits (1 to {} can be summed)", m.out_rows, m.max_seqs);
+  m.check_kept_rows("row_mass");
   for (int r = 0; r < m.out_rows; ++r)
     KVQ_CHECK(queries[r].temperature > 0 && std::isfinite(queries[r].temperature), "row_mass: temperature {}",
               queries[r].temperature);

@@ -183,21 +183,18 @@ __device__ __forceinline__ void scan_row(const float* xr, int cols, F&& f) {
   }
 }
 
-__global__ void __launch_bounds__(kScanThreads) argmax_rows_kernel(const float* x, int cols, int32_t* out) {
-  const float* xr = x + int64_t(blockIdx.x) * cols;
-  float best = -INFINITY;
-  int idx = cols;  // "none yet"
-  scan_row(xr, cols, [&](int c, float v) {  // increasing c: the first of equal values is kept
-    if (idx == cols || v > best) best = v, idx = c;
-  });
-  __shared__ float sv[kScanThreads];
+// Thread 0 writes to *out the index of the block's largest value, the lowest index on ties, from each thread's best
+// and its index (cols: none; 0 when no thread has one).
+template <class T>
+__device__ __forceinline__ void block_argmax(T best, int idx, int cols, int32_t* out) {
+  __shared__ T sv[kScanThreads];
   __shared__ int si[kScanThreads];
   sv[threadIdx.x] = best;
   si[threadIdx.x] = idx;
   __syncthreads();
   for (int s = kScanThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
-      const float ov = sv[threadIdx.x + s];
+      const T ov = sv[threadIdx.x + s];
       const int oi = si[threadIdx.x + s];
       const bool take = oi != cols && (si[threadIdx.x] == cols || ov > sv[threadIdx.x] ||
                                        (ov == sv[threadIdx.x] && oi < si[threadIdx.x]));
@@ -205,7 +202,17 @@ __global__ void __launch_bounds__(kScanThreads) argmax_rows_kernel(const float* 
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = si[0] == cols ? 0 : si[0];
+  if (threadIdx.x == 0) *out = si[0] == cols ? 0 : si[0];
+}
+
+__global__ void __launch_bounds__(kScanThreads) argmax_rows_kernel(const float* x, int cols, int32_t* out) {
+  const float* xr = x + int64_t(blockIdx.x) * cols;
+  float best = -INFINITY;
+  int idx = cols;  // "none yet"
+  scan_row(xr, cols, [&](int c, float v) {  // increasing c: the first of equal values is kept
+    if (idx == cols || v > best) best = v, idx = c;
+  });
+  block_argmax(best, idx, cols, out + blockIdx.x);
 }
 
 __global__ void __launch_bounds__(kScanThreads) finite_rows_kernel(const float* x, int cols, int32_t* out) {
@@ -299,22 +306,7 @@ __global__ void __launch_bounds__(kScanThreads) gumbel_argmax_rows_kernel(const 
     const double sc = gumbel::score(v, dr.temperature, dr.base, uint64_t(c));
     if (idx == cols || sc > best) best = sc, idx = c;
   });
-  __shared__ double sv[kScanThreads];
-  __shared__ int si[kScanThreads];
-  sv[threadIdx.x] = best;
-  si[threadIdx.x] = idx;
-  __syncthreads();
-  for (int s = kScanThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const double ov = sv[threadIdx.x + s];
-      const int oi = si[threadIdx.x + s];
-      const bool take = oi != cols && (si[threadIdx.x] == cols || ov > sv[threadIdx.x] ||
-                                       (ov == sv[threadIdx.x] && oi < si[threadIdx.x]));
-      if (take) sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = si[0] == cols ? 0 : si[0];
+  block_argmax(best, idx, cols, out + blockIdx.x);
 }
 
 // Row r's mass (model/sampling_math.h): its largest logit, then thread t sums the weights of block t of the row in

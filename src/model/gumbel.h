@@ -31,14 +31,14 @@ KVQ_HD inline uint64_t draw_base(uint64_t seed, uint64_t draw) {
 
 // u_i in (0, 1): 53 random bits and a half, times 2^-53 (exact).
 KVQ_HD inline double uniform(uint64_t base, uint64_t i) {
-  return smath::dmul(smath::dadd(double(splitmix64(base + i) >> 11), 0.5), 1.0 / 9007199254740992.0);  // 2^-53: exact
+  return exact::dmul(exact::dadd(double(splitmix64(base + i) >> 11), 0.5), 0x1p-53);  // exact
 }
 
 // logit / T + G_i: token i's score in the draw (T > 0; the token with the largest score, the lowest id on ties, is
 // drawn).
 KVQ_HD inline double score(float logit, double temperature, uint64_t base, uint64_t i) {
   const double g = -smath::log_exact(-smath::log_exact(uniform(base, i)));
-  return smath::dadd(smath::ddiv(double(logit), temperature), g);
+  return exact::dadd(exact::ddiv(double(logit), temperature), g);
 }
 
 }  // namespace kvq::gumbel

@@ -1,6 +1,5 @@
 // The sampler's floating-point arithmetic, the same bits on the host and the GPU: IEEE double operations each rounded
-// once (the __d*_rn intrinsics on the device, never fused into an fma; plain operators on the baseline x86-64 host,
-// which has none), and the logarithm and exponential written from them alone, so that no libm's last bit decides a
+// once (common/hd.h's exact::dadd, dmul, ddiv), and the logarithm and exponential written from them alone, so that no libm's last bit decides a
 // token. Used by the Gumbel-max draw (model/gumbel.h) and by the probabilities a top_p / min_p draw sums
 // (model/sampler.h), which the GPU computes for a row where its logits are. Plain header (KVQ_HD), includable from .cu
 // files.
@@ -14,27 +13,7 @@
 
 namespace kvq::smath {
 
-KVQ_HD inline double dadd(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-KVQ_HD inline double dmul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-KVQ_HD inline double ddiv(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+using exact::dadd, exact::dmul, exact::ddiv;
 
 // log(x) for finite x > 0, as fdlibm arranges it: x = (1 + f) 2^e with 1 + f in [sqrt(1/2), sqrt(2)), s = f / (2 + f),
 // log(1 + f) = 2s + s R with R = 2 s^2 / 3 + 2 s^4 / 5 + ... (an odd series, Horner form, |s| <= 0.1716: the next term
