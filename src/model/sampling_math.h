@@ -1,8 +1,8 @@
 // The sampler's floating-point arithmetic, the same bits on the host and the GPU: IEEE double operations each rounded
-// once (common/hd.h's exact::dadd, dmul, ddiv), and the logarithm and exponential written from them alone, so that no libm's last bit decides a
-// token. Used by the Gumbel-max draw (model/gumbel.h) and by the probabilities a top_p / min_p draw sums
-// (model/sampler.h), which the GPU computes for a row where its logits are. Plain header (KVQ_HD), includable from .cu
-// files.
+// once (common/hd.h's exact::dadd, dmul, ddiv), and the logarithm and exponential written from them alone, so that no
+// libm's last bit decides a token. Used by the Gumbel-max draw (model/gumbel.h) and by the probabilities a top_p /
+// min_p draw sums (model/sampler.h), which the GPU computes for a row where its logits are. Plain header (KVQ_HD),
+// includable from .cu files.
 #pragma once
 
 #include <stdint.h>
