@@ -11,6 +11,17 @@ namespace kvq {
 namespace {
 // The total order of candidates: larger logit first, lower id on ties.
 bool before(float la, int32_t ia, float lb, int32_t ib) { return la > lb || (la == lb && ia < ib); }
+
+// An upper bound on gumbel::score(logit, t, base, i) from float logarithms: u taken one float step up (the noise grows
+// with u), -log u one part in 10^5 down, and 10^-3 added: far more than libm's float error (a few ulp, 10^-6 of the
+// noise at most). A token whose bound is below the best score so far cannot be drawn: its two exact logarithms are
+// skipped, and the draw is the same.
+double score_bound(float logit, double t, uint64_t base, uint64_t i) {
+  const float u = std::nextafter(float(gumbel::uniform(base, i)), 2.f);
+  if (!(u < 1.f)) return INFINITY;
+  const float e = -std::log(u) * (1.f - 1e-5f);
+  return double(logit) / t + double(-std::log(e)) + 1e-3;
+}
 }  // namespace
 
 void SamplerConfig::validate() const {
@@ -79,10 +90,12 @@ int32_t Sampler::sample(const float* logits, int vocab) {
   if (cfg_.temperature == 0.f) return int32_t(std::max_element(logits, logits + vocab) - logits);
   if (draws_by_gumbel(vocab)) {
     const uint64_t base = gumbel_base();
+    const double t = double(cfg_.temperature);
     int32_t best = 0;
-    double best_score = gumbel::score(logits[0], double(cfg_.temperature), base, 0);
+    double best_score = gumbel::score(logits[0], t, base, 0);
     for (int i = 1; i < vocab; ++i) {
-      const double sc = gumbel::score(logits[i], double(cfg_.temperature), base, uint64_t(i));
+      if (score_bound(logits[i], t, base, uint64_t(i)) < best_score) continue;  // it cannot win
+      const double sc = gumbel::score(logits[i], t, base, uint64_t(i));
       if (sc > best_score) best = i, best_score = sc;
     }
     return take_gumbel(best);
