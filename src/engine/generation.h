@@ -85,11 +85,10 @@ class Generation {
   // finishes at max_tokens.
   void accept(const RowLogits& row, int vocab);
   // accept() in two halves, for a step that chooses the tokens of its sequences in parallel: choose() draws the token
-  // (and its log-probabilities) and changes nothing but this generation's sampler; take() appends it, detokenises and
-  // stops. Both only when accept() would choose: not finished, fed_ == known() and generated_tokens() < max_tokens.
-  // choose() gives id -1, drawing nothing, when the row's largest logits and mass do not decide the draw: then it needs
-  // the row itself.
-  bool choosing() const { return !finished() && fed_ == known() && generated_tokens() < params_.max_tokens; }
+  // (and its log-probabilities) and changes nothing but this generation's sampler, so it may run before fed_chunk();
+  // take() appends it, detokenises and stops, after fed_chunk(). Both only where accept() would choose (not finished,
+  // generated_tokens() < max_tokens). choose() gives id -1, drawing nothing, when the row's largest logits and mass do
+  // not decide the draw: then it needs the row itself.
   GeneratedToken choose(const RowLogits& row, int vocab);
   void take(GeneratedToken t);
   // The scheduler freed this sequence's cache: the next chunks replay its steps from position 0.

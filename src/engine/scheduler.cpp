@@ -367,7 +367,7 @@ std::vector<Scheduler::Update> Scheduler::step(StepInfo* info_out) {
     if (device && !follower && g.gumbel_draw(V) && runner_.gumbel_sampling())
       gumbel = true;  // one draw per row: a follower (n > 1) draws its own from the whole row
     else if (device && k > 0 && k <= runner_.max_top_logits() && !(follower && g.needs_row_mass(V)))
-      top_k = std::max(top_k, k), mass |= g.needs_row_mass(V);  // a row's mass: its leader's query
+      top_k = std::max(top_k, k), mass |= g.needs_row_mass(V);  // the mass at the leader's own query
     else
       whole_rows = true;
   };
