@@ -234,7 +234,7 @@ TEST(GpuModel, TopLogitsAreEachRowsLargestInTheSamplersOrder) {
         for (int i = 0; i < k; ++i) ASSERT_EQ(vals[size_t(r * k + i)], row[want[size_t(i)]]);
       }
     }
-    EXPECT_NE(cuda::kernels::top_k_rows(dx.as<float>(), rows, cols, cuda::kernels::kMaxTopLogits + 1, nullptr,
+    EXPECT_NE(cuda::kernels::top_k_rows(dx.as<float>(), rows, cols, kMaxSortedTopK + 1, nullptr,
                                         nullptr, nullptr),
               0);
   }
@@ -258,7 +258,7 @@ TEST(GpuModel, TopLogitsAreEachRowsLargestInTheSamplersOrder) {
         << "sequence " << b;
     for (int i = 0; i < k; ++i) EXPECT_EQ(top_vals[size_t(b * k + i)], logits[size_t(b) * V + top[size_t(b * k + i)]]);
   }
-  EXPECT_THROW(gpu.top_logits(cuda::kernels::kMaxTopLogits + 1, top.data(), top_vals.data()), Error);
+  EXPECT_THROW(gpu.top_logits(kMaxSortedTopK + 1, top.data(), top_vals.data()), Error);
 }
 
 TEST(GpuModel, TheGumbelDrawOfEachRowIsTheHostSamplersToken) {

@@ -18,7 +18,6 @@
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_model_kernels.h"
 #include "cuda/runtime.h"
-#include "model/sampler.h"
 
 namespace kvq::cuda {
 
@@ -284,7 +283,7 @@ struct GpuModel::Impl {
   DeviceBuffer last_rows;        // [max_seqs] int32 row of each sequence's last token
   DeviceBuffer logits;           // [R, vocab] fp32
   DeviceBuffer argmax, finite;   // [R] int32
-  DeviceBuffer top_ids, top_vals;  // [max_seqs, kMaxTopLogits] int32 / fp32: Runner::top_logits
+  DeviceBuffer top_ids, top_vals;  // [max_seqs, kMaxSortedTopK] int32 / fp32: Runner::top_logits
   DeviceBuffer draws, drawn;     // [max_seqs] gumbel::Draw, int32: Runner::gumbel_argmax
   DeviceBuffer mass_queries, masses;  // [max_seqs] smath::MassQuery, smath::RowMass: Runner::row_mass
   int out_rows = 0;              // rows of logits the last forward returned (top_logits selects from them)
@@ -437,8 +436,8 @@ GpuModel::Impl::ActivationPlan GpuModel::Impl::activation_plan(int rows, int n_s
                       {&Impl::logits, R * size_t(c.vocab_size) * f},
                       {&Impl::argmax, R * sizeof(int32_t)},
                       {&Impl::finite, R * sizeof(int32_t)},
-                      {&Impl::top_ids, size_t(n_seqs) * kernels::kMaxTopLogits * sizeof(int32_t)},
-                      {&Impl::top_vals, size_t(n_seqs) * kernels::kMaxTopLogits * f},
+                      {&Impl::top_ids, size_t(n_seqs) * kMaxSortedTopK * sizeof(int32_t)},
+                      {&Impl::top_vals, size_t(n_seqs) * kMaxSortedTopK * f},
                       {&Impl::draws, size_t(n_seqs) * sizeof(gumbel::Draw)},
                       {&Impl::drawn, size_t(n_seqs) * sizeof(int32_t)},
                       {&Impl::mass_queries, size_t(n_seqs) * sizeof(smath::MassQuery)},
@@ -744,16 +743,14 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   m.out_rows = out_rows;
 }
 
-static_assert(kernels::kMaxTopLogits == kMaxSortedTopK, "the GPU selects as many logits as the sampler sorts");
-
-int GpuModel::max_top_logits() const { return kernels::kMaxTopLogits; }
+int GpuModel::max_top_logits() const { return kMaxSortedTopK; }
 
 void GpuModel::top_logits(int k, int32_t* ids, float* logits) {
   Impl& m = *impl_;
   const int V = m.cfg.vocab_size;
   m.check_kept_rows("top_logits");
-  KVQ_CHECK(k >= 1 && k <= kernels::kMaxTopLogits && k <= V, "top_logits: k = {} (1 to {})", k,
-            std::min(kernels::kMaxTopLogits, V));
+  KVQ_CHECK(k >= 1 && k <= kMaxSortedTopK && k <= V, "top_logits: k = {} (1 to {})", k,
+            std::min(kMaxSortedTopK, V));
   check(kernels::top_k_rows(m.logits.as<float>(), m.out_rows, V, k, m.top_ids.as<int32_t>(), m.top_vals.as<float>(),
                             m.stream),
         "top_k_rows");

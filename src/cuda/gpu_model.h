@@ -81,7 +81,7 @@ class GpuModel final : public Runner {
   void forward(const std::vector<int>& seqs, const std::vector<int>& n, const int32_t* ids, LogitRows which,
                float* logits, int32_t* argmax) override;
   using Runner::forward;
-  int max_top_logits() const override;  // kernels::kMaxTopLogits: the sampler's kMaxSortedTopK
+  int max_top_logits() const override;  // kMaxSortedTopK
   void top_logits(int k, int32_t* ids, float* logits) override;
   bool gumbel_sampling() const override;
   void gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) override;

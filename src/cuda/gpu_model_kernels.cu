@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kScanThreads) top_k_rows_kernel(const float* x
   __shared__ int hist[256];
   __shared__ uint64_t chosen;
   __shared__ int still_needed, whole_bin, gathered;
-  __shared__ uint64_t keys[kMaxTopLogits];
+  __shared__ uint64_t keys[kMaxSortedTopK];
   uint64_t prefix = 0;
   int need = k;
   for (int shift = 56;; shift -= 8) {
@@ -424,7 +424,7 @@ int argmax_rows(const float* x, int rows, int cols, int32_t* out, void* stream) 
 
 int top_k_rows(const float* x, int rows, int cols, int k, int32_t* ids, float* vals, void* stream) {
   if (rows <= 0) return 0;
-  if (k < 1 || k > kMaxTopLogits || k > cols) return int(cudaErrorInvalidValue);
+  if (k < 1 || k > kMaxSortedTopK || k > cols) return int(cudaErrorInvalidValue);
   top_k_rows_kernel<<<unsigned(rows), kScanThreads, 0, as_stream(stream)>>>(x, cols, k, ids, vals);
   return launched();
 }

@@ -64,9 +64,8 @@ int gather_rows(const float* x, const int32_t* rows, int count, int dim, float* 
 int argmax_rows(const float* x, int rows, int cols, int32_t* out, void* stream);
 
 // The k largest of each row x[r, 0..cols) for r < rows, in the sampler's order (larger first, lower index on ties;
-// -0 equal to +0): ids[r·k + i] and vals[r·k + i]. 1 <= k <= min(kMaxTopLogits, cols), else cudaErrorInvalidValue.
+// -0 equal to +0): ids[r·k + i] and vals[r·k + i]. 1 <= k <= min(kMaxSortedTopK, cols), else cudaErrorInvalidValue.
 // One block per row.
-inline constexpr int kMaxTopLogits = 1024;  // model/sampler.h: kMaxSortedTopK
 int top_k_rows(const float* x, int rows, int cols, int k, int32_t* ids, float* vals, void* stream);
 
 // out[r] = row r's draw by the Gumbel-max trick (model/gumbel.h: argmax of x[r, c] / T + noise(base, c), the lowest c

@@ -303,7 +303,6 @@ void Scheduler::preempt_newest(std::vector<Item>& items) {
 
 template <class RowOf>
 void Scheduler::choose_tokens(const std::vector<Item>& items, int row_values, const RowOf& row_of) {
-  chosen_.assign(items.size(), std::nullopt);
   const int V = runner_.config().vocab_size;
   std::vector<size_t> choosing;  // the items whose chunk predicts and whose generation chooses a token now
   for (size_t b = 0; b < items.size(); ++b) {

@@ -135,13 +135,13 @@ class Scheduler {
   void store_prefix(Entry& e, int fed_before);  // after a forward: a chunk that ended at a multiple of the chunk
   static std::unique_ptr<Entry> make_entry(Id id, std::unique_ptr<Generation> g);
   // After the forward that fed the leader's whole prompt: forks its followers and lets each choose its first token
-  // (logits: the leader's row, or null; argmax: its argmax); their updates go to out.
+  // from the leader's row (its logits, top logits or argmax; not its Gumbel draw or mass); their updates go to out.
   void fork_followers(Entry& leader, const RowLogits& row, std::vector<Update>& out);
-  // The tokens of the step's choices into chosen_[b] (Generation::choose: each changes only its own sampler), from
-  // row_of(b), item b's RowLogits of row_values logits a choice reads (the vocabulary, or the largest top_k): in
-  // parallel when there is enough of that work (sampling a row of a large vocabulary on the host takes milliseconds,
-  // the top_p path at 151,936 logits, more than a GPU's decode step at dozens of sequences); a choice whose row's
-  // largest logits do not decide it is made again from its row (Runner::row_logits).
+  // The tokens of the step's choices into chosen_[b] (step() empties it first; Generation::choose: each changes only its
+  // own sampler), from row_of(b), item b's RowLogits of row_values logits a choice reads (the vocabulary, or the
+  // largest top_k): in parallel when there is enough of that work (sampling a row of a large vocabulary on the host
+  // takes milliseconds, the top_p path at 151,936 logits, more than a GPU's decode step at dozens of sequences); a
+  // choice whose row's largest logits do not decide it is made again from its row (Runner::row_logits).
   static constexpr size_t kParallelChoiceWork = size_t(1) << 15;  // choices x logits each reads
   template <class RowOf>
   void choose_tokens(const std::vector<Item>& items, int row_values, const RowOf& row_of);

@@ -36,8 +36,6 @@
 
 namespace kvq {
 
-inline constexpr int kMaxSortedTopK = 1024;
-
 struct SamplerConfig {
   float temperature = 0.8f;  // 0: greedy (argmax)
   int top_k = 40;            // keep the k most likely tokens (0: all)

@@ -11,6 +11,14 @@
 
 #include "common/hd.h"
 
+namespace kvq {
+
+// The most candidates the sampler sorts whole (a top_k up to it, or a top_p / min_p nucleus from that many of a row's
+// largest logits: model/sampler.h), and so the most the GPU selects for it (cuda/gpu_model_kernels.h: top_k_rows).
+inline constexpr int kMaxSortedTopK = 1024;
+
+}  // namespace kvq
+
 namespace kvq::smath {
 
 using exact::dadd, exact::dmul, exact::ddiv;
