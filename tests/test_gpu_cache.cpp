@@ -54,10 +54,13 @@ CacheConfig config(const std::string& type, int group, int sink, int recent, int
     c.k.per_channel = true;
     c.k.clip = c.v.clip = 1.0f;
   }
-  if (type == "oscar_int2") {  // as the CLI builds it: its own groups, keys per channel and token-scaled, no clip
+  const CodecTraits* t = find_codec(type);  // null for a preset (their configs: preset_config)
+  const bool pre_rope = t && t->pre_rope_keys;  // NexusQuant: keys stored without RoPE
+  if (type == "oscar_int2" || pre_rope) {  // as the CLI builds them: their own formats
     c.k = codec_spec(type, true, group, 0.f), c.v = codec_spec(type, false, group, 0.f);
     c.k.head_dim = c.v.head_dim = d;
   }
+  if (pre_rope) c.key_rope = test::rope_inv_freq(d, 1e6);
   c.sink = sink;
   c.recent = recent;
   c.page_tokens = 128;
@@ -163,6 +166,13 @@ INSTANTIATE_TEST_SUITE_P(Kivi, GpuVsCpu,
 INSTANTIATE_TEST_SUITE_P(Oscar, GpuVsCpu,
                          ::testing::Combine(::testing::Values("oscar_int2"), ::testing::Values(32),
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1, 2)),
+                         case_name);
+// NexusQuant's rows (nexusquant's int8 and e8_2's 2-bit E8 points in a Hadamard domain, keys stored without RoPE): the
+// GPU undoes RoPE, transforms and rounds as the CPU does (the same bytes) and decodes its tiles back through H and RoPE.
+// No transform variant: the codecs refuse a key transform.
+INSTANTIATE_TEST_SUITE_P(Nexus, GpuVsCpu,
+                         ::testing::Combine(::testing::Values("nexusquant", "e8_2"), ::testing::Values(128),
+                                            ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(KiviG32, GpuVsCpu,
                          ::testing::Combine(::testing::Values("kivi2"), ::testing::Values(32),
@@ -306,7 +316,7 @@ TEST(GpuCache, FusedMergeWritesEveryOutputOnEveryLaunch) {
 
 TEST(GpuCache, FastAttentionMatchesReferenceTwin) {
   REQUIRE_GPU();
-  for (const char* type : {"int2", "int4", "int8", "bf16", "kivi2", "kivi4", "oscar_int2"})
+  for (const char* type : {"int2", "int4", "int8", "bf16", "kivi2", "kivi4", "oscar_int2", "nexusquant", "e8_2"})
     for (int group : {128, 32}) {
       const CacheConfig cfg = config(type, group, 16, 64);
       const auto fast = decode_once(cfg, 3001, 0, false), ref = decode_once(cfg, 3001, 0, true);

@@ -24,6 +24,7 @@
 #include "kv/cache.h"
 #include "rotation/rotation_file.h"
 #include "simd/simd.h"
+#include "test_helpers.h"
 
 using namespace kvq;
 using namespace kvq::gpu_test;
@@ -35,8 +36,8 @@ namespace {
 // smallest size that selects the row and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile
 // fits), windows 16 / 64 and the transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot). A CUDA-core
 // row whose every page size a decoded-tile row takes first (OScaR's, Kitty's at d = 128) runs the caches with a
-// sliding window: one of 2^20 positions, which no test sequence reaches. nullopt when none selects it that the CPU
-// cache layout also takes.
+// sliding window: one of 2^20 positions, which no test sequence reaches. Keys stored without RoPE (NexusQuant's) get
+// the frequencies of base 1e6. nullopt when none selects it that the CPU cache layout also takes.
 std::optional<CacheConfig> row_config(int i, int d, int n_layers, int n_kv) {
   const cuda::GpuInstance& r = cuda::kGpuInstances[i];
   for (bool slides : {false, true})
@@ -47,6 +48,7 @@ std::optional<CacheConfig> row_config(int i, int d, int n_layers, int n_kv) {
         c.v = codec_spec(codec_traits(r.v).name, false, group, 0.f);
         c.k.head_dim = c.v.head_dim = d;
         c.sink = 16, c.recent = 64, c.page_tokens = page, c.max_chunk = 512;
+        if (codec_traits(r.k).pre_rope_keys) c.key_rope = test::rope_inv_freq(d, 1e6);  // NexusQuant's keys
         if (slides) c.attn_window.assign(size_t(n_layers), 1 << 20);
         if (cuda::gpu_instance(c, d) != i) continue;
         try {

@@ -67,9 +67,12 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
       EXPECT_EQ(r.head_dims, kDecodedDims);
       EXPECT_EQ(r.page_multiple % 16, 0) << "tiles of 16 positions never cross a page";
       EXPECT_FALSE(r.k == CodecId::kBf16 && r.v == CodecId::kBf16) << "bf16 rows are the tensor-core row's";
-      bool twin = false;  // sliding windows and pages of 8 take the pair's CUDA-core row
+      // sliding windows and pages of 8 take the pair's CUDA-core row; NexusQuant's rows, which go back through their
+      // Hadamard across a warp, run on decoded tiles alone
+      const bool hadamard_rows = r.k == CodecId::kNexusquant || r.k == CodecId::kE8_2;
+      bool twin = false;
       for (const GpuInstance& c : kGpuInstances) twin |= c.path == GpuPath::kCudaCore && c.k == r.k && c.v == r.v;
-      EXPECT_TRUE(twin) << k.name << "/" << v.name << ": a decoded-tile pair without a CUDA-core row";
+      EXPECT_TRUE(twin || hadamard_rows) << k.name << "/" << v.name << ": a decoded-tile pair without a CUDA-core row";
     }
     // the formats: int rows, KIVI blocks and llama.cpp blocks pack units of 32 values (bf16 rows: of 16 bytes); a
     // Hadamard of d needs a power of two; KIVI's key-block demotion holds G x d bf16 in shared memory (none at 256)
@@ -150,6 +153,7 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
       {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},  {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
       {"q4_0", "q4_0", 128, kDecoded},    {"q8_0", "q8_0", 128, kDecoded},    {"f16", "f16", 128, kDecoded},
       {"fp8e4m3", "fp8e4m3", 128, kDecoded},  {"oscar_int2", "oscar_int2", 128, kDecoded},
+      {"nexusquant", "nexusquant", 128, kDecoded},  {"e8_2", "e8_2", 128, kDecoded},
   };
   for (const Case& c : cases)
     for (int page : {128, 32}) {
@@ -166,6 +170,14 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
   EXPECT_EQ(kGpuInstances[gpu_instance(config("int2", "int2", 128, 8), kD)].path, GpuPath::kCudaCore);
   EXPECT_EQ(kGpuInstances[gpu_instance(config("int4", "int4", 128, 8), kD)].path, GpuPath::kCudaCore);
   EXPECT_EQ(kGpuInstances[gpu_instance(config("bf16", "bf16", 128, 24), kD)].path, GpuPath::kCudaCore);
+  // NexusQuant's rows run on decoded tiles alone: a sliding window, a page of 8 or another head dim is refused by name
+  CacheConfig slides = config("e8_2", "e8_2", 128);
+  slides.attn_window = {4096};
+  for (const auto& [c, d] : {std::pair{slides, kD}, std::pair{config("e8_2", "e8_2", 128, 8), kD},
+                             std::pair{config("nexusquant", "nexusquant", 128, 128, 64), 64}}) {
+    EXPECT_LT(gpu_instance(c, d), 0) << c.describe();
+    EXPECT_TRUE(has(gpu_unsupported(c, d), "no compiled GPU instance")) << gpu_unsupported(c, d);
+  }
 }
 
 // The other head dims (tests/test_gpu_cache.cpp's HeadDims suites, test_gpu_prefill.cpp, test_gpu_model.cpp's tiny
@@ -376,8 +388,9 @@ TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
   EXPECT_TRUE(has(s, "k=oscar_int2/per-channel v=oscar_int2 (d 64, 128 and 256; pages a multiple of 32)")) << s;
   EXPECT_TRUE(has(s, "k=kitty_int2/per-channel v=kitty_int2 (d 64, 96 and 128; pages a multiple of 128)")) << s;
   EXPECT_TRUE(has(s, "k=bf16 v=bf16,")) << s;  // every head_dim: none named
-  // decoded tiles by the CUDA-core pairs they leave out (each of their pairs has a CUDA-core row)
+  // decoded tiles by the CUDA-core pairs they leave out, then their pairs without a CUDA-core row (NexusQuant's)
   EXPECT_TRUE(has(s, "; decoded-tile (pages a multiple of 16): the CUDA-core pairs below at d 128 but k=bf16 v=bf16, "
-                     "k=tq3nc v=tqv3, k=tq2nc v=tqv2; CUDA-core"))
+                     "k=tq3nc v=tqv3, k=tq2nc v=tqv2, k=nexusquant v=nexusquant (d 128), k=e8_2 v=e8_2 (d 128); "
+                     "CUDA-core"))
       << s;
 }

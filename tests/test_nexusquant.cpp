@@ -581,19 +581,29 @@ TEST(RopeKeyCodec, TheCacheWrapsOnlyKeysStoredWithoutRopeAndNamesWhatIsMissing) 
   EXPECT_EQ(message(post), "");
 }
 
-// The GPU has no instance for these codecs: the instance table's predicate refuses them with its one line naming
-// the pair and listing what the GPU runs.
-TEST(NexusQuantGpu, RefusedWithTheUnsupportedPairMessage) {
-  constexpr int kD = 128;
-  for (const char* type : kTypes) {
-    CacheConfig c = nexus_cache(type, kD);
-    c.k.head_dim = c.v.head_dim = kD;
-    EXPECT_EQ(cuda::gpu_instance(c, kD), -1) << type;
-    const std::string why = cuda::gpu_unsupported(c, kD);
-    EXPECT_NE(why.find(std::string("keys ") + type + " with values " + type), std::string::npos) << why;
-    EXPECT_NE(why.find("no compiled GPU instance"), std::string::npos) << why;
-    EXPECT_NE(why.find("the GPU runs"), std::string::npos) << why;
-  }
+// The GPU runs the referee's rows, nexusquant and e8_2, at head_dim 128 on decoded tiles (cuda/gpu_instances.h; their
+// stored bytes and attention against the CPU's: tests/test_gpu_cache.cpp's Nexus cases); the ablations and the other
+// head dims have no instance: the predicate refuses them with its one line naming the pair and listing what the GPU runs.
+TEST(NexusQuantGpu, TheRefereeRowsRunAt128OnDecodedTilesAndTheRestAreRefusedByName) {
+  for (int d : {64, 128, 256})
+    for (const char* type : kTypes) {
+      CacheConfig c = nexus_cache(type, d);
+      c.k.head_dim = c.v.head_dim = d;
+      c.page_tokens = 128;
+      const std::string t = type;
+      const int i = cuda::gpu_instance(c, d);
+      if (d == 128 && (t == "nexusquant" || t == "e8_2")) {
+        ASSERT_GE(i, 0) << type;
+        EXPECT_EQ(cuda::kGpuInstances[i].path, cuda::GpuPath::kDecodedTile) << type;
+        EXPECT_EQ(cuda::gpu_unsupported(c, d), "") << type;
+        continue;
+      }
+      EXPECT_EQ(i, -1) << type << " at " << d;
+      const std::string why = cuda::gpu_unsupported(c, d);
+      EXPECT_NE(why.find("keys " + t + " with values " + t), std::string::npos) << why;
+      EXPECT_NE(why.find("no compiled GPU instance"), std::string::npos) << why;
+      EXPECT_NE(why.find("the GPU runs"), std::string::npos) << why;
+    }
 }
 
 // Through the cache: post-RoPE keys appended at their positions, demoted, read back through the runs decode to the

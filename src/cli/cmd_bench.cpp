@@ -388,7 +388,7 @@ std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
 // --device cuda: the grid of shapes (defaults: batch {1, 8, 32, 64} x ctx {4K, 16K, 64K, 128K}).
 void bench_attention_device(const BenchAttentionOptions& o) {
   GpuAttentionBench g;
-  g.caches = tested_caches(o);
+  for (const CacheConfig& c : tested_caches(o)) g.caches.push_back(with_bench_rope(c, o.head_dim));
   g.batches = o.batch_list.empty() ? std::vector<int>{1, 8, 32, 64} : o.batch_list;
   g.ctxs = o.ctx_list.empty() ? std::vector<int>{4096, 16384, 65536, 131072} : o.ctx_list;
   g.q_heads = o.q_heads, g.kv_heads = o.kv_heads, g.head_dim = o.head_dim, g.iters = o.iters, g.json = o.json;

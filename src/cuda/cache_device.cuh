@@ -108,6 +108,11 @@ struct RowScratch {
 //   kTensorScaled (optional, rows)      true: rows stored as x / s with the layer's per-tensor scale s
 //                                       (CacheGeometry::k_scale / v_scale), demoted by encode_row_scaled(src, dst, s);
 //                                       the kernels multiply what value / values4 / score give by s (codec_fp8.cuh)
+//   kHadamardRows (optional, rows)      true: value / values4 give the row in a Hadamard domain; the row's values go
+//                                       back together through finish4 (a warp holding a row of 128, 4 a lane) or
+//                                       finish_channel (a block of D threads), which also re-apply RoPE to keys stored
+//                                       without it (kPreRope: CacheGeometry::k_rope's angles of the row's position);
+//                                       demoted by encode_row_at(src, dst, angles, RowScratch<D>&) (codec_nexus.cuh)
 // DeviceCodecOf<id>::type<D> is the codec's key blocks or rows; ::values<D>, when present, its value rows (OScaR's
 // are their own type; KIVI's value specs run under int rows, gpu_instances.h).
 template <CodecId id>
@@ -136,6 +141,34 @@ __device__ __forceinline__ void score_by_values4(const void* p, int row, int gro
       if (h < g)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[h] = fmaf(qs[h][c0 + i], k4[i], s[h]);
+  }
+}
+
+// Whether device codec C stores its rows in a Hadamard domain (C::kHadamardRows: NexusQuant's), and whether its keys
+// are stored without RoPE (C::kPreRope).
+template <class C>
+constexpr bool hadamard_rows() {
+  if constexpr (requires { C::kHadamardRows; }) {
+    return C::kHadamardRows;
+  } else {
+    return false;
+  }
+}
+template <class C>
+constexpr bool pre_rope() {
+  if constexpr (requires { C::kPreRope; }) {
+    return C::kPreRope;
+  } else {
+    return false;
+  }
+}
+// The angles (cos d/2 | sin d/2) of position pos for keys stored without RoPE (C::kPreRope), else null.
+template <class C, int D>
+__device__ __forceinline__ const float* rope_angles_of(const CacheGeometry& g, int pos) {
+  if constexpr (pre_rope<C>()) {
+    return g.k_rope + int64_t(pos) * D;
+  } else {
+    return nullptr;
   }
 }
 

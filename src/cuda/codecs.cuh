@@ -10,6 +10,7 @@
 #include "codecs/kitty/codec_kitty.cuh"
 #include "codecs/kivi/codec_kivi.cuh"
 #include "codecs/llamacpp/codec_llamacpp.cuh"
+#include "codecs/nexus/codec_nexus.cuh"
 #include "codecs/oscar/codec_oscar.cuh"
 #include "codecs/turboquant/codec_turboquant.cuh"
 #include "cuda/gpu_instances.h"

@@ -132,9 +132,10 @@ struct Decoded {
 // (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
 // in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
 // and TurboQuant's codebook keys are centroids times the row's factor, whose sum of squares the D / 4 lanes of the row
-// add by an xor butterfly.
+// add by an xor butterfly. NexusQuant's rows (dev::hadamard_rows) go back through their Hadamard across the warp, which
+// holds one row (D = 128), and keys stored without RoPE get it at their position p0 + r.
 template <class K, class V, int D>
-__device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* hp, int j0, int nv,
+__device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* hp, int j0, int nv, int p0,
                                             const float* nu, uint8_t* dst, int lane) {
   constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
   static_assert(kChunks <= 32 && 32 % kChunks == 0, "a pass of the warp holds whole rows");
@@ -170,6 +171,9 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
     } else {
       K::values4(hp + int64_t(j) * geo.k_row, 0, geo.k_group, c0, k);
     }
+    if constexpr (dev::hadamard_rows<K>()) {  // r is the warp's (one row a pass): the shuffles see every lane
+      K::finish4(k, lane, r < nv ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr);
+    }
     if constexpr (dev::token_scaled<K>()) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) k[e] *= nu[r];
@@ -179,6 +183,7 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
       for (int e = 0; e < 4; ++e) k[e] *= geo.k_scale;
     }
     V::values4(hp + geo.k_region + int64_t(j) * geo.v_row, 0, geo.v_group, c0, v);
+    if constexpr (dev::hadamard_rows<V>()) V::finish4(v, lane, nullptr);
     if constexpr (dev::tensor_scaled<V>()) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] *= geo.v_scale;
@@ -599,7 +604,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       if constexpr (dev::token_scaled<K>()) nu = dev::token_scales(geo, rd.seq, a.layer, p0);
       __syncwarp();  // every lane has read the previous tile
       decode_tile<K, typename Dec::Values, D>(geo, heads + int64_t(table[rel / pt]) * geo.page_bytes, rel % pt, nv,
-                                              nu, stage, lane);
+                                              p0, nu, stage, lane);
       __syncwarp();  // the tile is visible to the warp
       const StagedTile t{stage, stage + tile_side<D>};
       if (nv == kTile) attend_tile(std::false_type{}, kTile, TileWords{}, t, t);

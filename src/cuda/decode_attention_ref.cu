@@ -1,7 +1,7 @@
 // The reference twin of the attention kernel (decode_attention.cu): same grid and partial format, written to be
 // obviously correct rather than fast. One block of d threads (thread = channel) walks the split's positions one
 // by one: decode the K row value of its channel (the key codec's value; KIVI keys: from the position's key block
-// and row), block-reduce q·k per query head (a tree over the next power of two, zero-padded past d), online softmax
+// and row; NexusQuant's rows: all channels back through the Hadamard together), block-reduce q·k per query head (a tree over the next power of two, zero-padded past d), online softmax
 // per head, accumulate p · v of its channel. Templated on the head dim and the codecs of the cache's instance row
 // (gpu_instances.h), whatever the row's fast path.
 #include <cuda_runtime.h>
@@ -31,6 +31,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int first = split * a.split_tokens, end = min(t + 1, first + a.split_tokens);
   const int begin = a.window > 0 ? max(first, t - a.window + 1) : first;  // a sliding window: (t - window, t]
   __shared__ float red[kMaxGroupHeads][kTree];
+  [[maybe_unused]] __shared__ float hrow[D];  // a Hadamard row's butterflies (dev::hadamard_rows)
   if constexpr (kTree > D) {
     for (int i = c; i < kMaxGroupHeads * (kTree - D); i += D) red[i / (kTree - D)][D + i % (kTree - D)] = 0.f;
   }
@@ -53,6 +54,13 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
     }
     if constexpr (dev::tensor_scaled<V>()) {
       if (vr.quant) vc *= geo.v_scale;
+    }
+    // NexusQuant's rows: back through their Hadamard (and RoPE) together, the block one row (kr.quant is the block's)
+    if constexpr (dev::hadamard_rows<K>()) {
+      if (kr.quant) kc = K::finish_channel(kc, c, hrow, dev::rope_angles_of<K, D>(geo, p));
+    }
+    if constexpr (dev::hadamard_rows<V>()) {
+      if (vr.quant) vc = V::finish_channel(vc, c, hrow, nullptr);
     }
     for (int h = 0; h < g; ++h) red[h][c] = q[h] * kc;
     __syncthreads();

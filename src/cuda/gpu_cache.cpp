@@ -18,7 +18,9 @@
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
+#include "kv/codec_rope.h"
 #include "kv/prefix_cache.h"
+#include "rotation/rope.h"
 
 namespace kvq::cuda {
 
@@ -166,6 +168,7 @@ struct GpuKvCache::Impl {
   bool step_exact = false;
   TransformPtrs tptrs{};
   DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
+  DeviceBuffer k_rope;                  // keys stored without RoPE: every position's angles (CacheGeometry::k_rope)
   // The step.
   bool in_step = false;
   std::vector<int> step_seqs, step_n;
@@ -288,6 +291,20 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   if (const std::vector<float> table = make_codec(kspec)->lookup_table(); !table.empty()) {
     m.upload(m.k_table, table.data(), table.size() * sizeof(float));
     for (CacheGeometry& g : m.geo) g.k_table = m.k_table.as<float>();
+  }
+  // Keys stored without RoPE (NexusQuant's): the cos / sin of every position, rope_angles' values as the CPU's
+  // RopeKeyCodec tabulates them, so both undo and re-apply the same rotation. make_key_codec checks the frequencies
+  // and refuses a key transform, as the CPU cache does.
+  if (codec_traits(kspec.type).pre_rope_keys) {
+    make_key_codec(cfg, head_dim);
+    std::vector<float> angles(size_t(max_ctx) * size_t(head_dim));
+    for (int pos = 0; pos < max_ctx; ++pos) {
+      float* a = angles.data() + size_t(pos) * size_t(head_dim);
+      rope_angles(pos, cfg.key_rope.data(), head_dim / 2, a, a + head_dim / 2);
+    }
+    m.upload(m.k_rope, angles.data(), angles.size() * sizeof(float));
+    check(cudaStreamSynchronize(m.stream), "GPU KV cache: RoPE angles upload");  // angles goes away
+    for (CacheGeometry& g : m.geo) g.k_rope = m.k_rope.as<float>();
   }
   if (cfg.prompt_policy == PromptPolicy::kExactPrompt) {  // a twin for every slot, at max_ctx
     m.exact = std::make_unique<GpuKvCache>(exact_twin_config(cfg, head_dim), n_layers, n_kv_heads, head_dim, max_ctx,

@@ -178,6 +178,13 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kIq4Nl,      .v = kIq4Nl,      .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
+  // NexusQuant's int8 and 2-bit E8 rows (the referee's nexusquant and e8_2), on decoded tiles alone: a row goes back
+  // through its Hadamard (and its keys through RoPE) across the warp that holds it, which a lane per position cannot
+  // do cheaply; sliding windows and pages of 8 stay on the CPU
+  {.path = kDecodedTile, .k = kNexusquant, .v = kNexusquant, .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kE8_2,       .v = kE8_2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
   {.path = kCudaCore,   .k = kInt8,      .v = kInt8,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
    .head_dims = kAllDims},
   {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,

@@ -61,6 +61,8 @@ struct CacheGeometry {
   const int* page_table;       // [max_seqs][pages_per_seq]
   const float* k_table;        // the key codec's lookup table (KvCodec::lookup_table: TurboQuant's codebook, [2^b
                                // centroids | 2^b - 1 midpoints] fp32), the CPU codec's; null for the other key codecs
+  const float* k_rope;         // keys stored without RoPE (NexusQuant's, dev::pre_rope): [max_ctx][cos d/2 | sin d/2],
+                               // rotation/rope.h's rope_angles of every position (RopeKeyCodec's table); else null
   float k_scale, v_scale;      // this layer's per-tensor scales of tensor-scaled codecs (vLLM's FP8 rows,
                                // dev::tensor_scaled: stored fp8(x / s), read fp8⁻¹(code) · s; --kv-scales), else 1
 };

@@ -523,8 +523,10 @@ void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& given_cfg
             "fit)", n_seqs, max_ctx);
   KVQ_CHECK(c.hidden_size <= kernels::kNormMaxDim, "--device cuda: hidden_size {} is wider than the GPU norm's {}",
             c.hidden_size, kernels::kNormMaxDim);
-  // The cache reads through the model's sliding windows (Mistral), as the CPU runner's does (CpuRunner::for_model).
+  // The cache stores this model's keys (its RoPE, for key codecs that store keys without it) and reads through its
+  // sliding windows (Mistral), as the CPU runner's does (CpuRunner::for_model).
   CacheConfig cache_cfg = given_cfg;
+  cache_cfg.key_rope = c.rope_inv_freq();
   cache_cfg.attn_window = c.layer_window;
   const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);

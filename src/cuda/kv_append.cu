@@ -3,7 +3,8 @@
 //           the rows are bit-identical to kv/transform.cpp), round to bf16 into the sink or the recent ring.
 //   demote: per (position, kv head, K/V), one warp: bf16 ring row -> the codec's encode_row (int rows: the group
 //           quantizer of codecs/group_quant.cpp with the same float operations, no fast math, no contraction;
-//           bf16: a copy) -> its row in the page.
+//           bf16: a copy; NexusQuant's: encode_row_at, with the position's RoPE angles for its keys) -> its row in the
+//           page.
 //   demote KIVI keys: per (block of G positions, kv head), one thread per channel: the codec's encode_block (the
 //           same quantizer over the channel's G bf16 ring values, the CPU's serial loop order) -> its
 //           layout::KiviKeyBlock in the page.
@@ -55,10 +56,12 @@ __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* it
   uint8_t* dst = dev::page_row(g, it.seq, layer, kv, head, it.pos);
   if (kv == 0) {
     if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_table, sh);
+    else if constexpr (dev::hadamard_rows<K>()) K::encode_row_at(src, dst, dev::rope_angles_of<K, D>(g, it.pos), sh);
     else if constexpr (dev::tensor_scaled<K>()) K::encode_row_scaled(src, dst, g.k_scale);
     else if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);
   } else {
     if constexpr (dev::tensor_scaled<V>()) V::encode_row_scaled(src, dst, g.v_scale);
+    else if constexpr (dev::hadamard_rows<V>()) V::encode_row_at(src, dst, nullptr, sh);
     else V::encode_row(src, dst, g.v_group, g.v_clip_index, sh);
   }
 }
