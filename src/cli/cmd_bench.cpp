@@ -485,7 +485,7 @@ std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std
   const auto measure = [=](const CacheConfig& row, const CostShape& at) {
     CacheConfig c = row;
     c.k.head_dim = c.v.head_dim = at.head_dim;
-    c = with_codec_transform(c, at.kv_heads, at.head_dim);
+    c = with_bench_rope(with_codec_transform(c, at.kv_heads, at.head_dim), at.head_dim);  // RoPE: E8's keys
     nlohmann::json j = {{"shape", at.text()}};
     double us = 0, bytes = 0;
     if (device == "cuda") {
