@@ -168,8 +168,8 @@ INSTANTIATE_TEST_SUITE_P(Oscar, GpuVsCpu,
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1, 2)),
                          case_name);
 // NexusQuant's rows (nexusquant's int8 and e8_2's 2-bit E8 points in a Hadamard domain, keys stored without RoPE): the
-// GPU undoes RoPE, transforms and rounds as the CPU does (the same bytes) and decodes its tiles back through H and RoPE.
-// No transform variant: the codecs refuse a key transform.
+// GPU undoes RoPE, transforms and rounds as the CPU does (the same bytes) and decodes its tiles back through H and
+// RoPE. No transform variant: the codecs refuse a key transform.
 INSTANTIATE_TEST_SUITE_P(Nexus, GpuVsCpu,
                          ::testing::Combine(::testing::Values("nexusquant", "e8_2"), ::testing::Values(128),
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),

@@ -583,7 +583,8 @@ TEST(RopeKeyCodec, TheCacheWrapsOnlyKeysStoredWithoutRopeAndNamesWhatIsMissing) 
 
 // The GPU runs the referee's rows, nexusquant and e8_2, at head_dim 128 on decoded tiles (cuda/gpu_instances.h; their
 // stored bytes and attention against the CPU's: tests/test_gpu_cache.cpp's Nexus cases); the ablations and the other
-// head dims have no instance: the predicate refuses them with its one line naming the pair and listing what the GPU runs.
+// head dims have no instance: the predicate refuses them with its one line naming the pair and listing what the GPU
+// runs.
 TEST(NexusQuantGpu, TheRefereeRowsRunAt128OnDecodedTilesAndTheRestAreRefusedByName) {
   for (int d : {64, 128, 256})
     for (const char* type : kTypes) {

@@ -207,20 +207,21 @@ std::string support_markdown() {
                            : "any g <= 8");
   out += "\nAll of them with BF16 sink and recent windows; a quantized per-token side's group divides head_dim. int2 "
          "takes tensor cores at head_dim 128 (one 128-value group a row), CUDA cores at the others. At head_dim 128 "
-         "the other formats run on decoded tiles: each warp decodes a tile of 16 positions to f16 in shared memory "
-         "and runs the tensor-core tile code on it (pages of a multiple of 16; sliding windows and pages of 8 take the "
+         "the other formats run on decoded tiles: each warp decodes a tile of 16 positions to f16 in shared memory and "
+         "runs the tensor-core tile code on it (pages of a multiple of 16; sliding windows and pages of 8 take the "
          "CUDA-core rows; turboquant_3bit_nc and turboquant_2bit keep their faster CUDA-core kernels). A codec the GPU "
          "runs at 128 runs at every other head_dim that the CPU takes it at, except where the GPU compiles no pair for "
-         "it: KIVI's (kivi2, kivi4) and Kitty's (kitty_int2, kitty_int2_20) at 256, whose key-block demotion would hold "
-         "G x d bf16 in shared memory (64 KB at G = 128); TurboQuant's and llama.cpp's (q8_0, q4_0) at 256, and fp8e5m2, fp8_per_token_head, q5_0, q4_1 "
-         "and iq4_nl at 96 and 256, left out of the build-time budget (a CUDA-core kernel at 256 costs 6-16 s of "
-         "ptxas; fp8e4m3, vLLM's `fp8`, runs at all four); TurboQuant's values (tqv2, tqv3, tqv4) at 96, whose only pairs are "
-         "TurboQuant keys, which like OScaR need a power-of-two head_dim for their Hadamard on either device; NexusQuant's "
-         "nexusquant and e8_2 (the referee's rows) at 64 and 256, which run on decoded tiles alone (a row goes back "
-         "through its Hadamard, and a key through RoPE at its position, across the warp that decodes it: pages of a "
-         "multiple of 16, no sliding window; their ablations nexusquant_strict, e8_2_strict and e8_2_postrope stay on "
-         "the CPU). head_dim 80 takes unquantized rows only (the other codecs take multiples of 32): bf16 on the GPU, f32, bf16 and f16 on "
-         "the CPU (the GPU stores no f32 rows at any head_dim, and f16 at 64, 96, 128 and 256).\n";
+         "it: KIVI's (kivi2, kivi4) and Kitty's (kitty_int2, kitty_int2_20) at 256, whose key-block demotion would "
+         "hold G x d bf16 in shared memory (64 KB at G = 128); TurboQuant's and llama.cpp's (q8_0, q4_0) at 256, and "
+         "fp8e5m2, fp8_per_token_head, q5_0, q4_1 and iq4_nl at 96 and 256, left out of the build-time budget (a "
+         "CUDA-core kernel at 256 costs 6-16 s of ptxas; fp8e4m3, vLLM's `fp8`, runs at all four); TurboQuant's values "
+         "(tqv2, tqv3, tqv4) at 96, whose only pairs are TurboQuant keys, which like OScaR need a power-of-two "
+         "head_dim for their Hadamard on either device; NexusQuant's nexusquant and e8_2 (the referee's rows) at 64 "
+         "and 256, which run on decoded tiles alone (a row goes back through its Hadamard, and a key through RoPE at "
+         "its position, across the warp that decodes it: pages of a multiple of 16, no sliding window; their ablations "
+         "nexusquant_strict, e8_2_strict and e8_2_postrope stay on the CPU). head_dim 80 takes unquantized rows only "
+         "(the other codecs take multiples of 32): bf16 on the GPU, f32, bf16 and f16 on the CPU (the GPU stores no "
+         "f32 rows at any head_dim, and f16 at 64, 96, 128 and 256).\n";
   return out;
 }
 

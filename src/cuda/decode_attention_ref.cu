@@ -1,9 +1,9 @@
 // The reference twin of the attention kernel (decode_attention.cu): same grid and partial format, written to be
-// obviously correct rather than fast. One block of d threads (thread = channel) walks the split's positions one
-// by one: decode the K row value of its channel (the key codec's value; KIVI keys: from the position's key block
-// and row; NexusQuant's rows: all channels back through the Hadamard together), block-reduce q·k per query head (a tree over the next power of two, zero-padded past d), online softmax
-// per head, accumulate p · v of its channel. Templated on the head dim and the codecs of the cache's instance row
-// (gpu_instances.h), whatever the row's fast path.
+// obviously correct rather than fast. One block of d threads (thread = channel) walks the split's positions one by one:
+// decode the K row value of its channel (the key codec's value; KIVI keys: from the position's key block and row;
+// NexusQuant's rows: all channels back through the Hadamard together), block-reduce q·k per query head (a tree over the
+// next power of two, zero-padded past d), online softmax per head, accumulate p · v of its channel. Templated on the
+// head dim and the codecs of the cache's instance row (gpu_instances.h), whatever the row's fast path.
 #include <cuda_runtime.h>
 
 #include "cuda/cache_device.cuh"

@@ -1,15 +1,15 @@
-// Device codecs of NexusQuant (codecs/nexus/codec_nexus.h; rows: nexus_format.h; nearest points: codecs/nexus/e8_lattice.h, shared with the
-// host so that the GPU stores the CPU's bytes): nexusquant's int8 rows and e8_2's 2-bit rows, keys stored without RoPE
-// (PRE_ROPE: both referee rows; the cache's CacheGeometry::k_rope holds the cos / sin of every position).
-// Interface: cache_device.cuh (DeviceCodecOf). Neither takes --kv-group or a clip: the group and clip arguments are
-// unused.
+// Device codecs of NexusQuant (codecs/nexus/codec_nexus.h; rows: nexus_format.h; nearest points:
+// codecs/nexus/e8_lattice.h, shared with the host so that the GPU stores the CPU's bytes): nexusquant's int8 rows and
+// e8_2's 2-bit rows, keys stored without RoPE (PRE_ROPE: both referee rows; the cache's CacheGeometry::k_rope holds the
+// cos / sin of every position). Interface: cache_device.cuh (DeviceCodecOf). Neither takes --kv-group or a clip: the
+// group and clip arguments are unused.
 //
 // A row stores a lattice point p in the Hadamard domain and its fp16 scale s: x̂ = (p · s) · H, keys then RoPE'd at
 // their position. value / values4 give ŷ = p · s (kHadamardRows); a whole row's values go back through H together:
 // finish4 (a warp holding a row of 128 values, 4 a lane: the decoded tiles) and finish_channel (a block of D threads,
 // one a channel: the reference twin), with the CPU's operations in the CPU's order (rotation/hadamard.cpp's
-// butterflies stage by stage, then the 1/√d scale; rotation/rope.cpp's rope_row), so the GPU decodes the CPU's floats.
-// The demotion (encode_row_at) undoes RoPE, transforms and rounds as NexusCodec::encode does.
+// butterflies stage by stage, then the 1/√d scale; rotation/rope.cpp's rope_row), so the GPU decodes the CPU's
+// floats. The demotion (encode_row_at) undoes RoPE, transforms and rounds as NexusCodec::encode does.
 #pragma once
 
 #include "codecs/nexus/e8_lattice.h"
