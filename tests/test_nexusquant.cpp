@@ -247,6 +247,32 @@ TEST(NexusCodec, HandWorkedRowsAtHeadDim64) {
   }
 }
 
+// decode_rows (8 rows side by side through the Hadamard, the fast path of RopeKeyCodec::scores_at) gives every row's
+// decode bit for bit, over counts that leave partial groups of 8.
+TEST(NexusCodec, DecodeRowsIsEachRowsDecodeBitForBit) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const char* type : {"nexusquant", "e8_2", "e8_2_strict"})
+    for (int d : {64, 128, 256}) {
+      const auto codec = nexus(type, d);
+      const int n_max = 21;
+      std::vector<float> x(size_t(n_max) * d), one(static_cast<size_t>(d));
+      for (float& v : x) v = nd(rng) * (1.f + 4.f * float(&v - x.data()) / float(x.size()));
+      std::vector<uint8_t> blocks(size_t(n_max) * codec->bytes_per_block());
+      for (int t = 0; t < n_max; ++t)
+        codec->encode(x.data() + size_t(t) * d, blocks.data() + size_t(t) * codec->bytes_per_block());
+      for (int n : {1, 7, 8, 9, 21}) {
+        std::vector<float> rows(size_t(n) * d, -1.f);
+        codec->decode_rows(blocks.data(), n, rows.data());
+        for (int t = 0; t < n; ++t) {
+          codec->decode(blocks.data() + size_t(t) * codec->bytes_per_block(), one.data());
+          ASSERT_EQ(std::memcmp(one.data(), rows.data() + size_t(t) * d, size_t(d) * sizeof(float)), 0)
+              << type << " d " << d << " n " << n << " row " << t;
+        }
+      }
+    }
+}
+
 TEST(NexusCodec, BytesPerBlockAndBitsAreWhatIsStored) {
   struct Case {
     const char* type;

@@ -10,6 +10,11 @@
 
 namespace kvq {
 
+void KvCodec::decode_rows(const uint8_t* blocks, int n_blocks, float* x) const {
+  const size_t rows = size_t(tokens_per_block()) * size_t(head_dim());
+  for (int b = 0; b < n_blocks; ++b) decode(blocks + size_t(b) * bytes_per_block(), x + size_t(b) * rows);
+}
+
 void KvCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   scores_ref(q, n_q, blocks, n_tokens, s);
 }

@@ -72,6 +72,9 @@ class KvCodec {
   // x: [tokens_per_block, d] floats -> one block. decode is the exact inverse map of the stored codes.
   virtual void encode(const float* x, uint8_t* block) const = 0;
   virtual void decode(const uint8_t* block, float* x) const = 0;
+  // n_blocks consecutive blocks decoded into x: [n_blocks · tokens_per_block, d], each row as decode gives it (a
+  // codec may decode several rows together: NexusCodec's Hadamard over 8 rows at a time).
+  virtual void decode_rows(const uint8_t* blocks, int n_blocks, float* x) const;
 
   // Attention primitives over n_tokens consecutive rows stored in `blocks` (n_tokens is a multiple of
   // tokens_per_block; rows are numbered from the first token of the first block).

@@ -60,8 +60,7 @@ void RopeKeyCodec::scores_at(const float* q, int n_q, const uint8_t* blocks, int
   thread_local std::vector<float> keys, scratch;  // the piece's keys, decoded and re-rotated: [n_tokens, d]
   keys.resize(size_t(n_tokens) * d);
   scratch.resize(size_t(d));
-  for (int t0 = 0; t0 < n_tokens; t0 += tpb)
-    inner_->decode(blocks + size_t(t0 / tpb) * bytes_per_block(), keys.data() + size_t(t0) * d);
+  inner_->decode_rows(blocks, n_tokens / tpb, keys.data());
   for (int t = 0; t < n_tokens; ++t) {
     const float* a = angles(pos0 + t, scratch.data());
     rope_row(keys.data() + size_t(t) * d, d, a, a + d / 2);

@@ -89,6 +89,31 @@ void NexusCodec::decode(const uint8_t* block, float* x) const {
   fwht_rows(x, 1, d_);                     // x̂ = ŷ · H
 }
 
+void NexusCodec::decode_rows(const uint8_t* blocks, int n_blocks, float* x) const {
+  constexpr int kRows = 8;
+  alignas(32) float y[kMaxDim][kRows];  // 8 rows' values side by side: y[c][r]
+  float p[kMaxDim];
+  const float norm = 1.f / std::sqrt(float(d_));  // rotation/hadamard.cpp's fwht_rows
+  for (int t0 = 0; t0 < n_blocks; t0 += kRows) {
+    const int n = std::min(kRows, n_blocks - t0);
+    for (int r = 0; r < kRows; ++r) {
+      const float s = r < n ? points(blocks + size_t(t0 + r) * bytes_per_block(), p) : 0.f;
+      for (int c = 0; c < d_; ++c) y[c][r] = r < n ? p[c] * s : 0.f;  // ŷ, as decode
+    }
+    for (int h = 1; h < d_; h *= 2)  // hadamard.cpp's butterflies, a row per lane
+      for (int i = 0; i < d_; i += 2 * h)
+        for (int j = i; j < i + h; ++j)
+#pragma GCC unroll 8
+          for (int r = 0; r < kRows; ++r) {
+            const float a = y[j][r], b = y[j + h][r];
+            y[j][r] = a + b;
+            y[j + h][r] = a - b;
+          }
+    for (int r = 0; r < n; ++r)
+      for (int c = 0; c < d_; ++c) x[size_t(t0 + r) * d_ + c] = y[c][r] * norm;
+  }
+}
+
 RowsView NexusCodec::rows(const uint8_t* blocks, int n_tokens) const {
   RowsView r;
   r.rows = blocks;
