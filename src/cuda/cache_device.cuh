@@ -121,11 +121,7 @@ struct DeviceCodecOf;
 // Whether device codec C stores token-scaled keys (C::kTokenScaled, false when C does not say).
 template <class C>
 constexpr bool token_scaled() {
-  if constexpr (requires { C::kTokenScaled; }) {
-    return C::kTokenScaled;
-  } else {
-    return false;
-  }
+  return requires { requires C::kTokenScaled; };
 }
 
 // s[h] += q_h · k̂ for the g <= GQ queries qs[h][:], the row decoded 4 channels at a time by C::values4: the scores of
@@ -145,22 +141,14 @@ __device__ __forceinline__ void score_by_values4(const void* p, int row, int gro
 }
 
 // Whether device codec C stores its rows in a Hadamard domain (C::kHadamardRows: NexusQuant's), and whether its keys
-// are stored without RoPE (C::kPreRope).
+// are stored without RoPE (C::kPreRope); false when C does not say.
 template <class C>
 constexpr bool hadamard_rows() {
-  if constexpr (requires { C::kHadamardRows; }) {
-    return C::kHadamardRows;
-  } else {
-    return false;
-  }
+  return requires { requires C::kHadamardRows; };
 }
 template <class C>
 constexpr bool pre_rope() {
-  if constexpr (requires { C::kPreRope; }) {
-    return C::kPreRope;
-  } else {
-    return false;
-  }
+  return requires { requires C::kPreRope; };
 }
 // The angles (cos d/2 | sin d/2) of position pos for keys stored without RoPE (C::kPreRope), else null.
 template <class C, int D>
@@ -173,14 +161,11 @@ __device__ __forceinline__ const float* rope_angles_of(const CacheGeometry& g, i
 }
 
 // Whether device codec C takes the layer's per-tensor scale s (C::kTensorScaled: vLLM's FP8 rows; CacheGeometry::k_scale
-// / v_scale): its rows are encoded from x / s (C::encode_row_scaled) and the kernels multiply what it decodes by s.
+// / v_scale): its rows are encoded from x / s (C::encode_row_scaled) and the kernels multiply what it decodes by s;
+// false when C does not say.
 template <class C>
 constexpr bool tensor_scaled() {
-  if constexpr (requires { C::kTensorScaled; }) {
-    return C::kTensorScaled;
-  } else {
-    return false;
-  }
+  return requires { requires C::kTensorScaled; };
 }
 
 // A key codec that decodes with its lookup table (KvCodec::lookup_table, uploaded as CacheGeometry::k_table:

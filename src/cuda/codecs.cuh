@@ -17,6 +17,14 @@
 
 namespace kvq::cuda {
 
+// The trait probes of cache_device.cuh read what a codec says, and false where it says nothing.
+static_assert(dev::token_scaled<dev::DeviceCodecOf<CodecId::kOscarInt2>::type<128>>() &&
+              dev::tensor_scaled<dev::DeviceCodecOf<CodecId::kFp8e4m3>::type<128>>() &&
+              dev::hadamard_rows<dev::DeviceCodecOf<CodecId::kE8_2>::type<128>>() &&
+              dev::pre_rope<dev::DeviceCodecOf<CodecId::kE8_2>::type<128>>());
+static_assert(!dev::token_scaled<dev::Bf16Rows<128>>() && !dev::tensor_scaled<dev::Bf16Rows<128>>() &&
+              !dev::hadamard_rows<dev::Bf16Rows<128>>() && !dev::pre_rope<dev::Bf16Rows<128>>());
+
 // The value rows of D values of a DeviceCodecOf: its ::values<D> when it names them (OScaR), else its ::type<D>.
 template <class C, int D>
 struct ValueRowsOf {
