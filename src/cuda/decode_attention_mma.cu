@@ -132,8 +132,10 @@ struct Decoded {
 // (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
 // in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
 // and TurboQuant's codebook keys are centroids times the row's factor, whose sum of squares the D / 4 lanes of the row
-// add by an xor butterfly. NexusQuant's rows (dev::hadamard_rows) go back through their Hadamard across the warp, which
-// holds one row (D = 128), and keys stored without RoPE get it at their position p0 + r.
+// add by an xor butterfly. NexusQuant's keys (dev::hadamard_rows) go back through their Hadamard across the warp,
+// which holds one row (D = 128), and keys stored without RoPE get it at their position p0 + r; its values stay in the
+// Hadamard domain (ŷ), and the block's sums of P' · ŷ go through the Hadamard once at the end (attend_block), since
+// it is linear: 16 rows' transforms a tile become g rows' a block.
 template <class K, class V, int D>
 __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* hp, int j0, int nv, int p0,
                                             const float* nu, uint8_t* dst, int lane) {
@@ -182,8 +184,7 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
 #pragma unroll
       for (int e = 0; e < 4; ++e) k[e] *= geo.k_scale;
     }
-    V::values4(hp + geo.k_region + int64_t(j) * geo.v_row, 0, geo.v_group, c0, v);
-    if constexpr (dev::hadamard_rows<V>()) V::finish4(v, lane, nullptr);
+    V::values4(hp + geo.k_region + int64_t(j) * geo.v_row, 0, geo.v_group, c0, v);  // NexusQuant's: ŷ
     if constexpr (dev::tensor_scaled<V>()) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] *= geo.v_scale;
@@ -707,6 +708,19 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       const float field = VQ ? kTwo24 / float(1 << (2 * (mt / 2))) : 1.f;  // m-tile mt = 2k + h holds field k
       sh.acc[warp][h][d0] = acc[mt][j] * field - zsum[j];
       sh.acc[warp][h][d1] = acc[mt][2 + j] * field - zsum[j];
+    }
+  }
+  if constexpr (kDecoded) {
+    using V = typename Dec::Values;
+    if constexpr (dev::hadamard_rows<V>()) {  // NexusQuant's values were summed as ŷ: the warp's g rows through H once
+      __syncwarp();
+      for (int h = 0; h < g; ++h) {
+        float* out = sh.acc[warp][h] + 4 * lane;
+        float v[4] = {out[0], out[1], out[2], out[3]};
+        V::finish4(v, lane, nullptr);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[e] = v[e];
+      }
     }
   }
   __syncthreads();

@@ -5,11 +5,12 @@
 // group and clip arguments are unused.
 //
 // A row stores a lattice point p in the Hadamard domain and its fp16 scale s: x̂ = (p · s) · H, keys then RoPE'd at
-// their position. value / values4 give ŷ = p · s (kHadamardRows); a whole row's values go back through H together:
-// finish4 (a warp holding a row of 128 values, 4 a lane: the decoded tiles) and finish_channel (a block of D threads,
-// one a channel: the reference twin), with the CPU's operations in the CPU's order (rotation/hadamard.cpp's
-// butterflies stage by stage, then the 1/√d scale; rotation/rope.cpp's rope_row), so the GPU decodes the CPU's
-// floats. The demotion (encode_row_at) undoes RoPE, transforms and rounds as NexusCodec::encode does.
+// their position. value / values4 give ŷ = p · s (kHadamardRows); a whole row goes back through H together:
+// finish4 (a warp holding a row of 128 values, 4 a lane: the decoded tiles' keys, and the sums of P' · ŷ that their
+// values leave, since Σ P' · ŷ · H = (Σ P' · ŷ) · H) and finish_channel (a block of D threads, one a channel: the
+// reference twin), with the CPU's operations in the CPU's order (rotation/hadamard.cpp's butterflies stage by stage,
+// then the 1/√d scale; rotation/rope.cpp's rope_row), so the GPU decodes the CPU's floats. The demotion
+// (encode_row_at) undoes RoPE, transforms and rounds as NexusCodec::encode does.
 #pragma once
 
 #include "codecs/nexus/e8_lattice.h"
