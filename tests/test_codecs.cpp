@@ -583,11 +583,12 @@ TEST(Codecs, SharedGroupQuantizerEqualsThePreviousOneBitForBit) {
         case 4: std::fill(x.begin(), x.end(), -0.f); break;        // signed zeros
         case 5: std::fill(x.begin(), x.end(), 0.f), x[7] = 3.f; break;  // one outlier
         case 6: x[3] = inf; break;
+        case 7: x[5] = NAN; break;                                   // a NaN (the threshold takes the selection)
         case 8: x[1] = 70000.f, x[2] = -70000.f; break;              // an fp16-overflowing range
         default: break;
       }
       for (int bits : {2, 4, 8})
-        for (float clip : {1.0f, 0.96f, 0.9f, 0.5f}) {
+        for (float clip : {1.0f, 0.99f, 0.96f, 0.92f, 0.9f, 0.5f}) {  // 0.5: past the small top-m path
           std::vector<uint8_t> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
           const GroupQuant a = quantize_group(x.data(), n, bits, clip, got.data());
           const GroupQuant b = previous_quantize_group(x.data(), n, bits, clip, want.data());
@@ -605,5 +606,5 @@ TEST(Codecs, SharedGroupQuantizerEqualsThePreviousOneBitForBit) {
           ++checked;
         }
     }
-  EXPECT_EQ(checked, 3 * 60 * 3 * 4);
+  EXPECT_EQ(checked, 3 * 60 * 3 * 6);
 }
