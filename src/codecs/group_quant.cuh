@@ -1,7 +1,8 @@
 // The group quantizer of codecs/group_quant.cpp on the device, in the two shapes the demotion kernels need: one group
 // by a warp (per-token rows, codec_int.cuh) and one group serially by one thread (a KIVI key channel over its G
 // tokens, codec_kivi.cuh). The per-element maths (scale and zero rounding, degenerate groups, codes) is
-// codecs/group_quant.h's, shared with the host; the clip threshold (the CPU's nth_element) is found by counting.
+// codecs/group_quant.h's, shared with the host; the clip threshold (the order statistic the CPU selects) is found
+// by counting.
 #pragma once
 
 #include "codecs/group_quant.h"
@@ -91,7 +92,7 @@ __device__ GroupParamsF quantize_params_serial(const X& x, int n, int clip_index
     float m = 0.f;
     for (int i = 0; i < n; ++i) m = fmaxf(m, fabsf(x(i)));
     q.thr = m;
-  } else {  // the clip_index-th smallest |x| (nth_element), by counting
+  } else {  // the clip_index-th smallest |x| (the CPU's order statistic), by counting
     for (int i = 0; i < n; ++i) {
       const float a = fabsf(x(i));
       int less = 0, leq = 0;
