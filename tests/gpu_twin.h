@@ -132,8 +132,10 @@ struct Twin {
       const auto k = random_rows(rng, rows, kKv, data, 1.f, d), v = random_rows(rng, rows, kKv, data, 1.f, d);
       const auto q = random_rows(rng, rows, kHeads, data, 0.7f, d);
       Dev<float> dk(k), dv(v), dq(q), dout(q.size());
-      gpu.append(l, dk.get(), dv.get());
-      if (compare) gpu.attention(l, dq.get(), kHeads, dout.get());
+      if (compare)
+        gpu.append_and_attend(l, dk.get(), dv.get(), dq.get(), kHeads, dout.get());
+      else
+        gpu.append(l, dk.get(), dv.get());
       cuda::sync("test step");
       std::vector<float> got(q.size()), want(q.size());
       dout.buf.download(got.data(), got.size() * sizeof(float));
@@ -148,11 +150,13 @@ struct Twin {
         tf.keys(l, nb, kb.data());
         tf.values(l, nb, vb.data());
         tf.queries(l, nb, kHeads, qb.data());
-        cpu.append(s, l, pos0, nb, kb.data(), vb.data());
-        if (compare)
-          cache_attention(cpu, s, l, pos0, nb, qb.data(), want.data() + size_t(r0) * kHeads * d,
-                        AttentionShape{kHeads, kKv, d}, pool);
-        if (compare) tf.outputs(l, nb, kHeads, want.data() + size_t(r0) * kHeads * d);
+        if (compare) {
+          append_and_attend(cpu, s, l, pos0, nb, kb.data(), vb.data(), qb.data(),
+                            want.data() + size_t(r0) * kHeads * d, AttentionShape{kHeads, kKv, d}, pool);
+          tf.outputs(l, nb, kHeads, want.data() + size_t(r0) * kHeads * d);
+        } else {
+          cpu.append(s, l, pos0, nb, kb.data(), vb.data());
+        }
         r0 += nb;
       }
       if (compare) {
@@ -240,8 +244,7 @@ inline std::vector<float> decode_once(const CacheConfig& cfg, int len, int split
   c.set_split_tokens(split_tokens);
   c.set_reference_attention(reference);
   c.begin_step({s}, {1});
-  c.append(0, k.get(), v.get());
-  c.attention(0, q.get(), kHeads, out.get());
+  c.append_and_attend(0, k.get(), v.get(), q.get(), kHeads, out.get());
   c.commit_step();
   cuda::sync("decode_once");
   std::vector<float> o(size_t(kHeads) * d);

@@ -118,7 +118,8 @@ void expect_view_matches(const KvCache& cache, const ReferenceKv& ref, const Dec
   }
 }
 
-// Appends n_tokens in chunks and checks the decode view of the first and last query of every chunk.
+// Appends n_tokens in chunks and checks the decode view of the first and last query of every chunk's round (a chunk
+// is appended and attended append_tokens rows at a time: the ring holds no more).
 void run_demotion_case(const std::string& type, int sink, int recent, int page, int chunk, int n_tokens,
                        const std::string& window = "") {
   const int n_kv = 2, d = 64, group = 32;
@@ -134,16 +135,20 @@ void run_demotion_case(const std::string& type, int sink, int recent, int page, 
     const int n = std::min(chunk, n_tokens - p);
     const auto k = random_rows(rng, n, n_kv, d, 2.f), v = random_rows(rng, n, n_kv, d, 0.f);
     cache.reserve(seq, n);
-    cache.append(seq, 0, p, n, k.data(), v.data());
-    cache.commit(seq, n);
-    ref.append(n, k.data(), v.data());
-    for (int t = p; t < p + n; ++t) ASSERT_EQ(cache.quant_end(t), ref.quant_end(t)) << what;
-    for (int h = 0; h < n_kv; ++h) {
-      const DecodedView dv = decode_view(cache, seq, h, p, p + n - 1);
-      expect_view_matches(cache, ref, dv, h, p, what);
-      expect_view_matches(cache, ref, dv, h, p + n - 1, what);
-      if (::testing::Test::HasFatalFailure()) return;
+    for (int r = 0; r < n; r += cache.layout().append_tokens) {
+      const int m = std::min(cache.layout().append_tokens, n - r), a = p + r;
+      const size_t at = size_t(r) * n_kv * d;
+      cache.append(seq, 0, a, m, k.data() + at, v.data() + at);
+      ref.append(m, k.data() + at, v.data() + at);
+      for (int t = a; t < a + m; ++t) ASSERT_EQ(cache.quant_end(t), ref.quant_end(t)) << what;
+      for (int h = 0; h < n_kv; ++h) {
+        const DecodedView dv = decode_view(cache, seq, h, a, a + m - 1);
+        expect_view_matches(cache, ref, dv, h, a, what);
+        expect_view_matches(cache, ref, dv, h, a + m - 1, what);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
     }
+    cache.commit(seq, n);
   }
 }
 
@@ -326,22 +331,25 @@ TEST(CacheAttention, SlidingWindowReadsOnlyTheWindowAndMatchesTheReference) {
       KvCache cache(cfg, 1, 2, 128, 1000);
       std::mt19937 rng{7};
       const int seq = cache.new_sequence();
-      for (int p = 0; p < 900; p += 300) {
-        const auto k = random_rows(rng, 300, 2, 128, 1.f), v = random_rows(rng, 300, 2, 128, 0.f);
-        cache.reserve(seq, 300);
-        cache.append(seq, 0, p, 300, k.data(), v.data());
-        cache.commit(seq, 300);
-      }
       const int slack = cache.codec_block_tokens() - 1;  // a quantized run starts on a codec block
-      for (int t_first : {0, 20, 400, 850}) {
-        std::vector<KvCache::Run> runs;
-        cache.runs(seq, 0, 1, t_first, 899, runs);
-        int first = 1 << 30;
-        for (const KvCache::Run& r : runs) first = std::min(first, r.pos0);
-        const int lo = std::max(0, t_first - w + 1);
-        EXPECT_GE(first, lo - slack) << type << " window " << w << " chunk from " << t_first;
-        EXPECT_LE(first, lo) << type << " window " << w << " chunk from " << t_first;
+      for (int p = 0; p < 900; p += 100) {  // rounds the ring holds; the runs of the queries of each
+        const auto k = random_rows(rng, 100, 2, 128, 1.f), v = random_rows(rng, 100, 2, 128, 0.f);
+        cache.reserve(seq, 100);
+        cache.append(seq, 0, p, 100, k.data(), v.data());
+        cache.commit(seq, 100);
+        for (int t_first : {p, p + 20, p + 99}) {  // the window's start in the sinks, the pages and the ring
+          std::vector<KvCache::Run> runs;
+          cache.runs(seq, 0, 1, t_first, p + 99, runs);
+          int first = 1 << 30;
+          for (const KvCache::Run& r : runs) first = std::min(first, r.pos0);
+          const int lo = std::max(0, t_first - w + 1);
+          EXPECT_GE(first, lo - slack) << type << " window " << w << " queries from " << t_first;
+          EXPECT_LE(first, lo) << type << " window " << w << " queries from " << t_first;
+        }
       }
+      // Queries past the rows the ring still holds are refused (they would read rows later appends overwrote).
+      std::vector<KvCache::Run> runs;
+      EXPECT_THROW(cache.runs(seq, 0, 1, 100, 899, runs), Error) << type << " window " << w;
     }
 }
 

@@ -114,8 +114,7 @@ struct Pair {
       std::vector<int> seqs;
       for (int b : idx) seqs.push_back((*ids)[size_t(b)]);
       c->begin_step(seqs, n);
-      c->append(0, dk.get(), dv.get());
-      c->attention(0, dq.get(), n_heads, out->get());
+      c->append_and_attend(0, dk.get(), dv.get(), dq.get(), n_heads, out->get());
       c->commit_step();
     }
     cuda::sync("prefill test step");
@@ -243,8 +242,7 @@ TEST(GpuPrefillDispatch, MixedStepSplitsRowsBetweenTheKernels) {
   std::vector<float> k = random_rows(rng, n_small + 1, 2), v = k, q = random_rows(rng, n_small + 1, 8);
   Dev dk(k), dv(v), dq(q), out(q);
   p.fast.begin_step({p.fast_ids[0], p.fast_ids[1]}, {n_small, 1});
-  p.fast.append(0, dk.get(), dv.get());
-  p.fast.attention(0, dq.get(), 8, out.get());
+  p.fast.append_and_attend(0, dk.get(), dv.get(), dq.get(), 8, out.get());
   p.fast.commit_step();
   cuda::sync("below the threshold");
   EXPECT_EQ(p.fast.prefill_kernel_calls(), before) << "a chunk of " << n_small << " rows took the prefill kernel";
@@ -269,8 +267,7 @@ TEST(GpuPrefillDispatch, SplitKvResultEqualsUnsplit) {
         const auto k = random_rows(rng, n, 2), v = random_rows(rng, n, 2), q = random_rows(rng, n, 8, 0.7f);
         Dev dk(k), dv(v), dq(q), out(q);
         c.begin_step({s}, {n});
-        c.append(0, dk.get(), dv.get());
-        c.attention(0, dq.get(), 8, out.get());
+        c.append_and_attend(0, dk.get(), dv.get(), dq.get(), 8, out.get());
         c.commit_step();
         cuda::sync("split test");
         last.resize(q.size());
@@ -300,17 +297,16 @@ void chunk_matches_the_cpu_cache(const char* type, int d) {
     const auto q = random_rows(rng, n, kHeads, 0.7f, d);
     Dev dk(k), dv(v), dq(q), out(q);
     gpu.begin_step({gs}, {n});
-    gpu.append(0, dk.get(), dv.get());
-    gpu.attention(0, dq.get(), kHeads, out.get());
+    gpu.append_and_attend(0, dk.get(), dv.get(), dq.get(), kHeads, out.get());
     gpu.commit_step();
     cuda::sync("cpu comparison");
     std::vector<float> got(q.size()), want(q.size()), qs = q;
     out.buf.download(got.data(), got.size() * sizeof(float));
     const int pos0 = cpu.length(cs);
     cpu.reserve(cs, n);
-    cpu.append(cs, 0, pos0, n, k.data(), v.data());
     for (float& x : qs) x *= 1.f / std::sqrt(float(d));  // cache_attention takes pre-scaled queries
-    cache_attention(cpu, cs, 0, pos0, n, qs.data(), want.data(), AttentionShape{kHeads, kKv, d}, pool);
+    append_and_attend(cpu, cs, 0, pos0, n, k.data(), v.data(), qs.data(), want.data(), AttentionShape{kHeads, kKv, d},
+                      pool);
     cpu.commit(cs, n);
     // the CPU's own fast path rounds operands too (int2 of one group: to int8 on AVX2 and AVX-512 VNNI;
     // tests/test_gpu_cache.cpp)
@@ -388,8 +384,7 @@ TEST(GpuPrefillDispatch, OtherCodecsKeepThePerRowPathAndTheLogNamesIt) {
   const auto k = random_rows(rng, 200, 2), q = random_rows(rng, 200, 8);
   Dev dk(k), dq(q), out(q);
   c.begin_step({s}, {200});
-  c.append(0, dk.get(), dk.get());
-  c.attention(0, dq.get(), 8, out.get());
+  c.append_and_attend(0, dk.get(), dk.get(), dq.get(), 8, out.get());
   c.commit_step();
   cuda::sync("int4 prefill");
   EXPECT_EQ(c.prefill_kernel_calls(), 0);

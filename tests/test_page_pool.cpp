@@ -92,7 +92,7 @@ CacheFootprint footprint_before_layout(const KvCache& c, int n) {
 size_t windows_before_pool(const KvCache& c) {
   const CacheConfig& cfg = c.config();
   const KvCodec &k = c.k_codec(), &v = c.v_codec();
-  const size_t ring = size_t(cfg.recent + c.block_tokens() + cfg.max_chunk);
+  const size_t ring = size_t(cfg.recent + c.block_tokens() + std::min(cfg.max_chunk, kAppendTokens));  // one append
   const size_t body_row = window_quantized(cfg) ? k.bytes_per_block() + v.bytes_per_block() : 0;  // per-token rows
   return size_t(c.n_layers()) * 2 * c.n_kv_heads() * (cfg.sink + ring) * c.window_codec().bytes_per_block() +
          size_t(c.n_layers()) * c.n_kv_heads() * ring * body_row;
@@ -251,7 +251,7 @@ TEST(CacheLayout, DemotionBlockThatIsNotAPositiveMultipleOfTheCodecBlockIsOneErr
   CacheConfig int2 = config("int2", "int2", 128, "bf16", 64, 256, 128, 512);
   int2.demote_block = 7;
   EXPECT_EQ(cache_layout(int2, 1, 2, 128).block_tokens, 7);
-  EXPECT_EQ(cache_layout(int2, 1, 2, 128).ring_tokens, 256 + 7 + 512);
+  EXPECT_EQ(cache_layout(int2, 1, 2, 128).ring_tokens, 256 + 7 + 128);  // W + B + the rows of one append, not 512
 }
 
 TEST(PagePool, ReserveTakesPagesInOrderAndFreeReturnsThemForReuse) {

@@ -42,6 +42,25 @@ void cache_attention(const KvCache& cache, std::span<const AttentionJob> jobs, i
 void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, const float* q, float* out,
                      const AttentionShape& shape, ThreadPool& pool);
 
+// One sequence's rows of a step at one layer: its keys and values, appended, and its queries, attended.
+struct AppendJob {
+  int seq, pos0, n;
+  const float* k;  // [n, n_kv_heads, d] keys and values for positions [pos0, pos0 + n), as KvCache::append takes them
+  const float* v;
+  const float* q;  // [n, n_heads, d] and [n, n_heads, d]: as AttentionJob
+  float* out;
+};
+
+// A model step's cache work at one layer: every job's rows appended and its queries attended, in rounds of
+// cache.layout().append_tokens rows (each round appends the jobs' next rows, then attends their queries), since the
+// ring holds no more than one round beyond the window. Every query reads the rows it would with a ring as long as
+// the chunk (a round's job may split its KV runs differently: the same result up to the merge's rounding).
+void append_and_attend(KvCache& cache, std::span<const AppendJob> jobs, int layer, const AttentionShape& shape,
+                       ThreadPool& pool);
+// One sequence's: the batch of one job.
+void append_and_attend(KvCache& cache, int seq, int layer, int pos0, int n, const float* k, const float* v,
+                       const float* q, float* out, const AttentionShape& shape, ThreadPool& pool);
+
 // Online-softmax state of a set of query rows over some keys: running max m, sum l and weighted sum acc.
 struct SoftmaxState {
   std::vector<float> m, l, acc;  // [rows], [rows], [rows, d]

@@ -172,14 +172,23 @@ struct GpuKvCache::Impl {
   // The step.
   bool in_step = false;
   std::vector<int> step_seqs, step_n;
-  std::vector<RowDesc> rows_host;       // [rows] then [demote items]
+  std::vector<RowDesc> rows_host;       // [rows] then [demote items], each in round order
   int n_rows = 0, n_items = 0;
   DeviceBuffer desc;                    // RowDesc[rows + items]
+  // The step's rounds (kv/cache_layout.h): round r appends and attends rows [r A, (r + 1) A) of each sequence's
+  // chunk (A = layout.append_tokens), so the ring never holds more than one round beyond the window. Its rows are
+  // desc[row0, row0 + n_rows), its demotion items desc[n_rows (the step's) + item0, ... + n_items). A step of one
+  // round (every decode step) has the rows in step order.
+  struct Round {
+    int row0 = 0, n_rows = 0, item0 = 0, n_items = 0;
+  };
+  std::vector<Round> rounds;
+  DeviceBuffer append_index;            // int[rows]: the step row (of k / v) of each desc row; steps of several rounds
   DeviceBuffer q_work, part_acc, part_ml;
   DeviceBuffer arrivals;                // int[decode rows][n_kv]: the fused merge's counts, zero between launches
   int split_tokens = 0;                 // 0 = automatic
-  // The step's attention plan (plan_attention), the same for every layer: which rows take which kernel, and each
-  // kernel's splits.
+  // The step's attention plan (plan_attention), one per round, the same for every layer: which rows take which kernel,
+  // and each kernel's splits.
   struct Plan {
     int n_heads = 0;                    // query heads it is for; 0 = not planned yet this step
     int n_dec = 0;                      // rows of the decode kernels: all n_rows, or the subset decode_desc names
@@ -188,7 +197,11 @@ struct GpuKvCache::Impl {
     int n_win = 1;                      // decode, tensor-core path: blocks per (row, kv head) over the bf16 windows
     int n_pf = 0, n_tiles = 0;          // prefill kernel: rows (prefill_index) and query tiles (prefill_tiles)
     int pf_split = 0, pf_splits = 0;    // prefill kernel: positions per KV split, splits of its longest view
-  } plan;
+    int dec_off = 0, tile_off = 0, pf_off = 0;  // the round's first entries of decode_desc / _index, prefill_tiles,
+                                                // prefill_index
+  };
+  std::vector<Plan> plans;              // [rounds]
+  int plan_heads = 0;                   // query heads `plans` is for; 0 = not planned yet this step
   int resident_heads = 0;               // n_heads that `resident` was measured for (0 = not yet)
   int64_t resident = 0;                 // attention blocks the GPU holds at once (SMs x blocks per SM)
   int64_t prefill_resident = 0;         // prefill blocks the GPU holds at once (0 = not measured yet)
@@ -217,7 +230,7 @@ struct GpuKvCache::Impl {
     table_dirty = false;
   }
   std::vector<int64_t> window_base_host;  // the upload's source (pageable: read by the time cudaMemcpyAsync returns)
-  const Plan& plan_attention(int n_heads);
+  const std::vector<Plan>& plan_attention(int n_heads);
   // The config's transform on the device (identity() = none).
   void upload_transform(const KvTransform& t);
   static void grow(DeviceBuffer& b, size_t bytes) {
@@ -339,7 +352,7 @@ void GpuKvCache::set_reference_attention(bool on) { impl_->reference = on; }
 void GpuKvCache::set_prefill_rows(int n) {
   KVQ_CHECK(n >= 0, "GPU KV cache: prefill rows {} must be >= 0 (0 = every chunk row by row)", n);
   impl_->prefill_rows = n;
-  impl_->plan = {};  // the next attention() re-plans, also inside a step
+  impl_->plan_heads = 0;  // the next attention() re-plans, also inside a step
 }
 int64_t GpuKvCache::prefill_kernel_calls() const { return impl_->prefill_calls; }
 bool GpuKvCache::prefill_kernel_available() const { return impl_->prefill_ok; }
@@ -581,19 +594,33 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
   if (m.pool->used_pages() != used) m.table_dirty = true;
   m.rows_host.clear();
   std::vector<RowDesc> items;
-  for (size_t b = 0; b < seqs.size(); ++b) {
-    const int s = seqs[b], len = m.pool->length(s), end = len + n[b];
-    for (int i = 0; i < n[b]; ++i) m.rows_host.push_back({s, len + i});
-    for (int p = std::max(m.cfg.sink, m.quant_end(len - 1)); p < m.quant_end(end - 1); ++p) items.push_back({s, p});
+  std::vector<int> step_row0(seqs.size()), act;
+  const int A = m.layout.append_tokens;
+  int longest = 0, row = 0;
+  for (size_t b = 0; b < seqs.size(); ++b) step_row0[b] = row, row += n[b], longest = std::max(longest, n[b]);
+  m.rounds.assign(size_t((longest + A - 1) / A), {});
+  for (size_t r = 0; r < m.rounds.size(); ++r) {
+    Impl::Round& rd = m.rounds[r];
+    rd.row0 = int(m.rows_host.size()), rd.item0 = int(items.size());
+    const int a = int(r) * A;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      if (a >= n[b]) continue;
+      const int s = seqs[b], len = m.pool->length(s), e = std::min(n[b], a + A);
+      for (int i = a; i < e; ++i) m.rows_host.push_back({s, len + i}), act.push_back(step_row0[b] + i);
+      for (int p = std::max(m.cfg.sink, m.quant_end(len + a - 1)); p < m.quant_end(len + e - 1); ++p)
+        items.push_back({s, p});
+    }
+    rd.n_rows = int(m.rows_host.size()) - rd.row0, rd.n_items = int(items.size()) - rd.item0;
   }
   m.n_rows = int(m.rows_host.size());
   m.n_items = int(items.size());
   m.rows_host.insert(m.rows_host.end(), items.begin(), items.end());
   if (m.table_dirty) m.upload_tables();
   m.upload(m.desc, m.rows_host.data(), m.rows_host.size() * sizeof(RowDesc));
+  if (m.rounds.size() > 1) m.upload(m.append_index, act.data(), act.size() * sizeof(int));
   m.step_seqs = seqs;
   m.step_n = n;
-  m.plan = {};
+  m.plan_heads = 0;
   m.in_step = true;
 }
 
@@ -603,18 +630,39 @@ void GpuKvCache::append(int layer, const float* d_k, const float* d_v) {
   Impl& m = *impl_;
   KVQ_CHECK(m.in_step, "GPU KV cache: append outside a step (begin_step first)");
   KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
+  for (size_t r = 0; r < m.rounds.size(); ++r) append_round(layer, d_k, d_v, int(r));
+}
+
+void GpuKvCache::append_round(int layer, const float* d_k, const float* d_v, int round) {
+  Impl& m = *impl_;
+  const Impl::Round& rd = m.rounds[size_t(round)];
   const RowDesc* rows = m.desc.as<RowDesc>();
+  const int* act = m.rounds.size() > 1 ? m.append_index.as<int>() + rd.row0 : nullptr;
   const CacheGeometry& g = m.geo[size_t(layer)];
-  check(launch_append_rows(g, layer, rows, m.n_rows, d_k, d_v, m.tptrs, m.stream), "GPU KV cache: append kernel");
-  check(launch_demote_rows(g, layer, rows + m.n_rows, m.n_items, m.stream), "GPU KV cache: demote kernel");
-  if (m.step_exact) m.exact->append(layer, d_k, d_v);
+  check(launch_append_rows(g, layer, rows + rd.row0, act, rd.n_rows, d_k, d_v, m.tptrs, m.stream),
+        "GPU KV cache: append kernel");
+  check(launch_demote_rows(g, layer, rows + m.n_rows + rd.item0, rd.n_items, m.stream), "GPU KV cache: demote kernel");
+  if (m.step_exact) m.exact->append_round(layer, d_k, d_v, round);  // the same rounds: the same chunk sizes
+}
+
+void GpuKvCache::append_and_attend(int layer, const float* d_k, const float* d_v, const float* d_q, int n_heads,
+                                   float* d_out) {
+  Impl& m = *impl_;
+  KVQ_CHECK(m.in_step, "GPU KV cache: append outside a step (begin_step first)");
+  KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
+  bool prefill = false;
+  for (size_t r = 0; r < m.rounds.size(); ++r) {
+    append_round(layer, d_k, d_v, int(r));
+    prefill |= attention_round(layer, d_q, n_heads, d_out, int(r));
+  }
+  (m.step_exact ? *m.exact->impl_ : m).prefill_calls += prefill;  // counted by the cache whose rows it read
 }
 
 // Which rows take which kernel (the one dispatch point of attention()), the split sizes of each for the step's views
-// and n_heads query heads, and scratch for their partials.
-const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
+// and n_heads query heads, and scratch for their partials: one plan per round, the rows of every round in one upload.
+const std::vector<GpuKvCache::Impl::Plan>& GpuKvCache::Impl::plan_attention(int n_heads) {
   KVQ_CHECK(in_step, "GPU KV cache: attention outside a step (begin_step first)");
-  if (plan.n_heads == n_heads) return plan;
+  if (plan_heads == n_heads) return plans;
   KVQ_CHECK(n_heads >= n_kv && n_heads % n_kv == 0 && n_heads / n_kv <= kMaxGroupHeads,
             "GPU attention: {} query heads over {} kv heads is not supported (GQA group of 1 .. {})", n_heads, n_kv,
             kMaxGroupHeads);
@@ -632,46 +680,54 @@ const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
     resident_heads = n_heads;
   }
 
-  // The dispatch: a sequence of >= prefill_rows rows takes the prefill kernel, the other rows the decode kernels.
+  // The dispatch: a sequence whose round has >= prefill_rows rows takes the prefill kernel for them, the other rows
+  // the decode kernels. A round's rows of sequence b are its step rows [row_b + a, row_b + e).
   std::vector<RowDesc> dec_rows;
   std::vector<int> dec_index, pf_index;
   std::vector<PrefillTile> tiles;
-  int row = 0, dec_view = 0, pf_view = 0;
-  for (size_t b = 0; b < step_seqs.size(); ++b) {
-    const int s = step_seqs[b], n = step_n[b], pos0 = pool->length(s);
-    if (prefill_ok && !reference && prefill_rows > 0 && n >= prefill_rows) {
-      const int lrow0 = int(pf_index.size());
-      for (int i = 0; i < n; ++i) pf_index.push_back(row + i);
-      for (int r0 = 0; r0 < n * g; r0 += kPrefillTileRows) tiles.push_back({s, pos0, n, lrow0, r0});
-      pf_view = std::max(pf_view, pos0 + n);
-    } else {
-      for (int i = 0; i < n; ++i) dec_rows.push_back({s, pos0 + i}), dec_index.push_back(row + i);
-      dec_view = std::max(dec_view, pos0 + n);
+  const int A = layout.append_tokens;
+  const bool several = rounds.size() > 1;
+  plans.assign(rounds.size(), Plan{});
+  size_t parts = 0;  // partial slots x g of the largest launch (they run one after the other and share the scratch)
+  int most_dec = 0;
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    Plan& plan = plans[r];
+    plan.n_heads = n_heads;
+    plan.dec_off = int(dec_rows.size()), plan.tile_off = int(tiles.size()), plan.pf_off = int(pf_index.size());
+    const int a = int(r) * A;
+    int row = 0, dec_view = 0, pf_view = 0;
+    for (size_t b = 0; b < step_seqs.size(); ++b) {
+      const int s = step_seqs[b], nb = step_n[b];
+      if (a < nb) {
+        const int n = std::min(nb, a + A) - a, pos0 = pool->length(s) + a;
+        if (prefill_ok && !reference && prefill_rows > 0 && n >= prefill_rows) {
+          const int lrow0 = int(pf_index.size()) - plan.pf_off;
+          for (int i = 0; i < n; ++i) pf_index.push_back(row + a + i);
+          for (int r0 = 0; r0 < n * g; r0 += kPrefillTileRows) tiles.push_back({s, pos0, n, lrow0, r0});
+          pf_view = std::max(pf_view, pos0 + n);
+        } else {
+          for (int i = 0; i < n; ++i) dec_rows.push_back({s, pos0 + i}), dec_index.push_back(row + a + i);
+          dec_view = std::max(dec_view, pos0 + n);
+        }
+      }
+      row += nb;
     }
-    row += n;
-  }
-  plan = {};
-  plan.n_heads = n_heads;
-  plan.n_dec = int(dec_rows.size());
-  plan.dec_subset = !tiles.empty() && !dec_rows.empty();
-  if (plan.dec_subset) {
-    upload(decode_desc, dec_rows.data(), dec_rows.size() * sizeof(RowDesc));
-    upload(decode_index, dec_index.data(), dec_index.size() * sizeof(int));
-  }
-  size_t parts = 0;  // partial slots x g of the larger launch (they run one after the other and share the scratch)
-  if (plan.n_dec > 0) {
-    const int64_t base = int64_t(plan.n_dec) * n_kv;  // (row, kv head) pairs
-    const int n_win = window_blocks(geo[0], base, resident);  // the windows: the same in every layer
-    int split = split_tokens ? split_tokens : auto_split_tokens(base, dec_view, resident);
-    split = std::max(split, (dec_view + 65534 - n_win) / (65535 - n_win));  // grid z = splits + n_win <= 65535
-    split = (split + 127) / 128 * 128;
-    plan.split = split;
-    plan.n_splits = (dec_view + split - 1) / split;
-    plan.n_win = n_win;
-    parts = size_t(base) * (plan.n_splits + n_win) * g;
-  }
-  if (!tiles.empty()) {
-    if (prefill_resident == 0) {
+    plan.n_dec = int(dec_rows.size()) - plan.dec_off;
+    plan.n_tiles = int(tiles.size()) - plan.tile_off;
+    plan.dec_subset = plan.n_dec > 0 && (several || plan.n_tiles > 0);
+    most_dec = std::max(most_dec, plan.n_dec);
+    if (plan.n_dec > 0) {
+      const int64_t base = int64_t(plan.n_dec) * n_kv;  // (row, kv head) pairs
+      const int n_win = window_blocks(geo[0], base, resident);  // the windows: the same in every layer
+      int split = split_tokens ? split_tokens : auto_split_tokens(base, dec_view, resident);
+      split = std::max(split, (dec_view + 65534 - n_win) / (65535 - n_win));  // grid z = splits + n_win <= 65535
+      split = (split + 127) / 128 * 128;
+      plan.split = split;
+      plan.n_splits = (dec_view + split - 1) / split;
+      plan.n_win = n_win;
+      parts = std::max(parts, size_t(base) * (plan.n_splits + n_win) * g);
+    }
+    if (plan.n_tiles > 0 && prefill_resident == 0) {
       int per_sm = 0;
       for (size_t l = 0; l < geo.size(); ++l) {
         int n = 0;
@@ -680,37 +736,55 @@ const GpuKvCache::Impl::Plan& GpuKvCache::Impl::plan_attention(int n_heads) {
       }
       prefill_resident = int64_t(std::max(per_sm, 1)) * n_sms;
     }
-    // Splits of >= 1024 positions while the grid holds fewer than two waves of blocks.
-    const int64_t base = int64_t(tiles.size()) * n_kv;
-    int64_t splits = 1;
-    if (base < 2 * prefill_resident)
-      splits = std::min<int64_t>((2 * prefill_resident + base - 1) / base, std::max(1, pf_view / 1024));
-    int split = split_tokens ? split_tokens : int((pf_view + splits - 1) / splits);
-    split = std::max(split, (pf_view + 65534) / 65535);  // grid z <= 65535
-    split = (split + kPrefillKeys - 1) / kPrefillKeys * kPrefillKeys;
-    plan.n_pf = int(pf_index.size());
-    plan.n_tiles = int(tiles.size());
-    plan.pf_split = split;
-    plan.pf_splits = (pf_view + split - 1) / split;
+    if (plan.n_tiles > 0) {
+      // Splits of >= 1024 positions while the grid holds fewer than two waves of blocks.
+      const int64_t base = int64_t(plan.n_tiles) * n_kv;
+      int64_t splits = 1;
+      if (base < 2 * prefill_resident)
+        splits = std::min<int64_t>((2 * prefill_resident + base - 1) / base, std::max(1, pf_view / 1024));
+      int split = split_tokens ? split_tokens : int((pf_view + splits - 1) / splits);
+      split = std::max(split, (pf_view + 65534) / 65535);  // grid z <= 65535
+      split = (split + kPrefillKeys - 1) / kPrefillKeys * kPrefillKeys;
+      plan.n_pf = int(pf_index.size()) - plan.pf_off;
+      plan.pf_split = split;
+      plan.pf_splits = (pf_view + split - 1) / split;
+      parts = std::max(parts, size_t(plan.n_pf) * n_kv * plan.pf_splits * g);
+    }
+  }
+  if (std::any_of(plans.begin(), plans.end(), [](const Plan& p) { return p.dec_subset; })) {
+    upload(decode_desc, dec_rows.data(), dec_rows.size() * sizeof(RowDesc));
+    upload(decode_index, dec_index.data(), dec_index.size() * sizeof(int));
+  }
+  if (!tiles.empty()) {
     upload(prefill_tiles, tiles.data(), tiles.size() * sizeof(PrefillTile));
     upload(prefill_index, pf_index.data(), pf_index.size() * sizeof(int));
-    parts = std::max(parts, size_t(plan.n_pf) * n_kv * plan.pf_splits * g);
   }
   grow(q_work, size_t(n_rows) * n_heads * size_t(d) * sizeof(float));
   grow(part_acc, parts * size_t(d) * sizeof(float));
   grow(part_ml, parts * 2 * sizeof(float));
-  if (const size_t bytes = size_t(plan.n_dec) * n_kv * sizeof(int); arrivals.bytes() < bytes) {
+  if (const size_t bytes = size_t(most_dec) * n_kv * sizeof(int); arrivals.bytes() < bytes) {
     grow(arrivals, bytes);
     check(cudaMemsetAsync(arrivals.get(), 0, arrivals.bytes(), stream), "cudaMemset arrivals");  // kept zero after
   }
-  return plan;
+  plan_heads = n_heads;
+  return plans;
 }
 
 void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_out) {
   Impl& m = *impl_;
+  KVQ_CHECK(m.in_step, "GPU KV cache: attention outside a step (begin_step first)");
   KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
-  if (m.step_exact) return m.exact->attention(layer, d_q, n_heads, d_out);  // the prompt's exact rows
-  const Impl::Plan& p = m.plan_attention(n_heads);
+  KVQ_CHECK(m.rounds.size() == 1,
+            "GPU KV cache: attention() after append() of chunks longer than the ring's {} rows: append_and_attend",
+            m.layout.append_tokens);
+  const bool prefill = attention_round(layer, d_q, n_heads, d_out, 0);
+  (m.step_exact ? *m.exact->impl_ : m).prefill_calls += prefill;  // counted by the cache whose rows it read
+}
+
+bool GpuKvCache::attention_round(int layer, const float* d_q, int n_heads, float* d_out, int round) {
+  Impl& m = *impl_;
+  if (m.step_exact) return m.exact->attention_round(layer, d_q, n_heads, d_out, round);  // the prompt's exact rows
+  const Impl::Plan& p = m.plan_attention(n_heads)[size_t(round)];
   const CacheGeometry& g = m.geo[size_t(layer)];
   AttentionLaunch base{};
   base.layer = layer;
@@ -723,8 +797,8 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
   if (p.n_dec > 0) {  // the decode kernels: every row, or the rows of the step's short sequences
     AttentionLaunch a = base;
     a.n_rows = p.n_dec;
-    a.rows = p.dec_subset ? m.decode_desc.as<RowDesc>() : m.desc.as<RowDesc>();
-    a.row_index = p.dec_subset ? m.decode_index.as<int>() : nullptr;
+    a.rows = p.dec_subset ? m.decode_desc.as<RowDesc>() + p.dec_off : m.desc.as<RowDesc>();
+    a.row_index = p.dec_subset ? m.decode_index.as<int>() + p.dec_off : nullptr;
     a.split_tokens = p.split;
     a.n_splits = p.n_splits;
     a.n_win = p.n_win;
@@ -735,19 +809,20 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
   if (p.n_tiles > 0) {  // the prefill kernel: the chunks of >= prefill_rows rows
     AttentionLaunch a = base;
     a.n_rows = p.n_pf;
-    a.row_index = m.prefill_index.as<int>();
-    a.tiles = m.prefill_tiles.as<PrefillTile>();
+    a.row_index = m.prefill_index.as<int>() + p.pf_off;
+    a.tiles = m.prefill_tiles.as<PrefillTile>() + p.tile_off;
     a.n_tiles = p.n_tiles;
     a.split_tokens = p.pf_split;
     a.n_splits = a.n_slots = p.pf_splits;
     check(launch_attention_prefill(g, a, m.tptrs, d_q, d_out, m.stream), "GPU prefill attention kernel");
-    ++m.prefill_calls;
   }
+  return p.n_tiles > 0;
 }
 
 GpuKvCache::StepSignature GpuKvCache::step_signature(int n_heads) {
   Impl& m = *impl_;
-  const Impl::Plan& p = m.plan_attention(n_heads);
+  KVQ_CHECK(m.rounds.size() == 1, "GPU KV cache: a step of {} rounds is not captured in a graph", m.rounds.size());
+  const Impl::Plan& p = m.plan_attention(n_heads)[0];
   return {m.n_rows,        m.n_items,          n_heads,           p.split,           p.n_splits,
           p.n_win,         p.n_dec,            p.n_tiles,         p.pf_split,        p.pf_splits,
           m.reference,     m.desc.get(),       m.q_work.get(),    m.part_acc.get(),  m.part_ml.get(),
@@ -769,7 +844,7 @@ void GpuKvCache::abort_step() {
   if (m.step_exact) m.exact->abort_step();
   m.in_step = m.step_exact = false;
   m.n_rows = m.n_items = 0;
-  m.plan = {};
+  m.plan_heads = 0;
 }
 
 CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->layout.footprint(n_tokens); }

@@ -106,7 +106,13 @@ class GpuKvCache {
   // THE dispatch of the attention kernels: a sequence of the step with at least set_prefill_rows rows takes the
   // tensor-core prefill kernel (prefill_attention.cu) when every layer's instance row has it (gpu_prefill_kernel,
   // named by gpu_path_text) and the reference twin is off; every other row takes the decode kernel of its row.
+  // A step whose sequences append more than layout().append_tokens rows each takes append_and_attend instead: the
+  // ring holds no more than that beyond the window (kv/cache_layout.h).
   void attention(int layer, const float* d_q, int n_heads, float* d_out);
+  // One layer of the step as a model runs it: append() and attention() a round of layout().append_tokens rows of each
+  // sequence at a time (every round's rows appended, then its queries attended): every query reads the rows it would
+  // with a ring as long as the chunk.
+  void append_and_attend(int layer, const float* d_k, const float* d_v, const float* d_q, int n_heads, float* d_out);
   // Ends the step: lengths += n.
   void commit_step();
   // Ends a step that failed between begin_step and commit_step (an exception from a launch): lengths stay, the pages
@@ -169,6 +175,8 @@ class GpuKvCache {
   int quant_end(int t) const;
 
  private:
+  void append_round(int layer, const float* d_k, const float* d_v, int round);
+  bool attention_round(int layer, const float* d_q, int n_heads, float* d_out, int round);  // true: the prefill kernel
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

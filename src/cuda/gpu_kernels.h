@@ -38,7 +38,7 @@ struct CacheGeometry {
   int page_tokens;             // P
   int block_tokens;            // B: demotion granularity, lcm of the K / V tokens per block (1, or G of KIVI keys),
                                // or CacheConfig::demote_block (a multiple of it; demotion stays per position)
-  int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + max_chunk, as kv/cache.cpp
+  int ring_tokens;             // ring slots per (seq, layer, K/V, head): W + B + append_tokens (kv/cache_layout.h)
   int pages_per_seq;           // columns of the page table (PagePool::table_width)
   int instance;                // the row of kGpuInstances (cuda/gpu_instances.h) that runs this cache; -1 = none
   CodecId k_codec, v_codec;    // that row's codecs: the blocks stored for keys / values (device types: codecs.cuh)
@@ -96,9 +96,10 @@ struct TransformPtrs {
   int v_hadamard = 0;     // the same for r_v
 };
 
-// Append: rows of k / v ([rows][n_kv][d] fp32, untransformed) -> centre + rotate -> bf16 sink or ring rows.
-int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows, int n_rows, const float* d_k,
-                       const float* d_v, const TransformPtrs& t, void* stream);
+// Append: rows of k / v ([rows][n_kv][d] fp32, untransformed) -> centre + rotate -> bf16 sink or ring rows. Row r of
+// d_rows takes k / v row d_act_rows[r] (r itself when null: a step's round of rows is a subset of its rows).
+int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows, const int* d_act_rows, int n_rows,
+                       const float* d_k, const float* d_v, const TransformPtrs& t, void* stream);
 // Demote: positions d_items[i] (seq, pos) of `layer` from the ring into their pages (group quantizer). The items
 // cover whole blocks of B positions; with KIVI keys, the item at a block's first position also quantizes the K
 // block of its G positions per channel (layout::KiviKeyBlock).

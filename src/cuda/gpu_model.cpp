@@ -659,8 +659,7 @@ void GpuModel::Impl::attention_block(int l, int rows) {
                               inv_freq.as<float>()};
   check(kernels::qkv_finish(qkv.as<float>(), rows, qp, q.as<float>(), k.as<float>(), v.as<float>(), stream),
         "qkv_finish");
-  cache->append(l, k.as<float>(), v.as<float>());
-  cache->attention(l, q.as<float>(), hq, att.as<float>());
+  cache->append_and_attend(l, k.as<float>(), v.as<float>(), q.as<float>(), hq, att.as<float>());
   linear(att.as<float>(), rows, lw.wo, h.as<float>());
   pending = true;
   if (hook) hook->on_attention_output(l, hook_pos0, rows, download_act(h, rows));

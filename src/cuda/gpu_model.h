@@ -8,7 +8,7 @@
 //   - reductions (GEMM dot products, attention softmax) run in another order.
 //
 // Per layer:  h = RMSNorm(x);  q, k, v = h W_q/k/v (+ bias);  QK-norm;  RoPE;
-//             cache.append(k, v);  att = cache.attention(q) (the cache applies 1/sqrt(d));  x += att W_o;
+//             cache.append_and_attend(k, v, q) -> att (the cache applies 1/sqrt(d));  x += att W_o;
 //             x += W_down(SiLU(W_gate h') * W_up h')
 #pragma once
 

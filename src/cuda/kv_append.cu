@@ -23,13 +23,14 @@ namespace kvq::cuda {
 
 namespace {
 
-// Grid (row, kv head, K/V), D threads: thread c takes channel c.
+// Grid (row, kv head, K/V), D threads: thread c takes channel c. Row r's input is k / v row act_rows[r] (r when null).
 template <int D>
-__global__ void append_rows_kernel(CacheGeometry g, int layer, const RowDesc* rows, const float* k, const float* v,
-                                   TransformPtrs t) {
+__global__ void append_rows_kernel(CacheGeometry g, int layer, const RowDesc* rows, const int* act_rows, const float* k,
+                                   const float* v, TransformPtrs t) {
   const int row = blockIdx.x, head = blockIdx.y, kv = blockIdx.z, c = threadIdx.x;
   const RowDesc rd = rows[row];
-  const float* src = (kv ? v : k) + (int64_t(row) * g.n_kv + head) * D;
+  const int64_t in_row = act_rows ? act_rows[row] : row;
+  const float* src = (kv ? v : k) + (in_row * g.n_kv + head) * D;
   float x[1] = {src[c]};
   const int64_t lh = int64_t(layer) * g.n_kv + head;
   if (kv == 0 && t.key_mean) x[0] = __fsub_rn(x[0], t.key_mean[lh * D + c]);
@@ -110,14 +111,14 @@ __global__ void __launch_bounds__(D) demote_key_blocks_kernel(CacheGeometry g, i
 
 }  // namespace
 
-int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows, int n_rows, const float* d_k,
-                       const float* d_v, const TransformPtrs& t, void* stream) {
+int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows, const int* d_act_rows, int n_rows,
+                       const float* d_k, const float* d_v, const TransformPtrs& t, void* stream) {
   if (n_rows <= 0) return cudaSuccess;
   int e = cudaErrorInvalidValue;  // no instance: refused on the host (gpu_instances.h)
   with_instance(g.instance, g.head_dim, [&](auto, auto dim) {
     constexpr int D = decltype(dim)::value;
     append_rows_kernel<D><<<dim3(unsigned(n_rows), unsigned(g.n_kv), 2), D, 0, static_cast<cudaStream_t>(stream)>>>(
-        g, layer, d_rows, d_k, d_v, t);
+        g, layer, d_rows, d_act_rows, d_k, d_v, t);
     e = cudaGetLastError();
   });
   return e;

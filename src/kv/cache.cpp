@@ -24,6 +24,8 @@ struct KvCache::Sequence {
   std::vector<int> positions;      // evict, after end_prompt: [n_layers][n_kv][max_ctx] position of each exact slot
   std::vector<float> obs;          // evict, prompt open: [n_layers][kEvictObserve][obs_heads * d] the last queries,
   int obs_heads = 0;               // position pos in row pos % kEvictObserve
+  std::vector<int> ring_end;       // [n_layers] the end of the rows last appended to the layer's ring (the ring holds
+                                   // [ring_end - ring_tokens, ring_end)); below length() after a restore: then length()
 };
 
 namespace {
@@ -285,6 +287,7 @@ int KvCache::new_sequence() {
   Sequence& s = *seqs_[size_t(seq)];
   s.window = pages_.get() + pool_.window_offset(seq);
   std::memset(s.window, 0, size_t(layout_.window_bytes()));
+  s.ring_end.assign(size_t(n_layers_), 0);
   if (cfg_.prompt_policy != PromptPolicy::kDecodeFaithful && !exact_[size_t(seq)])  // kept for the slot's next ones
     exact_[size_t(seq)].reset(new uint8_t[size_t(n_layers_) * 2 * n_kv_ * max_ctx_ * exact_codec_->bytes_per_block()]);
   return seq;
@@ -463,9 +466,24 @@ bool KvCache::reads_exact(const Sequence& s) const {
 }
 
 void KvCache::append(int seq, int layer, int pos0, int n, const float* k, const float* v) {
-  Sequence& s = *seqs_.at(size_t(seq));
-  KVQ_CHECK(pool_.live(seq) && pos0 == pool_.length(seq), "KV cache: append at {} but sequence {} holds {} tokens",
-            pos0, seq, pool_.length(seq));
+  KVQ_CHECK(pool_.live(seq), "KV cache: append to sequence {}, which is not live", seq);
+  KVQ_CHECK(layer >= 0 && layer < n_layers_, "KV cache: append to layer {} of {}", layer, n_layers_);
+  Sequence& s = *seqs_[size_t(seq)];
+  const int len = pool_.length(seq);
+  // The step's first rows of this layer (again after a step that failed), or the rows after its last append.
+  KVQ_CHECK(n >= 0 && (pos0 == len || pos0 == s.ring_end[size_t(layer)]),
+            "KV cache: append at {} but sequence {} holds {} tokens (layer {} appended up to {})", pos0, seq, len,
+            layer, s.ring_end[size_t(layer)]);
+  // The ring holds W + B + append_tokens rows: a longer append goes in rounds, each demoting before the next writes.
+  const size_t row = size_t(n_kv_) * d_;
+  for (int i = 0; i < n; i += layout_.append_tokens) {
+    const int m = std::min(layout_.append_tokens, n - i);
+    append_rows(seq, s, layer, pos0 + i, m, k + size_t(i) * row, v + size_t(i) * row);
+    s.ring_end[size_t(layer)] = pos0 + i + m;
+  }
+}
+
+void KvCache::append_rows(int seq, Sequence& s, int layer, int pos0, int n, const float* k, const float* v) {
   const PromptPolicy policy = cfg_.prompt_policy;
   const bool after = s.prompt_end >= 0;
   // The exact store: the prompt's rows while it is open (exact-prompt, quantize-after-prompt), every row after it
@@ -654,8 +672,16 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
                    &kc, &vc, nullptr});
   }
   if (frozen) return exact_run(q_end > S0 ? q_end : n_sink);
-  // Recent rows: everything from the first query's window start to the last query, split at the ring's wrap.
-  for (int p0 = std::max({S0, quant_end(t_first), lo}); p0 <= t_last;) {
+  // Recent rows: everything from the first query's window start to the last query, split at the ring's wrap. The
+  // ring holds the last ring_tokens rows appended: a chunk longer than append_tokens is attended a round at a time
+  // (kvq::append_and_attend), else its first queries' rows would be gone.
+  const int first = std::max({S0, quant_end(t_first), lo});
+  const int end = std::max(s.ring_end.empty() ? 0 : s.ring_end[size_t(layer)], pool_.length(seq));
+  KVQ_CHECK(first > t_last || (t_last < end && first >= end - layout_.ring_tokens),
+            "KV cache: queries at [{}, {}] of sequence {} read ring rows [{}, {}], but the ring holds [{}, {}) (attend "
+            "each append of at most {} rows before the next: kvq::append_and_attend)", t_first, t_last, seq, first,
+            t_last, std::max(0, end - layout_.ring_tokens), end, layout_.append_tokens);
+  for (int p0 = first; p0 <= t_last;) {
     const int slot = p0 % layout_.ring_tokens;
     const int n = std::min(t_last + 1 - p0, layout_.ring_tokens - slot);
     out.push_back({RunKind::Recent, p0, n, ring_row(s, layer, 0, kv_head, p0), ring_row(s, layer, 1, kv_head, p0),

@@ -98,7 +98,7 @@ enum class PromptPolicy : uint8_t {
 PromptPolicy parse_prompt_policy(std::string_view name);
 std::string_view prompt_policy_name(PromptPolicy p);
 
-// The largest demotion block CacheConfig::demote_block may ask for (the ring holds W + B + max_chunk rows).
+// The largest demotion block CacheConfig::demote_block may ask for (the ring holds W + B + append_tokens rows).
 inline constexpr int kMaxDemoteBlock = 1 << 16;
 
 struct CacheConfig {
@@ -107,10 +107,11 @@ struct CacheConfig {
   int sink = 64;              // S0: first tokens kept in the window codec
   int recent = 256;           // W: most recent tokens kept in the window codec
   int page_tokens = 128;      // P: tokens per page of the quantized region
-  int max_chunk = 512;        // largest number of tokens appended at once (sizes the ring)
+  int max_chunk = 512;        // most tokens of a sequence one step appends (the prefill chunk; the ring holds
+                              // kAppendTokens of them at most: kv/cache_layout.h)
   // B, the positions demoted at once (--kv-demote-block): 0 = the codecs' own block (the lcm of the K / V codecs'
   // tokens per block: 1, or G for per-channel keys); else a positive multiple of it (OScaR as shipped: 256). The ring
-  // holds W + B + max_chunk rows; the footprint counts the rows the windows hold at each length, never the ring.
+  // holds W + B + append_tokens rows; the footprint counts the rows the windows hold at each length, never the ring.
   int demote_block = 0;
   // Codec of the sink and recent windows: bf16 (METHODS §2), f32 (an f32 cache), or int8 (KV4-RL, METHODS §5.6: the
   // §1 quantizer at b = 8 per token, at the values' group, plain min/max). window_spec() builds its spec.
@@ -241,7 +242,9 @@ class KvCache {
   // anything changes.
   void reserve(int seq, int n_new);
   // Store keys / values of one layer for positions [pos0, pos0 + n), k and v: [n, n_kv_heads, d], then demote
-  // what leaves the recent window by pos0 + n. Call for every layer, then commit().
+  // what leaves the recent window by pos0 + n. Call for every layer, then commit(); a layer's rows of one step may
+  // come in several appends, in order. The ring keeps the last W + B + layout().append_tokens rows appended, so the
+  // queries of a longer append must be attended a round at a time (kvq::append_and_attend does both).
   void append(int seq, int layer, int pos0, int n, const float* k, const float* v);
   void commit(int seq, int n);
 
@@ -299,6 +302,7 @@ class KvCache {
   // The body row (the K / V codec of layer) of ring position pos, beside its window rows; quantized windows only.
   uint8_t* ring_body_row(Sequence& s, int layer, int kv, int head, int pos) const;
   void encode_ring_body(Sequence& s, int layer, int pos, const float* k, const float* v);
+  void append_rows(int seq, Sequence& s, int layer, int pos0, int n, const float* k, const float* v);  // n <= A
   void demote(int seq, Sequence& s, int layer, int from, int to);
   void demote_scales(Sequence& s, int layer, int b0, int n, float* nu) const;
   // The exact store of seq (prompt policies but decode-faithful): [n_layers][2][n_kv][max_ctx] rows of exact_codec_,

@@ -64,16 +64,25 @@ struct CodecBlock {
   int64_t bytes;  // bytes per block
 };
 
+// Rows of a chunk appended to the ring (and attended) at once. The ring holds W + B + this many rows, not the whole
+// prefill chunk: at 128, with int2's defaults (W 256, B 1), 385 slots instead of 769 at the default chunk of 512, so a
+// sequence's windows take 449 rows instead of 833 (the sinks included). Smaller rounds cost more attention launches per
+// prefill chunk (docs/results/h200.md measures the GPU's).
+inline constexpr int kAppendTokens = 128;
+
 struct CacheLayout {
   int n_layers, n_kv, head_dim;  // the model's KV shape: layers, kv heads, d
   int sink, recent;              // S0, W
   int page_tokens;               // P: quantized positions per page
-  int max_chunk;                 // most tokens appended at once (sizes the ring)
+  int max_chunk;                 // most tokens of a sequence one step appends (the prefill chunk)
+  int append_tokens;             // most rows one append writes into the ring: min(max_chunk, kAppendTokens). A longer
+                                 // chunk is appended and attended this many rows at a time (kvq::append_and_attend,
+                                 // GpuKvCache::append_and_attend), so the ring need not hold the whole chunk
   int codec_tokens;              // lcm of the K / V codecs' tokens per block: demotion encodes, and quantized pieces
                                  // start, in these units
   int block_tokens;              // B: demotion granularity, codec_tokens or CacheConfig::demote_block (a multiple of
                                  // it: OScaR's residual, demoted 256 at a time)
-  int ring_tokens;               // ring slots per (layer, K/V, head): W + B + max_chunk
+  int ring_tokens;               // ring slots per (layer, K/V, head): W + B + append_tokens
   CodecBlock k, v;               // blocks of the K / V codecs (quantized region of the layers not skipped)
   int64_t window_row;            // bytes of one window-codec row (sinks and ring)
   int64_t ring_body;             // bytes of the body rows one ring slot keeps beside its window rows (all layers,
@@ -187,7 +196,8 @@ inline CacheLayout make_cache_layout(int n_layers, int n_kv, int head_dim, int s
   l.sink = sink, l.recent = recent, l.page_tokens = page_tokens, l.max_chunk = max_chunk;
   l.codec_tokens = k.tokens / gcd(k.tokens, v.tokens) * v.tokens;
   l.block_tokens = demote_block > 0 ? demote_block : l.codec_tokens;
-  l.ring_tokens = recent + l.block_tokens + max_chunk;
+  l.append_tokens = max_chunk < kAppendTokens ? max_chunk : kAppendTokens;
+  l.ring_tokens = recent + l.block_tokens + l.append_tokens;
   l.k = k, l.v = v;
   l.window_row = window_row;
   l.k_region = int64_t(page_tokens / k.tokens) * k.bytes;

@@ -212,10 +212,9 @@ void Model::attention_block(KvCache& cache, const std::vector<Span>& spans, int 
   jobs_.clear();
   for (const Span& s : spans) {
     cache.observe_queries(s.seq, l, s.pos0, s.n, q_at(s), hq);  // the evict policy's observation window (else nothing)
-    cache.append(s.seq, l, s.pos0, s.n, k_at(s), v_at(s));
-    jobs_.push_back({s.seq, s.pos0, s.n, q_at(s), att_.data() + size_t(s.row0) * hq * d});
+    jobs_.push_back({s.seq, s.pos0, s.n, k_at(s), v_at(s), q_at(s), att_.data() + size_t(s.row0) * hq * d});
   }
-  cache_attention(cache, jobs_, l, AttentionShape{hq, hk, d}, pool_);
+  append_and_attend(cache, jobs_, l, AttentionShape{hq, hk, d}, pool_);
   if (t) t->outputs(l, n, hq, att_.data(), on_cpu);
 
   linear(folded ? folded->o : ll.o, att_.data(), h_.data());
