@@ -373,6 +373,63 @@ TEST(CacheAttention, Int2DiffersFromBf16ByFarMoreThanTheBudget) {
   EXPECT_GT(vs_bf16, 1e-3);
 }
 
+// A chunk longer than the ring's round (kv/cache_layout.h: W + B + 128 slots) is appended and attended in rounds by
+// append_and_attend: two sequences in one batch, chunks of 400 (four rounds, after 200 tokens) and 130 (two, from 0),
+// every query against the reference at the exact scalar level; the same chunk appended at once and then attended is
+// refused (its first queries' rows are gone from the ring).
+TEST(CacheAttention, ChunksLongerThanTheRingAreAttendedInRoundsAndMatchTheReference) {
+  const int n_kv = 2, hq = 8, d = 128;
+  for (const char* type : {"int2", "bf16", "kivi2"}) {
+    CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
+    cfg.simd = SimdLevel::kScalar;  // exact float kernels: the budget of the reference comparisons above
+    KvCache cache(cfg, 1, n_kv, d, 1024, 3);
+    ASSERT_EQ(cache.layout().append_tokens, 128);
+    ASSERT_LT(cache.layout().ring_tokens, 400) << type;
+    ReferenceKv ref_a(cfg, n_kv, d), ref_b(cfg, n_kv, d);
+    ReferenceKv* refs[2] = {&ref_a, &ref_b};
+    ThreadPool pool(2);
+    std::mt19937 rng{11};
+    const int a = cache.new_sequence(), b = cache.new_sequence();
+    {  // 200 tokens of a first, without attention
+      const auto k = random_rows(rng, 200, n_kv, d, 1.f), v = random_rows(rng, 200, n_kv, d, 0.f);
+      cache.reserve(a, 200);
+      cache.append(a, 0, 0, 200, k.data(), v.data());
+      cache.commit(a, 200);
+      ref_a.append(200, k.data(), v.data());
+    }
+    const int n[2] = {400, 130}, pos0[2] = {200, 0};
+    std::vector<float> k[2], v[2], q[2], out[2];
+    std::vector<AppendJob> jobs;
+    for (int j = 0; j < 2; ++j) {
+      k[j] = random_rows(rng, n[j], n_kv, d, 1.f), v[j] = random_rows(rng, n[j], n_kv, d, 0.f);
+      q[j] = random_rows(rng, n[j], hq, d, 0.f);
+      for (float& x : q[j]) x *= 2.f / std::sqrt(float(d));
+      out[j].assign(q[j].size(), 0.f);
+      cache.reserve(j ? b : a, n[j]);
+      jobs.push_back({j ? b : a, pos0[j], n[j], k[j].data(), v[j].data(), q[j].data(), out[j].data()});
+    }
+    append_and_attend(cache, jobs, 0, AttentionShape{hq, n_kv, d}, pool);
+    double worst = 0;
+    for (int j = 0; j < 2; ++j) {
+      cache.commit(j ? b : a, n[j]);
+      refs[j]->append(n[j], k[j].data(), v[j].data());
+      for (int i = 0; i < n[j]; ++i) {
+        std::vector<double> expect(size_t(hq) * d);
+        refs[j]->attend(pos0[j] + i, q[j].data() + size_t(i) * hq * d, hq, expect.data());
+        worst = std::max(worst, nmse(expect, out[j].data() + size_t(i) * hq * d));
+      }
+    }
+    EXPECT_LE(worst, 1e-6) << type;
+    // The same 400 rows appended at once, then attended: the ring no longer holds the first queries' rows.
+    const int c = cache.new_sequence();
+    std::vector<float> o(q[0].size());
+    cache.reserve(c, 400);
+    cache.append(c, 0, 0, 400, k[0].data(), v[0].data());
+    EXPECT_THROW(cache_attention(cache, c, 0, 0, 400, q[0].data(), o.data(), AttentionShape{hq, n_kv, d}, pool), Error)
+        << type;
+  }
+}
+
 TEST(SoftmaxMerge, MergedSegmentsEqualOneSoftmaxOverTheConcatenation) {
   const int rows = 3, d = 8, n = 50;
   std::mt19937 rng(5);
