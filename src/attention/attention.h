@@ -47,7 +47,7 @@ struct AppendJob {
   int seq, pos0, n;
   const float* k;  // [n, n_kv_heads, d] keys and values for positions [pos0, pos0 + n), as KvCache::append takes them
   const float* v;
-  const float* q;  // [n, n_heads, d] and [n, n_heads, d]: as AttentionJob
+  const float* q;  // [n, n_heads, d] queries and outputs, as AttentionJob's
   float* out;
 };
 

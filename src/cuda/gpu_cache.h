@@ -98,7 +98,8 @@ class GpuKvCache {
   int step_rows() const;  // Σ n[b]: rows of the step's q / k / v / out
 
   // One layer of the step. d_k, d_v: [rows, n_kv_heads, d] fp32 post-RoPE keys / values (not transformed);
-  // stores them (centre, rotate, quantize, pack; windows in bf16) and demotes what leaves the recent window.
+  // stores them (centre, rotate, quantize, pack; windows in bf16) and demotes what leaves the recent window, a round
+  // of the layout's append_tokens rows of each sequence at a time (layout_of; the ring holds no more).
   void append(int layer, const float* d_k, const float* d_v);
   // d_q: [rows, n_heads, d] fp32 post-RoPE queries; d_out: [rows, n_heads, d] fp32 attention outputs (before W_O).
   // Each query at position t reads its decode-faithful view; split-KV with an exact LSE merge.
@@ -106,12 +107,12 @@ class GpuKvCache {
   // THE dispatch of the attention kernels: a sequence of the step with at least set_prefill_rows rows takes the
   // tensor-core prefill kernel (prefill_attention.cu) when every layer's instance row has it (gpu_prefill_kernel,
   // named by gpu_path_text) and the reference twin is off; every other row takes the decode kernel of its row.
-  // A step whose sequences append more than layout().append_tokens rows each takes append_and_attend instead: the
-  // ring holds no more than that beyond the window (kv/cache_layout.h).
+  // A step whose sequences append more than the layout's append_tokens rows each takes append_and_attend instead:
+  // the ring holds no more than that beyond the window (kv/cache_layout.h).
   void attention(int layer, const float* d_q, int n_heads, float* d_out);
-  // One layer of the step as a model runs it: append() and attention() a round of layout().append_tokens rows of each
-  // sequence at a time (every round's rows appended, then its queries attended): every query reads the rows it would
-  // with a ring as long as the chunk.
+  // One layer of the step as a model runs it: append() and attention() a round of the layout's append_tokens rows of
+  // each sequence at a time (every round's rows appended, then its queries attended): every query reads the rows it
+  // would with a ring as long as the chunk.
   void append_and_attend(int layer, const float* d_k, const float* d_v, const float* d_q, int n_heads, float* d_out);
   // Ends the step: lengths += n.
   void commit_step();

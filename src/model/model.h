@@ -133,7 +133,7 @@ class Model {
   std::vector<float> q_, k_, v_;    // [n, n_heads * d], [n, n_kv * d], [n, n_kv * d]
   std::vector<float> att_;          // [n, n_heads * d]
   std::vector<Span> spans_;         // the step's sequences, decode rows first
-  std::vector<AppendJob> jobs_;  // a layer's append and attention over spans_ (one loop a round for the whole step)
+  std::vector<AppendJob> jobs_;     // a layer's appends and attention over spans_ (rounds for the whole step)
   int small_rows_ = 0;              // rows [0, small_rows_): sequences of at most Linear::kGemvRows tokens
   std::vector<float> gate_, up_;    // [n, intermediate]
 };
