@@ -190,9 +190,9 @@ struct GpuKvCache::Impl {
   // The step's attention plan (plan_attention), one per round, the same for every layer: which rows take which kernel,
   // and each kernel's splits.
   struct Plan {
-    int n_heads = 0;                    // query heads it is for; 0 = not planned yet this step
     int n_dec = 0;                      // rows of the decode kernels: all n_rows, or the subset decode_desc names
-    bool dec_subset = false;            // some rows take the prefill kernel: decode rows from decode_desc / _index
+    bool dec_subset = false;            // some rows take the prefill kernel, or the step has several rounds: decode
+                                        // rows from decode_desc / _index
     int split = 0, n_splits = 0;        // decode: positions per KV split, splits of the longest view
     int n_win = 1;                      // decode, tensor-core path: blocks per (row, kv head) over the bf16 windows
     int n_pf = 0, n_tiles = 0;          // prefill kernel: rows (prefill_index) and query tiles (prefill_tiles)
@@ -692,7 +692,6 @@ const std::vector<GpuKvCache::Impl::Plan>& GpuKvCache::Impl::plan_attention(int 
   int most_dec = 0;
   for (size_t r = 0; r < rounds.size(); ++r) {
     Plan& plan = plans[r];
-    plan.n_heads = n_heads;
     plan.dec_off = int(dec_rows.size()), plan.tile_off = int(tiles.size()), plan.pf_off = int(pf_index.size());
     const int a = int(r) * A;
     int row = 0, dec_view = 0, pf_view = 0;
