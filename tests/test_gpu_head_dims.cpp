@@ -128,6 +128,44 @@ TEST(GpuHeadDimsTable, EveryCompiledRowAndHeadDimHasACacheTheCpuAlsoTakesHost) {
   EXPECT_GE(n, cuda::kGpuInstanceCount + 4);
 }
 
+// Host side: the decoded-tile kernel copies each tile's 16 rows by 16-byte cp.async, so every layout of a decoded-tile
+// row (each group it takes, every page size that selects it, every layer of a cache with a skipped bf16 layer) keeps
+// tiles at 16-byte offsets (cuda::tiles_aligned16), which GpuKvCache also checks.
+TEST(GpuHeadDimsTable, DecodedTileRowsKeepTilesAt16ByteOffsetsHost) {
+  int rows = 0;
+  for (const auto& [i, d] : compiled_row_dims()) {
+    const cuda::GpuInstance& r = cuda::kGpuInstances[i];
+    if (r.path != cuda::GpuPath::kDecodedTile) continue;
+    int layouts = 0;
+    for (int group : {128, 64, 32})
+      for (int page = r.page_multiple; page <= 256; page += r.page_multiple)
+        for (bool skip : {false, true}) {
+          std::optional<CacheConfig> c = row_config(i, d, 3, 2);
+          if (!c) continue;
+          c->k = codec_spec(codec_traits(r.k).name, true, group, 0.f);
+          c->v = codec_spec(codec_traits(r.v).name, false, group, 0.f);
+          c->k.head_dim = c->v.head_dim = d;
+          c->page_tokens = page;
+          if (skip) c->skip_layers = {1};
+          if (cuda::gpu_instance(*c, d) != i) continue;
+          try {
+            c->transform = codec_transform(*c, 3, 2, d);
+            cache_layout(*c, 3, 2, d);
+          } catch (const Error&) {
+            continue;
+          }
+          for (int layer : {0, 2}) {
+            const cuda::CacheGeometry g = cuda::cache_geometry(*c, 3, 2, 1024, layer);
+            EXPECT_TRUE(cuda::tiles_aligned16(g)) << what(i, d, *c) << " layer " << layer;
+          }
+          ++layouts;
+        }
+    EXPECT_GT(layouts, 0) << "row " << i << " at d " << d;
+    ++rows;
+  }
+  EXPECT_GT(rows, 10);
+}
+
 // Host side: the CUDA-core kernels compiled in shards (cuda/attention_cuda_core.h) give every CUDA-core (row, d) its
 // own kernels, one per GQA instance the row compiles at d, and none to a tensor-core row or an uncompiled d; every
 // shard compiles some pairs.

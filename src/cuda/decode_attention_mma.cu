@@ -110,6 +110,15 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * bf16_row<D> + ((chunk ^ (row & 7)) << 4);
 }
 
+// Decoded tiles' raw ring: a warp copies the stored bytes of its tiles kRawStages - 1 ahead (16-byte cp.async: every
+// offset of a tile's rows in a page is a multiple of 16, as pages hold a multiple of 16 rows), so that a tile's DRAM
+// latency hides behind the previous tile's work; decode_tile reads them from there. A stage holds a tile's 16 value
+// rows and, for per-token keys, its 16 key rows (key blocks are read from global memory).
+constexpr int kRawStages = 2;
+__host__ __device__ inline int raw_stage_bytes(const CacheGeometry& g, bool key_blocks) {
+  return kTile * ((key_blocks ? 0 : g.k_row) + g.v_row);
+}
+
 // A staged tile: its K and V sides in the warp's ring.
 struct StagedTile {
   const uint8_t* k;
@@ -123,9 +132,10 @@ struct Decoded {
   using Values = V;
 };
 
-// Decoded tiles: the warp writes the 16 rows at page rows j0 .. j0 + 15 of `hp` (a page's (layer, head) part) into
-// `dst` as a staged 16-bit tile (K side, then V side, swizzled rows), which the staged tile code then reads; rows from
-// nv on are zeros. The rows are decoded in f32 by the device codecs' values4 and rounded to f16 (2^-11 relative; q and
+// Decoded tiles: the warp writes a tile's 16 rows into `dst` as a staged 16-bit tile (K side, then V side, swizzled
+// rows), which the staged tile code then reads; rows from nv on are zeros. Value row r is at values + r · v_row, key
+// row r at keys + r · k_row, or for key blocks row krow0 + r of the block at keys (the tile's raw bytes in the warp's
+// raw ring in shared memory, a key block in global memory: see attend_block). The rows are decoded in f32 by the device codecs' values4 and rounded to f16 (2^-11 relative; q and
 // P' are rounded to f16 too), saturated at ±65504 so that a value beyond f16's range cannot become inf (NaN stays NaN).
 // Lane l always takes the chunk of 4 values c0 = 4 (l % (D / 4)), of rows l / (D / 4) + (32 / (D / 4)) k, so whatever
 // depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
@@ -137,17 +147,12 @@ struct Decoded {
 // Hadamard domain (ŷ), and the block's sums of P' · ŷ go through the Hadamard once at the end (attend_block), since
 // it is linear: 16 rows' transforms a tile become g rows' a block.
 template <class K, class V, int D>
-__device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* hp, int j0, int nv, int p0,
-                                            const float* nu, uint8_t* dst, int lane) {
+__device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* keys, int krow0,
+                                            const uint8_t* values, int nv, int p0, const float* nu, uint8_t* dst,
+                                            int lane) {
   constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
   static_assert(kChunks <= 32 && 32 % kChunks == 0, "a pass of the warp holds whole rows");
   const int c0 = 4 * (lane % kChunks);
-  [[maybe_unused]] const uint8_t* kblock = nullptr;
-  [[maybe_unused]] int krow0 = 0;
-  if constexpr (K::kKeyBlocks) {
-    kblock = hp + int64_t(j0 / geo.k_block_tokens) * geo.k_block;
-    krow0 = j0 % geo.k_block_tokens;
-  }
   const auto half2 = [](float lo, float hi) {  // one cvt: round to nearest, saturate to ±65504, NaN stays NaN
     uint32_t h;
     asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(hi), "f"(lo));
@@ -155,12 +160,11 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
   };
 #pragma unroll 4
   for (int r = lane / kChunks; r < kTile; r += kRowsPerPass) {
-    const int j = j0 + r;
     float k[4], v[4];
     if constexpr (K::kKeyBlocks) {
-      K::values4(kblock, krow0 + r, geo.k_group, c0, k);
+      K::values4(keys, krow0 + r, geo.k_group, c0, k);
     } else if constexpr (dev::ReadsCodebook<K>) {
-      const uint8_t* row = hp + int64_t(j) * geo.k_row;
+      const uint8_t* row = keys + r * geo.k_row;
       K::centroids4(row, geo.k_table, c0, k);
       float ss = k[0] * k[0];
 #pragma unroll
@@ -171,7 +175,7 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
 #pragma unroll
       for (int e = 0; e < 4; ++e) k[e] *= f;
     } else {
-      K::values4(hp + int64_t(j) * geo.k_row, 0, geo.k_group, c0, k);
+      K::values4(keys + r * geo.k_row, 0, geo.k_group, c0, k);
     }
     if constexpr (dev::hadamard_rows<K>()) {  // r is the warp's (one row a pass): the shuffles see every lane
       K::finish4(k, lane, r < nv ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr);
@@ -184,7 +188,7 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
 #pragma unroll
       for (int e = 0; e < 4; ++e) k[e] *= geo.k_scale;
     }
-    V::values4(hp + geo.k_region + int64_t(j) * geo.v_row, 0, geo.v_group, c0, v);  // NexusQuant's: ŷ
+    V::values4(values + r * geo.v_row, 0, geo.v_group, c0, v);  // NexusQuant's: ŷ
     if constexpr (dev::tensor_scaled<V>()) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] *= geo.v_scale;
@@ -593,24 +597,55 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       else attend_tile(std::true_type{}, n - i0, TileWords{}, rows(0), rows(1));
     }
   } else if constexpr (kDecoded) {
-    // Decoded tiles: the warp decodes each of its tiles into its one stage (decode_tile), then computes it as a staged
-    // tile of f16 rows. The decoding is the warp's own work, its loads in flight together; the SM's other warps hide
-    // their latency.
+    // Decoded tiles: the stored bytes of the warp's tiles come through its raw ring (cp.async, kRawStages - 1 tiles
+    // ahead: every iteration commits one group, empty past the range); the warp decodes each tile from there into its
+    // one stage (decode_tile), then computes it as a staged tile of f16 rows. Key blocks are decoded from global
+    // memory (their parameters span the block, not the tile).
     using K = typename Dec::Keys;
+    constexpr bool kRawKeys = !K::kKeyBlocks;
     extern __shared__ __align__(16) uint8_t ring_smem[];
     uint8_t* stage = ring_smem + warp * stage_bytes<D>;
-    for (int p0 = lo + warp * kTile; p0 < hi; p0 += kStride) {
-      const int rel = p0 - geo.sink, nv = min(kTile, hi - p0);
+    const int raw = raw_stage_bytes(geo, K::kKeyBlocks), kraw = kRawKeys ? kTile * geo.k_row : 0;
+    uint8_t* raws = ring_smem + kWarps * stage_bytes<D> + warp * kRawStages * raw;
+    auto page_of = [&](int p) { return heads + int64_t(table[(p - geo.sink) / pt]) * geo.page_bytes; };
+    auto fetch = [&](int p, int s) {  // tile p's V rows and per-token K rows into raw stage s
+      if (p < hi) {
+        const int j0 = (p - geo.sink) % pt;
+        const uint8_t* hp = page_of(p);
+        const uint8_t *kb = hp + j0 * geo.k_row, *vb = hp + geo.k_region + j0 * geo.v_row;
+        uint8_t* dst = raws + s * raw;
+        for (int off = 16 * lane; off < raw; off += 16 * 32)
+          cp_async_16(dst + off, off < kraw ? kb + off : vb + (off - kraw), true);
+      }
+      cp_async_commit();
+    };
+    const int first = lo + warp * kTile;
+#pragma unroll
+    for (int i = 0; i < kRawStages - 1; ++i) fetch(first + i * kStride, i);
+    int s = 0;
+    for (int p0 = first; p0 < hi; p0 += kStride) {
+      // every lane has decoded the previous tile from the raw stage that this copy overwrites (the __syncwarp after
+      // decode_tile), and read the previous decoded stage (the one below)
+      fetch(p0 + (kRawStages - 1) * kStride, s == 0 ? kRawStages - 1 : s - 1);
+      const int j0 = (p0 - geo.sink) % pt, nv = min(kTile, hi - p0);
       [[maybe_unused]] const float* nu = nullptr;
       if constexpr (dev::token_scaled<K>()) nu = dev::token_scales(geo, rd.seq, a.layer, p0);
-      __syncwarp();  // every lane has read the previous tile
-      decode_tile<K, typename Dec::Values, D>(geo, heads + int64_t(table[rel / pt]) * geo.page_bytes, rel % pt, nv,
-                                              p0, nu, stage, lane);
+      const uint8_t* keys = raws + s * raw;  // its key rows, or its key block in global memory
+      int krow0 = 0;
+      if constexpr (!kRawKeys) {
+        keys = page_of(p0) + (j0 / geo.k_block_tokens) * geo.k_block;
+        krow0 = j0 % geo.k_block_tokens;
+      }
+      cp_async_wait<kRawStages - 1>();
+      __syncwarp();  // tile p0's bytes are visible to the warp, and every lane has read the previous tile
+      decode_tile<K, typename Dec::Values, D>(geo, keys, krow0, raws + s * raw + kraw, nv, p0, nu, stage, lane);
       __syncwarp();  // the tile is visible to the warp
       const StagedTile t{stage, stage + tile_side<D>};
       if (nv == kTile) attend_tile(std::false_type{}, kTile, TileWords{}, t, t);
       else attend_tile(std::true_type{}, nv, TileWords{}, t, t);
+      s = s + 1 == kRawStages ? 0 : s + 1;
     }
+    cp_async_wait<0>();  // only empty groups are left; nothing lands after the rings are reused (sh)
   } else if constexpr (!KQ && !VQ && stages_bf16<D>) {
     // bf16 rows through the warp's ring: tiles t + 1 .. t + kStages - 1 are being copied while tile t is computed.
     // Every iteration commits one group (empty past the range), so waiting for all but the kStages - 1 newest
@@ -695,6 +730,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   }
 
   // ---- this warp's state to shared memory (zero term subtracted), then the block's merge into the split's slot
+  if constexpr (kDecoded) __syncthreads();  // sh overlays the warps' rings (quant_attention_mma_kernel): all done
 #pragma unroll
   for (int j = 0; j < HS; ++j) zsum[j] = col_sum(zsum[j]), l[j] = col_sum(l[j]);
 #pragma unroll
@@ -735,13 +771,25 @@ constexpr int min_blocks = D <= 128 ? 4 : 2;
 // Grid (row, kv head, n_splits + n_win): blocks z < n_splits take the splits of the quantized region, blocks
 // z >= n_splits the windows, so one launch covers the whole view. HS: head slots per lane (1: g <= 4, 2: g <= 8).
 // Dec: the codecs of a decoded-tile row (KQ = VQ = false), void for the others.
+// Decoded-tile instances keep the block's shared state in their dynamic shared memory, over the warps' stages and raw
+// rings, which are done with by the time it is written (attend_block): 16 KB less a block, so that the rings fit
+// beside four blocks an SM.
 template <bool KQ, bool VQ, int HS, int D, class Dec = void>
 __global__ void __launch_bounds__(kWarps * 32, min_blocks<D>) quant_attention_mma_kernel(CacheGeometry geo,
                                                                                          AttentionLaunch a) {
-  __shared__ BlockShared<D> sh;
-  if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS, D>(geo, a, sh);
-  else attend_block<KQ, VQ, false, HS, D, Dec>(geo, a, sh);
-  if (a.arrivals) dev::merge_if_last<kWarps, D>(a, geo.n_kv, blockIdx.x, blockIdx.y, &sh.acc[0][0][0]);
+  auto run = [&](BlockShared<D>& sh) {
+    if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS, D>(geo, a, sh);
+    else attend_block<KQ, VQ, false, HS, D, Dec>(geo, a, sh);
+    if (a.arrivals) dev::merge_if_last<kWarps, D>(a, geo.n_kv, blockIdx.x, blockIdx.y, &sh.acc[0][0][0]);
+  };
+  if constexpr (std::is_void_v<Dec>) {
+    __shared__ BlockShared<D> sh;
+    run(sh);
+  } else {
+    static_assert(sizeof(BlockShared<D>) <= kWarps * stage_bytes<D>, "the block's state fits over the stages");
+    extern __shared__ __align__(16) uint8_t ring_smem[];
+    run(*reinterpret_cast<BlockShared<D>*>(ring_smem));
+  }
 }
 
 // The ring stages of the code this GPU loaded (g_ring_stages), read once (not inside a stream capture: GpuKvCache's
@@ -794,7 +842,7 @@ MmaKernel mma_kernel(const CacheGeometry& g, int group) {
       using Dec = Decoded<RowKeys<I, D>, RowValues<I, D>>;
       k = {group <= 4 ? quant_attention_mma_kernel<false, false, 1, D, Dec>
                       : quant_attention_mma_kernel<false, false, 2, D, Dec>,
-           kWarps * stage_bytes<D>};  // one stage a warp
+           kWarps * (stage_bytes<D> + kRawStages * raw_stage_bytes(g, RowKeys<I, D>::kKeyBlocks))};
     }
   });
   return k;

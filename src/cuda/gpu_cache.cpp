@@ -295,7 +295,12 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   m.prefill_ok = std::all_of(m.geo.begin(), m.geo.end(), [](const CacheGeometry& g) {
     return attention_prefill_supported(g);
   });
-  for (const CacheGeometry& g : m.geo) attention_mma_supported(g);
+  for (const CacheGeometry& g : m.geo) {
+    attention_mma_supported(g);
+    KVQ_CHECK(kGpuInstances[g.instance].path != GpuPath::kDecodedTile || tiles_aligned16(g),
+              "GPU cache: the decoded-tile kernel copies tiles of 16 rows at 16-byte offsets, and this layout's "
+              "pages of {} rows ({} bytes) do not keep them", g.page_tokens, g.page_bytes);
+  }
   if (cfg.transform) m.upload_transform(*cfg.transform);
   // The constants the key codec decodes with (TurboQuant's codebook), the CPU codec's own, so both store the same
   // codes; skipped (bf16) layers never read them.

@@ -72,6 +72,14 @@ struct CacheGeometry {
 // (gpu_cache.cpp), testable without a GPU.
 CacheGeometry cache_geometry(const CacheConfig& cfg, int n_layers, int n_kv_heads, int max_ctx, int layer = 0);
 
+// Whether every tile of 16 positions of g's pages starts at a multiple of 16 bytes, its key rows and its value rows:
+// the decoded-tile kernel copies tiles by 16-byte cp.async (decode_attention_mma.cu). Pages of a multiple of 16 rows
+// whose regions are multiples of 16 bytes (kv/cache_layout.h), as every decoded-tile row's caches have
+// (GpuHeadDimsTable tests it); GpuKvCache refuses a decoded-tile cache without it.
+KVQ_HD inline bool tiles_aligned16(const CacheGeometry& g) {
+  return g.page_tokens % 16 == 0 && (g.page_bytes | g.layer_offset | g.head_bytes | g.k_region) % 16 == 0;
+}
+
 // qe(t): end of the quantized region for a query at position t (kv/cache.h), t >= -1:
 //   qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B.
 KVQ_HD inline int quant_end(const CacheGeometry& g, int t) {
