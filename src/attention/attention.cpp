@@ -244,18 +244,18 @@ void cache_attention(const KvCache& cache, int seq, int layer, int pos0, int n, 
 
 void append_and_attend(KvCache& cache, std::span<const AppendJob> jobs, int layer, const AttentionShape& shape,
                        ThreadPool& pool) {
-  const int a = cache.layout().append_tokens, d = shape.head_dim;
-  const size_t kv_row = size_t(shape.n_kv_heads) * d, q_row = size_t(shape.n_heads) * d;
-  int longest = 0;
-  for (const AppendJob& j : jobs) longest = std::max(longest, j.n);
+  const CacheLayout& layout = cache.layout();
+  const size_t kv_row = size_t(shape.n_kv_heads) * shape.head_dim, q_row = size_t(shape.n_heads) * shape.head_dim;
+  int rounds = 0;
+  for (const AppendJob& j : jobs) rounds = std::max(rounds, layout.rounds(j.n));
   std::vector<AttentionJob> round;
-  for (int r0 = 0; r0 < longest; r0 += a) {
+  for (int r = 0; r < rounds; ++r) {
     round.clear();
     for (const AppendJob& j : jobs) {
-      if (r0 >= j.n) continue;
-      const int n = std::min(a, j.n - r0);
-      cache.append(j.seq, layer, j.pos0 + r0, n, j.k + size_t(r0) * kv_row, j.v + size_t(r0) * kv_row);
-      round.push_back({j.seq, j.pos0 + r0, n, j.q + size_t(r0) * q_row, j.out + size_t(r0) * q_row});
+      const auto [a, e] = layout.round_rows(j.n, r);
+      if (a >= e) continue;
+      cache.append(j.seq, layer, j.pos0 + a, e - a, j.k + size_t(a) * kv_row, j.v + size_t(a) * kv_row);
+      round.push_back({j.seq, j.pos0 + a, e - a, j.q + size_t(a) * q_row, j.out + size_t(a) * q_row});
     }
     cache_attention(cache, round, layer, shape, pool);
   }

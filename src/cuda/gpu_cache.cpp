@@ -600,17 +600,17 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
   m.rows_host.clear();
   std::vector<RowDesc> items;
   std::vector<int> step_row0(seqs.size()), act;
-  const int A = m.layout.append_tokens;
-  int longest = 0, row = 0;
-  for (size_t b = 0; b < seqs.size(); ++b) step_row0[b] = row, row += n[b], longest = std::max(longest, n[b]);
-  m.rounds.assign(size_t((longest + A - 1) / A), {});
+  int rounds = 0, row = 0;
+  for (size_t b = 0; b < seqs.size(); ++b)
+    step_row0[b] = row, row += n[b], rounds = std::max(rounds, m.layout.rounds(n[b]));
+  m.rounds.assign(size_t(rounds), {});
   for (size_t r = 0; r < m.rounds.size(); ++r) {
     Impl::Round& rd = m.rounds[r];
     rd.row0 = int(m.rows_host.size()), rd.item0 = int(items.size());
-    const int a = int(r) * A;
     for (size_t b = 0; b < seqs.size(); ++b) {
-      if (a >= n[b]) continue;
-      const int s = seqs[b], len = m.pool->length(s), e = std::min(n[b], a + A);
+      const auto [a, e] = m.layout.round_rows(n[b], int(r));
+      if (a >= e) continue;
+      const int s = seqs[b], len = m.pool->length(s);
       for (int i = a; i < e; ++i) m.rows_host.push_back({s, len + i}), act.push_back(step_row0[b] + i);
       for (int p = std::max(m.cfg.sink, m.quant_end(len + a - 1)); p < m.quant_end(len + e - 1); ++p)
         items.push_back({s, p});
@@ -690,7 +690,6 @@ const std::vector<GpuKvCache::Impl::Plan>& GpuKvCache::Impl::plan_attention(int 
   std::vector<RowDesc> dec_rows;
   std::vector<int> dec_index, pf_index;
   std::vector<PrefillTile> tiles;
-  const int A = layout.append_tokens;
   const bool several = rounds.size() > 1;
   plans.assign(rounds.size(), Plan{});
   size_t parts = 0;  // partial slots x g of the largest launch (they run one after the other and share the scratch)
@@ -698,12 +697,11 @@ const std::vector<GpuKvCache::Impl::Plan>& GpuKvCache::Impl::plan_attention(int 
   for (size_t r = 0; r < rounds.size(); ++r) {
     Plan& plan = plans[r];
     plan.dec_off = int(dec_rows.size()), plan.tile_off = int(tiles.size()), plan.pf_off = int(pf_index.size());
-    const int a = int(r) * A;
     int row = 0, dec_view = 0, pf_view = 0;
     for (size_t b = 0; b < step_seqs.size(); ++b) {
       const int s = step_seqs[b], nb = step_n[b];
-      if (a < nb) {
-        const int n = std::min(nb, a + A) - a, pos0 = pool->length(s) + a;
+      if (const auto [a, e] = layout.round_rows(nb, int(r)); a < e) {
+        const int n = e - a, pos0 = pool->length(s) + a;
         if (prefill_ok && !reference && prefill_rows > 0 && n >= prefill_rows) {
           const int lrow0 = int(pf_index.size()) - plan.pf_off;
           for (int i = 0; i < n; ++i) pf_index.push_back(row + a + i);

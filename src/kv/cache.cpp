@@ -476,10 +476,10 @@ void KvCache::append(int seq, int layer, int pos0, int n, const float* k, const 
             layer, s.ring_end[size_t(layer)]);
   // The ring holds W + B + append_tokens rows: a longer append goes in rounds, each demoting before the next writes.
   const size_t row = size_t(n_kv_) * d_;
-  for (int i = 0; i < n; i += layout_.append_tokens) {
-    const int m = std::min(layout_.append_tokens, n - i);
-    append_rows(seq, s, layer, pos0 + i, m, k + size_t(i) * row, v + size_t(i) * row);
-    s.ring_end[size_t(layer)] = pos0 + i + m;
+  for (int r = 0; r < layout_.rounds(n); ++r) {
+    const auto [a, e] = layout_.round_rows(n, r);
+    append_rows(seq, s, layer, pos0 + a, e - a, k + size_t(a) * row, v + size_t(a) * row);
+    s.ring_end[size_t(layer)] = pos0 + e;
   }
 }
 

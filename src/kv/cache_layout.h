@@ -100,6 +100,16 @@ struct CacheLayout {
                                  // codec
 
   KVQ_HD int quant_end(int t) const { return kvq::quant_end(t, sink, recent, block_tokens); }
+  // The rounds of an append of n rows of one sequence (the ring holds one round beyond the window): rounds(n) of them,
+  // round r its rows [r · append_tokens, min(n, (r + 1) · append_tokens)), empty (begin >= end) past its last.
+  struct RowRange {
+    int begin, end;
+  };
+  KVQ_HD int rounds(int n) const { return (n + append_tokens - 1) / append_tokens; }
+  KVQ_HD RowRange round_rows(int n, int r) const {
+    const int begin = r * append_tokens;
+    return {begin, begin + append_tokens < n ? begin + append_tokens : n};
+  }
   // Layer l's part of a page: its heads' { K | V } blocks, at layer_offset(l), layer_head_bytes(l) per head.
   KVQ_HD int64_t layer_head_bytes(int l) const { return skipped.has(l) ? skip_head_bytes : head_bytes; }
   KVQ_HD int64_t layer_k_region(int l) const { return skipped.has(l) ? skip_head_bytes / 2 : k_region; }
