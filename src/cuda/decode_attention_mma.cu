@@ -135,8 +135,9 @@ struct Decoded {
 // Decoded tiles: the warp writes a tile's 16 rows into `dst` as a staged 16-bit tile (K side, then V side, swizzled
 // rows), which the staged tile code then reads; rows from nv on are zeros. Value row r is at values + r · v_row, key
 // row r at keys + r · k_row, or for key blocks row krow0 + r of the block at keys (the tile's raw bytes in the warp's
-// raw ring in shared memory, a key block in global memory: see attend_block). The rows are decoded in f32 by the device codecs' values4 and rounded to f16 (2^-11 relative; q and
-// P' are rounded to f16 too), saturated at ±65504 so that a value beyond f16's range cannot become inf (NaN stays NaN).
+// raw ring in shared memory, a key block in global memory: see attend_block). The rows are decoded in f32 by the
+// device codecs' values4 and rounded to f16 (2^-11 relative; q and P' are rounded to f16 too), saturated at ±65504
+// so that a value beyond f16's range cannot become inf (NaN stays NaN).
 // Lane l always takes the chunk of 4 values c0 = 4 (l % (D / 4)), of rows l / (D / 4) + (32 / (D / 4)) k, so whatever
 // depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
 // (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
