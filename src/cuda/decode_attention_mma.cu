@@ -115,7 +115,7 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // latency hides behind the previous tile's work; decode_tile reads them from there. A stage holds a tile's 16 value
 // rows and, for per-token keys, its 16 key rows (key blocks are read from global memory).
 constexpr int kRawStages = 2;
-__host__ __device__ inline int raw_stage_bytes(const CacheGeometry& g, bool key_blocks) {
+KVQ_HD inline int raw_stage_bytes(const CacheGeometry& g, bool key_blocks) {
   return kTile * ((key_blocks ? 0 : g.k_row) + g.v_row);
 }
 

@@ -20,10 +20,9 @@ constexpr int kBits = layout::kOscarBits;
 template <int D>
 constexpr int kRowCodes = layout::packed_bytes(D, kBits);  // bytes of one token's packed codes of D channels
 
-// The value of code bits `code` with the fp16 (scale, zero_dequant) pair packed in one word (scale low):
-// oscar_dequant's operations, the code made a float by code_float.
+// The value of code bits `code` with the fp16 (scale, zero_dequant) pair packed in one word (scale low).
 __device__ __forceinline__ float dequant_word(uint32_t code, uint32_t params) {
-  return exact::add(exact::mul(code_float(code), fp16_to_f32(uint16_t(params))), fp16_to_f32(uint16_t(params >> 16)));
+  return oscar_dequant(code, uint16_t(params), uint16_t(params >> 16));
 }
 }  // namespace oscar
 
