@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codecs/registry.h"
@@ -31,14 +32,16 @@ using namespace kvq::gpu_test;
 
 namespace {
 
-// A cache that runs row i of the table at head_dim d for n_layers x n_kv heads: the row's codecs as -ctk / -ctv build
-// them (default clips; KIVI and OScaR keys per channel), the largest group the row takes that fits d, pages of the
-// smallest size that selects the row and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile
-// fits), windows 16 / 64 and the transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot). A CUDA-core
-// row whose every page size a decoded-tile row takes first (OScaR's, Kitty's at d = 128) runs the caches with a
-// sliding window: one of 2^20 positions, which no test sequence reaches. Keys stored without RoPE (NexusQuant's) get
-// the frequencies of base 1e6. nullopt when none selects it that the CPU cache layout also takes.
-std::optional<CacheConfig> row_config(int i, int d, int n_layers, int n_kv) {
+// The caches that run row i of the table at head_dim d for n_layers x n_kv heads, in this order until f (taking a
+// const CacheConfig&) returns true: the row's codecs as -ctk / -ctv build them (default clips; KIVI and OScaR keys
+// per channel), groups from the largest the row takes that fits d, pages from the smallest size that selects the row
+// and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile fits), windows 16 / 64 and the
+// transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot); then the same with a sliding window of 2^20
+// positions, which no test sequence reaches (for a CUDA-core row whose every page size a decoded-tile row takes
+// first: OScaR's, Kitty's at d = 128). Keys stored without RoPE (NexusQuant's) get the frequencies of base 1e6. Only
+// caches the CPU cache layout also takes.
+template <class F>
+void for_each_row_config(int i, int d, int n_layers, int n_kv, F&& f) {
   const cuda::GpuInstance& r = cuda::kGpuInstances[i];
   for (bool slides : {false, true})
     for (int group : {128, 64, 32})
@@ -57,9 +60,19 @@ std::optional<CacheConfig> row_config(int i, int d, int n_layers, int n_kv) {
         } catch (const Error&) {
           continue;
         }
-        return c;
+        if (f(std::as_const(c))) return;
       }
-  return std::nullopt;
+}
+
+// The first of them (the largest group, the smallest page, no sliding window where one selects the row); nullopt
+// when none selects it.
+std::optional<CacheConfig> row_config(int i, int d, int n_layers, int n_kv) {
+  std::optional<CacheConfig> first;
+  for_each_row_config(i, d, n_layers, n_kv, [&](const CacheConfig& c) {
+    first = c;
+    return true;
+  });
+  return first;
 }
 
 struct RowDim {
@@ -134,32 +147,24 @@ TEST(GpuHeadDimsTable, EveryCompiledRowAndHeadDimHasACacheTheCpuAlsoTakesHost) {
 TEST(GpuHeadDimsTable, DecodedTileRowsKeepTilesAt16ByteOffsetsHost) {
   int rows = 0;
   for (const auto& [i, d] : compiled_row_dims()) {
-    const cuda::GpuInstance& r = cuda::kGpuInstances[i];
-    if (r.path != cuda::GpuPath::kDecodedTile) continue;
+    if (cuda::kGpuInstances[i].path != cuda::GpuPath::kDecodedTile) continue;
     int layouts = 0;
-    for (int group : {128, 64, 32})
-      for (int page = r.page_multiple; page <= 256; page += r.page_multiple)
-        for (bool skip : {false, true}) {
-          std::optional<CacheConfig> c = row_config(i, d, 3, 2);
-          if (!c) continue;
-          c->k = codec_spec(codec_traits(r.k).name, true, group, 0.f);
-          c->v = codec_spec(codec_traits(r.v).name, false, group, 0.f);
-          c->k.head_dim = c->v.head_dim = d;
-          c->page_tokens = page;
-          if (skip) c->skip_layers = {1};
-          if (cuda::gpu_instance(*c, d) != i) continue;
-          try {
-            c->transform = codec_transform(*c, 3, 2, d);
-            cache_layout(*c, 3, 2, d);
-          } catch (const Error&) {
-            continue;
-          }
-          for (int layer : {0, 2}) {
-            const cuda::CacheGeometry g = cuda::cache_geometry(*c, 3, 2, 1024, layer);
-            EXPECT_TRUE(cuda::tiles_aligned16(g)) << what(i, d, *c) << " layer " << layer;
-          }
-          ++layouts;
+    for_each_row_config(i, d, 3, 2, [&](const CacheConfig& base) {
+      for (bool skip : {false, true}) {
+        CacheConfig c = base;
+        if (skip) c.skip_layers = {1};
+        try {
+          cache_layout(c, 3, 2, d);
+        } catch (const Error&) {
+          continue;
         }
+        for (int layer : {0, 2})
+          EXPECT_TRUE(cuda::tiles_aligned16(cuda::cache_geometry(c, 3, 2, 1024, layer)))
+              << what(i, d, c) << " layer " << layer << (skip ? " (layer 1 skipped)" : "");
+        ++layouts;
+      }
+      return false;
+    });
     EXPECT_GT(layouts, 0) << "row " << i << " at d " << d;
     ++rows;
   }
