@@ -132,6 +132,61 @@ struct Decoded {
   using Values = V;
 };
 
+// Two floats as f16x2 (lo in the low half), rounded to nearest and saturated to ±65504, NaN staying NaN: one cvt.
+__device__ __forceinline__ uint32_t f16x2_sat(float lo, float hi) {
+  uint32_t h;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(hi), "f"(lo));
+  return h;
+}
+
+// The K side of a decoded tile of codebook keys (TurboQuant's: dev::ReadsCodebook; D = 128, a lane holding channels
+// 4 lane .. 4 lane + 3 of every row), 8 rows at a time: value c of a row is factor · centroid[idx_c]. With the norm
+// correction the factor needs the row's sum of squares over the warp. A butterfly per row took 5 shuffles a row; a
+// reduce-scatter takes 9 for 8 rows: at xor 16, 8 and 4 each lane keeps the half of its rows whose partials its partner
+// sends it, so that after xor 2 and 1 lane l holds row l / 4's sum — each row's sum of the same pairs in the same tree
+// as the butterfly's, so the same float — and every lane takes the 8 rows' factors from lanes 4r (8 more).
+template <class K, int D>
+__device__ __forceinline__ void decode_codebook_keys(const CacheGeometry& geo, const uint8_t* keys, int nv,
+                                                     uint8_t* dst, int lane) {
+  static_assert(D == 128, "a lane holds 4 channels of every row");
+  const int c0 = 4 * lane;
+#pragma unroll
+  for (int r0 = 0; r0 < kTile; r0 += 8) {
+    float k[8][4], ss[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      K::centroids4(keys + (r0 + r) * geo.k_row, geo.k_table, c0, k[r]);
+      ss[r] = k[r][0] * k[r][0];
+#pragma unroll
+      for (int e = 1; e < 4; ++e) ss[r] = fmaf(k[r][e], k[r][e], ss[r]);
+    }
+    [[maybe_unused]] float f = 0.f;  // lane l: the factor of row r0 + l / 4
+    if constexpr (K::kNormCorrected) {
+#pragma unroll
+      for (int n = 4; n >= 1; n >>= 1) {  // xor 16, 8, 4: the lane's partials of 8 rows -> 4 -> 2 -> 1
+        const bool upper = lane & (4 * n);
+#pragma unroll
+        for (int j = 0; j < n; ++j) {
+          const float keep = upper ? ss[j + n] : ss[j], give = upper ? ss[j] : ss[j + n];
+          ss[j] = keep + __shfl_xor_sync(0xffffffffu, give, 4 * n);
+        }
+      }
+      ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 2);
+      ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 1);
+      f = K::factor(keys + (r0 + lane / 4) * geo.k_row, ss[0]);
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float fr = K::kNormCorrected ? __shfl_sync(0xffffffffu, f, 4 * r)
+                                         : K::factor(keys + (r0 + r) * geo.k_row, 0.f);
+      const float* x = k[r];
+      *reinterpret_cast<uint2*>(dst + swizzled<D>(r0 + r, c0 / 8) + 2 * (c0 % 8)) =
+          r0 + r < nv ? make_uint2(f16x2_sat(x[0] * fr, x[1] * fr), f16x2_sat(x[2] * fr, x[3] * fr))
+                      : make_uint2(0u, 0u);
+    }
+  }
+}
+
 // Decoded tiles: the warp writes a tile's 16 rows into `dst` as a staged 16-bit tile (K side, then V side, swizzled
 // rows), which the staged tile code then reads; rows from nv on are zeros. Value row r is at values + r · v_row, key
 // row r at keys + r · k_row, or for key blocks row krow0 + r of the block at keys (the tile's raw bytes in the warp's
@@ -142,11 +197,11 @@ struct Decoded {
 // depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
 // (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
 // in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
-// and TurboQuant's codebook keys are centroids times the row's factor, whose sum of squares the D / 4 lanes of the row
-// add by an xor butterfly. NexusQuant's keys (dev::hadamard_rows) go back through their Hadamard across the warp,
-// which holds one row (D = 128), and keys stored without RoPE get it at their position p0 + r; its values stay in the
-// Hadamard domain (ŷ), and the block's sums of P' · ŷ go through the Hadamard once at the end (attend_block), since
-// it is linear: 16 rows' transforms a tile become g rows' a block.
+// and TurboQuant's codebook keys are decoded by a pass of their own before the values (decode_codebook_keys).
+// NexusQuant's keys (dev::hadamard_rows) go back through their Hadamard across the warp, which holds one row
+// (D = 128), and keys stored without RoPE get it at their position p0 + r; its values stay in the Hadamard domain (ŷ),
+// and the block's sums of P' · ŷ go through the Hadamard once at the end (attend_block), since it is linear: 16 rows'
+// transforms a tile become g rows' a block.
 template <class K, class V, int D>
 __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* keys, int krow0,
                                             const uint8_t* values, int nv, int p0, const float* nu, uint8_t* dst,
@@ -154,51 +209,39 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
   constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
   static_assert(kChunks <= 32 && 32 % kChunks == 0, "a pass of the warp holds whole rows");
   const int c0 = 4 * (lane % kChunks);
-  const auto half2 = [](float lo, float hi) {  // one cvt: round to nearest, saturate to ±65504, NaN stays NaN
-    uint32_t h;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(hi), "f"(lo));
-    return h;
-  };
+  constexpr bool kKeysApart = dev::ReadsCodebook<K>;  // a pass of their own
+  static_assert(!kKeysApart || (!dev::token_scaled<K>() && !dev::tensor_scaled<K>()), "scaled apart keys");
+  if constexpr (dev::ReadsCodebook<K>) decode_codebook_keys<K, D>(geo, keys, nv, dst, lane);
 #pragma unroll 4
   for (int r = lane / kChunks; r < kTile; r += kRowsPerPass) {
-    float k[4], v[4];
-    if constexpr (K::kKeyBlocks) {
-      K::values4(keys, krow0 + r, geo.k_group, c0, k);
-    } else if constexpr (dev::ReadsCodebook<K>) {
-      const uint8_t* row = keys + r * geo.k_row;
-      K::centroids4(row, geo.k_table, c0, k);
-      float ss = k[0] * k[0];
+    const bool in = r < nv;
+    const int at = swizzled<D>(r, c0 / 8) + 2 * (c0 % 8);
+    if constexpr (!kKeysApart) {
+      float k[4];
+      if constexpr (K::kKeyBlocks) K::values4(keys, krow0 + r, geo.k_group, c0, k);
+      else K::values4(keys + r * geo.k_row, 0, geo.k_group, c0, k);
+      if constexpr (dev::hadamard_rows<K>()) {  // r is the warp's (one row a pass): the shuffles see every lane
+        K::finish4(k, lane, r < nv ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr);
+      }
+      if constexpr (dev::token_scaled<K>()) {
 #pragma unroll
-      for (int e = 1; e < 4; ++e) ss = fmaf(k[e], k[e], ss);
+        for (int e = 0; e < 4; ++e) k[e] *= nu[r];
+      }
+      if constexpr (dev::tensor_scaled<K>()) {
 #pragma unroll
-      for (int o = kChunks / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float f = K::factor(row, ss);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) k[e] *= f;
-    } else {
-      K::values4(keys + r * geo.k_row, 0, geo.k_group, c0, k);
+        for (int e = 0; e < 4; ++e) k[e] *= geo.k_scale;
+      }
+      *reinterpret_cast<uint2*>(dst + at) =
+          in ? make_uint2(f16x2_sat(k[0], k[1]), f16x2_sat(k[2], k[3])) : make_uint2(0u, 0u);
     }
-    if constexpr (dev::hadamard_rows<K>()) {  // r is the warp's (one row a pass): the shuffles see every lane
-      K::finish4(k, lane, r < nv ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr);
-    }
-    if constexpr (dev::token_scaled<K>()) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) k[e] *= nu[r];
-    }
-    if constexpr (dev::tensor_scaled<K>()) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) k[e] *= geo.k_scale;
-    }
+    float v[4];
     V::values4(values + r * geo.v_row, 0, geo.v_group, c0, v);  // NexusQuant's: ŷ
     if constexpr (dev::tensor_scaled<V>()) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] *= geo.v_scale;
     }
-    const bool in = r < nv;
-    const int at = swizzled<D>(r, c0 / 8) + 2 * (c0 % 8);
-    *reinterpret_cast<uint2*>(dst + at) = in ? make_uint2(half2(k[0], k[1]), half2(k[2], k[3])) : make_uint2(0u, 0u);
     *reinterpret_cast<uint2*>(dst + tile_side<D> + at) =
-        in ? make_uint2(half2(v[0], v[1]), half2(v[2], v[3])) : make_uint2(0u, 0u);
+        in ? make_uint2(f16x2_sat(v[0], v[1]), f16x2_sat(v[2], v[3])) : make_uint2(0u, 0u);
   }
 }
 

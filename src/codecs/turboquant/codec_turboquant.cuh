@@ -58,6 +58,7 @@ struct TqKeyRows {
   static_assert(BITS == 2 || BITS == 3 || BITS == 4, "TurboQuant keys of 2, 3 or 4 bits");
   static constexpr bool kKeyBlocks = false;  // per-token rows
   static constexpr bool kCodebook = true;    // reads CacheGeometry::k_table
+  static constexpr bool kNormCorrected = NC;  // factor() divides by the norm of the row's centroids
   static constexpr int kCodeBytes = tq::codes_bytes(D, BITS);
   static constexpr int kWords = kCodeBytes / 4;
 
