@@ -187,6 +187,34 @@ __device__ __forceinline__ void decode_codebook_keys(const CacheGeometry& geo, c
   }
 }
 
+// The K side of a decoded tile of Hadamard-domain keys (NexusQuant's: dev::hadamard_rows; D = 128), a row over
+// kHadamardLanes lanes: they decode its ŷ by values4 and take it back through the Hadamard (and RoPE at its position
+// for keys stored without it) together (finish_lanes), 32 / kHadamardLanes rows a pass. Where a lane held 4 values of
+// every row, the Hadamard's shuffles were 384 a lane and tile; 4 lanes a row take 128 (2 lanes: 64, but 64 values a
+// lane spill registers).
+constexpr int kHadamardLanes = 4;
+template <class K, int D>
+__device__ __forceinline__ void decode_hadamard_keys(const CacheGeometry& geo, const uint8_t* keys, int nv, int p0,
+                                                     uint8_t* dst, int lane) {
+  constexpr int L = kHadamardLanes, kValues = D / L;
+  const int q = lane % L;
+#pragma unroll
+  for (int r = lane / L; r < kTile; r += 32 / L) {
+    const uint8_t* row = keys + r * geo.k_row;
+    float x[kValues];
+#pragma unroll
+    for (int j = 0; j < kValues; j += 4) K::values4(row, 0, geo.k_group, K::template lane_channel<L>(q, j), x + j);
+    const bool in = r < nv;
+    K::template finish_lanes<L>(x, q, in ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr);
+#pragma unroll
+    for (int j = 0; j < kValues; j += 8)  // 16-byte chunks of 8 channels
+      *reinterpret_cast<uint4*>(dst + swizzled<D>(r, K::template lane_channel<L>(q, j) / 8)) =
+          in ? make_uint4(f16x2_sat(x[j], x[j + 1]), f16x2_sat(x[j + 2], x[j + 3]), f16x2_sat(x[j + 4], x[j + 5]),
+                          f16x2_sat(x[j + 6], x[j + 7]))
+             : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 // Decoded tiles: the warp writes a tile's 16 rows into `dst` as a staged 16-bit tile (K side, then V side, swizzled
 // rows), which the staged tile code then reads; rows from nv on are zeros. Value row r is at values + r · v_row, key
 // row r at keys + r · k_row, or for key blocks row krow0 + r of the block at keys (the tile's raw bytes in the warp's
@@ -197,11 +225,10 @@ __device__ __forceinline__ void decode_codebook_keys(const CacheGeometry& geo, c
 // depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
 // (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
 // in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
-// and TurboQuant's codebook keys are decoded by a pass of their own before the values (decode_codebook_keys).
-// NexusQuant's keys (dev::hadamard_rows) go back through their Hadamard across the warp, which holds one row
-// (D = 128), and keys stored without RoPE get it at their position p0 + r; its values stay in the Hadamard domain (ŷ),
-// and the block's sums of P' · ŷ go through the Hadamard once at the end (attend_block), since it is linear: 16 rows'
-// transforms a tile become g rows' a block.
+// and TurboQuant's codebook keys (decode_codebook_keys) and NexusQuant's (decode_hadamard_keys) are decoded by a pass
+// of their own before the values. NexusQuant's values stay in the Hadamard domain (ŷ), and the block's sums of P' · ŷ
+// go through the Hadamard once at the end (attend_block), since it is linear: 16 rows' transforms a tile become g
+// rows' a block.
 template <class K, class V, int D>
 __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* keys, int krow0,
                                             const uint8_t* values, int nv, int p0, const float* nu, uint8_t* dst,
@@ -209,9 +236,10 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
   constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
   static_assert(kChunks <= 32 && 32 % kChunks == 0, "a pass of the warp holds whole rows");
   const int c0 = 4 * (lane % kChunks);
-  constexpr bool kKeysApart = dev::ReadsCodebook<K>;  // a pass of their own
+  constexpr bool kKeysApart = dev::ReadsCodebook<K> || dev::hadamard_rows<K>();  // a pass of their own
   static_assert(!kKeysApart || (!dev::token_scaled<K>() && !dev::tensor_scaled<K>()), "scaled apart keys");
   if constexpr (dev::ReadsCodebook<K>) decode_codebook_keys<K, D>(geo, keys, nv, dst, lane);
+  if constexpr (dev::hadamard_rows<K>()) decode_hadamard_keys<K, D>(geo, keys, nv, p0, dst, lane);
 #pragma unroll 4
   for (int r = lane / kChunks; r < kTile; r += kRowsPerPass) {
     const bool in = r < nv;
@@ -220,9 +248,6 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
       float k[4];
       if constexpr (K::kKeyBlocks) K::values4(keys, krow0 + r, geo.k_group, c0, k);
       else K::values4(keys + r * geo.k_row, 0, geo.k_group, c0, k);
-      if constexpr (dev::hadamard_rows<K>()) {  // r is the warp's (one row a pass): the shuffles see every lane
-        K::finish4(k, lane, r < nv ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr);
-      }
       if constexpr (dev::token_scaled<K>()) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) k[e] *= nu[r];

@@ -6,10 +6,11 @@
 //
 // A row stores a lattice point p in the Hadamard domain and its fp16 scale s: x̂ = (p · s) · H, keys then RoPE'd at
 // their position. value / values4 give ŷ = p · s (kHadamardRows); a whole row goes back through H together:
-// finish4 (a warp holding a row of 128 values, 4 a lane: the decoded tiles' keys, and the sums of P' · ŷ that their
-// values leave, since Σ P' · ŷ · H = (Σ P' · ŷ) · H) and finish_channel (a block of D threads, one a channel: the
-// reference twin), with the CPU's operations in the CPU's order (rotation/hadamard.cpp's butterflies stage by stage,
-// then the 1/√d scale; rotation/rope.cpp's rope_row), so the GPU decodes the CPU's floats. The demotion
+// finish_lanes (a row of 128 values over a few lanes: the decoded tiles' keys), finish4 (a warp
+// holding a row, 4 values a lane: the sums of P' · ŷ that the decoded tiles' values leave, since Σ P' · ŷ · H =
+// (Σ P' · ŷ) · H) and finish_channel (a block of D threads, one a channel: the reference twin), with the CPU's
+// operations in the CPU's order (rotation/hadamard.cpp's butterflies stage by stage, then the 1/√d scale;
+// rotation/rope.cpp's rope_row), so the GPU decodes the CPU's floats. The demotion
 // (encode_row_at) undoes RoPE, transforms and rounds as NexusCodec::encode does.
 #pragma once
 
@@ -100,6 +101,56 @@ struct NexusRows {
       const float o = __shfl_xor_sync(0xffffffffu, v[e], 16);
       const int f = (4 * lane + e) % kHalf;
       v[e] = rope_value(second ? o : v[e], second ? v[e] : o, angles[f], angles[kHalf + f], second);
+    }
+  }
+
+  // The decoded tiles' keys, a row over L lanes (D = 128; lanes L r .. L r + L - 1 hold row r, q = lane % L): x[j],
+  // from values4, is channel lane_channel<L>(q, j) — 8 channels in the lane, the next log2 L bits of the channel the
+  // lane's, the rest the lane's again. The butterflies of finish4 in the same stages and operand order (h = 1, 2, 4 in
+  // the lane, 8 .. 4 L across the lanes by xor, the rest in the lane), then 1/√d, then RoPE at `angles` (null: none),
+  // whose pairs (f, f + 64) are the lane's: the same floats as finish4, with log2 L · D / L shuffles a lane where
+  // finish4 takes 24 a lane for each row. Every lane of the L calls it.
+  template <int L>
+  static __device__ __forceinline__ int lane_channel(int q, int j) {
+    return j % 8 + 8 * q + 8 * L * (j / 8);
+  }
+  template <int L>
+  static __device__ __forceinline__ void finish_lanes(float (&x)[D / L], int q, const float* angles) {
+    static_assert(D == 128 && (L == 2 || L == 4 || L == 8), "a row of 128 values over 2, 4 or 8 lanes");
+    constexpr int kValues = D / L;
+#pragma unroll
+    for (int h = 1; h < D; h <<= 1) {
+      if (h >= 8 && h < 8 * L) {  // across the lanes
+        const int m = h / 8;
+#pragma unroll
+        for (int j = 0; j < kValues; ++j) {
+          const float o = __shfl_xor_sync(0xffffffffu, x[j], m);
+          x[j] = (q & m) ? exact::sub(o, x[j]) : exact::add(x[j], o);
+        }
+      } else {
+        const int l = h < 8 ? h : h / L;  // the stage's bit of j
+#pragma unroll
+        for (int j = 0; j < kValues; ++j)
+          if (!(j & l)) butterfly(x[j], x[j + l]);
+      }
+    }
+    const float s = hadamard_norm<D>();
+#pragma unroll
+    for (int j = 0; j < kValues; ++j) x[j] = exact::mul(x[j], s);
+    if (angles == nullptr) return;
+    constexpr int kPair = kHalf / L;  // j + kPair: channel f + 64
+#pragma unroll
+    for (int j = 0; j < kPair; j += 4) {
+      const int f = lane_channel<L>(q, j);  // 4 consecutive channels, 16-byte aligned
+      const float4 c = __ldg(reinterpret_cast<const float4*>(angles + f));
+      const float4 n = __ldg(reinterpret_cast<const float4*>(angles + kHalf + f));
+      const float cv[4] = {c.x, c.y, c.z, c.w}, sv[4] = {n.x, n.y, n.z, n.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float a = x[j + e], b = x[j + e + kPair];
+        x[j + e] = rope_value(a, b, cv[e], sv[e], false);
+        x[j + e + kPair] = rope_value(a, b, cv[e], sv[e], true);
+      }
     }
   }
 
