@@ -242,10 +242,8 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
   if constexpr (dev::hadamard_rows<K>()) decode_hadamard_keys<K, D>(geo, keys, nv, p0, dst, lane);
 #pragma unroll 4
   for (int r = lane / kChunks; r < kTile; r += kRowsPerPass) {
-    const bool in = r < nv;
-    const int at = swizzled<D>(r, c0 / 8) + 2 * (c0 % 8);
+    float k[4], v[4];  // both decoded before either is stored: the stores may alias the raw rows for the compiler
     if constexpr (!kKeysApart) {
-      float k[4];
       if constexpr (K::kKeyBlocks) K::values4(keys, krow0 + r, geo.k_group, c0, k);
       else K::values4(keys + r * geo.k_row, 0, geo.k_group, c0, k);
       if constexpr (dev::token_scaled<K>()) {
@@ -256,15 +254,17 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
 #pragma unroll
         for (int e = 0; e < 4; ++e) k[e] *= geo.k_scale;
       }
-      *reinterpret_cast<uint2*>(dst + at) =
-          in ? make_uint2(f16x2_sat(k[0], k[1]), f16x2_sat(k[2], k[3])) : make_uint2(0u, 0u);
     }
-    float v[4];
     V::values4(values + r * geo.v_row, 0, geo.v_group, c0, v);  // NexusQuant's: ŷ
     if constexpr (dev::tensor_scaled<V>()) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] *= geo.v_scale;
     }
+    const bool in = r < nv;
+    const int at = swizzled<D>(r, c0 / 8) + 2 * (c0 % 8);
+    if constexpr (!kKeysApart)
+      *reinterpret_cast<uint2*>(dst + at) =
+          in ? make_uint2(f16x2_sat(k[0], k[1]), f16x2_sat(k[2], k[3])) : make_uint2(0u, 0u);
     *reinterpret_cast<uint2*>(dst + tile_side<D> + at) =
         in ? make_uint2(f16x2_sat(v[0], v[1]), f16x2_sat(v[2], v[3])) : make_uint2(0u, 0u);
   }
