@@ -178,9 +178,9 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kIq4Nl,      .v = kIq4Nl,      .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
-  // NexusQuant's int8 and 2-bit E8 rows (the referee's nexusquant and e8_2), on decoded tiles alone: a row goes back
-  // through its Hadamard (and its keys through RoPE) across the warp that holds it, which a lane per position cannot
-  // do cheaply; sliding windows and pages of 8 stay on the CPU
+  // NexusQuant's int8 and 2-bit E8 rows (the referee's nexusquant and e8_2), on decoded tiles alone: a key row goes
+  // back through its Hadamard and RoPE across the 4 lanes that hold it (values: once a block across the warp), which a
+  // lane per position cannot do cheaply; sliding windows and pages of 8 stay on the CPU
   {.path = kDecodedTile, .k = kNexusquant, .v = kNexusquant, .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kE8_2,       .v = kE8_2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
