@@ -822,7 +822,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       for (int h = 0; h < g; ++h) {
         float* out = sh.acc[warp][h] + 4 * lane;
         float v[4] = {out[0], out[1], out[2], out[3]};
-        V::finish4(v, lane, nullptr);
+        V::finish4(v, lane);
 #pragma unroll
         for (int e = 0; e < 4; ++e) out[e] = v[e];
       }

@@ -6,12 +6,12 @@
 //
 // A row stores a lattice point p in the Hadamard domain and its fp16 scale s: x̂ = (p · s) · H, keys then RoPE'd at
 // their position. value / values4 give ŷ = p · s (kHadamardRows); a whole row goes back through H together:
-// finish_lanes (a row of 128 values over a few lanes: the decoded tiles' keys), finish4 (a warp
-// holding a row, 4 values a lane: the sums of P' · ŷ that the decoded tiles' values leave, since Σ P' · ŷ · H =
-// (Σ P' · ŷ) · H) and finish_channel (a block of D threads, one a channel: the reference twin), with the CPU's
-// operations in the CPU's order (rotation/hadamard.cpp's butterflies stage by stage, then the 1/√d scale;
-// rotation/rope.cpp's rope_row), so the GPU decodes the CPU's floats. The demotion
-// (encode_row_at) undoes RoPE, transforms and rounds as NexusCodec::encode does.
+// finish_lanes (a row of 128 values over a few lanes: the decoded tiles' keys), finish4 (a warp holding a row, 4
+// values a lane: the sums of P' · ŷ that the decoded tiles' values leave, since Σ P' · ŷ · H = (Σ P' · ŷ) · H) and
+// finish_channel (a block of D threads, one a channel: the reference twin), with the CPU's operations in the CPU's
+// order (rotation/hadamard.cpp's butterflies stage by stage, then the 1/√d scale; rotation/rope.cpp's rope_row), so
+// the GPU decodes the CPU's floats. The demotion (encode_row_at) undoes RoPE, transforms and rounds as
+// NexusCodec::encode does.
 #pragma once
 
 #include "codecs/nexus/e8_lattice.h"
@@ -37,8 +37,8 @@ template <int D, NexusFormat F, E8Rule R, bool PRE_ROPE>
 struct NexusRows {
   static_assert(D >= 32 && (D & (D - 1)) == 0, "a Hadamard of a power of two");
   static constexpr bool kKeyBlocks = false;   // per-token rows
-  static constexpr bool kHadamardRows = true;  // value / values4 give the Hadamard domain's p · s (finish4 / _channel)
-  static constexpr bool kPreRope = PRE_ROPE;   // keys stored without RoPE: finish* re-apply it at the row's angles
+  static constexpr bool kHadamardRows = true;  // value / values4 give the Hadamard domain's p · s (finish_*)
+  static constexpr bool kPreRope = PRE_ROPE;   // keys stored without RoPE: finish_lanes / _channel re-apply it
   static constexpr float kE8_2Top = 1.5f;      // e8_2's top level, in units of d
   static constexpr int kHalf = D / 2;
 
@@ -73,10 +73,10 @@ struct NexusRows {
     for (int i = 0; i < 4; ++i) out[i] = exact::mul(point((w >> (8 * i + shift)) & mask), s);
   }
 
-  // The decoded row's 4 values of `lane`, from its values4 (c0 = 4 lane, the warp holding one row of D = 128):
-  // x̂ = ŷ · H / √d by the butterflies h = 1, 2 in the lane and h = 4 .. 64 across lanes (xor 1 .. 16), then RoPE at
-  // `angles` ([cos d/2 | sin d/2] of the row's position; null: none). Every lane of the warp calls it.
-  static __device__ __forceinline__ void finish4(float (&v)[4], int lane, const float* angles) {
+  // The decoded row's 4 values of `lane`, from its values4 (c0 = 4 lane, the warp holding one row of D = 128): x̂ = ŷ ·
+  // H / √d by the butterflies h = 1, 2 in the lane and h = 4 .. 64 across lanes (xor 1 .. 16). The decoded tiles'
+  // sums of P' · ŷ (values: no RoPE). Every lane of the warp calls it.
+  static __device__ __forceinline__ void finish4(float (&v)[4], int lane) {
     static_assert(D == 128, "a warp holds one row of 128 values, 4 a lane");
     butterfly(v[0], v[1]);
     butterfly(v[2], v[3]);
@@ -94,22 +94,14 @@ struct NexusRows {
     const float s = hadamard_norm<D>();
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = exact::mul(v[e], s);
-    if (angles == nullptr) return;
-    const bool second = lane >= 16;  // channels f + 64: rope_row's x[f + half]
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float o = __shfl_xor_sync(0xffffffffu, v[e], 16);
-      const int f = (4 * lane + e) % kHalf;
-      v[e] = rope_value(second ? o : v[e], second ? v[e] : o, angles[f], angles[kHalf + f], second);
-    }
   }
 
   // The decoded tiles' keys, a row over L lanes (D = 128; lanes L r .. L r + L - 1 hold row r, q = lane % L): x[j],
   // from values4, is channel lane_channel<L>(q, j) — 8 channels in the lane, the next log2 L bits of the channel the
-  // lane's, the rest the lane's again. The butterflies of finish4 in the same stages and operand order (h = 1, 2, 4 in
-  // the lane, 8 .. 4 L across the lanes by xor, the rest in the lane), then 1/√d, then RoPE at `angles` (null: none),
-  // whose pairs (f, f + 64) are the lane's: the same floats as finish4, with log2 L · D / L shuffles a lane where
-  // finish4 takes 24 a lane for each row. Every lane of the L calls it.
+  // lane's, the rest the lane's again. The butterflies in the CPU's stages and operand order (h = 1, 2, 4 in the lane,
+  // 8 .. 4 L across the lanes by xor, the rest in the lane), then 1/√d, then RoPE at `angles` (null: none), whose pairs
+  // (f, f + 64) are the lane's: log2 L · D / L shuffles a lane and row, where a row over the warp (4 values a lane)
+  // took 24. Every lane of the L calls it.
   template <int L>
   static __device__ __forceinline__ int lane_channel(int q, int j) {
     return j % 8 + 8 * q + 8 * L * (j / 8);
