@@ -218,7 +218,7 @@ std::string support_markdown() {
          "(tqv2, tqv3, tqv4) at 96, whose only pairs are TurboQuant keys, which like OScaR need a power-of-two "
          "head_dim for their Hadamard on either device; NexusQuant's nexusquant and e8_2 (the referee's rows) at 64 "
          "and 256, which run on decoded tiles alone (a row goes back through its Hadamard, and a key through RoPE at "
-         "its position, across the warp that decodes it: pages of a multiple of 16, no sliding window; their ablations "
+         "its position, across the lanes that decode it: pages of a multiple of 16, no sliding window; their ablations "
          "nexusquant_strict, e8_2_strict and e8_2_postrope stay on the CPU). head_dim 80 takes unquantized rows only "
          "(the other codecs take multiples of 32): bf16 on the GPU, f32, bf16 and f16 on the CPU (the GPU stores no "
          "f32 rows at any head_dim, and f16 at 64, 96, 128 and 256).\n";
