@@ -109,10 +109,10 @@ struct RowScratch {
 //                                       (CacheGeometry::k_scale / v_scale), demoted by encode_row_scaled(src, dst, s);
 //                                       the kernels multiply what value / values4 / score give by s (codec_fp8.cuh)
 //   kHadamardRows (optional, rows)      true: value / values4 give the row in a Hadamard domain; the row's values go
-//                                       back together through finish_lanes (a row of 128 over a few lanes: keys),
-//                                       finish4 (a warp holding a row, 4 values a lane: values) or finish_channel (a
-//                                       block of D threads); finish_lanes and finish_channel also re-apply RoPE to keys
-//                                       stored without it (kPreRope: CacheGeometry::k_rope's angles of the position);
+//                                       back together through finish_lanes (a row of 128 over L lanes: keys over 4,
+//                                       values over the warp) or finish_channel (a block of D threads); rope_lanes and
+//                                       finish_channel re-apply RoPE to keys stored without it (kPreRope:
+//                                       CacheGeometry::k_rope's angles of the position);
 //                                       demoted by encode_row_at(src, dst, angles, RowScratch<D>&) (codec_nexus.cuh)
 // DeviceCodecOf<id>::type<D> is the codec's key blocks or rows; ::values<D>, when present, its value rows (OScaR's
 // are their own type; KIVI's value specs run under int rows, gpu_instances.h).

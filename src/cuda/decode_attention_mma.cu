@@ -188,10 +188,10 @@ __device__ __forceinline__ void decode_codebook_keys(const CacheGeometry& geo, c
 }
 
 // The K side of a decoded tile of Hadamard-domain keys (NexusQuant's: dev::hadamard_rows; D = 128), a row over
-// kHadamardLanes lanes: they decode its ŷ by values4 and take it back through the Hadamard (and RoPE at its position
-// for keys stored without it) together (finish_lanes), 32 / kHadamardLanes rows a pass. Where a lane held 4 values of
-// every row, the Hadamard's shuffles were 384 a lane and tile; 4 lanes a row take 128 (2 lanes: 64, but 64 values a
-// lane spill registers).
+// kHadamardLanes lanes: they decode its ŷ by values4 and take it back through the Hadamard (finish_lanes) and RoPE at
+// its position for keys stored without it (rope_lanes) together, 32 / kHadamardLanes rows a pass. Where a lane held 4
+// values of every row, the Hadamard's shuffles were 384 a lane and tile; 4 lanes a row take 128 (2 lanes: 64, but 64
+// values a lane spill registers).
 constexpr int kHadamardLanes = 4;
 template <class K, int D>
 __device__ __forceinline__ void decode_hadamard_keys(const CacheGeometry& geo, const uint8_t* keys, int nv, int p0,
@@ -205,7 +205,9 @@ __device__ __forceinline__ void decode_hadamard_keys(const CacheGeometry& geo, c
 #pragma unroll
     for (int j = 0; j < kValues; j += 4) K::values4(row, 0, geo.k_group, K::template lane_channel<L>(q, j), x + j);
     const bool in = r < nv;
-    K::template finish_lanes<L>(x, q, in ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr);
+    K::template finish_lanes<L>(x, q);
+    if (const float* angles = in ? dev::rope_angles_of<K, D>(geo, p0 + r) : nullptr)
+      K::template rope_lanes<L>(x, q, angles);
 #pragma unroll
     for (int j = 0; j < kValues; j += 8)  // 16-byte chunks of 8 channels
       *reinterpret_cast<uint4*>(dst + swizzled<D>(r, K::template lane_channel<L>(q, j) / 8)) =
@@ -820,9 +822,9 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     if constexpr (dev::hadamard_rows<V>()) {  // NexusQuant's values were summed as ŷ: the warp's g rows through H once
       __syncwarp();
       for (int h = 0; h < g; ++h) {
-        float* out = sh.acc[warp][h] + 4 * lane;
+        float* out = sh.acc[warp][h] + V::template lane_channel<32>(lane, 0);  // 4 channels a lane
         float v[4] = {out[0], out[1], out[2], out[3]};
-        V::finish4(v, lane);
+        V::template finish_lanes<32>(v, lane);
 #pragma unroll
         for (int e = 0; e < 4; ++e) out[e] = v[e];
       }

@@ -6,8 +6,8 @@
 //
 // A row stores a lattice point p in the Hadamard domain and its fp16 scale s: x̂ = (p · s) · H, keys then RoPE'd at
 // their position. value / values4 give ŷ = p · s (kHadamardRows); a whole row goes back through H together:
-// finish_lanes (a row of 128 values over a few lanes: the decoded tiles' keys), finish4 (a warp holding a row, 4
-// values a lane: the sums of P' · ŷ that the decoded tiles' values leave, since Σ P' · ŷ · H = (Σ P' · ŷ) · H) and
+// finish_lanes (a row of 128 values over L lanes: the decoded tiles' keys over 4, the sums of P' · ŷ that their
+// values leave over the warp, since Σ P' · ŷ · H = (Σ P' · ŷ) · H; rope_lanes re-applies RoPE to keys) and
 // finish_channel (a block of D threads, one a channel: the reference twin), with the CPU's operations in the CPU's
 // order (rotation/hadamard.cpp's butterflies stage by stage, then the 1/√d scale; rotation/rope.cpp's rope_row), so
 // the GPU decodes the CPU's floats. The demotion (encode_row_at) undoes RoPE, transforms and rounds as
@@ -38,7 +38,7 @@ struct NexusRows {
   static_assert(D >= 32 && (D & (D - 1)) == 0, "a Hadamard of a power of two");
   static constexpr bool kKeyBlocks = false;   // per-token rows
   static constexpr bool kHadamardRows = true;  // value / values4 give the Hadamard domain's p · s (finish_*)
-  static constexpr bool kPreRope = PRE_ROPE;   // keys stored without RoPE: finish_lanes / _channel re-apply it
+  static constexpr bool kPreRope = PRE_ROPE;   // keys stored without RoPE: rope_lanes / finish_channel re-apply it
   static constexpr float kE8_2Top = 1.5f;      // e8_2's top level, in units of d
   static constexpr int kHalf = D / 2;
 
@@ -73,54 +73,34 @@ struct NexusRows {
     for (int i = 0; i < 4; ++i) out[i] = exact::mul(point((w >> (8 * i + shift)) & mask), s);
   }
 
-  // The decoded row's 4 values of `lane`, from its values4 (c0 = 4 lane, the warp holding one row of D = 128): x̂ = ŷ ·
-  // H / √d by the butterflies h = 1, 2 in the lane and h = 4 .. 64 across lanes (xor 1 .. 16). The decoded tiles'
-  // sums of P' · ŷ (values: no RoPE). Every lane of the warp calls it.
-  static __device__ __forceinline__ void finish4(float (&v)[4], int lane) {
-    static_assert(D == 128, "a warp holds one row of 128 values, 4 a lane");
-    butterfly(v[0], v[1]);
-    butterfly(v[2], v[3]);
-    butterfly(v[0], v[2]);
-    butterfly(v[1], v[3]);
-#pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {
-      const bool upper = lane & m;  // the lane holding the butterfly's second half
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
-        v[e] = upper ? exact::sub(o, v[e]) : exact::add(v[e], o);
-      }
-    }
-    const float s = hadamard_norm<D>();
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = exact::mul(v[e], s);
-  }
-
-  // The decoded tiles' keys, a row over L lanes (D = 128; lanes L r .. L r + L - 1 hold row r, q = lane % L): x[j],
-  // from values4, is channel lane_channel<L>(q, j) — 8 channels in the lane, the next log2 L bits of the channel the
-  // lane's, the rest the lane's again. The butterflies in the CPU's stages and operand order (h = 1, 2, 4 in the lane,
-  // 8 .. 4 L across the lanes by xor, the rest in the lane), then 1/√d, then RoPE at `angles` (null: none), whose pairs
-  // (f, f + 64) are the lane's: log2 L · D / L shuffles a lane and row, where a row over the warp (4 values a lane)
-  // took 24. Every lane of the L calls it.
+  // A row of D = 128 values over L lanes (lanes L r .. L r + L - 1 hold row r, q = lane % L): x[j], from values4, is
+  // channel lane_channel<L>(q, j) — a run of min(8, D / L) channels in the lane, the next log2 L bits of the channel
+  // the lane's, the rest the lane's again. The decoded tiles' keys take L = 4 (kHadamardLanes); the sums of P' · ŷ
+  // that their values leave, L = 32 (a warp holding a row, 4 channels a lane; Σ P' · ŷ · H = (Σ P' · ŷ) · H).
+  template <int L>
+  static constexpr int kRun = D / L < 8 ? D / L : 8;
   template <int L>
   static __device__ __forceinline__ int lane_channel(int q, int j) {
-    return j % 8 + 8 * q + 8 * L * (j / 8);
+    return j % kRun<L> + kRun<L> * q + kRun<L> * L * (j / kRun<L>);
   }
+  // x̂ = ŷ · H / √d of the row over L lanes: the butterflies in the CPU's stages and operand order (h below the run in
+  // the lane, up to run · L across the lanes by xor, the rest in the lane), then 1/√d: log2 L · D / L shuffles a lane
+  // and row. Every lane of the L calls it.
   template <int L>
-  static __device__ __forceinline__ void finish_lanes(float (&x)[D / L], int q, const float* angles) {
-    static_assert(D == 128 && (L == 2 || L == 4 || L == 8), "a row of 128 values over 2, 4 or 8 lanes");
-    constexpr int kValues = D / L;
+  static __device__ __forceinline__ void finish_lanes(float (&x)[D / L], int q) {
+    static_assert(D == 128 && L >= 2 && L <= 32 && (L & (L - 1)) == 0, "a row of 128 values over 2 .. 32 lanes");
+    constexpr int kValues = D / L, kIn = kRun<L>;
 #pragma unroll
     for (int h = 1; h < D; h <<= 1) {
-      if (h >= 8 && h < 8 * L) {  // across the lanes
-        const int m = h / 8;
+      if (h >= kIn && h < kIn * L) {  // across the lanes
+        const int m = h / kIn;
 #pragma unroll
         for (int j = 0; j < kValues; ++j) {
           const float o = __shfl_xor_sync(0xffffffffu, x[j], m);
           x[j] = (q & m) ? exact::sub(o, x[j]) : exact::add(x[j], o);
         }
       } else {
-        const int l = h < 8 ? h : h / L;  // the stage's bit of j
+        const int l = h < kIn ? h : h / L;  // the stage's bit of j
 #pragma unroll
         for (int j = 0; j < kValues; ++j)
           if (!(j & l)) butterfly(x[j], x[j + l]);
@@ -129,7 +109,12 @@ struct NexusRows {
     const float s = hadamard_norm<D>();
 #pragma unroll
     for (int j = 0; j < kValues; ++j) x[j] = exact::mul(x[j], s);
-    if (angles == nullptr) return;
+  }
+  // RoPE at `angles` (the key's position) on the row finish_lanes left, for keys stored without it: the pairs
+  // (f, f + 64) are the lane's when its runs and lanes span at most half the row.
+  template <int L>
+  static __device__ __forceinline__ void rope_lanes(float (&x)[D / L], int q, const float* angles) {
+    static_assert(kRun<L> * L <= kHalf, "RoPE's pairs (f, f + d/2) in the lane");
     constexpr int kPair = kHalf / L;  // j + kPair: channel f + 64
 #pragma unroll
     for (int j = 0; j < kPair; j += 4) {
