@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
-  const int t = rd.pos, qe = quant_end(geo, t);
+  const int t = rd.pos, qe = view_quant_end(geo, rd.seq, t);
   const int first = split * a.split_tokens, end = min(t + 1, first + a.split_tokens);  // the split's positions
   const int begin = a.window > 0 ? max(first, t - a.window + 1) : first;  // a sliding window: (t - window, t]
 

@@ -355,7 +355,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
   const int g = a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
-  const int qe = quant_end(geo, rd.pos);
+  const int qe = view_quant_end(geo, rd.seq, rd.pos);
   const int lo = geo.sink + split * a.split_tokens, hi = min(qe, lo + a.split_tokens);
   const int64_t part = (int64_t(row) * geo.n_kv + head) * a.n_slots + split;
 

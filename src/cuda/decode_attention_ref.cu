@@ -27,7 +27,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z, c = threadIdx.x;
   const int g = a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
-  const int t = rd.pos, qe = quant_end(geo, t);
+  const int t = rd.pos, qe = view_quant_end(geo, rd.seq, t);
   const int first = split * a.split_tokens, end = min(t + 1, first + a.split_tokens);
   const int begin = a.window > 0 ? max(first, t - a.window + 1) : first;  // a sliding window: (t - window, t]
   __shared__ float red[kMaxGroupHeads][kTree];

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -98,9 +99,10 @@ int auto_split_tokens(int64_t base, int max_view, int64_t resident) {
   return best;
 }
 
-int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident) {
-  // A view's windows hold at most S0 + W + B - 1 positions (kv/cache.h); a block takes 64 of them per pass.
-  const int most = std::max(1, (g.sink + g.recent + g.block_tokens - 1 + 63) / 64);
+int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident, int longest) {
+  // A view's windows hold at most S0 + W + B - 1 positions (kv/cache.h), or `longest` (a frozen view's); a block takes
+  // 64 of them per pass.
+  const int most = std::max(1, (std::max(longest, g.sink + g.recent + g.block_tokens - 1) + 63) / 64);
   return int(std::clamp<int64_t>(resident / std::max<int64_t>(base, 1), 1, most));
 }
 
@@ -161,11 +163,15 @@ struct GpuKvCache::Impl {
   DeviceBuffer mu, rk, rv, rvt;
   std::unique_ptr<PrefixCache> prefix;  // null: prefix caching off
   bool own_stream = true;               // the stream is the cache's (else a caller's: not destroyed here)
-  // exact-prompt (gpu_cache.h): the bf16 twin on this stream, and each slot's sequence in it while its prompt is open
-  // (-1: no prompt open); step_exact: the open step's sequences read the twin.
+  // exact-prompt and quantize-after-prompt (gpu_cache.h): the bf16 twin on this stream, and each slot's sequence in it
+  // while its prompt is open (-1: no prompt open); step_exact: the open step's sequences read the twin.
   std::unique_ptr<GpuKvCache> exact;
   std::vector<int> exact_seq;
   bool step_exact = false;
+  // quantize-after-prompt: each slot's frozen end (CacheGeometry::frozen_end; INT_MAX until its prompt ends), uploaded
+  // with the tables; empty for the other policies.
+  std::vector<int> frozen_end;
+  DeviceBuffer frozen_end_dev;
   TransformPtrs tptrs{};
   DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
   DeviceBuffer k_rope;                  // keys stored without RoPE: every position's angles (CacheGeometry::k_rope)
@@ -213,6 +219,10 @@ struct GpuKvCache::Impl {
   DeviceBuffer decode_desc, decode_index, prefill_tiles, prefill_index;  // the kernels' rows of a mixed step
 
   int quant_end(int t) const { return layout.quant_end(t); }
+  // The quantized end of slot seq's view at t (cuda::view_quant_end on the host's copy of the frozen ends).
+  int view_quant_end(int seq, int t) const {
+    return frozen_end.empty() ? quant_end(t) : std::min(quant_end(t), frozen_end[size_t(seq)]);
+  }
   // Slot seq's windows in the pool (sinks [n_layers][2][n_kv][S0] rows, then the ring), bf16 rows of d values.
   uint8_t* windows(int seq) const { return pages.as<uint8_t>() + pool->window_offset(seq); }
   uint8_t* ring(int seq) const { return windows(seq) + layout.sink_bytes(); }
@@ -227,6 +237,10 @@ struct GpuKvCache::Impl {
     check(cudaMemcpyAsync(window_base_dev.get(), window_base_host.data(), window_base_host.size() * sizeof(int64_t),
                           cudaMemcpyHostToDevice, stream),
           "window table upload");
+    if (!frozen_end.empty())
+      check(cudaMemcpyAsync(frozen_end_dev.get(), frozen_end.data(), frozen_end.size() * sizeof(int),
+                            cudaMemcpyHostToDevice, stream),
+            "frozen ends upload");
     table_dirty = false;
   }
   std::vector<int64_t> window_base_host;  // the upload's source (pageable: read by the time cudaMemcpyAsync returns)
@@ -260,6 +274,10 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   m.cfg = cfg;
   m.n_layers = n_layers, m.n_kv = n_kv_heads, m.d = head_dim, m.max_ctx = max_ctx;
   m.layout = layout_of(cfg, n_layers, n_kv_heads, head_dim);
+  // quantize-after-prompt: every row from a sequence's frozen end on stays a window row, read from the ring at
+  // slot = position (the CPU's exact store), so the ring holds max_ctx rows.
+  const bool frozen = cfg.prompt_policy == PromptPolicy::kQuantizeAfterPrompt;
+  if (frozen) m.layout.ring_tokens = std::max(m.layout.ring_tokens, max_ctx);
   KVQ_CHECK(max_ctx > 0 && (max_seqs > 0 || (max_seqs == 0 && budget_bytes > 0)),
             "GPU KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
   m.pool.emplace(m.layout, max_ctx,
@@ -278,6 +296,10 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   m.pages = DeviceBuffer(size_t(pool.n_pages()) * size_t(m.layout.page_bytes));
   m.page_table_dev = DeviceBuffer(pool.table().size() * sizeof(int));
   m.window_base_dev = DeviceBuffer(size_t(pool.n_slots()) * sizeof(int64_t));
+  if (frozen) {
+    m.frozen_end.assign(size_t(pool.n_slots()), std::numeric_limits<int>::max());
+    m.frozen_end_dev = DeviceBuffer(m.frozen_end.size() * sizeof(int));
+  }
   m.own_stream = stream == nullptr;
   if (m.own_stream) check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   else m.stream = static_cast<cudaStream_t>(stream);
@@ -289,6 +311,7 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     g.pool = m.pages.as<uint8_t>();
     g.window_base = m.window_base_dev.as<int64_t>();
     g.page_table = m.page_table_dev.as<int>();
+    g.frozen_end = frozen ? m.frozen_end_dev.as<int>() : nullptr;
   }
   m.n_sms = sm_count();
   // (both also read, once and before any stream capture, the shared-memory layout of the code this GPU loaded)
@@ -324,7 +347,7 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     check(cudaStreamSynchronize(m.stream), "GPU KV cache: RoPE angles upload");  // angles goes away
     for (CacheGeometry& g : m.geo) g.k_rope = m.k_rope.as<float>();
   }
-  if (cfg.prompt_policy == PromptPolicy::kExactPrompt) {  // a twin for every slot, at max_ctx
+  if (cfg.prompt_policy == PromptPolicy::kExactPrompt || frozen) {  // a twin for every slot, at max_ctx
     m.exact = std::make_unique<GpuKvCache>(exact_twin_config(cfg, head_dim), n_layers, n_kv_heads, head_dim, max_ctx,
                                            pool.n_slots(), 0, m.stream);
     m.exact_seq.assign(size_t(pool.n_slots()), -1);
@@ -406,6 +429,7 @@ void GpuKvCache::free_sequence(int seq) {
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   KVQ_CHECK(!m.in_step, "GPU KV cache: free_sequence inside a step");
   if (m.exact) end_prompt(seq);
+  if (!m.frozen_end.empty()) m.frozen_end[size_t(seq)] = std::numeric_limits<int>::max();
   // Zeroed for the sequences whose body pages they become (stale bf16 bytes could read as NaN codes, e.g. FP8's). Not
   // checked: the engine frees sequences while it handles a failed step, and a device that fails here fails the next
   // step's first call, which reports it.
@@ -421,6 +445,10 @@ void GpuKvCache::end_prompt(int seq) {
   if (!m.exact || m.exact_seq[size_t(seq)] < 0) return;
   m.exact->free_sequence(m.exact_seq[size_t(seq)]);
   m.exact_seq[size_t(seq)] = -1;
+  if (!m.frozen_end.empty()) {  // quantize-after-prompt: the quantized region stops at qe(P - 1)
+    m.frozen_end[size_t(seq)] = m.quant_end(m.pool->length(seq) - 1);
+    m.table_dirty = true;
+  }
 }
 
 bool GpuKvCache::step_reads_exact() const { return impl_->in_step && impl_->step_exact; }
@@ -429,9 +457,11 @@ void GpuKvCache::fork_sequence(int src, int dst) {
   Impl& m = *impl_;
   KVQ_CHECK(!m.in_step, "GPU KV cache: fork_sequence inside a step");
   KVQ_CHECK(!m.exact || (src >= 0 && src < m.pool->n_slots() && m.pool->live(src) && m.exact_seq[size_t(src)] < 0),
-            "GPU KV cache: fork_sequence of a sequence whose prompt is open (exact-prompt: end_prompt first)");
+            "GPU KV cache: fork_sequence of a sequence whose prompt is open ({}: end_prompt first)",
+            prompt_policy_name(m.cfg.prompt_policy));
   m.pool->fork(src, dst);
   if (m.exact) end_prompt(dst);  // dst holds src's cache, past its prompt: it reads the cache as stored
+  if (!m.frozen_end.empty()) m.frozen_end[size_t(dst)] = m.frozen_end[size_t(src)];
   m.table_dirty = true;
   const size_t page = size_t(m.layout.page_bytes);
   for (int i = 0; i < m.pool->pages(src); ++i)
@@ -580,13 +610,14 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
     KVQ_CHECK(n[b] >= 1 && n[b] <= m.cfg.max_chunk,
               "GPU KV cache: {} tokens for sequence {} (must be 1 .. the chunk size {})", n[b], s, m.cfg.max_chunk);
   }
-  // exact-prompt: a step of sequences inside their prompts also appends to the twin, whose attention it reads.
+  // exact-prompt, quantize-after-prompt: a step of sequences inside their prompts also appends to the twin, whose
+  // attention it reads.
   std::vector<int> twin;
   for (int s : seqs)
     if (m.exact && m.exact_seq[size_t(s)] >= 0) twin.push_back(m.exact_seq[size_t(s)]);
   KVQ_CHECK(twin.empty() || twin.size() == seqs.size(),
-            "GPU KV cache: exact-prompt: a step of {} sequences inside their prompts and {} after them (run them in "
-            "separate steps)", twin.size(), seqs.size() - twin.size());
+            "GPU KV cache: {}: a step of {} sequences inside their prompts and {} after them (run them in separate "
+            "steps)", prompt_policy_name(m.cfg.prompt_policy), twin.size(), seqs.size() - twin.size());
   if (!twin.empty()) m.exact->begin_step(twin, n);  // checks the twin's pool first (the same context)
   const int used = m.pool->used_pages();
   try {
@@ -612,7 +643,8 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
       if (a >= e) continue;
       const int s = seqs[b], len = m.pool->length(s);
       for (int i = a; i < e; ++i) m.rows_host.push_back({s, len + i}), act.push_back(step_row0[b] + i);
-      for (int p = std::max(m.cfg.sink, m.quant_end(len + a - 1)); p < m.quant_end(len + e - 1); ++p)
+      // (a frozen view demotes nothing past its end: quantize-after-prompt after the prompt)
+      for (int p = std::max(m.cfg.sink, m.view_quant_end(s, len + a - 1)); p < m.view_quant_end(s, len + e - 1); ++p)
         items.push_back({s, p});
     }
     rd.n_rows = int(m.rows_host.size()) - rd.row0, rd.n_items = int(items.size()) - rd.item0;
@@ -697,7 +729,7 @@ const std::vector<GpuKvCache::Impl::Plan>& GpuKvCache::Impl::plan_attention(int 
   for (size_t r = 0; r < rounds.size(); ++r) {
     Plan& plan = plans[r];
     plan.dec_off = int(dec_rows.size()), plan.tile_off = int(tiles.size()), plan.pf_off = int(pf_index.size());
-    int row = 0, dec_view = 0, pf_view = 0;
+    int row = 0, dec_view = 0, pf_view = 0, dec_window = 0;
     for (size_t b = 0; b < step_seqs.size(); ++b) {
       const int s = step_seqs[b], nb = step_n[b];
       if (const auto [a, e] = layout.round_rows(nb, int(r)); a < e) {
@@ -710,6 +742,9 @@ const std::vector<GpuKvCache::Impl::Plan>& GpuKvCache::Impl::plan_attention(int 
         } else {
           for (int i = 0; i < n; ++i) dec_rows.push_back({s, pos0 + i}), dec_index.push_back(row + a + i);
           dec_view = std::max(dec_view, pos0 + n);
+          if (const int t = pos0 + n - 1; !frozen_end.empty())  // a frozen view's windows grow with the sequence
+            dec_window = std::max(dec_window, std::min(cfg.sink, t + 1) + t + 1 -
+                                                  std::max(cfg.sink, view_quant_end(s, t)));
         }
       }
       row += nb;
@@ -720,7 +755,7 @@ const std::vector<GpuKvCache::Impl::Plan>& GpuKvCache::Impl::plan_attention(int 
     most_dec = std::max(most_dec, plan.n_dec);
     if (plan.n_dec > 0) {
       const int64_t base = int64_t(plan.n_dec) * n_kv;  // (row, kv head) pairs
-      const int n_win = window_blocks(geo[0], base, resident);  // the windows: the same in every layer
+      const int n_win = window_blocks(geo[0], base, resident, dec_window);  // the windows: the same in every layer
       int split = split_tokens ? split_tokens : auto_split_tokens(base, dec_view, resident);
       split = std::max(split, (dec_view + 65534 - n_win) / (65535 - n_win));  // grid z = splits + n_win <= 65535
       split = (split + 127) / 128 * 128;
@@ -850,6 +885,12 @@ void GpuKvCache::abort_step() {
 }
 
 CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->layout.footprint(n_tokens); }
+CacheFootprint GpuKvCache::footprint(int n_tokens, int prompt_tokens) const {
+  const Impl& m = *impl_;
+  KVQ_CHECK(prompt_tokens >= 0 && prompt_tokens <= n_tokens && n_tokens > 0,
+            "GPU KV cache: footprint of {} tokens with a prompt of {}", n_tokens, prompt_tokens);
+  return m.frozen_end.empty() ? m.layout.footprint(n_tokens) : m.layout.frozen_footprint(n_tokens, prompt_tokens);
+}
 
 size_t GpuKvCache::bytes_allocated() const {
   const Impl& m = *impl_;
@@ -865,7 +906,7 @@ size_t GpuKvCache::step_bytes_read(int layer) const {
   for (int r = 0; r < m.n_rows; ++r) {
     const int t = m.rows_host[size_t(r)].pos;
     const int n_sink = std::min(m.cfg.sink, t + 1);
-    const int n_quant = std::max(0, m.quant_end(t) - m.cfg.sink);
+    const int n_quant = std::max(0, m.view_quant_end(m.rows_host[size_t(r)].seq, t) - m.cfg.sink);
     const int n_recent = t + 1 - n_sink - n_quant;
     // n_quant is a multiple of B, so of the K block's tokens; token-scaled keys read ν of every position too.
     const size_t quant = size_t(n_quant / g.k_block_tokens) * g.k_block + size_t(n_quant) * g.v_row +
@@ -881,7 +922,7 @@ std::vector<float> GpuKvCache::download_scales(int seq, int layer, int pos0, int
   const CacheGeometry& g = m.geo[size_t(layer)];
   KVQ_CHECK(g.scale_region > 0, "GPU KV cache: download_scales of a cache whose keys are not token-scaled");
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
-  const int qe = m.quant_end(m.pool->length(seq) - 1);
+  const int qe = m.view_quant_end(seq, m.pool->length(seq) - 1);
   KVQ_CHECK(layer >= 0 && layer < m.n_layers && pos0 >= g.sink && n >= 0 && pos0 + n <= qe,
             "GPU KV cache: download_scales(seq {}, layer {}, [{}, {})) outside the quantized region [{}, {})", seq,
             layer, pos0, pos0 + n, g.sink, qe);
@@ -908,7 +949,7 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
             "GPU KV cache: download_rows(seq {}, layer {}, head {}, [{}, {})) outside the cache (length {})", seq,
             layer, kv_head, pos0, pos0 + n, len);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: download_rows");
-  const int kv = values ? 1 : 0, qe = m.quant_end(len - 1);
+  const int kv = values ? 1 : 0, qe = m.view_quant_end(seq, len - 1);
   const size_t wrow = size_t(m.d) * 2;
   const size_t win_base = (size_t(layer) * 2 + kv) * g.n_kv + kv_head;  // the (layer, K / V, head) of a window
   const bool kivi = kv == 0 && kivi_keys(g);

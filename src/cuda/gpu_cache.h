@@ -17,12 +17,14 @@
 // queries and un-rotates outputs, so callers pass plain post-RoPE q / k / v and get plain attention outputs, exactly
 // like the CPU path with a KvTransform.
 //
-// Prompt policies (CacheConfig::prompt_policy, kv/cache.h): decode-faithful, and exact-prompt, the CPU cache's
-// semantics with its exact store kept as a bf16 twin cache on the same stream (the rows as appended: centred, rotated,
-// rounded to bf16, as the CPU's window codec stores them): while a sequence's prompt is open its rows go to both
-// caches and its queries read the twin only; end_prompt(seq) frees its twin sequence, and from then on it reads the
-// cache as stored. A step takes sequences all inside or all after their prompts (the CPU evaluates one at a time).
-// quantize-after-prompt and evict are refused (CPU only).
+// Prompt policies (CacheConfig::prompt_policy, kv/cache.h): decode-faithful, and exact-prompt and
+// quantize-after-prompt, the CPU cache's semantics with its exact store kept as a bf16 twin cache on the same stream
+// (the rows as appended: centred, rotated, rounded to bf16, as the CPU's window codec stores them): while a sequence's
+// prompt is open its rows go to both caches and its queries read the twin only; end_prompt(seq) frees its twin
+// sequence. From then on, exact-prompt reads the cache as stored; quantize-after-prompt freezes the sequence's
+// quantized region at qe(P - 1) (CacheGeometry::frozen_end: nothing more is demoted, and every view reads the rows from
+// there on in the ring, which holds max_ctx rows: the CPU's exact store). A step takes sequences all inside or all
+// after their prompts (the CPU evaluates one at a time). evict is refused (CPU only).
 //
 // All pointers named d_* are device pointers; all calls are asynchronous on the cache's stream unless noted.
 #pragma once
@@ -137,8 +139,10 @@ class GpuKvCache {
   };
   StepSignature step_signature(int n_heads);
 
-  // Same accounting as the CPU cache (counted from the structs stored).
+  // Same accounting as the CPU cache (counted from the structs stored); with a prompt of prompt_tokens, what the policy
+  // keeps (KvCache::footprint: quantize-after-prompt's rows from qe(P - 1) on are window rows).
   CacheFootprint footprint(int n_tokens) const;
+  CacheFootprint footprint(int n_tokens, int prompt_tokens) const;
   size_t bytes_allocated() const;
   // Bytes one attention() call reads from the cache for the current step (K and V rows of every view, windows
   // included), for the benchmark's GB/s figure.

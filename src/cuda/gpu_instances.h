@@ -455,11 +455,10 @@ inline int gpu_instance(const CacheConfig& cfg, int head_dim) { return gpu_detai
 // is refused, and what the GPU runs: "keys int8/g128 with values int4/g128 on pages of 128 tokens: no compiled GPU
 // instance; the GPU runs ...".
 inline std::string gpu_unsupported(const CacheConfig& cfg, int head_dim) {
-  if (cfg.prompt_policy != PromptPolicy::kDecodeFaithful &&
-      cfg.prompt_policy != PromptPolicy::kExactPrompt)  // kv/cache.h: the CPU cache applies the others
+  if (cfg.prompt_policy == PromptPolicy::kEvict)  // kv/cache.h: the CPU cache applies it
     return "prompt policy '" + std::string(prompt_policy_name(cfg.prompt_policy)) +
-           "' is not supported on the GPU (decode-faithful and exact-prompt; quantize-after-prompt and evict run on "
-           "the CPU cache: --device cpu)";
+           "' is not supported on the GPU (decode-faithful, exact-prompt and quantize-after-prompt; evict runs on the "
+           "CPU cache: --device cpu)";
   std::string why;
   if (gpu_detail::select(cfg, head_dim, &why) >= 0) return {};
   return why + "; " + gpu_instances_text();

@@ -65,6 +65,8 @@ struct CacheGeometry {
                                // rotation/rope.h's rope_angles of every position (RopeKeyCodec's table); else null
   float k_scale, v_scale;      // this layer's per-tensor scales of tensor-scaled codecs (vLLM's FP8 rows,
                                // dev::tensor_scaled: stored fp8(x / s), read fp8⁻¹(code) · s; --kv-scales), else 1
+  const int* frozen_end;       // quantize-after-prompt: [max_seqs] where each slot's quantized region stops once its
+                               // prompt has ended, qe(P - 1) (INT_MAX before); null for the other policies
 };
 
 // The sizes and layout of layer `layer` of a cache (every field but the device pointers, which stay null) at the
@@ -84,6 +86,12 @@ KVQ_HD inline bool tiles_aligned16(const CacheGeometry& g) {
 //   qe(t) = S0 + floor(max(0, t + 1 - W - S0) / B) * B.
 KVQ_HD inline int quant_end(const CacheGeometry& g, int t) {
   return kvq::quant_end(t, g.sink, g.recent, g.block_tokens);
+}
+// The end of the quantized region of slot seq's view at t: qe(t), or the sequence's frozen end when that is less
+// (quantize-after-prompt after the prompt: CacheGeometry::frozen_end). The kernels' one definition of a view.
+KVQ_HD inline int view_quant_end(const CacheGeometry& g, int seq, int t) {
+  const int qe = quant_end(g, t);
+  return g.frozen_end != nullptr && g.frozen_end[seq] < qe ? g.frozen_end[seq] : qe;
 }
 // True for KIVI / OScaR keys (per-channel blocks of Gk tokens) in the quantized region.
 KVQ_HD inline bool kivi_keys(const CacheGeometry& g) { return g.k_block_tokens > 1; }
@@ -197,8 +205,8 @@ int attention_blocks_per_sm(const CacheGeometry& g, int n_heads, int* blocks);
 int auto_split_tokens(int64_t base, int max_view, int64_t resident);
 // Tensor-core path: blocks per (row, kv head) over the bf16 windows, so that a small grid does not wait on one
 // block walking S0 + W positions: as many as the GPU holds beside the `base` pairs, at most one per 64 positions of
-// the largest window (S0 + W + B - 1), at least 1. Host only.
-int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident);
+// the largest window (S0 + W + B - 1, or `longest`, a step's frozen views' longest), at least 1. Host only.
+int window_blocks(const CacheGeometry& g, int64_t base, int64_t resident, int longest = 0);
 
 // Benchmark helpers (bench_kernels.cu).
 // Fills d[0, n) with N(0, 1) samples of a counter-based generator (seed, index).

@@ -606,11 +606,10 @@ PrefixCacheStats GpuModel::prefix_stats() const { return impl_->cache->prefix_st
 int GpuModel::length(int seq) const { return impl_->cache->length(seq); }
 CacheFootprint GpuModel::footprint(int n_tokens) const { return impl_->cache->footprint(n_tokens); }
 void GpuModel::end_prompt(int seq) { impl_->cache->end_prompt(seq); }
-// exact-prompt stores what decode-faithful does (the twin's rows are freed at end_prompt), as KvCache counts it.
+// exact-prompt stores what decode-faithful does (the twin's rows are freed at end_prompt), quantize-after-prompt
+// window rows from qe(P - 1) on, as KvCache counts them.
 CacheFootprint GpuModel::prompt_footprint(int n_tokens, int prompt_tokens) const {
-  KVQ_CHECK(prompt_tokens >= 0 && prompt_tokens <= n_tokens, "prompt_footprint: a prompt of {} of {} tokens",
-            prompt_tokens, n_tokens);
-  return footprint(n_tokens);
+  return impl_->cache->footprint(n_tokens, prompt_tokens);
 }
 size_t GpuModel::cache_bytes() const { return impl_->cache->bytes_allocated(); }
 const PagePool& GpuModel::page_pool() const { return impl_->cache->pool(); }

@@ -87,7 +87,8 @@ class GpuModel final : public Runner {
   void gumbel_argmax(const gumbel::Draw* draws, int32_t* ids) override;
   void row_mass(const smath::MassQuery* queries, smath::RowMass* out) override;
   void row_logits(int row, float* out) override;
-  // Prompt policies: decode-faithful and exact-prompt (GpuKvCache's twin); the others are refused at construction.
+  // Prompt policies: decode-faithful, exact-prompt and quantize-after-prompt (GpuKvCache's twin); evict is refused at
+  // construction.
   void end_prompt(int seq) override;
   CacheFootprint prompt_footprint(int n_tokens, int prompt_tokens) const override;
   void set_layer_hook(Model::LayerHook* hook) override;

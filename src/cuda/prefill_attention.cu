@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<D>) prefill_attentio
   const int n_flat = tile.n * g;                            // rows of the chunk x heads
   const int n_here = min(kRows, n_flat - tile.r0);          // rows of this tile
   const int t0 = tile.pos0 + tile.r0 / g, t1 = tile.pos0 + (tile.r0 + n_here - 1) / g;
-  const int qe0 = quant_end(geo, t0), qe1 = quant_end(geo, t1);
+  const int qe0 = view_quant_end(geo, tile.seq, t0), qe1 = view_quant_end(geo, tile.seq, t1);
 
   // ---- the tile's queries · log2 e: bf16 hi + lo, and for int2 keys f16 · 4^-k in their dim order, with Σ_d of
   // the f16 values (rows past the chunk: zero)
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm<D>) prefill_attentio
   for (int j = 0; j < 2; ++j) {
     const int r = min(16 * warp + gid + 8 * j, n_here - 1);  // rows past the chunk act as the last row (not written)
     st.t[j] = tile.pos0 + (tile.r0 + r) / g;
-    st.qe[j] = quant_end(geo, st.t[j]);
+    st.qe[j] = view_quant_end(geo, tile.seq, st.t[j]);
     st.m[j] = -INFINITY, st.l[j] = 0.f, st.zsum[j] = 0.f;
   }
 

@@ -697,20 +697,15 @@ CacheFootprint KvCache::footprint(int n, int prompt) const {
   const PromptPolicy policy = cfg_.prompt_policy;
   // decode-faithful and exact-prompt store the same rows (the prompt's exact rows are prefill state, not cache).
   if (policy == PromptPolicy::kDecodeFaithful || policy == PromptPolicy::kExactPrompt) return layout_.footprint(n);
+  // [0, S0) window rows, [S0, qe(P - 1)) the codecs, the rest window rows (exact store: the window codec)
+  if (policy == PromptPolicy::kQuantizeAfterPrompt) return layout_.frozen_footprint(n, prompt);
+  // evict: the kept prompt tokens and every later one, unquantized
   const double elems = 2.0 * n_kv_ * d_;  // K + V elements per token per layer
   const double exact = 2.0 * n_kv_ * double(exact_codec_->bytes_per_block());
-  double total = 0, quant = layout_.quant_token_bytes();
-  if (policy == PromptPolicy::kQuantizeAfterPrompt) {
-    // [0, S0) window rows, [S0, qe(P - 1)) the codecs, the rest window rows (exact store: the window codec)
-    const int n_quant = prompt > 0 ? quant_end(prompt - 1) - cfg_.sink : 0;
-    total = double(n - n_quant) * exact + double(n_quant) * quant;
-  } else {  // evict: the kept prompt tokens and every later one, unquantized
-    const int kept = evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, prompt,
-                                  cfg_.evict_ctx);
-    evict_check_windows(kept, cfg_.sink, cfg_.recent, prompt);
-    total = double(kept + n - prompt) * exact;
-    quant = exact;
-  }
+  const int kept =
+      evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, prompt, cfg_.evict_ctx);
+  evict_check_windows(kept, cfg_.sink, cfg_.recent, prompt);
+  const double total = double(kept + n - prompt) * exact, quant = exact;
   CacheFootprint f;
   f.bytes_per_token_per_layer = total / n;
   f.bits_per_element = 8.0 * total / (double(n) * elems);

@@ -182,6 +182,20 @@ struct CacheLayout {
     f.quant_bits_per_element = 8.0 * quant / elems;
     return f;
   }
+  // The same under quantize-after-prompt (kv/cache.h) after a prompt of `prompt` tokens: [S0, qe(prompt - 1)) stored
+  // by the codecs, every other row a window row (the exact store's, never demoted; the policy takes bf16 or f32
+  // windows only).
+  CacheFootprint frozen_footprint(int n, int prompt) const {
+    const double elems = 2.0 * n_kv * head_dim;
+    const double quant = quant_token_bytes();
+    const int n_quant = prompt > 0 ? quant_end(prompt - 1) - sink : 0;
+    const double total = double(n - n_quant) * window_token_bytes() + double(n_quant) * quant;
+    CacheFootprint f;
+    f.bytes_per_token_per_layer = total / n;
+    f.bits_per_element = 8.0 * total / (double(n) * elems);
+    f.quant_bits_per_element = 8.0 * quant / elems;
+    return f;
+  }
 };
 
 // The layout of already validated sizes (kvq::cache_layout in kv/cache.h validates a CacheConfig and calls this):
