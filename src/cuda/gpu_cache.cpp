@@ -256,14 +256,18 @@ struct GpuKvCache::Impl {
   }
 };
 
-CacheLayout GpuKvCache::layout_of(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim) {
+CacheLayout GpuKvCache::layout_of(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx) {
   check_config(cfg, head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(n_layers > 0 && n_kv_heads > 0, "GPU KV cache: n_layers {} and n_kv_heads {} must be > 0", n_layers,
             n_kv_heads);
   // The layout validates everything else (sizes, page size, windows) with the CPU cache's messages.
-  const CacheLayout layout = kvq::cache_layout(cfg, n_layers, n_kv_heads, head_dim);
+  CacheLayout layout = kvq::cache_layout(cfg, n_layers, n_kv_heads, head_dim);
   KVQ_CHECK(cfg.page_tokens % 8 == 0, "GPU KV cache: page size {} must be a multiple of 8 (aligned row loads)",
             cfg.page_tokens);
+  // quantize-after-prompt: every row from a sequence's frozen end on stays a window row, read from the ring at
+  // slot = position (the CPU's exact store), so the ring holds max_ctx rows.
+  if (cfg.prompt_policy == PromptPolicy::kQuantizeAfterPrompt)
+    layout.ring_tokens = std::max(layout.ring_tokens, max_ctx);
   return layout;
 }
 
@@ -273,11 +277,8 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
   Impl& m = *impl_;
   m.cfg = cfg;
   m.n_layers = n_layers, m.n_kv = n_kv_heads, m.d = head_dim, m.max_ctx = max_ctx;
-  m.layout = layout_of(cfg, n_layers, n_kv_heads, head_dim);
-  // quantize-after-prompt: every row from a sequence's frozen end on stays a window row, read from the ring at
-  // slot = position (the CPU's exact store), so the ring holds max_ctx rows.
+  m.layout = layout_of(cfg, n_layers, n_kv_heads, head_dim, max_ctx);
   const bool frozen = cfg.prompt_policy == PromptPolicy::kQuantizeAfterPrompt;
-  if (frozen) m.layout.ring_tokens = std::max(m.layout.ring_tokens, max_ctx);
   KVQ_CHECK(max_ctx > 0 && (max_seqs > 0 || (max_seqs == 0 && budget_bytes > 0)),
             "GPU KV cache: bad sizes (ctx {}, seqs {})", max_ctx, max_seqs);
   m.pool.emplace(m.layout, max_ctx,

@@ -57,8 +57,8 @@ class GpuKvCache {
              size_t budget_bytes = 0, void* stream = nullptr);
   ~GpuKvCache();
   // The constructor's checks of cfg for this shape (kvq::Error naming what the GPU does not support) and the cache's
-  // layout; needs no device.
-  static CacheLayout layout_of(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim);
+  // layout for sequences of up to max_ctx tokens (quantize-after-prompt: a ring of max_ctx rows); needs no device.
+  static CacheLayout layout_of(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, int max_ctx);
   GpuKvCache(const GpuKvCache&) = delete;
   GpuKvCache& operator=(const GpuKvCache&) = delete;
 

@@ -411,7 +411,7 @@ size_t kv_budget(const CacheConfig& cfg, const ModelConfig& c, int max_ctx, int 
   KVQ_CHECK(asked <= free, "--kv-budget-gib {:.2f}: only {:.2f} GiB of device memory are free after the weights",
             double(asked) / gib, double(free) / gib);
   if (asked > 0) return asked;
-  const CacheLayout layout = GpuKvCache::layout_of(cfg, c.n_layers, c.n_kv_heads, c.head_dim);
+  const CacheLayout layout = GpuKvCache::layout_of(cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx);
   const size_t need = PagePool::bytes_of(layout, PagePool::for_sequences(layout, max_ctx, max_seqs));
   return std::min(size_t(kGpuMemoryUtilization * double(free)), need);
 }
@@ -531,7 +531,7 @@ void GpuModel::Impl::build(const WeightSource& src, const CacheConfig& given_cfg
   const std::string why = gpu_unsupported(cache_cfg, c.head_dim);  // the instance table (cuda/gpu_instances.h)
   KVQ_CHECK(why.empty(), "--device cuda: cache {} is not supported on the GPU: {}", cache_cfg.describe(), why);
   // The cache's checks, before any upload.
-  const CacheLayout layout = GpuKvCache::layout_of(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim);
+  const CacheLayout layout = GpuKvCache::layout_of(cache_cfg, c.n_layers, c.n_kv_heads, c.head_dim, max_ctx);
   check_cublas(cublasCreate(&blas), "cublasCreate");
   blas_workspace = DeviceBuffer(kBlasWorkspaceBytes);
   check_cublas(cublasSetWorkspace(blas, blas_workspace.get(), blas_workspace.bytes()), "cublasSetWorkspace");
