@@ -1,6 +1,5 @@
-// Scalar bf16 / fp16 <-> fp32 conversions (round to nearest even) and small integers to fp32, bit-exact and shared
-// by the host and the GPU (KVQ_HD, common/hd.h): loaders, codecs and caches on the CPU, the cache kernels on the
-// device.
+// Scalar bf16 / fp16 <-> fp32 conversions (round to nearest even), bit-exact and shared by the host and the GPU
+// (KVQ_HD, common/hd.h): loaders, codecs and caches on the CPU, the cache kernels on the device.
 #pragma once
 
 #include <cstdint>
@@ -17,17 +16,6 @@ using bf16_t = uint16_t;  // raw bfloat16 bits
 using fp16_t = uint16_t;  // raw IEEE half bits
 
 KVQ_HD inline float bf16_to_f32(bf16_t h) { return exact::bits_float(uint32_t(h) << 16); }
-
-// Small integers (stored codes and levels) as floats, exactly float(u) and float(v), without a conversion instruction:
-// the GPU's decoders make one float per value they read, and I2F issues at a quarter of the FP32 pipe's rate (16 an
-// SM and clock on sm_80 and sm_90); an integer u < 2^23 ORed under 2^23's exponent is the float 2^23 + u, so one OR
-// and one subtraction give it (tests/test_half.cpp checks every u and v).
-KVQ_HD inline float code_float(uint32_t u) {  // u < 2^23
-  return exact::sub(exact::bits_float(0x4B000000u | u), 8388608.f);
-}
-KVQ_HD inline float level_float(int v) {  // |v| < 2^22 (signed levels: llama.cpp's, the int8 lattice points)
-  return exact::sub(exact::bits_float(0x4B000000u | uint32_t(v + (1 << 22))), 12582912.f);  // 2^23 + 2^22
-}
 
 KVQ_HD inline bf16_t f32_to_bf16(float f) {
   uint32_t u = exact::float_bits(f);

@@ -22,7 +22,7 @@ struct IntRows {
     const float scale = fp16_to_f32(params[2 * gi]), zero = fp16_to_f32(params[2 * gi + 1]);
     const uint8_t* codes = r + layout::int_row_params_bytes(D, group);
     const int code = (codes[layout::code_byte(c, BITS)] >> layout::code_shift(c, BITS)) & ((1 << BITS) - 1);
-    return dequant(code_float(uint32_t(code)), scale, zero);
+    return dequant(float(code), scale, zero);
   }
 
   // Values c0 .. c0 + 3 (c0 a multiple of 4) of a row with group G.
@@ -37,7 +37,7 @@ struct IntRows {
                                                           (c0 / layout::kUnitValues) * ub + vv % ub);
     const int shift = BITS * (vv / ub), mask = (1 << BITS) - 1;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = dequant(code_float((w >> (8 * i + shift)) & mask), scale, zero);
+    for (int i = 0; i < 4; ++i) out[i] = dequant(float((w >> (8 * i + shift)) & mask), scale, zero);
   }
 
   // Scores of one row against the g <= GQ queries qs[h][:]: s[h] += q_h · k̂. int2 / int4: per unit of 32 values,
@@ -66,7 +66,7 @@ struct IntRows {
 #pragma unroll
         for (int v = 0; v < 32; ++v) {
           const int jj = v % ub, k = v / ub;
-          const float code = code_float((w[jj / 4] >> (8 * (jj % 4) + BITS * k)) & mask);
+          const float code = float((w[jj / 4] >> (8 * (jj % 4) + BITS * k)) & mask);
 #pragma unroll
           for (int h = 0; h < GQ; ++h)
             if (h < g) acc[h] = fmaf(qs[h][u * 32 + v], code, acc[h]);

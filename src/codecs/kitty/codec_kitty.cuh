@@ -13,8 +13,7 @@ namespace kvq::cuda::dev {
 
 // x̂ = code · scale + min from a stored MinScale word (fp16 scale in the low half, fp16 min in the high half).
 __device__ __forceinline__ float kitty_value(int code, uint32_t params) {
-  return min_scale_value(code_float(uint32_t(code)), fp16_to_f32(uint16_t(params)),
-                         fp16_to_f32(uint16_t(params >> 16)));
+  return min_scale_value(float(code), fp16_to_f32(uint16_t(params)), fp16_to_f32(uint16_t(params >> 16)));
 }
 
 template <int D, int N_BOOST>
@@ -136,7 +135,7 @@ struct KittyValueRows {
 #pragma unroll
       for (int v = 0; v < 32; ++v) {
         const int jj = v % 8, k = v / 8;
-        const float code = code_float((w[jj / 4] >> (8 * (jj % 4) + 2 * k)) & 3u);
+        const float code = float((w[jj / 4] >> (8 * (jj % 4) + 2 * k)) & 3u);
 #pragma unroll
         for (int h = 0; h < GQ; ++h)
           if (h < g) acc[h] = fmaf(qs[h][u * 32 + v], code, acc[h]);

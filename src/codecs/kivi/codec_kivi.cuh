@@ -25,7 +25,7 @@ struct KiviKeyBlocks {
     const float scale = fp16_to_f32(params[2 * c]), zero = fp16_to_f32(params[2 * c + 1]);
     const uint8_t* codes = b + layout::kivi_key_params_bytes(D) + row * layout::packed_bytes(D, BITS);
     const int code = (codes[layout::code_byte(c, BITS)] >> layout::code_shift(c, BITS)) & ((1 << BITS) - 1);
-    return dequant(code_float(uint32_t(code)), scale, zero);
+    return dequant(float(code), scale, zero);
   }
 
   // Four consecutive values c0 .. c0 + 3 (c0 a multiple of 4) of row `row` of a key block.
@@ -42,7 +42,7 @@ struct KiviKeyBlocks {
     for (int i = 0; i < 4; ++i) {
       const uint32_t p = params[c0 + i];
       const float scale = fp16_to_f32(uint16_t(p)), zero = fp16_to_f32(uint16_t(p >> 16));
-      out[i] = dequant(code_float((w >> (8 * i + shift)) & mask), scale, zero);
+      out[i] = dequant(float((w >> (8 * i + shift)) & mask), scale, zero);
     }
   }
 

@@ -134,7 +134,7 @@ struct LlamaCppRows {
       } else {
         level = level_of(((w >> (8 * i + (j < 16 ? 0 : 4))) & 0xfu) | (kQ5 ? ((qh >> i) & 1u) << 4 : 0u));
       }
-      out[i] = exact::mul(level_float(level), d);
+      out[i] = exact::mul(float(level), d);
       if constexpr (kQ41) out[i] = exact::add(out[i], fp16_to_f32(f[1]));
     }
   }
@@ -159,7 +159,7 @@ struct LlamaCppRows {
         for (int h = 0; h < GQ; ++h) acc[h] = 0.f;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
-          const float x = level_float(level_at(w, at, j));
+          const float x = float(level_at(w, at, j));
 #pragma unroll
           for (int h = 0; h < GQ; ++h)
             if (h < g) acc[h] = fmaf(qs[h][(b0 + b) * 32 + j], x, acc[h]);

@@ -47,8 +47,8 @@ struct NexusRows {
   }
   // The lattice coordinate of code `code` (NexusCodec::points).
   static __device__ __forceinline__ float point(uint32_t code) {
-    if constexpr (F == NexusFormat::kInt8) return 0.5f * level_float(int8_t(uint8_t(code)));
-    else return code_float(code) - kE8_2Top;
+    if constexpr (F == NexusFormat::kInt8) return 0.5f * float(int8_t(uint8_t(code)));
+    else return float(code) - kE8_2Top;
   }
 
   // ŷ_c = p_c · s (the Hadamard domain).

@@ -125,7 +125,7 @@ KVQ_HD inline uint8_t oscar_code(float x, const OscarGroup& g) {
 
 // x̂ = code · scale + zero_dequant from the stored fp16 parameters (code · scale is exact in fp32).
 KVQ_HD inline float oscar_dequant(uint32_t code, fp16_t scale, fp16_t zero_dequant) {
-  return exact::add(exact::mul(code_float(code), fp16_to_f32(scale)), fp16_to_f32(zero_dequant));
+  return exact::add(exact::mul(float(code), fp16_to_f32(scale)), fp16_to_f32(zero_dequant));
 }
 
 // --- The token scale ν (keys).

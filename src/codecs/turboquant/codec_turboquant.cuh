@@ -160,7 +160,7 @@ struct TqValueRows {
     const uint8_t* r = static_cast<const uint8_t*>(p);
     float s, mn;
     params(r, &s, &mn);
-    return min_scale_value(code_float(uint32_t(code_of<BITS>(r, c))), s, mn);
+    return min_scale_value(float(code_of<BITS>(r, c)), s, mn);
   }
 
   // Values c0 .. c0 + 3 (c0 a multiple of 4): codes4, then code · s + mn.
@@ -170,7 +170,7 @@ struct TqValueRows {
     params(r, &s, &mn);
     const uint32_t v = codes4<BITS>(r, c0);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = min_scale_value(code_float((v >> (BITS * i)) & ((1u << BITS) - 1u)), s, mn);
+    for (int i = 0; i < 4; ++i) out[i] = min_scale_value(float((v >> (BITS * i)) & ((1u << BITS) - 1u)), s, mn);
   }
 
   // Demotion of one bf16 ring row src into the page row dst by the warp: min and max with the CPU's first-index tie
