@@ -916,8 +916,7 @@ TEST(GpuCacheGeometry, QuantEndRingAndPageLayoutMatchTheCpuCache) {
   }
 }
 
-// TurboQuant presets on the host: their instance rows (at d = 128 decoded tiles, but CUDA cores for turboquant_3bit_nc
-// and _2bit: gpu_instances.h), row sizes from the CPU codecs (keys 2-byte aligned, values and pages 4-byte), and no
+// TurboQuant presets on the host: their instance rows (at d = 128 decoded tiles: gpu_instances.h), row sizes from the CPU codecs (keys 2-byte aligned, values and pages 4-byte), and no
 // device codebook in a host-only geometry.
 TEST(GpuCacheGeometry, TurboQuantPresetsHaveRowsAndTheCpuRowSizes) {
   const struct {
@@ -929,9 +928,7 @@ TEST(GpuCacheGeometry, TurboQuantPresetsHaveRowsAndTheCpuRowSizes) {
     const CacheConfig cfg = preset_config(c.preset, 64, 256, 2, 3);
     const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 2, 3, 4096);
     ASSERT_GE(g.instance, 0) << c.preset;
-    const bool cuda_core = std::string(c.preset) == "turboquant_3bit_nc" || std::string(c.preset) == "turboquant_2bit";
-    EXPECT_EQ(cuda::kGpuInstances[g.instance].path, cuda_core ? cuda::GpuPath::kCudaCore : cuda::GpuPath::kDecodedTile)
-        << c.preset;
+    EXPECT_EQ(cuda::kGpuInstances[g.instance].path, cuda::GpuPath::kDecodedTile) << c.preset;
     EXPECT_EQ(g.k_row, c.k_row) << c.preset;
     EXPECT_EQ(g.v_row, c.v_row) << c.preset;
     EXPECT_EQ(g.k_region % 16, 0) << c.preset;  // the value rows start aligned

@@ -150,7 +150,7 @@ TEST(GpuInstances, EveryCombinationTheGpuTestsRunHasARow) {
       {"kivi4", "kivi4", 128, kDecoded},  {"kivi4", "kivi4", 32, kDecoded},   {"int4", "int2", 64, kDecoded},
       {"tq4nc", "tqv4", 128, kDecoded},   {"tq3nc", "tqv4", 128, kDecoded},   {"kivi2", "int4", 64, kDecoded},
       {"q8_0", "q4_0", 128, kDecoded},
-      {"tq3nc", "tqv3", 128, GpuPath::kCudaCore},  {"tq2nc", "tqv2", 128, GpuPath::kCudaCore},
+      {"tq3nc", "tqv3", 128, kDecoded},   {"tq2nc", "tqv2", 128, kDecoded},
       {"q4_0", "q4_0", 128, kDecoded},    {"q8_0", "q8_0", 128, kDecoded},    {"f16", "f16", 128, kDecoded},
       {"fp8e4m3", "fp8e4m3", 128, kDecoded},  {"oscar_int2", "oscar_int2", 128, kDecoded},
       {"nexusquant", "nexusquant", 128, kDecoded},  {"e8_2", "e8_2", 128, kDecoded},
@@ -390,7 +390,7 @@ TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
   EXPECT_TRUE(has(s, "k=bf16 v=bf16,")) << s;  // every head_dim: none named
   // decoded tiles by the CUDA-core pairs they leave out, then their pairs without a CUDA-core row (NexusQuant's)
   EXPECT_TRUE(has(s, "; decoded-tile (pages a multiple of 16): the CUDA-core pairs below at d 128 but k=bf16 v=bf16, "
-                     "k=tq3nc v=tqv3, k=tq2nc v=tqv2, k=nexusquant v=nexusquant (d 128), k=e8_2 v=e8_2 (d 128); "
+                     "k=nexusquant v=nexusquant (d 128), k=e8_2 v=e8_2 (d 128); "
                      "CUDA-core"))
       << s;
 }

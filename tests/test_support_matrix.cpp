@@ -109,9 +109,7 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
     if (p.preset.rfind("turboquant_", 0) != 0) continue;  // KV4-RL: the test below
     EXPECT_EQ(p.kvq_extension, p.preset == "turboquant_2bit") << p.preset;
     EXPECT_EQ(p.transform, p.k == "fp8e4m3" ? "none" : "hadamard_k") << p.preset;
-    // turboquant_3bit_nc and _2bit keep their CUDA-core kernels (faster than decoded tiles: cuda/gpu_instances.h)
-    const bool cuda_core = p.preset == "turboquant_3bit_nc" || p.preset == "turboquant_2bit";
-    EXPECT_EQ(p.cuda, cuda_core ? "CUDA-core" : "decoded-tile") << p.preset;
+    EXPECT_EQ(p.cuda, "decoded-tile") << p.preset;
     EXPECT_EQ(p.window, "bf16") << p.preset;
     if (p.preset == "turboquant_2bit") tq2 = &p;
   }

@@ -124,8 +124,8 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kEveryDim},
   // Decoded tiles (decode_attention_mma.cu, d = 128): the other families of the CUDA-core rows below, at the timed head
   // dim, for pages of a multiple of 16 (and the format's own block); sliding windows and pages of 8 take the CUDA-core
-  // rows. Not turboquant_3bit_nc and turboquant_2bit, whose CUDA-core kernels for GQA groups of 4 are faster (H100,
-  // 8 x 64K: 1465 / 1391 us against 1650 / 1925 us on decoded tiles; docs/results/h200.md).
+  // rows. turboquant_3bit_nc and turboquant_2bit too since the raw ring and the keys' reduce-scatter: 805 / 695 us on
+  // decoded tiles against 1523 / 1434 on their CUDA-core rows (H100, 8 x 64K, one build; docs/results/h200.md).
   {.path = kDecodedTile, .k = kInt8,       .v = kInt8,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kInt4,       .v = kInt4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
@@ -147,6 +147,10 @@ inline constexpr GpuInstance kGpuInstances[] = {
   {.path = kDecodedTile, .k = kKitty2,     .v = kKitty2,     .groups = kAnyGroup, .page_multiple = 128, .gqa = kGeneric,
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kKitty2At20, .v = kKitty2At20, .groups = kAnyGroup, .page_multiple = 128, .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kTq3nc,      .v = kTqv3,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kTq2nc,      .v = kTqv2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kTq4nc,      .v = kTqv4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
@@ -213,8 +217,9 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kUpTo128},
   {.path = kCudaCore,   .k = kKitty2At20, .v = kKitty2At20, .groups = kAnyGroup, .page_multiple = 128,
    .gqa = kGeneric, .head_dims = kUpTo128},
-  // TurboQuant presets (codec_turboquant.cuh; ungrouped sides): turboquant_3bit_nc and turboquant_2bit (the timed
-  // pairs) with every GQA instance, turboquant_4bit_nc and turboquant_k3v4_nc with the generic one
+  // TurboQuant presets (codec_turboquant.cuh; ungrouped sides): turboquant_3bit_nc and turboquant_2bit with every GQA
+  // instance (the timed pairs before decoded tiles took them at d = 128), turboquant_4bit_nc and turboquant_k3v4_nc
+  // with the generic one
   {.path = kCudaCore,   .k = kTq3nc,     .v = kTqv3,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
    .head_dims = kPow2To128},
   {.path = kCudaCore,   .k = kTq2nc,     .v = kTqv2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
