@@ -98,8 +98,9 @@ TEST(GpuPromptPolicy, ThePromptReadsItsExactRowsThenTheViewThePolicyKeepsAsTheCp
     const int len = tw.gpu.length(tw.gpu_ids[0]);
     const CacheFootprint fc = tw.cpu.footprint(len, prompt), fg = tw.gpu.footprint(len, prompt);
     EXPECT_DOUBLE_EQ(fg.bits_per_element, fc.bits_per_element) << "the bits the policy keeps, counted alike";
-    if (p.policy == kFrozen)  // every row past qe(P - 1) at 16 bits
+    if (p.policy == kFrozen) {  // every row past qe(P - 1) at 16 bits
       EXPECT_GT(fg.bits_per_element, tw.gpu.footprint(len).bits_per_element);
+    }
     // Sequence 1 is inside its prompt, sequence 0 after it: refused before anything changes.
     const int len0 = tw.gpu.length(tw.gpu_ids[0]);
     try {
