@@ -7,8 +7,10 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
+#include <vector>
 
 #include "attention/attention.h"
 #include "attention/attention_ref.h"
@@ -227,40 +229,51 @@ TEST(CacheDemotion, Int8WindowRowsMatchReferenceOverChunksAndWindows) {
 
 namespace {
 
-// Fast cache_attention vs the reference over a sequence of n_tokens: all but the last 1 + n_check tokens are
-// appended without attention, then a chunk of up to 40 queries (some checked), then one decode query.
-// Returns the worst NMSE seen; `versus` (optional) gets the worst NMSE against a second reference.
-double attention_nmse(const CacheConfig& cfg, int n_tokens, const CacheConfig* other = nullptr,
-                      double* versus = nullptr) {
+// Fast cache_attention vs the reference over a sequence of n_tokens, one cache per SIMD level of `levels` (cfg's own
+// when empty) fed the same rows: all but the last 1 + n_check tokens are appended without attention, then a chunk of
+// up to 40 queries (some checked), then one decode query. Returns the worst NMSE seen at each level (the references
+// are computed once for all levels); `versus` (optional) gets each level's worst NMSE against a second reference.
+std::vector<double> attention_nmse_at(const CacheConfig& cfg, const std::vector<SimdLevel>& levels, int n_tokens,
+                                      const CacheConfig* other = nullptr, std::vector<double>* versus = nullptr) {
   const int n_kv = 2, hq = 8, d = 128, chunk_last = 40;
-  KvCache cache(cfg, 1, n_kv, d, n_tokens);
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (SimdLevel level : levels.empty() ? std::vector<SimdLevel>{cfg.simd} : levels) {
+    CacheConfig c = cfg;
+    c.simd = level;
+    caches.push_back(std::make_unique<KvCache>(c, 1, n_kv, d, n_tokens));
+  }
   ReferenceKv ref(cfg, n_kv, d);
   std::unique_ptr<ReferenceKv> ref2 = other ? std::make_unique<ReferenceKv>(*other, n_kv, d) : nullptr;
   ThreadPool pool(2);
   std::mt19937 rng{uint32_t(n_tokens)};
   std::normal_distribution<float> nd(0.f, 1.f);
-  const int seq = cache.new_sequence();
+  std::vector<int> seqs;
+  for (auto& c : caches) seqs.push_back(c->new_sequence());
   const int n_prefill = std::max(0, n_tokens - 1 - chunk_last);
-  double worst = 0, worst2 = 0;
+  std::vector<double> worst(caches.size(), 0.0), worst2(caches.size(), 0.0);
   auto step = [&](int p, int n, bool attend) {
     const auto k = random_rows(rng, n, n_kv, d, 1.f), v = random_rows(rng, n, n_kv, d, 0.f);
-    cache.reserve(seq, n);
-    cache.append(seq, 0, p, n, k.data(), v.data());
-    cache.commit(seq, n);
+    for (size_t i = 0; i < caches.size(); ++i) {
+      caches[i]->reserve(seqs[i], n);
+      caches[i]->append(seqs[i], 0, p, n, k.data(), v.data());
+      caches[i]->commit(seqs[i], n);
+    }
     ref.append(n, k.data(), v.data());
     if (ref2) ref2->append(n, k.data(), v.data());
     if (!attend) return;
-    std::vector<float> q(size_t(n) * hq * d), out(q.size());
+    std::vector<float> q(size_t(n) * hq * d);
     for (auto& x : q) x = 2.f * nd(rng) / std::sqrt(float(d));  // peaked enough that the weights vary a lot
-    cache_attention(cache, seq, 0, p, n, q.data(), out.data(), AttentionShape{hq, n_kv, d}, pool);
+    std::vector<std::vector<float>> out(caches.size(), std::vector<float>(q.size()));
+    for (size_t c = 0; c < caches.size(); ++c)
+      cache_attention(*caches[c], seqs[c], 0, p, n, q.data(), out[c].data(), AttentionShape{hq, n_kv, d}, pool);
     for (int i : {0, n / 3, n / 2, n - 2, n - 1}) {
       if (i < 0) continue;
-      std::vector<double> expect(size_t(hq) * d);
+      std::vector<double> expect(size_t(hq) * d), expect2(ref2 ? expect.size() : 0);
       ref.attend(p + i, q.data() + size_t(i) * hq * d, hq, expect.data());
-      worst = std::max(worst, nmse(expect, out.data() + size_t(i) * hq * d));
-      if (ref2) {
-        ref2->attend(p + i, q.data() + size_t(i) * hq * d, hq, expect.data());
-        worst2 = std::max(worst2, nmse(expect, out.data() + size_t(i) * hq * d));
+      if (ref2) ref2->attend(p + i, q.data() + size_t(i) * hq * d, hq, expect2.data());
+      for (size_t c = 0; c < caches.size(); ++c) {
+        worst[c] = std::max(worst[c], nmse(expect, out[c].data() + size_t(i) * hq * d));
+        if (ref2) worst2[c] = std::max(worst2[c], nmse(expect2, out[c].data() + size_t(i) * hq * d));
       }
     }
   };
@@ -268,6 +281,15 @@ double attention_nmse(const CacheConfig& cfg, int n_tokens, const CacheConfig* o
   if (n_tokens - 1 > n_prefill) step(n_prefill, n_tokens - 1 - n_prefill, true);
   step(n_tokens - 1, 1, true);
   if (versus) *versus = worst2;
+  return worst;
+}
+
+// The same at cfg's own SIMD level: the worst NMSE; `versus` (optional) the worst against a second reference.
+double attention_nmse(const CacheConfig& cfg, int n_tokens, const CacheConfig* other = nullptr,
+                      double* versus = nullptr) {
+  std::vector<double> v;
+  const double worst = attention_nmse_at(cfg, {}, n_tokens, other, versus ? &v : nullptr)[0];
+  if (versus) *versus = v[0];
   return worst;
 }
 
@@ -283,30 +305,34 @@ double attention_nmse(const CacheConfig& cfg, int n_tokens, const CacheConfig* o
 // Every SIMD level this CPU runs (CacheConfig::simd, --simd): AVX2 rounds the int rows' operands as VNNI does.
 TEST(CacheAttention, FastMatchesReferenceForEveryCodecAndAwkwardLengthsAtEverySimdLevel) {
   const double kBudget = 1e-6;
-  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni}) {
-  if (!simd_level_supported(level)) continue;
-  const bool int8_operands = simd_int8_operands(level);
+  std::vector<SimdLevel> levels;  // one cache per level, fed the same rows, against references computed once
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Vnni})
+    if (simd_level_supported(level)) levels.push_back(level);
   for (const CodecTraits& t : codec_table()) {  // every codec of the table
     if (t.id == CodecId::kF32) continue;      // the exact rows the others are compared against
     const std::string type(t.name);
-    double worst = 0;
+    std::vector<double> worst(levels.size(), 0.0);
     for (int n_tokens : {1, 63, 64, 65, 257, 1000, 4097}) {
       CacheConfig cfg = config(type, 128, 16, 64, 128, 512);
-      cfg.simd = level;
       if (t.keys_only) cfg.v = spec("bf16", 128, false);  // keys-only codecs (TurboQuant's codebook keys)
       cfg.transform = codec_transform(cfg, 1, 2, 128);    // the one they imply (random rows: not applied here)
       CacheConfig exact = cfg;
       exact.k.type = exact.v.type = "f32";
       exact.k.per_channel = exact.v.per_channel = false;
-      double quant_error = 0;
-      const double e = attention_nmse(cfg, n_tokens, &exact, &quant_error);
-      const bool relative = int8_operands && t.grouped && t.code_bits == 2;  // int2 rows of one group: int8 operands
-      const double budget = relative ? std::max(kBudget, 0.1 * quant_error) : kBudget;
-      EXPECT_LE(e, budget) << cfg.describe() << " n_tokens=" << n_tokens << " quantization NMSE " << quant_error;
-      worst = std::max(worst, e);
+      std::vector<double> quant_error;
+      const std::vector<double> e = attention_nmse_at(cfg, levels, n_tokens, &exact, &quant_error);
+      for (size_t l = 0; l < levels.size(); ++l) {
+        // int2 rows of one group take int8 operands where the level does
+        const bool relative = simd_int8_operands(levels[l]) && t.grouped && t.code_bits == 2;
+        const double budget = relative ? std::max(kBudget, 0.1 * quant_error[l]) : kBudget;
+        EXPECT_LE(e[l], budget) << cfg.describe() << " at " << simd_level_name(levels[l]) << " n_tokens=" << n_tokens
+                                << " quantization NMSE " << quant_error[l];
+        worst[l] = std::max(worst[l], e[l]);
+      }
     }
-    std::printf("fast vs reference attention, %s, %s: worst NMSE %.3g\n", simd_level_name(level), type.c_str(), worst);
-  }
+    for (size_t l = 0; l < levels.size(); ++l)
+      std::printf("fast vs reference attention, %s, %s: worst NMSE %.3g\n", simd_level_name(levels[l]), type.c_str(),
+                  worst[l]);
   }
 }
 
