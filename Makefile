@@ -23,7 +23,8 @@ test: build
 	@$(MAKE) --no-print-directory test-scalar
 
 # The build a machine without x86-64 SIMD gets (-DKVQ_SIMD=OFF: scalar kernels only, no CUDA), and the tests of what
-# the SIMD levels replace there: codecs, attention, rotations, linear layers, the model against its goldens.
+# the SIMD levels replace there: codecs, attention, rotations, linear layers, the model against its goldens (their
+# files' own binary, kvq_portable_tests, whose ctest names start with portable/).
 SCALAR_SUITES = Codecs Half CacheAttention SoftmaxKernels RotationFile Hadamard AttnRot Linear ModelGolden CpuRunner \
   Fp8Codecs Kitty Kv4rl LlamaCppTypes NexusCodec E8Lattice OscarCodecs OscarQuantizer PnmixCodec RopeKeyCodec \
   TurboQuantKeys TurboQuantValues TurboQuantFastPaths TurboQuantAttention
@@ -31,8 +32,8 @@ empty :=
 space := $(empty) $(empty)
 test-scalar: deps
 	@cmake -S . -B build-scalar -DCMAKE_BUILD_TYPE=Release -DKVQ_SIMD=OFF -DKVQ_CUDA=OFF >/dev/null
-	@cmake --build build-scalar -j $(JOBS) --target kvq_tests -- --no-print-directory
-	@cd build-scalar && ctest --output-on-failure -j $(JOBS) -R '(^|/)($(subst $(space),|,$(strip $(SCALAR_SUITES))))\.'
+	@cmake --build build-scalar -j $(JOBS) --target kvq_portable_tests -- --no-print-directory
+	@cd build-scalar && ctest --output-on-failure -j $(JOBS) -R '^portable/(.*/)?($(subst $(space),|,$(strip $(SCALAR_SUITES))))\.'
 
 # libFuzzer targets for what users hand in (clang), 60 s each: safetensors headers, config.json, the index of sharded
 # checkpoints, rotation, PN-Mix and FP8 scales files, tokenizer.json and server requests.
