@@ -700,17 +700,11 @@ CacheFootprint KvCache::footprint(int n, int prompt) const {
   // [0, S0) window rows, [S0, qe(P - 1)) the codecs, the rest window rows (exact store: the window codec)
   if (policy == PromptPolicy::kQuantizeAfterPrompt) return layout_.frozen_footprint(n, prompt);
   // evict: the kept prompt tokens and every later one, unquantized
-  const double elems = 2.0 * n_kv_ * d_;  // K + V elements per token per layer
   const double exact = 2.0 * n_kv_ * double(exact_codec_->bytes_per_block());
   const int kept =
       evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, prompt, cfg_.evict_ctx);
   evict_check_windows(kept, cfg_.sink, cfg_.recent, prompt);
-  const double total = double(kept + n - prompt) * exact, quant = exact;
-  CacheFootprint f;
-  f.bytes_per_token_per_layer = total / n;
-  f.bits_per_element = 8.0 * total / (double(n) * elems);
-  f.quant_bits_per_element = 8.0 * quant / elems;
-  return f;
+  return layout_.footprint_of(n, double(kept + n - prompt) * exact, exact);
 }
 
 size_t KvCache::bytes_allocated() const {

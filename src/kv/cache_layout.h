@@ -166,7 +166,6 @@ struct CacheLayout {
   // sinks (they are never demoted). A key codec's metadata (k_meta) counts once per (layer, kv head), over the n
   // tokens.
   CacheFootprint footprint(int n) const {
-    const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
     const double window = window_token_bytes();
     const double pending = double(ring_body) / n_layers;  // body rows of one recent-window token, per layer
     const double quant = quant_token_bytes();
@@ -175,21 +174,19 @@ struct CacheLayout {
     const int n_quant = n - n_window;
     const int n_sink = n < sink ? n : sink;
     const double meta = double(n_layers - n_skipped) * n_kv * double(k_meta) / n_layers;  // per layer, once
-    const double total = n_window * window + (n_window - n_sink) * pending + n_quant * quant + meta;
-    CacheFootprint f;
-    f.bytes_per_token_per_layer = total / n;
-    f.bits_per_element = 8.0 * total / (double(n) * elems);
-    f.quant_bits_per_element = 8.0 * quant / elems;
-    return f;
+    return footprint_of(n, n_window * window + (n_window - n_sink) * pending + n_quant * quant + meta, quant);
   }
   // The same under quantize-after-prompt (kv/cache.h) after a prompt of `prompt` tokens: [S0, qe(prompt - 1)) stored
   // by the codecs, every other row a window row (the exact store's, never demoted; the policy takes bf16 or f32
   // windows only).
   CacheFootprint frozen_footprint(int n, int prompt) const {
-    const double elems = 2.0 * n_kv * head_dim;
     const double quant = quant_token_bytes();
     const int n_quant = prompt > 0 ? quant_end(prompt - 1) - sink : 0;
-    const double total = double(n - n_quant) * window_token_bytes() + double(n_quant) * quant;
+    return footprint_of(n, double(n - n_quant) * window_token_bytes() + double(n_quant) * quant, quant);
+  }
+  // The footprint of n tokens that take `total` bytes per layer, `quant` bytes per (token, layer) where quantized.
+  CacheFootprint footprint_of(int n, double total, double quant) const {
+    const double elems = 2.0 * n_kv * head_dim;  // K + V elements per token per layer
     CacheFootprint f;
     f.bytes_per_token_per_layer = total / n;
     f.bits_per_element = 8.0 * total / (double(n) * elems);
