@@ -33,6 +33,9 @@ space := $(empty) $(empty)
 test-scalar: deps
 	@cmake -S . -B build-scalar -DCMAKE_BUILD_TYPE=Release -DKVQ_SIMD=OFF -DKVQ_CUDA=OFF >/dev/null
 	@cmake --build build-scalar -j $(JOBS) --target kvq_portable_tests -- --no-print-directory
+	@cd build-scalar && for s in $(SCALAR_SUITES); do ctest -N -R "^portable/(.*/)?$$s\." | grep -q "Total Tests: [1-9]" \
+	  || { echo "make test-scalar: no test of suite $$s in kvq_portable_tests (CMakeLists.txt's" \
+	       "KVQ_PORTABLE_TEST_SOURCES)"; exit 1; }; done
 	@cd build-scalar && ctest --output-on-failure -j $(JOBS) -R '^portable/(.*/)?($(subst $(space),|,$(strip $(SCALAR_SUITES))))\.'
 
 # libFuzzer targets for what users hand in (clang), 60 s each: safetensors headers, config.json, the index of sharded
