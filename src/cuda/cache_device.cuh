@@ -104,6 +104,7 @@ struct RowScratch {
 //   encode_row(src, dst, group, clip_index, RowScratch<D>&)   rows: a warp demotes one bf16 ring row into dst
 //   encode_block(...)                   key blocks: a block of D threads demotes G ring rows (codec_kivi.cuh)
 //   kMaxBlockTokens (key blocks)        most tokens of one key block (the demotion's shared rows)
+//   kTileBytes, fetch_tile, KeyTile     key blocks: a decoded tile's copy of what its rows read (cuda/key_tile.cuh)
 //   kTokenScaled (optional, key blocks) true: keys stored divided by ν, which multiplies their scores (codec_oscar.cuh)
 //   kTensorScaled (optional, rows)      true: rows stored as x / s with the layer's per-tensor scale s
 //                                       (CacheGeometry::k_scale / v_scale), demoted by encode_row_scaled(src, dst, s);

@@ -42,6 +42,7 @@
 
 #include "cuda/cache_device.cuh"
 #include "cuda/codecs.cuh"
+#include "cuda/key_tile.cuh"
 #include "cuda/mma.cuh"
 
 namespace kvq::cuda {
@@ -112,11 +113,17 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 
 // Decoded tiles' raw ring: a warp copies the stored bytes of its tiles kRawStages - 1 ahead (16-byte cp.async: every
 // offset of a tile's rows in a page is a multiple of 16, as pages hold a multiple of 16 rows), so that a tile's DRAM
-// latency hides behind the previous tile's work; decode_tile reads them from there. A stage holds a tile's 16 value
-// rows and, for per-token keys, its 16 key rows (key blocks are read from global memory).
+// latency hides behind the previous tile's work; decode_tile reads them from there. A stage holds a tile's key side
+// (its 16 per-token key rows, or what its rows read of their key block: cuda/key_tile.cuh) and its 16 value rows.
 constexpr int kRawStages = 2;
-KVQ_HD inline int raw_stage_bytes(const CacheGeometry& g, bool key_blocks) {
-  return kTile * ((key_blocks ? 0 : g.k_row) + g.v_row);
+template <class K>
+KVQ_HD inline int raw_stage_bytes(const CacheGeometry& g) {
+  if constexpr (K::kKeyBlocks) {
+    static_assert(dev::GathersKeyTile<K>, "key blocks come through the raw ring");
+    return K::kTileBytes + kTile * g.v_row;
+  } else {
+    return kTile * (g.k_row + g.v_row);
+  }
 }
 
 // A staged tile: its K and V sides in the warp's ring.
@@ -130,6 +137,19 @@ template <class K, class V>
 struct Decoded {
   using Keys = K;
   using Values = V;
+};
+
+// The lane's reader of a key tile copy (cuda/key_tile.cuh) for key blocks, nothing for per-token rows.
+struct NoKeyTile {
+  __device__ NoKeyTile(const uint8_t*, int, int) {}
+};
+template <class K>
+struct KeyTileOf {
+  using type = NoKeyTile;
+};
+template <dev::GathersKeyTile K>
+struct KeyTileOf<K> {
+  using type = typename K::KeyTile;
 };
 
 // Two floats as f16x2 (lo in the low half), rounded to nearest and saturated to ±65504, NaN staying NaN: one cvt.
@@ -219,14 +239,14 @@ __device__ __forceinline__ void decode_hadamard_keys(const CacheGeometry& geo, c
 
 // Decoded tiles: the warp writes a tile's 16 rows into `dst` as a staged 16-bit tile (K side, then V side, swizzled
 // rows), which the staged tile code then reads; rows from nv on are zeros. Value row r is at values + r · v_row, key
-// row r at keys + r · k_row, or for key blocks row krow0 + r of the block at keys (the tile's raw bytes in the warp's
-// raw ring in shared memory, a key block in global memory: see attend_block). The rows are decoded in f32 by the
+// row r at keys + r · k_row, or for key blocks row krow0 + r of their block, whose tile copy is at keys (the tile's raw
+// bytes in the warp's raw ring in shared memory: see attend_block). The rows are decoded in f32 by the
 // device codecs' values4 and rounded to f16 (2^-11 relative; q and P' are rounded to f16 too), saturated at ±65504
 // so that a value beyond f16's range cannot become inf (NaN stays NaN).
 // Lane l always takes the chunk of 4 values c0 = 4 (l % (D / 4)), of rows l / (D / 4) + (32 / (D / 4)) k, so whatever
 // depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
-// (KIVI, OScaR, Kitty) are read at their block row: blocks of >= 32 positions start at multiples of 16, so a tile lies
-// in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
+// (KIVI, OScaR, Kitty) are read from their tile copies by a KeyTile a lane makes once (its channels' parameters):
+// blocks of >= 32 positions start at multiples of 16, so a tile lies in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
 // and TurboQuant's codebook keys (decode_codebook_keys) and NexusQuant's (decode_hadamard_keys) are decoded by a pass
 // of their own before the values. NexusQuant's values stay in the Hadamard domain (ŷ), and the block's sums of P' · ŷ
 // go through the Hadamard once at the end (attend_block), since it is linear: 16 rows' transforms a tile become g
@@ -242,11 +262,12 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
   static_assert(!kKeysApart || (!dev::token_scaled<K>() && !dev::tensor_scaled<K>()), "scaled apart keys");
   if constexpr (dev::ReadsCodebook<K>) decode_codebook_keys<K, D>(geo, keys, nv, dst, lane);
   if constexpr (dev::hadamard_rows<K>()) decode_hadamard_keys<K, D>(geo, keys, nv, p0, dst, lane);
+  [[maybe_unused]] const typename KeyTileOf<K>::type key_tile(keys, krow0, c0);
 #pragma unroll 4
   for (int r = lane / kChunks; r < kTile; r += kRowsPerPass) {
     float k[4], v[4];  // both decoded before either is stored: the stores may alias the raw rows for the compiler
     if constexpr (!kKeysApart) {
-      if constexpr (K::kKeyBlocks) K::values4(keys, krow0 + r, geo.k_group, c0, k);
+      if constexpr (K::kKeyBlocks) key_tile.values4(r, k);
       else K::values4(keys + r * geo.k_row, 0, geo.k_group, c0, k);
       if constexpr (dev::token_scaled<K>()) {
 #pragma unroll
@@ -670,23 +691,25 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   } else if constexpr (kDecoded) {
     // Decoded tiles: the stored bytes of the warp's tiles come through its raw ring (cp.async, kRawStages - 1 tiles
     // ahead: every iteration commits one group, empty past the range); the warp decodes each tile from there into its
-    // one stage (decode_tile), then computes it as a staged tile of f16 rows. Key blocks are decoded from global
-    // memory (their parameters span the block, not the tile).
+    // one stage (decode_tile), then computes it as a staged tile of f16 rows.
     using K = typename Dec::Keys;
-    constexpr bool kRawKeys = !K::kKeyBlocks;
     extern __shared__ __align__(16) uint8_t ring_smem[];
     uint8_t* stage = ring_smem + warp * stage_bytes<D>;
-    const int raw = raw_stage_bytes(geo, K::kKeyBlocks), kraw = kRawKeys ? kTile * geo.k_row : 0;
+    const int raw = raw_stage_bytes<K>(geo), kraw = raw - kTile * geo.v_row;
     uint8_t* raws = ring_smem + kWarps * stage_bytes<D> + warp * kRawStages * raw;
     auto page_of = [&](int p) { return heads + int64_t(table[(p - geo.sink) / pt]) * geo.page_bytes; };
-    auto fetch = [&](int p, int s) {  // tile p's V rows and per-token K rows into raw stage s
+    auto fetch = [&](int p, int s) {  // tile p's key side and value rows into raw stage s
       if (p < hi) {
         const int j0 = (p - geo.sink) % pt;
         const uint8_t* hp = page_of(p);
         const uint8_t *kb = hp + j0 * geo.k_row, *vb = hp + geo.k_region + j0 * geo.v_row;
         uint8_t* dst = raws + s * raw;
-        for (int off = 16 * lane; off < raw; off += 16 * 32)
-          cp_async_16(dst + off, off < kraw ? kb + off : vb + (off - kraw), true);
+        int off = 16 * lane;
+        if constexpr (K::kKeyBlocks) {  // the tile's copy of its block, then the value rows
+          K::fetch_tile(hp + (j0 / geo.k_block_tokens) * geo.k_block, j0 % geo.k_block_tokens, dst, lane);
+          off += kraw;
+        }
+        for (; off < raw; off += 16 * 32) cp_async_16(dst + off, off < kraw ? kb + off : vb + (off - kraw), true);
       }
       cp_async_commit();
     };
@@ -701,15 +724,11 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       const int j0 = (p0 - geo.sink) % pt, nv = min(kTile, hi - p0);
       [[maybe_unused]] const float* nu = nullptr;
       if constexpr (dev::token_scaled<K>()) nu = dev::token_scales(geo, rd.seq, a.layer, p0);
-      const uint8_t* keys = raws + s * raw;  // its key rows, or its key block in global memory
-      int krow0 = 0;
-      if constexpr (!kRawKeys) {
-        keys = page_of(p0) + (j0 / geo.k_block_tokens) * geo.k_block;
-        krow0 = j0 % geo.k_block_tokens;
-      }
+      const int krow0 = K::kKeyBlocks ? j0 % geo.k_block_tokens : 0;  // the tile's first row in its key block
       cp_async_wait<kRawStages - 1>();
       __syncwarp();  // tile p0's bytes are visible to the warp, and every lane has read the previous tile
-      decode_tile<K, typename Dec::Values, D>(geo, keys, krow0, raws + s * raw + kraw, nv, p0, nu, stage, lane);
+      decode_tile<K, typename Dec::Values, D>(geo, raws + s * raw, krow0, raws + s * raw + kraw, nv, p0, nu, stage,
+                                              lane);
       __syncwarp();  // the tile is visible to the warp
       const StagedTile t{stage, stage + tile_side<D>};
       if (nv == kTile) attend_tile(std::false_type{}, kTile, TileWords{}, t, t);
@@ -913,7 +932,7 @@ MmaKernel mma_kernel(const CacheGeometry& g, int group) {
       using Dec = Decoded<RowKeys<I, D>, RowValues<I, D>>;
       k = {group <= 4 ? quant_attention_mma_kernel<false, false, 1, D, Dec>
                       : quant_attention_mma_kernel<false, false, 2, D, Dec>,
-           kWarps * (stage_bytes<D> + kRawStages * raw_stage_bytes(g, RowKeys<I, D>::kKeyBlocks))};
+           kWarps * (stage_bytes<D> + kRawStages * raw_stage_bytes<RowKeys<I, D>>(g))};
     }
   });
   return k;

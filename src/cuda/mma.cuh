@@ -78,11 +78,16 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
-// 4 bytes from global to shared memory (cp.async.ca; the only sizes below 16 bytes go through L1), zero-filled when
-// valid is false; both 4-byte aligned. For rows whose stride is not a multiple of 16 bytes (int2 rows: 36).
+// 4 or 8 bytes from global to shared memory (cp.async.ca; the only sizes below 16 bytes go through L1), zero-filled
+// when valid is false; both aligned to the size. For rows whose stride is not a multiple of 16 bytes (int2 rows: 36),
+// and words gathered from a key block (codec_kitty.cuh).
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_8(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 8 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>

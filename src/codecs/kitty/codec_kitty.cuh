@@ -8,6 +8,7 @@
 #include "codecs/group_quant.cuh"  // GroupParamsF (the key-block demotion's signature)
 #include "codecs/kitty/kitty_format.h"
 #include "cuda/cache_device.cuh"
+#include "cuda/key_tile.cuh"
 
 namespace kvq::cuda::dev {
 
@@ -40,6 +41,47 @@ struct KittyKeyBlocks {
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = value(block, row, 0, c0 + i);
   }
+
+  // A decoded tile's copy (cuda/key_tile.cuh): its 16 tokens lie in one 32-token unit of every plane row, so the copy
+  // is that unit's 8-byte word of each plane row (the D low ones, then the N_BOOST high ones: plane row i's at 8 i),
+  // then the channel map and the parameters as stored (contiguous in the block): 1,920 bytes at d = 128, 25%, where
+  // the block is 5,760.
+  static constexpr int kTileMap = (8 * (D + N_BOOST) + 15) / 16 * 16;
+  static constexpr int kTileBytes = kTileMap + 5 * D;
+  static __device__ __forceinline__ void fetch_tile(const uint8_t* block, int row0, uint8_t* dst, int lane) {
+    static_assert(kHigh == D * kPlane && kParams == kSlot + D && kSlot % 16 == 0, "plane rows, then map and params");
+    const uint8_t* words = block + 8 * (row0 / layout::kUnitValues);
+    for (int i = lane; i < D + N_BOOST; i += 32) tc::cp_async_8(dst + 8 * i, words + i * kPlane, true);
+    for (int i = lane; i < 5 * D / 16; i += 32) tc::cp_async_16(dst + kTileMap + 16 * i, block + kSlot + 16 * i, true);
+  }
+  struct KeyTile {
+    uint2 low[4], high[4];  // the unit's words of channels c0 .. c0 + 3 (high: zero for a channel not boosted)
+    float scale[4], mn[4];
+    int t0;  // the tile's first token in its unit
+    __device__ __forceinline__ KeyTile(const uint8_t* tile, int row0, int c0) {
+      const uint32_t map = *reinterpret_cast<const uint32_t*>(tile + kTileMap + c0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int slot = (map >> (8 * i)) & 0xff;
+        low[i] = *reinterpret_cast<const uint2*>(tile + 8 * (c0 + i));
+        high[i] = slot < N_BOOST ? *reinterpret_cast<const uint2*>(tile + 8 * (D + slot)) : make_uint2(0u, 0u);
+        const uint32_t p = *reinterpret_cast<const uint32_t*>(tile + kTileMap + D + 4 * (c0 + i));
+        scale[i] = fp16_to_f32(uint16_t(p)), mn[i] = fp16_to_f32(uint16_t(p >> 16));
+      }
+      t0 = row0 % layout::kUnitValues;
+    }
+    // Token t of a unit: byte t % 8 of the word, bits 2 (t / 8) (layout.h).
+    __device__ __forceinline__ void values4(int r, float out[4]) const {
+      const int t = t0 + r, shift = 8 * (t % 4) + 2 * (t / 8);
+      const bool upper = t % 8 >= 4;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t lo = upper ? low[i].y : low[i].x, hi = upper ? high[i].y : high[i].x;
+        const int code = int(((lo >> shift) & 3u) | ((hi >> shift) & 3u) << 2);
+        out[i] = min_scale_value(float(code), scale[i], mn[i]);
+      }
+    }
+  };
 
   // Scores of token `row` of a key block against the g <= GQ queries qs[h][:]: the row decoded 4 channels at a time,
   // then s[h] += q_h · k̂.
