@@ -22,6 +22,7 @@
 #include "cuda/gpu_instances.h"
 #include "cuda/gpu_model.h"
 #include "cuda/runtime.h"
+#include "kv/page_pool.h"
 #endif
 
 namespace kvq::cli {
@@ -63,21 +64,13 @@ struct ShapeResult {
   double bytes_read = 0;  // cache bytes that call reads
 };
 
-size_t row_bytes(const CodecSpec& s, int head_dim) {
-  CodecSpec c = s;
-  c.head_dim = head_dim;
-  return make_codec(c)->bytes_per_block();
-}
-
-// Device bytes a cache of this shape needs (pool, windows, fill buffers), to skip shapes that do not fit.
-double bytes_needed(const GpuAttentionBench& o, const CacheConfig& cfg, int batch, int ctx, int chunk) {
-  const double P = cfg.page_tokens;
-  const double pages = std::ceil(std::max(0, ctx + 1 - cfg.sink) / P);
-  const double rows = double(batch) * pages * P * o.kv_heads;
-  const double pool = rows * double(row_bytes(cfg.k, o.head_dim) + row_bytes(cfg.v, o.head_dim));
-  const double windows = double(batch) * 2 * o.kv_heads * (cfg.sink + cfg.recent + 1 + chunk) * 2.0 * o.head_dim;
+// Device bytes a cache of this shape needs, to skip shapes that do not fit: its pool as GpuKvCache allocates it (the
+// pages of batch sequences of max_ctx tokens and their windows), the fill's staging rows and a margin.
+double bytes_needed(const GpuAttentionBench& o, const CacheConfig& cfg, int batch, int max_ctx, int chunk) {
+  const CacheLayout layout = cuda::GpuKvCache::layout_of(cfg, 1, o.kv_heads, o.head_dim, max_ctx);
+  const double pool = double(PagePool::for_sequences(layout, max_ctx, batch).n_pages) * double(layout.page_bytes);
   const double fill = 2.0 * double(chunk) * batch * o.kv_heads * o.head_dim * 4;
-  return pool + windows + fill + (64 << 20);
+  return pool + fill + (64 << 20);
 }
 
 // Fills seqs of cache to ctx tokens each with N(0, 1) key and value rows: steps of chunk rows of every sequence,
@@ -99,7 +92,7 @@ void fill_random(cuda::GpuKvCache& cache, const std::vector<int>& seqs, int ctx,
 std::optional<ShapeResult> run_shape(const GpuAttentionBench& o, CacheConfig cfg, int batch, int ctx) {
   const int chunk = std::max(1, std::min({2048, ctx, kFillRows / batch}));
   cfg.max_chunk = chunk;
-  const double need = bytes_needed(o, cfg, batch, ctx, chunk);
+  const double need = bytes_needed(o, cfg, batch, ctx + 1, chunk);
   const double avail = 0.92 * double(cuda::free_device_memory());
   if (need > avail) {
     std::fprintf(stderr, "note: skipping batch %d ctx %d k=%s v=%s: needs %.1f GB, %.1f GB free\n", batch, ctx,
