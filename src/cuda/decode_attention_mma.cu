@@ -239,18 +239,18 @@ __device__ __forceinline__ void decode_hadamard_keys(const CacheGeometry& geo, c
 
 // Decoded tiles: the warp writes a tile's 16 rows into `dst` as a staged 16-bit tile (K side, then V side, swizzled
 // rows), which the staged tile code then reads; rows from nv on are zeros. Value row r is at values + r · v_row, key
-// row r at keys + r · k_row, or for key blocks row krow0 + r of their block, whose tile copy is at keys (the tile's raw
-// bytes in the warp's raw ring in shared memory: see attend_block). The rows are decoded in f32 by the
-// device codecs' values4 and rounded to f16 (2^-11 relative; q and P' are rounded to f16 too), saturated at ±65504
-// so that a value beyond f16's range cannot become inf (NaN stays NaN).
+// row r at keys + r · k_row, or for key blocks row krow0 + r of their block, whose tile copy is at keys (the tile's
+// raw bytes in the warp's raw ring in shared memory: see attend_block). The rows are decoded in f32 by the device
+// codecs' values4 and rounded to f16 (2^-11 relative; q and P' are rounded to f16 too), saturated at ±65504 so that a
+// value beyond f16's range cannot become inf (NaN stays NaN).
 // Lane l always takes the chunk of 4 values c0 = 4 (l % (D / 4)), of rows l / (D / 4) + (32 / (D / 4)) k, so whatever
 // depends only on the channels (a group's index, KIVI's per-channel parameters' offsets) is computed once. Key blocks
 // (KIVI, OScaR, Kitty) are read from their tile copies by a KeyTile a lane makes once (its channels' parameters):
-// blocks of >= 32 positions start at multiples of 16, so a tile lies in one. OScaR's keys are multiplied by their ν (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale,
-// and TurboQuant's codebook keys (decode_codebook_keys) and NexusQuant's (decode_hadamard_keys) are decoded by a pass
-// of their own before the values. NexusQuant's values stay in the Hadamard domain (ŷ), and the block's sums of P' · ŷ
-// go through the Hadamard once at the end (attend_block), since it is linear: 16 rows' transforms a tile become g
-// rows' a block.
+// blocks of >= 32 positions start at multiples of 16, so a tile lies in one. OScaR's keys are multiplied by their ν
+// (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale, and TurboQuant's codebook keys
+// (decode_codebook_keys) and NexusQuant's (decode_hadamard_keys) are decoded by a pass of their own before the
+// values. NexusQuant's values stay in the Hadamard domain (ŷ), and the block's sums of P' · ŷ go through the Hadamard
+// once at the end (attend_block), since it is linear: 16 rows' transforms a tile become g rows' a block.
 template <class K, class V, int D>
 __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* keys, int krow0,
                                             const uint8_t* values, int nv, int p0, const float* nu, uint8_t* dst,

@@ -6,8 +6,8 @@
 //   fetch_tile(block, row0, dst, lane)   the warp's cp.async copies of what rows row0 .. row0 + 15 of the block read
 //                                        (row0 a multiple of 16) into dst (16-byte aligned)
 //   KeyTile(dst, row0, c0)               a lane's reader of channels c0 .. c0 + 3 (c0 a multiple of 4) of that copy,
-//                                        their parameters read once: values4(r, out) gives what values4(block, row0 + r,
-//                                        group, c0, out) gives, the same floats
+//                                        their parameters read once: values4(r, out) gives what values4(block,
+//                                        row0 + r, group, c0, out) gives, the same floats
 #pragma once
 
 #include <stdint.h>

@@ -67,9 +67,10 @@ struct KiviKeyBlocks {
       for (int i = 0; i < 4; ++i) scale[i] = fp16_to_f32(uint16_t(w[i])), zero[i] = fp16_to_f32(uint16_t(w[i] >> 16));
     }
     __device__ __forceinline__ void values4(int r, float out[4]) const {
+      constexpr uint32_t kMask = (1u << BITS) - 1;
       const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + r * kRow);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) out[i] = dequant(float((w >> (8 * i + shift)) & ((1u << BITS) - 1)), scale[i], zero[i]);
+      for (int i = 0; i < 4; ++i) out[i] = dequant(float((w >> (8 * i + shift)) & kMask), scale[i], zero[i]);
     }
   };
 
