@@ -6,7 +6,6 @@
 #include "cli/bench_cuda.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>

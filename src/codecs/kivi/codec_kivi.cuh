@@ -48,29 +48,24 @@ struct KiviKeyBlocks {
   }
 
   // A decoded tile's copy (cuda/key_tile.cuh): the block's parameters and the tile's 16 code rows.
-  static constexpr int kRow = layout::packed_bytes(D, BITS);
-  static constexpr int kTileBytes = ParamRowsTile<D, kRow>::kBytes;
+  using Tile = ParamRowsTile<D, BITS>;
+  static_assert(layout::kivi_key_params_bytes(D) == 4 * D, "a parameter word a channel");
+  static constexpr int kTileBytes = Tile::kBytes;
   static __device__ __forceinline__ void fetch_tile(const uint8_t* block, int row0, uint8_t* dst, int lane) {
-    ParamRowsTile<D, kRow>::fetch(block, row0, dst, lane);
+    Tile::fetch(block, row0, dst, lane);
   }
   struct KeyTile {
-    const uint8_t* codes;  // the word of channels c0 .. c0 + 3 in the tile's first row
-    int shift;
+    typename Tile::Lane lane;
     float scale[4], zero[4];
-    __device__ __forceinline__ KeyTile(const uint8_t* tile, int /*row0*/, int c0) {
-      const int ub = layout::unit_bytes(BITS), vv = c0 % layout::kUnitValues;
-      codes = tile + layout::kivi_key_params_bytes(D) + (c0 / layout::kUnitValues) * ub + vv % ub;
-      shift = BITS * (vv / ub);
-      const uint4 p = *reinterpret_cast<const uint4*>(tile + 4 * c0);
-      const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+    __device__ __forceinline__ KeyTile(const uint8_t* tile, int /*row0*/, int c0) : lane(tile, c0) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) scale[i] = fp16_to_f32(uint16_t(w[i])), zero[i] = fp16_to_f32(uint16_t(w[i] >> 16));
+      for (int i = 0; i < 4; ++i)
+        scale[i] = fp16_to_f32(uint16_t(lane.params[i])), zero[i] = fp16_to_f32(uint16_t(lane.params[i] >> 16));
     }
     __device__ __forceinline__ void values4(int r, float out[4]) const {
-      constexpr uint32_t kMask = (1u << BITS) - 1;
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + r * kRow);
+      const uint32_t w = lane.codes4(r);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) out[i] = dequant(float((w >> (8 * i + shift)) & kMask), scale[i], zero[i]);
+      for (int i = 0; i < 4; ++i) out[i] = dequant(float((w >> (8 * i)) & ((1u << BITS) - 1)), scale[i], zero[i]);
     }
   };
 

@@ -9,9 +9,9 @@
 #pragma once
 
 #include "codecs/group_quant.cuh"  // warp_argmin / warp_argmax
-#include "cuda/key_tile.cuh"
 #include "codecs/oscar/oscar_format.h"
 #include "cuda/cache_device.cuh"
+#include "cuda/key_tile.cuh"
 
 namespace kvq::cuda::dev {
 
@@ -58,26 +58,20 @@ struct OscarKeyBlocks {
   }
 
   // A decoded tile's copy (cuda/key_tile.cuh): the block's parameters and the tile's 16 code rows.
-  static constexpr int kTileBytes = ParamRowsTile<D, oscar::kRowCodes<D>>::kBytes;
+  using Tile = ParamRowsTile<D, oscar::kBits>;
+  static_assert(Tile::kRow == oscar::kRowCodes<D>, "the block's code rows");
+  static_assert(layout::oscar_key_params_bytes(D) == 4 * D, "a parameter word a channel");
+  static constexpr int kTileBytes = Tile::kBytes;
   static __device__ __forceinline__ void fetch_tile(const uint8_t* block, int row0, uint8_t* dst, int lane) {
-    ParamRowsTile<D, oscar::kRowCodes<D>>::fetch(block, row0, dst, lane);
+    Tile::fetch(block, row0, dst, lane);
   }
   struct KeyTile {
-    const uint8_t* codes;  // the word of channels c0 .. c0 + 3 in the tile's first row
-    int shift;
-    uint32_t params[4];
-    __device__ __forceinline__ KeyTile(const uint8_t* tile, int /*row0*/, int c0) {
-      constexpr int ub = layout::unit_bytes(oscar::kBits);
-      const int vv = c0 % layout::kUnitValues;
-      codes = tile + layout::oscar_key_params_bytes(D) + (c0 / layout::kUnitValues) * ub + vv % ub;
-      shift = oscar::kBits * (vv / ub);
-      const uint4 p = *reinterpret_cast<const uint4*>(tile + 4 * c0);
-      params[0] = p.x, params[1] = p.y, params[2] = p.z, params[3] = p.w;
-    }
+    typename Tile::Lane lane;
+    __device__ __forceinline__ KeyTile(const uint8_t* tile, int /*row0*/, int c0) : lane(tile, c0) {}
     __device__ __forceinline__ void values4(int r, float out[4]) const {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + r * oscar::kRowCodes<D>);
+      const uint32_t w = lane.codes4(r);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) out[i] = oscar::dequant_word((w >> (8 * i + shift)) & 3u, params[i]);
+      for (int i = 0; i < 4; ++i) out[i] = oscar::dequant_word((w >> (8 * i)) & 3u, lane.params[i]);
     }
   };
 
