@@ -86,7 +86,6 @@ void check_attn_window(const CacheConfig& cfg, int n_layers) {
 const CacheConfig& checked(const CacheConfig& cfg, int n_layers, int max_ctx, int max_seqs, size_t budget_bytes) {
   check_windows(cfg);
   check_attn_window(cfg, n_layers);
-  check_prompt_policy(cfg);
   KVQ_CHECK(cfg.max_chunk > 0 && max_ctx > 0 && (max_seqs > 0 || (max_seqs == 0 && budget_bytes > 0)),
             "KV cache: bad sizes (chunk {}, ctx {}, seqs {})", cfg.max_chunk, max_ctx, max_seqs);
   return cfg;
@@ -150,7 +149,10 @@ LayerSet skipped_layers(const CacheConfig& cfg, int n_layers) {
 CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec& v, const KvCodec& window,
                          int n_layers, int n_kv_heads, int head_dim) {
   check_windows(cfg);
+  check_prompt_policy(cfg);
   KVQ_CHECK(cfg.max_chunk > 0, "KV cache: bad sizes (chunk {})", cfg.max_chunk);
+  if (cfg.prompt_policy == PromptPolicy::kEvict)  // the bits, against the rows evict keeps (the window codec's)
+    evict_budget(cfg.evict_bits, 8 * int(window.bytes_per_block()) / head_dim, 0);
   if (const KvTransform* t = cfg.transform.get(); t && !t->identity())
     KVQ_CHECK(t->n_layers == n_layers && t->n_kv_heads == n_kv_heads && t->head_dim == head_dim,
               "KV cache: transform '{}' of (layers {}, kv heads {}, d {}) does not fit the cache ({}, {}, {})", t->name,
@@ -258,8 +260,6 @@ KvCache::KvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_
       pool_(layout_, max_ctx, pool_size(layout_, max_ctx, max_seqs, budget_bytes)) {
   for (int l = 0; l < n_layers; ++l) layer_offset_.push_back(layout_.layer_offset(l));
   exact_codec_ = window_quantized(cfg_) ? skip_codec_.get() : window_.get();
-  if (cfg_.prompt_policy == PromptPolicy::kEvict)  // the bits are checked before any work
-    evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, 0);
   if (codec_traits(cfg.k.type).per_head)  // one key codec per (layer, kv head), all with head 0's block bytes
     for (int l = 0; l < n_layers; ++l)
       for (int h = 0; h < n_kv_heads; ++h) {
@@ -692,19 +692,22 @@ void KvCache::runs(int seq, int layer, int kv_head, int t_first, int t_last, std
 
 CacheFootprint KvCache::footprint(int n) const { return layout_.footprint(n); }
 
-CacheFootprint KvCache::footprint(int n, int prompt) const {
+CacheFootprint KvCache::footprint(int n, int prompt) const { return prompt_footprint(layout_, cfg_, n, prompt); }
+
+CacheFootprint prompt_footprint(const CacheLayout& layout, const CacheConfig& cfg, int n, int prompt) {
   KVQ_CHECK(prompt >= 0 && prompt <= n && n > 0, "KV cache: footprint of {} tokens with a prompt of {}", n, prompt);
-  const PromptPolicy policy = cfg_.prompt_policy;
+  const PromptPolicy policy = cfg.prompt_policy;
   // decode-faithful and exact-prompt store the same rows (the prompt's exact rows are prefill state, not cache).
-  if (policy == PromptPolicy::kDecodeFaithful || policy == PromptPolicy::kExactPrompt) return layout_.footprint(n);
+  if (policy == PromptPolicy::kDecodeFaithful || policy == PromptPolicy::kExactPrompt) return layout.footprint(n);
   // [0, S0) window rows, [S0, qe(P - 1)) the codecs, the rest window rows (exact store: the window codec)
-  if (policy == PromptPolicy::kQuantizeAfterPrompt) return layout_.frozen_footprint(n, prompt);
-  // evict: the kept prompt tokens and every later one, unquantized
-  const double exact = 2.0 * n_kv_ * double(exact_codec_->bytes_per_block());
+  if (policy == PromptPolicy::kQuantizeAfterPrompt) return layout.frozen_footprint(n, prompt);
+  // evict: the kept prompt tokens and every later one, unquantized (rows of the window codec, which evict keeps
+  // unquantized: check_prompt_policy)
+  const double exact = layout.window_token_bytes();
   const int kept =
-      evict_budget(cfg_.evict_bits, 8 * int(exact_codec_->bytes_per_block()) / d_, prompt, cfg_.evict_ctx);
-  evict_check_windows(kept, cfg_.sink, cfg_.recent, prompt);
-  return layout_.footprint_of(n, double(kept + n - prompt) * exact, exact);
+      evict_budget(cfg.evict_bits, int(8 * layout.window_row / layout.head_dim), prompt, cfg.evict_ctx);
+  evict_check_windows(kept, cfg.sink, cfg.recent, prompt);
+  return layout.footprint_of(n, double(kept + n - prompt) * exact, exact);
 }
 
 size_t KvCache::bytes_allocated() const {

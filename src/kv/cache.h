@@ -169,12 +169,15 @@ std::vector<int> parse_skip_layers(const std::string& list);
 // layer out of range or two items that name one layer.
 LayerSet skipped_layers(const CacheConfig& cfg, int n_layers);
 
-// The sizes of a cache of cfg for a model's KV shape: validates the windows, the chunk, the page size against the
-// codecs and the skipped layers (kvq::Error naming what is wrong) and lays them out. The first form builds the codecs
-// itself.
+// The sizes of a cache of cfg for a model's KV shape: validates the windows, the prompt policy (and evict's bits), the
+// chunk, the page size against the codecs and the skipped layers (kvq::Error naming what is wrong) and lays them out.
+// The first form builds the codecs itself.
 CacheLayout cache_layout(const CacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim);
 CacheLayout cache_layout(const CacheConfig& cfg, const KvCodec& k, const KvCodec& v, const KvCodec& window,
                          int n_layers, int n_kv_heads, int head_dim);
+// What one sequence of n tokens stores when its prompt was the first `prompt` under cfg.prompt_policy, laid out as
+// `layout` (KvCache::footprint(n, prompt), the GPU cache's too).
+CacheFootprint prompt_footprint(const CacheLayout& layout, const CacheConfig& cfg, int n, int prompt);
 
 class KvCache {
  public:
