@@ -150,6 +150,7 @@ struct Twin {
         tf.keys(l, nb, kb.data());
         tf.values(l, nb, vb.data());
         tf.queries(l, nb, kHeads, qb.data());
+        cpu.observe_queries(s, l, pos0, nb, qb.data(), kHeads);  // as model.cpp (the evict policy's; else nothing)
         if (compare) {
           append_and_attend(cpu, s, l, pos0, nb, kb.data(), vb.data(), qb.data(),
                             want.data() + size_t(r0) * kHeads * d, AttentionShape{kHeads, kKv, d}, pool);

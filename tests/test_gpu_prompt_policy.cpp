@@ -4,11 +4,13 @@
 // and after end_prompt queries read the cache as stored (exact-prompt) or the pages the prompt filled and every later
 // row exactly (quantize-after-prompt). The camps that ship them: TurboQuant (no windows, its skipped layers, the
 // Hadamard of its keys) and OScaR (no windows, a demotion block of 256) exact-prompt, NexusQuant (no windows, keys
-// stored without RoPE) quantize-after-prompt; and int2 with kvq's windows under both. Then what the GPU refuses.
+// stored without RoPE) quantize-after-prompt; and int2 with kvq's windows under both. Then evict (LORE-KV's camp,
+// bf16 rows): the tokens it keeps and what it reads; and what the GPU refuses of it.
 #ifdef KVQ_HAVE_CUDA
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "common/error.h"
 #include "cuda/gpu_instances.h"
 #include "gpu_twin.h"
+#include "kv/evict.h"
 #include "rotation/rotation_file.h"
 #include "test_helpers.h"
 
@@ -84,7 +87,7 @@ TEST(GpuPromptPolicy, ThePromptReadsItsExactRowsThenTheViewThePolicyKeepsAsTheCp
     tw.step({0, 1}, {5, 40}, rng, Data::HeavyTailed, true, kPromptBudget, "two prompts in one step");
     tw.cpu.end_prompt(tw.cpu_ids[0]);
     tw.gpu.end_prompt(tw.gpu_ids[0]);
-    EXPECT_FALSE(tw.gpu.step_reads_exact());
+    EXPECT_FALSE(tw.gpu.step_off_signature());
     const int prompt = tw.gpu.length(tw.gpu_ids[0]);
     // After the prompt: decode steps and chunks read the view the policy keeps (quantize-after-prompt: past the
     // ring's W + B + 128 rows of a decode-faithful cache, 405 rows after the prompt).
@@ -111,7 +114,7 @@ TEST(GpuPromptPolicy, ThePromptReadsItsExactRowsThenTheViewThePolicyKeepsAsTheCp
       EXPECT_NE(std::string(e.what()).find(prompt_policy_name(p.policy)), std::string::npos) << e.what();
     }
     EXPECT_EQ(tw.gpu.length(tw.gpu_ids[0]), len0);
-    EXPECT_FALSE(tw.gpu.step_reads_exact());
+    EXPECT_FALSE(tw.gpu.step_off_signature());
     // ... and each alone still runs: sequence 1's prompt reads its exact rows, sequence 0 its view.
     tw.step({1}, {60}, rng, Data::HeavyTailed, true, kPromptBudget, "sequence 1's prompt");
     tw.step({0}, {1}, rng, Data::Gaussian, true, p.decode_budget, "sequence 0 after the prompt");
@@ -120,14 +123,93 @@ TEST(GpuPromptPolicy, ThePromptReadsItsExactRowsThenTheViewThePolicyKeepsAsTheCp
   }
 }
 
-// evict stays on the CPU: the predicate and the cache refuse it with one line naming the policy.
-TEST(GpuPromptPolicy, EvictIsRefusedNamingThePolicy) {
+// The rows of sequence b after its eviction, its prompt of `prompt` tokens reduced to `kept`: the GPU's slots against
+// the CPU's exact run (the kept prompt rows in position order, then every later row: the same bf16 bytes, so the same
+// tokens kept). Returns the rows that differ.
+int64_t evicted_row_mismatches(const Twin& tw, int b, int prompt, int kept) {
+  const int cs = tw.cpu_ids[size_t(b)], gs = tw.gpu_ids[size_t(b)], len = tw.cpu.length(cs);
+  const int n = kept + (len - prompt);  // slots
+  std::vector<KvCache::Run> runs;
+  int64_t bad = 0;
+  for (int l = 0; l < Twin::kLayers; ++l)
+    for (int h = 0; h < Twin::kKv; ++h) {
+      tw.cpu.runs(cs, l, h, len - 1, len - 1, runs);
+      EXPECT_EQ(runs.size(), 1u);
+      const KvCache::Run& r = runs.front();
+      EXPECT_EQ(r.kind, KvCache::RunKind::Exact);
+      EXPECT_GE(r.n, n);  // (a query at P - 1 is given the exact store's slots up to P - 1)
+      for (int kv = 0; kv < 2; ++kv) {
+        const size_t rb = (kv ? r.v_codec : r.k_codec)->bytes_per_block();
+        const std::vector<uint8_t> g = tw.gpu.download_rows(gs, l, h, kv == 1, 0, n);  // slots
+        EXPECT_EQ(g.size(), size_t(n) * rb);
+        for (int i = 0; i < n; ++i)
+          bad += g.size() < (i + 1) * rb || std::memcmp(g.data() + i * rb, (kv ? r.v : r.k) + i * rb, rb) != 0;
+      }
+    }
+  return bad;
+}
+
+// evict (bf16 rows, a quarter of the prompt's bytes kept): the prompt reads its rows, end_prompt keeps the tokens the
+// CPU cache keeps (scored on the GPU from the prompt's last 32 queries, compacted into slots) and later queries read
+// the kept rows and everything after the prompt, as the CPU's exact store; a prompt may share a step with a sequence
+// after its own.
+TEST(GpuPromptPolicy, EvictKeepsTheCpuCachesTokensAndReadsThemAsItDoes) {
+  REQUIRE_GPU();
+  CacheConfig cfg = policy_config({"bf16 16/64 evict", PromptPolicy::kEvict, "bf16", "bf16", 16, 64, 0, {}, 0});
+  cfg.evict_bits = 4;
+  ASSERT_EQ(cuda::gpu_unsupported(cfg, kD), "");
+  std::mt19937 rng(43);
+  Twin tw(cfg, 1400, 2, KvTransform{});
+  for (int pos = 0; pos < 700; pos += 256)  // sequence 0's prompt in chunks
+    tw.step({0}, {std::min(256, 700 - pos)}, rng, Data::HeavyTailed, true, kPromptBudget, "prompt");
+  tw.gpu.begin_step({tw.gpu_ids[0]}, {1});  // a step of an evict prompt observes its queries: no graph
+  EXPECT_TRUE(tw.gpu.step_off_signature());
+  tw.gpu.abort_step();
+  tw.cpu.end_prompt(tw.cpu_ids[0]);
+  tw.gpu.end_prompt(tw.gpu_ids[0]);
+  EXPECT_EQ(tw.gpu.length(tw.gpu_ids[0]), 700) << "positions, not slots";
+  ASSERT_EQ(evict_budget(4, 16, 700), 175) << "floor(4 / 16 x 700) prompt tokens";
+  EXPECT_EQ(evicted_row_mismatches(tw, 0, 700, 175), 0) << "the CPU's kept tokens, in position order";
+  // After the prompt: decode steps and chunks read the kept rows and every later one; sequence 1's prompt (400
+  // tokens, 100 kept) runs in the same steps.
+  tw.step({0}, {1}, rng, Data::Gaussian, true, kPromptBudget, "decode after the eviction");
+  tw.step({0, 1}, {100, 256}, rng, Data::Gaussian, true, kPromptBudget, "a chunk beside another prompt");
+  tw.step({1, 0}, {144, 1}, rng, Data::Gaussian, true, kPromptBudget, "the other prompt's end beside a decode");
+  tw.cpu.end_prompt(tw.cpu_ids[1]);
+  tw.gpu.end_prompt(tw.gpu_ids[1]);
+  tw.step({0, 1}, {256, 1}, rng, Data::Gaussian, true, kPromptBudget, "both after their evictions");
+  tw.step({0}, {256}, rng, Data::Gaussian, true, kPromptBudget, "a chunk to position 1314");
+  EXPECT_EQ(tw.gpu.length(tw.gpu_ids[0]), tw.cpu.length(tw.cpu_ids[0]));
+  EXPECT_EQ(tw.gpu.length(tw.gpu_ids[1]), 401);
+  EXPECT_EQ(evicted_row_mismatches(tw, 1, 400, 100), 0) << "sequence 1, observed beside sequence 0";
+  EXPECT_EQ(evicted_row_mismatches(tw, 0, 700, 175), 0) << "sequence 0's kept and later rows";
+  const int len = tw.gpu.length(tw.gpu_ids[0]);
+  EXPECT_DOUBLE_EQ(tw.gpu.footprint(len, 700).bits_per_element, tw.cpu.footprint(len, 700).bits_per_element);
+  // the context counts positions: 100 more tokens overflow the 1400 at position 1314, though 789 slots are held
+  EXPECT_THROW(tw.gpu.begin_step({tw.gpu_ids[0]}, {100}), Error);
+  std::printf("[ gpu    ] bf16 evict 16/64 b4: 175 of 700 prompt tokens kept, as the CPU's; worst NMSE vs CPU %.3g\n",
+              tw.worst_nmse);
+}
+
+// What the GPU refuses of evict: a sliding window (the kept slots are not positions), quantized rows (the CPU's
+// message: evict keeps tokens unquantized).
+TEST(GpuPromptPolicy, EvictRefusesSlidingWindowsAndQuantizedRows) {
   CacheConfig c = policy_config({"bf16 evict", PromptPolicy::kEvict, "bf16", "bf16", 64, 256, 0, {}, 0});
   c.evict_bits = 4;
-  const std::string why = cuda::gpu_unsupported(c, kD);
+  CacheConfig slides = c;
+  slides.attn_window = {0, 512};
+  const std::string why = cuda::gpu_unsupported(slides, kD);
   EXPECT_NE(why.find("evict"), std::string::npos) << why;
   EXPECT_NE(why.find("--device cpu"), std::string::npos) << why;
-  EXPECT_THROW(cuda::GpuKvCache(c, Twin::kLayers, Twin::kKv, kD, 512, 1), Error);
+  EXPECT_THROW(cuda::GpuKvCache(slides, Twin::kLayers, Twin::kKv, kD, 512, 1), Error);
+  CacheConfig int2 = policy_config({"int2 evict", PromptPolicy::kEvict, "int2", "int2", 64, 256, 0, {}, 0});
+  int2.evict_bits = 4;
+  try {
+    cuda::GpuKvCache(int2, Twin::kLayers, Twin::kKv, kD, 512, 1);
+    ADD_FAILURE() << "an evict cache of int2 rows was built";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unquantized"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -137,12 +137,16 @@ TEST(PromptPolicy, NamesRoundTripAndBadValuesAreClearErrors) {
   cache.end_prompt(seq);
   EXPECT_EQ(cache.prompt_end(seq), 0);
   EXPECT_THROW(cache.end_prompt(seq), Error);
-  // The GPU cache runs decode-faithful, exact-prompt and quantize-after-prompt (tests/test_gpu_prompt_policy.cpp);
-  // evict it refuses naming the policy.
+  // The GPU cache runs every policy (tests/test_gpu_prompt_policy.cpp); evict with a sliding window it refuses naming
+  // the policy.
   EXPECT_EQ(cuda::gpu_unsupported(cache_config("int2", 64, 256, PromptPolicy::kExactPrompt), 128), "");
   EXPECT_EQ(cuda::gpu_unsupported(cache_config("int2", 64, 256, PromptPolicy::kQuantizeAfterPrompt), 128), "");
-  const std::string why = cuda::gpu_unsupported(cache_config("bf16", 64, 256, PromptPolicy::kEvict, 4), 128);
-  EXPECT_NE(why.find("prompt policy 'evict' is not supported on the GPU"), std::string::npos) << why;
+  CacheConfig evict = cache_config("bf16", 64, 256, PromptPolicy::kEvict, 4);
+  EXPECT_EQ(cuda::gpu_unsupported(evict, 128), "");
+  evict.attn_window = {4096};
+  const std::string why = cuda::gpu_unsupported(evict, 128);
+  EXPECT_NE(why.find("prompt policy 'evict' with a sliding window is not supported on the GPU"), std::string::npos)
+      << why;
   // The description names a policy other than the default, and only then.
   EXPECT_EQ(cache_config("int2", 4, 8, PromptPolicy::kDecodeFaithful).describe().find("prompt="), std::string::npos);
   EXPECT_NE(cache_config("bf16", 4, 8, PromptPolicy::kEvict, 2.5).describe().find("prompt=evict/b2.5"),

@@ -197,7 +197,7 @@ void add_prompt_options(CLI::App* cmd, CacheOptions& c, PromptLength& p) {
                   "prefill semantics at the end of each window's prompt (METHODS §5 'as shipped'): decode-faithful "
                   "(default), exact-prompt (the prompt attends to its exact K/V), quantize-after-prompt (the prompt is "
                   "quantized once after prefill, later tokens stay bf16) or evict (keep sinks, recent window and the "
-                  "top prompt tokens within --evict-bits; bf16 caches); the GPU runs all but evict");
+                  "top prompt tokens within --evict-bits; bf16 caches; on the GPU without a sliding window)");
   cmd->add_option("--evict-bits", c.evict_bits,
                   "evict: bits per element the cache may store at the context of --evict-ctx (a fraction bits/16 of "
                   "its BF16 bytes there, e.g. a quantized row's effective bits at that context); by default at the "

@@ -20,6 +20,7 @@
 #include "cuda/gpu_kernels.h"
 #include "cuda/runtime.h"
 #include "kv/codec_rope.h"
+#include "kv/evict.h"
 #include "kv/prefix_cache.h"
 #include "rotation/rope.h"
 
@@ -172,6 +173,16 @@ struct GpuKvCache::Impl {
   // with the tables; empty for the other policies.
   std::vector<int> frozen_end;
   DeviceBuffer frozen_end_dev;
+  // evict (kv/evict.h; empty for the other policies), per slot: whether its prompt is open (its queries observed),
+  // the last kEvictObserve of them ([n_layers][kEvictObserve][evict_heads][d] fp32, position p at row p %
+  // kEvictObserve, allocated at its first attention) and the positions its eviction removed: the cache holds slots
+  // [0, pool length), the sequence's positions run evicted further (length()).
+  std::vector<char> evict_open;
+  std::vector<DeviceBuffer> evict_obs;
+  std::vector<int> evict_heads, evicted;
+  bool step_observes = false;  // the open step observes queries of an evict prompt
+  void observe_queries(int layer, const float* d_q, int n_heads);
+  void evict(int seq);
   TransformPtrs tptrs{};
   DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
   DeviceBuffer k_rope;                  // keys stored without RoPE: every position's angles (CacheGeometry::k_rope)
@@ -301,6 +312,11 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
     m.frozen_end.assign(size_t(pool.n_slots()), std::numeric_limits<int>::max());
     m.frozen_end_dev = DeviceBuffer(m.frozen_end.size() * sizeof(int));
   }
+  if (cfg.prompt_policy == PromptPolicy::kEvict) {
+    const size_t slots = size_t(pool.n_slots());
+    m.evict_open.assign(slots, 0), m.evict_obs.resize(slots);
+    m.evict_heads.assign(slots, 0), m.evicted.assign(slots, 0);
+  }
   m.own_stream = stream == nullptr;
   if (m.own_stream) check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   else m.stream = static_cast<cudaStream_t>(stream);
@@ -422,6 +438,7 @@ int GpuKvCache::new_sequence() {
   check(cudaMemsetAsync(m.windows(seq), 0, size_t(m.layout.window_bytes()), m.stream), "GPU KV cache: new windows");
   m.table_dirty = true;
   if (m.exact) m.exact_seq[size_t(seq)] = m.exact->new_sequence();  // its prompt opens
+  if (!m.evicted.empty()) m.evict_open[size_t(seq)] = 1, m.evicted[size_t(seq)] = 0, m.evict_heads[size_t(seq)] = 0;
   return seq;
 }
 
@@ -431,6 +448,7 @@ void GpuKvCache::free_sequence(int seq) {
   KVQ_CHECK(!m.in_step, "GPU KV cache: free_sequence inside a step");
   if (m.exact) end_prompt(seq);
   if (!m.frozen_end.empty()) m.frozen_end[size_t(seq)] = std::numeric_limits<int>::max();
+  if (!m.evicted.empty()) m.evict_open[size_t(seq)] = 0, m.evict_obs[size_t(seq)] = {}, m.evicted[size_t(seq)] = 0;
   // Zeroed for the sequences whose body pages they become (stale bf16 bytes could read as NaN codes, e.g. FP8's). Not
   // checked: the engine frees sequences while it handles a failed step, and a device that fails here fails the next
   // step's first call, which reports it.
@@ -443,6 +461,7 @@ void GpuKvCache::end_prompt(int seq) {
   Impl& m = *impl_;
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots() && m.pool->live(seq), "GPU KV cache: sequence {} is not live", seq);
   KVQ_CHECK(!m.in_step, "GPU KV cache: end_prompt inside a step");
+  if (!m.evicted.empty() && m.evict_open[size_t(seq)]) return m.evict(seq);
   if (!m.exact || m.exact_seq[size_t(seq)] < 0) return;
   m.exact->free_sequence(m.exact_seq[size_t(seq)]);
   m.exact_seq[size_t(seq)] = -1;
@@ -452,16 +471,88 @@ void GpuKvCache::end_prompt(int seq) {
   }
 }
 
-bool GpuKvCache::step_reads_exact() const { return impl_->in_step && impl_->step_exact; }
+bool GpuKvCache::step_off_signature() const {
+  return impl_->in_step && (impl_->step_exact || impl_->step_observes);
+}
+
+// At the end of seq's prompt of P tokens (kv/evict.h; the CPU's KvCache::evict): the scores of every prompt position
+// of every (layer, kv head) on the device, the kept positions chosen on the host by the CPU's evict_keep (its ties),
+// then every layer's kept rows compacted into slots [0, kept): the slot holds kept tokens, its positions run P - kept
+// further.
+void GpuKvCache::Impl::evict(int seq) {
+  const int P = pool->length(seq);
+  const int kept = evict_budget(cfg.evict_bits, 16, P, cfg.evict_ctx);  // bf16 rows (gpu_unsupported)
+  evict_open[size_t(seq)] = 0;
+  const DeviceBuffer obs = std::move(evict_obs[size_t(seq)]);
+  evict_check_windows(kept, cfg.sink, cfg.recent, P);
+  if (kept == P) return;  // everything is kept, in place
+  const int n_heads = evict_heads[size_t(seq)];
+  KVQ_CHECK(n_heads > 0, "GPU KV cache: evict: no prompt queries were observed (attention() of the prompt's rows)");
+  const size_t heads = size_t(n_layers) * n_kv, per_layer = size_t(kEvictObserve) * n_heads * d;
+  DeviceBuffer p(size_t(n_kv) * P * sizeof(double)), scores(heads * P * sizeof(double));
+  for (int l = 0; l < n_layers; ++l)
+    check(launch_evict_scores(geo[size_t(l)], l, seq, P, obs.as<float>() + l * per_layer, n_heads,
+                              1.f / std::sqrt(float(d)), p.as<double>(), scores.as<double>() + l * n_kv * size_t(P),
+                              stream),
+          "GPU KV cache: evict scores");
+  std::vector<double> host(heads * P);
+  check(cudaMemcpyAsync(host.data(), scores.get(), host.size() * sizeof(double), cudaMemcpyDeviceToHost, stream),
+        "GPU KV cache: evict scores download");
+  check(cudaStreamSynchronize(stream), "GPU KV cache: evict scores");
+  std::vector<int> keep(heads * kept);
+  for (size_t lh = 0; lh < heads; ++lh) {
+    const std::vector<int> k =
+        evict_keep(std::vector<double>(host.begin() + lh * P, host.begin() + (lh + 1) * P), cfg.sink, cfg.recent, kept);
+    std::copy(k.begin(), k.end(), keep.begin() + lh * kept);
+  }
+  DeviceBuffer keep_dev(keep.size() * sizeof(int)), tmp(size_t(2) * n_kv * kept * d * sizeof(uint16_t));
+  keep_dev.upload(keep.data(), keep.size() * sizeof(int));
+  for (int l = 0; l < n_layers; ++l)
+    check(launch_evict_compact(geo[size_t(l)], l, seq, P, keep_dev.as<int>() + l * n_kv * size_t(kept), kept,
+                               tmp.as<uint16_t>(), stream),
+          "GPU KV cache: evict compaction");
+  check(cudaStreamSynchronize(stream), "GPU KV cache: evict compaction");
+  pool->set_length(seq, kept);
+  evicted[size_t(seq)] = P - kept;
+}
+
+// evict: the step's rows of sequences inside their prompts, the last kEvictObserve of each, into their observed
+// queries (as KvCache::observe_queries keeps them; unscaled: the score kernel scales them).
+void GpuKvCache::Impl::observe_queries(int layer, const float* d_q, int n_heads) {
+  if (!step_observes) return;
+  const size_t row = size_t(n_heads) * d;
+  int row0 = 0;  // the step's rows are its sequences' in order
+  for (size_t b = 0; b < step_seqs.size(); row0 += step_n[b], ++b) {
+    const int s = step_seqs[b], n = step_n[b], pos0 = pool->length(s);
+    if (!evict_open[size_t(s)]) continue;
+    DeviceBuffer& obs = evict_obs[size_t(s)];
+    if (evict_heads[size_t(s)] == 0) {
+      obs = DeviceBuffer(size_t(n_layers) * kEvictObserve * row * sizeof(float));
+      check(cudaMemsetAsync(obs.get(), 0, obs.bytes(), stream), "GPU KV cache: observed queries");
+      evict_heads[size_t(s)] = n_heads;
+    }
+    KVQ_CHECK(evict_heads[size_t(s)] == n_heads, "GPU KV cache: {} query heads, the prompt's earlier steps had {}",
+              n_heads, evict_heads[size_t(s)]);
+    for (int i = std::max(0, n - kEvictObserve); i < n;) {  // runs of consecutive rows (two where they wrap)
+      const int at = (pos0 + i) % kEvictObserve, run = std::min(n - i, kEvictObserve - at);
+      check(cudaMemcpyAsync(obs.as<float>() + (size_t(layer) * kEvictObserve + at) * row, d_q + size_t(row0 + i) * row,
+                            size_t(run) * row * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+            "GPU KV cache: observed queries");
+      i += run;
+    }
+  }
+}
 
 void GpuKvCache::fork_sequence(int src, int dst) {
   Impl& m = *impl_;
   KVQ_CHECK(!m.in_step, "GPU KV cache: fork_sequence inside a step");
-  KVQ_CHECK(!m.exact || (src >= 0 && src < m.pool->n_slots() && m.pool->live(src) && m.exact_seq[size_t(src)] < 0),
+  KVQ_CHECK(src >= 0 && src < m.pool->n_slots() && m.pool->live(src), "GPU KV cache: sequence {} is not live", src);
+  KVQ_CHECK((!m.exact || m.exact_seq[size_t(src)] < 0) && (m.evicted.empty() || !m.evict_open[size_t(src)]),
             "GPU KV cache: fork_sequence of a sequence whose prompt is open ({}: end_prompt first)",
             prompt_policy_name(m.cfg.prompt_policy));
   m.pool->fork(src, dst);
   if (m.exact) end_prompt(dst);  // dst holds src's cache, past its prompt: it reads the cache as stored
+  if (!m.evicted.empty()) m.evict_open[size_t(dst)] = 0, m.evicted[size_t(dst)] = m.evicted[size_t(src)];
   if (!m.frozen_end.empty()) m.frozen_end[size_t(dst)] = m.frozen_end[size_t(src)];
   m.table_dirty = true;
   const size_t page = size_t(m.layout.page_bytes);
@@ -593,7 +684,7 @@ void GpuKvCache::prefix_attach(int seq, const int32_t* ids, int len) {
 int GpuKvCache::length(int seq) const {
   const Impl& m = *impl_;
   KVQ_CHECK(seq >= 0 && seq < m.pool->n_slots(), "GPU KV cache: no sequence {}", seq);
-  return m.pool->length(seq);
+  return m.pool->length(seq) + (m.evicted.empty() ? 0 : m.evicted[size_t(seq)]);
 }
 
 void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>& n) {
@@ -610,6 +701,9 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
     KVQ_CHECK(seen.insert(s).second, "GPU KV cache: sequence {} appears twice in one step", s);
     KVQ_CHECK(n[b] >= 1 && n[b] <= m.cfg.max_chunk,
               "GPU KV cache: {} tokens for sequence {} (must be 1 .. the chunk size {})", n[b], s, m.cfg.max_chunk);
+    // an evicted sequence's positions run past its slots (the pool checks the slots)
+    const int end = length(s) + n[b];
+    KVQ_CHECK(end <= m.max_ctx, "context overflow: {} tokens exceed the cache's context of {} tokens", end, m.max_ctx);
   }
   // exact-prompt, quantize-after-prompt: a step of sequences inside their prompts also appends to the twin, whose
   // attention it reads.
@@ -628,6 +722,9 @@ void GpuKvCache::begin_step(const std::vector<int>& seqs, const std::vector<int>
     throw;
   }
   m.step_exact = !twin.empty();
+  m.step_observes = std::any_of(seqs.begin(), seqs.end(), [&](int s) {
+    return !m.evicted.empty() && m.evict_open[size_t(s)];
+  });
   if (m.pool->used_pages() != used) m.table_dirty = true;
   m.rows_host.clear();
   std::vector<RowDesc> items;
@@ -688,6 +785,7 @@ void GpuKvCache::append_and_attend(int layer, const float* d_k, const float* d_v
   Impl& m = *impl_;
   KVQ_CHECK(m.in_step, "GPU KV cache: append outside a step (begin_step first)");
   KVQ_CHECK(layer >= 0 && layer < m.n_layers, "GPU KV cache: layer {} of {}", layer, m.n_layers);
+  m.observe_queries(layer, d_q, n_heads);
   bool prefill = false;
   for (size_t r = 0; r < m.rounds.size(); ++r) {
     append_round(layer, d_k, d_v, int(r));
@@ -815,6 +913,7 @@ void GpuKvCache::attention(int layer, const float* d_q, int n_heads, float* d_ou
   KVQ_CHECK(m.rounds.size() == 1,
             "GPU KV cache: attention() after append() of chunks longer than the ring's {} rows: append_and_attend",
             m.layout.append_tokens);
+  m.observe_queries(layer, d_q, n_heads);
   const bool prefill = attention_round(layer, d_q, n_heads, d_out, 0);
   (m.step_exact ? *m.exact->impl_ : m).prefill_calls += prefill;  // counted by the cache whose rows it read
 }
@@ -873,24 +972,21 @@ void GpuKvCache::commit_step() {
   KVQ_CHECK(m.in_step, "GPU KV cache: commit_step without begin_step");
   for (size_t b = 0; b < m.step_seqs.size(); ++b) m.pool->commit(m.step_seqs[b], m.step_n[b]);
   if (m.step_exact) m.exact->commit_step();
-  m.in_step = m.step_exact = false;
+  m.in_step = m.step_exact = m.step_observes = false;
   m.n_rows = m.n_items = 0;
 }
 
 void GpuKvCache::abort_step() {
   Impl& m = *impl_;
   if (m.step_exact) m.exact->abort_step();
-  m.in_step = m.step_exact = false;
+  m.in_step = m.step_exact = m.step_observes = false;
   m.n_rows = m.n_items = 0;
   m.plan_heads = 0;
 }
 
 CacheFootprint GpuKvCache::footprint(int n_tokens) const { return impl_->layout.footprint(n_tokens); }
 CacheFootprint GpuKvCache::footprint(int n_tokens, int prompt_tokens) const {
-  const Impl& m = *impl_;
-  KVQ_CHECK(prompt_tokens >= 0 && prompt_tokens <= n_tokens && n_tokens > 0,
-            "GPU KV cache: footprint of {} tokens with a prompt of {}", n_tokens, prompt_tokens);
-  return m.frozen_end.empty() ? m.layout.footprint(n_tokens) : m.layout.frozen_footprint(n_tokens, prompt_tokens);
+  return prompt_footprint(impl_->layout, impl_->cfg, n_tokens, prompt_tokens);
 }
 
 size_t GpuKvCache::bytes_allocated() const {

@@ -24,7 +24,12 @@
 // sequence. From then on, exact-prompt reads the cache as stored; quantize-after-prompt freezes the sequence's
 // quantized region at qe(P - 1) (CacheGeometry::frozen_end: nothing more is demoted, and every view reads the rows from
 // there on in the ring, which holds max_ctx rows: the CPU's exact store). A step takes sequences all inside or all
-// after their prompts (the CPU evaluates one at a time). evict is refused (CPU only).
+// after their prompts (the CPU evaluates one at a time).
+// evict (bf16 keys and values, no sliding window): while a sequence's prompt is open, attention() keeps the last
+// kEvictObserve queries of every layer (kv/evict.h); end_prompt scores the prompt's rows with them on the device, keeps
+// the CPU's choice (evict_keep) and compacts each (layer, kv head)'s kept rows into slots [0, kept), in position
+// order (every head keeps as many). From then on the cache holds slots: the sequence's next token is position P but
+// slot kept, length() is the position (slots + P - kept), and download_rows' positions are slots.
 //
 // All pointers named d_* are device pointers; all calls are asynchronous on the cache's stream unless noted.
 #pragma once
@@ -72,7 +77,7 @@ class GpuKvCache {
 
   int new_sequence();
   void free_sequence(int seq);
-  int length(int seq) const;
+  int length(int seq) const;  // the positions it holds (evict: its slots and the positions evicted)
   // dst (a new sequence, empty) becomes a copy of src: its sinks and ring rows and its own pages holding the same
   // bytes (device-to-device copies on the cache's stream). kvq::Error before anything changes when the pool lacks the
   // pages; not inside a step.
@@ -87,12 +92,13 @@ class GpuKvCache {
   void prefix_count(int hit_tokens, int miss_tokens);
   PrefixCacheStats prefix_stats() const;
 
-  // The end of seq's prompt (exact-prompt: its queries read the cache as stored from now on; decode-faithful:
-  // nothing). Not inside a step.
+  // The end of seq's prompt (exact-prompt: its queries read the cache as stored from now on; evict: the eviction;
+  // decode-faithful: nothing). Not inside a step.
   void end_prompt(int seq);
-  // Whether the open step's queries read the exact twin (exact-prompt, sequences inside their prompts): its launches
-  // are not those step_signature describes, so GpuModel does not capture it in a graph.
-  bool step_reads_exact() const;
+  // Whether the open step enqueues launches step_signature does not describe, so GpuModel does not capture it in a
+  // graph: its queries read the exact twin (exact-prompt, quantize-after-prompt: sequences inside their prompts), or
+  // it observes an evict prompt's queries.
+  bool step_off_signature() const;
   // Starts a step: seqs[b] appends n[b] tokens at its current length. Reserves pages (throws kvq::Error on
   // context overflow or an exhausted pool, before anything changes) and uploads the step's descriptors and, when
   // they changed, the pool's block tables.

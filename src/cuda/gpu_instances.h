@@ -460,10 +460,10 @@ inline int gpu_instance(const CacheConfig& cfg, int head_dim) { return gpu_detai
 // is refused, and what the GPU runs: "keys int8/g128 with values int4/g128 on pages of 128 tokens: no compiled GPU
 // instance; the GPU runs ...".
 inline std::string gpu_unsupported(const CacheConfig& cfg, int head_dim) {
-  if (cfg.prompt_policy == PromptPolicy::kEvict)  // kv/cache.h: the CPU cache applies it
-    return "prompt policy '" + std::string(prompt_policy_name(cfg.prompt_policy)) +
-           "' is not supported on the GPU (decode-faithful, exact-prompt and quantize-after-prompt; evict runs on the "
-           "CPU cache: --device cpu)";
+  const bool slides = std::any_of(cfg.attn_window.begin(), cfg.attn_window.end(), [](int x) { return x > 0; });
+  if (cfg.prompt_policy == PromptPolicy::kEvict && slides)  // kv/cache.h: the CPU cache masks kept slots by position
+    return "prompt policy 'evict' with a sliding window is not supported on the GPU (its kept slots are not positions; "
+           "the CPU cache runs it: --device cpu)";
   std::string why;
   if (gpu_detail::select(cfg, head_dim, &why) >= 0) return {};
   return why + "; " + gpu_instances_text();

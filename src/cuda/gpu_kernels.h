@@ -1,6 +1,6 @@
-// Launchers of the GPU cache kernels (kv_append.cu, decode_attention.cu, bench_kernels.cu): plain C++ (no CUDA
-// or fmt types), so host .cpp files and .cu files share it. Every launcher returns a cudaError_t as int
-// (0 = success, launch errors included); gpu_cache.cpp checks them with kvq::cuda::check().
+// Launchers of the GPU cache kernels (kv_append.cu, decode_attention.cu, evict.cu, bench_kernels.cu): plain C++ (no
+// CUDA or fmt types), so host .cpp files and .cu files share it. Every launcher returns a cudaError_t as int (0 =
+// success, launch errors included); gpu_cache.cpp checks them with kvq::cuda::check().
 #pragma once
 
 #include <cstddef>
@@ -120,6 +120,20 @@ int launch_append_rows(const CacheGeometry& g, int layer, const RowDesc* d_rows,
 // cover whole blocks of B positions; with KIVI keys, the item at a block's first position also quantizes the K
 // block of its G positions per channel (layout::KiviKeyBlock).
 int launch_demote_rows(const CacheGeometry& g, int layer, const RowDesc* d_items, int n_items, void* stream);
+
+// The evict prompt policy (evict.cu; kv/evict.h), once at the end of slot seq's prompt of P tokens, per layer, on
+// caches of bf16 rows (windows and pages):
+// Scores: d_score[h][t] of every prompt position t of every kv head h, the CPU's evict_scores from the last
+// min(P, kEvictObserve) prompt queries, d_obs [kEvictObserve][n_heads][d] fp32 post-RoPE (unscaled: the kernel takes
+// q · scale as model.cpp does), position p at row p % kEvictObserve, over the rows a query at P - 1 reads; d_p:
+// [n_kv][P] doubles of scratch.
+int launch_evict_scores(const CacheGeometry& g, int layer, int seq, int P, const float* d_obs, int n_heads, float scale,
+                        double* d_p, double* d_score, void* stream);
+// Compaction: the rows of positions d_keep [n_kv][kept] (increasing, from the view of a query at P - 1) staged in d_tmp
+// ([2][n_kv][kept][d] bf16), then written to slots [0, kept) where a query at slot kept - 1 reads them: the slot then
+// holds a sequence of `kept` tokens.
+int launch_evict_compact(const CacheGeometry& g, int layer, int seq, int P, const int* d_keep, int kept,
+                         uint16_t* d_tmp, void* stream);
 
 // A query tile of the prefill kernel (prefill_attention.cu): kPrefillTileRows rows (position, query head) of one
 // chunk, flattened as i * g + h for the chunk's row i (position pos0 + i) and head h of the GQA group.

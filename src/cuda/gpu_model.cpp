@@ -716,7 +716,7 @@ void GpuModel::forward(const std::vector<int>& seqs, const std::vector<int>& n, 
   const int out_rows = which == LogitRows::None ? 0 : which == LogitRows::All ? rows : int(seqs.size());
   const bool decode = std::all_of(n.begin(), n.end(), [](int nb) { return nb == 1; });
   const StepRange range(decode);
-  if (m.graphs && decode && !m.hook && !m.cache->step_reads_exact())
+  if (m.graphs && decode && !m.hook && !m.cache->step_off_signature())
     m.run_graphed({rows, out_rows, which, argmax != nullptr, m.cache->step_signature(c.n_heads)});
   else
     m.enqueue_step(rows, out_rows, which, argmax != nullptr);
