@@ -489,11 +489,12 @@ void GpuKvCache::Impl::evict(int seq) {
   const int n_heads = evict_heads[size_t(seq)];
   KVQ_CHECK(n_heads > 0, "GPU KV cache: evict: no prompt queries were observed (attention() of the prompt's rows)");
   const size_t heads = size_t(n_layers) * n_kv, per_layer = size_t(kEvictObserve) * n_heads * d;
-  DeviceBuffer p(size_t(n_kv) * P * sizeof(double)), scores(heads * P * sizeof(double));
+  const size_t scratch = size_t(std::min(P, kEvictObserve)) * n_kv * P * sizeof(double);
+  DeviceBuffer p(scratch), part(scratch), scores(heads * P * sizeof(double));
   for (int l = 0; l < n_layers; ++l)
     check(launch_evict_scores(geo[size_t(l)], l, seq, P, obs.as<float>() + l * per_layer, n_heads,
-                              1.f / std::sqrt(float(d)), p.as<double>(), scores.as<double>() + l * n_kv * size_t(P),
-                              stream),
+                              1.f / std::sqrt(float(d)), p.as<double>(), part.as<double>(),
+                              scores.as<double>() + l * n_kv * size_t(P), stream),
           "GPU KV cache: evict scores");
   std::vector<double> host(heads * P);
   check(cudaMemcpyAsync(host.data(), scores.get(), host.size() * sizeof(double), cudaMemcpyDeviceToHost, stream),

@@ -125,10 +125,10 @@ int launch_demote_rows(const CacheGeometry& g, int layer, const RowDesc* d_items
 // caches of bf16 rows (windows and pages):
 // Scores: d_score[h][t] of every prompt position t of every kv head h, the CPU's evict_scores from the last
 // min(P, kEvictObserve) prompt queries, d_obs [kEvictObserve][n_heads][d] fp32 post-RoPE (unscaled: the kernel takes
-// q · scale as model.cpp does), position p at row p % kEvictObserve, over the rows a query at P - 1 reads; d_p:
-// [n_kv][P] doubles of scratch.
+// q · scale as model.cpp does), position p at row p % kEvictObserve, over the rows a query at P - 1 reads; d_p and
+// d_part: [min(P, kEvictObserve)][n_kv][P] doubles of scratch each.
 int launch_evict_scores(const CacheGeometry& g, int layer, int seq, int P, const float* d_obs, int n_heads, float scale,
-                        double* d_p, double* d_score, void* stream);
+                        double* d_p, double* d_part, double* d_score, void* stream);
 // Compaction: the rows of positions d_keep [n_kv][kept] (increasing, from the view of a query at P - 1) staged in d_tmp
 // ([2][n_kv][kept][d] bf16), then written to slots [0, kept) where a query at slot kept - 1 reads them: the slot then
 // holds a sequence of `kept` tokens.

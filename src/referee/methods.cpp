@@ -185,8 +185,7 @@ const std::vector<RefereeMethod>& referee_methods() {
                "code): a bf16 cache that, once after a prompt of the first 15/16 of each window, keeps the sinks, the "
                "recent window and the prompt tokens of highest score, as many as make its bytes at the ctx those int2 "
                "stores at the same windows; the last 1/16 (generated after the prompt) is kept bf16, counted at 16 "
-               "bits inside that budget, and is all that is scored (paired with the other runs on the same targets). "
-               "CPU only.",
+               "bits inside that budget, and is all that is scored (paired with the other runs on the same targets).",
        .camp = "LORE-KV (AnDPro-style)", .equal_bytes = "int2", .shipped = kEvictShipped},
       // llama.cpp's KV cache types (issue #23), -ctk/-ctv as users run them.
       {.label = "q8_0", .key_type = "q8_0", .value_type = "q8_0", .rotation = "none", .camp = "llama.cpp",
