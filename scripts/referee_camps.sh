@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The referee over every camp under both protocols (docs/reports/referee-camps-8k.md) on one machine with a GPU and 16 cores:
-# the rows the GPU runs (a compiled GPU instance, bf16 windows, any prompt policy but evict: `kvq referee --plan --device
-# cuda` lists them) go to two processes with --device cuda, the others (eviction rows, int8 windows, PN-Mix) to CPU
-# processes of 2 threads,
+# the rows the GPU runs (a compiled GPU instance, bf16 windows, any prompt policy: `kvq referee --plan --device cuda`
+# lists them) go to two processes with --device cuda, the others (int8 windows, PN-Mix) to CPU processes of 2 threads,
 # all writing OUT/runs/ (a file per run). A last `--report-only` pools the records of both devices; report.md names
 # the device of every run. Runs resume, so the script can be called again until every run has its record.
 #   scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]      (KVQ=path/to/kvq, default build/kvq)
@@ -26,12 +25,12 @@ S=(-m models/ref --calib-data data/calib/linux.txt --eval-data data/eval -o "$OU
 METHODS="bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4"
 METHODS+=",nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0,kv4rl,kivi2,int2+quarot,pnmix"
 METHODS+=",pnmix(1.5b)"
-GPU_COMMON=bf16,int2,turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4
+GPU_COMMON=bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4
 GPU_COMMON+=,nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0,kivi2,int2+quarot
-GPU_SHIPPED=bf16,turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4,e8_2
+GPU_SHIPPED=bf16,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4,e8_2
 GPU_SHIPPED+=,nexusquant,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0
 # CPU rows as protocol:method, longest first (the 4K run's times), dealt to the least loaded process.
-CPU_ROWS="common:pnmix:428 common:pnmix(1.5b):382 common:kv4rl:110 common:evict(int2):109 as-shipped:evict(int2):98"
+CPU_ROWS="common:pnmix:428 common:pnmix(1.5b):382 common:kv4rl:110"
 
 mkdir -p "$OUT/logs"
 declare -a load jobs
