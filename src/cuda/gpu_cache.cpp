@@ -480,14 +480,16 @@ bool GpuKvCache::step_off_signature() const {
 // then every layer's kept rows compacted into slots [0, kept): the slot holds kept tokens, its positions run P - kept
 // further.
 void GpuKvCache::Impl::evict(int seq) {
+  // the checks first: a refused eviction leaves the prompt open
   const int P = pool->length(seq);
   const int kept = evict_budget(cfg.evict_bits, 16, P, cfg.evict_ctx);  // bf16 rows (gpu_unsupported)
+  evict_check_windows(kept, cfg.sink, cfg.recent, P);
+  const int n_heads = evict_heads[size_t(seq)];
+  KVQ_CHECK(kept == P || n_heads > 0,
+            "GPU KV cache: evict: no prompt queries were observed (attention() of the prompt's rows)");
   evict_open[size_t(seq)] = 0;
   const DeviceBuffer obs = std::move(evict_obs[size_t(seq)]);
-  evict_check_windows(kept, cfg.sink, cfg.recent, P);
   if (kept == P) return;  // everything is kept, in place
-  const int n_heads = evict_heads[size_t(seq)];
-  KVQ_CHECK(n_heads > 0, "GPU KV cache: evict: no prompt queries were observed (attention() of the prompt's rows)");
   const size_t heads = size_t(n_layers) * n_kv, per_layer = size_t(kEvictObserve) * n_heads * d;
   const size_t scratch = size_t(std::min(P, kEvictObserve)) * n_kv * P * sizeof(double);
   DeviceBuffer p(scratch), part(scratch), scores(heads * P * sizeof(double));
