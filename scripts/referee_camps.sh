@@ -25,10 +25,10 @@ S=(-m models/ref --calib-data data/calib/linux.txt --eval-data data/eval -o "$OU
 METHODS="bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4"
 METHODS+=",nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0,kv4rl,kivi2,int2+quarot,pnmix"
 METHODS+=",pnmix(1.5b)"
-GPU_COMMON=bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4
-GPU_COMMON+=,nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0,kivi2,int2+quarot
-GPU_SHIPPED=bf16,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4,e8_2
-GPU_SHIPPED+=,nexusquant,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0
+GPU_COMMON="bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc"
+GPU_COMMON+=,turboquant_k8v4,nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0,kivi2,int2+quarot
+GPU_SHIPPED="bf16,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc"
+GPU_SHIPPED+=,turboquant_k8v4,e8_2,nexusquant,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0
 # CPU rows as protocol:method, longest first (the 4K run's times), dealt to the least loaded process.
 CPU_ROWS="common:pnmix:428 common:pnmix(1.5b):382 common:kv4rl:110"
 
