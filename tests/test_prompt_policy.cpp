@@ -396,6 +396,16 @@ TEST(PromptPolicy, EvictBudgetStatedAtAContextCountsTheTokensAfterThePrompt) {
   CacheConfig tight = cfg;
   tight.evict_bits = 16.0 * 30 / N;  // 30 tokens' rows: 10 of the prompt's, fewer than its 4 + 8 window tokens
   EXPECT_THROW(KvCache(tight, 1, kKv, kD, N).footprint(N, P), Error);
+  // ... and by end_prompt before it changes anything: the prompt stays open (the GPU cache's too, cuda/gpu_cache.cpp)
+  KvCache refused(tight, 1, kKv, kD, N);
+  const int r = refused.new_sequence();
+  st.feed(refused, r, 0, P, 64, pool);
+  EXPECT_THROW(refused.end_prompt(r), Error);
+  EXPECT_EQ(refused.prompt_end(r), -1);
+  refused.runs(r, 0, 0, P - 1, P - 1, runs);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].n, P) << "the open prompt still reads every exact row";
+  EXPECT_EQ(runs[0].positions, nullptr);
   CacheConfig other = cache_config("bf16", S0, W, PromptPolicy::kExactPrompt);  // the context belongs to evict alone
   other.evict_ctx = N;
   EXPECT_THROW(KvCache(other, 1, kKv, kD, N), Error);

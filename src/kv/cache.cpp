@@ -575,10 +575,11 @@ void KvCache::end_prompt(int seq) {
   KVQ_CHECK(pool_.live(seq), "KV cache: end_prompt of sequence {}, which is not live", seq);
   KVQ_CHECK(s.prompt_end < 0, "KV cache: end_prompt called twice for sequence {} (its prompt ended at {})", seq,
             s.prompt_end);
-  s.prompt_end = pool_.length(seq);
   // exact-prompt and quantize-after-prompt: the pages already hold what the prompt's chunks demoted, [S0, qe(P - 1));
-  // only what is read changes (runs()).
+  // only what is read changes (runs()). evict checks everything before it changes anything: a refused eviction leaves
+  // the prompt open.
   if (cfg_.prompt_policy == PromptPolicy::kEvict) evict(seq, s);
+  s.prompt_end = pool_.length(seq);
 }
 
 int KvCache::prompt_end(int seq) const { return seqs_.at(size_t(seq))->prompt_end; }
@@ -598,13 +599,14 @@ void KvCache::observe_queries(int seq, int layer, int pos0, int n, const float* 
 // At the end of the prompt: per (layer, kv head), score the prompt's tokens with the last queries (kv/evict.h), keep
 // the budget's worth and compact their exact rows into slots [0, kept), in position order; later tokens follow them.
 void KvCache::evict(int seq, Sequence& s) {
-  const int P = s.prompt_end;
+  const int P = pool_.length(seq);  // prompt_end is set once this returns
   const int row_bits = 8 * int(exact_codec_->bytes_per_block()) / d_;
   const int budget = evict_budget(cfg_.evict_bits, row_bits, P, cfg_.evict_ctx);
+  evict_check_windows(budget, cfg_.sink, cfg_.recent, P);
+  KVQ_CHECK(P == 0 || s.obs_heads > 0, "KV cache: evict: no prompt queries were observed (KvCache::observe_queries)");
   s.positions.assign(size_t(n_layers_) * n_kv_ * max_ctx_, 0);
   s.kept = budget;
   if (P == 0) return;
-  KVQ_CHECK(s.obs_heads > 0, "KV cache: evict: no prompt queries were observed (KvCache::observe_queries)");
   const int n_q = std::min(P, kEvictObserve), g = s.obs_heads / n_kv_;
   std::vector<int> q_pos(static_cast<size_t>(n_q));
   std::iota(q_pos.begin(), q_pos.end(), P - n_q);
