@@ -482,8 +482,7 @@ bool GpuKvCache::step_off_signature() const {
 void GpuKvCache::Impl::evict(int seq) {
   // the checks first: a refused eviction leaves the prompt open
   const int P = pool->length(seq);
-  const int kept = evict_budget(cfg.evict_bits, 16, P, cfg.evict_ctx);  // bf16 rows (gpu_unsupported)
-  evict_check_windows(kept, cfg.sink, cfg.recent, P);
+  const int kept = evict_kept(cfg.evict_bits, int(8 * layout.window_row / d), P, cfg.evict_ctx, cfg.sink, cfg.recent);
   const int n_heads = evict_heads[size_t(seq)];
   KVQ_CHECK(kept == P || n_heads > 0,
             "GPU KV cache: evict: no prompt queries were observed (attention() of the prompt's rows)");

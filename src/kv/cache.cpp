@@ -601,8 +601,7 @@ void KvCache::observe_queries(int seq, int layer, int pos0, int n, const float* 
 void KvCache::evict(int seq, Sequence& s) {
   const int P = pool_.length(seq);  // prompt_end is set once this returns
   const int row_bits = 8 * int(exact_codec_->bytes_per_block()) / d_;
-  const int budget = evict_budget(cfg_.evict_bits, row_bits, P, cfg_.evict_ctx);
-  evict_check_windows(budget, cfg_.sink, cfg_.recent, P);
+  const int budget = evict_kept(cfg_.evict_bits, row_bits, P, cfg_.evict_ctx, cfg_.sink, cfg_.recent);
   KVQ_CHECK(P == 0 || s.obs_heads > 0, "KV cache: evict: no prompt queries were observed (KvCache::observe_queries)");
   s.positions.assign(size_t(n_layers_) * n_kv_ * max_ctx_, 0);
   s.kept = budget;
@@ -706,9 +705,8 @@ CacheFootprint prompt_footprint(const CacheLayout& layout, const CacheConfig& cf
   // evict: the kept prompt tokens and every later one, unquantized (rows of the window codec, which evict keeps
   // unquantized: check_prompt_policy)
   const double exact = layout.window_token_bytes();
-  const int kept =
-      evict_budget(cfg.evict_bits, int(8 * layout.window_row / layout.head_dim), prompt, cfg.evict_ctx);
-  evict_check_windows(kept, cfg.sink, cfg.recent, prompt);
+  const int kept = evict_kept(cfg.evict_bits, int(8 * layout.window_row / layout.head_dim), prompt, cfg.evict_ctx,
+                              cfg.sink, cfg.recent);
   return layout.footprint_of(n, double(kept + n - prompt) * exact, exact);
 }
 

@@ -35,6 +35,12 @@ void evict_check_windows(int budget, int sink, int recent, int prompt_tokens) {
             "--evict-bits, a longer prompt or smaller --kv-sink / --kv-recent)", budget, P, n_sink, P - r0);
 }
 
+int evict_kept(double bits, int row_bits, int prompt_tokens, int at_ctx, int sink, int recent) {
+  const int kept = evict_budget(bits, row_bits, prompt_tokens, at_ctx);
+  evict_check_windows(kept, sink, recent, prompt_tokens);
+  return kept;
+}
+
 std::vector<double> evict_scores(const float* keys, const float* values, int n_tokens, int d, const float* queries,
                                  const int* q_pos, int n_q, int group) {
   KVQ_CHECK(d % 8 == 0, "evict: head_dim {} is not a multiple of 8", d);

@@ -35,6 +35,10 @@ void evict_check_windows(int budget, int sink, int recent, int prompt_tokens);
 std::vector<double> evict_scores(const float* keys, const float* values, int n_tokens, int d, const float* queries,
                                  const int* q_pos, int n_q, int group);
 
+// The prompt tokens an eviction keeps: evict_budget, once evict_check_windows has passed (the CPU and GPU caches'
+// end_prompt and the footprint of the policy).
+int evict_kept(double bits, int row_bits, int prompt_tokens, int at_ctx, int sink, int recent);
+
 // The positions kept, increasing: [0, min(sink, P)), the recent window [max(sink, P - recent), P) and the
 // highest-scored of the rest (ties: lower position first), budget in all. kvq::Error when the budget cannot hold the
 // sinks and the recent window.
