@@ -41,7 +41,20 @@ using namespace kvq::gpu_test;
 
 namespace {
 
-CacheConfig config(const std::string& type, int group, int sink, int recent, int chunk = 512, int d = kD) {
+CacheConfig config(const std::string& type, int group, int sink, int recent, int chunk = 512, int d = kD);
+
+// PN-Mix keys (test::pnmix_widths: every width in every head but the last, which has one: slots it leaves unused) with
+// the int2/g values of the referee's pnmix rows, for a cache of n_layers × n_kv heads.
+CacheConfig pnmix_config(int group, int sink, int recent, int n_layers, int n_kv, int chunk = 512, int d = kD) {
+  CacheConfig c = config("int2", group, sink, recent, chunk, d);
+  auto widths = std::make_shared<PairBitTable>(*test::pnmix_widths(n_layers, n_kv, d));
+  std::fill(widths->bits.end() - d / 2, widths->bits.end(), uint8_t(2));
+  c.k = CodecSpec{.type = "pnmix", .head_dim = d, .clip = 0.96f, .pair_bits = std::move(widths)};
+  return c;
+}
+
+CacheConfig config(const std::string& type, int group, int sink, int recent, int chunk, int d) {
+  if (type == "pnmix") return pnmix_config(group, sink, recent, Twin::kLayers, Twin::kKv, chunk, d);
   CacheConfig c;
   for (CodecSpec* s : {&c.k, &c.v}) {
     s->type = type;
@@ -98,8 +111,8 @@ double operand_budget(const std::string& type, int group, int d = kD) {
 // G = d = 128 here; at the other head dims the int rows take its int16 path.
 double budget(const std::string& type, int group, bool transform, int d = kD) {
   const bool kivi = type.rfind("kivi", 0) == 0 || type == "oscar_int2";
-  const bool int8_operands = (type == "int2" || type == "kivi2") && group == 128 && d == 128 &&
-                             simd_int8_operands(best_simd_level());
+  const bool int8_operands = (type == "int2" || type == "kivi2" || type == "pnmix") && group == 128 && d == 128 &&
+                             simd_int8_operands(best_simd_level());  // pnmix: its int2 values
   const double kernels = std::max(operand_budget(type, group, d), int8_operands ? 2e-3 : kivi ? 2e-6 : 1e-7);
   if (!transform || type == "bf16") return kernels;
   return std::max(kernels, type == "int8" ? 1e-6 : type == "int4" || type == "kivi4" ? 1e-4 : 1e-3);
@@ -172,6 +185,11 @@ INSTANTIATE_TEST_SUITE_P(Oscar, GpuVsCpu,
 // RoPE. No transform variant: the codecs refuse a key transform.
 INSTANTIATE_TEST_SUITE_P(Nexus, GpuVsCpu,
                          ::testing::Combine(::testing::Values("nexusquant", "e8_2"), ::testing::Values(128),
+                                            ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
+                         case_name);
+// PN-Mix keys (every head its own widths, read from its table) with int2 values: decoded tiles at d = 128.
+INSTANTIATE_TEST_SUITE_P(Pnmix, GpuVsCpu,
+                         ::testing::Combine(::testing::Values("pnmix"), ::testing::Values(128, 32),
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(KiviG32, GpuVsCpu,
@@ -617,6 +635,27 @@ TEST(GpuCache, FastAttentionMatchesReferenceTwinForTurboQuant) {
         }
 }
 
+// PN-Mix keys against the reference twin: decoded tiles (d = 128) and the CUDA-core kernel (a sliding window's rows at
+// 128; d = 64 and 96), GQA groups 1 .. 8, over the windows.
+TEST(GpuCache, FastAttentionMatchesReferenceTwinForPnmix) {
+  REQUIRE_GPU();
+  for (int d : {128, 64, 96})
+    for (bool cuda_core : {false, true})
+      for (const auto& [sink, recent] : std::vector<std::pair<int, int>>{{64, 256}, {0, 0}})
+        for (int heads : {8, 16, 24, 64}) {
+          if (d != 128 && !cuda_core) continue;  // decoded tiles: d = 128
+          const CacheConfig plain = pnmix_config(d == 128 ? 128 : 32, sink, recent, 1, 8, 512, d);
+          const CacheConfig cfg = cuda_core ? on_cuda_cores(plain) : plain;
+          const auto fast = decode_once(cfg, 2001, 0, false, heads, d), ref = decode_once(cfg, 2001, 0, true, heads, d);
+          const double e = nmse(fast, ref);
+          EXPECT_LT(e, std::max(1e-9, decoded_tile_budget(cfg, d)))
+              << "d " << d << " sink " << sink << " g " << heads / 8 << (cuda_core ? " CUDA-core" : "");
+          if (heads == 64)
+            std::printf("[ gpu    ] fast vs reference twin, pnmix d %d sink %d recent %d %s, GQA group 8: NMSE %.3g\n",
+                        d, sink, recent, cuda_core ? "CUDA-core" : "decoded tiles", e);
+        }
+}
+
 // A TurboQuant cache is refused on the GPU without the transform its codecs imply (and so is the CPU one).
 TEST(GpuCache, TurboQuantWithoutItsHadamardIsRefused) {
   REQUIRE_GPU();
@@ -708,7 +747,8 @@ INSTANTIATE_TEST_SUITE_P(KiviOscarTurboQuant, GpuCacheHeadDims,
                                            DimCase{"oscar_int2", 32, 256, 1}, DimCase{"turboquant_2bit", 0, 64, 1},
                                            DimCase{"turboquant_3bit_nc", 0, 64, 0},
                                            DimCase{"turboquant_4bit_nc", 0, 64, 1},
-                                           DimCase{"turboquant_k3v4_nc", 0, 64, 0}),
+                                           DimCase{"turboquant_k3v4_nc", 0, 64, 0}, DimCase{"pnmix", 64, 64, 1},
+                                           DimCase{"pnmix", 32, 96, 0}),
                          dim_case_name);
 
 // The fast kernels against the reference twin at each head dim: the tensor-core (bf16) and CUDA-core (int, KIVI,

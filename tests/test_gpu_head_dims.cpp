@@ -34,7 +34,7 @@ namespace {
 
 // The caches that run row i of the table at head_dim d for n_layers x n_kv heads, in this order until f (taking a
 // const CacheConfig&) returns true: the row's codecs as -ctk / -ctv build them (default clips; KIVI and OScaR keys
-// per channel), groups from the largest the row takes that fits d, pages from the smallest size that selects the row
+// per channel; PN-Mix keys with test::pnmix_widths), groups from the largest the row takes that fits d, pages from the smallest size that selects the row
 // and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile fits), windows 16 / 64 and the
 // transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot); then the same with a sliding window of 2^20
 // positions, which no test sequence reaches (for a CUDA-core row whose every page size a decoded-tile row takes
@@ -50,6 +50,7 @@ void for_each_row_config(int i, int d, int n_layers, int n_kv, F&& f) {
         c.k = codec_spec(codec_traits(r.k).name, true, group, 0.f);
         c.v = codec_spec(codec_traits(r.v).name, false, group, 0.f);
         c.k.head_dim = c.v.head_dim = d;
+        c.k = test::with_test_widths(c.k, n_layers, n_kv);  // PN-Mix keys: test widths at d
         c.sink = 16, c.recent = 64, c.page_tokens = page, c.max_chunk = 512;
         if (codec_traits(r.k).pre_rope_keys) c.key_rope = test::rope_inv_freq(d, 1e6);  // NexusQuant's keys
         if (slides) c.attn_window.assign(size_t(n_layers), 1 << 20);

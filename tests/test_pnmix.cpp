@@ -191,6 +191,68 @@ TEST(PnmixCodec, StoredBytesAndDecodeEqualTheScalarReferenceForEveryHead) {
   }
 }
 
+// The table the GPU reads a head's rows with (KvCodec::device_table, layout::PnmixHeadTable), read here as the device
+// codec reads it (codec_pnmix.cuh): each channel's code where code_of says, with its slot's parameters, is decode()'s
+// value; each slot's codes, in `channel` order from its first bit, are the stored stream; its clip index is
+// quantize_group's order statistic. With a head of fewer widths than the cache's slots and clips 0.96 and 1.
+TEST(PnmixCodec, DeviceTableReadsAndRepacksEveryHeadsRowsAsTheCodecStoresThem) {
+  for (int d : {64, 128, 256}) {
+    auto table = std::make_shared<PairBitTable>(*test::pnmix_widths(2, 2, d));
+    std::fill_n(table->bits.begin() + 3 * (d / 2), d / 2, uint8_t(2));  // layer 1, head 1: one width (3 unused slots)
+    for (float clip : {0.96f, 1.0f})
+      for (int m = 0; m < 4; ++m) {
+        const auto codec = make_codec(pnmix_spec(table, m / 2, m % 2, clip));
+        const std::vector<uint8_t> bytes = codec->device_table();
+        ASSERT_EQ(bytes.size(), sizeof(layout::PnmixHeadTable));
+        layout::PnmixHeadTable t;
+        std::memcpy(&t, bytes.data(), sizeof(t));
+        EXPECT_EQ(t.slots, table->slots());
+        EXPECT_EQ(t.code_bits, table->code_bits());
+        const std::vector<float> x = gaussian(size_t(d), uint32_t(7 * d + m), 2.f);
+        std::vector<uint8_t> row(codec->bytes_per_block());
+        codec->encode(x.data(), row.data());
+        std::vector<float> y(static_cast<size_t>(d));
+        codec->decode(row.data(), y.data());
+        for (int c = 0; c < d; ++c) {
+          const uint32_t e = t.code_of[c];
+          const int slot = layout::pnmix_code_slot(e);
+          ASSERT_EQ(layout::pnmix_code_width(e), table->head(m / 2, m % 2)[c % (d / 2)]) << "d " << d << " c " << c;
+          fp16_t sz[2];
+          std::memcpy(sz, row.data() + 4 * slot, 4);
+          const uint32_t code = layout::pnmix_code_at(row.data(), layout::pnmix_code_bit(e), layout::pnmix_code_width(e));
+          ASSERT_EQ(dequant_value(uint8_t(code), sz[0], sz[1]), y[size_t(c)]) << "d " << d << " head " << m << " c " << c;
+        }
+        std::vector<uint8_t> stream(row.size() - size_t(4 * t.slots), 0);
+        int seen = 0, used = 0;
+        for (const layout::PnmixHeadTable::Slot& sl : t.slot) {
+          if (sl.bits == 0) continue;
+          ++used;
+          std::vector<float> vals;
+          for (int i = 0; i < sl.n; ++i) {
+            const int c = t.channel[sl.first + i];
+            vals.push_back(x[size_t(c)]);
+            const uint32_t code = layout::pnmix_code_at(row.data(), t.code_of[c] & 0xffffu, sl.bits);
+            for (int b = 0; b < sl.bits; ++b) {
+              const int at = sl.bit - 32 * t.slots + i * sl.bits + b;
+              stream[size_t(at / 8)] |= uint8_t(((code >> b) & 1u) << (at % 8));
+            }
+          }
+          std::vector<uint8_t> codes(vals.size());
+          const GroupQuant q = quantize_group(vals.data(), sl.n, sl.bits, clip, codes.data());
+          std::vector<float> sorted;
+          for (float v : vals) sorted.push_back(std::fabs(v));
+          std::sort(sorted.begin(), sorted.end());
+          EXPECT_EQ(sl.clip_index < 0 ? sorted.back() : sorted[size_t(sl.clip_index)], q.thr) << "d " << d;
+          EXPECT_EQ(sl.clip_index < 0, clip >= 1.0f);
+          seen += sl.n;
+        }
+        EXPECT_EQ(seen, d);
+        EXPECT_EQ(used, m == 3 ? 1 : 4);
+        EXPECT_TRUE(std::equal(stream.begin(), stream.end(), row.begin() + 4 * t.slots)) << "d " << d << " head " << m;
+      }
+  }
+}
+
 TEST(PnmixCodec, BitsAreCountedFromTheStoredBytes) {
   const auto four = test::pnmix_widths(1, 2, 128);  // B = 2, all four widths: 4 slots
   const auto codec = make_codec(pnmix_spec(four, 0, 1));
@@ -240,10 +302,18 @@ TEST(PnmixCodec, WithoutWidthsOrWithAnotherShapeOrAKeyTransformItIsRefusedByName
   values.transform = nullptr;
   values.v = values.k;
   EXPECT_NE(error_of([&] { KvCache cache(values, 2, 2, 128, 64); }).find("stores keys only"), std::string::npos);
-  // The GPU has no pnmix instance: refused, naming the pair.
+  // The GPU runs pnmix keys with int2 values (tests/test_gpu_cache.cpp's twins); other values are refused, naming the
+  // pair, and so is head_dim 256 (not compiled).
   c.transform = nullptr;
-  const std::string gpu = cuda::gpu_unsupported(c, 128);
-  EXPECT_NE(gpu.find("pnmix"), std::string::npos) << gpu;
+  EXPECT_EQ(cuda::gpu_unsupported(c, 128), "");
+  CacheConfig int4 = c;
+  int4.v = codec_spec("int4", false, 128, 0.f);
+  const std::string gpu = cuda::gpu_unsupported(int4, 128);
+  EXPECT_NE(gpu.find("keys pnmix with values int4/g128"), std::string::npos) << gpu;
+  CacheConfig d256 = c;
+  d256.k = pnmix_spec(test::pnmix_widths(2, 2, 256), 0, 0);
+  d256.v.head_dim = 256;
+  EXPECT_NE(cuda::gpu_unsupported(d256, 256).find("no compiled GPU instance"), std::string::npos);
 }
 
 // In the cache each (layer, kv head) stores its rows with its own widths, the runs carry that head's codec, the pages

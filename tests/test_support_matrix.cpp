@@ -61,6 +61,10 @@ TEST(SupportMatrix, TheGpuColumnIsTheInstanceTables) {
   EXPECT_EQ(find_row(rows, "int2", "k,v", 64, 32)->cuda, "CUDA-core");  // int2 of one 128-value group only at 128
   EXPECT_EQ(find_row(rows, "bf16", "k,v", 64, 0)->cuda, "tensor-core");
   EXPECT_EQ(find_row(rows, "f32", "k,v", 128, 0)->cuda, "");   // CPU only
+  EXPECT_EQ(find_row(rows, "pnmix", "k", 128, 0)->cuda, "decoded-tile");  // keys of per-head widths (a file's)
+  EXPECT_EQ(find_row(rows, "pnmix", "k", 64, 0)->cuda, "CUDA-core");
+  const std::vector<SupportRow> at256 = support_matrix({256});
+  EXPECT_EQ(find_row(at256, "pnmix", "k", 256, 0)->cuda, "");  // not compiled at 256
   const std::string text = format_support_matrix(rows);
   EXPECT_NE(text.find("codec"), std::string::npos);
   EXPECT_NE(text.find("tensor-core"), std::string::npos);
@@ -121,7 +125,7 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
 // The default head dims, 64, 80, 96, 128 and 256: the CPU and GPU columns agree but where the page says why not (KIVI,
 // TurboQuant and llama.cpp's q8_0 / q4_0 at 256: the GPU compiles no pair there; TurboQuant's values at 96: their only
 // GPU pairs are TurboQuant keys, which need a power of two; fp8e5m2, fp8_per_token_head, q5_0, q4_1 and iq4_nl at 96
-// and 256: the budget; NexusQuant's nexusquant and e8_2 away from 128: decoded tiles alone); at 80 only the CPU's f32 /
+// and 256, PN-Mix at 256: the budget; NexusQuant's nexusquant and e8_2 away from 128: decoded tiles alone); at 80 only the CPU's f32 /
 // bf16 / f16 rows run (the other CPU codecs take multiples of 32, the GPU compiles no kernel at 80), and neither runs
 // the Hadamard codecs at 96.
 TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
@@ -142,7 +146,7 @@ TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
     const bool tq = r.codec.rfind("tq", 0) == 0;
     const bool explained = r.head_dim == 80 || (r.head_dim == 256 && (r.codec.rfind("kivi", 0) == 0 ||
                                                   r.codec.rfind("kitty", 0) == 0 || tq || r.codec == "q8_0" ||
-                                                  r.codec == "q4_0")) ||
+                                                  r.codec == "q4_0" || r.codec == "pnmix")) ||
                            (r.codec.rfind("tqv", 0) == 0 && r.head_dim == 96) ||
                            ((r.codec == "fp8e5m2" || r.codec == "fp8_per_token_head" || r.codec == "q5_0" ||
                              r.codec == "q4_1" || r.codec == "iq4_nl") &&

@@ -141,4 +141,14 @@ PnmixCalibration calibrate_pnmix(Model& model, const std::vector<int32_t>& ids, 
   return out;
 }
 
+PairBitTable timing_pair_bits(int n_layers, int n_kv_heads, int head_dim, double key_bits) {
+  const size_t pairs = size_t(head_dim / 2);
+  std::vector<float> scores(size_t(n_layers) * size_t(n_kv_heads) * pairs);
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = 1.f / float(1 + i % pairs);
+  PairBitTable t = allocate_table(scores, n_layers, n_kv_heads, head_dim, pnmix_code_bits(key_bits, head_dim),
+                                  PairScore::kProduct);
+  t.name = "pnmix(timing)";
+  return t;
+}
+
 }  // namespace kvq

@@ -65,4 +65,10 @@ PnmixCalibration calibrate_pnmix(Model& model, const std::vector<int32_t>& ids, 
 PairBitTable allocate_table(const std::vector<float>& scores, int n_layers, int n_kv_heads, int head_dim,
                             int code_bits, PairScore score);
 
+// Widths where only a cache's shape and speed matter (bench attention's random rows, the referee's cache checks and
+// timing): the greedy allocation of key_bits over scores 1 / (1 + i) falling with the pair index, so that a head mixes
+// widths as a calibrated one does (at d = 128, 2 bits: all four), every head alike, named "pnmix(timing)". Never
+// evaluated.
+PairBitTable timing_pair_bits(int n_layers, int n_kv_heads, int head_dim, double key_bits = 2.0);
+
 }  // namespace kvq

@@ -17,10 +17,12 @@
 
 #include "attention/attention.h"
 #include "attention/attention_bench.h"
+#include "calib/pnmix.h"
 #include "cli/attention_cost.h"
 #include "cli/bench_cuda.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "codecs/registry.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "engine/scheduler.h"
@@ -353,10 +355,16 @@ struct BenchAttentionOptions {
   std::vector<std::string> caches;  // --caches: cache types or presets timed in one run (empty: the cache flags')
 };
 
-// The one-layer cache of a bench with the transform its codecs imply (TurboQuant's Hadamard on keys): the rows are
-// random, so it only has to be there; the GPU bench times the query rotation with the attention, the CPU bench not.
-CacheConfig with_codec_transform(CacheConfig c, int kv_heads, int head_dim) {
+// The one-layer cache of a bench with the transform its codecs imply (TurboQuant's Hadamard on keys) and PN-Mix keys'
+// widths (calib/pnmix.h's timing widths: the budget of the widths c has, e.g. a referee row's, else 2 bits): the rows
+// are random, so they only have to be there; the GPU bench times the query rotation with the attention, the CPU bench
+// not.
+CacheConfig bench_cache(CacheConfig c, int kv_heads, int head_dim) {
   c.transform = codec_transform(c, 1, kv_heads, head_dim);
+  if (codec_traits(c.k.type).per_head) {
+    const double key_bits = c.k.pair_bits ? c.k.pair_bits->key_bits() : 2.0;
+    c.k.pair_bits = std::make_shared<const PairBitTable>(timing_pair_bits(1, kv_heads, head_dim, key_bits));
+  }
   return c;
 }
 
@@ -370,8 +378,10 @@ std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
             "bench attention: --attn-rot does not apply (random rows; the query rotation is once per step)");
   KVQ_CHECK(o.cache.kv_scales.empty(), "bench attention: --kv-scales does not apply (random rows, one layer: a "
             "per-tensor scale changes no cost; bench decode takes it)");
+  KVQ_CHECK(o.cache.pnmix.empty(), "bench attention: --pnmix does not apply (random rows, one layer: pnmix keys are "
+            "timed with widths of 2 bits on average in all four widths)");
   std::vector<CacheConfig> out;
-  if (o.caches.empty()) out.push_back(with_codec_transform(o.cache.config(o.head_dim), o.kv_heads, o.head_dim));
+  if (o.caches.empty()) out.push_back(bench_cache(o.cache.config(o.head_dim), o.kv_heads, o.head_dim));
   for (const std::string& t : o.caches) {
     CacheOptions c = o.cache;
     if (const size_t colon = t.find(':'); colon != std::string::npos) {
@@ -380,7 +390,7 @@ std::vector<CacheConfig> tested_caches(const BenchAttentionOptions& o) {
     } else {
       c.type_both = t;
     }
-    out.push_back(with_codec_transform(c.config(o.head_dim), o.kv_heads, o.head_dim));
+    out.push_back(bench_cache(c.config(o.head_dim), o.kv_heads, o.head_dim));
   }
   return out;
 }
@@ -485,7 +495,7 @@ std::function<nlohmann::json(const CacheConfig&)> attention_cost_probe(const std
   const auto measure = [=](const CacheConfig& row, const CostShape& at) {
     CacheConfig c = row;
     c.k.head_dim = c.v.head_dim = at.head_dim;
-    c = with_bench_rope(with_codec_transform(c, at.kv_heads, at.head_dim), at.head_dim);  // RoPE: E8's keys
+    c = with_bench_rope(bench_cache(c, at.kv_heads, at.head_dim), at.head_dim);  // RoPE: E8's keys
     nlohmann::json j = {{"shape", at.text()}};
     double us = 0, bytes = 0;
     if (device == "cuda") {

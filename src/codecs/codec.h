@@ -64,10 +64,11 @@ class KvCodec {
   virtual size_t metadata_bytes() const { return 0; }
 
   // Constants a block is decoded with that are not stored in it, the same for every block of the codec (TurboQuant's
-  // codebook: its 2^b centroids, then its 2^b - 1 midpoints); empty for the rest. The GPU cache uploads them for
-  // its device codec (CacheGeometry::k_table), so that both devices store the same codes. Fixed by the format,
-  // never counted as stored bytes.
-  virtual std::vector<float> lookup_table() const { return {}; }
+  // codebook: its 2^b centroids, then its 2^b - 1 midpoints, fp32; PN-Mix's layout::PnmixHeadTable of its head);
+  // empty for the rest. The GPU cache uploads every (layer, kv head)'s for its device codec (CacheGeometry::k_table),
+  // so that both devices store the same codes. Fixed by the format or derived from the stored map, never counted as
+  // stored bytes; the same size for every head of a spec.
+  virtual std::vector<uint8_t> device_table() const { return {}; }
 
   // x: [tokens_per_block, d] floats -> one block. decode is the exact inverse map of the stored codes.
   virtual void encode(const float* x, uint8_t* block) const = 0;

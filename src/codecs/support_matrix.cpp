@@ -25,6 +25,11 @@ SupportRow row_of(const CodecTraits& t, const CodecSpec& spec, const CodecSpec& 
   SupportRow r{std::string(t.name), std::move(role), spec.head_dim, t.grouped ? spec.group : 0, 0, 0, false, ""};
   if (t.per_head) {  // one codec per (layer, kv head) from a calibration file: its bytes are the file's (PN-Mix)
     r.cpu = spec.head_dim % 32 == 0 && spec.head_dim <= kCpuMaxHeadDim;
+    for (const cuda::GpuInstance& g : cuda::kGpuInstances)  // the first row that stores its keys at this head_dim
+      if (g.k == t.id && cuda::gpu_row_compiled(g, spec.head_dim)) {
+        r.cuda = cuda::gpu_path_name(g.path);
+        break;
+      }
     return r;
   }
   try {

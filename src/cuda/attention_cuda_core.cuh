@@ -65,8 +65,8 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
       const dev::RowRef kr = dev::view_row<D>(geo, rd.seq, a.layer, 0, head, p, qe);
       if (!kr.quant) {
         W::template score<GQ>(kr.ptr, 0, D, qs, qsum, g, s);
-      } else if constexpr (dev::ReadsCodebook<K>) {
-        K::template score<GQ>(kr.ptr, geo.k_table, qs, g, s);
+      } else if constexpr (dev::ReadsTable<K>) {
+        K::template score<GQ>(kr.ptr, dev::key_table<K>(geo, head), qs, g, s);
       } else {
         K::template score<GQ>(kr.ptr, kr.block_row, geo.k_group, qs, qsum, g, s);
         if constexpr (dev::token_scaled<K>()) {  // OScaR: ν_p · q·k̂

@@ -170,11 +170,21 @@ constexpr bool tensor_scaled() {
   return requires { requires C::kTensorScaled; };
 }
 
-// A key codec that decodes with its lookup table (KvCodec::lookup_table, uploaded as CacheGeometry::k_table:
-// TurboQuant's codebook, codecs/turboquant/codec_turboquant.cuh) says kCodebook = true; its value, score and encode_row
-// take the table in place of the group (and clip) arguments.
+// A key codec that decodes with a table of each (layer, kv head) (KvCodec::device_table, uploaded as
+// CacheGeometry::k_table: TurboQuant's codebook, PN-Mix's width map) names its type, C::Table, and the bytes of one
+// head's, C::kTableBytes; its value, values4, score and encode_row take the head's table (key_table) in place of the
+// group and clip arguments. TurboQuant's keys are a codebook besides (C::kCodebook: the decoded tiles' pass of
+// their own, decode_attention_mma.cu).
 template <class C>
-concept ReadsCodebook = requires { requires C::kCodebook; };
+concept ReadsTable = requires { typename C::Table; requires C::kTableBytes > 0; };
+template <class C>
+concept ReadsCodebook = ReadsTable<C> && requires { requires C::kCodebook; };
+// The table of kv head `head` of g's layer.
+template <ReadsTable C>
+__device__ __forceinline__ const typename C::Table* key_table(const CacheGeometry& g, int head) {
+  return reinterpret_cast<const typename C::Table*>(static_cast<const uint8_t*>(g.k_table) +
+                                                    int64_t(head) * C::kTableBytes);
+}
 
 // The end of an attention block: merges its warps' online-softmax states (w_m, w_l: [W][g] max and sum, w_acc:
 // [W][g][D] unnormalised outputs; -inf max = empty) and writes the block's partial of g heads to slot `part`

@@ -12,6 +12,7 @@
 #include "codecs/llamacpp/codec_llamacpp.cuh"
 #include "codecs/nexus/codec_nexus.cuh"
 #include "codecs/oscar/codec_oscar.cuh"
+#include "codecs/pnmix/codec_pnmix.cuh"
 #include "codecs/turboquant/codec_turboquant.cuh"
 #include "cuda/gpu_instances.h"
 

@@ -166,8 +166,8 @@ __device__ __forceinline__ uint32_t f16x2_sat(float lo, float hi) {
 // sends it, so that after xor 2 and 1 lane l holds row l / 4's sum — each row's sum of the same pairs in the same tree
 // as the butterfly's, so the same float — and every lane takes the 8 rows' factors from lanes 4r (8 more).
 template <class K, int D>
-__device__ __forceinline__ void decode_codebook_keys(const CacheGeometry& geo, const uint8_t* keys, int nv,
-                                                     uint8_t* dst, int lane) {
+__device__ __forceinline__ void decode_codebook_keys(const CacheGeometry& geo, const float* codebook,
+                                                     const uint8_t* keys, int nv, uint8_t* dst, int lane) {
   static_assert(D == 128, "a lane holds 4 channels of every row");
   const int c0 = 4 * lane;
 #pragma unroll
@@ -175,7 +175,7 @@ __device__ __forceinline__ void decode_codebook_keys(const CacheGeometry& geo, c
     float k[8][4], ss[8];
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
-      K::centroids4(keys + (r0 + r) * geo.k_row, geo.k_table, c0, k[r]);
+      K::centroids4(keys + (r0 + r) * geo.k_row, codebook, c0, k[r]);
       ss[r] = k[r][0] * k[r][0];
 #pragma unroll
       for (int e = 1; e < 4; ++e) ss[r] = fmaf(k[r][e], k[r][e], ss[r]);
@@ -250,17 +250,19 @@ __device__ __forceinline__ void decode_hadamard_keys(const CacheGeometry& geo, c
 // (nu: the tile's first row's), FP8 rows by the layer's per-tensor scale, and TurboQuant's codebook keys
 // (decode_codebook_keys) and NexusQuant's (decode_hadamard_keys) are decoded by a pass of their own before the
 // values. NexusQuant's values stay in the Hadamard domain (ŷ), and the block's sums of P' · ŷ go through the Hadamard
-// once at the end (attend_block), since it is linear: 16 rows' transforms a tile become g rows' a block.
+// once at the end (attend_block), since it is linear: 16 rows' transforms a tile become g rows' a block. ktable: the
+// head's table of a key codec that reads one (dev::key_table: TurboQuant's codebook, PN-Mix's widths), else null.
 template <class K, class V, int D>
-__device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint8_t* keys, int krow0,
-                                            const uint8_t* values, int nv, int p0, const float* nu, uint8_t* dst,
-                                            int lane) {
+__device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const void* ktable, const uint8_t* keys,
+                                            int krow0, const uint8_t* values, int nv, int p0, const float* nu,
+                                            uint8_t* dst, int lane) {
   constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
   static_assert(kChunks <= 32 && 32 % kChunks == 0, "a pass of the warp holds whole rows");
   const int c0 = 4 * (lane % kChunks);
   constexpr bool kKeysApart = dev::ReadsCodebook<K> || dev::hadamard_rows<K>();  // a pass of their own
   static_assert(!kKeysApart || (!dev::token_scaled<K>() && !dev::tensor_scaled<K>()), "scaled apart keys");
-  if constexpr (dev::ReadsCodebook<K>) decode_codebook_keys<K, D>(geo, keys, nv, dst, lane);
+  if constexpr (dev::ReadsCodebook<K>)
+    decode_codebook_keys<K, D>(geo, static_cast<const float*>(ktable), keys, nv, dst, lane);
   if constexpr (dev::hadamard_rows<K>()) decode_hadamard_keys<K, D>(geo, keys, nv, p0, dst, lane);
   [[maybe_unused]] const typename KeyTileOf<K>::type key_tile(keys, krow0, c0);
 #pragma unroll 4
@@ -268,6 +270,8 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const uint
     float k[4], v[4];  // both decoded before either is stored: the stores may alias the raw rows for the compiler
     if constexpr (!kKeysApart) {
       if constexpr (K::kKeyBlocks) key_tile.values4(r, k);
+      else if constexpr (dev::ReadsTable<K>)
+        K::values4(keys + r * geo.k_row, static_cast<const typename K::Table*>(ktable), c0, k);
       else K::values4(keys + r * geo.k_row, 0, geo.k_group, c0, k);
       if constexpr (dev::token_scaled<K>()) {
 #pragma unroll
@@ -696,6 +700,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
     extern __shared__ __align__(16) uint8_t ring_smem[];
     uint8_t* stage = ring_smem + warp * stage_bytes<D>;
     const int raw = raw_stage_bytes<K>(geo), kraw = raw - kTile * geo.v_row;
+    const void* ktable = nullptr;  // the head's table of a key codec that reads one (dev::key_table)
+    if constexpr (dev::ReadsTable<K>) ktable = dev::key_table<K>(geo, head);
     uint8_t* raws = ring_smem + kWarps * stage_bytes<D> + warp * kRawStages * raw;
     auto page_of = [&](int p) { return heads + int64_t(table[(p - geo.sink) / pt]) * geo.page_bytes; };
     auto fetch = [&](int p, int s) {  // tile p's key side and value rows into raw stage s
@@ -727,8 +733,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       const int krow0 = K::kKeyBlocks ? j0 % geo.k_block_tokens : 0;  // the tile's first row in its key block
       cp_async_wait<kRawStages - 1>();
       __syncwarp();  // tile p0's bytes are visible to the warp, and every lane has read the previous tile
-      decode_tile<K, typename Dec::Values, D>(geo, raws + s * raw, krow0, raws + s * raw + kraw, nv, p0, nu, stage,
-                                              lane);
+      decode_tile<K, typename Dec::Values, D>(geo, ktable, raws + s * raw, krow0, raws + s * raw + kraw, nv, p0, nu,
+                                              stage, lane);
       __syncwarp();  // the tile is visible to the warp
       const StagedTile t{stage, stage + tile_side<D>};
       if (nv == kTile) attend_tile(std::false_type{}, kTile, TileWords{}, t, t);

@@ -46,7 +46,7 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
     // bf16 window row, or the key codec's row / KIVI key block; the value codec's row
     float kc;
     if (!kr.quant) kc = W::value(kr.ptr, 0, D, c);
-    else if constexpr (dev::ReadsCodebook<K>) kc = K::value(kr.ptr, geo.k_table, c);
+    else if constexpr (dev::ReadsTable<K>) kc = K::value(kr.ptr, dev::key_table<K>(geo, head), c);
     else kc = K::value(kr.ptr, kr.block_row, geo.k_group, c);
     float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : W::value(vr.ptr, 0, D, c);
     if constexpr (dev::tensor_scaled<K>()) {  // vLLM's FP8: the host's decode fp8⁻¹(code) · s

@@ -184,7 +184,7 @@ struct GpuKvCache::Impl {
   void observe_queries(int layer, const float* d_q, int n_heads);
   void evict(int seq);
   TransformPtrs tptrs{};
-  DeviceBuffer k_table;                 // the key codec's lookup_table() (CacheGeometry::k_table), or none
+  DeviceBuffer k_table;                 // the key codec's device tables (CacheGeometry::k_table), or none
   DeviceBuffer k_rope;                  // keys stored without RoPE: every position's angles (CacheGeometry::k_rope)
   // The step.
   bool in_step = false;
@@ -342,13 +342,27 @@ GpuKvCache::GpuKvCache(const CacheConfig& cfg, int n_layers, int n_kv_heads, int
               "pages of {} rows ({} bytes) do not keep them", g.page_tokens, g.page_bytes);
   }
   if (cfg.transform) m.upload_transform(*cfg.transform);
-  // The constants the key codec decodes with (TurboQuant's codebook), the CPU codec's own, so both store the same
-  // codes; skipped (bf16) layers never read them.
+  // The tables the key codec decodes with (KvCodec::device_table: TurboQuant's codebook, PN-Mix's widths), the CPU
+  // codecs' own, so both store the same codes: [n_layers][n_kv] of one size, layer l's geometry at its head 0 (the
+  // kernels add head h's offset, dev::key_table); skipped (bf16) layers never read theirs.
   CodecSpec kspec = cfg.k;
   kspec.head_dim = head_dim;
-  if (const std::vector<float> table = make_codec(kspec)->lookup_table(); !table.empty()) {
-    m.upload(m.k_table, table.data(), table.size() * sizeof(float));
-    for (CacheGeometry& g : m.geo) g.k_table = m.k_table.as<float>();
+  if (const std::vector<uint8_t> first = make_codec(kspec)->device_table(); !first.empty()) {
+    const bool per_head = codec_traits(kspec.type).per_head;  // else every head's is the first
+    std::vector<uint8_t> tables;
+    tables.reserve(first.size() * size_t(n_layers) * size_t(n_kv_heads));
+    for (int l = 0; l < n_layers; ++l)
+      for (int h = 0; h < n_kv_heads; ++h) {
+        CodecSpec head_spec = kspec;
+        head_spec.layer = l, head_spec.kv_head = h;
+        const std::vector<uint8_t> t = per_head ? make_codec(head_spec)->device_table() : first;
+        KVQ_CHECK(t.size() == first.size(), "GPU KV cache: key tables of {} and {} bytes", t.size(), first.size());
+        tables.insert(tables.end(), t.begin(), t.end());
+      }
+    m.upload(m.k_table, tables.data(), tables.size());
+    check(cudaStreamSynchronize(m.stream), "GPU KV cache: key tables upload");  // tables goes away
+    for (int l = 0; l < n_layers; ++l)
+      m.geo[size_t(l)].k_table = m.k_table.as<uint8_t>() + size_t(l) * size_t(n_kv_heads) * first.size();
   }
   // Keys stored without RoPE (NexusQuant's): the cos / sin of every position, rope_angles' values as the CPU's
   // RopeKeyCodec tabulates them, so both undo and re-apply the same rotation. make_key_codec checks the frequencies

@@ -100,6 +100,7 @@ struct GpuInstance {
 //     96 and 256 runs on the CUDA-core row, whatever its group);
 //   - KIVI keys: not at 256 (the key-block demotion holds G x d bf16 in shared memory: 64 KB at G = 128, d = 256);
 //   - TurboQuant and OScaR: powers of two (their Hadamard of d; a cache at 96 is refused on either device);
+//   - PN-Mix keys: up to 128, with int2 values (the referee's rows; its widths come per head from a table);
 //   - budget: at d = 256 a CUDA-core kernel unrolls 2048 multiply-adds a row for 8 heads and costs 6-16 s of ptxas
 //     (128: 1-5 s), so 256 takes the formats a Gemma-sized model runs first (bf16, int8, int4, int2, OScaR), not the
 //     TurboQuant, llama.cpp and mixed int4 / int2 pairs.
@@ -189,6 +190,8 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kE8_2,       .v = kE8_2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kPnmix,      .v = kInt2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
+   .head_dims = kDecodedDims},
   {.path = kCudaCore,   .k = kInt8,      .v = kInt8,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
    .head_dims = kAllDims},
   {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kEvery,
@@ -260,6 +263,10 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kPow2To128},
   {.path = kCudaCore,   .k = kIq4Nl,     .v = kIq4Nl,     .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kPow2To128},
+  // PN-Mix keys (codec_pnmix.cuh: 1-4 bits per RoPE pair, every head its own widths, read from its table) with the
+  // int2 values the referee's pnmix rows store
+  {.path = kCudaCore,   .k = kPnmix,     .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
+   .head_dims = kUpTo128},
 };
 }  // namespace instance_table
 using instance_table::kGpuInstances;

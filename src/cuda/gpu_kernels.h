@@ -59,8 +59,9 @@ struct CacheGeometry {
   uint8_t* pool;               // page pool
   const int64_t* window_base;  // [max_seqs] where each slot's windows start in the pool, in bf16 values (-1: none)
   const int* page_table;       // [max_seqs][pages_per_seq]
-  const float* k_table;        // the key codec's lookup table (KvCodec::lookup_table: TurboQuant's codebook, [2^b
-                               // centroids | 2^b - 1 midpoints] fp32), the CPU codec's; null for the other key codecs
+  const void* k_table;         // the key codec's tables of this layer's kv heads (KvCodec::device_table, the CPU
+                               // codec's: TurboQuant's codebook, PN-Mix's layout::PnmixHeadTable), head h's at byte
+                               // h · K::kTableBytes (dev::key_table); null for the other key codecs
   const float* k_rope;         // keys stored without RoPE (NexusQuant's, dev::pre_rope): [max_ctx][cos d/2 | sin d/2],
                                // rotation/rope.h's rope_angles of every position (RopeKeyCodec's table); else null
   float k_scale, v_scale;      // this layer's per-tensor scales of tensor-scaled codecs (vLLM's FP8 rows,

@@ -56,7 +56,7 @@ __global__ void demote_rows_kernel(CacheGeometry g, int layer, const RowDesc* it
   const uint16_t* src = dev::ring_row<D>(g, it.seq, layer, kv, head, it.pos);
   uint8_t* dst = dev::page_row(g, it.seq, layer, kv, head, it.pos);
   if (kv == 0) {
-    if constexpr (dev::ReadsCodebook<K>) K::encode_row(src, dst, g.k_table, sh);
+    if constexpr (dev::ReadsTable<K>) K::encode_row(src, dst, dev::key_table<K>(g, head), sh);
     else if constexpr (dev::hadamard_rows<K>()) K::encode_row_at(src, dst, dev::rope_angles_of<K, D>(g, it.pos), sh);
     else if constexpr (dev::tensor_scaled<K>()) K::encode_row_scaled(src, dst, g.k_scale);
     else if constexpr (!K::kKeyBlocks) K::encode_row(src, dst, g.k_group, g.k_clip_index, sh);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "calib/pnmix.h"
 #include "codecs/fp8/fp8_scales.h"
 #include "codecs/pnmix/codec_pnmix.h"
 #include "common/error.h"
@@ -192,11 +193,8 @@ CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, co
   return c;
 }
 
-std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc) {
-  auto w = std::make_shared<PairBitTable>();
-  w->n_layers = mc.n_layers, w->n_kv_heads = mc.n_kv_heads, w->head_dim = mc.head_dim, w->name = "pnmix(probe)";
-  w->bits.assign(size_t(mc.n_layers) * mc.n_kv_heads * size_t(mc.head_dim / 2), 2);
-  return w;
+std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc, double key_bits) {
+  return std::make_shared<const PairBitTable>(timing_pair_bits(mc.n_layers, mc.n_kv_heads, mc.head_dim, key_bits));
 }
 
 std::shared_ptr<const Fp8Scales> probe_kv_scales(const ModelConfig& mc) {

@@ -91,9 +91,10 @@ CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, co
                              std::shared_ptr<const PairBitTable> pair_bits = nullptr,
                              std::shared_ptr<const Fp8Scales> kv_scales = nullptr);
 
-// PN-Mix key widths of 2 bits for every RoPE pair of mc: a stand-in for calibrated widths where only the cache's
-// shape and speed matter (the caches checked before any run, kvq referee --plan's timing).
-std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc);
+// PN-Mix key widths of key_bits on average for every head of mc (calib/pnmix.h's timing_pair_bits: mixed widths): a
+// stand-in for calibrated widths where only the cache's shape and speed matter (the caches checked before any run,
+// kvq referee --plan's timing and the cost column).
+std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc, double key_bits);
 // vLLM's default FP8 scale, 1.0, for every layer of mc: the stand-in for calibrated scales in the same places.
 std::shared_ptr<const Fp8Scales> probe_kv_scales(const ModelConfig& mc);
 

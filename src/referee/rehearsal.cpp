@@ -70,7 +70,7 @@ class Rehearsal {
 };
 
 // The cache of run r at ctx as timed: its run cache, a calibrated rotation replaced by a random one of the same shape
-// and PN-Mix's widths by 2-bit ones, FP8 scales by 1.0 (the costs are the shapes', not the values').
+// and PN-Mix's widths by mixed ones of its budget, FP8 scales by 1.0 (the costs are the shapes', not the values').
 CacheConfig Rehearsal::timing_cache(const PlannedRun& r, int ctx) const {
   const RefereeRotation& kind = r.method.rotation_kind();
   std::shared_ptr<const KvTransform> t;
@@ -78,7 +78,7 @@ CacheConfig Rehearsal::timing_cache(const PlannedRun& r, int ctx) const {
     t = std::make_shared<KvTransform>(kind.data_free(mc_));
   else if (kind.calibrated && !kind.key_widths && !kind.tensor_scales)
     t = std::make_shared<KvTransform>(random_rotation_transform(mc_.n_layers, mc_.n_kv_heads, mc_.head_dim, 0));
-  return run_cache_config(cfg_, mc_, r, ctx, std::move(t), kind.key_widths ? probe_pair_bits(mc_) : nullptr,
+  return run_cache_config(cfg_, mc_, r, ctx, std::move(t), kind.key_widths ? probe_pair_bits(mc_, r.method.pnmix_key_bits) : nullptr,
                           kind.tensor_scales ? probe_kv_scales(mc_) : nullptr);
 }
 

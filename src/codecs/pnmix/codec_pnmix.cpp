@@ -1,5 +1,6 @@
 #include "codecs/pnmix/codec_pnmix.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -119,6 +120,28 @@ void PnmixKeyCodec::decode(const uint8_t* block, float* x) const {
       at += g.bits;
     }
   }
+}
+
+std::vector<uint8_t> PnmixKeyCodec::device_table() const {
+  layout::PnmixHeadTable t{};
+  t.slots = n_slots_, t.code_bits = code_bits_;
+  int i = 0, at = 32 * n_slots_;
+  for (size_t j = 0; j < groups_.size(); ++j) {
+    const WidthGroup& g = groups_[j];
+    const int n = int(g.channels.size());
+    // clip_threshold's quantile (codecs/group_quant.cpp): the (k + 1)-th smallest |x|, or the largest at clip 1
+    const int clip_index = clip_ >= 1.0f ? -1 : std::min(int(std::floor(double(clip_) * n)), n - 1);
+    t.slot[j] = {.bits = int16_t(g.bits), .n = int16_t(n), .first = int16_t(i), .clip_index = int16_t(clip_index),
+                 .bit = at};
+    for (int c : g.channels) {
+      t.channel[i++] = uint16_t(c);
+      t.code_of[c] = uint32_t(at) | uint32_t(g.bits) << 16 | uint32_t(j) << 24;
+      at += g.bits;
+    }
+  }
+  std::vector<uint8_t> bytes(sizeof(t));
+  std::memcpy(bytes.data(), &t, sizeof(t));
+  return bytes;
 }
 
 std::unique_ptr<KvCodec> make_pnmix_key_codec(const CodecSpec& s) {

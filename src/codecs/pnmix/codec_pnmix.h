@@ -7,7 +7,7 @@
 // A row (one token of one kv head) quantizes each non-empty width group with the §1 grid at w bits
 // (codecs/group_quant.h, the key clip), fp16 scale and zero per (token, width group).
 //
-// Block (one token), layout::PnmixRow:
+// Block (one token), layout::PnmixRow (codecs/pnmix/pnmix_format.h, with the table the GPU decodes a head with):
 //   GroupParams params[n_slots]     slot j: the j-th width present in this head, widths ascending; a head with
 //                                   fewer widths present leaves its last slots zero (stored, counted)
 //   uint8_t     codes[ceil(B·d/8)]  every width group's codes, widths ascending, channels ascending, as one
@@ -27,26 +27,9 @@
 
 #include "codecs/codec.h"
 #include "codecs/layout.h"
+#include "codecs/pnmix/pnmix_format.h"
 
 namespace kvq {
-
-namespace layout {
-
-// One PN-Mix key row: fp16 scale/zero of each width slot, then CODE_BITS bits of codes (B·d).
-template <int CODE_BITS, int SLOTS>
-struct PnmixRow {
-  GroupParams params[SLOTS];          // per width present, widths ascending
-  uint8_t codes[(CODE_BITS + 7) / 8];  // bit stream, widths ascending, channels ascending, LSB first
-};
-constexpr int pnmix_row_bytes(int code_bits, int slots) { return 4 * slots + (code_bits + 7) / 8; }
-static_assert(sizeof(PnmixRow<256, 4>) == 48 && pnmix_row_bytes(256, 4) == 48, "pnmix d=128 B=2, 4 widths: 3.0 b");
-static_assert(sizeof(PnmixRow<256, 3>) == 44 && pnmix_row_bytes(256, 3) == 44, "pnmix d=128 B=2, 3 widths: 2.75 b");
-static_assert(sizeof(PnmixRow<128, 1>) == 20 && pnmix_row_bytes(128, 1) == 20, "pnmix d=128 B=1: int1, 1.25 b");
-static_assert(sizeof(PnmixRow<512, 1>) == 68 && pnmix_row_bytes(512, 1) == 68, "pnmix d=128 B=4: int4's 68 B");
-
-}  // namespace layout
-
-constexpr int kPnmixMinBits = 1, kPnmixMaxBits = 4;  // a pair's width
 
 // The calibrated widths of one model: every RoPE pair of every (layer, kv head).
 struct PairBitTable {
@@ -75,6 +58,8 @@ class PnmixKeyCodec final : public KvCodec {
   int tokens_per_block() const override { return 1; }
   size_t bytes_per_block() const override { return size_t(layout::pnmix_row_bytes(code_bits_, n_slots_)); }
   size_t metadata_bytes() const override { return pair_bits_.size(); }  // the map, stored once per head
+  // This head's layout::PnmixHeadTable (the GPU's CacheGeometry::k_table), from the widths and the clip.
+  std::vector<uint8_t> device_table() const override;
 
   // Scalar: gather each width group, quantize_group, pack the bit stream (and its inverse).
   void encode(const float* x, uint8_t* block) const override;

@@ -77,10 +77,12 @@ TqKeyCodec::TqKeyCodec(std::string name, int head_dim, int bits, bool norm_corre
 
 size_t TqKeyCodec::bytes_per_block() const { return size_t(tq::key_row_bytes(d_, bits_)); }
 
-std::vector<float> TqKeyCodec::lookup_table() const {
+std::vector<uint8_t> TqKeyCodec::device_table() const {
   std::vector<float> t = cb_.centroids;
   t.insert(t.end(), cb_.midpoints.begin(), cb_.midpoints.end());
-  return t;
+  std::vector<uint8_t> bytes(t.size() * sizeof(float));
+  std::memcpy(bytes.data(), t.data(), bytes.size());
+  return bytes;
 }
 
 void TqKeyCodec::encode(const float* y, uint8_t* block) const {

@@ -2,7 +2,8 @@
 // codecs/turboquant/turboquant.h, shared with the host so that the GPU stores the CPU's bytes): codebook keys
 // (TqKeyRow<d, b>: codes, fp16 n) with or without the norm correction, and uniform values (TqValueRow<d, b>: codes,
 // fp16 s, fp16 mn). Interface: cache_device.cuh (DeviceCodecOf); the keys read the cache's codebook
-// (CacheGeometry::k_table), so they say kCodebook and take it in place of the group and clip arguments.
+// (CacheGeometry::k_table: 2^b centroids, then 2^b - 1 midpoints, fp32, every head the same), so they name its Table
+// and say kCodebook, and take it in place of the group and clip arguments.
 //
 // Rows are only 2-byte aligned (66 / 50 / 34-byte key rows back to back), so codes are read in 16-bit words. Every
 // width packs code i at bits [b·i, b·i + b) of the row's little-endian bit string (codecs/turboquant/turboquant.h).
@@ -57,7 +58,9 @@ template <int BITS, bool NC, int D>
 struct TqKeyRows {
   static_assert(BITS == 2 || BITS == 3 || BITS == 4, "TurboQuant keys of 2, 3 or 4 bits");
   static constexpr bool kKeyBlocks = false;  // per-token rows
-  static constexpr bool kCodebook = true;    // reads CacheGeometry::k_table
+  using Table = float;                       // reads CacheGeometry::k_table (dev::key_table)
+  static constexpr int kTableBytes = int(sizeof(float)) * ((2 << BITS) - 1);  // centroids | midpoints
+  static constexpr bool kCodebook = true;
   static constexpr bool kNormCorrected = NC;  // factor() divides by the norm of the row's centroids
   static constexpr int kCodeBytes = tq::codes_bytes(D, BITS);
   static constexpr int kWords = kCodeBytes / 4;

@@ -29,7 +29,7 @@ class TqKeyCodec final : public KvCodec {
   int bits() const { return bits_; }
   bool norm_correction() const { return norm_correction_; }
   const LloydMaxCodebook& codebook() const { return cb_; }
-  std::vector<float> lookup_table() const override;  // the codebook: centroids | midpoints
+  std::vector<uint8_t> device_table() const override;  // the codebook: centroids | midpoints, fp32
 
   void encode(const float* y, uint8_t* block) const override;
   void decode(const uint8_t* block, float* x) const override;
