@@ -253,6 +253,42 @@ TEST(PnmixCodec, DeviceTableReadsAndRepacksEveryHeadsRowsAsTheCodecStoresThem) {
   }
 }
 
+// The scores without decoding (PnmixKeyCodec::scores) against the scalar reference (decode, then the dot), for every
+// head's widths, 1-8 queries and odd token counts: the float summation order alone differs.
+TEST(PnmixCodec, ScoresEqualTheScalarReferenceButForTheSummationOrder) {
+  for (int d : {64, 128, 256}) {
+    auto table = std::make_shared<PairBitTable>(*test::pnmix_widths(1, 2, d));
+    std::fill_n(table->bits.begin() + d / 2, d / 2, uint8_t(2));  // head 1: one width
+    for (int h = 0; h < 2; ++h) {
+      const auto codec = make_codec(pnmix_spec(table, 0, h));
+      const int n_tokens = 37;
+      const std::vector<float> x = gaussian(size_t(n_tokens) * d, uint32_t(d + h), 2.f);
+      std::vector<uint8_t> blocks(size_t(n_tokens) * codec->bytes_per_block());
+      for (int t = 0; t < n_tokens; ++t)
+        codec->encode(x.data() + size_t(t) * d, blocks.data() + size_t(t) * codec->bytes_per_block());
+      for (int n_q : {1, 4, 8}) {
+        const std::vector<float> q = gaussian(size_t(n_q) * d, uint32_t(5 + n_q));
+        std::vector<float> ref(size_t(n_q) * n_tokens), fast(ref.size(), NAN);
+        codec->scores_ref(q.data(), n_q, blocks.data(), n_tokens, ref.data());
+        codec->scores(q.data(), n_q, blocks.data(), n_tokens, fast.data());
+        for (int i = 0; i < n_q; ++i) {
+          double bound = 0;  // Σ |q| · max |x̂|: a few ulps of it cover any summation order
+          std::vector<float> y(static_cast<size_t>(d));
+          for (int t = 0; t < n_tokens; ++t) {
+            codec->decode(blocks.data() + size_t(t) * codec->bytes_per_block(), y.data());
+            double b = 0;
+            for (int c = 0; c < d; ++c) b += std::fabs(q[size_t(i) * d + c]) * std::fabs(y[size_t(c)]);
+            bound = std::max(bound, b);
+          }
+          for (int t = 0; t < n_tokens; ++t)
+            ASSERT_NEAR(fast[size_t(i) * n_tokens + t], ref[size_t(i) * n_tokens + t], 2e-6 * bound)
+                << "d " << d << " head " << h << " n_q " << n_q << " query " << i << " token " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(PnmixCodec, BitsAreCountedFromTheStoredBytes) {
   const auto four = test::pnmix_widths(1, 2, 128);  // B = 2, all four widths: 4 slots
   const auto codec = make_codec(pnmix_spec(four, 0, 1));

@@ -122,6 +122,53 @@ void PnmixKeyCodec::decode(const uint8_t* block, float* x) const {
   }
 }
 
+void PnmixKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
+  const size_t row_bytes = bytes_per_block(), slots = groups_.size();
+  std::vector<float> qs(size_t(n_q) * d_), qsum(size_t(n_q) * slots, 0.f);  // q in stream order; Σ q per group
+  for (int i = 0; i < n_q; ++i) {
+    int k = 0;
+    for (size_t j = 0; j < slots; ++j)
+      for (int c : groups_[j].channels) {
+        const float x = q[size_t(i) * d_ + c];
+        qs[size_t(i) * d_ + k++] = x;
+        qsum[size_t(i) * slots + j] += x;
+      }
+  }
+  float y[kPnmixMaxHeadDim];                       // the row's codes in stream order, each times its group's scale
+  float shift[kPnmixMaxBits];                      // each group's scale · zero
+  uint8_t stream[kPnmixMaxHeadDim / 2 + 8] = {};  // the row's codes, then zeros: 8-byte reads stay inside
+  const size_t stream_bytes = row_bytes - size_t(4 * n_slots_);
+  for (int t = 0; t < n_tokens; ++t) {
+    const uint8_t* row = blocks + size_t(t) * row_bytes;
+    std::memcpy(stream, row + 4 * n_slots_, stream_bytes);
+    int at = 0, k = 0;  // code k of width w at bit `at`, from the 8 bytes at its first byte
+    for (size_t j = 0; j < slots; ++j) {
+      const WidthGroup& g = groups_[j];
+      layout::GroupParams gp;
+      std::memcpy(&gp, row + 4 * j, 4);
+      const float scale = fp16_to_f32(gp.scale);
+      shift[j] = scale * fp16_to_f32(gp.zero);
+      const uint64_t mask = (1u << g.bits) - 1u;
+      for (size_t n = 0; n < g.channels.size(); ++n, at += g.bits) {
+        uint64_t w;
+        std::memcpy(&w, stream + at / 8, 8);
+        y[k++] = float((w >> (at % 8)) & mask) * scale;
+      }
+    }
+    for (int i = 0; i < n_q; ++i) {
+      const float* qi = qs.data() + size_t(i) * d_;
+      float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, a4 = 0.f, a5 = 0.f, a6 = 0.f, a7 = 0.f;  // d: a multiple of 32
+      for (int c = 0; c < d_; c += 8) {
+        a0 += qi[c] * y[c], a1 += qi[c + 1] * y[c + 1], a2 += qi[c + 2] * y[c + 2], a3 += qi[c + 3] * y[c + 3];
+        a4 += qi[c + 4] * y[c + 4], a5 += qi[c + 5] * y[c + 5], a6 += qi[c + 6] * y[c + 6], a7 += qi[c + 7] * y[c + 7];
+      }
+      float bias = 0.f;  // Σ_j scale_j · zero_j · Σ q over group j
+      for (size_t j = 0; j < slots; ++j) bias += shift[j] * qsum[size_t(i) * slots + j];
+      s[size_t(i) * n_tokens + t] = (((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))) - bias;
+    }
+  }
+}
+
 std::vector<uint8_t> PnmixKeyCodec::device_table() const {
   layout::PnmixHeadTable t{};
   t.slots = n_slots_, t.code_bits = code_bits_;

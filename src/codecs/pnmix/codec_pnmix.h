@@ -64,6 +64,10 @@ class PnmixKeyCodec final : public KvCodec {
   // Scalar: gather each width group, quantize_group, pack the bit stream (and its inverse).
   void encode(const float* x, uint8_t* block) const override;
   void decode(const uint8_t* block, float* x) const override;
+  // Scores without decoding to x̂ (keys only: no accumulate): the queries gathered in stream order once a call, then
+  // per row q · (code · scale) over the stream in eight sums, less Σ_groups scale · zero · Σ q. The same values as
+  // scores_ref but for the float rounding and summation order (tested against it).
+  void scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const override;
 
   const std::vector<uint8_t>& pair_bits() const { return pair_bits_; }
   int code_bits() const { return code_bits_; }
