@@ -32,14 +32,14 @@ using namespace kvq::gpu_test;
 
 namespace {
 
-// The caches that run row i of the table at head_dim d for n_layers x n_kv heads, in this order until f (taking a
-// const CacheConfig&) returns true: the row's codecs as -ctk / -ctv build them (default clips; KIVI and OScaR keys
-// per channel; PN-Mix keys with test::pnmix_widths), groups from the largest the row takes that fits d, pages from the smallest size that selects the row
-// and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile fits), windows 16 / 64 and the
-// transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot); then the same with a sliding window of 2^20
-// positions, which no test sequence reaches (for a CUDA-core row whose every page size a decoded-tile row takes
-// first: OScaR's, Kitty's at d = 128). Keys stored without RoPE (NexusQuant's) get the frequencies of base 1e6. Only
-// caches the CPU cache layout also takes.
+// The caches that run row i of the table at head_dim d for n_layers x n_kv heads, in this order until f (taking a const
+// CacheConfig&) returns true: the row's codecs as -ctk / -ctv build them (default clips; KIVI and OScaR keys per
+// channel; PN-Mix keys with test::pnmix_widths), groups from the largest the row takes that fits d, pages from the
+// smallest size that selects the row and holds whole key blocks (the CUDA-core bf16 row: 8, which no tensor-core tile
+// fits), windows 16 / 64 and the transform the codecs imply (TurboQuant's Hadamard, llama.cpp's attn_rot); then the
+// same with a sliding window of 2^20 positions, which no test sequence reaches (for a CUDA-core row whose every page
+// size a decoded-tile row takes first: OScaR's, Kitty's at d = 128). Keys stored without RoPE (NexusQuant's) get the
+// frequencies of base 1e6. Only caches the CPU cache layout also takes.
 template <class F>
 void for_each_row_config(int i, int d, int n_layers, int n_kv, F&& f) {
   const cuda::GpuInstance& r = cuda::kGpuInstances[i];

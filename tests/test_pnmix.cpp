@@ -219,8 +219,10 @@ TEST(PnmixCodec, DeviceTableReadsAndRepacksEveryHeadsRowsAsTheCodecStoresThem) {
           ASSERT_EQ(layout::pnmix_code_width(e), table->head(m / 2, m % 2)[c % (d / 2)]) << "d " << d << " c " << c;
           fp16_t sz[2];
           std::memcpy(sz, row.data() + 4 * slot, 4);
-          const uint32_t code = layout::pnmix_code_at(row.data(), layout::pnmix_code_bit(e), layout::pnmix_code_width(e));
-          ASSERT_EQ(dequant_value(uint8_t(code), sz[0], sz[1]), y[size_t(c)]) << "d " << d << " head " << m << " c " << c;
+          const uint32_t code =
+              layout::pnmix_code_at(row.data(), layout::pnmix_code_bit(e), layout::pnmix_code_width(e));
+          ASSERT_EQ(dequant_value(uint8_t(code), sz[0], sz[1]), y[size_t(c)])
+              << "d " << d << " head " << m << " c " << c;
         }
         std::vector<uint8_t> stream(row.size() - size_t(4 * t.slots), 0);
         int seen = 0, used = 0;

@@ -125,9 +125,9 @@ TEST(SupportMatrix, TurboQuantRowsAndPresets) {
 // The default head dims, 64, 80, 96, 128 and 256: the CPU and GPU columns agree but where the page says why not (KIVI,
 // TurboQuant and llama.cpp's q8_0 / q4_0 at 256: the GPU compiles no pair there; TurboQuant's values at 96: their only
 // GPU pairs are TurboQuant keys, which need a power of two; fp8e5m2, fp8_per_token_head, q5_0, q4_1 and iq4_nl at 96
-// and 256, PN-Mix at 256: the budget; NexusQuant's nexusquant and e8_2 away from 128: decoded tiles alone); at 80 only the CPU's f32 /
-// bf16 / f16 rows run (the other CPU codecs take multiples of 32, the GPU compiles no kernel at 80), and neither runs
-// the Hadamard codecs at 96.
+// and 256, PN-Mix at 256: the budget; NexusQuant's nexusquant and e8_2 away from 128: decoded tiles alone); at 80 only
+// the CPU's f32 / bf16 / f16 rows run (the other CPU codecs take multiples of 32, the GPU compiles no kernel at 80),
+// and neither runs the Hadamard codecs at 96.
 TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
   const std::vector<SupportRow> rows = support_matrix();
   std::set<int> dims;
