@@ -129,9 +129,11 @@ expect_error "--kv-scales with a rotation" ppl -m $M -f data/eval/linux.txt -ctk
 expect_error "--kv-scales: a rotation file" ppl -m $M -f data/eval/linux.txt -ctk fp8 -ctv fp8 --kv-scales tests/golden/golden.safetensors
 head -c 200 "$T/s.safetensors" > "$T/strunc.safetensors"
 expect_error "--kv-scales: a truncated file" ppl -m $M -f data/eval/linux.txt -ctk fp8 -ctv fp8 --kv-scales "$T/strunc.safetensors"
+expect_error "--kv-cache-dtype of a keys-only type" ppl -m $M -f data/eval/linux.txt --kv-cache-dtype pnmix
+expect_error "bench attention: --caches of a keys-only type" bench attention --ctx 64 --caches pnmix
 expect_error "bench attention: --kv-scales" bench attention --ctx 64 -ctk fp8 -ctv fp8 --kv-scales "$T/s.safetensors"
 expect_error "calibrate fp8-scales with a rotation" calibrate -m $M --data data/calib/linux.txt --method fp8-scales --rotation hadamard -o "$T/s2.safetensors"
-expect_error "pnmix keys on the GPU" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/p.safetensors" --device cuda
+expect_error "pnmix keys with bf16 values on the GPU" ppl -m $M -f data/eval/linux.txt -ctk pnmix --pnmix "$T/p.safetensors" --device cuda
 expect_error "calibrate: missing data file" calibrate -m $M --data /nonexistent.txt -o "$T/r.safetensors"
 expect_error "eval: unknown task" eval -m $M --tasks ppl,bleu
 expect_error "eval: bad ctx list" eval -m $M --ctx 2048,abc

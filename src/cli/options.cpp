@@ -49,6 +49,9 @@ std::pair<std::string, std::string> codec_types(const CacheOptions& o) {
             "--kv-cache-dtype '{}' is neither a cache type ({}) nor a preset ({})", o.type_both, codec_names(", "),
             preset_names());
   if (preset) return {std::string(codec_traits(preset->k).name), std::string(codec_traits(preset->v).name)};
+  KVQ_CHECK(o.type_both.empty() || !codec_traits(o.type_both).keys_only,
+            "--kv-cache-dtype {0}: {0} stores keys only; name a value type too (-ctk {0} -ctv int2, or {0}:int2 in "
+            "bench attention --caches)", o.type_both);
   if (!o.type_both.empty()) return {o.type_both, o.type_both};
   return {o.type_k, o.type_v};
 }
