@@ -193,13 +193,19 @@ CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, co
   return c;
 }
 
-std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc, double key_bits) {
-  return std::make_shared<const PairBitTable>(timing_pair_bits(mc.n_layers, mc.n_kv_heads, mc.head_dim, key_bits));
-}
-
-std::shared_ptr<const Fp8Scales> probe_kv_scales(const ModelConfig& mc) {
-  const std::vector<float> top(size_t(mc.n_layers), fp8_max(fp8::Format::kE4m3));  // amax 448: s = 1
-  return std::make_shared<const Fp8Scales>(Fp8Scales::from_amax(fp8::Format::kE4m3, top, top));
+CacheConfig probe_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, const PlannedRun& r, int ctx,
+                               std::shared_ptr<const KvTransform> transform) {
+  const RefereeRotation& kind = r.method.rotation_kind();
+  std::shared_ptr<const PairBitTable> widths;
+  if (kind.key_widths)
+    widths = std::make_shared<const PairBitTable>(
+        timing_pair_bits(mc.n_layers, mc.n_kv_heads, mc.head_dim, r.method.pnmix_key_bits));
+  std::shared_ptr<const Fp8Scales> scales;
+  if (kind.tensor_scales) {
+    const std::vector<float> top(size_t(mc.n_layers), fp8_max(fp8::Format::kE4m3));  // amax 448: s = 1
+    scales = std::make_shared<const Fp8Scales>(Fp8Scales::from_amax(fp8::Format::kE4m3, top, top));
+  }
+  return run_cache_config(cfg, mc, r, ctx, std::move(transform), std::move(widths), std::move(scales));
 }
 
 std::string run_record_path(const RefereeConfig& cfg, const std::string& key) {

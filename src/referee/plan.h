@@ -91,12 +91,11 @@ CacheConfig run_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, co
                              std::shared_ptr<const PairBitTable> pair_bits = nullptr,
                              std::shared_ptr<const Fp8Scales> kv_scales = nullptr);
 
-// PN-Mix key widths of key_bits on average for every head of mc (calib/pnmix.h's timing_pair_bits: mixed widths): a
-// stand-in for calibrated widths where only the cache's shape and speed matter (the caches checked before any run,
-// kvq referee --plan's timing and the cost column).
-std::shared_ptr<const PairBitTable> probe_pair_bits(const ModelConfig& mc, double key_bits);
-// vLLM's default FP8 scale, 1.0, for every layer of mc: the stand-in for calibrated scales in the same places.
-std::shared_ptr<const Fp8Scales> probe_kv_scales(const ModelConfig& mc);
+// Run r's cache at ctx (run_cache_config) where only its shape and speed matter (the caches checked before any run,
+// kvq referee --plan's timing and the cost column), its calibrated parts replaced by stand-ins: PN-Mix's key widths by
+// mixed widths of the run's budget (calib/pnmix.h's timing_pair_bits), vLLM's FP8 scales by its default 1.0.
+CacheConfig probe_cache_config(const RefereeConfig& cfg, const ModelConfig& mc, const PlannedRun& r, int ctx,
+                               std::shared_ptr<const KvTransform> transform = nullptr);
 
 // The record at `path` when it exists, parses and holds `settings`; else nullopt, logging why when a file was there.
 // any_device: a record made on another device counts too (its "device" setting is not compared).

@@ -129,11 +129,8 @@ std::map<std::string, std::string> Referee::check_caches(const std::vector<Plann
   std::map<std::string, std::string> refused;  // run key -> why the evaluation's device cannot run it
   for (const PlannedRun& r : plan) {
     try {
-      // PN-Mix's widths come from calibration: probe with mixed widths of the run's budget
-      const auto widths = r.method.rotation_kind().key_widths ? probe_pair_bits(mc, r.method.pnmix_key_bits) : nullptr;
-      const auto scales = r.method.rotation_kind().tensor_scales ? probe_kv_scales(mc) : nullptr;
       for (int ctx : cfg_.ctx) {
-        const CacheConfig c = run_cache_config(cfg_, mc, r, ctx, nullptr, widths, scales);
+        const CacheConfig c = probe_cache_config(cfg_, mc, r, ctx);
         KvCache(c, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1).footprint(ctx, run_prompt_tokens(r, ctx));
         if (cfg_.device_check && ctx == cfg_.ctx.front()) try {
             cfg_.device_check(c, mc.head_dim);

@@ -78,9 +78,7 @@ CacheConfig Rehearsal::timing_cache(const PlannedRun& r, int ctx) const {
     t = std::make_shared<KvTransform>(kind.data_free(mc_));
   else if (kind.calibrated && !kind.key_widths && !kind.tensor_scales)
     t = std::make_shared<KvTransform>(random_rotation_transform(mc_.n_layers, mc_.n_kv_heads, mc_.head_dim, 0));
-  return run_cache_config(cfg_, mc_, r, ctx, std::move(t),
-                          kind.key_widths ? probe_pair_bits(mc_, r.method.pnmix_key_bits) : nullptr,
-                          kind.tensor_scales ? probe_kv_scales(mc_) : nullptr);
+  return probe_cache_config(cfg_, mc_, r, ctx, std::move(t));
 }
 
 const std::vector<int32_t>& Rehearsal::random_ids(int ctx) {
