@@ -5,8 +5,9 @@
 // the blocks stream from DRAM as they would in a real multi-layer cache.
 // Prints per run: block bytes read, GB/s of block bytes, ns per token (scores + accumulate, all n_q).
 // The incache/ cases time the same primitives as attention calls them (src/attention/attention.cpp) on a 4096-token
-// region that stays in cache, in pieces of 128 rows, for 64 query rows (a prefill tile: rows64) and for 1 and 2 (a
-// decode step's GQA group: rows1, rows2); they print GFLOP/s (2 flops per multiply-add, scores and accumulate).
+// region that stays in cache, in pieces of 128 rows, for 64 query rows (a prefill tile: rows64) and for 1, 2 and 4 (a
+// decode step's GQA group: rows1, rows2, and rows4 for 32 query heads over 8 kv heads, Llama 3 8B's and Qwen3-8B's);
+// they print GFLOP/s (2 flops per multiply-add, scores and accumulate).
 //   build/kvq_bench_codecs [--benchmark_filter=int2]
 #include <random>
 #include <vector>
@@ -126,7 +127,7 @@ void register_all() {
                                    BM_ScoresAccumulate, Case{sp.spec, level})
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.3);
-  for (int rows : {64, 1, 2})
+  for (int rows : {64, 1, 2, 4})
     for (const char* type : {"bf16", "f16", "int2", "int4"})
       for (L level : {L::kAvx512Vnni, L::kAvx512, L::kAvx2, L::kScalar})
         benchmark::RegisterBenchmark(("incache/rows" + std::to_string(rows) + "/" + type + "/" +
