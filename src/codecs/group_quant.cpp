@@ -8,6 +8,10 @@
 
 namespace kvq {
 
+int clip_quantile_index(float clip, int n) {
+  return clip >= 1.0f ? -1 : std::min(int(std::floor(double(clip) * n)), n - 1);
+}
+
 namespace {
 
 // The clip threshold: the (k + 1)-th smallest |x_i|, k = floor(clip · n) (clip = 1: the largest). The clips used
@@ -15,12 +19,12 @@ namespace {
 // gives the same order statistic as a selection over all n (a token's append to an int2 cache 24% faster,
 // docs/results/cpu.md); more, or a NaN, takes std::nth_element.
 float clip_threshold(const float* x, int n, float clip) {
-  if (clip >= 1.0f) {
+  const int k = clip_quantile_index(clip, n);
+  if (k < 0) {
     float m = 0.f;
     for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
     return m;
   }
-  const int k = std::min(int(std::floor(double(clip) * n)), n - 1);
   const int m = n - k;  // the threshold is the m-th largest
   constexpr int kTop = 16;
   if (m <= kTop) {

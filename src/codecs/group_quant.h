@@ -26,6 +26,10 @@ struct GroupQuant {
   int i_max;
 };
 
+// The clip's index in a group of n values' |x| sorted ascending: min(floor(clip · n), n - 1), or -1 for clip >= 1 (the
+// threshold is then the largest |x|). The CPU's threshold and the GPU's demotions (their clip_index) take it here.
+int clip_quantile_index(float clip, int n);
+
 // Quantize one group of n values; writes one code per byte into codes[0..n).
 GroupQuant quantize_group(const float* x, int n, int bits, float clip, uint8_t* codes);
 

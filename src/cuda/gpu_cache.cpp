@@ -13,6 +13,7 @@
 #include <set>
 
 #include "codecs/fp8/fp8_scales.h"
+#include "codecs/group_quant.h"
 #include "codecs/layout.h"
 #include "codecs/registry.h"
 #include "common/error.h"
@@ -31,11 +32,8 @@ namespace {
 // The traits row of a validated spec's type (gpu_instances.h has refused unknown types before any of these).
 const CodecTraits& traits(const CodecSpec& s) { return codec_traits(s.type); }
 
-// Quantile index of codecs/group_quant.cpp: min(floor(clip n), n - 1), or -1 for clip >= 1 (plain max |x|).
-int clip_index(const CodecSpec& s) {
-  if (!traits(s).grouped || s.clip >= 1.0f) return -1;
-  return std::min(int(std::floor(double(s.clip) * s.group)), s.group - 1);
-}
+// The clip's quantile index in a group (codecs/group_quant.h); -1 (plain max |x|) for codecs without groups.
+int clip_index(const CodecSpec& s) { return traits(s).grouped ? clip_quantile_index(s.clip, s.group) : -1; }
 
 // What a layer of --kv-skip-layers stores: bf16 rows for keys and values (kv/cache.h), run by the bf16 instance row.
 CacheConfig skipped_layer_config(const CacheConfig& cfg) {

@@ -176,8 +176,7 @@ std::vector<uint8_t> PnmixKeyCodec::device_table() const {
   for (size_t j = 0; j < groups_.size(); ++j) {
     const WidthGroup& g = groups_[j];
     const int n = int(g.channels.size());
-    // clip_threshold's quantile (codecs/group_quant.cpp): the (k + 1)-th smallest |x|, or the largest at clip 1
-    const int clip_index = clip_ >= 1.0f ? -1 : std::min(int(std::floor(double(clip_) * n)), n - 1);
+    const int clip_index = clip_quantile_index(clip_, n);
     t.slot[j] = {.bits = int16_t(g.bits), .n = int16_t(n), .first = int16_t(i), .clip_index = int16_t(clip_index),
                  .bit = at};
     for (int c : g.channels) {
