@@ -93,7 +93,8 @@ EvalConfig Referee::eval_config(std::vector<int> ctx, bool layers, const Planned
   ec.bootstrap = cfg_.bootstrap;
   ec.prompt_fraction = run_prompt_fraction(r);
   ec.tail_fraction = run_tail_fraction(r);
-  for (int c : ec.ctx) KVQ_CHECK(ec.prompt_at(c) == run_prompt_tokens(r, c), "internal: prompt of {} at ctx {}", r.key, c);
+  for (int c : ec.ctx)
+    KVQ_CHECK(ec.prompt_at(c) == run_prompt_tokens(r, c), "internal: prompt of {} at ctx {}", r.key, c);
   return ec;
 }
 

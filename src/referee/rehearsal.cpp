@@ -351,8 +351,9 @@ std::string referee_plan_table(const json& p) {
                        r["reason"].get<std::string>());
   const json& cal = p["calibrations"];
   if (cal["count"].get<int>() > 0)
-    s += fmt::format("calibrations before their runs (on the CPU, not in the estimate): {}, {} cached in OUT/rotations\n",
-                     cal["count"].get<int>(), cal["cached"].get<int>());
+    s += fmt::format(
+        "calibrations before their runs (on the CPU, not in the estimate): {}, {} cached in OUT/rotations\n",
+        cal["count"].get<int>(), cal["cached"].get<int>());
   s += fmt::format("timed {} distinct cache(s) in {}\n", t["caches_timed"].get<int>(),
                    referee_fmt_seconds(p["timing_s"].get<double>()));
   return s;
