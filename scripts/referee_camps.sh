@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The referee over every camp under both protocols (docs/reports/referee-camps-8k.md) on one machine with a GPU and 16 cores:
-# the rows the GPU runs (a compiled GPU instance, bf16 windows, any prompt policy: `kvq referee --plan --device cuda`
-# lists them) go to two processes with --device cuda, the others (KV4-RL's int8 windows) to CPU processes of 2 threads,
+# the rows the GPU runs (a compiled GPU instance, any prompt policy: `kvq referee --plan --device cuda` lists them) go
+# to two processes with --device cuda, any others (none of this list since KV4-RL's int8 windows run on the GPU too) to
+# CPU processes of 2 threads,
 # all writing OUT/runs/ (a file per run). A last `--report-only` pools the records of both devices; report.md names
 # the device of every run. Runs resume, so the script can be called again until every run has its record.
 #   scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]      (KVQ=path/to/kvq, default build/kvq)
@@ -9,11 +10,11 @@
 # machines, carrying OUT/runs between them. WINDOWS is --cache-windows (default 64/256; e.g. 16/64,0/0) and PROTOCOLS
 # the protocols run (default common,as-shipped). On the H200 machine 7 CPU processes at once took about 14 min a row
 # (3-15 min one at a time on this project's 2-core AMD EPYC), so docs/reports/referee-camps-8k.md ran the GPU rows there and
-# the CPU rows here; since PN-Mix runs on the GPU the CPU keeps one row (kv4rl), so CPU_PROCESSES defaults to 1.
+# the CPU rows here; since KV4-RL's int8 windows run on the GPU no row is left to the CPU: CPU_PROCESSES defaults to 0.
 set -uo pipefail
 OUT=${1:?usage: scripts/referee_camps.sh OUT [CTX] [CPU_PROCESSES]}
 CTX=${2:-8192}
-NCPU=${3:-1}
+NCPU=${3:-0}
 PART=${PART:-all}
 WINDOWS=${WINDOWS:-64/256}
 PROTOCOLS=${PROTOCOLS:-common,as-shipped}
@@ -27,11 +28,12 @@ METHODS+=",nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8
 METHODS+=",pnmix(1.5b)"
 GPU_COMMON="bf16,int2,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc"
 GPU_COMMON+=,turboquant_k8v4,nexusquant,e8_2,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0,kivi2,int2+quarot
-GPU_COMMON+=",pnmix,pnmix(1.5b)"
+GPU_COMMON+=",pnmix,pnmix(1.5b),kv4rl"
 GPU_SHIPPED="bf16,evict(int2),turboquant_2bit,turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc"
 GPU_SHIPPED+=,turboquant_k8v4,e8_2,nexusquant,oscar_int2,kitty_int2,kitty_int2_20,q4_0,q8_0/q4_0,q8_0
-# CPU rows as protocol:method, longest first (the 4K run's times), dealt to the least loaded process.
-CPU_ROWS="common:kv4rl:110"
+# CPU rows as protocol:method:seconds, longest first, dealt to the least loaded process (none: every row runs on the GPU;
+# kv4rl took 110 s on the CPU at 4K when it was the last one).
+CPU_ROWS=""
 
 mkdir -p "$OUT/logs"
 declare -a load jobs

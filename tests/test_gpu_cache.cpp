@@ -55,6 +55,11 @@ CacheConfig pnmix_config(int group, int sink, int recent, int n_layers, int n_kv
 
 CacheConfig config(const std::string& type, int group, int sink, int recent, int chunk, int d) {
   if (type == "pnmix") return pnmix_config(group, sink, recent, Twin::kLayers, Twin::kKv, chunk, d);
+  if (type == "kv4rl") {  // KV4-RL (METHODS §5.6): int4 rows with INT8 sink and recent windows
+    CacheConfig c = config("int4", group, sink, recent, chunk, d);
+    c.window = "int8";
+    return c;
+  }
   CacheConfig c;
   for (CodecSpec* s : {&c.k, &c.v}) {
     s->type = type;
@@ -109,7 +114,8 @@ double operand_budget(const std::string& type, int group, int d = kD) {
 // OScaR: keys fold the per-channel scale into q as KIVI's do, values per 32-channel group: KIVI's 2e-6.
 // The CPU's int8 path takes int2 rows whose one group is the whole row of a multiple of 128 (simd_avx512_vnni.cpp):
 // G = d = 128 here; at the other head dims the int rows take its int16 path.
-double budget(const std::string& type, int group, bool transform, int d = kD) {
+double budget(const std::string& kind, int group, bool transform, int d = kD) {
+  const std::string type = kind == "kv4rl" ? "int4" : kind;  // its int8 windows: the int path's int16 operands
   const bool kivi = type.rfind("kivi", 0) == 0 || type == "oscar_int2";
   const bool int8_operands = (type == "int2" || type == "kivi2" || type == "pnmix") && group == 128 && d == 128 &&
                              simd_int8_operands(best_simd_level());  // pnmix: its int2 values
@@ -191,6 +197,12 @@ INSTANTIATE_TEST_SUITE_P(Nexus, GpuVsCpu,
 INSTANTIATE_TEST_SUITE_P(Pnmix, GpuVsCpu,
                          ::testing::Combine(::testing::Values("pnmix"), ::testing::Values(128, 32),
                                             ::testing::ValuesIn(kWindows), ::testing::Values(0, 1)),
+                         case_name);
+// KV4-RL (int4 with INT8 windows; its CUDA-core row): the window rows are int8 rows of the values' group, the ring
+// keeps each slot's int4 body rows, and demotion copies them: every stored row byte for byte, as the CPU cache's.
+INSTANTIATE_TEST_SUITE_P(Kv4rl, GpuVsCpu,
+                         ::testing::Combine(::testing::Values("kv4rl"), ::testing::Values(128, 32),
+                                            ::testing::ValuesIn(kWindows), ::testing::Values(0, 1, 2)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(KiviG32, GpuVsCpu,
                          ::testing::Combine(::testing::Values("kivi2"), ::testing::Values(32),

@@ -34,7 +34,7 @@ bool has(const std::string& s, std::string_view what) { return s.find(what) != s
 
 TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
   const auto table = codec_table();
-  std::set<std::tuple<GpuPath, CodecId, CodecId>> seen;
+  std::set<std::tuple<GpuPath, CodecId, CodecId, CodecId>> seen;
   for (int i = 0; i < kGpuInstanceCount; ++i) {
     const GpuInstance& r = kGpuInstances[i];
     SCOPED_TRACE("row " + std::to_string(i));
@@ -87,7 +87,12 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
         EXPECT_LE(d, 128) << d;
       }
     }
-    EXPECT_TRUE(seen.insert({r.path, r.k, r.v}).second) << "duplicate row";
+    // windows: bf16, or int8 (KV4-RL) on a CUDA-core row (the kernel that reads window rows through a device codec)
+    if (r.window != CodecId::kBf16) {
+      EXPECT_EQ(r.window, CodecId::kInt8);
+      EXPECT_EQ(r.path, GpuPath::kCudaCore);
+    }
+    EXPECT_TRUE(seen.insert({r.path, r.k, r.v, r.window}).second) << "duplicate row";
   }
   // Rows come path by path in kGpuPaths' order (tensor-core, decoded-tile, CUDA-core): the predicate takes the first
   // row that fits.
@@ -112,6 +117,7 @@ TEST(GpuInstances, PredicateRunsEveryRowOfTheTableAtEachOfItsHeadDims) {
             if (!gpu_detail::takes_group(r.groups, group)) continue;
             if (slides && r.path != GpuPath::kCudaCore) continue;
             CacheConfig c = config(kt, vt, group, page, d);
+            c.window = codec_traits(r.window).name;
             if (slides) c.attn_window = {4096};
             const int got = gpu_instance(c, d);
             const bool divides = (!codec_traits(r.k).grouped || codec_traits(r.k).per_channel_keys || d % group == 0) &&
@@ -120,6 +126,7 @@ TEST(GpuInstances, PredicateRunsEveryRowOfTheTableAtEachOfItsHeadDims) {
               ASSERT_GE(got, 0) << kt << "/" << vt << " g" << group << " page " << page << " d " << d;
               EXPECT_EQ(kGpuInstances[got].k, r.k);
               EXPECT_EQ(kGpuInstances[got].v, r.v);
+              EXPECT_EQ(kGpuInstances[got].window, r.window);
               EXPECT_TRUE(gpu_row_compiled(kGpuInstances[got], d));
               EXPECT_LE(got, i) << "the first row that fits runs the cache";
               EXPECT_EQ(gpu_unsupported(c, d), "");
@@ -296,9 +303,19 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   CacheConfig f32w = config("int2", "int2", 128);
   f32w.window = "f32";
   EXPECT_TRUE(has(gpu_unsupported(f32w, kD), "window type 'f32'"));
-  CacheConfig kv4rl = config("int4", "int4", 128);  // KV4-RL's INT8 windows are CPU-only: refused, never bf16
+  CacheConfig kv4rl = config("int4", "int4", 128);  // KV4-RL's INT8 windows: its int4 row, never bf16 windows
   kv4rl.window = "int8";
-  EXPECT_TRUE(has(gpu_unsupported(kv4rl, kD), "window type 'int8' (--kv-window-type): the GPU keeps bf16"));
+  EXPECT_EQ(gpu_unsupported(kv4rl, kD), "");
+  EXPECT_EQ(kGpuInstances[gpu_instance(kv4rl, kD)].window, CodecId::kInt8);
+  CacheConfig int8w_int2 = config("int2", "int2", 128);  // int8 windows beside another body: no row
+  int8w_int2.window = "int8";
+  EXPECT_TRUE(has(gpu_unsupported(int8w_int2, kD), "keys int2/g128 with values int2/g128 and int8 windows"));
+  CacheConfig int8w_skip = kv4rl;
+  int8w_skip.skip_layers = {0};
+  EXPECT_TRUE(has(gpu_unsupported(int8w_skip, kD), "int8 windows (--kv-window-type int8) with --kv-skip-layers"));
+  CacheConfig int8w_exact = kv4rl;
+  int8w_exact.prompt_policy = PromptPolicy::kExactPrompt;
+  EXPECT_TRUE(has(gpu_unsupported(int8w_exact, kD), "with the prompt policy 'exact-prompt'"));
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "int2", 128, 12), kD), "pages of 12 tokens"));
   EXPECT_TRUE(has(gpu_unsupported(config("int2", "bf16", 64), kD), "keys int2/g64 with values bf16"));
   CacheConfig bad_clip = config("int2", "int2", 128);
@@ -390,7 +407,7 @@ TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
   EXPECT_TRUE(has(s, "k=bf16 v=bf16,")) << s;  // every head_dim: none named
   // decoded tiles by the CUDA-core pairs they leave out, then their pairs without a CUDA-core row (NexusQuant's)
   EXPECT_TRUE(has(s, "; decoded-tile (pages a multiple of 16): the CUDA-core pairs below at d 128 but k=bf16 v=bf16, "
-                     "k=nexusquant v=nexusquant (d 128), k=e8_2 v=e8_2 (d 128); "
+                     "k=int4 v=int4 windows=int8, k=nexusquant v=nexusquant (d 128), k=e8_2 v=e8_2 (d 128); "
                      "CUDA-core"))
       << s;
 }

@@ -1,8 +1,8 @@
 // Prefix caching on the GPU cache (cuda/gpu_cache.h, the same kv/prefix_cache.h and page pool as the CPU's),
 // models/ref: a prompt that continues from another prompt's cached state gives the stored rows (sinks, pages, recent
-// window) and the logits of a fresh run, bf16 and int2 with windows, its final pages shared with the cached state; the
-// scheduler prefills only past the cached prefix; a forked sequence (n > 1 choices) holds the same rows and gives the
-// same logits. Skipped where no CUDA device is available.
+// window) and the logits of a fresh run, bf16, int2 and int4 with int8 windows (KV4-RL), its final pages shared with
+// the cached state; the scheduler prefills only past the cached prefix; a forked sequence (n > 1 choices) holds the
+// same rows and gives the same logits. Skipped where no CUDA device is available.
 #ifdef KVQ_HAVE_CUDA
 
 #include <cstring>
@@ -28,9 +28,12 @@ Model& ref_model() {
 
 constexpr int kChunk = 32;
 
-CacheConfig small_cache(const std::string& type) {  // windows 4 / 8, pages of 8 (the GPU's least), chunks of 32
+// Windows 4 / 8, pages of 8 (the GPU's least), chunks of 32; kv4rl: int4 with INT8 windows (whose ring slots keep the
+// body rows too, part of a cached prefix's state).
+CacheConfig small_cache(const std::string& type) {
   CacheConfig c;
-  c.k.type = c.v.type = type;
+  c.k.type = c.v.type = type == "kv4rl" ? "int4" : type;
+  if (type == "kv4rl") c.window = "int8";
   if (type == "int2") c.k.clip = 0.96f, c.v.clip = 0.92f;
   c.sink = 4, c.recent = 8, c.page_tokens = 8, c.max_chunk = kChunk;
   return c;
@@ -62,7 +65,7 @@ TEST(PrefixCacheGpu, ASharedPrefixRunEqualsAFreshRunRowForRowAndLogitForLogit) {
   const std::vector<int32_t> a_own = token_ids(20, 2), b_own = token_ids(25, 3);
   a.insert(a.end(), a_own.begin(), a_own.end());
   b.insert(b.end(), b_own.begin(), b_own.end());
-  for (const std::string type : {"bf16", "int2"}) {
+  for (const std::string type : {"bf16", "int2", "kv4rl"}) {
     SCOPED_TRACE(type);
     const int V = ref_model().config().vocab_size;
     GpuModel fresh(ref_model(), small_cache(type), 256, 1);
@@ -121,7 +124,7 @@ TEST(PrefixCacheGpu, TheSchedulerPrefillsOnlyPastTheCachedPrefix) {
 TEST(PrefixCacheGpu, AForkedSequenceHoldsTheSameRowsAndGivesTheSameLogits) {
   if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();
   const std::vector<int32_t> prompt = token_ids(77, 7);
-  for (const std::string type : {"bf16", "int2"}) {
+  for (const std::string type : {"bf16", "int2", "kv4rl"}) {
     SCOPED_TRACE(type);
     const int V = ref_model().config().vocab_size;
     GpuModel g(ref_model(), small_cache(type), 256, 2);

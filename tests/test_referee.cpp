@@ -573,7 +573,7 @@ TEST(Referee, RefusesATooSmallCalibrationBudgetBeforeAnyRun) {
 // cache (bf16 and its as-shipped row share one, as fp8's common 0/0 and as-shipped rows do), every run records it,
 // the bytes a step reads are the rows' stored bytes (512 tokens x 2 kv heads: bf16 2 x 256 B, int2 2 x 36 B, fp8 2 x
 // 128 B a row), an eviction row has none, a probe's kvq::Error is the row's "unsupported" cost (this probe refuses
-// kv4rl's int8 windows, as the GPU's does), and report.md carries the table.
+// kv4rl's int8 windows), and report.md carries the table.
 TEST(Referee, CostColumnTimesEachRowsCacheOnceAndReportsIt) {
   Dirs d;
   RefereeConfig cfg = tiny(d);

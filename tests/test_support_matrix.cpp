@@ -173,9 +173,9 @@ TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
   EXPECT_EQ(find_row(rows, "q8_0", "k,v", 96, 0)->cuda, "CUDA-core");
 }
 
-// KV4-RL's preset: int4 keys and values (68 + 68 bytes at d = 128), INT8 windows, no transform, not on the GPU (the GPU
-// keeps bf16 windows and refuses int8 ones, though it runs int4 / int4).
-TEST(SupportMatrix, Kv4rlPresetRowNamesItsInt8WindowsAndNoGpu) {
+// KV4-RL's preset: int4 keys and values (68 + 68 bytes at d = 128), INT8 windows, no transform, on the GPU's CUDA-core
+// row that names int8 windows (the decoded-tile int4 row keeps bf16 ones).
+TEST(SupportMatrix, Kv4rlPresetRowNamesItsInt8WindowsAndItsGpuRow) {
   const std::vector<PresetRow> presets = preset_matrix({128});
   const auto it = std::find_if(presets.begin(), presets.end(), [](const PresetRow& p) { return p.preset == "kv4rl"; });
   ASSERT_NE(it, presets.end());
@@ -186,7 +186,7 @@ TEST(SupportMatrix, Kv4rlPresetRowNamesItsInt8WindowsAndNoGpu) {
   EXPECT_DOUBLE_EQ(it->bytes_per_token, 136.0);
   EXPECT_DOUBLE_EQ(it->bits, 4.25);
   EXPECT_EQ(it->transform, "none");
-  EXPECT_EQ(it->cuda, "");
+  EXPECT_EQ(it->cuda, "CUDA-core");
   EXPECT_NE(format_preset_matrix(presets).find("kv4rl                int4     int4   int8"), std::string::npos)
       << format_preset_matrix(presets);
 }

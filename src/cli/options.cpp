@@ -169,7 +169,7 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-window-type", o.window_type,
                   "codec of the sink and recent windows: bf16 (default) or int8 (8-bit codes per token, fp16 "
-                  "scale/zero per --kv-group values; KV4-RL; CPU only)");
+                  "scale/zero per --kv-group values; KV4-RL; on the GPU with int4 keys and values)");
   cmd->add_option("--kv-page", o.page, "tokens per cache page")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-demote-block", o.demote_block,
                   "tokens that leave the recent window together and are quantized at once: a positive multiple of "

@@ -197,12 +197,12 @@ std::string support_markdown() {
   out += "\n## The GPU's compiled instances\n\n"
          "The key / value pairs the CUDA backend runs (the first row that fits a cache runs it; a layer of "
          "`--kv-skip-layers` runs the bf16 row); any other pair is refused before any work, with a line naming it.\n\n"
-         "| path | keys | values | groups | pages a multiple of | head_dim | GQA kernels |\n"
-         "|---|---|---|---|---|---|---|\n";
+         "| path | keys | values | windows | groups | pages a multiple of | head_dim | GQA kernels |\n"
+         "|---|---|---|---|---|---|---|---|\n";
   for (const cuda::GpuInstance& r : cuda::kGpuInstances)
-    out += fmt::format("| {} | `{}` | `{}` | {} | {} | {} | {} |\n", cuda::gpu_path_name(r.path),
+    out += fmt::format("| {} | `{}` | `{}` | {} | {} | {} | {} | {} |\n", cuda::gpu_path_name(r.path),
                        cuda::gpu_detail::side_text(r.k, true, cuda::kAnyGroup),
-                       cuda::gpu_detail::side_text(r.v, false, cuda::kAnyGroup),
+                       cuda::gpu_detail::side_text(r.v, false, cuda::kAnyGroup), codec_traits(r.window).name,
                        codec_traits(r.k).grouped || codec_traits(r.v).grouped ? cuda::gpu_detail::groups_text(r.groups)
                                                                                : "-",
                        r.page_multiple, cuda::gpu_detail::head_dims_text(r.head_dims),
@@ -210,7 +210,8 @@ std::string support_markdown() {
                            ? fmt::format("g = 1, 2, 4 and any g <= 8 at {}, any g <= 8 at the others",
                                          cuda::kEveryGqaHeadDim)
                            : "any g <= 8");
-  out += "\nAll of them with BF16 sink and recent windows; a quantized per-token side's group divides head_dim. int2 "
+  out += "\nWindows: the sink and recent rows, bf16 but for KV4-RL's int8 row (its ring keeps each recent token's int4 "
+         "rows too); a quantized per-token side's group divides head_dim. int2 "
          "takes tensor cores at head_dim 128 (one 128-value group a row), CUDA cores at the others. At head_dim 128 "
          "the other formats run on decoded tiles: each warp decodes a tile of 16 positions to f16 in shared memory and "
          "runs the tensor-core tile code on it (pages of a multiple of 16; sliding windows and pages of 8 take the "

@@ -16,14 +16,14 @@ namespace cuda_core_detail {
 
 using dev::warp_max, dev::warp_sum;
 
-// K, V: the device codecs of the quantized region's keys and values of D values a row (the windows are WindowRows<D>).
+// K, V: the device codecs of the quantized region's keys and values of D values a row; W: the window rows' (bf16, or
+// int8 for KV4-RL: RowWindows).
 // GQ: register arrays for GQ query heads; instances GQ = 1, 2, 4 (g == GQ, a compile-time constant) and
 // GQ = kMaxGroupHeads (any g <= 8 at run time). Lane l takes the value channels 4 (l + 32 k), k < kVecs, that exist.
-template <class K, class V, int D, int GQ>
+template <class K, class V, class W, int D, int GQ>
 __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeometry geo, AttentionLaunch a) {
   constexpr int kVecs = (D / 4 + 31) / 32;  // 4-channel value chunks per lane
   constexpr bool kFull = D % 128 == 0;      // every lane holds kVecs chunks
-  using W = WindowRows<D>;
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = GQ < kMaxGroupHeads ? GQ : a.n_heads / geo.n_kv;
@@ -62,9 +62,9 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
 #pragma unroll
     for (int h = 0; h < GQ; ++h) s[h] = 0.f;
     if (valid) {
-      const dev::RowRef kr = dev::view_row<D>(geo, rd.seq, a.layer, 0, head, p, qe);
+      const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
       if (!kr.quant) {
-        W::template score<GQ>(kr.ptr, 0, D, qs, qsum, g, s);
+        W::template score<GQ>(kr.ptr, 0, geo.window_group, qs, qsum, g, s);
       } else if constexpr (dev::ReadsTable<K>) {
         K::template score<GQ>(kr.ptr, dev::key_table<K>(geo, head), qs, g, s);
       } else {
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
     const int n_valid = min(32, end - tile);
 #pragma unroll 8
     for (int j = 0; j < n_valid; ++j) {
-      const dev::RowRef vr = dev::view_row<D>(geo, rd.seq, a.layer, 1, head, tile + j, qe);
+      const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, tile + j, qe);
       float v4[4 * kVecs];
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) {
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
             for (int i = 0; i < 4; ++i) v4[4 * k + i] *= geo.v_scale;
           }
         } else {
-          W::values4(vr.ptr, 0, D, 4 * (lane + 32 * k), v4 + 4 * k);
+          W::values4(vr.ptr, 0, geo.window_group, 4 * (lane + 32 * k), v4 + 4 * k);
         }
       }
 #pragma unroll
@@ -142,18 +142,18 @@ __global__ void __launch_bounds__(kCudaCoreWarps * 32) attention_kernel(CacheGeo
   dev::write_block_partial<kCudaCoreWarps, D>(w_m, w_l, w_acc, g, part, a);
 }
 
-// The CUDA-core kernel instance of codecs K, V at head dim D for a GQA group of gq query heads (kEvery: the row's
-// per-g instances are compiled at this D, gpu_every_gqa).
-template <class K, class V, int D, bool kEvery>
+// The CUDA-core kernel instance of codecs K, V (windows W) at head dim D for a GQA group of gq query heads (kEvery: the
+// row's per-g instances are compiled at this D, gpu_every_gqa).
+template <class K, class V, class W, int D, bool kEvery>
 CudaCoreKernel gqa_instance(int gq) {
   if constexpr (!kEvery) {
-    return attention_kernel<K, V, D, kMaxGroupHeads>;
+    return attention_kernel<K, V, W, D, kMaxGroupHeads>;
   } else {
     switch (gq) {
-      case 1: return attention_kernel<K, V, D, 1>;
-      case 2: return attention_kernel<K, V, D, 2>;
-      case 4: return attention_kernel<K, V, D, 4>;
-      default: return attention_kernel<K, V, D, kMaxGroupHeads>;
+      case 1: return attention_kernel<K, V, W, D, 1>;
+      case 2: return attention_kernel<K, V, W, D, 2>;
+      case 4: return attention_kernel<K, V, W, D, 4>;
+      default: return attention_kernel<K, V, W, D, kMaxGroupHeads>;
     }
   }
 }
@@ -167,7 +167,8 @@ CudaCoreKernel cuda_core_kernel_in_shard(const CacheGeometry& geo, int gq) {
     constexpr int I = decltype(row)::value, D = decltype(dim)::value;
     constexpr GpuInstance r = kGpuInstances[I];
     if constexpr (r.path == GpuPath::kCudaCore && cuda_core_shard(I, D) == S)
-      k = cuda_core_detail::gqa_instance<RowKeys<I, D>, RowValues<I, D>, D, gpu_every_gqa(r, D)>(gq);
+      k = cuda_core_detail::gqa_instance<RowKeys<I, D>, RowValues<I, D>, RowWindows<I, D>, D, gpu_every_gqa(r, D)>(
+          gq);
   });
   return k;
 }

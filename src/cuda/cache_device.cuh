@@ -18,20 +18,24 @@ namespace kvq::cuda::dev {
 // --- The decode-faithful view of a query at position t: cuda::quant_end (gpu_kernels.h), block_tokens B. D: the head
 // dim g.head_dim, a template parameter of every kernel (the instance of gpu_instances.h that with_instance chose).
 
-// The windows of slot seq, in the pool's pages: sink rows, then the ring (gpu_kernels.h).
-__device__ __forceinline__ uint16_t* windows_of(const CacheGeometry& g, int seq) {
-  return reinterpret_cast<uint16_t*>(g.pool) + g.window_base[seq];
+// The windows of slot seq, in the pool's pages: sink rows, then the ring, rows of g.window_row bytes (bf16 rows of D
+// values, or int8 IntRows; gpu_kernels.h), then with int8 windows the ring slots' body rows.
+__device__ __forceinline__ uint8_t* windows_of(const CacheGeometry& g, int seq) { return g.pool + g.window_base[seq]; }
+__device__ __forceinline__ uint8_t* sink_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
+  return windows_of(g, seq) + (((int64_t(layer) * 2 + kv) * g.n_kv + head) * g.sink + pos) * g.window_row;
 }
-template <int D>
-__device__ __forceinline__ const uint16_t* sink_row(const CacheGeometry& g, int seq, int layer, int kv, int head,
-                                                    int pos) {
-  return windows_of(g, seq) + (((int64_t(layer) * 2 + kv) * g.n_kv + head) * g.sink + pos) * D;
+__device__ __forceinline__ uint8_t* ring_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
+  const int64_t sinks = int64_t(g.n_layers) * 2 * g.n_kv * g.sink;
+  return windows_of(g, seq) +
+         (sinks + ((int64_t(layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens + pos % g.ring_tokens) * g.window_row;
 }
-template <int D>
-__device__ __forceinline__ uint16_t* ring_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos) {
-  const int64_t sinks = int64_t(g.n_layers) * 2 * g.n_kv * g.sink * D;
-  return windows_of(g, seq) + sinks + (((int64_t(layer) * 2 + kv) * g.n_kv + head) * g.ring_tokens +
-                                       pos % g.ring_tokens) * D;
+// int8 windows (g.ring_body > 0): the body row of (layer, K / V, head) of position pos that its ring slot keeps, at the
+// row's place in a page of one token (KvCache::ring_body_row's arithmetic).
+__device__ __forceinline__ uint8_t* ring_body_row(const CacheGeometry& g, int seq, int layer, int kv, int head,
+                                                  int pos) {
+  const int64_t window_rows = int64_t(g.n_layers) * 2 * g.n_kv * (g.sink + g.ring_tokens);
+  const int64_t in_slot = (g.layer_offset + head * g.head_bytes + (kv ? g.k_region : 0)) / g.page_tokens;
+  return windows_of(g, seq) + window_rows * g.window_row + int64_t(pos % g.ring_tokens) * g.ring_body + in_slot;
 }
 // The (layer, head) part of pool page `page`: { K blocks | V rows }; g is the geometry of `layer` (its layer_offset).
 __device__ __forceinline__ uint8_t* page_head_at(const CacheGeometry& g, int page, int layer, int head) {
@@ -65,23 +69,22 @@ __device__ __forceinline__ float* token_scales(const CacheGeometry& g, int seq, 
          q % g.page_tokens;
 }
 
-// Where row `pos` of the view of a query at t lives: a bf16 row (sink / recent), a codec row (quantized), or for
-// KIVI keys in the quantized region the key block and the row within it.
+// Where row `pos` of the view of a query at t lives: a window row (sink / recent: bf16, or int8 for KV4-RL), a codec
+// row (quantized), or for KIVI keys in the quantized region the key block and the row within it.
 struct RowRef {
-  const void* ptr;  // bf16 row, codec row, or layout::KiviKeyBlock
+  const void* ptr;  // window row, codec row, or layout::KiviKeyBlock
   bool quant;       // in the quantized region
   int block_row;    // KIVI keys: the token's row in the block (0 .. G - 1); 0 otherwise
 };
-template <int D>
 __device__ __forceinline__ RowRef view_row(const CacheGeometry& g, int seq, int layer, int kv, int head, int pos,
                                            int qe) {
-  if (pos < g.sink) return {sink_row<D>(g, seq, layer, kv, head, pos), false, 0};
+  if (pos < g.sink) return {sink_row(g, seq, layer, kv, head, pos), false, 0};
   if (pos < qe) {
     if (kv == 0 && kivi_keys(g))
       return {kivi_block(g, seq, layer, head, pos), true, (pos - g.sink) % g.k_block_tokens};
     return {page_row(g, seq, layer, kv, head, pos), true, 0};
   }
-  return {ring_row<D>(g, seq, layer, kv, head, pos), false, 0};
+  return {ring_row(g, seq, layer, kv, head, pos), false, 0};
 }
 
 // Shared memory of the warp that demotes one row of D values (kv_append.cu, the codecs' encode_row): the row as

@@ -2,6 +2,7 @@
 // turns a table row into the codec types its kernels are templated on.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "codecs/fp8/codec_fp8.cuh"
@@ -42,9 +43,12 @@ template <int I, int D>
 using RowKeys = typename dev::DeviceCodecOf<kGpuInstances[I].k>::template type<D>;
 template <int I, int D>
 using RowValues = typename ValueRowsOf<dev::DeviceCodecOf<kGpuInstances[I].v>, D>::type;
-// The window rows (sink and recent) of every cache.
-template <int D>
-using WindowRows = dev::Bf16Rows<D>;
+// The window rows (sink and recent) of instance row I at head dim D: bf16 rows, or the int8 rows of a row that names
+// int8 windows (KV4-RL), read at CacheGeometry::window_group.
+template <int I, int D>
+using RowWindows =
+    std::conditional_t<kGpuInstances[I].window == CodecId::kInt8, dev::IntRows<8, D>, dev::Bf16Rows<D>>;
+static_assert(std::is_same_v<RowWindows<0, 128>, dev::Bf16Rows<128>>, "windows are bf16 unless a row says int8");
 
 template <int I>
 constexpr bool row_is_valid() {

@@ -685,8 +685,8 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       auto rows = [&](int kv) {
         return [&, kv](int r) -> const uint16_t* {
           const int i = i0 + r;
-          return i < ns ? dev::sink_row<D>(geo, rd.seq, a.layer, kv, head, i)
-                        : dev::ring_row<D>(geo, rd.seq, a.layer, kv, head, rb + i - ns);
+          return reinterpret_cast<const uint16_t*>(i < ns ? dev::sink_row(geo, rd.seq, a.layer, kv, head, i)
+                                                          : dev::ring_row(geo, rd.seq, a.layer, kv, head, rb + i - ns));
         };
       };
       if (n - i0 >= kTile) attend_tile(std::false_type{}, kTile, TileWords{}, rows(0), rows(1));

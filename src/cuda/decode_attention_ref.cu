@@ -20,10 +20,9 @@ constexpr int pow2_ceil(int d) {
   return p;
 }
 
-template <class K, class V, int D>
+template <class K, class V, class W, int D>
 __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
   constexpr int kTree = pow2_ceil(D);  // the reduction's width; red[.][D, kTree) stays zero
-  using W = WindowRows<D>;
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z, c = threadIdx.x;
   const int g = a.n_heads / geo.n_kv;
   const RowDesc rd = a.rows[row];
@@ -41,14 +40,14 @@ __global__ void attention_ref_kernel(CacheGeometry geo, AttentionLaunch a) {
     m[h] = -INFINITY, l[h] = 0.f, acc[h] = 0.f;
   }
   for (int p = begin; p < end; ++p) {
-    const dev::RowRef kr = dev::view_row<D>(geo, rd.seq, a.layer, 0, head, p, qe);
-    const dev::RowRef vr = dev::view_row<D>(geo, rd.seq, a.layer, 1, head, p, qe);
-    // bf16 window row, or the key codec's row / KIVI key block; the value codec's row
+    const dev::RowRef kr = dev::view_row(geo, rd.seq, a.layer, 0, head, p, qe);
+    const dev::RowRef vr = dev::view_row(geo, rd.seq, a.layer, 1, head, p, qe);
+    // a window row (bf16, or int8), or the key codec's row / KIVI key block; the value codec's row
     float kc;
-    if (!kr.quant) kc = W::value(kr.ptr, 0, D, c);
+    if (!kr.quant) kc = W::value(kr.ptr, 0, geo.window_group, c);
     else if constexpr (dev::ReadsTable<K>) kc = K::value(kr.ptr, dev::key_table<K>(geo, head), c);
     else kc = K::value(kr.ptr, kr.block_row, geo.k_group, c);
-    float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : W::value(vr.ptr, 0, D, c);
+    float vc = vr.quant ? V::value(vr.ptr, 0, geo.v_group, c) : W::value(vr.ptr, 0, geo.window_group, c);
     if constexpr (dev::tensor_scaled<K>()) {  // vLLM's FP8: the host's decode fp8⁻¹(code) · s
       if (kr.quant) kc *= geo.k_scale;
     }
@@ -99,7 +98,7 @@ int launch_attention_ref(const CacheGeometry& g, const AttentionLaunch& a, void*
   int e = cudaErrorInvalidValue;  // no instance row: refused on the host (gpu_instances.h)
   with_instance(g.instance, g.head_dim, [&](auto row, auto dim) {
     constexpr int I = decltype(row)::value, D = decltype(dim)::value;
-    attention_ref_kernel<RowKeys<I, D>, RowValues<I, D>, D>
+    attention_ref_kernel<RowKeys<I, D>, RowValues<I, D>, RowWindows<I, D>, D>
         <<<dim3(unsigned(a.n_rows), unsigned(g.n_kv), unsigned(a.n_splits)), D, 0, static_cast<cudaStream_t>(stream)>>>(
             g, a);
     e = cudaGetLastError();

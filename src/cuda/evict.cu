@@ -28,7 +28,7 @@ constexpr int kScoreThreads = 256, kScoreWarps = kScoreThreads / 32;
 template <int D>
 __device__ __forceinline__ const uint16_t* evict_row(const CacheGeometry& g, int seq, int layer, int kv, int head,
                                                      int pos, int qe) {
-  return static_cast<const uint16_t*>(dev::view_row<D>(g, seq, layer, kv, head, pos, qe).ptr);
+  return static_cast<const uint16_t*>(dev::view_row(g, seq, layer, kv, head, pos, qe).ptr);
 }
 
 // x reduced over the block with op (every thread gets the result); sh: kScoreWarps doubles of shared memory.

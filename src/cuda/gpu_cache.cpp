@@ -139,6 +139,13 @@ CacheGeometry geometry(const CacheLayout& l, const CacheConfig& cache_cfg, int m
   // vLLM's per-tensor FP8 scales (--kv-scales; 1 without: its default, and for every codec that takes none)
   g.k_scale = cfg.kv_scales ? cfg.kv_scales->k_scale.at(size_t(layer)) : 1.f;
   g.v_scale = cfg.kv_scales ? cfg.kv_scales->v_scale.at(size_t(layer)) : 1.f;
+  // The windows, the same for every layer: bf16 rows, or int8 rows (KV4-RL: window_spec, the values' group) with the
+  // ring slots' body rows after them
+  g.window_row = int(l.window_row);
+  g.ring_body = int(l.ring_body);
+  const CodecSpec window = window_spec(cache_cfg, l.head_dim);
+  g.window_group = traits(window).grouped ? window.group : l.head_dim;
+  g.window_clip_index = clip_index(window);
   return g;
 }
 
@@ -232,17 +239,22 @@ struct GpuKvCache::Impl {
   int view_quant_end(int seq, int t) const {
     return frozen_end.empty() ? quant_end(t) : std::min(quant_end(t), frozen_end[size_t(seq)]);
   }
-  // Slot seq's windows in the pool (sinks [n_layers][2][n_kv][S0] rows, then the ring), bf16 rows of d values.
+  // Slot seq's windows in the pool (sinks [n_layers][2][n_kv][S0] rows, then the ring, rows of layout.window_row
+  // bytes; with int8 windows then the ring slots' body rows: kv/cache_layout.h).
   uint8_t* windows(int seq) const { return pages.as<uint8_t>() + pool->window_offset(seq); }
   uint8_t* ring(int seq) const { return windows(seq) + layout.sink_bytes(); }
-  // The block tables and the windows' offsets (in bf16 values) to the device.
+  // int8 windows: the body rows of ring slot 0 ([ring_tokens][ring_body] bytes).
+  uint8_t* ring_body(int seq) const {
+    return ring(seq) + int64_t(n_layers) * 2 * n_kv * layout.ring_tokens * layout.window_row;
+  }
+  // The block tables and the windows' offsets (bytes) to the device.
   void upload_tables() {
     check(cudaMemcpyAsync(page_table_dev.get(), pool->table().data(), pool->table().size() * sizeof(int),
                           cudaMemcpyHostToDevice, stream),
           "page table upload");
     window_base_host.resize(size_t(pool->n_slots()));
     for (int s = 0; s < pool->n_slots(); ++s)
-      window_base_host[size_t(s)] = pool->live(s) ? pool->window_offset(s) / 2 : -1;
+      window_base_host[size_t(s)] = pool->live(s) ? pool->window_offset(s) : -1;
     check(cudaMemcpyAsync(window_base_dev.get(), window_base_host.data(), window_base_host.size() * sizeof(int64_t),
                           cudaMemcpyHostToDevice, stream),
           "window table upload");
@@ -581,9 +593,9 @@ void GpuKvCache::fork_sequence(int src, int dst) {
 }
 
 namespace {
-// The recent rows [r0, len) of every (layer, K / V, kv head) of one sequence's ring ([rows][ring_tokens][d] bf16, row:
-// 2 d bytes) to or from host rows [rows][len - r0][d]: one strided copy per contiguous run of ring slots (two when
-// they wrap).
+// The recent rows [r0, len) of every (layer, K / V, kv head) of one sequence's ring ([rows][ring_tokens] rows of `row`
+// bytes) to or from host rows [rows][len - r0]: one strided copy per contiguous run of ring slots (two when they
+// wrap). The ring slots' body rows of int8 windows ([ring_tokens] of `row` bytes) are the case rows = 1.
 void copy_ring_rows(uint8_t* ring_slot, uint8_t* host, size_t slot_rows, size_t row, int ring_tokens, int r0, int len,
                     bool to_host, cudaStream_t stream) {
   for (int p = r0; p < len;) {
@@ -629,8 +641,9 @@ PrefixCacheStats GpuKvCache::prefix_stats() const {
   return impl_->prefix ? impl_->prefix->stats() : PrefixCacheStats{};
 }
 
-// The entry's state, as on the CPU (kv/cache.cpp) with bf16 windows: the slot's sinks | the partly filled last page
-// (when there is one) | the recent rows [r0, len) of every (layer, K / V, kv head).
+// The entry's state, as on the CPU (kv/cache.cpp): the slot's sinks | the partly filled last page (when there is one) |
+// the recent rows [r0, len) of every (layer, K / V, kv head) | with int8 windows, their body rows
+// [len - r0][ring_body].
 void GpuKvCache::prefix_store(int seq, const int32_t* ids, int len) {
   Impl& m = *impl_;
   if (!m.prefix) return;
@@ -644,9 +657,10 @@ void GpuKvCache::prefix_store(int seq, const int32_t* ids, int len) {
   const int S0 = m.cfg.sink, P = m.cfg.page_tokens, q = std::max(S0, m.quant_end(len - 1)), r0 = len > S0 ? q : len;
   const int full = (q - S0) / P;
   const bool partial = (q - S0) % P != 0;
-  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = layout::bf16_row_bytes(m.d);
+  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = size_t(m.layout.window_row);
   const size_t sink = slot_rows * size_t(S0) * row, page = size_t(m.layout.page_bytes);
-  std::vector<uint8_t> state(sink + (partial ? page : 0) + slot_rows * size_t(len - r0) * row);
+  const size_t body = size_t(m.layout.ring_body);
+  std::vector<uint8_t> state(sink + (partial ? page : 0) + size_t(len - r0) * (slot_rows * row + body));
   uint8_t* out = state.data();
   if (sink > 0)
     check(cudaMemcpyAsync(out, m.windows(seq), sink, cudaMemcpyDeviceToHost, m.stream), "GPU KV cache: prefix sinks");
@@ -658,6 +672,8 @@ void GpuKvCache::prefix_store(int seq, const int32_t* ids, int len) {
     out += page;
   }
   copy_ring_rows(m.ring(seq), out, slot_rows, row, m.layout.ring_tokens, r0, len, true, m.stream);
+  out += slot_rows * size_t(len - r0) * row;
+  if (body > 0) copy_ring_rows(m.ring_body(seq), out, 1, body, m.layout.ring_tokens, r0, len, true, m.stream);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: prefix store");
   std::vector<int> pages(static_cast<size_t>(full));
   for (int i = 0; i < full; ++i) pages[size_t(i)] = m.pool->page(seq, i);
@@ -676,8 +692,9 @@ void GpuKvCache::prefix_attach(int seq, const int32_t* ids, int len) {
   for (int p : pages) m.pool->share(seq, p);
   const int S0 = m.cfg.sink, P = m.cfg.page_tokens, q = std::max(S0, m.quant_end(len - 1)), r0 = len > S0 ? q : len;
   const bool partial = (q - S0) % P != 0;
-  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = layout::bf16_row_bytes(m.d);
+  const size_t slot_rows = size_t(m.n_layers) * 2 * m.n_kv, row = size_t(m.layout.window_row);
   const size_t sink = slot_rows * size_t(S0) * row, page = size_t(m.layout.page_bytes);
+  const size_t body = size_t(m.layout.ring_body);
   const uint8_t* in = state.data();
   if (sink > 0)
     check(cudaMemcpyAsync(m.windows(seq), in, sink, cudaMemcpyHostToDevice, m.stream), "GPU KV cache: prefix sinks");
@@ -690,6 +707,10 @@ void GpuKvCache::prefix_attach(int seq, const int32_t* ids, int len) {
   }
   copy_ring_rows(m.ring(seq), const_cast<uint8_t*>(in), slot_rows, row, m.layout.ring_tokens, r0, len, false,
                  m.stream);
+  in += slot_rows * size_t(len - r0) * row;
+  if (body > 0)
+    copy_ring_rows(m.ring_body(seq), const_cast<uint8_t*>(in), 1, body, m.layout.ring_tokens, r0, len, false,
+                   m.stream);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: prefix attach");  // `state` goes away here
   m.pool->set_length(seq, len);
   m.table_dirty = true;
@@ -1012,7 +1033,7 @@ size_t GpuKvCache::bytes_allocated() const {
 size_t GpuKvCache::step_bytes_read(int layer) const {
   const Impl& m = *impl_;
   const CacheGeometry& g = m.geo.at(size_t(layer));
-  const size_t bf16_row = layout::bf16_row_bytes(m.d);
+  const size_t window_row = size_t(g.window_row);
   size_t bytes = 0;
   for (int r = 0; r < m.n_rows; ++r) {
     const int t = m.rows_host[size_t(r)].pos;
@@ -1022,7 +1043,7 @@ size_t GpuKvCache::step_bytes_read(int layer) const {
     // n_quant is a multiple of B, so of the K block's tokens; token-scaled keys read ν of every position too.
     const size_t quant = size_t(n_quant / g.k_block_tokens) * g.k_block + size_t(n_quant) * g.v_row +
                          (g.scale_region > 0 ? size_t(n_quant) * sizeof(float) : 0);
-    bytes += size_t(m.n_kv) * (2 * bf16_row * size_t(n_sink + n_recent) + quant);
+    bytes += size_t(m.n_kv) * (2 * window_row * size_t(n_sink + n_recent) + quant);
   }
   return bytes;
 }
@@ -1061,7 +1082,7 @@ std::vector<uint8_t> GpuKvCache::download_rows(int seq, int layer, int kv_head, 
             layer, kv_head, pos0, pos0 + n, len);
   check(cudaStreamSynchronize(m.stream), "GPU KV cache: download_rows");
   const int kv = values ? 1 : 0, qe = m.view_quant_end(seq, len - 1);
-  const size_t wrow = size_t(m.d) * 2;
+  const size_t wrow = size_t(g.window_row);
   const size_t win_base = (size_t(layer) * 2 + kv) * g.n_kv + kv_head;  // the (layer, K / V, head) of a window
   const bool kivi = kv == 0 && kivi_keys(g);
   std::vector<uint8_t> out;

@@ -79,14 +79,18 @@ struct GpuInstance {
   GpuPath path;
   CodecId k;           // key blocks: per-token rows, or per-channel key blocks of a per_channel_keys codec
   CodecId v;           // value rows (per token)
+  CodecId window = CodecId::kBf16;  // sink / recent window rows: bf16, or int8 (KV4-RL, METHODS §5.6: per-token int8
+                                    // rows at the values' group, plain min/max; the ring keeps each slot's body rows
+                                    // too, kv/cache_layout.h, and demotion copies them). CUDA-core rows only.
   uint8_t groups;      // GpuGroups every quantized side takes (a bf16 side has no groups)
   int page_multiple;   // page_tokens must be a multiple of this
   GpuGqa gqa;          // CUDA-core rows: which GQA instances are compiled (tensor-core rows: kGeneric)
   uint8_t head_dims;   // GpuHeadDims: the d this row is compiled for (a quantized per-token side also needs G | d)
 };
 
-// The compiled instances (bf16 sink / recent windows): the combinations the GPU tests run (tests/test_gpu_cache.cpp,
-// test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core bf16 row for pages that tensor-core
+// The compiled instances (bf16 sink / recent windows unless a row names int8 ones): the combinations the GPU tests run
+// (tests/test_gpu_cache.cpp, test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core bf16 row
+// for pages that tensor-core
 // tiles do not fit. Three paths, in this order (the first row that fits a cache runs it):
 //   tensor-core   int2 rows of one 128-value group and bf16 rows, fed to mma.sync from their codes or rows, and the
 //                 prefill kernel
@@ -267,6 +271,9 @@ inline constexpr GpuInstance kGpuInstances[] = {
   // int2 values the referee's pnmix rows store
   {.path = kCudaCore,   .k = kPnmix,     .v = kInt2,      .groups = kAnyGroup, .page_multiple = 8,  .gqa = kGeneric,
    .head_dims = kUpTo128},
+  // KV4-RL (the referee's kv4rl, --kv-cache-dtype kv4rl): int4 rows with INT8 sink and recent windows
+  {.path = kCudaCore,   .k = kInt4,      .v = kInt4,      .window = kInt8, .groups = kAnyGroup, .page_multiple = 8,
+   .gqa = kGeneric, .head_dims = kAllDims},
 };
 }  // namespace instance_table
 using instance_table::kGpuInstances;
@@ -393,18 +400,25 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
   if (!(compiled_head_dims() & head_dim_bit(head_dim))) {
     w = "head_dim " + std::to_string(head_dim) + ": the GPU kernels take head_dim " +
         head_dims_text(compiled_head_dims());
-  } else if (cfg.window != "bf16") {
-    w = "window type '" + cfg.window + "' (--kv-window-type): the GPU keeps bf16 windows (int8 windows, KV4-RL, run "
-        "on the CPU)";
+  } else if (cfg.window != "bf16" && cfg.window != "int8") {
+    w = "window type '" + cfg.window + "' (--kv-window-type): the GPU keeps bf16 or int8 windows";
+  } else if (cfg.window == "int8" && !cfg.skip_layers.empty()) {
+    w = "int8 windows (--kv-window-type int8) with --kv-skip-layers: not on the GPU (the CPU runs them: --device cpu)";
+  } else if (cfg.window == "int8" && cfg.prompt_policy != PromptPolicy::kDecodeFaithful) {
+    w = "int8 windows (--kv-window-type int8) with the prompt policy '" +
+        std::string(prompt_policy_name(cfg.prompt_policy)) +
+        "': the GPU runs them decode-faithful only (the CPU runs the rest: --device cpu)";
   } else if (stored_codec(cfg.k, true, &k, &w) && stored_codec(cfg.v, false, &v, &w)) {
     // sliding-window attention (Mistral) runs on the CUDA-core rows, whose splits start at the window's first position
     const bool slides = std::any_of(cfg.attn_window.begin(), cfg.attn_window.end(), [](int x) { return x > 0; });
+    const CodecId win = cfg.window == "int8" ? CodecId::kInt8 : CodecId::kBf16;
     for (int i = 0; i < kGpuInstanceCount && found < 0; ++i)
-      if (!(slides && kGpuInstances[i].path != GpuPath::kCudaCore) &&
+      if (!(slides && kGpuInstances[i].path != GpuPath::kCudaCore) && kGpuInstances[i].window == win &&
           row_fits(kGpuInstances[i], k, cfg.k.group, v, cfg.v.group, cfg.page_tokens, head_dim))
         found = i;
     if (found < 0)
-      w = "keys " + spec_text(cfg.k) + " with values " + spec_text(cfg.v) + " on pages of " +
+      w = "keys " + spec_text(cfg.k) + " with values " + spec_text(cfg.v) +
+          (win == CodecId::kInt8 ? " and int8 windows" : "") + " on pages of " +
           std::to_string(cfg.page_tokens) + " tokens at head_dim " + std::to_string(head_dim) +
           (slides ? " with a sliding window (CUDA-core instances only)" : "") + ": no compiled GPU instance";
   }
@@ -422,13 +436,16 @@ inline int select(const CacheConfig& cfg, int head_dim, std::string* why) {
 // than its path's.
 inline std::string gpu_instances_text() {
   constexpr uint8_t all = gpu_detail::compiled_head_dims();
-  std::string out = "the GPU runs head_dim " + gpu_detail::head_dims_text(all) + ", bf16 windows and keys / values";
+  std::string out = "the GPU runs head_dim " + gpu_detail::head_dims_text(all) +
+                    ", bf16 windows (int8 where a row names them) and keys / values";
   const auto pair_text = [](const GpuInstance& r) {
-    return "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups);
+    return "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups) +
+           (r.window == CodecId::kBf16 ? "" : " windows=" + std::string(codec_traits(r.window).name));
   };
-  const auto has_row = [](GpuPath p, CodecId k, CodecId v) {
-    return std::any_of(std::begin(kGpuInstances), std::end(kGpuInstances),
-                       [&](const GpuInstance& r) { return r.path == p && r.k == k && r.v == v; });
+  const auto has_row = [](GpuPath p, const GpuInstance& of) {  // a row of path p for of's pair and windows
+    return std::any_of(std::begin(kGpuInstances), std::end(kGpuInstances), [&](const GpuInstance& r) {
+      return r.path == p && r.k == of.k && r.v == of.v && r.window == of.window;
+    });
   };
   for (GpuPath p : kGpuPaths) {
     int page = 0;  // the path's page multiple: the least of its rows'
@@ -441,12 +458,12 @@ inline std::string gpu_instances_text() {
       // they leave out (the pair's own page multiple applies)
       std::string but;
       for (const GpuInstance& r : kGpuInstances)
-        if (r.path == GpuPath::kCudaCore && (r.head_dims & dims) == dims && !has_row(p, r.k, r.v))
+        if (r.path == GpuPath::kCudaCore && (r.head_dims & dims) == dims && !has_row(p, r))
           but += (but.empty() ? "" : ", ") + pair_text(r);
       rows = "the CUDA-core pairs below at d " + gpu_detail::head_dims_text(dims) + (but.empty() ? "" : " but " + but);
     }
     for (const GpuInstance& r : kGpuInstances) {
-      if (r.path != p || (p == GpuPath::kDecodedTile && has_row(GpuPath::kCudaCore, r.k, r.v))) continue;
+      if (r.path != p || (p == GpuPath::kDecodedTile && has_row(GpuPath::kCudaCore, r))) continue;
       std::string notes = r.head_dims == all ? "" : "d " + gpu_detail::head_dims_text(r.head_dims);
       if (r.page_multiple != page)
         notes += (notes.empty() ? "" : "; ") + std::string("pages a multiple of ") + std::to_string(r.page_multiple);
@@ -484,7 +501,8 @@ inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
   if (i < 0) return "no GPU instance";
   const GpuInstance& r = kGpuInstances[i];
   std::string out = std::string(gpu_path_name(r.path)) + " attention (instance k=" +
-                    gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups);
+                    gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups) +
+                    (r.window == CodecId::kBf16 ? "" : " windows=" + std::string(codec_traits(r.window).name));
   if (r.path == GpuPath::kCudaCore) {
     std::string tc;
     for (const GpuInstance& t : kGpuInstances)

@@ -27,10 +27,12 @@ constexpr int kMaxGroupHeads = 8;  // g = n_heads / n_kv_heads supported by the 
 //          K blocks are rows (Gk = 1: layout::IntRow / Bf16Row) or, for KIVI keys, layout::KiviKeyBlock of Gk = G
 //          tokens (OScaR keys: layout::OscarKeyBlock, Gk = 32); V blocks are always rows (layout::IntRow / Bf16Row /
 //          OscarValueRow); token-scaled keys (OScaR) end each page with ν [n_layers][P] fp32 (kv/cache_layout.h)
-//   windows  of each live sequence, in pages of the pool from byte 2 window_base[seq] on (PagePool::window_offset),
-//          the CPU cache's layout (kv/cache_layout.h): sinks [n_layers][2][n_kv][S0][d] bf16 (d = head_dim, a
-//          compile-time constant of every kernel), then the ring [n_layers][2][n_kv][ring_tokens][d] bf16, position s
-//          at slot s % ring_tokens
+//   windows  of each live sequence, in pages of the pool from byte window_base[seq] on (PagePool::window_offset),
+//          the CPU cache's layout (kv/cache_layout.h): sinks [n_layers][2][n_kv][S0] rows, then the ring
+//          [n_layers][2][n_kv][ring_tokens] rows, position s at slot s % ring_tokens, rows of window_row bytes (bf16:
+//          d values; int8 windows, KV4-RL: layout::IntRow of 8 bits at window_group); with int8 windows the ring then
+//          keeps each slot's body rows, [ring_tokens][ring_body] (every layer's K | V rows of the position, a page's
+//          order), which demotion copies into the page
 //   pages  [max_seqs][pages_per_seq] page ids, quantized position S0 + i P + j in page pages[i], row j
 struct CacheGeometry {
   int n_layers, n_kv;          // layers, kv heads
@@ -57,7 +59,11 @@ struct CacheGeometry {
   int64_t scale_base;          // token-scaled keys: byte offset of ν in a page (CacheLayout::scale_offset(0))
   int64_t scale_region;        // bytes of one layer's ν in a page (P fp32); 0 = keys not token-scaled
   uint8_t* pool;               // page pool
-  const int64_t* window_base;  // [max_seqs] where each slot's windows start in the pool, in bf16 values (-1: none)
+  const int64_t* window_base;  // [max_seqs] the byte where each slot's windows start in the pool (-1: none)
+  int window_row;              // bytes of one window row (sinks and ring): 2 d (bf16), or an int8 IntRow
+  int window_group;            // values per (scale, zero) group of int8 window rows (the values' G); d for bf16
+  int window_clip_index;       // the int8 window rows' clip (window_spec's: plain min/max, -1)
+  int ring_body;               // bytes of the body rows a ring slot keeps (int8 windows: CacheLayout::ring_body), or 0
   const int* page_table;       // [max_seqs][pages_per_seq]
   const void* k_table;         // the key codec's tables of this layer's kv heads (KvCodec::device_table, the CPU
                                // codec's: TurboQuant's codebook, PN-Mix's layout::PnmixHeadTable), head h's at byte

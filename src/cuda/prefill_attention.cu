@@ -136,8 +136,8 @@ __device__ __forceinline__ void load_side(const CacheGeometry& geo, int seq, int
   for (int i = threadIdx.x; i < kKeys * (D / 8); i += blockDim.x) {
     const int r = i / (D / 8), c = i % (D / 8);
     const int s = s0 + (r < nv ? r : 0);  // a row past nv copies nothing from position s0's row (mapped)
-    const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row<D>(geo, seq, layer, kv, head, s))
-                      : R == Range::kRing ? static_cast<const void*>(dev::ring_row<D>(geo, seq, layer, kv, head, s))
+    const void* row = R == Range::kSink   ? static_cast<const void*>(dev::sink_row(geo, seq, layer, kv, head, s))
+                      : R == Range::kRing ? static_cast<const void*>(dev::ring_row(geo, seq, layer, kv, head, s))
                                           : static_cast<const void*>(dev::page_row(geo, seq, layer, kv, head, s));
     cp_async_16(&dst[r][8 * c], static_cast<const uint4*>(row) + c, r < nv);  // bf16 rows: 16-byte aligned
   }

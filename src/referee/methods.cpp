@@ -94,7 +94,7 @@ const std::vector<RefereeMethod>& referee_methods() {
       {.label = "kv4rl", .key_type = "int4", .value_type = "int4", .window_type = "int8", .rotation = "none",
        .baseline = "int4",
        .note = "kv4rl is int4 with INT8 sink and recent windows (METHODS §5.6); its body rows are quantized from the "
-               "BF16 values, so they equal int4's and the rows differ in the windows only (CPU only).",
+               "BF16 values, so they equal int4's and the rows differ in the windows only.",
        .camp = "KV4-RL", .kvq_extension = true},
       {.label = "int2", .key_type = "int2", .value_type = "int2", .rotation = "none", .tunes_clips = true,
        .quick = true},
@@ -126,7 +126,7 @@ const std::vector<RefereeMethod>& referee_methods() {
        .baseline = "int2",
        .note = "pnmix keys take 2 code bits per element on average (widths per RoPE pair from the calibration "
                "traces) plus one fp16 scale/zero per width slot and row: the bits counted are what is stored (3.0 "
-               "per key element at d = 128, four slots), not the budget (CPU only).",
+               "per key element at d = 128, four slots), not the budget.",
        .camp = "PN-Mix"},
       {.label = "pnmix(energy)", .key_type = "pnmix", .value_type = "int2", .rotation = "pnmix",
        .pnmix_score = "energy", .baseline = "int2", .camp = "PN-Mix"},
@@ -135,7 +135,7 @@ const std::vector<RefereeMethod>& referee_methods() {
       {.label = "pnmix(1.5b)", .key_type = "pnmix", .value_type = "int2", .rotation = "pnmix",
        .pnmix_score = "product", .pnmix_key_bits = 1.5, .baseline = "int2",
        .note = "pnmix at 1.5 code bits per key element, so that its stored key rows (code bits plus one fp16 "
-               "scale/zero per width slot) match int2's bytes: the equal-bits PN-Mix row (CPU only).",
+               "scale/zero per width slot) match int2's bytes: the equal-bits PN-Mix row.",
        .camp = "PN-Mix"},
       // TurboQuant: vLLM's four presets and kvq's 2-bit extension (codec_presets(), METHODS §5.2).
       {.label = "turboquant_k8v4", .key_type = "fp8e4m3", .value_type = "tqv4", .rotation = "none",

@@ -78,13 +78,19 @@ struct IntRows {
     }
   }
 
-  // Demotion of one bf16 ring row src into the page row dst (layout::IntRow, group G) by the warp
-  // (lane = threadIdx.x): the group quantizer of codecs/group_quant.cpp with the same float operations, per group.
+  // Demotion of one bf16 ring row src into the page row dst (layout::IntRow, group G) by one warp: the group quantizer
+  // of codecs/group_quant.cpp with the same float operations, per group.
   static __device__ __forceinline__ void encode_row(const uint16_t* src, uint8_t* dst, int group, int clip_index,
                                                     RowScratch<D>& sh) {
-    const int lane = threadIdx.x;
-    for (int i = lane; i < D; i += 32) sh.x[i] = bf16_to_f32(src[i]);
+    for (int i = threadIdx.x & 31; i < D; i += 32) sh.x[i] = bf16_to_f32(src[i]);
     __syncwarp();
+    encode_x(dst, group, clip_index, sh);
+  }
+
+  // The same from the row's floats in sh.x (written and visible to the warp): int8 windows (KV4-RL) encode the row as
+  // appended, not its bf16 rounding (KvCache::append_rows).
+  static __device__ __forceinline__ void encode_x(uint8_t* dst, int group, int clip_index, RowScratch<D>& sh) {
+    const int lane = threadIdx.x & 31;
     const int G = group;
     for (int gi = 0; gi < D / G; ++gi) {
       quantize_group_warp<BITS>(sh.x + gi * G, G, clip_index, sh.codes + gi * G, &sh.params[2 * gi],
