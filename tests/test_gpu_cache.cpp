@@ -991,7 +991,7 @@ TEST(GpuCacheGeometry, TurboQuantPresetsHaveRowsAndTheCpuRowSizes) {
 
 // The geometry's sizes are the cache layout's (kv/cache_layout.h), the block table width the page pool's.
 TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
-  for (const char* type : {"bf16", "int2", "int4", "kivi2", "oscar_int2"}) {
+  for (const char* type : {"bf16", "int2", "int4", "kivi2", "oscar_int2", "kv4rl"}) {
     for (int group : {32, 128}) {
       const CacheConfig cfg = config(type, group, 16, 64, 100);
       const cuda::CacheGeometry g = cuda::cache_geometry(cfg, 3, 2, 5000);
@@ -1008,6 +1008,14 @@ TEST(GpuCacheGeometry, SizesComeFromTheCacheLayout) {
       EXPECT_EQ(g.scale_base, l.scale_offset(0)) << type << group;  // token-scaled keys: ν after the heads
       EXPECT_EQ(g.scale_region, l.scale_region) << type << group;
       EXPECT_EQ(g.k_block_tokens, l.k.tokens) << type << group;
+      // the windows: bf16 rows of d values, or KV4-RL's int8 rows at the values' group with the ring's body rows
+      const bool int8_windows = std::string(type) == "kv4rl";
+      EXPECT_EQ(g.window_row, l.window_row) << type << group;
+      EXPECT_EQ(g.window_row, int8_windows ? 4 * (kD / group) + kD : 2 * kD) << type << group;
+      EXPECT_EQ(g.ring_body, l.ring_body) << type << group;
+      EXPECT_EQ(g.ring_body > 0, int8_windows) << type << group;
+      EXPECT_EQ(g.window_group, int8_windows ? group : kD) << type << group;
+      EXPECT_EQ(g.window_clip_index, -1) << type << group;  // int8 windows: plain min/max
       for (int t = -1; t < 600; ++t) ASSERT_EQ(cuda::quant_end(g, t), l.quant_end(t)) << type << group << " t " << t;
     }
   }

@@ -52,6 +52,7 @@ void for_each_row_config(int i, int d, int n_layers, int n_kv, F&& f) {
         c.k.head_dim = c.v.head_dim = d;
         c.k = test::with_test_widths(c.k, n_layers, n_kv);  // PN-Mix keys: test widths at d
         c.sink = 16, c.recent = 64, c.page_tokens = page, c.max_chunk = 512;
+        c.window = codec_traits(r.window).name;  // bf16, or KV4-RL's int8
         if (codec_traits(r.k).pre_rope_keys) c.key_rope = test::rope_inv_freq(d, 1e6);  // NexusQuant's keys
         if (slides) c.attn_window.assign(size_t(n_layers), 1 << 20);
         if (cuda::gpu_instance(c, d) != i) continue;
