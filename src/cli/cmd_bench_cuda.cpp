@@ -58,6 +58,11 @@ namespace {
 
 constexpr int kFillRows = 65536;  // rows appended per fill step (all sequences together)
 
+// "k=int4 v=int4", and the windows where they are not bf16: "k=int4 v=int4 w=int8" (KV4-RL).
+std::string pair_label(const CacheConfig& c) {
+  return "k=" + c.k.type + " v=" + c.v.type + (c.window == "bf16" ? "" : " w=" + c.window);
+}
+
 struct ShapeResult {
   double us = 0;          // median microseconds of one decode-step attention call
   double bytes_read = 0;  // cache bytes that call reads
@@ -188,12 +193,12 @@ void bench_prefill(const GpuAttentionBench& o) {
       if (!r) continue;
       const double speedup = r->per_row_us / r->kernel_us, tps = o.prefill / (r->kernel_us * 1e-6);
       const double tflops = r->flops / (r->kernel_us * 1e-6) / 1e12;
-      const std::string name = "k=" + cache.k.type + " v=" + cache.v.type + (r->kernel_ran ? "" : " (per-row)");
+      const std::string name = pair_label(cache) + (r->kernel_ran ? "" : " (per-row)");
       if (o.json) {
         records.push_back({{"ctx", ctx}, {"prefill_rows", o.prefill}, {"type_k", cache.k.type},
-                           {"type_v", cache.v.type}, {"prefill_kernel", r->kernel_ran}, {"kernel_us", r->kernel_us},
-                           {"per_row_us", r->per_row_us}, {"speedup", speedup}, {"tokens_per_second", tps},
-                           {"tflops", tflops}});
+                           {"type_v", cache.v.type}, {"window", cache.window}, {"prefill_kernel", r->kernel_ran},
+                           {"kernel_us", r->kernel_us}, {"per_row_us", r->per_row_us}, {"speedup", speedup},
+                           {"tokens_per_second", tps}, {"tflops", tflops}});
       } else {
         std::printf("%7d %-24s %12.1f %12.1f %8.2fx %12.0f %9.1f\n", ctx, name.c_str(), r->kernel_us, r->per_row_us,
                     speedup, tps, tflops);
@@ -232,7 +237,6 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
   CacheConfig bf = o.caches[0];
   bf.k = CodecSpec{.type = "bf16", .head_dim = o.head_dim}, bf.v = bf.k;
   bf.transform = nullptr;
-  auto name = [](const CacheConfig& c) { return "k=" + c.k.type + " v=" + c.v.type; };
   if (!o.json)
     std::printf("%s | read probe %.2f TB/s | q-heads %d kv-heads %d d %d | KV split %s | median of %d steps\n"
                 "%6s %7s %-24s %10s %12s %7s %7s %8s\n",
@@ -252,13 +256,14 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
         const double speedup = base ? base->us / test->us : NAN;
         if (o.json) {
           nlohmann::json j = {{"batch", batch}, {"ctx", ctx}, {"type_k", cache.k.type}, {"type_v", cache.v.type},
-                              {"transform", cache.rotation()}, {"us", test->us}, {"bytes_read", test->bytes_read},
-                              {"tbps", tbps}, {"pct_probe", pct}, {"probe_tbps", probe_bw / 1e12}};
+                              {"window", cache.window}, {"transform", cache.rotation()}, {"us", test->us},
+                              {"bytes_read", test->bytes_read}, {"tbps", tbps}, {"pct_probe", pct},
+                              {"probe_tbps", probe_bw / 1e12}};
           j["speedup_vs_bf16"] = base ? nlohmann::json(speedup) : nlohmann::json(nullptr);
           records.push_back(j);
         } else {
-          std::printf("%6d %7d %-24s %10.1f %12.2f %7.3f %6.1f%% %7.2fx\n", batch, ctx, name(cache).c_str(), test->us,
-                      test->bytes_read / 1e6, tbps, pct, speedup);
+          std::printf("%6d %7d %-24s %10.1f %12.2f %7.3f %6.1f%% %7.2fx\n", batch, ctx, pair_label(cache).c_str(),
+                      test->us, test->bytes_read / 1e6, tbps, pct, speedup);
           std::fflush(stdout);
         }
       }

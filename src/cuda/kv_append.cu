@@ -24,8 +24,8 @@ namespace kvq::cuda {
 
 namespace {
 
-// Channel c = threadIdx.x of the block's (row, kv head, K/V) (grid: row, kv head, K/V) as the cache stores it: the k / v
-// row act_rows[row] (row when null), centred (keys) and rotated by R_K / R_V.
+// Channel c = threadIdx.x of the block's (row, kv head, K/V) (grid: row, kv head, K/V) as the cache stores it: the
+// k / v row act_rows[row] (row when null), centred (keys) and rotated by R_K / R_V.
 template <int D>
 __device__ __forceinline__ float appended_channel(const CacheGeometry& g, int layer, const int* act_rows,
                                                   const float* k, const float* v, const TransformPtrs& t) {
