@@ -124,7 +124,10 @@ void PnmixKeyCodec::decode(const uint8_t* block, float* x) const {
 
 void PnmixKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n_tokens, float* s) const {
   const size_t row_bytes = bytes_per_block(), slots = groups_.size();
-  std::vector<float> qs(size_t(n_q) * d_), qsum(size_t(n_q) * slots, 0.f);  // q in stream order; Σ q per group
+  // q in stream order; Σ q per group (the calling thread's buffers, kept: attention calls this for every piece)
+  thread_local std::vector<float> qs, qsum;
+  qs.resize(size_t(n_q) * d_);
+  qsum.assign(size_t(n_q) * slots, 0.f);
   for (int i = 0; i < n_q; ++i) {
     int k = 0;
     for (size_t j = 0; j < slots; ++j)
