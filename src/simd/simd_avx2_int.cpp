@@ -355,8 +355,10 @@ void accumulate_planes_block(const RowsView& r, const __m256i (*wpair)[kMaxPlane
 
 void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, int n_q, float* acc) {
   alignas(32) float sc[kMaxPlaneRows + 8], zr[kMaxPlaneRows + 8], w[kMaxPlaneRows + 8];
-  alignas(32) int8_t w8[kMaxPlaneRows + 16];
   alignas(32) __m256i wpair[4][kMaxPlaneRows / 2];
+  // shuffle controls: pair j of 8 rows' int8 weights (bytes 2j, 2j + 1) repeated over every int16 lane
+  const __m256i pair_bytes[4] = {_mm256_set1_epi16(0x0100), _mm256_set1_epi16(0x0302), _mm256_set1_epi16(0x0504),
+                                 _mm256_set1_epi16(0x0706)};
   alignas(32) int32_t acc32[4][128];
   for (int r0 = 0; r0 < r.n_rows; r0 += kMaxPlaneRows) {
     RowsView part = r;
@@ -387,19 +389,17 @@ void accumulate_int2_planes(const RowsView& r, const float* p, size_t p_stride, 
         const float mx = hmax_abs(m);
         step[i] = mx > 0.f ? mx / 127.f : 1.f;
         const __m256 inv = _mm256_set1_ps(1.f / step[i]);
-        // w8 = round(w / step) (nearest even), zero past n; the zero term with the same rounded weights
+        // w8 = round(w / step) (nearest even), zero past n; the zero term with the same rounded weights; the pairs'
+        // vectors, w8 of rows 2pr (low byte) and 2pr + 1 (high) over a vector: 8 rows' w8 in every 64-bit lane, then a
+        // byte shuffle per pair
         __m256 zs = _mm256_setzero_ps();
         for (int t = 0; t < n8; t += 8) {
           const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(w + t), inv));
           const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-          _mm_storel_epi64(reinterpret_cast<__m128i*>(w8 + t), _mm_packs_epi16(h, h));
+          const __m256i w8 = _mm256_broadcastq_epi64(_mm_packs_epi16(h, h));
+          KVQ_UNROLL
+          for (int j = 0; j < 4; ++j) wpair[i][t / 2 + j] = _mm256_shuffle_epi8(w8, pair_bytes[j]);
           zs = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_load_ps(zr + t), zs);
-        }
-        // w8 of rows 2pr (low byte) and 2pr + 1 (high; 0 past n) over a vector
-        for (int pr = 0; 2 * pr < n; ++pr) {
-          int16_t two;
-          std::memcpy(&two, w8 + 2 * pr, 2);
-          wpair[i][pr] = _mm256_set1_epi16(two);
         }
         const __m256 z = _mm256_set1_ps(hsum_ps(zs) * step[i]);
         float* a = acc + size_t(c0 + i) * r.d;
