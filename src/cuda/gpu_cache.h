@@ -1,8 +1,8 @@
 // The paged KV cache in GPU memory and the decode attention over it (issue #7).
 //
-// Same semantics as the CPU KvCache (kv/cache.h): BF16 sink [0, S0) and recent windows, a quantized paged region [S0,
-// qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves the recent window
-// (a whole block of B = block_tokens positions at once: G for KIVI keys, 32 for OScaR's, else 1, or
+// Same semantics as the CPU KvCache (kv/cache.h): BF16 (or KV4-RL's INT8) sink [0, S0) and recent windows, a quantized
+// paged region [S0, qe(t)) with the decode-faithful view qe(t) of every query position t, demotion when a block leaves
+// the recent window (a whole block of B = block_tokens positions at once: G for KIVI keys, 32 for OScaR's, else 1, or
 // CacheConfig::demote_block, a multiple of it, e.g. 256). Same block layouts: rows and blocks are codecs/layout.h /
 // codecs/oscar/oscar_format.h structs (Bf16Row, IntRow, KiviKeyBlock, OscarKeyBlock, OscarValueRow) and, for
 // token-scaled keys, the page's ν region, byte for byte what the CPU cache stores, so a page copied from the GPU
@@ -106,8 +106,8 @@ class GpuKvCache {
   int step_rows() const;  // Σ n[b]: rows of the step's q / k / v / out
 
   // One layer of the step. d_k, d_v: [rows, n_kv_heads, d] fp32 post-RoPE keys / values (not transformed);
-  // stores them (centre, rotate, quantize, pack; windows in bf16) and demotes what leaves the recent window, a round
-  // of the layout's append_tokens rows of each sequence at a time (layout_of; the ring holds no more).
+  // stores them (centre, rotate, quantize, pack; windows in bf16 or int8) and demotes what leaves the recent window, a
+  // round of the layout's append_tokens rows of each sequence at a time (layout_of; the ring holds no more).
   void append(int layer, const float* d_k, const float* d_v);
   // d_q: [rows, n_heads, d] fp32 post-RoPE queries; d_out: [rows, n_heads, d] fp32 attention outputs (before W_O).
   // Each query at position t reads its decode-faithful view; split-KV with an exact LSE merge.
@@ -172,12 +172,12 @@ class GpuKvCache {
   // Whether chunks of >= set_prefill_rows rows take the prefill kernel: every layer's instance row has it
   // (gpu_prefill_kernel) and its tiles fit this GPU's shared memory (not d = 256 on sm_86 / sm_89).
   bool prefill_kernel_available() const;
-  // Synchronously downloads the stored rows of positions [pos0, pos0 + n) of (seq, layer, kv_head), K
-  // (values = false) or V, as a query at position length(seq) - 1 reads them: bf16 rows (2 d bytes) for sinks and
-  // the recent window, codec rows (layout::IntRow, or bf16 for a bf16 codec) for the quantized region; rows
+  // Synchronously downloads the stored rows of positions [pos0, pos0 + n) of (seq, layer, kv_head), K (values = false)
+  // or V, as a query at position length(seq) - 1 reads them: window rows (bf16, 2 d bytes; or int8 IntRows) for sinks
+  // and the recent window, codec rows (layout::IntRow, or bf16 for a bf16 codec) for the quantized region; rows
   // concatenated in position order. KIVI keys (per_channel) in the quantized region come as whole blocks: every
-  // layout::KiviKeyBlock (4 d + G d b / 8 bytes) holding a position of the range, once, in position order (a range
-  // that starts or ends inside a block still gets the whole block). For comparing bytes with the CPU cache's blocks.
+  // layout::KiviKeyBlock (4 d + G d b / 8 bytes) holding a position of the range, once, in position order (a range that
+  // starts or ends inside a block still gets the whole block). For comparing bytes with the CPU cache's blocks.
   std::vector<uint8_t> download_rows(int seq, int layer, int kv_head, bool values, int pos0, int n) const;
   // Token-scaled keys (OScaR): synchronously downloads ν of quantized positions [pos0, pos0 + n) of (seq, layer),
   // as a query at position length(seq) - 1 reads them (the page's token-scale region, kv/cache_layout.h).
