@@ -90,8 +90,7 @@ struct GpuInstance {
 
 // The compiled instances (bf16 sink / recent windows unless a row names int8 ones): the combinations the GPU tests run
 // (tests/test_gpu_cache.cpp, test_gpu_model.cpp; tests/test_gpu_instances.cpp lists them), and a CUDA-core bf16 row
-// for pages that tensor-core
-// tiles do not fit. Three paths, in this order (the first row that fits a cache runs it):
+// for pages that tensor-core tiles do not fit. Three paths, in this order (the first row that fits a cache runs it):
 //   tensor-core   int2 rows of one 128-value group and bf16 rows, fed to mma.sync from their codes or rows, and the
 //                 prefill kernel
 //   decoded-tile  every other format at d = 128, pages of a multiple of 16: the same kernel, whose warps decode each tile
