@@ -244,9 +244,7 @@ struct GpuKvCache::Impl {
   uint8_t* windows(int seq) const { return pages.as<uint8_t>() + pool->window_offset(seq); }
   uint8_t* ring(int seq) const { return windows(seq) + layout.sink_bytes(); }
   // int8 windows: the body rows of ring slot 0 ([ring_tokens][ring_body] bytes).
-  uint8_t* ring_body(int seq) const {
-    return ring(seq) + int64_t(n_layers) * 2 * n_kv * layout.ring_tokens * layout.window_row;
-  }
+  uint8_t* ring_body(int seq) const { return windows(seq) + layout.ring_body_offset(); }
   // The block tables and the windows' offsets (bytes) to the device.
   void upload_tables() {
     check(cudaMemcpyAsync(page_table_dev.get(), pool->table().data(), pool->table().size() * sizeof(int),

@@ -434,8 +434,7 @@ uint8_t* KvCache::ring_body_row(Sequence& s, int layer, int kv, int head, int po
   const int64_t P = l.page_tokens;
   const int64_t in_slot = (layer_offset_[size_t(layer)] + head * l.layer_head_bytes(layer) +
                            (kv ? l.layer_k_region(layer) : 0)) / P;
-  const int64_t windows = int64_t(n_layers_) * 2 * n_kv_ * l.ring_tokens * l.window_row;
-  return s.window + l.sink_bytes() + windows + (pos % l.ring_tokens) * l.ring_body + in_slot;
+  return s.window + l.ring_body_offset() + (pos % l.ring_tokens) * l.ring_body + in_slot;
 }
 
 // The body rows of position pos (every kv head of one layer, k / v: [n_kv, d]), encoded from their BF16 values: what

@@ -135,6 +135,8 @@ struct CacheLayout {
   }
   // Windows of one sequence (sinks + ring): [n_layers][2][n_kv][S0] sink rows, then the ring.
   KVQ_HD int64_t window_bytes() const { return sink_bytes() + ring_bytes(); }
+  // Where the ring slots' body rows start in a sequence's windows (int8 windows: after every window row).
+  KVQ_HD int64_t ring_body_offset() const { return window_bytes() - int64_t(ring_tokens) * ring_body; }
   // A sequence's windows come from the page pool (kv/page_pool.h): window_pages() pages in a row, taken when the
   // sequence starts and returned when it ends; they start at window_offset(first page), aligned to kWindowAlign bytes
   // (the pages' own size may not be a multiple of it: then the run has room for the padding).
