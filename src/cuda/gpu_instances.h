@@ -335,6 +335,12 @@ inline std::string side_text(CodecId id, bool is_key, uint8_t groups) {
   return out;
 }
 
+// A row's pair and windows: "k=int2/g128 v=int2/g128", "k=int4 v=int4 windows=int8".
+inline std::string row_text(const GpuInstance& r) {
+  return "k=" + side_text(r.k, true, r.groups) + " v=" + side_text(r.v, false, r.groups) +
+         (r.window == CodecId::kBf16 ? "" : " windows=" + std::string(codec_traits(r.window).name));
+}
+
 // The codec whose blocks spec `s` stores on the GPU (keys: is_key), into *id; false with *why when it has none.
 inline bool stored_codec(const CodecSpec& s, bool is_key, CodecId* id, std::string* why) {
   const char* side = is_key ? "key" : "value";
@@ -437,10 +443,6 @@ inline std::string gpu_instances_text() {
   constexpr uint8_t all = gpu_detail::compiled_head_dims();
   std::string out = "the GPU runs head_dim " + gpu_detail::head_dims_text(all) +
                     ", bf16 windows (int8 where a row names them) and keys / values";
-  const auto pair_text = [](const GpuInstance& r) {
-    return "k=" + gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups) +
-           (r.window == CodecId::kBf16 ? "" : " windows=" + std::string(codec_traits(r.window).name));
-  };
   const auto has_row = [](GpuPath p, const GpuInstance& of) {  // a row of path p for of's pair and windows
     return std::any_of(std::begin(kGpuInstances), std::end(kGpuInstances), [&](const GpuInstance& r) {
       return r.path == p && r.k == of.k && r.v == of.v && r.window == of.window;
@@ -458,7 +460,7 @@ inline std::string gpu_instances_text() {
       std::string but;
       for (const GpuInstance& r : kGpuInstances)
         if (r.path == GpuPath::kCudaCore && (r.head_dims & dims) == dims && !has_row(p, r))
-          but += (but.empty() ? "" : ", ") + pair_text(r);
+          but += (but.empty() ? "" : ", ") + gpu_detail::row_text(r);
       rows = "the CUDA-core pairs below at d " + gpu_detail::head_dims_text(dims) + (but.empty() ? "" : " but " + but);
     }
     for (const GpuInstance& r : kGpuInstances) {
@@ -466,7 +468,8 @@ inline std::string gpu_instances_text() {
       std::string notes = r.head_dims == all ? "" : "d " + gpu_detail::head_dims_text(r.head_dims);
       if (r.page_multiple != page)
         notes += (notes.empty() ? "" : "; ") + std::string("pages a multiple of ") + std::to_string(r.page_multiple);
-      rows += std::string(rows.empty() ? "" : ", ") + pair_text(r) + (notes.empty() ? "" : " (" + notes + ")");
+      rows += std::string(rows.empty() ? "" : ", ") + gpu_detail::row_text(r) +
+              (notes.empty() ? "" : " (" + notes + ")");
     }
     if (!rows.empty())
       out += std::string(p == GpuPath::kTensorCore ? " " : "; ") + gpu_path_name(p) + " (pages a multiple of " +
@@ -499,15 +502,12 @@ inline std::string gpu_path_text(const CacheConfig& cfg, int head_dim) {
   const int i = gpu_instance(cfg, head_dim);
   if (i < 0) return "no GPU instance";
   const GpuInstance& r = kGpuInstances[i];
-  std::string out = std::string(gpu_path_name(r.path)) + " attention (instance k=" +
-                    gpu_detail::side_text(r.k, true, r.groups) + " v=" + gpu_detail::side_text(r.v, false, r.groups) +
-                    (r.window == CodecId::kBf16 ? "" : " windows=" + std::string(codec_traits(r.window).name));
+  std::string out = std::string(gpu_path_name(r.path)) + " attention (instance " + gpu_detail::row_text(r);
   if (r.path == GpuPath::kCudaCore) {
     std::string tc;
     for (const GpuInstance& t : kGpuInstances)
       if (t.path == GpuPath::kTensorCore && gpu_row_compiled(t, head_dim))
-        tc += std::string(tc.empty() ? "" : ", ") + "k=" + gpu_detail::side_text(t.k, true, t.groups) + " v=" +
-              gpu_detail::side_text(t.v, false, t.groups);
+        tc += std::string(tc.empty() ? "" : ", ") + gpu_detail::row_text(t);
     out += "; tensor cores take " + tc + " at head_dim " + std::to_string(head_dim);
   }
   return out + ")" +
