@@ -71,7 +71,8 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
       // Hadamard across a warp, run on decoded tiles alone
       const bool hadamard_rows = r.k == CodecId::kNexusquant || r.k == CodecId::kE8_2;
       bool twin = false;
-      for (const GpuInstance& c : kGpuInstances) twin |= c.path == GpuPath::kCudaCore && c.k == r.k && c.v == r.v;
+      for (const GpuInstance& c : kGpuInstances)
+        twin |= c.path == GpuPath::kCudaCore && c.k == r.k && c.v == r.v && c.window == r.window;
       EXPECT_TRUE(twin || hadamard_rows) << k.name << "/" << v.name << ": a decoded-tile pair without a CUDA-core row";
     }
     // the formats: int rows, KIVI blocks and llama.cpp blocks pack units of 32 values (bf16 rows: of 16 bytes); a
@@ -87,10 +88,11 @@ TEST(GpuInstances, EveryRowNamesCodecsOfTheCodecTableThatTheGpuStores) {
         EXPECT_LE(d, 128) << d;
       }
     }
-    // windows: bf16, or int8 (KV4-RL) on a CUDA-core row (the kernel that reads window rows through a device codec)
+    // windows: bf16, or int8 (KV4-RL) on a CUDA-core or decoded-tile row (the kernels that read window rows through a
+    // device codec; the tensor-core rows' window blocks take bf16 rows)
     if (r.window != CodecId::kBf16) {
       EXPECT_EQ(r.window, CodecId::kInt8);
-      EXPECT_EQ(r.path, GpuPath::kCudaCore);
+      EXPECT_NE(r.path, GpuPath::kTensorCore);
     }
     EXPECT_TRUE(seen.insert({r.path, r.k, r.v, r.window}).second) << "duplicate row";
   }
@@ -303,10 +305,18 @@ TEST(GpuInstances, PredicateRefusesEveryOtherCombinationWithOneLineNamingIt) {
   CacheConfig f32w = config("int2", "int2", 128);
   f32w.window = "f32";
   EXPECT_TRUE(has(gpu_unsupported(f32w, kD), "window type 'f32'"));
-  CacheConfig kv4rl = config("int4", "int4", 128);  // KV4-RL's INT8 windows: its int4 row, never bf16 windows
+  CacheConfig kv4rl = config("int4", "int4", 128);  // KV4-RL's INT8 windows: its int4 rows, never bf16 windows
   kv4rl.window = "int8";
   EXPECT_EQ(gpu_unsupported(kv4rl, kD), "");
   EXPECT_EQ(kGpuInstances[gpu_instance(kv4rl, kD)].window, CodecId::kInt8);
+  EXPECT_EQ(kGpuInstances[gpu_instance(kv4rl, kD)].path, GpuPath::kDecodedTile);  // d = 128, pages of 128
+  CacheConfig kv4rl_p8 = kv4rl;  // pages of 8 and the other head dims: the CUDA-core row
+  kv4rl_p8.page_tokens = 8;
+  EXPECT_EQ(kGpuInstances[gpu_instance(kv4rl_p8, kD)].path, GpuPath::kCudaCore);
+  EXPECT_EQ(kGpuInstances[gpu_instance(kv4rl_p8, kD)].window, CodecId::kInt8);
+  CacheConfig kv4rl_d64 = config("int4", "int4", 32, 128, 64);
+  kv4rl_d64.window = "int8";
+  EXPECT_EQ(kGpuInstances[gpu_instance(kv4rl_d64, 64)].path, GpuPath::kCudaCore);
   CacheConfig int8w_int2 = config("int2", "int2", 128);  // int8 windows beside another body: no row
   int8w_int2.window = "int8";
   EXPECT_TRUE(has(gpu_unsupported(int8w_int2, kD), "keys int2/g128 with values int2/g128 and int8 windows"));
@@ -407,7 +417,6 @@ TEST(GpuInstances, SupportListIsOneLineGeneratedFromTheTable) {
   EXPECT_TRUE(has(s, "k=bf16 v=bf16,")) << s;  // every head_dim: none named
   // decoded tiles by the CUDA-core pairs they leave out, then their pairs without a CUDA-core row (NexusQuant's)
   EXPECT_TRUE(has(s, "; decoded-tile (pages a multiple of 16): the CUDA-core pairs below at d 128 but k=bf16 v=bf16, "
-                     "k=int4 v=int4 windows=int8, k=nexusquant v=nexusquant (d 128), k=e8_2 v=e8_2 (d 128); "
-                     "CUDA-core"))
+                     "k=nexusquant v=nexusquant (d 128), k=e8_2 v=e8_2 (d 128); CUDA-core"))
       << s;
 }

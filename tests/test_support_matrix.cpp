@@ -173,8 +173,8 @@ TEST(SupportMatrix, CpuAndGpuColumnsAgreeAtEveryHeadDimButWhereThePageSaysWhy) {
   EXPECT_EQ(find_row(rows, "q8_0", "k,v", 96, 0)->cuda, "CUDA-core");
 }
 
-// KV4-RL's preset: int4 keys and values (68 + 68 bytes at d = 128), INT8 windows, no transform, on the GPU's CUDA-core
-// row that names int8 windows (the decoded-tile int4 row keeps bf16 ones).
+// KV4-RL's preset: int4 keys and values (68 + 68 bytes at d = 128), INT8 windows, no transform, on the GPU's
+// decoded-tile row that names int8 windows (the other decoded-tile int4 row keeps bf16 ones).
 TEST(SupportMatrix, Kv4rlPresetRowNamesItsInt8WindowsAndItsGpuRow) {
   const std::vector<PresetRow> presets = preset_matrix({128});
   const auto it = std::find_if(presets.begin(), presets.end(), [](const PresetRow& p) { return p.preset == "kv4rl"; });
@@ -186,7 +186,7 @@ TEST(SupportMatrix, Kv4rlPresetRowNamesItsInt8WindowsAndItsGpuRow) {
   EXPECT_DOUBLE_EQ(it->bytes_per_token, 136.0);
   EXPECT_DOUBLE_EQ(it->bits, 4.25);
   EXPECT_EQ(it->transform, "none");
-  EXPECT_EQ(it->cuda, "CUDA-core");
+  EXPECT_EQ(it->cuda, "decoded-tile");
   EXPECT_NE(format_preset_matrix(presets).find("kv4rl                int4     int4   int8"), std::string::npos)
       << format_preset_matrix(presets);
 }

@@ -33,7 +33,8 @@
 // P' goes from the scores' C fragments to the value mma's B fragment by two movmatrix transposes, in registers.
 // Decoded tiles (the kDecodedTile rows: every other format at d = 128): a warp decodes each tile of 16 positions through
 // the row's device codecs into one stage of the same layout, rounded to f16, and the staged tile code computes it on
-// f16 mma with q and P' rounded to f16 (decode_tile); the windows are the bf16 windows as above.
+// f16 mma with q and P' rounded to f16 (decode_tile); the windows are the bf16 windows as above, or for a row with int8
+// windows (KV4-RL) tiles decoded the same way (decode_window_tile).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -132,11 +133,24 @@ struct StagedTile {
   const uint8_t* v;
 };
 
-// The codecs of a decoded-tile row (gpu_instances.h): K, V the device codecs of its keys and values (codecs.cuh).
-template <class K, class V>
+// The codecs of a decoded-tile row (gpu_instances.h): K, V, W the device codecs of its keys, values and window rows
+// (codecs.cuh: RowKeys, RowValues, RowWindows).
+template <class K, class V, class W>
 struct Decoded {
   using Keys = K;
   using Values = V;
+  using Windows = W;
+};
+// What a window block of a kernel instance decodes: nothing for bf16 windows (the bf16 window code), and for a
+// decoded-tile row's int8 windows (KV4-RL) their rows, K and V alike, as decoded tiles.
+template <class Dec, int D>
+struct WindowTilesOf {
+  using type = void;
+};
+template <class K, class V, class W, int D>
+  requires(!std::is_same_v<W, dev::Bf16Rows<D>>)
+struct WindowTilesOf<Decoded<K, V, W>, D> {
+  using type = Decoded<W, W, W>;
 };
 
 // The lane's reader of a key tile copy (cuda/key_tile.cuh) for key blocks, nothing for per-token rows.
@@ -297,6 +311,26 @@ __device__ __forceinline__ void decode_tile(const CacheGeometry& geo, const void
   }
 }
 
+// A tile of the windows' rows that are not bf16 (KV4-RL's int8 rows: W), decoded as decode_tile decodes a tile: row r
+// < nv of K / V at row(0, r) / row(1, r) (sink and ring rows lie apart, so they are read from global memory where they
+// are: a window block has a few tiles), f16 into `dst` as a staged tile; rows from nv on are zeros and are not read.
+template <class W, int D, class Row>
+__device__ __forceinline__ void decode_window_tile(const CacheGeometry& geo, Row row, int nv, uint8_t* dst, int lane) {
+  constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
+  const int c0 = 4 * (lane % kChunks);
+#pragma unroll 4
+  for (int r = lane / kChunks; r < kTile; r += kRowsPerPass) {
+    float k[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (r < nv) {
+      W::values4(row(0, r), 0, geo.window_group, c0, k);
+      W::values4(row(1, r), 0, geo.window_group, c0, v);
+    }
+    const int at = swizzled<D>(r, c0 / 8) + 2 * (c0 % 8);
+    *reinterpret_cast<uint2*>(dst + at) = make_uint2(f16x2_sat(k[0], k[1]), f16x2_sat(k[2], k[3]));
+    *reinterpret_cast<uint2*>(dst + tile_side<D> + at) = make_uint2(f16x2_sat(v[0], v[1]), f16x2_sat(v[2], v[3]));
+  }
+}
+
 // What a lane reads of one tile's int2 rows, loaded one tile ahead of its use. Lane (gid, tid) takes positions
 // ra = gid, rb = gid + 8 for the scores and r0, r1, r8, r9 = 2tid, 2tid + 1, 2tid + 8, 2tid + 9 for the values.
 // Every row of a tile lies in its page, so the rows past a partial last tile are read too (masked, or P' = 0).
@@ -367,14 +401,16 @@ __device__ __forceinline__ int int2_code_dim(int w, int b, int f) { return 32 * 
 
 // One block (row, kv head, z). WIN = false: split z of the quantized region, KQ / VQ: keys / values are int2 rows of
 // one 128-value group (else bf16 rows). WIN = true (KQ = VQ = false; z >= n_splits): window block z - n_splits of the
-// bf16 sink and recent rows of the view. Both write the partial of slot z. HS: head slots per lane, 1 for GQA groups
-// g <= 4, 2 for g <= 8; slot j of lane (gid, tid) is head tid + 4j. D: the head dim (int2 rows: 128).
+// sink and recent rows of the view (bf16 rows; with Dec, int8 rows decoded as tiles). Both write the partial of slot
+// z. HS: head slots per lane, 1 for GQA groups g <= 4, 2 for g <= 8; slot j of lane (gid, tid) is head tid + 4j. D: the
+// head dim (int2 rows: 128).
 template <bool KQ, bool VQ, bool WIN, int HS, int D, class Dec = void>
 __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const AttentionLaunch& a, BlockShared<D>& sh) {
   static_assert(D % 16 == 0, "whole mma k-steps and m-tiles of 16 dims");
   static_assert(!(KQ || VQ) || D == kInt2Dim, "int2 rows of one 128-value group");
   constexpr bool kDecoded = !std::is_void_v<Dec>;
-  static_assert(!kDecoded || (!KQ && !VQ && !WIN && stages_bf16<D>), "decoded tiles are staged tiles (of f16 rows)");
+  static_assert(!kDecoded || (!KQ && !VQ && stages_bf16<D>), "decoded tiles are staged tiles (of f16 rows)");
+  constexpr bool kWinBf16 = WIN && !kDecoded;  // bf16 window rows: q and P' as bf16 hi + lo pairs
   constexpr int kBf16Row = bf16_row<D>;
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -401,7 +437,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   // by 2.)
   constexpr bool kI8 = KQ && HS == 1;
   const float* q = a.q_work + (int64_t(row) * a.n_heads + head * g) * D;
-  [[maybe_unused]] uint32_t qb[kI8 ? 1 : D / 16][2], qlo[WIN ? D / 16 : 1][2];
+  [[maybe_unused]] uint32_t qb[kI8 ? 1 : D / 16][2], qlo[kWinBf16 ? D / 16 : 1][2];
   [[maybe_unused]] uint32_t qk[4][2];  // kI8: [field][b0, b1]
   // int2 keys: the score of a row (scale s, zero z) is s · (kstep · S − z · ksum[j]) for slot j, S the integer sum of
   // the u8 path (kstep = step · 2^-13), or s · (2^24 S − z · ksum[j]) for the f16 path's sum S; ksum = Σ q
@@ -465,7 +501,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       if constexpr (KQ)
 #pragma unroll
         for (int i = 0; i < 4; ++i) sum += round16<true>(v[i]) / field;
-      if constexpr (WIN) {
+      if constexpr (kWinBf16) {
         qlo[kc][0] = pack2<false>(v[0] - round16<false>(v[0]), v[1] - round16<false>(v[1]));
         qlo[kc][1] = pack2<false>(v[2] - round16<false>(v[2]), v[3] - round16<false>(v[3]));
       }
@@ -557,7 +593,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
                                 *reinterpret_cast<const uint32_t*>(rowa + c + 8),
                                 *reinterpret_cast<const uint32_t*>(rowb + c + 8)};
         mma_bf16(s, af, qb[kc]);
-        if constexpr (WIN) mma_bf16(s, af, qlo[kc]);
+        if constexpr (kWinBf16) mma_bf16(s, af, qlo[kc]);
       }
     }
     if constexpr (partial) {
@@ -622,7 +658,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
       // the C fragment's rows 0-7 and 8-15 ([position][head]) transposed into the B fragment ([head][position])
       pb_frag[0] = transpose8x8(pack2<VQ || kDecoded>(x[0], x[1]));
       pb_frag[1] = transpose8x8(pack2<VQ || kDecoded>(x[2], x[3]));
-      if constexpr (WIN) {  // wa = wb = 1
+      if constexpr (kWinBf16) {  // wa = wb = 1
         pb_lo[0] = transpose8x8(pack2<false>(pw[0] - x[0], pw[1] - x[1]));
         pb_lo[1] = transpose8x8(pack2<false>(pw[2] - x[2], pw[3] - x[3]));
       }
@@ -666,7 +702,7 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
         const uint32_t af[4] = {uint32_t(v0[c]) | uint32_t(v1[c]) << 16, uint32_t(v0[c + 8]) | uint32_t(v1[c + 8]) << 16,
                                 uint32_t(v8[c]) | uint32_t(v9[c]) << 16, uint32_t(v8[c + 8]) | uint32_t(v9[c + 8]) << 16};
         mma_bf16(acc[mt], af, pb_frag);
-        if constexpr (WIN) mma_bf16(acc[mt], af, pb_lo);
+        if constexpr (kWinBf16) mma_bf16(acc[mt], af, pb_lo);
       }
     }
   };
@@ -678,19 +714,33 @@ __device__ __forceinline__ void attend_block(const CacheGeometry& geo, const Att
   [[maybe_unused]] const int* table = geo.page_table + int64_t(rd.seq) * geo.pages_per_seq;
   [[maybe_unused]] const uint8_t* heads = geo.pool + geo.layer_offset + int64_t(head) * geo.head_bytes;
   if constexpr (WIN) {
-    // The windows' positions in order, the sink [0, ns) then the recent window [rb, t] (bf16 rows), numbered
-    // i = 0 .. n - 1; window block w = z - n_splits of n_win takes tiles of 16 of them, one per warp, n_win x 64 apart.
+    // The windows' positions in order, the sink [0, ns) then the recent window [rb, t], numbered i = 0 .. n - 1;
+    // window block w = z - n_splits of n_win takes tiles of 16 of them, one per warp, n_win x 64 apart.
     const int ns = min(rd.pos + 1, geo.sink), rb = max(qe, geo.sink), n = ns + max(0, rd.pos + 1 - rb);
     for (int i0 = ((split - a.n_splits) * kWarps + warp) * kTile; i0 < n; i0 += a.n_win * kWarps * kTile) {
-      auto rows = [&](int kv) {
-        return [&, kv](int r) -> const uint16_t* {
-          const int i = i0 + r;
-          return reinterpret_cast<const uint16_t*>(i < ns ? dev::sink_row(geo, rd.seq, a.layer, kv, head, i)
-                                                          : dev::ring_row(geo, rd.seq, a.layer, kv, head, rb + i - ns));
-        };
+      auto row_at = [&](int kv, int r) -> const uint8_t* {  // K / V row r of the tile
+        const int i = i0 + r;
+        return i < ns ? dev::sink_row(geo, rd.seq, a.layer, kv, head, i)
+                      : dev::ring_row(geo, rd.seq, a.layer, kv, head, rb + i - ns);
       };
-      if (n - i0 >= kTile) attend_tile(std::false_type{}, kTile, TileWords{}, rows(0), rows(1));
-      else attend_tile(std::true_type{}, n - i0, TileWords{}, rows(0), rows(1));
+      const int nv = min(kTile, n - i0);
+      if constexpr (kDecoded) {
+        // int8 rows: decoded into the warp's stage, then computed as a staged tile of f16 rows (as the splits' tiles)
+        extern __shared__ __align__(16) uint8_t ring_smem[];
+        uint8_t* stage = ring_smem + warp * stage_bytes<D>;
+        __syncwarp();  // every lane has read the previous tile from the stage
+        decode_window_tile<typename Dec::Windows, D>(geo, row_at, nv, stage, lane);
+        __syncwarp();  // the tile is visible to the warp
+        const StagedTile t{stage, stage + tile_side<D>};
+        if (nv == kTile) attend_tile(std::false_type{}, kTile, TileWords{}, t, t);
+        else attend_tile(std::true_type{}, nv, TileWords{}, t, t);
+      } else {
+        auto rows = [&](int kv) {
+          return [&, kv](int r) { return reinterpret_cast<const uint16_t*>(row_at(kv, r)); };
+        };
+        if (nv == kTile) attend_tile(std::false_type{}, kTile, TileWords{}, rows(0), rows(1));
+        else attend_tile(std::true_type{}, nv, TileWords{}, rows(0), rows(1));
+      }
     }
   } else if constexpr (kDecoded) {
     // Decoded tiles: the stored bytes of the warp's tiles come through its raw ring (cp.async, kRawStages - 1 tiles
@@ -874,7 +924,8 @@ template <bool KQ, bool VQ, int HS, int D, class Dec = void>
 __global__ void __launch_bounds__(kWarps * 32, min_blocks<D>) quant_attention_mma_kernel(CacheGeometry geo,
                                                                                          AttentionLaunch a) {
   auto run = [&](BlockShared<D>& sh) {
-    if (blockIdx.z >= unsigned(a.n_splits)) attend_block<false, false, true, HS, D>(geo, a, sh);
+    if (blockIdx.z >= unsigned(a.n_splits))
+      attend_block<false, false, true, HS, D, typename WindowTilesOf<Dec, D>::type>(geo, a, sh);
     else attend_block<KQ, VQ, false, HS, D, Dec>(geo, a, sh);
     if (a.arrivals) dev::merge_if_last<kWarps, D>(a, geo.n_kv, blockIdx.x, blockIdx.y, &sh.acc[0][0][0]);
   };
@@ -935,7 +986,7 @@ MmaKernel mma_kernel(const CacheGeometry& g, int group) {
       static_assert(stages_bf16<D>, "decoded tiles are staged bf16 tiles: d a multiple of 64 up to 128");
       static_assert(r.page_multiple % kTile == 0, "tensor-core tiles never cross a page");
       constexpr int I = decltype(row)::value;
-      using Dec = Decoded<RowKeys<I, D>, RowValues<I, D>>;
+      using Dec = Decoded<RowKeys<I, D>, RowValues<I, D>, RowWindows<I, D>>;
       k = {group <= 4 ? quant_attention_mma_kernel<false, false, 1, D, Dec>
                       : quant_attention_mma_kernel<false, false, 2, D, Dec>,
            kWarps * (stage_bytes<D> + kRawStages * raw_stage_bytes<RowKeys<I, D>>(g))};

@@ -81,7 +81,8 @@ struct GpuInstance {
   CodecId v;           // value rows (per token)
   CodecId window = CodecId::kBf16;  // sink / recent window rows: bf16, or int8 (KV4-RL, METHODS §5.6: per-token int8
                                     // rows at the values' group, plain min/max; the ring keeps each slot's body rows
-                                    // too, kv/cache_layout.h, and demotion copies them). CUDA-core rows only.
+                                    // too, kv/cache_layout.h, and demotion copies them). CUDA-core and
+                                    // decoded-tile rows (whose window blocks decode them as tiles).
   uint8_t groups;      // GpuGroups every quantized side takes (a bf16 side has no groups)
   int page_multiple;   // page_tokens must be a multiple of this
   GpuGqa gqa;          // CUDA-core rows: which GQA instances are compiled (tensor-core rows: kGeneric)
@@ -134,6 +135,8 @@ inline constexpr GpuInstance kGpuInstances[] = {
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kInt4,       .v = kInt4,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
+  {.path = kDecodedTile, .k = kInt4,       .v = kInt4,       .window = kInt8, .groups = kAnyGroup, .page_multiple = 16,
+   .gqa = kGeneric, .head_dims = kDecodedDims},  // KV4-RL: its int8 windows decoded as tiles too
   {.path = kDecodedTile, .k = kInt2,       .v = kInt2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
    .head_dims = kDecodedDims},
   {.path = kDecodedTile, .k = kKivi2,      .v = kInt2,       .groups = kAnyGroup, .page_multiple = 16,  .gqa = kGeneric,
