@@ -51,11 +51,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The bf16 cache a quantized one is timed against: the same windows, page and chunk, none of its quantizer flags.
+// The bf16 cache a quantized one is timed against: the same windows (bf16 rows), page and chunk, none of its quantizer
+// flags.
 CacheOptions bf16_options(const CacheOptions& c) {
   CacheOptions bf = c;
   bf.type_both.clear();
   bf.type_k = bf.type_v = "bf16";
+  bf.window_type.clear();  // KV4-RL's int8 windows are its own
   bf.group = 0, bf.clip_k = bf.clip_v = -1;
   bf.rotation = "none";
   bf.kv_scales.clear();    // FP8's

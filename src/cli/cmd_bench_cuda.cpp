@@ -236,6 +236,7 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
   const double probe_bw = read_bandwidth_cuda();
   CacheConfig bf = o.caches[0];
   bf.k = CodecSpec{.type = "bf16", .head_dim = o.head_dim}, bf.v = bf.k;
+  bf.window = "bf16";  // the bf16 cache's windows: a first cache of KV4-RL's int8 windows keeps only their sizes
   bf.transform = nullptr;
   if (!o.json)
     std::printf("%s | read probe %.2f TB/s | q-heads %d kv-heads %d d %d | KV split %s | median of %d steps\n"
@@ -248,7 +249,8 @@ void bench_attention_cuda(const GpuAttentionBench& o) {
     for (int ctx : o.ctxs) {
       const std::optional<ShapeResult> base = run_shape(o, bf, batch, ctx);
       for (const CacheConfig& cache : o.caches) {
-        const bool is_bf16 = cache.k.type == "bf16" && cache.v.type == "bf16" && !cache.transform;
+        const bool is_bf16 = cache.k.type == "bf16" && cache.v.type == "bf16" && cache.window == "bf16" &&
+                             !cache.transform;
         const std::optional<ShapeResult> test = is_bf16 ? base : run_shape(o, cache, batch, ctx);
         if (!test) continue;
         const double tbps = test->bytes_read / (test->us * 1e-6) / 1e12;
