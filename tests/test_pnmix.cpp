@@ -256,12 +256,15 @@ TEST(PnmixCodec, DeviceTableReadsAndRepacksEveryHeadsRowsAsTheCodecStoresThem) {
 }
 
 // The scores without decoding (PnmixKeyCodec::scores) against the scalar reference (decode, then the dot), for every
-// head's widths, 1-8 queries and odd token counts: the float summation order alone differs.
+// head's widths, 1-8 queries and odd token counts: the float summation order alone differs. Head 2 spends the same
+// bits in groups that at d = 64 start off byte boundaries (2 and 3 bits) and end in partial runs of 8 codes (every
+// width): of every 16 pairs 5 take 1 bit, 3 take 3, 1 takes 4 and 7 take 2.
 TEST(PnmixCodec, ScoresEqualTheScalarReferenceButForTheSummationOrder) {
   for (int d : {64, 128, 256}) {
-    auto table = std::make_shared<PairBitTable>(*test::pnmix_widths(1, 2, d));
+    auto table = std::make_shared<PairBitTable>(*test::pnmix_widths(1, 3, d));
     std::fill_n(table->bits.begin() + d / 2, d / 2, uint8_t(2));  // head 1: one width
-    for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < d / 2; ++i) table->bits[size_t(d + i)] = uint8_t(i % 16 < 5 ? 1 : i % 16 < 8 ? 3 : i % 16 < 9 ? 4 : 2);
+    for (int h = 0; h < 3; ++h) {
       const auto codec = make_codec(pnmix_spec(table, 0, h));
       const int n_tokens = 37;
       const std::vector<float> x = gaussian(size_t(n_tokens) * d, uint32_t(d + h), 2.f);

@@ -22,6 +22,51 @@ uint8_t get_code(const uint8_t* stream, int at, int w) {
   return code;
 }
 
+// The codes of width W (1, 2 or 4: 8 / W whole codes a byte) of every byte value, as floats.
+template <int W>
+struct ByteCodes {
+  static constexpr int kPerByte = 8 / W;
+  float code[256][kPerByte];
+  constexpr ByteCodes() : code{} {
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < kPerByte; ++k) code[b][k] = float((b >> (W * k)) & ((1 << W) - 1));
+  }
+};
+template <int W>
+constexpr ByteCodes<W> kByteCodes{};
+
+// n codes of W bits from bit `at` of the stream (zero-padded: 8-byte reads stay inside), each times scale, into y.
+// Eight codes (8W <= 32 bits) come from one 8-byte read shifted to the group's bit: at widths 1, 2 and 4 its W bytes
+// as floats from a table (kByteCodes), at width 3 by shifts of constants; the tail a code a read.
+template <int W>
+void codes_scaled(const uint8_t* stream, int at, int n, float scale, float* y) {
+  constexpr uint64_t kMask = (uint64_t(1) << W) - 1;
+  int i = 0;
+  for (; i + 8 <= n; i += 8, at += 8 * W) {
+    uint64_t w;
+    std::memcpy(&w, stream + at / 8, 8);
+    w >>= at % 8;
+    if constexpr (8 % W == 0) {
+      constexpr int kPer = 8 / W;
+      for (int b = 0; b < W; ++b) {
+        const float* c = kByteCodes<W>.code[(w >> (8 * b)) & 0xff];
+        for (int k = 0; k < kPer; ++k) y[i + kPer * b + k] = c[k] * scale;
+      }
+    } else {
+      for (int k = 0; k < 8; ++k) y[i + k] = float((w >> (W * k)) & kMask) * scale;
+    }
+  }
+  for (; i < n; ++i, at += W) {
+    uint64_t w;
+    std::memcpy(&w, stream + at / 8, 8);
+    y[i] = float((w >> (at % 8)) & kMask) * scale;
+  }
+}
+using CodesScaledFn = void (*)(const uint8_t*, int, int, float, float*);
+constexpr CodesScaledFn kCodesScaled[kPnmixMaxBits + 1] = {nullptr, codes_scaled<1>, codes_scaled<2>, codes_scaled<3>,
+                                                          codes_scaled<4>};
+static_assert(kPnmixMinBits == 1 && kPnmixMaxBits == 4, "kCodesScaled has a function of each width");
+
 // Widths present in one head's pairs (bit w set for width w).
 unsigned widths_used(const uint8_t* bits, int pairs) {
   unsigned used = 0;
@@ -144,8 +189,8 @@ void PnmixKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n
   for (int t = 0; t < n_tokens; ++t) {
     const uint8_t* row = blocks + size_t(t) * row_bytes;
     std::memcpy(stream, row + 4 * n_slots_, stream_bytes);
-    // code k of width w at bit `at`, from the 8 bytes at its first byte (layout::pnmix_code_at's byte reads, a branch
-    // a code, made `bench attention -ctk pnmix -ctv int2` at 8K 25-30% slower on an AVX2 EPYC)
+    // each group's codes from 8-byte reads (layout::pnmix_code_at's byte reads, a branch a code, made `bench attention
+    // -ctk pnmix -ctv int2` at 8K 25-30% slower on an AVX2 EPYC), eight a read at the group's constant width
     int at = 0, k = 0;
     for (size_t j = 0; j < slots; ++j) {
       const WidthGroup& g = groups_[j];
@@ -153,12 +198,9 @@ void PnmixKeyCodec::scores(const float* q, int n_q, const uint8_t* blocks, int n
       std::memcpy(&gp, row + 4 * j, 4);
       const float scale = fp16_to_f32(gp.scale);
       shift[j] = scale * fp16_to_f32(gp.zero);
-      const uint64_t mask = (1u << g.bits) - 1u;
-      for (size_t n = 0; n < g.channels.size(); ++n, at += g.bits) {
-        uint64_t w;
-        std::memcpy(&w, stream + at / 8, 8);
-        y[k++] = float((w >> (at % 8)) & mask) * scale;
-      }
+      const int n = int(g.channels.size());
+      kCodesScaled[g.bits](stream, at, n, scale, y + k);
+      at += n * g.bits, k += n;
     }
     for (int i = 0; i < n_q; ++i) {
       const float* qi = qs.data() + size_t(i) * d_;
