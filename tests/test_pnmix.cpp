@@ -263,7 +263,10 @@ TEST(PnmixCodec, ScoresEqualTheScalarReferenceButForTheSummationOrder) {
   for (int d : {64, 128, 256}) {
     auto table = std::make_shared<PairBitTable>(*test::pnmix_widths(1, 3, d));
     std::fill_n(table->bits.begin() + d / 2, d / 2, uint8_t(2));  // head 1: one width
-    for (int i = 0; i < d / 2; ++i) table->bits[size_t(d + i)] = uint8_t(i % 16 < 5 ? 1 : i % 16 < 8 ? 3 : i % 16 < 9 ? 4 : 2);
+    for (int i = 0; i < d / 2; ++i) {  // head 2
+      const int j = i % 16;
+      table->bits[size_t(d + i)] = uint8_t(j < 5 ? 1 : j < 8 ? 3 : j < 9 ? 4 : 2);
+    }
     for (int h = 0; h < 3; ++h) {
       const auto codec = make_codec(pnmix_spec(table, 0, h));
       const int n_tokens = 37;
